@@ -1,0 +1,8 @@
+//! gaffer: a supervisor for clusters of queue workers on Redis.
+//!
+//! The library is the whole product; `src/main.rs` only parses the command line and
+//! calls into it, so teams can build their own binary with their own handlers.
+
+pub mod config;
+pub mod queue_client;
+pub mod redis_server;

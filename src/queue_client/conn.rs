@@ -1,0 +1,232 @@
+//! Connections to one Redis server or a Redis Cluster. Which one is decided by asking the
+//! server (`INFO cluster`), so operators give one URL either way.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+
+use super::QueueError;
+
+/// How to reach Redis and how patient to be with it.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Overrides the password of the URL (read from `redis_password_file`).
+    pub password: Option<String>,
+    /// How long one command may take before it fails; scripts over big batches need more
+    /// than the driver's default of 500 ms.
+    pub response_timeout: Duration,
+    /// How long establishing a connection may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            password: None,
+            response_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A shared, reconnecting, multiplexed connection: cheap to clone, and concurrent
+/// requests on clones are pipelined on one socket.
+#[derive(Clone)]
+pub enum RedisConn {
+    /// One Redis server.
+    Single(ConnectionManager),
+    /// A Redis Cluster; commands are routed by the hash slot of their first key.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// What it takes to open more connections of the same kind (for blocking waits).
+#[derive(Clone)]
+pub(crate) enum Target {
+    Single(Client),
+    Cluster(ClusterClient),
+}
+
+/// Connects, detects a cluster, and returns the shared connection plus the means to open
+/// dedicated ones.
+pub(crate) async fn connect(
+    url: &str,
+    opts: &ConnectOptions,
+) -> Result<(RedisConn, Target), QueueError> {
+    let mut info = url
+        .into_connection_info()
+        .map_err(|e| QueueError::Connect(format!("bad redis url: {e}")))?;
+    if let Some(pw) = &opts.password {
+        let settings = info.redis_settings().clone().set_password(pw);
+        info = info.set_redis_settings(settings);
+    }
+    let client = Client::open(info.clone())
+        .map_err(|e| QueueError::Connect(format!("bad redis url: {e}")))?;
+    let probe_cfg = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(opts.connect_timeout))
+        .set_response_timeout(Some(opts.response_timeout));
+    let mut probe = client
+        .get_multiplexed_async_connection_with_config(&probe_cfg)
+        .await
+        .map_err(|e| QueueError::Connect(format!("{}: {e}", redacted(url))))?;
+    let cluster_info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query_async(&mut probe)
+        .await?;
+    if cluster_info.contains("cluster_enabled:1") {
+        let mut builder = ClusterClientBuilder::new(vec![info])
+            .connection_timeout(opts.connect_timeout)
+            .response_timeout(opts.response_timeout)
+            .retries(3);
+        if let Some(pw) = &opts.password {
+            builder = builder.password(pw);
+        }
+        let cluster = builder.build()?;
+        let conn = cluster.get_async_connection().await?;
+        return Ok((RedisConn::Cluster(conn), Target::Cluster(cluster)));
+    }
+    let cfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(opts.connect_timeout))
+        .set_response_timeout(Some(opts.response_timeout))
+        // Few quick retries: while Redis is down a call fails within seconds rather than
+        // hanging, and callers pace their own retries.
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(100))
+        .set_max_delay(Duration::from_secs(1));
+    let manager = ConnectionManager::new_with_config(client.clone(), cfg).await?;
+    Ok((RedisConn::Single(manager), Target::Single(client)))
+}
+
+/// The URL with any password replaced, for messages and logs.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &creds[..colon],
+                    &url[at..]
+                ),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// A dedicated connection for blocking waits (BLPOP), which would stall every other user
+/// of a multiplexed connection. Opened lazily, dropped and reopened after any error.
+pub struct Waiter {
+    target: Target,
+    conn: Option<WaitConn>,
+}
+
+enum WaitConn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Waiter {
+    pub(crate) fn new(target: Target) -> Self {
+        Waiter { target, conn: None }
+    }
+
+    /// Blocks until a wake-up token is pushed to `key` or `timeout` passes. Returns true
+    /// when woken. A Redis that stops answering cannot hang it past `timeout` + 2 s.
+    pub async fn wait(&mut self, key: &str, timeout: Duration) -> Result<bool, QueueError> {
+        let timeout = timeout.max(Duration::from_millis(1));
+        let mut cmd = redis::cmd("BLPOP");
+        cmd.arg(key).arg(format!("{:.3}", timeout.as_secs_f64()));
+        let guard = timeout + Duration::from_secs(2);
+        let conn = match self.conn.as_mut() {
+            Some(c) => c,
+            None => {
+                let c = self.open().await?;
+                self.conn.insert(c)
+            }
+        };
+        let fut = async {
+            match conn {
+                WaitConn::Single(c) => cmd.query_async::<Option<(String, String)>>(c).await,
+                WaitConn::Cluster(c) => cmd.query_async::<Option<(String, String)>>(c).await,
+            }
+        };
+        match tokio::time::timeout(guard, fut).await {
+            Ok(Ok(v)) => Ok(v.is_some()),
+            Ok(Err(e)) => {
+                self.conn = None;
+                Err(e.into())
+            }
+            Err(_) => {
+                self.conn = None;
+                Err(QueueError::Connect("redis did not answer a blocking wait".into()))
+            }
+        }
+    }
+
+    async fn open(&self) -> Result<WaitConn, QueueError> {
+        // The blocking wait has its own deadline; the connection itself must not cut it.
+        let long = Duration::from_secs(3600);
+        Ok(match &self.target {
+            Target::Single(client) => {
+                let cfg = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(2)))
+                    .set_response_timeout(Some(long));
+                WaitConn::Single(client.get_multiplexed_async_connection_with_config(&cfg).await?)
+            }
+            Target::Cluster(cluster) => {
+                let cfg = redis::cluster::ClusterConfig::new().set_response_timeout(long);
+                WaitConn::Cluster(cluster.get_async_connection_with_config(cfg).await?)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redacted("redis://gaffer:s3cret@host:6379/0"),
+            "redis://gaffer:***@host:6379/0"
+        );
+        assert_eq!(
+            redacted("redis://127.0.0.1:6379/0"),
+            "redis://127.0.0.1:6379/0"
+        );
+    }
+}

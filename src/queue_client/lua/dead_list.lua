@@ -1,0 +1,14 @@
+-- ARGV: offset, limit. Returns limit × (id, died_ms, attempts, payload, error, meta), oldest first.
+local off, lim = tonumber(ARGV[1]), tonumber(ARGV[2])
+local rows = redis.call('ZRANGE', K_DEAD, off, off + lim - 1, 'WITHSCORES')
+local out = {}
+for i = 1, #rows, 2 do
+  local id = rows[i]
+  out[#out + 1] = id
+  out[#out + 1] = tonumber(rows[i + 1])
+  out[#out + 1] = tonumber(redis.call('HGET', K_ATT, id) or '0')
+  out[#out + 1] = redis.call('HGET', K_PAYLOAD, id) or ''
+  out[#out + 1] = redis.call('HGET', K_ERR, id) or ''
+  out[#out + 1] = redis.call('HGET', K_META, id) or ''
+end
+return out

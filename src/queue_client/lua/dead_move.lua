@@ -1,0 +1,32 @@
+-- ARGV: action ('requeue' | 'purge'), limit, then ids (none: the oldest `limit` dead letters).
+-- Returns how many were moved. Requeued tasks start again with zero attempts; they keep
+-- their last error until they are acked.
+local now = now_ms()
+local action, lim = ARGV[1], tonumber(ARGV[2])
+local ids = {}
+if #ARGV > 2 then
+  for i = 3, #ARGV do
+    if redis.call('ZSCORE', K_DEAD, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
+  end
+else
+  ids = redis.call('ZRANGE', K_DEAD, 0, lim - 1)
+end
+if #ids == 0 then return 0 end
+bulk('ZREM', K_DEAD, ids)
+if action == 'purge' then
+  forget(ids)
+  redis.call('HINCRBY', K_STATS, 'purged', #ids)
+else
+  local metas = hmget(K_META, ids)
+  local ready = {}
+  for i, id in ipairs(ids) do
+    local pri, _, seq = parse_meta(metas[i])
+    ready[#ready + 1] = -pri
+    ready[#ready + 1] = member(seq, id)
+  end
+  bulk('ZADD', K_READY, ready)
+  bulk('HDEL', K_ATT, ids)
+  redis.call('HINCRBY', K_STATS, 'requeued', #ids)
+  wake(#ids)
+end
+return #ids

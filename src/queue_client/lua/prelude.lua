@@ -1,0 +1,90 @@
+-- Shared by every gaffer queue script. All keys of one queue share a hash tag, so each
+-- script touches a single Redis Cluster slot. The order of KEYS is fixed by keys.rs.
+local K_READY, K_DELAYED, K_LEASED, K_DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_PAYLOAD, K_META, K_ATT, K_LEASE, K_ERR = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local K_STATS, K_SEQ, K_TOK, K_WAKE = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+
+-- Wake-up tokens kept at most: enough to wake that many idle takers at once.
+local WAKE_CAP = 256
+-- Lua's unpack is limited to a few thousand values: variadic calls go in chunks (even size,
+-- so score/member and field/value pairs never split).
+local CHUNK = 4000
+
+-- Redis's own clock, so that clients with skewed clocks agree on leases and due times.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function bulk(cmd, key, items)
+  local n = #items
+  local i = 1
+  while i <= n do
+    local j = math.min(i + CHUNK - 1, n)
+    redis.call(cmd, key, unpack(items, i, j))
+    i = j + 1
+  end
+end
+
+local function hmget(key, ids)
+  local out = {}
+  local n = #ids
+  local i = 1
+  while i <= n do
+    local j = math.min(i + CHUNK - 1, n)
+    local part = redis.call('HMGET', key, unpack(ids, i, j))
+    for k = 1, #part do out[#out + 1] = part[k] end
+    i = j + 1
+  end
+  return out
+end
+
+-- Ready tasks share the score -priority; Redis orders equal scores by member, so a
+-- fixed-width sequence number in front of the id gives FIFO within a priority.
+local function member(seq, id)
+  return string.format('%016x', seq) .. id
+end
+
+-- meta = "priority:max_attempts:seq:enqueued_ms"
+local function parse_meta(m)
+  local pri, ma, seq, enq = string.match(m, '^(-?%d+):(%d+):(%d+):(%d+)$')
+  return tonumber(pri), tonumber(ma), tonumber(seq), tonumber(enq)
+end
+
+local function pack_meta(pri, ma, seq, enq)
+  return string.format('%d:%d:%d:%d', pri, ma, seq, enq)
+end
+
+local function wake(n)
+  if n > 0 then
+    local toks = {}
+    for i = 1, math.min(n, WAKE_CAP) do toks[i] = '1' end
+    redis.call('RPUSH', K_WAKE, unpack(toks))
+    redis.call('LTRIM', K_WAKE, -WAKE_CAP, -1)
+  end
+end
+
+local function forget(ids)
+  bulk('HDEL', K_PAYLOAD, ids)
+  bulk('HDEL', K_META, ids)
+  bulk('HDEL', K_ATT, ids)
+  bulk('HDEL', K_LEASE, ids)
+  bulk('HDEL', K_ERR, ids)
+end
+
+-- Where a task is: 'ready', 'delayed', 'leased' or 'dead' (nil when unknown), and the
+-- score that goes with it (due time, lease expiry, time of death).
+local function locate(id, now)
+  local m = redis.call('HGET', K_META, id)
+  if not m then return nil end
+  local s = redis.call('ZSCORE', K_LEASED, id)
+  if s then return 'leased', tonumber(s), m end
+  s = redis.call('ZSCORE', K_DEAD, id)
+  if s then return 'dead', tonumber(s), m end
+  s = redis.call('ZSCORE', K_DELAYED, id)
+  if s then
+    if tonumber(s) > now then return 'delayed', tonumber(s), m end
+    return 'ready', tonumber(s), m
+  end
+  return 'ready', 0, m
+end

@@ -1,0 +1,12 @@
+-- Returns {ready (due), delayed (not yet due), leased, dead, field, value, ...counters}
+local now = now_ms()
+local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
+local out = {
+  redis.call('ZCARD', K_READY) + due,
+  redis.call('ZCARD', K_DELAYED) - due,
+  redis.call('ZCARD', K_LEASED),
+  redis.call('ZCARD', K_DEAD),
+}
+local counters = redis.call('HGETALL', K_STATS)
+for i = 1, #counters do out[#out + 1] = counters[i] end
+return out

@@ -1,0 +1,892 @@
+//! The leased-task queue on Redis: what producers enqueue and slots take and settle.
+//!
+//! Each operation is one Lua script, so it is atomic and costs one round trip whatever
+//! the batch size. Time is Redis's own (`TIME` inside the scripts): clients with skewed
+//! clocks still agree on leases and due times. A queue's keys share one hash tag, so
+//! queues spread over a Redis Cluster. The storage layout is described in
+//! `docs/ARCHITECTURE.md`.
+//!
+//! Guarantees: a task is handed to one taker at a time while its lease is valid; a lease
+//! is identified by a token, and a settle carrying a token that is no longer the task's
+//! is rejected and counted as stale; an expired lease returns the task to the ready set
+//! on the next take (counted as an attempt) or dead-letters it past `max_attempts`.
+
+mod conn;
+mod scripts;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::{StreamExt, TryStreamExt};
+use redis::Value;
+use serde::Serialize;
+
+pub use conn::{ConnectOptions, RedisConn, Waiter, redacted};
+use conn::Target;
+use scripts::{Keys, SCRIPTS};
+
+/// Default payload limit, when the queue's config does not set one.
+pub const DEFAULT_MAX_PAYLOAD: u64 = 1024 * 1024;
+/// Largest batch one take or enqueue call accepts.
+pub const MAX_BATCH: usize = 10_000;
+/// Longest task id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 256;
+/// Expired leases and due delayed tasks moved per take; bounds the time one script runs.
+const HOUSEKEEPING_LIMIT: usize = 1000;
+/// Tasks per enqueue script call, and how many calls are in flight at once.
+const ENQUEUE_CHUNK: usize = 1000;
+const ENQUEUE_CHUNK_BYTES: usize = 8 * 1024 * 1024;
+const ENQUEUE_WINDOW: usize = 8;
+
+/// Errors of queue operations. Redis errors keep their kind so callers can tell a
+/// connection problem (retry later) from a refused request (do not retry).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Redis could not be reached or failed a command.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Connecting failed (bad URL, refused, timed out).
+    #[error("cannot connect to redis at {0}")]
+    Connect(String),
+    /// The payload is larger than the queue allows.
+    #[error("payload of {size} bytes exceeds the limit of {limit} bytes of queue {queue}")]
+    PayloadTooLarge {
+        /// Queue name.
+        queue: String,
+        /// Payload size in bytes.
+        size: usize,
+        /// The queue's limit in bytes.
+        limit: u64,
+    },
+    /// A request the queue refuses: bad id, batch size, queue name, priority.
+    #[error("{0}")]
+    Invalid(String),
+    /// Redis answered something the scripts never return: a bug or a foreign key.
+    #[error("unexpected reply from redis: {0}")]
+    Protocol(String),
+}
+
+impl QueueError {
+    /// True when the error says Redis is unreachable or slow, so retrying later may work.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            QueueError::Redis(e) => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || matches!(e.kind(), redis::ErrorKind::Server(_) if e.to_string().contains("LOADING"))
+            }
+            QueueError::Connect(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// Checks a queue name: it becomes part of Redis keys and their hash tag.
+pub fn validate_queue_name(name: &str) -> Result<(), QueueError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(QueueError::Invalid(format!(
+            "queue name {name:?} is invalid: use 1 to 128 letters, digits, '_', '-' or '.'"
+        )))
+    }
+}
+
+/// A connection to the queues of one namespace.
+#[derive(Clone)]
+pub struct QueueClient {
+    conn: RedisConn,
+    target: Target,
+    namespace: Arc<str>,
+}
+
+impl QueueClient {
+    /// Connects to the Redis at `url` (a single server or any node of a Redis Cluster).
+    pub async fn connect(
+        url: &str,
+        namespace: &str,
+        opts: &ConnectOptions,
+    ) -> Result<Self, QueueError> {
+        let (conn, target) = conn::connect(url, opts).await?;
+        Ok(QueueClient {
+            conn,
+            target,
+            namespace: namespace.into(),
+        })
+    }
+
+    /// A handle on one queue with default limits.
+    pub fn queue(&self, name: &str) -> Result<Queue, QueueError> {
+        self.queue_with(name, QueueLimits::default())
+    }
+
+    /// A handle on one queue with the limits of its config.
+    pub fn queue_with(&self, name: &str, limits: QueueLimits) -> Result<Queue, QueueError> {
+        validate_queue_name(name)?;
+        Ok(Queue {
+            conn: self.conn.clone(),
+            keys: Arc::new(Keys::new(&self.namespace, name)),
+            name: name.into(),
+            limits,
+        })
+    }
+
+    /// A dedicated connection for blocking waits; one per concurrent taker.
+    pub fn waiter(&self) -> Waiter {
+        Waiter::new(self.target.clone())
+    }
+
+    /// The shared connection, for commands outside the queue API.
+    pub fn connection(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
+    /// The key namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+}
+
+/// Per-queue limits and defaults, normally from the queue's config.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    /// Largest payload accepted, in bytes.
+    pub max_payload: u64,
+    /// Attempts before a task is dead-lettered, when the task does not say; 0 = no limit.
+    pub max_attempts: u32,
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        QueueLimits {
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            max_attempts: 5,
+        }
+    }
+}
+
+/// A task to enqueue.
+#[derive(Debug, Clone, Default)]
+pub struct NewTask {
+    /// Opaque payload; JSON by convention.
+    pub payload: Vec<u8>,
+    /// Dedup key: while a task with this id is pending or leased, enqueueing it again
+    /// returns the existing one. Generated (`#N`) when absent.
+    pub id: Option<String>,
+    /// Higher is taken first.
+    pub priority: i32,
+    /// Not due before this much time from now.
+    pub delay: Duration,
+    /// Not due before this moment; wins over `delay`.
+    pub at: Option<SystemTime>,
+    /// Overrides the queue's max_attempts.
+    pub max_attempts: Option<u32>,
+}
+
+impl NewTask {
+    /// A task with this payload and every option at its default.
+    pub fn new(payload: impl Into<Vec<u8>>) -> Self {
+        NewTask {
+            payload: payload.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Sets the dedup id.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Sets the priority.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Sets the delay.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Sets the due time.
+    pub fn at(mut self, at: SystemTime) -> Self {
+        self.at = Some(at);
+        self
+    }
+
+    /// Sets max_attempts for this task.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+}
+
+/// What an enqueue did with one task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Enqueued {
+    /// The task's id (generated or given).
+    pub id: String,
+    /// False when a pending or leased task with the same id already existed.
+    pub created: bool,
+}
+
+/// One leased task.
+#[derive(Debug, Clone)]
+pub struct LeasedTask {
+    /// Task id.
+    pub id: String,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// The payload as enqueued.
+    pub payload: Vec<u8>,
+    /// The lease token every settle of this task must carry.
+    pub token: u64,
+}
+
+/// The result of one take.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Leased tasks, highest priority first.
+    pub tasks: Vec<LeasedTask>,
+    /// Redis's clock when the batch was taken (ms since the epoch).
+    pub now_ms: i64,
+    /// When the leases expire (ms since the epoch, Redis's clock); 0 when empty.
+    pub expires_ms: i64,
+    /// When empty: how soon a delayed task becomes due or a lease expires.
+    pub next_hint: Option<Duration>,
+}
+
+/// How to settle one leased task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settle {
+    /// Done: delete it.
+    Ack,
+    /// Try again after `delay`, optionally at another priority; `reason` becomes its last
+    /// error. Past max_attempts it is dead-lettered instead.
+    Retry {
+        /// Delay before it is due again.
+        delay: Duration,
+        /// New priority, if any.
+        priority: Option<i32>,
+        /// Why, kept as the last error.
+        reason: String,
+    },
+    /// Give up: move it to the dead letters with this reason.
+    Fail {
+        /// Why; shown with the dead letter.
+        reason: String,
+    },
+    /// Keep it leased for this long from now.
+    Extend {
+        /// New lease length, counted from now.
+        lease: Duration,
+    },
+}
+
+/// One settle request: which lease, and what to do with it.
+#[derive(Debug, Clone)]
+pub struct SettleOp {
+    /// Task id.
+    pub id: String,
+    /// The token of the lease being settled.
+    pub token: u64,
+    /// What to do.
+    pub action: Settle,
+}
+
+impl SettleOp {
+    /// A settle of `task` with `action`.
+    pub fn new(task: &LeasedTask, action: Settle) -> Self {
+        SettleOp {
+            id: task.id.clone(),
+            token: task.token,
+            action,
+        }
+    }
+}
+
+/// What happened to one settle request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SettleResult {
+    /// Applied.
+    Done,
+    /// Rejected: the lease expired and the task was reclaimed, re-leased, settled or
+    /// cancelled. Nothing was changed.
+    Stale,
+    /// A retry past max_attempts: the task went to the dead letters.
+    DeadLettered,
+}
+
+/// A queue's counts and monotonic counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct QueueStats {
+    /// Due and waiting.
+    pub ready: u64,
+    /// Not yet due.
+    pub delayed: u64,
+    /// Handed out (including expired leases not yet reclaimed).
+    pub leased: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Tasks created by enqueue.
+    pub enqueued_total: u64,
+    /// Tasks acked.
+    pub acked_total: u64,
+    /// Retries accepted.
+    pub retried_total: u64,
+    /// Tasks dead-lettered.
+    pub dead_total: u64,
+    /// Settles rejected as stale.
+    pub stale_total: u64,
+    /// Leases that expired and were reclaimed.
+    pub expired_total: u64,
+    /// Dead letters requeued.
+    pub requeued_total: u64,
+    /// Dead letters purged.
+    pub purged_total: u64,
+    /// Tasks cancelled by id.
+    pub cancelled_total: u64,
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Due, waiting to be taken.
+    Ready,
+    /// Not yet due.
+    Delayed,
+    /// Handed out under a lease.
+    Leased,
+    /// In the dead letters.
+    Dead,
+}
+
+/// Everything known about one task.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskInfo {
+    /// Task id.
+    pub id: String,
+    /// Where it is.
+    pub state: TaskState,
+    /// Priority.
+    pub priority: i32,
+    /// Attempts so far.
+    pub attempts: u32,
+    /// Its max_attempts (0 = no limit).
+    pub max_attempts: u32,
+    /// When it was enqueued (ms since the epoch).
+    pub enqueued_ms: i64,
+    /// Due time (delayed), lease expiry (leased) or time of death (dead), in ms.
+    pub at_ms: i64,
+    /// Last error, if any.
+    pub last_error: Option<String>,
+    /// Lease token while leased.
+    pub lease_token: Option<u64>,
+    /// The payload.
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+}
+
+/// A dead letter.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadTask {
+    /// Task id.
+    pub id: String,
+    /// When it died (ms since the epoch).
+    pub died_ms: i64,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Its last error.
+    pub error: String,
+    /// Priority it had.
+    pub priority: i32,
+    /// The payload.
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+}
+
+/// A handle on one queue: cheap to clone, safe to share between tasks.
+#[derive(Clone)]
+pub struct Queue {
+    conn: RedisConn,
+    keys: Arc<Keys>,
+    name: Arc<str>,
+    limits: QueueLimits,
+}
+
+impl Queue {
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The queue's limits.
+    pub fn limits(&self) -> QueueLimits {
+        self.limits
+    }
+
+    fn invocation<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        for k in &self.keys.all {
+            inv.key(k);
+        }
+        inv
+    }
+
+    fn check(&self, task: &NewTask) -> Result<(), QueueError> {
+        if task.payload.len() as u64 > self.limits.max_payload {
+            return Err(QueueError::PayloadTooLarge {
+                queue: self.name.to_string(),
+                size: task.payload.len(),
+                limit: self.limits.max_payload,
+            });
+        }
+        if let Some(id) = &task.id {
+            if id.is_empty() || id.len() > MAX_ID_LEN {
+                return Err(QueueError::Invalid(format!(
+                    "task id must be 1 to {MAX_ID_LEN} bytes, got {}",
+                    id.len()
+                )));
+            }
+            if id.starts_with('#') {
+                return Err(QueueError::Invalid(format!(
+                    "task id {id:?} is invalid: ids starting with '#' are reserved for generated ids"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues one task.
+    pub async fn enqueue(&self, task: NewTask) -> Result<Enqueued, QueueError> {
+        let mut out = self.enqueue_many(std::slice::from_ref(&task)).await?;
+        out.pop()
+            .ok_or_else(|| QueueError::Protocol("enqueue returned nothing".into()))
+    }
+
+    /// Enqueues many tasks: one script call per chunk, chunks pipelined on the connection.
+    /// Every task is checked before any is sent, so a refused task enqueues nothing.
+    pub async fn enqueue_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, QueueError> {
+        for t in tasks {
+            self.check(t)?;
+        }
+        let mut chunks: Vec<&[NewTask]> = Vec::new();
+        let mut start = 0;
+        let mut bytes = 0;
+        for (i, t) in tasks.iter().enumerate() {
+            if i > start && (i - start >= ENQUEUE_CHUNK || bytes + t.payload.len() > ENQUEUE_CHUNK_BYTES) {
+                chunks.push(&tasks[start..i]);
+                start = i;
+                bytes = 0;
+            }
+            bytes += t.payload.len();
+        }
+        if start < tasks.len() {
+            chunks.push(&tasks[start..]);
+        }
+        let results: Vec<Vec<Enqueued>> = futures::stream::iter(chunks)
+            .map(|chunk| self.enqueue_chunk(chunk))
+            .buffered(ENQUEUE_WINDOW)
+            .try_collect()
+            .await?;
+        Ok(results.into_iter().flatten().collect())
+    }
+
+    async fn enqueue_chunk(&self, chunk: &[NewTask]) -> Result<Vec<Enqueued>, QueueError> {
+        let mut inv = self.invocation(&SCRIPTS.enqueue);
+        inv.arg(chunk.len());
+        for t in chunk {
+            let at_ms = t.at.map(|at| millis_since_epoch(at).max(1)).unwrap_or(0);
+            // A delay is measured from the client's call, but due times are Redis's clock:
+            // pass the delay as such and let the script add Redis's now.
+            let delay_ms = if t.at.is_some() {
+                0
+            } else {
+                t.delay.as_millis() as u64
+            };
+            inv.arg(t.id.as_deref().unwrap_or(""))
+                .arg(&t.payload[..])
+                .arg(t.priority)
+                .arg(delay_ms)
+                .arg(at_ms)
+                .arg(t.max_attempts.unwrap_or(self.limits.max_attempts));
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        if reply.len() != chunk.len() * 2 {
+            return Err(QueueError::Protocol(format!(
+                "enqueue of {} tasks returned {} values",
+                chunk.len(),
+                reply.len()
+            )));
+        }
+        reply
+            .chunks(2)
+            .map(|pair| {
+                Ok(Enqueued {
+                    id: string(&pair[0])?,
+                    created: int(&pair[1])? == 1,
+                })
+            })
+            .collect()
+    }
+
+    /// Atomically leases up to `n` due tasks for `lease`, highest priority first and FIFO
+    /// within a priority. Expired leases and due delayed tasks are brought back first.
+    pub async fn take(&self, n: usize, lease: Duration) -> Result<Batch, QueueError> {
+        if n == 0 || n > MAX_BATCH {
+            return Err(QueueError::Invalid(format!(
+                "batch size must be 1 to {MAX_BATCH}, got {n}"
+            )));
+        }
+        let lease_ms = lease.as_millis();
+        if lease_ms == 0 {
+            return Err(QueueError::Invalid("lease must be at least 1ms".into()));
+        }
+        let mut inv = self.invocation(&SCRIPTS.take);
+        inv.arg(n).arg(lease_ms as u64).arg(HOUSEKEEPING_LIMIT.max(n));
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        if reply.len() < 3 || (reply.len() - 3) % 3 != 0 {
+            return Err(QueueError::Protocol(format!(
+                "take returned {} values",
+                reply.len()
+            )));
+        }
+        let now_ms = int(&reply[0])?;
+        let token = int(&reply[1])? as u64;
+        if token == 0 {
+            let hint = int(&reply[2])?;
+            return Ok(Batch {
+                tasks: Vec::new(),
+                now_ms,
+                expires_ms: 0,
+                next_hint: (hint >= 0).then(|| Duration::from_millis(hint as u64)),
+            });
+        }
+        let expires_ms = int(&reply[2])?;
+        let mut tasks = Vec::with_capacity((reply.len() - 3) / 3);
+        let mut it = reply.into_iter().skip(3);
+        while let (Some(id), Some(att), Some(payload)) = (it.next(), it.next(), it.next()) {
+            tasks.push(LeasedTask {
+                id: string(&id)?,
+                attempt: int(&att)? as u32,
+                payload: match payload {
+                    Value::BulkString(b) => b,
+                    _ => Vec::new(),
+                },
+                token,
+            });
+        }
+        Ok(Batch {
+            tasks,
+            now_ms,
+            expires_ms,
+            next_hint: None,
+        })
+    }
+
+    /// Like [`take`](Self::take), but when nothing is due waits up to `max_wait` for an
+    /// enqueue (woken through `waiter`, no polling) or for the next delayed task or lease
+    /// expiry. Returns an empty batch when `max_wait` passes.
+    pub async fn take_wait(
+        &self,
+        waiter: &mut Waiter,
+        n: usize,
+        lease: Duration,
+        max_wait: Duration,
+    ) -> Result<Batch, QueueError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            let batch = self.take(n, lease).await?;
+            let now = tokio::time::Instant::now();
+            if !batch.tasks.is_empty() || now >= deadline {
+                return Ok(batch);
+            }
+            let mut wait = deadline - now;
+            if let Some(hint) = batch.next_hint {
+                wait = wait.min(hint + Duration::from_millis(1));
+            }
+            if let Err(e) = waiter.wait(self.keys.wake(), wait).await {
+                // The next take reports the outage; pausing here keeps a broken waiter
+                // from turning this loop into a busy one.
+                tracing::debug!(queue = %self.name, error = %e, "wake-up wait failed");
+                tokio::time::sleep(wait.min(Duration::from_millis(500))).await;
+            }
+        }
+    }
+
+    /// Settles leased tasks in one round trip. Each result says whether it was applied or
+    /// rejected as stale.
+    pub async fn settle(&self, ops: &[SettleOp]) -> Result<Vec<SettleResult>, QueueError> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.invocation(&SCRIPTS.settle);
+        for op in ops {
+            let (kind, a, b, c): (&str, String, String, &str) = match &op.action {
+                Settle::Ack => ("a", String::new(), String::new(), ""),
+                Settle::Extend { lease } => (
+                    "e",
+                    (lease.as_millis().max(1) as u64).to_string(),
+                    String::new(),
+                    "",
+                ),
+                Settle::Retry {
+                    delay,
+                    priority,
+                    reason,
+                } => (
+                    "r",
+                    (delay.as_millis() as u64).to_string(),
+                    priority.map(|p| p.to_string()).unwrap_or_default(),
+                    reason,
+                ),
+                Settle::Fail { reason } => ("f", reason.clone(), String::new(), ""),
+            };
+            inv.arg(kind).arg(&op.id).arg(op.token).arg(a).arg(b).arg(c);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = inv.invoke_async(&mut conn).await?;
+        if reply.len() != ops.len() {
+            return Err(QueueError::Protocol(format!(
+                "settle of {} returned {} results",
+                ops.len(),
+                reply.len()
+            )));
+        }
+        Ok(reply
+            .into_iter()
+            .map(|r| match r {
+                1 => SettleResult::Done,
+                2 => SettleResult::DeadLettered,
+                _ => SettleResult::Stale,
+            })
+            .collect())
+    }
+
+    /// Acks leased tasks (one round trip).
+    pub async fn ack(&self, tasks: &[LeasedTask]) -> Result<Vec<SettleResult>, QueueError> {
+        let ops: Vec<SettleOp> = tasks.iter().map(|t| SettleOp::new(t, Settle::Ack)).collect();
+        self.settle(&ops).await
+    }
+
+    /// Extends the leases of tasks still being worked on (one round trip).
+    pub async fn extend(
+        &self,
+        tasks: &[LeasedTask],
+        lease: Duration,
+    ) -> Result<Vec<SettleResult>, QueueError> {
+        let ops: Vec<SettleOp> = tasks
+            .iter()
+            .map(|t| SettleOp::new(t, Settle::Extend { lease }))
+            .collect();
+        self.settle(&ops).await
+    }
+
+    /// Counts and counters.
+    pub async fn stats(&self) -> Result<QueueStats, QueueError> {
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = self.invocation(&SCRIPTS.stats).invoke_async(&mut conn).await?;
+        if reply.len() < 4 {
+            return Err(QueueError::Protocol("stats returned too little".into()));
+        }
+        let mut s = QueueStats {
+            ready: int(&reply[0])? as u64,
+            delayed: int(&reply[1])? as u64,
+            leased: int(&reply[2])? as u64,
+            dead: int(&reply[3])? as u64,
+            ..Default::default()
+        };
+        for pair in reply[4..].chunks(2) {
+            let [field, value] = pair else { break };
+            let value: u64 = string(value)?.parse().unwrap_or(0);
+            match string(field)?.as_str() {
+                "enqueued" => s.enqueued_total = value,
+                "acked" => s.acked_total = value,
+                "retried" => s.retried_total = value,
+                "dead" => s.dead_total = value,
+                "stale" => s.stale_total = value,
+                "expired" => s.expired_total = value,
+                "requeued" => s.requeued_total = value,
+                "purged" => s.purged_total = value,
+                "cancelled" => s.cancelled_total = value,
+                _ => {}
+            }
+        }
+        Ok(s)
+    }
+
+    /// Dead letters, oldest first.
+    pub async fn dead(&self, offset: usize, limit: usize) -> Result<Vec<DeadTask>, QueueError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.invocation(&SCRIPTS.dead_list);
+        inv.arg(offset).arg(limit);
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        reply
+            .chunks(6)
+            .map(|row| {
+                let meta = Meta::parse(&string(&row[5])?);
+                Ok(DeadTask {
+                    id: string(&row[0])?,
+                    died_ms: int(&row[1])?,
+                    attempts: int(&row[2])? as u32,
+                    payload: bytes(&row[3]),
+                    error: string(&row[4])?,
+                    priority: meta.map(|m| m.priority).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    /// Puts dead letters back in the ready set with their attempts reset: the given ids,
+    /// or all of them (in chunks, so Redis is never blocked for long). Returns how many.
+    pub async fn requeue_dead(&self, ids: Option<&[String]>) -> Result<u64, QueueError> {
+        self.dead_move("requeue", ids).await
+    }
+
+    /// Deletes dead letters: the given ids, or all of them. Returns how many.
+    pub async fn purge_dead(&self, ids: Option<&[String]>) -> Result<u64, QueueError> {
+        self.dead_move("purge", ids).await
+    }
+
+    async fn dead_move(&self, action: &str, ids: Option<&[String]>) -> Result<u64, QueueError> {
+        let mut total = 0u64;
+        let mut conn = self.conn.clone();
+        match ids {
+            Some(ids) => {
+                for chunk in ids.chunks(HOUSEKEEPING_LIMIT) {
+                    let mut inv = self.invocation(&SCRIPTS.dead_move);
+                    inv.arg(action).arg(chunk.len());
+                    for id in chunk {
+                        inv.arg(id);
+                    }
+                    total += inv.invoke_async::<u64>(&mut conn).await?;
+                }
+            }
+            None => loop {
+                let mut inv = self.invocation(&SCRIPTS.dead_move);
+                inv.arg(action).arg(HOUSEKEEPING_LIMIT);
+                let n: u64 = inv.invoke_async(&mut conn).await?;
+                total += n;
+                if n == 0 {
+                    break;
+                }
+            },
+        }
+        Ok(total)
+    }
+
+    /// Looks a task up by id.
+    pub async fn find(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, false).await
+    }
+
+    /// Removes a task by id, whatever its state, and returns what it was. A leased task's
+    /// holder will find its settle rejected as stale.
+    pub async fn cancel(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, true).await
+    }
+
+    async fn find_or_cancel(&self, id: &str, cancel: bool) -> Result<Option<TaskInfo>, QueueError> {
+        let mut inv = self.invocation(&SCRIPTS.find);
+        inv.arg(id).arg(if cancel { "1" } else { "0" });
+        let mut conn = self.conn.clone();
+        let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
+        let Some(r) = reply else { return Ok(None) };
+        if r.len() != 7 {
+            return Err(QueueError::Protocol(format!("find returned {} values", r.len())));
+        }
+        let state = match string(&r[0])?.as_str() {
+            "ready" => TaskState::Ready,
+            "delayed" => TaskState::Delayed,
+            "leased" => TaskState::Leased,
+            "dead" => TaskState::Dead,
+            other => return Err(QueueError::Protocol(format!("unknown state {other:?}"))),
+        };
+        let meta = Meta::parse(&string(&r[2])?)
+            .ok_or_else(|| QueueError::Protocol("malformed task meta".into()))?;
+        let err = string(&r[5])?;
+        let tok = string(&r[6])?;
+        Ok(Some(TaskInfo {
+            id: id.to_string(),
+            state,
+            priority: meta.priority,
+            attempts: int(&r[3])? as u32,
+            max_attempts: meta.max_attempts,
+            enqueued_ms: meta.enqueued_ms,
+            at_ms: int(&r[1])?,
+            last_error: (!err.is_empty()).then_some(err),
+            lease_token: tok.parse().ok(),
+            payload: bytes(&r[4]),
+        }))
+    }
+}
+
+/// The static part of a task's record (`meta` hash), as the scripts pack it.
+struct Meta {
+    priority: i32,
+    max_attempts: u32,
+    enqueued_ms: i64,
+}
+
+impl Meta {
+    fn parse(s: &str) -> Option<Meta> {
+        let mut it = s.split(':');
+        let priority = it.next()?.parse().ok()?;
+        let max_attempts = it.next()?.parse().ok()?;
+        let _seq: u64 = it.next()?.parse().ok()?;
+        let enqueued_ms = it.next()?.parse().ok()?;
+        Some(Meta {
+            priority,
+            max_attempts,
+            enqueued_ms,
+        })
+    }
+}
+
+fn millis_since_epoch(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn int(v: &Value) -> Result<i64, QueueError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| QueueError::Protocol("expected an integer".into())),
+        other => Err(QueueError::Protocol(format!("expected an integer, got {other:?}"))),
+    }
+}
+
+fn string(v: &Value) -> Result<String, QueueError> {
+    match v {
+        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Ok(s.clone()),
+        Value::Int(i) => Ok(i.to_string()),
+        Value::Nil => Ok(String::new()),
+        other => Err(QueueError::Protocol(format!("expected a string, got {other:?}"))),
+    }
+}
+
+fn bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        _ => Vec::new(),
+    }
+}

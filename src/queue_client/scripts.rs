@@ -1,0 +1,81 @@
+//! The Lua scripts behind every queue operation, each one round trip and atomic.
+//! They share `lua/prelude.lua` (key order, chunked variadic calls, helpers).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Every script the queue runs, compiled (hashed) once per process.
+pub(crate) struct Scripts {
+    pub enqueue: Script,
+    pub take: Script,
+    pub settle: Script,
+    pub stats: Script,
+    pub dead_list: Script,
+    pub dead_move: Script,
+    pub find: Script,
+}
+
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+
+fn with_prelude(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    enqueue: with_prelude(include_str!("lua/enqueue.lua")),
+    take: with_prelude(include_str!("lua/take.lua")),
+    settle: with_prelude(include_str!("lua/settle.lua")),
+    stats: with_prelude(include_str!("lua/stats.lua")),
+    dead_list: with_prelude(include_str!("lua/dead_list.lua")),
+    dead_move: with_prelude(include_str!("lua/dead_move.lua")),
+    find: with_prelude(include_str!("lua/find.lua")),
+});
+
+/// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag
+/// `{QUEUE}`, so one queue lives in one Redis Cluster slot.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    pub all: [String; 13],
+}
+
+impl Keys {
+    pub fn new(namespace: &str, queue: &str) -> Self {
+        let k = |suffix: &str| format!("{namespace}:{{{queue}}}:{suffix}");
+        Keys {
+            all: [
+                k("ready"),
+                k("delayed"),
+                k("leased"),
+                k("dead"),
+                k("payload"),
+                k("meta"),
+                k("att"),
+                k("lease"),
+                k("err"),
+                k("stats"),
+                k("seq"),
+                k("tok"),
+                k("wake"),
+            ],
+        }
+    }
+
+    pub fn wake(&self) -> &str {
+        &self.all[12]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Keys;
+
+    #[test]
+    fn every_key_of_a_queue_shares_its_hash_tag() {
+        let keys = Keys::new("gaffer", "resize_photo");
+        for key in &keys.all {
+            assert!(key.starts_with("gaffer:{resize_photo}:"), "{key}");
+        }
+        assert_eq!(keys.wake(), "gaffer:{resize_photo}:wake");
+    }
+}

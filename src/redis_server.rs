@@ -1,0 +1,240 @@
+//! A local `redis-server` child process: the test harness, the demo and (later) `gaffer up`
+//! all need one, and all need the same things from it: a free port, its own directory,
+//! optional AOF, readiness before use, and death with its parent.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// Why a local redis-server could not be started or controlled.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisServerError {
+    /// The binary is not installed; the message says how to install it.
+    #[error(
+        "redis-server not found on PATH: install it (Debian/Ubuntu: `apt-get install redis-server`)"
+    )]
+    NotInstalled,
+    /// Spawning or signalling the process failed.
+    #[error("redis-server on port {port}: {source}")]
+    Io {
+        /// Port the server was meant to listen on.
+        port: u16,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The process started but never answered PING; its log tail is included.
+    #[error("redis-server on port {port} did not become ready within {waited:?}; log tail:\n{log}")]
+    NotReady {
+        /// Port the server was meant to listen on.
+        port: u16,
+        /// How long we waited.
+        waited: Duration,
+        /// The end of its log file.
+        log: String,
+    },
+}
+
+/// How to start a local redis-server.
+#[derive(Debug, Clone, Default)]
+pub struct RedisServerOptions {
+    /// Persist every write with `appendonly yes` and `appendfsync always`.
+    pub appendonly: bool,
+    /// Start as a Redis Cluster node (`cluster-enabled yes`); slots are assigned by the caller.
+    pub cluster_node: bool,
+    /// Fixed port; a free one is picked when absent.
+    pub port: Option<u16>,
+    /// Extra `--key value` settings passed verbatim.
+    pub extra: Vec<(String, String)>,
+}
+
+/// A running redis-server child. Killed (SIGKILL) and reaped on drop; it also dies with
+/// its parent through PDEATHSIG, so a crashed test leaves no server behind. PDEATHSIG
+/// follows the *thread* that spawned it: start it from a thread that lives as long as
+/// the server is needed.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    opts: RedisServerOptions,
+}
+
+impl RedisServer {
+    /// Starts a server whose data and log live in `dir` (created if missing) and waits
+    /// until it answers PING.
+    pub fn start(dir: &Path, opts: RedisServerOptions) -> Result<Self, RedisServerError> {
+        let port = match opts.port {
+            Some(p) => p,
+            None => free_port().map_err(|source| RedisServerError::Io { port: 0, source })?,
+        };
+        std::fs::create_dir_all(dir).map_err(|source| RedisServerError::Io { port, source })?;
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir: dir.to_path_buf(),
+            opts,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> Result<(), RedisServerError> {
+        let port = self.port;
+        let mut cmd = Command::new("redis-server");
+        cmd.arg("--port")
+            .arg(port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg("redis.log")
+            .arg("--save")
+            .arg("")
+            .arg("--daemonize")
+            .arg("no");
+        if self.opts.appendonly {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        }
+        if self.opts.cluster_node {
+            cmd.args(["--cluster-enabled", "yes"])
+                .arg("--cluster-config-file")
+                .arg("nodes.conf")
+                .args(["--cluster-node-timeout", "2000"]);
+        }
+        for (k, v) in &self.opts.extra {
+            cmd.arg(format!("--{k}")).arg(v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd.spawn().map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                RedisServerError::NotInstalled
+            } else {
+                RedisServerError::Io { port, source }
+            }
+        })?;
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(20))
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> Result<(), RedisServerError> {
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(5);
+        while start.elapsed() < limit {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                break; // exited early: report with its log
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+        Err(RedisServerError::NotReady {
+            port: self.port,
+            waited: start.elapsed(),
+            log: self.log_tail(20),
+        })
+    }
+
+    /// The port it listens on (loopback).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Its data directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Sends a signal (SIGSTOP, SIGCONT, …) to the server.
+    pub fn signal(&self, sig: Signal) -> Result<(), RedisServerError> {
+        let pid = self.pid().ok_or(RedisServerError::Io {
+            port: self.port,
+            source: std::io::Error::other("not running"),
+        })?;
+        kill(Pid::from_raw(pid as i32), sig).map_err(|e| RedisServerError::Io {
+            port: self.port,
+            source: e.into(),
+        })
+    }
+
+    /// SIGKILL and reap: the abrupt death that persistence tests need.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port and directory (after `kill`), so AOF is replayed.
+    pub fn restart(&mut self) -> Result<(), RedisServerError> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// The last `lines` lines of its log file, for error messages.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port that was free a moment ago. Redis Cluster also needs port + 10000 for its bus,
+/// so ports are kept below 55000.
+pub fn free_port() -> std::io::Result<u16> {
+    for _ in 0..100 {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        if port < 55000 && TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other("no free port below 55000"))
+}
+
+/// True when a server on `port` answers PING with PONG (not LOADING or an error).
+fn ping(port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+}

@@ -1,0 +1,170 @@
+//! Throwaway Redis servers and clusters for tests, killed on drop.
+
+use std::time::{Duration, Instant};
+
+use gaffer::queue_client::{ConnectOptions, Queue, QueueClient};
+use gaffer::redis_server::{RedisServer, RedisServerOptions};
+
+/// One redis-server in its own temp dir.
+pub struct TestRedis {
+    pub server: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+impl TestRedis {
+    pub fn start() -> Self {
+        Self::with(RedisServerOptions::default())
+    }
+
+    /// With `appendonly yes` and `appendfsync always`.
+    pub fn with_aof() -> Self {
+        Self::with(RedisServerOptions {
+            appendonly: true,
+            ..Default::default()
+        })
+    }
+
+    pub fn with(opts: RedisServerOptions) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server = RedisServer::start(dir.path(), opts).expect("start redis-server");
+        TestRedis { server, _dir: dir }
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    pub async fn client(&self) -> QueueClient {
+        QueueClient::connect(&self.url(), "test", &ConnectOptions::default())
+            .await
+            .expect("connect")
+    }
+
+    /// A raw connection for inspecting the server (INFO, CONFIG, …).
+    pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// Total commands the server has processed.
+    pub async fn commands_processed(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_commands_processed:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("total_commands_processed in INFO")
+    }
+}
+
+/// A Redis Cluster of three masters (no replicas), each in its own temp dir.
+pub struct TestCluster {
+    pub nodes: Vec<TestRedis>,
+}
+
+impl TestCluster {
+    pub fn start() -> Self {
+        let nodes: Vec<TestRedis> = (0..3)
+            .map(|_| {
+                TestRedis::with(RedisServerOptions {
+                    cluster_node: true,
+                    ..Default::default()
+                })
+            })
+            .collect();
+        let mut cmd = std::process::Command::new("redis-cli");
+        cmd.arg("--cluster").arg("create");
+        for n in &nodes {
+            cmd.arg(format!("127.0.0.1:{}", n.server.port()));
+        }
+        cmd.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = cmd.output().expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        // Every node must agree the cluster is up before clients route by slot.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for n in &nodes {
+            loop {
+                let out = std::process::Command::new("redis-cli")
+                    .args(["-p", &n.server.port().to_string(), "cluster", "info"])
+                    .output()
+                    .unwrap();
+                if String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "cluster never reached state ok");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        TestCluster { nodes }
+    }
+}
+
+/// Polls `cond` until it holds or `limit` passes; the test fails with `what` otherwise.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_millis(5);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// A unique queue name per test, so tests sharing a server never see each other's tasks.
+pub fn queue(client: &QueueClient, name: &str) -> Queue {
+    client.queue(name).unwrap()
+}
+
+/// A cluster shared by every cluster test of this process (creating one takes seconds).
+/// Started from a thread that never exits, because PDEATHSIG follows the spawning thread.
+pub async fn shared_cluster_client() -> QueueClient {
+    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let url = URL
+        .get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let cluster = TestCluster::start();
+                tx.send(cluster.nodes[0].url()).unwrap();
+                loop {
+                    std::thread::park();
+                }
+            });
+            rx.recv().expect("cluster thread")
+        })
+        .clone();
+    QueueClient::connect(&url, "test", &ConnectOptions::default())
+        .await
+        .expect("connect to cluster")
+}
+
+/// Polls `f` until it yields a value or `limit` passes; the test fails with `what` otherwise.
+pub async fn poll_some<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}

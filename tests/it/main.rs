@@ -1,0 +1,5 @@
+//! gaffer's integration tests: one binary, against real redis-server processes that the
+//! harness starts on free ports in temp dirs. No test depends on a Redis at 6379.
+
+mod harness;
+mod queue;

@@ -1,0 +1,554 @@
+//! The queue contract (DESIGN.md "Queue semantics"), against a real redis-server and,
+//! for the same cases, a real 3-master Redis Cluster.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gaffer::queue_client::{
+    NewTask, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult, TaskState,
+};
+
+use crate::harness::{self, TestRedis, eventually, poll_some};
+
+/// Runs each case against a fresh single server and against the shared cluster.
+macro_rules! on_both {
+    ($($case:ident),* $(,)?) => {
+        mod single {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let redis = crate::harness::TestRedis::start();
+                    super::$case(redis.client().await, stringify!($case)).await;
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let client = crate::harness::shared_cluster_client().await;
+                    super::$case(client, concat!("cluster_", stringify!($case))).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    concurrent_takers_ack_every_task_exactly_once,
+    expired_lease_reappears_and_old_token_is_stale,
+    priority_first_then_fifo,
+    delayed_tasks_are_not_handed_out_early,
+    dedup_id_returns_existing_until_acked,
+    retry_with_delay_and_priority,
+    fail_goes_to_dead_letters_with_reason,
+    max_attempts_through_lease_expiry_dead_letters,
+    extend_keeps_a_task_invisible,
+    idle_taker_wakes_on_enqueue,
+    find_and_cancel_by_id,
+    oversized_payload_is_refused_and_nothing_enqueued,
+    bulk_enqueue_keeps_order_and_counts,
+);
+
+fn limits(max_attempts: u32) -> QueueLimits {
+    QueueLimits {
+        max_attempts,
+        ..Default::default()
+    }
+}
+
+/// One lease as a taker saw it, on Redis's clock.
+#[derive(Debug, Clone)]
+struct Lease {
+    taker: usize,
+    from_ms: i64,
+    until_ms: i64,
+}
+
+async fn concurrent_takers_ack_every_task_exactly_once(client: QueueClient, name: &str) {
+    const TASKS: usize = 20_000;
+    const TAKERS: usize = 8;
+    let q = client.queue_with(name, limits(0)).unwrap();
+    let tasks: Vec<NewTask> = (0..TASKS)
+        .map(|i| NewTask::new(format!("{{\"n\":{i}}}")))
+        .collect();
+    let made = q.enqueue_many(&tasks).await.unwrap();
+    assert_eq!(made.iter().filter(|e| e.created).count(), TASKS);
+
+    let leases: Arc<Mutex<HashMap<String, Vec<Lease>>>> = Default::default();
+    let acks: Arc<Mutex<HashMap<String, usize>>> = Default::default();
+    let mut handles = Vec::new();
+    for taker in 0..TAKERS {
+        let q = q.clone();
+        let leases = leases.clone();
+        let acks = acks.clone();
+        handles.push(tokio::spawn(async move {
+            let mut batches = 0usize;
+            loop {
+                let batch = q.take(25, Duration::from_millis(250)).await.unwrap();
+                if batch.tasks.is_empty() {
+                    // Leases that lapsed come back on a later take; stop when none are out.
+                    if q.stats().await.unwrap().leased == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                batches += 1;
+                {
+                    let mut l = leases.lock().unwrap();
+                    for t in &batch.tasks {
+                        l.entry(t.id.clone()).or_default().push(Lease {
+                            taker,
+                            from_ms: batch.now_ms,
+                            until_ms: batch.expires_ms,
+                        });
+                    }
+                }
+                // Now and then a taker stalls past its lease, so others reclaim its tasks
+                // and its late acks must be refused.
+                if batches % 40 == 7 {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                }
+                let results = q.ack(&batch.tasks).await.unwrap();
+                let mut a = acks.lock().unwrap();
+                for (t, r) in batch.tasks.iter().zip(results) {
+                    if r == SettleResult::Done {
+                        *a.entry(t.id.clone()).or_default() += 1;
+                    }
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let acks = acks.lock().unwrap();
+    assert_eq!(acks.len(), TASKS, "every task acked");
+    let twice: Vec<_> = acks.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "tasks acked more than once: {twice:?}");
+    for (id, ls) in leases.lock().unwrap().iter() {
+        let mut ls = ls.clone();
+        ls.sort_by_key(|l| l.from_ms);
+        for w in ls.windows(2) {
+            assert!(
+                w[1].from_ms >= w[0].until_ms,
+                "task {id} handed to taker {} while taker {}'s lease was valid: {w:?}",
+                w[1].taker,
+                w[0].taker
+            );
+        }
+    }
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased, s.dead), (0, 0, 0));
+    assert_eq!(s.acked_total, TASKS as u64);
+    assert_eq!(s.enqueued_total, TASKS as u64);
+    assert!(s.expired_total > 0, "the stalls made some leases lapse");
+}
+
+async fn expired_lease_reappears_and_old_token_is_stale(client: QueueClient, name: &str) {
+    let q = client.queue_with(name, limits(5)).unwrap();
+    q.enqueue(NewTask::new("x").id("t1")).await.unwrap();
+    let first = q.take(10, Duration::from_millis(100)).await.unwrap();
+    assert_eq!(first.tasks.len(), 1);
+    assert_eq!(first.tasks[0].attempt, 1);
+    assert!(q.take(10, Duration::from_secs(1)).await.unwrap().tasks.is_empty());
+
+    let second = poll_some(Duration::from_secs(5), "task back after its lease", || {
+        let q = q.clone();
+        async move {
+            let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+            (!b.tasks.is_empty()).then_some(b)
+        }
+    })
+    .await;
+    assert_eq!(second.tasks[0].id, "t1");
+    assert_eq!(second.tasks[0].attempt, 2);
+    assert_ne!(second.tasks[0].token, first.tasks[0].token);
+
+    // The first holder wakes up late: every kind of settle it tries is refused.
+    for action in [
+        Settle::Ack,
+        Settle::Fail {
+            reason: "late".into(),
+        },
+        Settle::Extend {
+            lease: Duration::from_secs(60),
+        },
+    ] {
+        let r = q
+            .settle(&[SettleOp::new(&first.tasks[0], action)])
+            .await
+            .unwrap();
+        assert_eq!(r, vec![SettleResult::Stale]);
+    }
+    let info = q.find("t1").await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Leased);
+    assert_eq!(info.lease_token, Some(second.tasks[0].token));
+    assert_eq!(info.at_ms, second.expires_ms, "the new lease is untouched");
+    assert_eq!(info.last_error.as_deref(), Some("lease expired on attempt 1"));
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.stale_total, s.expired_total), (3, 1));
+    assert_eq!(q.ack(&second.tasks).await.unwrap(), vec![SettleResult::Done]);
+    assert!(q.find("t1").await.unwrap().is_none());
+}
+
+async fn priority_first_then_fifo(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    let plan = [("a", 0), ("b", 5), ("c", 0), ("d", 5), ("e", -3), ("f", 10), ("g", 0)];
+    for (id, p) in plan {
+        q.enqueue(NewTask::new(id).id(id).priority(p)).await.unwrap();
+    }
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let b = q.take(2, Duration::from_secs(30)).await.unwrap();
+        order.extend(b.tasks.into_iter().map(|t| t.id));
+    }
+    assert_eq!(order, ["f", "b", "d", "a", "c", "g", "e"]);
+}
+
+async fn delayed_tasks_are_not_handed_out_early(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    q.enqueue(NewTask::new("later").id("later").delay(Duration::from_millis(400)))
+        .await
+        .unwrap();
+    q.enqueue(NewTask::new("now").id("now")).await.unwrap();
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(), ["now"]);
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.delayed, s.leased), (0, 1, 1));
+    let empty = q.take(10, Duration::from_secs(30)).await.unwrap();
+    let hint = empty.next_hint.expect("a hint for the delayed task");
+    assert!(hint <= Duration::from_millis(400), "{hint:?}");
+    let enqueued = q.find("later").await.unwrap().unwrap().enqueued_ms;
+    let got = poll_some(Duration::from_secs(5), "delayed task due", || {
+        let q = q.clone();
+        async move {
+            let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+            (!b.tasks.is_empty()).then_some(b)
+        }
+    })
+    .await;
+    assert_eq!(got.tasks[0].id, "later");
+    assert!(
+        got.now_ms - enqueued >= 400,
+        "handed out {} ms after enqueue",
+        got.now_ms - enqueued
+    );
+}
+
+async fn dedup_id_returns_existing_until_acked(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    let first = q.enqueue(NewTask::new("v1").id("job-7")).await.unwrap();
+    assert!(first.created);
+    let again = q.enqueue(NewTask::new("v2").id("job-7")).await.unwrap();
+    assert_eq!((again.id.as_str(), again.created), ("job-7", false));
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), 1);
+    assert_eq!(b.tasks[0].payload, b"v1", "the existing task, not a copy");
+    let leased = q.enqueue(NewTask::new("v3").id("job-7")).await.unwrap();
+    assert!(!leased.created, "a leased task blocks its id too");
+    q.ack(&b.tasks).await.unwrap();
+    let fresh = q.enqueue(NewTask::new("v4").id("job-7")).await.unwrap();
+    assert!(fresh.created, "free again once acked");
+    // Within one bulk call, the first of two equal ids wins.
+    let bulk = q
+        .enqueue_many(&[NewTask::new("x").id("dup"), NewTask::new("y").id("dup")])
+        .await
+        .unwrap();
+    assert_eq!(bulk.iter().map(|e| e.created).collect::<Vec<_>>(), [true, false]);
+    assert_eq!(q.stats().await.unwrap().ready, 2);
+}
+
+async fn retry_with_delay_and_priority(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    q.enqueue(NewTask::new("r").id("r")).await.unwrap();
+    q.enqueue(NewTask::new("other").id("other").priority(5)).await.unwrap();
+    let b = q.take(1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks[0].id, "other");
+    let b2 = q.take(1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b2.tasks[0].id, "r");
+    let r = q
+        .settle(&[SettleOp::new(
+            &b2.tasks[0],
+            Settle::Retry {
+                delay: Duration::from_millis(300),
+                priority: Some(9),
+                reason: "partner busy".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    assert_eq!(r, vec![SettleResult::Done]);
+    let info = q.find("r").await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Delayed);
+    assert_eq!(info.priority, 9);
+    assert_eq!(info.last_error.as_deref(), Some("partner busy"));
+    assert!(q.take(1, Duration::from_secs(30)).await.unwrap().tasks.is_empty());
+    q.enqueue(NewTask::new("low").id("low").priority(1)).await.unwrap();
+    // Once due, its new priority puts it ahead of the newer, lower-priority task.
+    let seen: Vec<(String, u32)> = poll_some(Duration::from_secs(5), "retried task due", || {
+        let q = q.clone();
+        async move {
+            let info = q.find("r").await.unwrap().unwrap();
+            if info.state != TaskState::Ready {
+                return None;
+            }
+            let b = q.take(2, Duration::from_secs(30)).await.unwrap();
+            Some(b.tasks.iter().map(|t| (t.id.clone(), t.attempt)).collect())
+        }
+    })
+    .await;
+    assert_eq!(seen, [("r".to_string(), 2), ("low".to_string(), 1)]);
+    assert_eq!(q.stats().await.unwrap().retried_total, 1);
+}
+
+async fn fail_goes_to_dead_letters_with_reason(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    for i in 0..3 {
+        q.enqueue(NewTask::new(format!("p{i}")).id(format!("f{i}"))).await.unwrap();
+    }
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    let ops: Vec<_> = b
+        .tasks
+        .iter()
+        .map(|t| {
+            SettleOp::new(
+                t,
+                Settle::Fail {
+                    reason: format!("bad input in {}", t.id),
+                },
+            )
+        })
+        .collect();
+    assert!(q.settle(&ops).await.unwrap().iter().all(|r| *r == SettleResult::Done));
+    let dead = q.dead(0, 10).await.unwrap();
+    assert_eq!(dead.len(), 3);
+    assert_eq!(dead[0].error, format!("bad input in {}", dead[0].id));
+    assert_eq!(dead[0].attempts, 1);
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.dead, s.dead_total, s.leased), (3, 3, 0));
+
+    assert_eq!(q.requeue_dead(Some(&["f1".to_string()])).await.unwrap(), 1);
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), 1);
+    assert_eq!((b.tasks[0].id.as_str(), b.tasks[0].attempt), ("f1", 1));
+    assert_eq!(q.purge_dead(None).await.unwrap(), 2);
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.dead, s.requeued_total, s.purged_total), (0, 1, 2));
+    assert!(q.find("f0").await.unwrap().is_none());
+}
+
+async fn max_attempts_through_lease_expiry_dead_letters(client: QueueClient, name: &str) {
+    let q = client.queue_with(name, limits(2)).unwrap();
+    q.enqueue(NewTask::new("p").id("m")).await.unwrap();
+    let lease = Duration::from_millis(50);
+    assert_eq!(q.take(1, lease).await.unwrap().tasks[0].attempt, 1);
+    eventually(Duration::from_secs(5), "second attempt", || {
+        let q = q.clone();
+        async move { !q.take(1, lease).await.unwrap().tasks.is_empty() }
+    })
+    .await;
+    eventually(Duration::from_secs(5), "dead after the second lease expired", || {
+        let q = q.clone();
+        async move {
+            assert!(q.take(1, lease).await.unwrap().tasks.is_empty(), "no third attempt");
+            q.stats().await.unwrap().dead == 1
+        }
+    })
+    .await;
+    let dead = q.dead(0, 10).await.unwrap();
+    assert_eq!(dead[0].id, "m");
+    assert_eq!(dead[0].attempts, 2);
+    assert_eq!(
+        dead[0].error,
+        "lease expired on attempt 2 of 2 (max_attempts reached)"
+    );
+    // A retry past max_attempts dead-letters too, and says so.
+    let q2 = client.queue_with(&format!("{name}_retry"), limits(1)).unwrap();
+    q2.enqueue(NewTask::new("p").id("n")).await.unwrap();
+    let b = q2.take(1, Duration::from_secs(30)).await.unwrap();
+    let r = q2
+        .settle(&[SettleOp::new(
+            &b.tasks[0],
+            Settle::Retry {
+                delay: Duration::ZERO,
+                priority: None,
+                reason: "timeout".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    assert_eq!(r, vec![SettleResult::DeadLettered]);
+    assert_eq!(
+        q2.dead(0, 1).await.unwrap()[0].error,
+        "attempt 1 of 1 failed (max_attempts reached): timeout"
+    );
+}
+
+async fn extend_keeps_a_task_invisible(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    q.enqueue(NewTask::new("long").id("e")).await.unwrap();
+    let b = q.take(1, Duration::from_millis(300)).await.unwrap();
+    let original_expiry = b.expires_ms;
+    let r = q.extend(&b.tasks, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(r, vec![SettleResult::Done]);
+    // Wait on Redis's clock until the original lease is well past.
+    eventually(Duration::from_secs(5), "original lease over", || {
+        let q = q.clone();
+        async move {
+            let b = q.take(1, Duration::from_secs(30)).await.unwrap();
+            assert!(b.tasks.is_empty(), "handed out while its extended lease was valid");
+            b.now_ms > original_expiry + 200
+        }
+    })
+    .await;
+    assert_eq!(q.ack(&b.tasks).await.unwrap(), vec![SettleResult::Done]);
+    assert_eq!(q.stats().await.unwrap().expired_total, 0);
+}
+
+async fn idle_taker_wakes_on_enqueue(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    let mut waiter = client.waiter();
+    let poll = Duration::from_secs(20);
+    let taker = {
+        let q = q.clone();
+        tokio::spawn(async move {
+            let b = q.take_wait(&mut waiter, 10, Duration::from_secs(30), poll).await.unwrap();
+            (b, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!taker.is_finished(), "returned without a task");
+    let sent = Instant::now();
+    q.enqueue(NewTask::new("wake").id("w")).await.unwrap();
+    let (batch, woke) = taker.await.unwrap();
+    assert_eq!(batch.tasks[0].id, "w");
+    assert!(
+        woke - sent < poll / 4,
+        "woke after {:?}, not long before its poll timeout of {poll:?}",
+        woke - sent
+    );
+}
+
+async fn find_and_cancel_by_id(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    q.enqueue(NewTask::new("{\"a\":1}").id("c1").priority(3)).await.unwrap();
+    q.enqueue(NewTask::new("b").id("c2").delay(Duration::from_secs(60))).await.unwrap();
+    q.enqueue(NewTask::new("c").id("c3")).await.unwrap();
+    let info = q.find("c1").await.unwrap().unwrap();
+    assert_eq!((info.state, info.priority, info.attempts), (TaskState::Ready, 3, 0));
+    assert_eq!(info.payload, b"{\"a\":1}");
+    assert_eq!(q.find("c2").await.unwrap().unwrap().state, TaskState::Delayed);
+    assert!(q.find("nope").await.unwrap().is_none());
+
+    assert_eq!(q.cancel("c2").await.unwrap().unwrap().state, TaskState::Delayed);
+    assert_eq!(q.cancel("c1").await.unwrap().unwrap().state, TaskState::Ready);
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), 1, "cancelled tasks are never handed out");
+    assert_eq!(q.cancel("c3").await.unwrap().unwrap().state, TaskState::Leased);
+    assert_eq!(q.ack(&b.tasks).await.unwrap(), vec![SettleResult::Stale]);
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.delayed, s.leased, s.cancelled_total), (0, 0, 0, 3));
+}
+
+async fn oversized_payload_is_refused_and_nothing_enqueued(client: QueueClient, name: &str) {
+    let q = client
+        .queue_with(
+            name,
+            QueueLimits {
+                max_payload: 1024,
+                max_attempts: 5,
+            },
+        )
+        .unwrap();
+    let batch = vec![NewTask::new(vec![b'x'; 10]), NewTask::new(vec![b'x'; 2000])];
+    let err = q.enqueue_many(&batch).await.unwrap_err();
+    assert!(matches!(err, QueueError::PayloadTooLarge { size: 2000, limit: 1024, .. }));
+    assert_eq!(
+        err.to_string(),
+        format!("payload of 2000 bytes exceeds the limit of 1024 bytes of queue {name}")
+    );
+    assert_eq!(q.stats().await.unwrap().enqueued_total, 0);
+    let reserved = q.enqueue(NewTask::new("x").id("#1")).await.unwrap_err();
+    assert!(reserved.to_string().contains("reserved"), "{reserved}");
+    assert!(q.take(0, Duration::from_secs(1)).await.is_err());
+}
+
+async fn bulk_enqueue_keeps_order_and_counts(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    // More than one script chunk, so chunks are pipelined.
+    let tasks: Vec<NewTask> = (0..2500).map(|i| NewTask::new(i.to_string())).collect();
+    let made = q.enqueue_many(&tasks).await.unwrap();
+    assert_eq!(made.len(), 2500);
+    let mut seen = Vec::new();
+    loop {
+        let b = q.take(1000, Duration::from_secs(30)).await.unwrap();
+        if b.tasks.is_empty() {
+            break;
+        }
+        seen.extend(b.tasks.iter().map(|t| String::from_utf8(t.payload.clone()).unwrap()));
+        q.ack(&b.tasks).await.unwrap();
+    }
+    let expected: Vec<String> = (0..2500).map(|i| i.to_string()).collect();
+    assert_eq!(seen, expected, "FIFO across chunks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_taker_does_not_poll() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = harness::queue(&client, "idle");
+    let mut waiter = client.waiter();
+    let taker = tokio::spawn(async move {
+        q.take_wait(&mut waiter, 10, Duration::from_secs(30), Duration::from_secs(5))
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = redis.commands_processed().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = redis.commands_processed().await;
+    // The INFO call itself counts as one command.
+    assert!(
+        after - before <= 2,
+        "{} commands during an idle second",
+        after - before
+    );
+    assert!(!taker.is_finished());
+    taker.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_enqueues_survive_sigkill_with_aof() {
+    let mut redis = TestRedis::with_aof();
+    let client = redis.client().await;
+    let q = client.queue("durable").unwrap();
+    let tasks: Vec<NewTask> = (0..500).map(|i| NewTask::new(format!("{i}")).id(format!("d{i}"))).collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let taken = q.take(10, Duration::from_secs(60)).await.unwrap();
+    q.ack(&taken.tasks[..5]).await.unwrap();
+
+    redis.server.kill();
+    // While Redis is down calls fail, promptly, without panicking.
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = q.stats().await.unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(15), "a call hung while redis was down");
+    }
+    redis.server.restart().unwrap();
+    let s = poll_some(Duration::from_secs(20), "calls succeed after restart", || {
+        let q = q.clone();
+        async move { q.stats().await.ok() }
+    })
+    .await;
+    assert_eq!((s.ready, s.leased, s.acked_total), (490, 5, 5));
+    for i in 0..500 {
+        let found = q.find(&format!("d{i}")).await.unwrap();
+        assert_eq!(found.is_some(), i >= 5, "task d{i}");
+    }
+    // The old leases still hold their tokens; the holder can finish its batch.
+    assert!(q.ack(&taken.tasks[5..]).await.unwrap().iter().all(|r| *r == SettleResult::Done));
+}
