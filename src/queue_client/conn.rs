@@ -74,7 +74,7 @@ impl ConnectionLike for RedisConn {
 #[derive(Clone)]
 pub(crate) enum Target {
     Single(Client),
-    Cluster(ClusterClient),
+    Cluster(Box<ClusterClient>),
 }
 
 /// Connects, detects a cluster, and returns the shared connection plus the means to open
@@ -113,7 +113,7 @@ pub(crate) async fn connect(
         }
         let cluster = builder.build()?;
         let conn = cluster.get_async_connection().await?;
-        return Ok((RedisConn::Cluster(conn), Target::Cluster(cluster)));
+        return Ok((RedisConn::Cluster(conn), Target::Cluster(Box::new(cluster))));
     }
     let cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(opts.connect_timeout))

@@ -481,11 +481,16 @@ impl Queue {
         for t in tasks {
             self.check(t)?;
         }
+        // A script call shares its options, so chunks also end where the options change.
         let mut chunks: Vec<&[NewTask]> = Vec::new();
         let mut start = 0;
         let mut bytes = 0;
         for (i, t) in tasks.iter().enumerate() {
-            if i > start && (i - start >= ENQUEUE_CHUNK || bytes + t.payload.len() > ENQUEUE_CHUNK_BYTES) {
+            if i > start
+                && (i - start >= ENQUEUE_CHUNK
+                    || bytes + t.payload.len() > ENQUEUE_CHUNK_BYTES
+                    || !same_options(&tasks[start], t))
+            {
                 chunks.push(&tasks[start..i]);
                 start = i;
                 bytes = 0;
@@ -504,23 +509,22 @@ impl Queue {
     }
 
     async fn enqueue_chunk(&self, chunk: &[NewTask]) -> Result<Vec<Enqueued>, QueueError> {
+        let first = &chunk[0];
+        let at_ms = first.at.map(|at| millis_since_epoch(at).max(1)).unwrap_or(0);
+        // A delay is passed as such: the script adds Redis's clock, not ours.
+        let delay_ms = if first.at.is_some() {
+            0
+        } else {
+            first.delay.as_millis() as u64
+        };
         let mut inv = self.invocation(&SCRIPTS.enqueue);
-        inv.arg(chunk.len());
+        inv.arg(chunk.len())
+            .arg(first.priority)
+            .arg(delay_ms)
+            .arg(at_ms)
+            .arg(first.max_attempts.unwrap_or(self.limits.max_attempts));
         for t in chunk {
-            let at_ms = t.at.map(|at| millis_since_epoch(at).max(1)).unwrap_or(0);
-            // A delay is measured from the client's call, but due times are Redis's clock:
-            // pass the delay as such and let the script add Redis's now.
-            let delay_ms = if t.at.is_some() {
-                0
-            } else {
-                t.delay.as_millis() as u64
-            };
-            inv.arg(t.id.as_deref().unwrap_or(""))
-                .arg(&t.payload[..])
-                .arg(t.priority)
-                .arg(delay_ms)
-                .arg(at_ms)
-                .arg(t.max_attempts.unwrap_or(self.limits.max_attempts));
+            inv.arg(t.id.as_deref().unwrap_or("")).arg(&t.payload[..]);
         }
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
@@ -558,7 +562,7 @@ impl Queue {
         inv.arg(n).arg(lease_ms as u64).arg(HOUSEKEEPING_LIMIT.max(n));
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        if reply.len() < 3 || (reply.len() - 3) % 3 != 0 {
+        if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(3) {
             return Err(QueueError::Protocol(format!(
                 "take returned {} values",
                 reply.len()
@@ -633,29 +637,42 @@ impl Queue {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
+        // Acks go first as (id, token) pairs; other ops follow with all their arguments.
+        let (acks, others): (Vec<usize>, Vec<usize>) =
+            (0..ops.len()).partition(|&i| ops[i].action == Settle::Ack);
         let mut inv = self.invocation(&SCRIPTS.settle);
-        for op in ops {
-            let (kind, a, b, c): (&str, String, String, &str) = match &op.action {
-                Settle::Ack => ("a", String::new(), String::new(), ""),
-                Settle::Extend { lease } => (
-                    "e",
-                    (lease.as_millis().max(1) as u64).to_string(),
-                    String::new(),
-                    "",
-                ),
+        inv.arg(acks.len());
+        for &i in &acks {
+            inv.arg(&ops[i].id).arg(ops[i].token);
+        }
+        for &i in &others {
+            let op = &ops[i];
+            inv.arg(match op.action {
+                Settle::Ack => unreachable!("acks are sent above"),
+                Settle::Extend { .. } => "e",
+                Settle::Retry { .. } => "r",
+                Settle::Fail { .. } => "f",
+            })
+            .arg(&op.id)
+            .arg(op.token);
+            match &op.action {
+                Settle::Ack => {}
+                Settle::Extend { lease } => {
+                    inv.arg(lease.as_millis().max(1) as u64).arg("").arg("");
+                }
                 Settle::Retry {
                     delay,
                     priority,
                     reason,
-                } => (
-                    "r",
-                    (delay.as_millis() as u64).to_string(),
-                    priority.map(|p| p.to_string()).unwrap_or_default(),
-                    reason,
-                ),
-                Settle::Fail { reason } => ("f", reason.clone(), String::new(), ""),
-            };
-            inv.arg(kind).arg(&op.id).arg(op.token).arg(a).arg(b).arg(c);
+                } => {
+                    inv.arg(delay.as_millis() as u64)
+                        .arg(priority.map(|p| p.to_string()).unwrap_or_default())
+                        .arg(reason);
+                }
+                Settle::Fail { reason } => {
+                    inv.arg(reason).arg("").arg("");
+                }
+            }
         }
         let mut conn = self.conn.clone();
         let reply: Vec<i64> = inv.invoke_async(&mut conn).await?;
@@ -666,14 +683,15 @@ impl Queue {
                 reply.len()
             )));
         }
-        Ok(reply
-            .into_iter()
-            .map(|r| match r {
+        let mut out = vec![SettleResult::Stale; ops.len()];
+        for (&i, r) in acks.iter().chain(&others).zip(reply) {
+            out[i] = match r {
                 1 => SettleResult::Done,
                 2 => SettleResult::DeadLettered,
                 _ => SettleResult::Stale,
-            })
-            .collect())
+            };
+        }
+        Ok(out)
     }
 
     /// Acks leased tasks (one round trip).
@@ -791,6 +809,24 @@ impl Queue {
         Ok(total)
     }
 
+    /// Deletes the whole queue: every task in every state, and its counters. For tests,
+    /// benchmarks and decommissioning a queue type.
+    pub async fn delete_all(&self) -> Result<(), QueueError> {
+        let mut conn = self.conn.clone();
+        // The keys share a hash tag, so one multi-key DEL is valid on a cluster too.
+        let mut cmd = redis::cmd("DEL");
+        for k in &self.keys.all {
+            cmd.arg(k);
+        }
+        cmd.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    /// The Redis keys of this queue, in the order the scripts expect them.
+    pub fn keys(&self) -> &[String] {
+        &self.keys.all
+    }
+
     /// Looks a task up by id.
     pub async fn find(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
         self.find_or_cancel(id, false).await
@@ -857,6 +893,10 @@ impl Meta {
             enqueued_ms,
         })
     }
+}
+
+fn same_options(a: &NewTask, b: &NewTask) -> bool {
+    (a.priority, a.delay, a.at, a.max_attempts) == (b.priority, b.delay, b.at, b.max_attempts)
 }
 
 fn millis_since_epoch(t: SystemTime) -> u64 {

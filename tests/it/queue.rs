@@ -49,6 +49,7 @@ on_both!(
     find_and_cancel_by_id,
     oversized_payload_is_refused_and_nothing_enqueued,
     bulk_enqueue_keeps_order_and_counts,
+    mixed_settle_keeps_result_order,
 );
 
 fn limits(max_attempts: u32) -> QueueLimits {
@@ -124,11 +125,12 @@ async fn concurrent_takers_ack_every_task_exactly_once(client: QueueClient, name
     for h in handles {
         h.await.unwrap();
     }
-    let acks = acks.lock().unwrap();
+    let acks = std::mem::take(&mut *acks.lock().unwrap());
     assert_eq!(acks.len(), TASKS, "every task acked");
     let twice: Vec<_> = acks.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "tasks acked more than once: {twice:?}");
-    for (id, ls) in leases.lock().unwrap().iter() {
+    let leases = std::mem::take(&mut *leases.lock().unwrap());
+    for (id, ls) in leases.iter() {
         let mut ls = ls.clone();
         ls.sort_by_key(|l| l.from_ms);
         for w in ls.windows(2) {
@@ -551,4 +553,38 @@ async fn acknowledged_enqueues_survive_sigkill_with_aof() {
     }
     // The old leases still hold their tokens; the holder can finish its batch.
     assert!(q.ack(&taken.tasks[5..]).await.unwrap().iter().all(|r| *r == SettleResult::Done));
+}
+
+async fn mixed_settle_keeps_result_order(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    for id in ["m1", "m2", "m3", "m4"] {
+        q.enqueue(NewTask::new(id).id(id)).await.unwrap();
+    }
+    let b = q.take(4, Duration::from_secs(30)).await.unwrap();
+    let t = |id: &str| b.tasks.iter().find(|t| t.id == id).unwrap().clone();
+    let mut forged = t("m4");
+    forged.token += 1000;
+    let ops = vec![
+        SettleOp::new(&t("m1"), Settle::Fail { reason: "no".into() }),
+        SettleOp::new(&t("m2"), Settle::Ack),
+        SettleOp::new(&forged, Settle::Ack),
+        SettleOp::new(
+            &t("m3"),
+            Settle::Retry {
+                delay: Duration::ZERO,
+                priority: None,
+                reason: String::new(),
+            },
+        ),
+        SettleOp::new(&t("m4"), Settle::Extend { lease: Duration::from_secs(60) }),
+        SettleOp::new(&t("m2"), Settle::Fail { reason: "twice".into() }),
+    ];
+    let r = q.settle(&ops).await.unwrap();
+    use SettleResult::*;
+    assert_eq!(r, [Done, Done, Stale, Done, Done, Stale]);
+    assert_eq!(q.find("m1").await.unwrap().unwrap().state, TaskState::Dead);
+    assert!(q.find("m2").await.unwrap().is_none());
+    assert_eq!(q.find("m3").await.unwrap().unwrap().state, TaskState::Ready);
+    assert_eq!(q.find("m4").await.unwrap().unwrap().state, TaskState::Leased);
+    assert_eq!(q.stats().await.unwrap().stale_total, 2);
 }

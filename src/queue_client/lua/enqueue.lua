@@ -1,12 +1,20 @@
--- ARGV: n, then n × (id or '', payload, priority, delay_ms, at_ms or 0, max_attempts)
+-- ARGV: n, priority, delay_ms, at_ms (0: none), max_attempts, then n × (id or '', payload).
+-- Options are shared by the call (the client splits calls where they differ), which keeps
+-- per-task arguments, the main cost of a bulk enqueue, to two.
 -- Returns n × (id, 1 = created | 0 = an existing pending or leased task with that id).
 local now = now_ms()
 local n = tonumber(ARGV[1])
+local pri, delay, at = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local meta_head = ARGV[2] .. ':' .. ARGV[5] .. ':'
+local meta_tail = ':' .. now
+local due = now + delay
+if at > 0 then due = at end
+local is_delayed = due > now
 local base = redis.call('INCRBY', K_SEQ, n) - n
 local payloads, metas, ready, delayed, out, seen = {}, {}, {}, {}, {}, {}
 local created = 0
 for i = 0, n - 1 do
-  local o = 2 + i * 6
+  local o = 6 + i * 2
   local id = ARGV[o]
   local seq = base + i + 1
   local fresh = true
@@ -29,14 +37,11 @@ for i = 0, n - 1 do
   if fresh then
     seen[id] = true
     created = created + 1
-    local pri, delay, at = tonumber(ARGV[o + 2]), tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
     payloads[#payloads + 1] = id
     payloads[#payloads + 1] = ARGV[o + 1]
     metas[#metas + 1] = id
-    metas[#metas + 1] = pack_meta(pri, tonumber(ARGV[o + 5]), seq, now)
-    local due = now + delay
-    if at > 0 then due = at end
-    if due > now then
+    metas[#metas + 1] = meta_head .. seq .. meta_tail
+    if is_delayed then
       delayed[#delayed + 1] = due
       delayed[#delayed + 1] = id
     else
