@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
@@ -191,7 +193,9 @@ impl Waiter {
             }
             Err(_) => {
                 self.conn = None;
-                Err(QueueError::Connect("redis did not answer a blocking wait".into()))
+                Err(QueueError::Connect(
+                    "redis did not answer a blocking wait".into(),
+                ))
             }
         }
     }
@@ -204,7 +208,11 @@ impl Waiter {
                 let cfg = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(Duration::from_secs(2)))
                     .set_response_timeout(Some(long));
-                WaitConn::Single(client.get_multiplexed_async_connection_with_config(&cfg).await?)
+                WaitConn::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?,
+                )
             }
             Target::Cluster(cluster) => {
                 let cfg = redis::cluster::ClusterConfig::new().set_response_timeout(long);

@@ -21,8 +21,8 @@ use futures::{StreamExt, TryStreamExt};
 use redis::Value;
 use serde::Serialize;
 
-pub use conn::{ConnectOptions, RedisConn, Waiter, redacted};
 use conn::Target;
+pub use conn::{ConnectOptions, RedisConn, Waiter, redacted};
 use scripts::{Keys, SCRIPTS};
 
 /// Default payload limit, when the queue's config does not set one.
@@ -297,6 +297,8 @@ pub enum Settle {
 pub struct SettleOp {
     /// Task id.
     pub id: String,
+    /// The attempt the lease was handed out for.
+    pub attempt: u32,
     /// The token of the lease being settled.
     pub token: u64,
     /// What to do.
@@ -308,9 +310,15 @@ impl SettleOp {
     pub fn new(task: &LeasedTask, action: Settle) -> Self {
         SettleOp {
             id: task.id.clone(),
+            attempt: task.attempt,
             token: task.token,
             action,
         }
+    }
+
+    /// The lease as the queue stores it: `attempt:token`.
+    fn lease(&self) -> String {
+        format!("{}:{}", self.attempt, self.token)
     }
 }
 
@@ -500,17 +508,27 @@ impl Queue {
         if start < tasks.len() {
             chunks.push(&tasks[start..]);
         }
-        let results: Vec<Vec<Enqueued>> = futures::stream::iter(chunks)
+        let Some((first, rest)) = chunks.split_first() else {
+            return Ok(Vec::new());
+        };
+        // The first call goes alone: it loads the script if Redis lacks it. Pipelined calls
+        // that all met NOSCRIPT would retry in any order and break FIFO between chunks.
+        let mut out = self.enqueue_chunk(first).await?;
+        let results: Vec<Vec<Enqueued>> = futures::stream::iter(rest)
             .map(|chunk| self.enqueue_chunk(chunk))
             .buffered(ENQUEUE_WINDOW)
             .try_collect()
             .await?;
-        Ok(results.into_iter().flatten().collect())
+        out.extend(results.into_iter().flatten());
+        Ok(out)
     }
 
     async fn enqueue_chunk(&self, chunk: &[NewTask]) -> Result<Vec<Enqueued>, QueueError> {
         let first = &chunk[0];
-        let at_ms = first.at.map(|at| millis_since_epoch(at).max(1)).unwrap_or(0);
+        let at_ms = first
+            .at
+            .map(|at| millis_since_epoch(at).max(1))
+            .unwrap_or(0);
         // A delay is passed as such: the script adds Redis's clock, not ours.
         let delay_ms = if first.at.is_some() {
             0
@@ -559,7 +577,9 @@ impl Queue {
             return Err(QueueError::Invalid("lease must be at least 1ms".into()));
         }
         let mut inv = self.invocation(&SCRIPTS.take);
-        inv.arg(n).arg(lease_ms as u64).arg(HOUSEKEEPING_LIMIT.max(n));
+        inv.arg(n)
+            .arg(lease_ms as u64)
+            .arg(HOUSEKEEPING_LIMIT.max(n));
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(3) {
@@ -643,7 +663,7 @@ impl Queue {
         let mut inv = self.invocation(&SCRIPTS.settle);
         inv.arg(acks.len());
         for &i in &acks {
-            inv.arg(&ops[i].id).arg(ops[i].token);
+            inv.arg(&ops[i].id).arg(ops[i].lease());
         }
         for &i in &others {
             let op = &ops[i];
@@ -654,7 +674,7 @@ impl Queue {
                 Settle::Fail { .. } => "f",
             })
             .arg(&op.id)
-            .arg(op.token);
+            .arg(op.lease());
             match &op.action {
                 Settle::Ack => {}
                 Settle::Extend { lease } => {
@@ -696,7 +716,10 @@ impl Queue {
 
     /// Acks leased tasks (one round trip).
     pub async fn ack(&self, tasks: &[LeasedTask]) -> Result<Vec<SettleResult>, QueueError> {
-        let ops: Vec<SettleOp> = tasks.iter().map(|t| SettleOp::new(t, Settle::Ack)).collect();
+        let ops: Vec<SettleOp> = tasks
+            .iter()
+            .map(|t| SettleOp::new(t, Settle::Ack))
+            .collect();
         self.settle(&ops).await
     }
 
@@ -716,7 +739,10 @@ impl Queue {
     /// Counts and counters.
     pub async fn stats(&self) -> Result<QueueStats, QueueError> {
         let mut conn = self.conn.clone();
-        let reply: Vec<Value> = self.invocation(&SCRIPTS.stats).invoke_async(&mut conn).await?;
+        let reply: Vec<Value> = self
+            .invocation(&SCRIPTS.stats)
+            .invoke_async(&mut conn)
+            .await?;
         if reply.len() < 4 {
             return Err(QueueError::Protocol("stats returned too little".into()));
         }
@@ -845,7 +871,10 @@ impl Queue {
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
         let Some(r) = reply else { return Ok(None) };
         if r.len() != 7 {
-            return Err(QueueError::Protocol(format!("find returned {} values", r.len())));
+            return Err(QueueError::Protocol(format!(
+                "find returned {} values",
+                r.len()
+            )));
         }
         let state = match string(&r[0])?.as_str() {
             "ready" => TaskState::Ready,
@@ -900,7 +929,9 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
 }
 
 fn millis_since_epoch(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn int(v: &Value) -> Result<i64, QueueError> {
@@ -910,7 +941,9 @@ fn int(v: &Value) -> Result<i64, QueueError> {
             .ok()
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| QueueError::Protocol("expected an integer".into())),
-        other => Err(QueueError::Protocol(format!("expected an integer, got {other:?}"))),
+        other => Err(QueueError::Protocol(format!(
+            "expected an integer, got {other:?}"
+        ))),
     }
 }
 
@@ -920,7 +953,9 @@ fn string(v: &Value) -> Result<String, QueueError> {
         Value::SimpleString(s) => Ok(s.clone()),
         Value::Int(i) => Ok(i.to_string()),
         Value::Nil => Ok(String::new()),
-        other => Err(QueueError::Protocol(format!("expected a string, got {other:?}"))),
+        other => Err(QueueError::Protocol(format!(
+            "expected a string, got {other:?}"
+        ))),
     }
 }
 

@@ -36,7 +36,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// `{QUEUE}`, so one queue lives in one Redis Cluster slot.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub all: [String; 13],
+    pub all: [String; 12],
 }
 
 impl Keys {
@@ -51,7 +51,6 @@ impl Keys {
                 k("payload"),
                 k("meta"),
                 k("att"),
-                k("lease"),
                 k("err"),
                 k("stats"),
                 k("seq"),
@@ -62,7 +61,7 @@ impl Keys {
     }
 
     pub fn wake(&self) -> &str {
-        &self.all[12]
+        &self.all[11]
     }
 }
 

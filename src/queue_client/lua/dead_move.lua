@@ -1,6 +1,6 @@
 -- ARGV: action ('requeue' | 'purge'), limit, then ids (none: the oldest `limit` dead letters).
--- Returns how many were moved. Requeued tasks start again with zero attempts; they keep
--- their last error until they are acked.
+-- Returns how many were moved. Requeued tasks start afresh: zero attempts, no last error
+-- (an ack only cleans up the error of tasks past their first attempt).
 local now = now_ms()
 local action, lim = ARGV[1], tonumber(ARGV[2])
 local ids = {}
@@ -26,6 +26,7 @@ else
   end
   bulk('ZADD', K_READY, ready)
   bulk('HDEL', K_ATT, ids)
+  bulk('HDEL', K_ERR, ids)
   redis.call('HINCRBY', K_STATS, 'requeued', #ids)
   wake(#ids)
 end

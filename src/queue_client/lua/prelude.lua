@@ -1,8 +1,8 @@
 -- Shared by every gaffer queue script. All keys of one queue share a hash tag, so each
 -- script touches a single Redis Cluster slot. The order of KEYS is fixed by keys.rs.
 local K_READY, K_DELAYED, K_LEASED, K_DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_PAYLOAD, K_META, K_ATT, K_LEASE, K_ERR = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local K_STATS, K_SEQ, K_TOK, K_WAKE = KEYS[10], KEYS[11], KEYS[12], KEYS[13]
+local K_PAYLOAD, K_META, K_ATT, K_ERR = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_STATS, K_SEQ, K_TOK, K_WAKE = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 
 -- Wake-up tokens kept at most: enough to wake that many idle takers at once.
 local WAKE_CAP = 256
@@ -55,6 +55,17 @@ local function pack_meta(pri, ma, seq, enq)
   return string.format('%d:%d:%d:%d', pri, ma, seq, enq)
 end
 
+-- att holds "attempts" while a task is not leased and "attempts:token" while it is. The
+-- client settles with that exact string, so checking a lease is one string comparison.
+local function attempts_of(v)
+  if not v then return 0 end
+  return tonumber(string.match(v, '^%d+')) or 0
+end
+
+local function token_of(v)
+  return v and string.match(v, ':(%d+)$')
+end
+
 local function wake(n)
   if n > 0 then
     local toks = {}
@@ -68,7 +79,6 @@ local function forget(ids)
   bulk('HDEL', K_PAYLOAD, ids)
   bulk('HDEL', K_META, ids)
   bulk('HDEL', K_ATT, ids)
-  bulk('HDEL', K_LEASE, ids)
   bulk('HDEL', K_ERR, ids)
 end
 

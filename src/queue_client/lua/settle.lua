@@ -1,4 +1,5 @@
--- ARGV: k, then k acks as (id, token), then m other ops as (kind, id, token, a, b, c):
+-- ARGV: k, then k acks as (id, lease), then m other ops as (kind, id, lease, a, b, c),
+-- where lease = "attempt:token" as the take handed it out:
 --   'e' extend (a = lease_ms);  'r' retry (a = delay_ms, b = priority or '', c = reason);
 --   'f' fail (a = reason)
 -- Acks, by far the most common settle, cost two arguments each.
@@ -10,8 +11,8 @@ local m = (#ARGV - 1 - 2 * k) / 6
 local ids = {}
 for i = 1, k do ids[i] = ARGV[2 * i] end
 for j = 1, m do ids[k + j] = ARGV[2 + 2 * k + (j - 1) * 6 + 1] end
-local toks = hmget(K_LEASE, ids)
-local res, acked, settled = {}, {}, {}
+local toks = hmget(K_ATT, ids)
+local res, acked, errs, settled = {}, {}, {}, {}
 local n_stale, n_retried, n_dead, n_woken = 0, 0, 0, 0
 for i = 1, k do
   local id = ids[i]
@@ -21,6 +22,8 @@ for i = 1, k do
   else
     settled[id] = true
     acked[#acked + 1] = id
+    -- Only a task past its first attempt can have a last error to clean up.
+    if string.sub(toks[i], 1, 2) ~= '1:' then errs[#errs + 1] = id end
     res[i] = 1
   end
 end
@@ -35,8 +38,9 @@ for i = k + 1, k + m do
     res[i] = 1
   else
     settled[id] = true
+    local a = attempts_of(toks[i])
     redis.call('ZREM', K_LEASED, id)
-    redis.call('HDEL', K_LEASE, id)
+    redis.call('HSET', K_ATT, id, a)
     if kind == 'f' then
       redis.call('ZADD', K_DEAD, now, id)
       redis.call('HSET', K_ERR, id, ARGV[o + 4])
@@ -44,7 +48,6 @@ for i = k + 1, k + m do
       res[i] = 1
     else
       local pri, ma, seq, enq = parse_meta(redis.call('HGET', K_META, id))
-      local a = tonumber(redis.call('HGET', K_ATT, id) or '0')
       local reason = ARGV[o + 6]
       if ma > 0 and a >= ma then
         if reason == '' then reason = 'retry requested' end
@@ -74,7 +77,10 @@ for i = k + 1, k + m do
 end
 if #acked > 0 then
   bulk('ZREM', K_LEASED, acked)
-  forget(acked)
+  bulk('HDEL', K_PAYLOAD, acked)
+  bulk('HDEL', K_META, acked)
+  bulk('HDEL', K_ATT, acked)
+  bulk('HDEL', K_ERR, errs)
   redis.call('HINCRBY', K_STATS, 'acked', #acked)
 end
 if n_stale > 0 then redis.call('HINCRBY', K_STATS, 'stale', n_stale) end

@@ -11,7 +11,8 @@ local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, l
 if #expired > 0 then
   local n_dead = 0
   for _, id in ipairs(expired) do
-    local a = tonumber(redis.call('HGET', K_ATT, id) or '0')
+    local a = attempts_of(redis.call('HGET', K_ATT, id))
+    redis.call('HSET', K_ATT, id, a)
     local m = redis.call('HGET', K_META, id)
     if m then
       local pri, ma, seq = parse_meta(m)
@@ -27,7 +28,6 @@ if #expired > 0 then
     end
   end
   bulk('ZREM', K_LEASED, expired)
-  bulk('HDEL', K_LEASE, expired)
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
 end
@@ -67,19 +67,17 @@ local exp = now + lease
 local ids = {}
 for i = 1, k do ids[i] = string.sub(popped[2 * i - 1], 17) end
 local atts = hmget(K_ATT, ids)
-local att_pairs, lease_pairs, leased = {}, {}, {}
+local att_pairs, leased = {}, {}
+local suffix = ':' .. tok
 for i, id in ipairs(ids) do
   local a = (tonumber(atts[i]) or 0) + 1
   atts[i] = a
   att_pairs[2 * i - 1] = id
-  att_pairs[2 * i] = a
-  lease_pairs[2 * i - 1] = id
-  lease_pairs[2 * i] = tok
+  att_pairs[2 * i] = a .. suffix
   leased[2 * i - 1] = exp
   leased[2 * i] = id
 end
 bulk('HSET', K_ATT, att_pairs)
-bulk('HSET', K_LEASE, lease_pairs)
 bulk('ZADD', K_LEASED, leased)
 local payloads = hmget(K_PAYLOAD, ids)
 local out = {now, tok, exp}
