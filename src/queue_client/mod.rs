@@ -545,23 +545,26 @@ impl Queue {
             inv.arg(t.id.as_deref().unwrap_or("")).arg(&t.payload[..]);
         }
         let mut conn = self.conn.clone();
-        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        if reply.len() != chunk.len() * 2 {
+        let (base, flags): (u64, Vec<u8>) = inv.invoke_async(&mut conn).await?;
+        if flags.len() != chunk.len() {
             return Err(QueueError::Protocol(format!(
-                "enqueue of {} tasks returned {} values",
+                "enqueue of {} tasks returned {} flags",
                 chunk.len(),
-                reply.len()
+                flags.len()
             )));
         }
-        reply
-            .chunks(2)
-            .map(|pair| {
-                Ok(Enqueued {
-                    id: string(&pair[0])?,
-                    created: int(&pair[1])? == 1,
-                })
+        Ok(chunk
+            .iter()
+            .zip(flags)
+            .enumerate()
+            .map(|(i, (t, flag))| Enqueued {
+                id: t
+                    .id
+                    .clone()
+                    .unwrap_or_else(|| format!("#{}", base + i as u64 + 1)),
+                created: flag == b'1',
             })
-            .collect()
+            .collect())
     }
 
     /// Atomically leases up to `n` due tasks for `lease`, highest priority first and FIFO
@@ -839,12 +842,9 @@ impl Queue {
     /// benchmarks and decommissioning a queue type.
     pub async fn delete_all(&self) -> Result<(), QueueError> {
         let mut conn = self.conn.clone();
-        // The keys share a hash tag, so one multi-key DEL is valid on a cluster too.
-        let mut cmd = redis::cmd("DEL");
-        for k in &self.keys.all {
-            cmd.arg(k);
-        }
-        cmd.query_async::<()>(&mut conn).await?;
+        self.invocation(&SCRIPTS.drop)
+            .invoke_async::<()>(&mut conn)
+            .await?;
         Ok(())
     }
 
@@ -914,7 +914,6 @@ impl Meta {
         let mut it = s.split(':');
         let priority = it.next()?.parse().ok()?;
         let max_attempts = it.next()?.parse().ok()?;
-        let _seq: u64 = it.next()?.parse().ok()?;
         let enqueued_ms = it.next()?.parse().ok()?;
         Some(Meta {
             priority,

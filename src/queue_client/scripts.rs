@@ -14,6 +14,7 @@ pub(crate) struct Scripts {
     pub dead_list: Script,
     pub dead_move: Script,
     pub find: Script,
+    pub drop: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -30,10 +31,12 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     dead_list: with_prelude(include_str!("lua/dead_list.lua")),
     dead_move: with_prelude(include_str!("lua/dead_move.lua")),
     find: with_prelude(include_str!("lua/find.lua")),
+    drop: with_prelude(include_str!("lua/drop.lua")),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag
-/// `{QUEUE}`, so one queue lives in one Redis Cluster slot.
+/// `{QUEUE}`, so one queue lives in one Redis Cluster slot; so do the per-priority ready
+/// lists (`…:ready:PRIORITY`) that the scripts derive from the `ready` key.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub all: [String; 12],

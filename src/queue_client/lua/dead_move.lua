@@ -18,13 +18,9 @@ if action == 'purge' then
   redis.call('HINCRBY', K_STATS, 'purged', #ids)
 else
   local metas = hmget(K_META, ids)
-  local ready = {}
-  for i, id in ipairs(ids) do
-    local pri, _, seq = parse_meta(metas[i])
-    ready[#ready + 1] = -pri
-    ready[#ready + 1] = member(seq, id)
-  end
-  bulk('ZADD', K_READY, ready)
+  local pris = {}
+  for i = 1, #ids do pris[i] = parse_meta(metas[i]) end
+  push_ready_grouped(pris, ids, false)
   bulk('HDEL', K_ATT, ids)
   bulk('HDEL', K_ERR, ids)
   redis.call('HINCRBY', K_STATS, 'requeued', #ids)

@@ -11,9 +11,16 @@ local out = {
   redis.call('HGET', K_ERR, id) or '',
   token_of(redis.call('HGET', K_ATT, id)) or '',
 }
+if state == 'due' then out[1] = 'ready' end
 if ARGV[2] == '1' then
-  local _, _, seq = parse_meta(m)
-  redis.call('ZREM', K_READY, member(seq, id))
+  if state == 'ready' then
+    -- O(length of the list): cancelling is rare, and a ready task must leave no entry
+    -- behind that could hand it out after its id is enqueued again.
+    local pri = parse_meta(m)
+    local list = ready_list(pri)
+    redis.call('LREM', list, 1, id)
+    if redis.call('LLEN', list) == 0 then redis.call('ZREM', K_READY, pri) end
+  end
   redis.call('ZREM', K_DELAYED, id)
   redis.call('ZREM', K_LEASED, id)
   redis.call('ZREM', K_DEAD, id)

@@ -39,20 +39,52 @@ local function hmget(key, ids)
   return out
 end
 
--- Ready tasks share the score -priority; Redis orders equal scores by member, so a
--- fixed-width sequence number in front of the id gives FIFO within a priority.
-local function member(seq, id)
-  return string.format('%016x', seq) .. id
+-- Ready tasks wait in one list per priority (FIFO, O(1) push and pop); K_READY is the
+-- sorted set of priorities that have a list, score -priority, so the highest comes first.
+-- The lists' names extend K_READY and so share its hash tag and cluster slot.
+local function ready_list(pri)
+  return K_READY .. ':' .. pri
 end
 
--- meta = "priority:max_attempts:seq:enqueued_ms"
+-- Appends ids (all of one priority) to the back of their list, or the front when `front`
+-- (a reclaimed task was taken before everything behind it).
+local function push_ready(pri, ids, front)
+  if #ids == 0 then return end
+  bulk(front and 'LPUSH' or 'RPUSH', ready_list(pri), ids)
+  redis.call('ZADD', K_READY, -pri, pri)
+end
+
+-- Groups ids by priority and pushes each group: for moves of many tasks at once.
+local function push_ready_grouped(pris, ids, front)
+  local groups, order = {}, {}
+  for i, id in ipairs(ids) do
+    local p = pris[i]
+    if not groups[p] then
+      groups[p] = {}
+      order[#order + 1] = p
+    end
+    local g = groups[p]
+    g[#g + 1] = id
+  end
+  for _, p in ipairs(order) do push_ready(p, groups[p], front) end
+end
+
+local function ready_count()
+  local total = 0
+  for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
+    total = total + redis.call('LLEN', ready_list(p))
+  end
+  return total
+end
+
+-- meta = "priority:max_attempts:enqueued_ms"
 local function parse_meta(m)
-  local pri, ma, seq, enq = string.match(m, '^(-?%d+):(%d+):(%d+):(%d+)$')
-  return tonumber(pri), tonumber(ma), tonumber(seq), tonumber(enq)
+  local pri, ma, enq = string.match(m, '^(-?%d+):(%d+):(%d+)$')
+  return tonumber(pri), tonumber(ma), tonumber(enq)
 end
 
-local function pack_meta(pri, ma, seq, enq)
-  return string.format('%d:%d:%d:%d', pri, ma, seq, enq)
+local function pack_meta(pri, ma, enq)
+  return pri .. ':' .. ma .. ':' .. enq
 end
 
 -- att holds "attempts" while a task is not leased and "attempts:token" while it is. The
@@ -94,7 +126,7 @@ local function locate(id, now)
   s = redis.call('ZSCORE', K_DELAYED, id)
   if s then
     if tonumber(s) > now then return 'delayed', tonumber(s), m end
-    return 'ready', tonumber(s), m
+    return 'due', tonumber(s), m
   end
   return 'ready', 0, m
 end

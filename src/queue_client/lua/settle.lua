@@ -47,7 +47,7 @@ for i = k + 1, k + m do
       n_dead = n_dead + 1
       res[i] = 1
     else
-      local pri, ma, seq, enq = parse_meta(redis.call('HGET', K_META, id))
+      local pri, ma, enq = parse_meta(redis.call('HGET', K_META, id))
       local reason = ARGV[o + 6]
       if ma > 0 and a >= ma then
         if reason == '' then reason = 'retry requested' end
@@ -59,14 +59,14 @@ for i = k + 1, k + m do
       else
         if ARGV[o + 5] ~= '' then
           pri = tonumber(ARGV[o + 5])
-          redis.call('HSET', K_META, id, pack_meta(pri, ma, seq, enq))
+          redis.call('HSET', K_META, id, pack_meta(pri, ma, enq))
         end
         if reason ~= '' then redis.call('HSET', K_ERR, id, reason) end
         local delay = tonumber(ARGV[o + 4])
         if delay > 0 then
           redis.call('ZADD', K_DELAYED, now + delay, id)
         else
-          redis.call('ZADD', K_READY, -pri, member(seq, id))
+          push_ready(pri, {id}, false)
           n_woken = n_woken + 1
         end
         n_retried = n_retried + 1

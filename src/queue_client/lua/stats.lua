@@ -2,7 +2,7 @@
 local now = now_ms()
 local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
 local out = {
-  redis.call('ZCARD', K_READY) + due,
+  ready_count() + due,
   redis.call('ZCARD', K_DELAYED) - due,
   redis.call('ZCARD', K_LEASED),
   redis.call('ZCARD', K_DEAD),

@@ -6,51 +6,65 @@ local now = now_ms()
 local n, lease, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
 -- 1. Expired leases come back here, so no separate reaper is needed. Each counts as a
---    failed attempt (the attempt was counted when it was taken).
+--    failed attempt (the attempt was counted when it was taken). They go to the front:
+--    they were taken before everything now waiting behind them.
 local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, limit)
 if #expired > 0 then
   local n_dead = 0
+  local back, back_pris = {}, {}
   for _, id in ipairs(expired) do
     local a = attempts_of(redis.call('HGET', K_ATT, id))
     redis.call('HSET', K_ATT, id, a)
     local m = redis.call('HGET', K_META, id)
     if m then
-      local pri, ma, seq = parse_meta(m)
+      local pri, ma = parse_meta(m)
       if ma > 0 and a >= ma then
         redis.call('ZADD', K_DEAD, now, id)
         redis.call('HSET', K_ERR, id, string.format(
           'lease expired on attempt %d of %d (max_attempts reached)', a, ma))
         n_dead = n_dead + 1
       else
-        redis.call('ZADD', K_READY, -pri, member(seq, id))
+        back[#back + 1] = id
+        back_pris[#back_pris + 1] = pri
         redis.call('HSET', K_ERR, id, string.format('lease expired on attempt %d', a))
       end
     end
   end
   bulk('ZREM', K_LEASED, expired)
+  push_ready_grouped(back_pris, back, true)
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
 end
 
--- 2. Delayed tasks that are due join the ready set in their place.
+-- 2. Delayed tasks that are due join the back of their priority's list, in due order.
 local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, limit)
 if #due > 0 then
   local metas = hmget(K_META, due)
-  local ready = {}
+  local ids, pris = {}, {}
   for i, id in ipairs(due) do
     if metas[i] then
-      local pri, _, seq = parse_meta(metas[i])
-      ready[#ready + 1] = -pri
-      ready[#ready + 1] = member(seq, id)
+      ids[#ids + 1] = id
+      pris[#pris + 1] = parse_meta(metas[i])
     end
   end
-  bulk('ZADD', K_READY, ready)
   bulk('ZREM', K_DELAYED, due)
+  push_ready_grouped(pris, ids, false)
 end
 
 -- 3. Hand out up to n, highest priority first, FIFO within a priority.
-local popped = redis.call('ZPOPMIN', K_READY, n)
-local k = #popped / 2
+local ids = {}
+while #ids < n do
+  local top = redis.call('ZRANGE', K_READY, 0, 0)[1]
+  if not top then break end
+  local want = n - #ids
+  local got = redis.call('LPOP', ready_list(top), want)
+  if got then
+    for _, id in ipairs(got) do ids[#ids + 1] = id end
+  end
+  -- fewer than asked means the list is now empty
+  if not got or #got < want then redis.call('ZREM', K_READY, top) end
+end
+local k = #ids
 if k == 0 then
   local hint = -1
   local d = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
@@ -64,8 +78,6 @@ if k == 0 then
 end
 local tok = redis.call('INCR', K_TOK)
 local exp = now + lease
-local ids = {}
-for i = 1, k do ids[i] = string.sub(popped[2 * i - 1], 17) end
 local atts = hmget(K_ATT, ids)
 local att_pairs, leased = {}, {}
 local suffix = ':' .. tok
@@ -87,5 +99,5 @@ for i, id in ipairs(ids) do
   out[#out + 1] = payloads[i]
 end
 -- A full batch with more waiting: wake a peer, so backlog spreads over idle takers.
-if k == n and redis.call('ZCARD', K_READY) > 0 then wake(1) end
+if k == n and redis.call('EXISTS', K_READY) == 1 then wake(1) end
 return out
