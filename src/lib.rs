@@ -3,6 +3,8 @@
 //! The library is the whole product; `src/main.rs` only parses the command line and
 //! calls into it, so teams can build their own binary with their own handlers.
 
+pub mod bench;
+pub mod cli;
 pub mod config;
 pub mod queue_client;
 pub mod redis_server;

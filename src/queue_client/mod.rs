@@ -380,6 +380,17 @@ pub enum TaskState {
     Dead,
 }
 
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TaskState::Ready => "ready",
+            TaskState::Delayed => "delayed",
+            TaskState::Leased => "leased",
+            TaskState::Dead => "dead",
+        })
+    }
+}
+
 /// Everything known about one task.
 #[derive(Debug, Clone, Serialize)]
 pub struct TaskInfo {

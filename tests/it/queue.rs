@@ -593,7 +593,10 @@ async fn bulk_enqueue_keeps_order_and_counts(client: QueueClient, name: &str) {
     }
     assert_eq!(seen.len(), 2500);
     let out_of_order = seen.iter().enumerate().find(|(i, p)| **p != i.to_string());
-    assert_eq!(out_of_order, None, "FIFO across chunks: first task out of place");
+    assert_eq!(
+        out_of_order, None,
+        "FIFO across chunks: first task out of place"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,18 @@
+-- The ceiling for take: pop n ids, lease them in a sorted set, fetch their payloads.
+local ids = redis.call('LPOP', KEYS[1], ARGV[1])
+if not ids then return {} end
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) * 1000 + tonumber(ARGV[2])
+local z = {}
+for i, id in ipairs(ids) do
+  z[2 * i - 1] = exp
+  z[2 * i] = id
+end
+redis.call('ZADD', KEYS[2], unpack(z))
+local p = redis.call('HMGET', KEYS[3], unpack(ids))
+local out = {}
+for i, id in ipairs(ids) do
+  out[2 * i - 1] = id
+  out[2 * i] = p[i]
+end
+return out

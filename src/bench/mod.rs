@@ -1,0 +1,432 @@
+//! `gaffer bench`: the queue's throughput and wake-up latency on the configured Redis,
+//! each figure beside a bare Lua loop measured in the same run against the same Redis,
+//! because these machines are shared and noisy and only ratios travel.
+//!
+//! The bare loop is the least a leased queue can do (a FIFO list, a lease sorted set, a
+//! payload hash, no priorities, dedup, attempts or tokens), so the ratio says what
+//! gaffer's guarantees cost.
+
+use std::time::{Duration, Instant};
+
+use redis::Script;
+use serde::Serialize;
+
+use crate::queue_client::{
+    ConnectOptions, NewTask, Queue, QueueClient, QueueError, QueueLimits, RedisConn,
+};
+
+/// What to measure and how much.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Redis URL.
+    pub url: String,
+    /// Connection settings (password).
+    pub connect: ConnectOptions,
+    /// Key namespace; bench queues are named `bench.PID.*` inside it and deleted after.
+    pub namespace: String,
+    /// Tasks per batch-100 run; batch 10 uses half, batch 1 a tenth.
+    pub tasks: usize,
+    /// Payload size of each task.
+    pub payload_bytes: usize,
+    /// Wake-up latency samples.
+    pub wake_samples: usize,
+    /// Batch sizes to measure take+ack at.
+    pub batches: Vec<usize>,
+    /// Numbers of concurrent takers to measure take+ack with.
+    pub takers: Vec<usize>,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            url: String::new(),
+            connect: ConnectOptions::default(),
+            namespace: "gaffer".into(),
+            tasks: 200_000,
+            payload_bytes: 16,
+            wake_samples: 500,
+            batches: vec![1, 10, 100],
+            takers: vec![1, 2],
+        }
+    }
+}
+
+/// One throughput figure, with the bare loop's beside it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    /// gaffer, tasks per second.
+    pub gaffer_per_s: f64,
+    /// The bare Lua loop, tasks per second.
+    pub bare_per_s: f64,
+    /// gaffer / bare.
+    pub ratio: f64,
+    /// Tasks moved in each measurement.
+    pub tasks: usize,
+}
+
+/// Take+ack at one batch size and number of takers.
+#[derive(Debug, Clone, Serialize)]
+pub struct TakeAck {
+    /// Tasks per take.
+    pub batch: usize,
+    /// Concurrent takers, each with its own connection (as slots have).
+    pub takers: usize,
+    /// The figures.
+    #[serde(flatten)]
+    pub throughput: Throughput,
+}
+
+/// Enqueue-to-start latency of an idle taker.
+#[derive(Debug, Clone, Serialize)]
+pub struct WakeLatency {
+    /// Median, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+    /// Largest, ms.
+    pub max_ms: f64,
+    /// Samples taken.
+    pub samples: usize,
+}
+
+/// Everything `gaffer bench` measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// Bulk enqueue (pipelined script calls of 1,000 tasks).
+    pub enqueue: Throughput,
+    /// Take+ack, one row per batch size × takers.
+    pub take_ack: Vec<TakeAck>,
+    /// Idle wake-up.
+    pub wakeup: WakeLatency,
+    /// Payload bytes per task.
+    pub payload_bytes: usize,
+}
+
+#[derive(Clone)]
+struct Bare {
+    conn: RedisConn,
+    ready: String,
+    leased: String,
+    payload: String,
+    seq: String,
+    enqueue: Script,
+    take: Script,
+    ack: Script,
+}
+
+impl Bare {
+    fn new(conn: RedisConn, namespace: &str, name: &str) -> Self {
+        let k = |s: &str| format!("{namespace}:{{{name}}}:{s}");
+        Bare {
+            conn,
+            ready: k("ready"),
+            leased: k("leased"),
+            payload: k("payload"),
+            seq: k("seq"),
+            enqueue: Script::new(include_str!("bare_enqueue.lua")),
+            take: Script::new(include_str!("bare_take.lua")),
+            ack: Script::new(include_str!("bare_ack.lua")),
+        }
+    }
+
+    async fn fill(&self, n: usize, payload: &[u8]) -> Result<(), QueueError> {
+        use futures::{StreamExt, TryStreamExt};
+        let chunks: Vec<usize> = (0..n).step_by(1000).map(|i| (n - i).min(1000)).collect();
+        futures::stream::iter(chunks)
+            .map(|len| {
+                let mut conn = self.conn.clone();
+                let mut inv = self.enqueue.prepare_invoke();
+                inv.key(&self.payload).key(&self.ready).key(&self.seq);
+                for _ in 0..len {
+                    inv.arg(payload);
+                }
+                async move { inv.invoke_async::<i64>(&mut conn).await }
+            })
+            .buffered(8)
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(())
+    }
+
+    async fn drain(&self, conn: &mut RedisConn, batch: usize) -> Result<usize, QueueError> {
+        let mut done = 0;
+        loop {
+            let got: Vec<Vec<u8>> = self
+                .take
+                .key(&self.ready)
+                .key(&self.leased)
+                .key(&self.payload)
+                .arg(batch)
+                .arg(30_000)
+                .invoke_async(conn)
+                .await?;
+            if got.is_empty() {
+                return Ok(done);
+            }
+            let mut inv = self.ack.prepare_invoke();
+            inv.key(&self.leased).key(&self.payload);
+            for pair in got.chunks(2) {
+                inv.arg(&pair[0]);
+            }
+            done += inv.invoke_async::<usize>(conn).await?;
+        }
+    }
+
+    async fn delete(&self) -> Result<(), QueueError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("DEL")
+            .arg(&self.ready)
+            .arg(&self.leased)
+            .arg(&self.payload)
+            .arg(&self.seq)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+}
+
+async fn drain(q: &Queue, batch: usize) -> Result<usize, QueueError> {
+    let mut done = 0;
+    loop {
+        let b = q.take(batch, Duration::from_secs(30)).await?;
+        if b.tasks.is_empty() {
+            return Ok(done);
+        }
+        done += b.tasks.len();
+        q.ack(&b.tasks).await?;
+    }
+}
+
+fn per_s(n: usize, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64().max(1e-9)
+}
+
+fn throughput(n: usize, gaffer: Duration, bare: Duration) -> Throughput {
+    let g = per_s(n, gaffer);
+    let b = per_s(n, bare);
+    Throughput {
+        gaffer_per_s: g,
+        bare_per_s: b,
+        ratio: g / b,
+        tasks: n,
+    }
+}
+
+/// Runs every measurement; `progress` is told what runs now (for a progress line).
+pub async fn run(
+    opts: &BenchOptions,
+    mut progress: impl FnMut(&str),
+) -> anyhow::Result<BenchReport> {
+    let prefix = format!("bench.{}", std::process::id());
+    let main = QueueClient::connect(&opts.url, &opts.namespace, &opts.connect).await?;
+    let limits = QueueLimits {
+        max_payload: opts.payload_bytes.max(1) as u64,
+        max_attempts: 0,
+    };
+    let payload = vec![b'x'; opts.payload_bytes];
+    let q = main.queue_with(&format!("{prefix}.q"), limits)?;
+    let bare = Bare::new(
+        main.connection(),
+        &opts.namespace,
+        &format!("{prefix}.bare"),
+    );
+    let result = measure(opts, &q, &bare, &payload, &mut progress).await;
+    // Clean up whatever happened; a failed bench must not leave its tasks behind.
+    let _ = q.delete_all().await;
+    let _ = bare.delete().await;
+    result
+}
+
+async fn measure(
+    opts: &BenchOptions,
+    q: &Queue,
+    bare: &Bare,
+    payload: &[u8],
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<BenchReport> {
+    let n = opts.tasks;
+    progress(&format!("bulk enqueue of {n} tasks"));
+    let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new(payload.to_vec())).collect();
+    let t = Instant::now();
+    q.enqueue_many(&tasks).await?;
+    let g = t.elapsed();
+    q.delete_all().await?;
+    let t = Instant::now();
+    bare.fill(n, payload).await?;
+    let b = t.elapsed();
+    bare.delete().await?;
+    let enqueue = throughput(n, g, b);
+
+    // Each taker has its own connection, as each slot does.
+    let mut clients = Vec::new();
+    for _ in 0..opts.takers.iter().copied().max().unwrap_or(1) {
+        clients.push(QueueClient::connect(&opts.url, &opts.namespace, &opts.connect).await?);
+    }
+    let mut take_ack = Vec::new();
+    for &batch in &opts.batches {
+        let count = match batch {
+            1 => n / 10,
+            2..=10 => n / 2,
+            _ => n,
+        }
+        .max(batch);
+        let count_tasks: Vec<NewTask> = tasks[..count.min(tasks.len())].to_vec();
+        for &takers in &opts.takers {
+            progress(&format!(
+                "take+ack, batch {batch}, {takers} taker(s), {count} tasks: gaffer"
+            ));
+            q.enqueue_many(&count_tasks).await?;
+            let t = Instant::now();
+            let mut handles = Vec::new();
+            for c in clients.iter().take(takers) {
+                let q = c.queue_with(q.name(), q.limits())?;
+                handles.push(tokio::spawn(async move { drain(&q, batch).await }));
+            }
+            let mut moved = 0;
+            for h in handles {
+                moved += h.await??;
+            }
+            let g = t.elapsed();
+            anyhow::ensure!(
+                moved == count_tasks.len(),
+                "gaffer drained {moved} of {count}"
+            );
+
+            progress(&format!(
+                "take+ack, batch {batch}, {takers} taker(s), {count} tasks: bare"
+            ));
+            bare.fill(count_tasks.len(), payload).await?;
+            let t = Instant::now();
+            let mut handles = Vec::new();
+            for c in clients.iter().take(takers) {
+                let b = Bare {
+                    conn: c.connection(),
+                    ..bare.clone()
+                };
+                handles.push(tokio::spawn(async move {
+                    let mut conn = b.conn.clone();
+                    b.drain(&mut conn, batch).await
+                }));
+            }
+            let mut moved = 0;
+            for h in handles {
+                moved += h.await??;
+            }
+            let b = t.elapsed();
+            anyhow::ensure!(
+                moved == count_tasks.len(),
+                "bare loop drained {moved} of {count}"
+            );
+            bare.delete().await?;
+            take_ack.push(TakeAck {
+                batch,
+                takers,
+                throughput: throughput(count_tasks.len(), g, b),
+            });
+        }
+    }
+
+    let wakeup = wake_latency(opts, q, payload, progress).await?;
+    Ok(BenchReport {
+        enqueue,
+        take_ack,
+        wakeup,
+        payload_bytes: opts.payload_bytes,
+    })
+}
+
+async fn wake_latency(
+    opts: &BenchOptions,
+    q: &Queue,
+    payload: &[u8],
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<WakeLatency> {
+    let taker_client = QueueClient::connect(&opts.url, &opts.namespace, &opts.connect).await?;
+    let tq = taker_client.queue_with(q.name(), q.limits())?;
+    let mut waiter = taker_client.waiter();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let taker = tokio::spawn(async move {
+        loop {
+            let b = tq
+                .take_wait(
+                    &mut waiter,
+                    1,
+                    Duration::from_secs(30),
+                    Duration::from_secs(5),
+                )
+                .await?;
+            if !b.tasks.is_empty() {
+                let _ = tx.send(Instant::now());
+                tq.ack(&b.tasks).await?;
+            }
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), QueueError>(())
+    });
+    let mut samples = Vec::with_capacity(opts.wake_samples);
+    for i in 0..opts.wake_samples {
+        if i % 50 == 0 {
+            progress(&format!("idle wake-up latency: {i}/{}", opts.wake_samples));
+        }
+        // Let the taker finish its ack and block again, so every sample starts idle.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let sent = Instant::now();
+        q.enqueue(NewTask::new(payload.to_vec())).await?;
+        let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .map_err(|_| anyhow::anyhow!("an idle taker was not woken within 10 s"))?
+            .ok_or_else(|| anyhow::anyhow!("the taker stopped"))?;
+        samples.push(got.duration_since(sent).as_secs_f64() * 1000.0);
+    }
+    taker.abort();
+    samples.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        if samples.is_empty() {
+            0.0
+        } else {
+            samples[((samples.len() - 1) as f64 * p).round() as usize]
+        }
+    };
+    Ok(WakeLatency {
+        p50_ms: pct(0.5),
+        p99_ms: pct(0.99),
+        max_ms: samples.last().copied().unwrap_or(0.0),
+        samples: samples.len(),
+    })
+}
+
+impl BenchReport {
+    /// The report as an aligned table.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<34} {:>12} {:>12} {:>7}",
+            "measurement", "gaffer/s", "bare lua/s", "ratio"
+        );
+        let mut row = |name: String, t: &Throughput| {
+            let _ = writeln!(
+                out,
+                "{:<34} {:>12.0} {:>12.0} {:>7.2}",
+                name, t.gaffer_per_s, t.bare_per_s, t.ratio
+            );
+        };
+        row(
+            format!("bulk enqueue ({} tasks)", self.enqueue.tasks),
+            &self.enqueue,
+        );
+        for r in &self.take_ack {
+            row(
+                format!("take+ack batch {:>3}, {} taker(s)", r.batch, r.takers),
+                &r.throughput,
+            );
+        }
+        let _ = writeln!(
+            out,
+            "idle wake-up (enqueue to start)    p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples)",
+            self.wakeup.p50_ms, self.wakeup.p99_ms, self.wakeup.max_ms, self.wakeup.samples
+        );
+        out
+    }
+}

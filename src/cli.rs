@@ -1,0 +1,535 @@
+//! The operator commands behind `gaffer`'s command line. `main.rs` parses arguments and
+//! calls these; they print results and return an exit code: 0 ok, 1 runtime failure,
+//! 2 bad usage or bad config (DESIGN.md "CLI contract").
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::bench::{self, BenchOptions};
+use crate::config::{self, Config, ConfigError};
+use crate::queue_client::{ConnectOptions, NewTask, Queue, QueueClient, QueueError, QueueLimits};
+
+/// A command's failure, sorted by exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad usage or bad config: exit 2.
+    #[error("{0}")]
+    Usage(String),
+    /// Anything that went wrong while running: exit 1.
+    #[error(transparent)]
+    Runtime(#[from] anyhow::Error),
+}
+
+impl From<QueueError> for CliError {
+    fn from(e: QueueError) -> Self {
+        match e {
+            QueueError::Invalid(_) | QueueError::PayloadTooLarge { .. } => {
+                CliError::Usage(e.to_string())
+            }
+            other => CliError::Runtime(other.into()),
+        }
+    }
+}
+
+impl CliError {
+    /// The exit code this failure maps to.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::Usage(_) => ExitCode::from(2),
+            CliError::Runtime(_) => ExitCode::from(1),
+        }
+    }
+}
+
+/// Settings every command shares.
+#[derive(Debug, Clone)]
+pub struct Global {
+    /// `--config`, when given.
+    pub config: Option<PathBuf>,
+    /// `--redis`: overrides `[cluster].redis`.
+    pub redis: Option<String>,
+}
+
+impl Global {
+    /// The config file: `--config`, else ./config.toml, else /etc/gaffer/config.toml.
+    pub fn config_path(&self) -> PathBuf {
+        if let Some(p) = &self.config {
+            return p.clone();
+        }
+        let local = PathBuf::from("config.toml");
+        if local.exists() {
+            return local;
+        }
+        PathBuf::from("/etc/gaffer/config.toml")
+    }
+
+    /// Loads and validates the config; every error is printed, exit 2.
+    pub fn load(&self) -> Result<Config, CliError> {
+        let path = self.config_path();
+        config::load(&path).map_err(|e: ConfigError| CliError::Usage(e.to_string()))
+    }
+
+    /// Connects to the Redis of the config (or `--redis`).
+    pub async fn connect(&self, cfg: &Config) -> Result<QueueClient, CliError> {
+        let (url, opts) = self.redis_target(cfg)?;
+        QueueClient::connect(&url, &cfg.cluster.namespace, &opts)
+            .await
+            .map_err(|e| CliError::Runtime(e.into()))
+    }
+
+    fn redis_target(&self, cfg: &Config) -> Result<(String, ConnectOptions), CliError> {
+        let url = self.redis.clone().or_else(|| cfg.cluster.redis.clone()).ok_or_else(|| {
+            CliError::Usage(format!(
+                "{}: [cluster].redis is not set and no --redis was given (only `gaffer up` starts a local redis)",
+                self.config_path().display()
+            ))
+        })?;
+        let mut opts = ConnectOptions::default();
+        if let Some(file) = &cfg.cluster.redis_password_file {
+            let pw = std::fs::read_to_string(file).map_err(|e| {
+                CliError::Usage(format!(
+                    "cannot read [cluster].redis_password_file {}: {e}",
+                    file.display()
+                ))
+            })?;
+            opts.password = Some(pw.trim_end_matches(['\n', '\r']).to_string());
+        }
+        Ok((url, opts))
+    }
+}
+
+fn queue_handle(client: &QueueClient, cfg: &Config, name: &str) -> Result<Queue, CliError> {
+    let q = cfg.queues.get(name).ok_or_else(|| {
+        let known: Vec<&str> = cfg.queues.keys().map(String::as_str).collect();
+        CliError::Usage(format!(
+            "queue {name:?} is not in the config (known: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ))
+    })?;
+    Ok(client.queue_with(
+        name,
+        QueueLimits {
+            max_payload: q.max_payload,
+            max_attempts: q.max_attempts,
+        },
+    )?)
+}
+
+/// `gaffer config check`: the summary on stdout, or every error on stderr and exit 2.
+pub fn config_check(global: &Global) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    println!("{}", cfg.summary());
+    Ok(())
+}
+
+/// Where `push` takes its payloads from.
+#[derive(Debug, Clone)]
+pub enum PushSource {
+    /// One JSON payload (repeated `count` times when `count` is given).
+    Payload(String),
+    /// One JSON payload per line; `-` is stdin.
+    File(PathBuf),
+    /// Synthetic payloads `{"n": i}`.
+    Count(usize),
+}
+
+/// Options of `push`.
+#[derive(Debug, Clone)]
+pub struct PushArgs {
+    /// Target queue.
+    pub queue: String,
+    /// Where payloads come from.
+    pub source: PushSource,
+    /// How many copies of `--payload`.
+    pub count: Option<usize>,
+    /// Dedup id (one task only).
+    pub id: Option<String>,
+    /// Priority.
+    pub priority: i32,
+    /// Delay before due.
+    pub delay: Duration,
+    /// Overrides the queue's max_attempts.
+    pub max_attempts: Option<u32>,
+    /// Print the result as JSON.
+    pub json: bool,
+}
+
+const PUSH_CHUNK: usize = 10_000;
+
+fn read_payloads(source: &PushSource, count: Option<usize>) -> Result<Vec<Vec<u8>>, CliError> {
+    match source {
+        PushSource::Payload(p) => {
+            serde_json::from_str::<serde_json::Value>(p)
+                .map_err(|e| CliError::Usage(format!("--payload is not valid JSON: {e}")))?;
+            Ok(vec![p.as_bytes().to_vec(); count.unwrap_or(1)])
+        }
+        PushSource::Count(n) => Ok((0..*n)
+            .map(|i| format!("{{\"n\":{i}}}").into_bytes())
+            .collect()),
+        PushSource::File(path) => {
+            let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
+                Box::new(std::io::stdin().lock())
+            } else {
+                let f = std::fs::File::open(path)
+                    .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))?;
+                Box::new(std::io::BufReader::new(f))
+            };
+            let name = if path.as_os_str() == "-" {
+                "stdin".to_string()
+            } else {
+                path.display().to_string()
+            };
+            // Every line is checked before anything is sent, so a bad line enqueues nothing.
+            let mut out = Vec::new();
+            for (i, line) in reader.lines().enumerate() {
+                let line = line.map_err(|e| CliError::Runtime(anyhow::anyhow!("{name}: {e}")))?;
+                if line.trim().is_empty() {
+                    continue;
+                }
+                serde_json::from_str::<serde_json::Value>(&line).map_err(|e| {
+                    CliError::Usage(format!("{name}:{}: not a JSON payload: {e}", i + 1))
+                })?;
+                out.push(line.into_bytes());
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// `gaffer push`: enqueue one payload, a file of them, or synthetic ones, in bulk.
+pub async fn push(global: &Global, args: &PushArgs) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let payloads = read_payloads(&args.source, args.count)?;
+    if args.id.is_some() && payloads.len() != 1 {
+        return Err(CliError::Usage(
+            "--id names one task; it cannot be used with several payloads".into(),
+        ));
+    }
+    let client = global.connect(&cfg).await?;
+    let q = queue_handle(&client, &cfg, &args.queue)?;
+    let tasks: Vec<NewTask> = payloads
+        .into_iter()
+        .map(|p| NewTask {
+            payload: p,
+            id: args.id.clone(),
+            priority: args.priority,
+            delay: args.delay,
+            at: None,
+            max_attempts: args.max_attempts,
+        })
+        .collect();
+    let total = tasks.len();
+    let show_progress = total > PUSH_CHUNK && std::io::stderr().is_terminal();
+    let mut created = 0usize;
+    let mut ids = Vec::new();
+    for (i, chunk) in tasks.chunks(PUSH_CHUNK).enumerate() {
+        let done = q.enqueue_many(chunk).await?;
+        created += done.iter().filter(|e| e.created).count();
+        if total == 1 {
+            ids = done.into_iter().map(|e| e.id).collect();
+        }
+        if show_progress {
+            eprint!("\rpush: {}/{total}", ((i + 1) * PUSH_CHUNK).min(total));
+        }
+    }
+    if show_progress {
+        eprintln!();
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({"queue": args.queue, "tasks": total, "created": created,
+                   "existing": total - created, "ids": ids})
+        );
+    } else if total == 1 {
+        let what = if created == 1 {
+            "enqueued"
+        } else {
+            "already pending"
+        };
+        println!(
+            "{what}: {} task {}",
+            args.queue,
+            ids.first().map(String::as_str).unwrap_or("")
+        );
+    } else {
+        println!(
+            "enqueued {created} tasks to {} ({} already pending)",
+            args.queue,
+            total - created
+        );
+    }
+    Ok(())
+}
+
+/// `gaffer stats`: every configured queue's counts, as a table or as the JSON contract.
+pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let client = global.connect(&cfg).await?;
+    let mut queues = BTreeMap::new();
+    for name in cfg.queues.keys() {
+        let q = queue_handle(&client, &cfg, name)?;
+        queues.insert(name.clone(), q.stats().await?);
+    }
+    if json_out {
+        let qs: serde_json::Map<String, serde_json::Value> = queues
+            .iter()
+            .map(|(name, s)| {
+                (
+                    name.clone(),
+                    json!({
+                        "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
+                        // Slots and load come from the manager and masters (later roles).
+                        "slots": 0,
+                        "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
+                        "retried_total": s.retried_total, "dead_total": s.dead_total,
+                        "stale_total": s.stale_total, "expired_total": s.expired_total,
+                        "load": serde_json::Value::Null,
+                    }),
+                )
+            })
+            .collect();
+        let out = json!({
+            "queues": qs,
+            "hosts": {},
+            "manager": {"epoch": null, "map_version": null},
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8}",
+        "queue", "ready", "delayed", "leased", "dead", "enqueued", "acked", "retried", "stale"
+    );
+    for (name, s) in &queues {
+        println!(
+            "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8}",
+            name,
+            s.ready,
+            s.delayed,
+            s.leased,
+            s.dead,
+            s.enqueued_total,
+            s.acked_total,
+            s.retried_total,
+            s.stale_total
+        );
+    }
+    Ok(())
+}
+
+/// The `tasks` subcommands.
+#[derive(Debug, Clone)]
+pub enum TasksCmd {
+    /// List dead letters.
+    Dead {
+        /// Queue.
+        queue: String,
+        /// How many, oldest first.
+        limit: usize,
+        /// JSON lines instead of a table.
+        json: bool,
+    },
+    /// Requeue dead letters (the given ids, or all).
+    Requeue {
+        /// Queue.
+        queue: String,
+        /// Ids; empty = all.
+        ids: Vec<String>,
+    },
+    /// Purge dead letters (the given ids, or all).
+    Purge {
+        /// Queue.
+        queue: String,
+        /// Ids; empty = all.
+        ids: Vec<String>,
+        /// Skip the confirmation asked on a terminal.
+        yes: bool,
+    },
+    /// Cancel a task by id, whatever its state.
+    Cancel {
+        /// Queue.
+        queue: String,
+        /// Task id.
+        id: String,
+    },
+    /// Show one task by id.
+    Show {
+        /// Queue.
+        queue: String,
+        /// Task id.
+        id: String,
+        /// JSON output.
+        json: bool,
+    },
+}
+
+fn preview(payload: &[u8], max: usize) -> String {
+    let s = String::from_utf8_lossy(payload);
+    if s.chars().count() > max {
+        format!("{}…", s.chars().take(max).collect::<String>())
+    } else {
+        s.into_owned()
+    }
+}
+
+fn payload_json(payload: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(payload)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(payload).into()))
+}
+
+fn format_ms(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// `gaffer tasks …`.
+pub async fn tasks(global: &Global, cmd: &TasksCmd) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let client = global.connect(&cfg).await?;
+    match cmd {
+        TasksCmd::Dead { queue, limit, json } => {
+            let q = queue_handle(&client, &cfg, queue)?;
+            let dead = q.dead(0, *limit).await?;
+            if *json {
+                for d in &dead {
+                    let mut v = serde_json::to_value(d).map_err(anyhow::Error::from)?;
+                    v["payload"] = payload_json(&d.payload);
+                    println!("{v}");
+                }
+            } else {
+                println!(
+                    "{:<24} {:<24} {:>8}  {:<40} payload",
+                    "id", "died", "attempts", "error"
+                );
+                for d in &dead {
+                    println!(
+                        "{:<24} {:<24} {:>8}  {:<40} {}",
+                        d.id,
+                        format_ms(d.died_ms),
+                        d.attempts,
+                        preview(d.error.as_bytes(), 40),
+                        preview(&d.payload, 60)
+                    );
+                }
+                let total = q.stats().await?.dead;
+                if total as usize > dead.len() {
+                    println!("({} of {total} shown; --limit shows more)", dead.len());
+                }
+            }
+        }
+        TasksCmd::Requeue { queue, ids } => {
+            let q = queue_handle(&client, &cfg, queue)?;
+            let n = q
+                .requeue_dead((!ids.is_empty()).then_some(&ids[..]))
+                .await?;
+            println!("requeued {n} dead letters of {queue}");
+        }
+        TasksCmd::Purge { queue, ids, yes } => {
+            let q = queue_handle(&client, &cfg, queue)?;
+            if ids.is_empty() && !yes && std::io::stdin().is_terminal() {
+                let n = q.stats().await?.dead;
+                eprint!("purge all {n} dead letters of {queue}? [y/N] ");
+                let _ = std::io::stderr().flush();
+                let mut answer = String::new();
+                std::io::stdin()
+                    .read_line(&mut answer)
+                    .map_err(anyhow::Error::from)?;
+                if !matches!(answer.trim(), "y" | "Y" | "yes") {
+                    println!("nothing purged");
+                    return Ok(());
+                }
+            }
+            let n = q.purge_dead((!ids.is_empty()).then_some(&ids[..])).await?;
+            println!("purged {n} dead letters of {queue}");
+        }
+        TasksCmd::Cancel { queue, id } => {
+            let q = queue_handle(&client, &cfg, queue)?;
+            match q.cancel(id).await? {
+                Some(t) => println!("cancelled {queue} task {id} (was {})", t.state),
+                None => {
+                    return Err(CliError::Runtime(anyhow::anyhow!(
+                        "no task {id:?} in queue {queue}"
+                    )));
+                }
+            }
+        }
+        TasksCmd::Show { queue, id, json } => {
+            let q = queue_handle(&client, &cfg, queue)?;
+            let Some(t) = q.find(id).await? else {
+                return Err(CliError::Runtime(anyhow::anyhow!(
+                    "no task {id:?} in queue {queue}"
+                )));
+            };
+            let mut v = serde_json::to_value(&t).map_err(anyhow::Error::from)?;
+            v["payload"] = payload_json(&t.payload);
+            if *json {
+                println!("{v}");
+            } else {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&v).map_err(anyhow::Error::from)?
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Options of `bench`.
+#[derive(Debug, Clone)]
+pub struct BenchArgs {
+    /// Tasks per batch-100 run.
+    pub tasks: usize,
+    /// Payload size.
+    pub payload_bytes: usize,
+    /// Wake-up samples.
+    pub samples: usize,
+    /// JSON output.
+    pub json: bool,
+}
+
+/// `gaffer bench`: the queue's figures beside the bare Lua loop's, same run, same Redis.
+pub async fn bench(global: &Global, args: &BenchArgs) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let (url, connect) = global.redis_target(&cfg)?;
+    let opts = BenchOptions {
+        url,
+        connect,
+        namespace: cfg.cluster.namespace.clone(),
+        tasks: args.tasks,
+        payload_bytes: args.payload_bytes,
+        wake_samples: args.samples,
+        ..Default::default()
+    };
+    let tty = std::io::stderr().is_terminal();
+    let report = bench::run(&opts, |what| {
+        if tty {
+            eprint!("\r\x1b[2Kbench: {what}");
+        } else {
+            eprintln!("bench: {what}");
+        }
+    })
+    .await?;
+    if tty {
+        eprintln!();
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(anyhow::Error::from)?
+        );
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}

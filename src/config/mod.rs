@@ -1,0 +1,348 @@
+//! The cluster config: one TOML file describing queues, external systems and schedules,
+//! shared by every role.
+//!
+//! Loading never stops at the first mistake: the document is parsed once with spans, each
+//! section, queue, system and schedule is deserialized on its own, and then values are
+//! checked for meaning. Every problem found is returned together as [`Diagnostics`], each
+//! naming `file:line:col` and the key, so `gaffer config check` fixes a file in one pass.
+
+mod error;
+mod raw;
+mod validate;
+mod values;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::{ConfigError, Diagnostic, Diagnostics};
+pub use values::{
+    Rate, WorkPeriod, check_redis_url, is_valid_name, parse_cron, parse_duration, parse_size,
+};
+
+/// Reads and checks a config file; the path as given is used in messages.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let source = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse(&source, &path.display().to_string())
+}
+
+/// Checks config text; `origin` names it in messages (a file name, or e.g. `redis` when the
+/// text came from `config apply`).
+pub fn parse(source: &str, origin: &str) -> Result<Config, ConfigError> {
+    validate::parse(source, origin).map_err(ConfigError::Invalid)
+}
+
+/// A checked config: every value is in range and every reference resolves, so the roles
+/// can use it without re-validating.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Where the config came from, for summaries and logs.
+    pub origin: String,
+    /// How to reach Redis, where every role meets.
+    pub cluster: ClusterConfig,
+    /// Settings of the single active manager.
+    pub manager: ManagerConfig,
+    /// Settings shared by every host's master.
+    pub master: MasterConfig,
+    /// Queue types by name; sorted so every role iterates them in the same order.
+    pub queues: BTreeMap<String, QueueConfig>,
+    /// External systems by name, shared limits for the queues that call them.
+    pub systems: BTreeMap<String, SystemConfig>,
+    /// Periodic tasks, in file order.
+    pub schedules: Vec<Schedule>,
+}
+
+impl Default for Config {
+    /// An empty cluster with every default, for `gaffer up` without a file and for tests.
+    fn default() -> Self {
+        Self {
+            origin: String::from("<default>"),
+            cluster: ClusterConfig::default(),
+            manager: ManagerConfig::default(),
+            master: MasterConfig::default(),
+            queues: BTreeMap::new(),
+            systems: BTreeMap::new(),
+            schedules: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// The one line `gaffer config check` prints on success, e.g.
+    /// `ok: 4 queues, 1 system, 2 schedules (config.toml)`.
+    pub fn summary(&self) -> String {
+        let n = |count: usize, word: &str| {
+            format!("{count} {word}{}", if count == 1 { "" } else { "s" })
+        };
+        format!(
+            "ok: {}, {}, {} ({})",
+            n(self.queues.len(), "queue"),
+            n(self.systems.len(), "system"),
+            n(self.schedules.len(), "schedule"),
+            self.origin
+        )
+    }
+}
+
+/// Where Redis is and how the cluster's keys are named in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// `redis://`, `rediss://` or `redis+unix://` URL; `None` lets `gaffer up` start a local
+    /// redis-server. May carry a password, so never log it as is.
+    pub redis: Option<String>,
+    /// Prefix of every key, so several clusters can share one Redis.
+    pub namespace: String,
+    /// File holding the Redis password, kept out of the config so the config can be shared.
+    /// A relative path is taken relative to the working directory.
+    pub redis_password_file: Option<PathBuf>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            redis: None,
+            namespace: String::from("gaffer"),
+            redis_password_file: None,
+        }
+    }
+}
+
+/// Settings of the manager's decision loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagerConfig {
+    /// How often the slot map is recomputed; always greater than zero.
+    pub tick: Duration,
+    /// Zone in which work periods and schedules are read.
+    pub timezone: chrono_tz::Tz,
+    /// A host silent for this long is dead and its slots are placed elsewhere.
+    pub heartbeat_timeout: Duration,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            tick: Duration::from_secs(2),
+            timezone: chrono_tz::UTC,
+            heartbeat_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Settings shared by every host's master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MasterConfig {
+    /// Bytes of memory left to the rest of the host when sizing it.
+    pub memory_reserve: u64,
+    /// Assumed PSS of one slot before any slot has run; always greater than zero.
+    pub slot_estimate: u64,
+    /// How long a draining host lets slots finish their batch before killing them.
+    pub drain_timeout: Duration,
+    /// Where `/metrics` and `/status` are served; loopback by default.
+    pub http: SocketAddr,
+    /// Upper bound of slots on any one host, whatever its memory says; greater than zero.
+    pub max_slots: Option<u32>,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        Self {
+            memory_reserve: 512 << 20,
+            slot_estimate: 64 << 20,
+            drain_timeout: Duration::from_secs(60),
+            http: SocketAddr::from((Ipv4Addr::LOCALHOST, 9464)),
+            max_slots: None,
+        }
+    }
+}
+
+/// One queue type: what handles its tasks and how many slots it may get.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    /// The table name; also part of the queue's Redis keys, so limited to `[A-Za-z0-9_.-]`.
+    pub name: String,
+    /// What runs in the queue's slots.
+    pub handler: Handler,
+    /// Higher gets slots first under scarcity, grows eagerly and shrinks reluctantly.
+    pub priority: i32,
+    /// Slots kept even when idle, so a task starts the instant it arrives.
+    pub min_slots: u32,
+    /// Upper bound; always at least 1 and at least `min_slots`.
+    pub max_slots: u32,
+    /// Tasks taken per round trip, 1..=10000.
+    pub batch_size: u32,
+    /// How long a taken task stays invisible before another slot may take it.
+    pub lease: Duration,
+    /// Attempts before a task goes to the dead letters; at least 1.
+    pub max_attempts: u32,
+    /// Delay before a failed task is tried again.
+    pub retry: RetryPolicy,
+    /// A slot whose Private_Dirty exceeds this recycles itself (exit 75).
+    pub private_dirty_limit: Option<u64>,
+    /// A slot silent for longer is hung and killed.
+    pub max_batch_time: Duration,
+    /// Windows in which the queue may run; empty means always.
+    pub work_periods: Vec<WorkPeriod>,
+    /// The external system whose limits this queue shares; names a key of
+    /// [`Config::systems`].
+    pub system: Option<String>,
+    /// Largest payload accepted at enqueue, 1 byte..=512MiB.
+    pub max_payload: u64,
+    /// Account the slots switch to after the fork, so handlers cannot touch master files.
+    pub user: Option<String>,
+}
+
+impl QueueConfig {
+    /// A queue with every default, for code and tests that build configs without a file.
+    pub fn new(name: impl Into<String>, handler: Handler) -> Self {
+        Self {
+            name: name.into(),
+            handler,
+            priority: 0,
+            min_slots: 0,
+            max_slots: 16,
+            batch_size: 10,
+            lease: Duration::from_secs(5 * 60),
+            max_attempts: 5,
+            retry: RetryPolicy::default(),
+            private_dirty_limit: None,
+            max_batch_time: Duration::from_secs(10 * 60),
+            work_periods: Vec::new(),
+            system: None,
+            max_payload: 1 << 20,
+            user: None,
+        }
+    }
+
+    /// Whether the queue may run at a local time; a queue without work periods always may.
+    pub fn is_working_at(&self, weekday: chrono::Weekday, minute_of_day: u16) -> bool {
+        self.work_periods.is_empty()
+            || self
+                .work_periods
+                .iter()
+                .any(|p| p.contains(weekday, minute_of_day))
+    }
+}
+
+/// What handles a queue's tasks; handler-specific keys of the queue table end up here.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Handler {
+    /// A long-lived child per slot speaking JSON lines, for handlers in any language.
+    Exec {
+        /// Program and arguments; never empty, no empty strings.
+        command: Vec<String>,
+    },
+    /// Acknowledges every task; measures the queue machinery itself.
+    Noop,
+    /// Sleeps the payload's `{"ms": N}`; simulates slow work.
+    Sleep,
+    /// Fails that share of tasks, to exercise retries and dead letters.
+    Flaky {
+        /// Between 0 and 1.
+        fail_rate: f64,
+    },
+    /// Keeps this many private bytes per task, to exercise memory recycling.
+    Memhog {
+        /// Bytes kept per task.
+        grow_per_task: u64,
+    },
+    /// Builds this many bytes in the zygote and reads them per task, to show shared pages.
+    PreloadDemo {
+        /// Bytes built once per host.
+        preload: u64,
+    },
+}
+
+impl Handler {
+    /// Handler names as written in `handler = "…"`.
+    pub const NAMES: [&'static str; 6] =
+        ["exec", "noop", "sleep", "flaky", "memhog", "preload_demo"];
+
+    /// The name written in the config, as hosts advertise the handlers they can run.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Handler::Exec { .. } => "exec",
+            Handler::Noop => "noop",
+            Handler::Sleep => "sleep",
+            Handler::Flaky { .. } => "flaky",
+            Handler::Memhog { .. } => "memhog",
+            Handler::PreloadDemo { .. } => "preload_demo",
+        }
+    }
+}
+
+/// How long a task waits before its next attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Whether the delay grows with the attempt count.
+    pub backoff: Backoff,
+    /// Delay after the first failure.
+    pub base: Duration,
+    /// Cap on the delay; never below `base`.
+    pub max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::Exponential,
+            base: Duration::from_secs(10),
+            max: Duration::from_secs(3600),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before the attempt after `attempt` failed ones (1 = first failure), capped at
+    /// `max`; kept here so every role computes it the same way.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        match self.backoff {
+            Backoff::Fixed => self.base.min(self.max),
+            Backoff::Exponential => {
+                let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(31));
+                self.base.saturating_mul(factor).min(self.max)
+            }
+        }
+    }
+}
+
+/// Shape of the retry delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backoff {
+    /// Always `base`.
+    Fixed,
+    /// `base` doubled per failed attempt, up to `max`.
+    Exponential,
+}
+
+/// An outside service several queues call, with limits that hold across all of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SystemConfig {
+    /// The table name.
+    pub name: String,
+    /// Slots of all its queues together, cluster-wide; greater than zero.
+    pub max_concurrency: Option<u32>,
+    /// Tasks per second of all its queues together, cluster-wide.
+    pub rate: Option<Rate>,
+    /// When true its queues take nothing and tasks wait, e.g. during the partner's outage.
+    pub paused: bool,
+}
+
+/// A periodic task enqueued by the active manager.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    /// A key of [`Config::queues`].
+    pub queue: String,
+    /// The parsed five-field expression, read in [`ManagerConfig::timezone`].
+    pub cron: croner::Cron,
+    /// The expression as written, for display and for deriving task ids.
+    pub cron_source: String,
+    /// The task's payload; `{}` when not given.
+    pub payload: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1019 @@
+//! From text to a checked [`Config`]: parse once with spans, deserialize each table on its
+//! own, then check meanings, collecting every problem on the way.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue, ValueDeserializer};
+
+use super::error::{Collector, Diagnostics};
+use super::raw::{
+    HANDLER_KEYS, Human, RawCluster, RawManager, RawMaster, RawQueue, RawRetry, RawSchedule,
+    RawSystem, S, Size,
+};
+use super::values::{self, Rate, WorkPeriod};
+use super::{
+    Backoff, ClusterConfig, Config, Handler, ManagerConfig, MasterConfig, QueueConfig, RetryPolicy,
+    Schedule, SystemConfig,
+};
+
+const TOP_KEYS: [&str; 6] = [
+    "cluster",
+    "manager",
+    "master",
+    "queues",
+    "systems",
+    "schedules",
+];
+
+const MAX_BATCH_SIZE: i64 = 10_000;
+const MAX_PAYLOAD_LIMIT: u64 = 512 << 20;
+
+pub(crate) fn parse(source: &str, origin: &str) -> Result<Config, Diagnostics> {
+    let mut c = Collector::new(source, origin);
+    let root = match DeTable::parse(source) {
+        Ok(root) => root,
+        Err(e) => {
+            let span = e.span().unwrap_or(0..0);
+            c.error(span, "", format!("syntax error: {}", e.message()));
+            return Err(c.finish());
+        }
+    };
+    let root = root.get_ref();
+
+    for (key, _) in root.iter() {
+        if !TOP_KEYS.contains(&key.get_ref().as_ref()) {
+            c.error(
+                key.span(),
+                &join("", key.get_ref()),
+                unknown_key(key.get_ref(), &TOP_KEYS),
+            );
+        }
+    }
+
+    let declared_queues = declared_names(root, "queues");
+    let declared_systems = declared_names(root, "systems");
+
+    let cluster = match section::<RawCluster>(&mut c, root, "cluster") {
+        Some(raw) => cluster(&mut c, raw),
+        None => ClusterConfig::default(),
+    };
+    let manager = match section::<RawManager>(&mut c, root, "manager") {
+        Some(raw) => manager(&mut c, raw),
+        None => ManagerConfig::default(),
+    };
+    let master = match section::<RawMaster>(&mut c, root, "master") {
+        Some(raw) => master(&mut c, raw),
+        None => MasterConfig::default(),
+    };
+
+    let mut queues = BTreeMap::new();
+    if let Some(table) = find(root, "queues").and_then(|v| table_of(&mut c, v, "queues")) {
+        for (name, value) in table.iter() {
+            let name_text: &str = name.get_ref();
+            let path = join("queues", name_text);
+            if !values::is_valid_name(name_text) {
+                c.error(
+                    name.span(),
+                    &path,
+                    "invalid queue name, use 1 to 128 characters from A-Z a-z 0-9 _ . - \
+                     (it becomes part of Redis keys)",
+                );
+            }
+            let Some(qtable) = table_of(&mut c, value, &path) else {
+                continue;
+            };
+            if let Some(raw) = deserialize::<RawQueue>(&mut c, value, &path) {
+                let q = queue(
+                    &mut c,
+                    QueueCtx {
+                        name: name_text,
+                        path: &path,
+                        span: value.span(),
+                        table: qtable,
+                        systems: &declared_systems,
+                    },
+                    raw,
+                );
+                queues.insert(name_text.to_owned(), q);
+            }
+        }
+    }
+
+    let mut systems = BTreeMap::new();
+    if let Some(table) = find(root, "systems").and_then(|v| table_of(&mut c, v, "systems")) {
+        for (name, value) in table.iter() {
+            let name_text: &str = name.get_ref();
+            let path = join("systems", name_text);
+            if !values::is_valid_name(name_text) {
+                c.error(
+                    name.span(),
+                    &path,
+                    "invalid system name, use 1 to 128 characters from A-Z a-z 0-9 _ . -",
+                );
+            }
+            if table_of(&mut c, value, &path).is_none() {
+                continue;
+            }
+            if let Some(raw) = deserialize::<RawSystem>(&mut c, value, &path) {
+                systems.insert(name_text.to_owned(), system(&mut c, name_text, &path, raw));
+            }
+        }
+    }
+
+    let mut schedules = Vec::new();
+    if let Some(value) = find(root, "schedules") {
+        match value.get_ref() {
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let path = format!("schedules[{i}]");
+                    if table_of(&mut c, item, &path).is_none() {
+                        continue;
+                    }
+                    if let Some(raw) = deserialize::<RawSchedule>(&mut c, item, &path)
+                        && let Some(s) = schedule(&mut c, &path, item.span(), raw, &declared_queues)
+                    {
+                        schedules.push(s);
+                    }
+                }
+            }
+            other => c.error(
+                value.span(),
+                "schedules",
+                format!(
+                    "expected an array of tables written as [[schedules]], found {}",
+                    other.type_str()
+                ),
+            ),
+        }
+    }
+
+    if !c.is_empty() {
+        return Err(c.finish());
+    }
+    Ok(Config {
+        origin: origin.to_owned(),
+        cluster,
+        manager,
+        master,
+        queues,
+        systems,
+        schedules,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Sections
+
+fn cluster(c: &mut Collector, raw: RawCluster) -> ClusterConfig {
+    let mut out = ClusterConfig::default();
+    if let Some(url) = raw.redis {
+        if let Err(m) = values::check_redis_url(url.get_ref()) {
+            c.error(url.span(), "cluster.redis", m);
+        }
+        out.redis = Some(url.into_inner());
+    }
+    if let Some(ns) = raw.namespace {
+        if !values::is_valid_name(ns.get_ref()) {
+            c.error(
+                ns.span(),
+                "cluster.namespace",
+                format!(
+                    "invalid namespace `{}`, use 1 to 128 characters from A-Z a-z 0-9 _ . -",
+                    ns.get_ref()
+                ),
+            );
+        }
+        out.namespace = ns.into_inner();
+    }
+    if let Some(file) = raw.redis_password_file {
+        if file.get_ref().trim().is_empty() {
+            c.error(
+                file.span(),
+                "cluster.redis_password_file",
+                "must not be empty",
+            );
+        }
+        out.redis_password_file = Some(PathBuf::from(file.into_inner()));
+    }
+    out
+}
+
+fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
+    let d = ManagerConfig::default();
+    let timezone = match raw.timezone {
+        None => d.timezone,
+        Some(tz) => match tz.get_ref().parse::<chrono_tz::Tz>() {
+            Ok(tz) => tz,
+            Err(_) => {
+                c.error(
+                    tz.span(),
+                    "manager.timezone",
+                    format!(
+                        "unknown time zone `{}`, expected an IANA name like \"Europe/Moscow\" or \"UTC\"",
+                        tz.get_ref()
+                    ),
+                );
+                d.timezone
+            }
+        },
+    };
+    ManagerConfig {
+        tick: duration(c, "manager", "tick", raw.tick, d.tick, true),
+        timezone,
+        heartbeat_timeout: duration(
+            c,
+            "manager",
+            "heartbeat_timeout",
+            raw.heartbeat_timeout,
+            d.heartbeat_timeout,
+            true,
+        ),
+    }
+}
+
+fn master(c: &mut Collector, raw: RawMaster) -> MasterConfig {
+    let d = MasterConfig::default();
+    let http = match raw.http {
+        None => d.http,
+        Some(addr) => match addr.get_ref().parse() {
+            Ok(a) => a,
+            Err(_) => {
+                c.error(
+                    addr.span(),
+                    "master.http",
+                    format!(
+                        "invalid listen address `{}`, expected IP:PORT like \"127.0.0.1:9464\"",
+                        addr.get_ref()
+                    ),
+                );
+                d.http
+            }
+        },
+    };
+    MasterConfig {
+        memory_reserve: size(
+            c,
+            "master",
+            "memory_reserve",
+            raw.memory_reserve,
+            d.memory_reserve,
+            false,
+        ),
+        slot_estimate: size(
+            c,
+            "master",
+            "slot_estimate",
+            raw.slot_estimate,
+            d.slot_estimate,
+            true,
+        ),
+        drain_timeout: duration(
+            c,
+            "master",
+            "drain_timeout",
+            raw.drain_timeout,
+            d.drain_timeout,
+            false,
+        ),
+        http,
+        max_slots: raw
+            .max_slots
+            .map(|v| int(c, "master", "max_slots", Some(v), 0u32, 1, u32::MAX.into())),
+    }
+}
+
+struct QueueCtx<'a> {
+    name: &'a str,
+    path: &'a str,
+    span: Range<usize>,
+    table: &'a DeTable<'a>,
+    systems: &'a BTreeSet<String>,
+}
+
+fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
+    let path = q.path;
+    let d = QueueConfig::new(q.name, Handler::Noop);
+
+    let handler_name = match &raw.handler {
+        None => {
+            c.error(
+                q.span.clone(),
+                path,
+                format!(
+                    "missing required key `handler`, one of {}",
+                    backticked(&Handler::NAMES)
+                ),
+            );
+            None
+        }
+        Some(h) if Handler::NAMES.contains(&h.get_ref().as_str()) => Some(h.get_ref().as_str()),
+        Some(h) => {
+            c.error(
+                h.span(),
+                &join(path, "handler"),
+                format!(
+                    "unknown handler `{}`, expected one of {}",
+                    h.get_ref(),
+                    backticked(&Handler::NAMES)
+                ),
+            );
+            None
+        }
+    };
+
+    if let Some(hname) = handler_name {
+        let present = [
+            raw.command.as_ref().map(Spanned::span),
+            raw.fail_rate.as_ref().map(Spanned::span),
+            raw.grow_per_task.as_ref().map(Spanned::span),
+            raw.preload.as_ref().map(Spanned::span),
+        ];
+        for ((key, owner), value_span) in HANDLER_KEYS.iter().zip(present) {
+            if let Some(value_span) = value_span
+                && *owner != hname
+            {
+                let span = key_span(q.table, key).unwrap_or(value_span);
+                c.error(
+                    span,
+                    &join(path, key),
+                    format!("`{key}` is only valid with handler = \"{owner}\""),
+                );
+            }
+        }
+    }
+
+    let handler = match handler_name {
+        Some("exec") => Handler::Exec {
+            command: command(c, path, q.span.clone(), &raw),
+        },
+        Some("sleep") => Handler::Sleep,
+        Some("flaky") => {
+            let fail_rate = match &raw.fail_rate {
+                None => 0.1,
+                Some(r) => {
+                    let v = *r.get_ref();
+                    if !(0.0..=1.0).contains(&v) {
+                        c.error(
+                            r.span(),
+                            &join(path, "fail_rate"),
+                            format!("must be between 0 and 1, found {v}"),
+                        );
+                    }
+                    v
+                }
+            };
+            Handler::Flaky { fail_rate }
+        }
+        Some("memhog") => Handler::Memhog {
+            grow_per_task: size(c, path, "grow_per_task", raw.grow_per_task, 4 << 20, false),
+        },
+        Some("preload_demo") => Handler::PreloadDemo {
+            preload: size(c, path, "preload", raw.preload, 512 << 20, false),
+        },
+        _ => Handler::Noop,
+    };
+
+    let min_slots = int(
+        c,
+        path,
+        "min_slots",
+        raw.min_slots.clone(),
+        d.min_slots,
+        0,
+        u32::MAX.into(),
+    );
+    let max_slots = int(
+        c,
+        path,
+        "max_slots",
+        raw.max_slots.clone(),
+        d.max_slots,
+        1,
+        u32::MAX.into(),
+    );
+    let in_range = |v: &S<i64>, min: i64| {
+        v.as_ref()
+            .is_none_or(|v| (min..=i64::from(u32::MAX)).contains(v.get_ref()))
+    };
+    // Compare only values that are valid themselves, so one mistake gives one error.
+    if min_slots > max_slots && in_range(&raw.min_slots, 0) && in_range(&raw.max_slots, 1) {
+        let (span, key) = match (&raw.min_slots, &raw.max_slots) {
+            (Some(min), _) => (min.span(), "min_slots"),
+            (None, Some(max)) => (max.span(), "max_slots"),
+            (None, None) => (q.span.clone(), "min_slots"),
+        };
+        let max_note = if raw.max_slots.is_none() {
+            ", the default"
+        } else {
+            ""
+        };
+        c.error(
+            span,
+            &join(path, key),
+            format!("min_slots ({min_slots}) is greater than max_slots ({max_slots}{max_note})"),
+        );
+    }
+
+    let retry = match raw.retry {
+        None => RetryPolicy::default(),
+        Some(r) => retry(c, &join(path, "retry"), r.into_inner()),
+    };
+
+    let work_periods = raw
+        .work_periods
+        .map(Spanned::into_inner)
+        .unwrap_or_default()
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, p)| match p.get_ref().parse::<WorkPeriod>() {
+            Ok(wp) => Some(wp),
+            Err(m) => {
+                c.error(p.span(), &format!("{}[{i}]", join(path, "work_periods")), m);
+                None
+            }
+        })
+        .collect();
+
+    let system = raw.system.map(|s| {
+        if !q.systems.contains(s.get_ref()) {
+            c.error(
+                s.span(),
+                &join(path, "system"),
+                format!(
+                    "unknown system `{0}`, no [systems.{0}] table is defined",
+                    s.get_ref()
+                ),
+            );
+        }
+        s.into_inner()
+    });
+
+    let max_payload = size(
+        c,
+        path,
+        "max_payload",
+        raw.max_payload.clone(),
+        d.max_payload,
+        true,
+    );
+    if max_payload > MAX_PAYLOAD_LIMIT
+        && let Some(v) = &raw.max_payload
+    {
+        c.error(
+            v.span(),
+            &join(path, "max_payload"),
+            "must be at most 512MiB: Redis refuses larger values",
+        );
+    }
+
+    let user = raw.user.map(|u| {
+        let name = u.get_ref();
+        if name.is_empty()
+            || name
+                .chars()
+                .any(|ch| ch.is_whitespace() || ch.is_control() || ch == ':' || ch == '/')
+        {
+            c.error(
+                u.span(),
+                &join(path, "user"),
+                "invalid user name, expected a system account like \"gaffer-worker\"",
+            );
+        }
+        u.into_inner()
+    });
+
+    QueueConfig {
+        name: q.name.to_owned(),
+        handler,
+        priority: int(
+            c,
+            path,
+            "priority",
+            raw.priority,
+            d.priority,
+            i32::MIN.into(),
+            i32::MAX.into(),
+        ),
+        min_slots,
+        max_slots,
+        batch_size: int(
+            c,
+            path,
+            "batch_size",
+            raw.batch_size,
+            d.batch_size,
+            1,
+            MAX_BATCH_SIZE,
+        ),
+        lease: duration(c, path, "lease", raw.lease, d.lease, true),
+        max_attempts: int(
+            c,
+            path,
+            "max_attempts",
+            raw.max_attempts,
+            d.max_attempts,
+            1,
+            u32::MAX.into(),
+        ),
+        retry,
+        private_dirty_limit: raw
+            .private_dirty_limit
+            .map(|v| size(c, path, "private_dirty_limit", Some(v), 0, true)),
+        max_batch_time: duration(
+            c,
+            path,
+            "max_batch_time",
+            raw.max_batch_time,
+            d.max_batch_time,
+            true,
+        ),
+        work_periods,
+        system,
+        max_payload,
+        user,
+    }
+}
+
+fn command(c: &mut Collector, path: &str, table_span: Range<usize>, raw: &RawQueue) -> Vec<String> {
+    let key = join(path, "command");
+    let Some(cmd) = &raw.command else {
+        let span = raw.handler.as_ref().map_or(table_span, Spanned::span);
+        c.error(
+            span,
+            path,
+            "missing required key `command`: handler = \"exec\" needs the program and its \
+             arguments, like command = [\"python3\", \"worker.py\"]",
+        );
+        return Vec::new();
+    };
+    if cmd.get_ref().is_empty() {
+        c.error(
+            cmd.span(),
+            &key,
+            "must not be empty, give the program and its arguments like [\"python3\", \"worker.py\"]",
+        );
+    }
+    for (i, arg) in cmd.get_ref().iter().enumerate() {
+        if arg.get_ref().is_empty() {
+            c.error(
+                arg.span(),
+                &format!("{key}[{i}]"),
+                "must not be an empty string",
+            );
+        }
+    }
+    cmd.get_ref().iter().map(|a| a.get_ref().clone()).collect()
+}
+
+fn retry(c: &mut Collector, path: &str, raw: RawRetry) -> RetryPolicy {
+    let d = RetryPolicy::default();
+    let backoff = match &raw.backoff {
+        None => d.backoff,
+        Some(b) => match b.get_ref().as_str() {
+            "fixed" => Backoff::Fixed,
+            "exponential" => Backoff::Exponential,
+            other => {
+                c.error(
+                    b.span(),
+                    &join(path, "backoff"),
+                    format!("unknown backoff `{other}`, expected `fixed` or `exponential`"),
+                );
+                d.backoff
+            }
+        },
+    };
+    let base_span = raw.base.as_ref().map(Spanned::span);
+    let max_span = raw.max.as_ref().map(Spanned::span);
+    let base = duration(c, path, "base", raw.base, d.base, false);
+    let max = duration(c, path, "max", raw.max, d.max, false);
+    // The defaults are in order, so a reversed pair always has a written value to blame.
+    if max < base
+        && let Some((span, key)) = max_span
+            .map(|s| (s, "max"))
+            .or(base_span.map(|s| (s, "base")))
+    {
+        c.error(
+            span,
+            &join(path, key),
+            format!(
+                "retry max ({}) is shorter than base ({})",
+                humantime::format_duration(max),
+                humantime::format_duration(base)
+            ),
+        );
+    }
+    RetryPolicy { backoff, base, max }
+}
+
+fn system(c: &mut Collector, name: &str, path: &str, raw: RawSystem) -> SystemConfig {
+    let rate = raw.rate.and_then(|r| match r.get_ref().parse::<Rate>() {
+        Ok(rate) => Some(rate),
+        Err(m) => {
+            c.error(r.span(), &join(path, "rate"), m);
+            None
+        }
+    });
+    SystemConfig {
+        name: name.to_owned(),
+        max_concurrency: raw.max_concurrency.map(|v| {
+            int(
+                c,
+                path,
+                "max_concurrency",
+                Some(v),
+                0u32,
+                1,
+                u32::MAX.into(),
+            )
+        }),
+        rate,
+        paused: raw.paused.is_some_and(Spanned::into_inner),
+    }
+}
+
+fn schedule(
+    c: &mut Collector,
+    path: &str,
+    span: Range<usize>,
+    raw: RawSchedule,
+    queues: &BTreeSet<String>,
+) -> Option<Schedule> {
+    let queue = match raw.queue {
+        None => {
+            c.error(span.clone(), path, "missing required key `queue`");
+            None
+        }
+        Some(q) if !queues.contains(q.get_ref()) => {
+            c.error(
+                q.span(),
+                &join(path, "queue"),
+                format!(
+                    "unknown queue `{0}`, no [queues.{0}] table is defined",
+                    q.get_ref()
+                ),
+            );
+            None
+        }
+        Some(q) => Some(q.into_inner()),
+    };
+    let cron = match raw.cron {
+        None => {
+            c.error(
+                span,
+                path,
+                "missing required key `cron`, a five-field cron expression like \"0 3 * * *\"",
+            );
+            None
+        }
+        Some(text) => match values::parse_cron(text.get_ref()) {
+            Ok(cron) => Some((cron, text.into_inner())),
+            Err(m) => {
+                c.error(text.span(), &join(path, "cron"), m);
+                None
+            }
+        },
+    };
+    let mut payload = raw
+        .payload
+        .map_or_else(|| serde_json::json!({}), Spanned::into_inner);
+    unwrap_datetimes(&mut payload);
+    let (cron, cron_source) = cron?;
+    Some(Schedule {
+        queue: queue?,
+        cron,
+        cron_source,
+        payload,
+    })
+}
+
+/// toml hands datetimes to serde as a private one-key map; a payload wants the text.
+fn unwrap_datetimes(value: &mut serde_json::Value) {
+    const DATETIME_KEY: &str = "$__toml_private_datetime";
+    match value {
+        serde_json::Value::Object(map) => {
+            if map.len() == 1
+                && let Some(serde_json::Value::String(s)) = map.get(DATETIME_KEY)
+            {
+                *value = serde_json::Value::String(s.clone());
+                return;
+            }
+            map.values_mut().for_each(unwrap_datetimes);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(unwrap_datetimes),
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Field helpers: each reports its own problem and returns the default so checking goes on.
+
+fn duration(
+    c: &mut Collector,
+    path: &str,
+    key: &str,
+    value: S<Human<Duration>>,
+    default: Duration,
+    positive: bool,
+) -> Duration {
+    let Some(value) = value else { return default };
+    match &value.get_ref().0 {
+        Err(m) => {
+            c.error(value.span(), &join(path, key), m.clone());
+            default
+        }
+        Ok(d) if positive && d.is_zero() => {
+            c.error(value.span(), &join(path, key), "must be greater than zero");
+            default
+        }
+        Ok(d) => *d,
+    }
+}
+
+fn size(
+    c: &mut Collector,
+    path: &str,
+    key: &str,
+    value: S<Human<Size>>,
+    default: u64,
+    positive: bool,
+) -> u64 {
+    let Some(value) = value else { return default };
+    match &value.get_ref().0 {
+        Err(m) => {
+            c.error(value.span(), &join(path, key), m.clone());
+            default
+        }
+        Ok(Size(0)) if positive => {
+            c.error(value.span(), &join(path, key), "must be greater than zero");
+            default
+        }
+        Ok(Size(n)) => *n,
+    }
+}
+
+fn int<T: TryFrom<i64> + Copy>(
+    c: &mut Collector,
+    path: &str,
+    key: &str,
+    value: S<i64>,
+    default: T,
+    min: i64,
+    max: i64,
+) -> T {
+    let Some(value) = value else { return default };
+    let v = *value.get_ref();
+    let problem = if v < min && min == 1 {
+        Some(format!("must be greater than zero, found {v}"))
+    } else if v < min {
+        Some(format!("must be at least {min}, found {v}"))
+    } else if v > max {
+        Some(format!("must be at most {max}, found {v}"))
+    } else {
+        None
+    };
+    match (problem, T::try_from(v)) {
+        (None, Ok(t)) => t,
+        (problem, _) => {
+            let m = problem.unwrap_or_else(|| format!("out of range: {v}"));
+            c.error(value.span(), &join(path, key), m);
+            default
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tree helpers
+
+fn find<'a, 'i>(table: &'a DeTable<'i>, key: &str) -> Option<&'a Spanned<DeValue<'i>>> {
+    table
+        .iter()
+        .find(|(k, _)| k.get_ref() == key)
+        .map(|(_, v)| v)
+}
+
+fn key_span(table: &DeTable, key: &str) -> Option<Range<usize>> {
+    table
+        .iter()
+        .find(|(k, _)| k.get_ref() == key)
+        .map(|(k, _)| k.span())
+}
+
+/// Names declared under a top-level table, valid or not, so references to a table that
+/// has its own errors do not add a second, misleading "unknown" error.
+fn declared_names(root: &DeTable, key: &str) -> BTreeSet<String> {
+    match find(root, key).map(Spanned::get_ref) {
+        Some(DeValue::Table(t)) => t.iter().map(|(k, _)| k.get_ref().to_string()).collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+fn table_of<'a, 'i>(
+    c: &mut Collector,
+    value: &'a Spanned<DeValue<'i>>,
+    path: &str,
+) -> Option<&'a DeTable<'i>> {
+    match value.get_ref() {
+        DeValue::Table(t) => Some(t),
+        other => {
+            c.error(
+                value.span(),
+                path,
+                format!("expected a table, found {}", other.type_str()),
+            );
+            None
+        }
+    }
+}
+
+fn section<T: DeserializeOwned>(c: &mut Collector, root: &DeTable, key: &str) -> Option<T> {
+    let value = find(root, key)?;
+    table_of(c, value, key)?;
+    deserialize(c, value, key)
+}
+
+fn deserialize<T: DeserializeOwned>(
+    c: &mut Collector,
+    value: &Spanned<DeValue>,
+    path: &str,
+) -> Option<T> {
+    match T::deserialize(ValueDeserializer::from(value.clone())) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            let span = e.span().unwrap_or_else(|| value.span());
+            let key = locate(value.get_ref(), path, span.start).unwrap_or_else(|| path.to_owned());
+            c.error(span, &key, humanize(e.message()));
+            None
+        }
+    }
+}
+
+/// The deepest key path whose key or value covers a byte offset. Tables opened with a
+/// `[header]` have the header as their span, so children are searched first.
+fn locate(value: &DeValue, path: &str, pos: usize) -> Option<String> {
+    match value {
+        DeValue::Table(t) => t.iter().find_map(|(k, v)| {
+            let p = join(path, k.get_ref());
+            locate(v.get_ref(), &p, pos)
+                .or_else(|| (k.span().contains(&pos) || v.span().contains(&pos)).then_some(p))
+        }),
+        DeValue::Array(items) => items.iter().enumerate().find_map(|(i, v)| {
+            let p = format!("{path}[{i}]");
+            locate(v.get_ref(), &p, pos).or_else(|| v.span().contains(&pos).then_some(p))
+        }),
+        _ => None,
+    }
+}
+
+/// Appends a key to a dotted path, quoting it when it is not a bare TOML key so that
+/// `queues."a.b"` stays unambiguous.
+pub(crate) fn join(path: &str, key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    let key = if bare {
+        key.to_owned()
+    } else {
+        format!("{key:?}")
+    };
+    if path.is_empty() {
+        key
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn backticked(names: &[&str]) -> String {
+    let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    match quoted.as_slice() {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+fn unknown_key(key: &str, known: &[&str]) -> String {
+    let closest = known
+        .iter()
+        .map(|k| (edit_distance(key, k), *k))
+        .filter(|(d, k)| *d <= 2 && *d < k.len().max(key.len()) / 2 + 1)
+        .min();
+    match closest {
+        Some((_, k)) => format!("unknown key `{key}`, did you mean `{k}`?"),
+        None if known.is_empty() => format!("unknown key `{key}`, this table takes no keys"),
+        None => format!("unknown key `{key}`, expected one of {}", backticked(known)),
+    }
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                prev
+            } else {
+                1 + prev.min(cur).min(row[j])
+            };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// Rewrites serde's messages in the vocabulary of a TOML file.
+fn humanize(message: &str) -> String {
+    if let Some(rest) = message.strip_prefix("unknown field `")
+        && let Some((field, tail)) = rest.split_once('`')
+    {
+        let known: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+        return unknown_key(field, &known);
+    }
+    if let Some(rest) = message.strip_prefix("missing field `") {
+        return format!("missing required key `{}", rest);
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant `") {
+        return format!("unknown value `{rest}");
+    }
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = message.strip_prefix(prefix)
+            && let Some((found, expected)) = rest.rsplit_once(", expected ")
+        {
+            return format!(
+                "expected {}, found {}",
+                expected_text(expected),
+                found_text(found)
+            );
+        }
+    }
+    message.to_owned()
+}
+
+fn expected_text(expected: &str) -> &str {
+    match expected {
+        "i64" | "i32" | "u32" | "u64" => "an integer",
+        "f64" => "a number",
+        "a sequence" => "an array",
+        e if e.starts_with("struct ") => "a table",
+        e => e,
+    }
+}
+
+fn found_text(found: &str) -> String {
+    found
+        .replacen("floating point", "float", 1)
+        .replacen("sequence", "array", 1)
+        .replacen("map", "table", 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_quotes_non_bare_keys() {
+        assert_eq!(join("", "queues"), "queues");
+        assert_eq!(join("queues", "resize_photo"), "queues.resize_photo");
+        assert_eq!(join("queues", "a.b"), "queues.\"a.b\"");
+        assert_eq!(join("queues", "has space"), "queues.\"has space\"");
+    }
+
+    #[test]
+    fn humanize_messages() {
+        assert_eq!(
+            humanize("invalid type: integer `3`, expected a string"),
+            "expected a string, found integer `3`"
+        );
+        assert_eq!(
+            humanize("invalid type: string \"3\", expected i64"),
+            "expected an integer, found string \"3\""
+        );
+        assert_eq!(
+            humanize("unknown field `min_slot`, expected one of `handler`, `min_slots`"),
+            "unknown key `min_slot`, did you mean `min_slots`?"
+        );
+        assert_eq!(
+            humanize("unknown field `bogus`, expected `base`"),
+            "unknown key `bogus`, expected one of `base`"
+        );
+        assert_eq!(
+            humanize("unknown variant `linear`, expected `fixed` or `exponential`"),
+            "unknown value `linear`, expected `fixed` or `exponential`"
+        );
+    }
+
+    #[test]
+    fn distance() {
+        assert_eq!(edit_distance("lease", "lese"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+}
