@@ -494,6 +494,8 @@ pub struct BenchArgs {
     pub payload_bytes: usize,
     /// Wake-up samples.
     pub samples: usize,
+    /// Alternating rounds per figure.
+    pub rounds: usize,
     /// JSON output.
     pub json: bool,
 }
@@ -509,6 +511,7 @@ pub async fn bench(global: &Global, args: &BenchArgs) -> Result<(), CliError> {
         tasks: args.tasks,
         payload_bytes: args.payload_bytes,
         wake_samples: args.samples,
+        rounds: args.rounds,
         ..Default::default()
     };
     let tty = std::io::stderr().is_terminal();

@@ -116,7 +116,7 @@ enum TasksOpts {
 #[derive(Args)]
 struct BenchOpts {
     /// Tasks per run at batch 100 (batch 10 uses half, batch 1 a tenth)
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 100_000)]
     tasks: usize,
     /// Payload size in bytes
     #[arg(long, default_value_t = 16)]
@@ -124,6 +124,9 @@ struct BenchOpts {
     /// Idle wake-up latency samples
     #[arg(long, default_value_t = 500)]
     samples: usize,
+    /// Rounds per figure, gaffer and the bare loop alternating; each side's median is reported
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Print the report as JSON
     #[arg(long)]
     json: bool,
@@ -211,6 +214,7 @@ async fn run_async(global: &Global, command: Command) -> Result<(), CliError> {
                 tasks: b.tasks,
                 payload_bytes: b.payload_bytes,
                 samples: b.samples,
+                rounds: b.rounds,
                 json: b.json,
             };
             cli::bench(global, &args).await

@@ -34,6 +34,8 @@ pub struct BenchOptions {
     pub batches: Vec<usize>,
     /// Numbers of concurrent takers to measure take+ack with.
     pub takers: Vec<usize>,
+    /// Alternating rounds per figure; each side reports its median.
+    pub rounds: usize,
 }
 
 impl Default for BenchOptions {
@@ -42,11 +44,12 @@ impl Default for BenchOptions {
             url: String::new(),
             connect: ConnectOptions::default(),
             namespace: "gaffer".into(),
-            tasks: 200_000,
+            tasks: 100_000,
             payload_bytes: 16,
             wake_samples: 500,
             batches: vec![1, 10, 100],
             takers: vec![1, 2],
+            rounds: 3,
         }
     }
 }
@@ -100,6 +103,8 @@ pub struct BenchReport {
     pub wakeup: WakeLatency,
     /// Payload bytes per task.
     pub payload_bytes: usize,
+    /// Alternating rounds behind each throughput figure (each side's median).
+    pub rounds: usize,
 }
 
 #[derive(Clone)]
@@ -197,6 +202,11 @@ async fn drain(q: &Queue, batch: usize) -> Result<usize, QueueError> {
     }
 }
 
+fn median(mut d: Vec<Duration>) -> Duration {
+    d.sort();
+    d[d.len() / 2]
+}
+
 fn per_s(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64().max(1e-9)
 }
@@ -245,17 +255,25 @@ async fn measure(
     progress: &mut impl FnMut(&str),
 ) -> anyhow::Result<BenchReport> {
     let n = opts.tasks;
-    progress(&format!("bulk enqueue of {n} tasks"));
+    let rounds = opts.rounds.max(1);
     let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new(payload.to_vec())).collect();
-    let t = Instant::now();
-    q.enqueue_many(&tasks).await?;
-    let g = t.elapsed();
-    q.delete_all().await?;
-    let t = Instant::now();
-    bare.fill(n, payload).await?;
-    let b = t.elapsed();
-    bare.delete().await?;
-    let enqueue = throughput(n, g, b);
+    // gaffer and the bare loop alternate, round after round, and each side keeps its
+    // median: a burst of noise then hits both sides or neither.
+    let (mut g, mut b) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        progress(&format!(
+            "bulk enqueue of {n} tasks, round {round}/{rounds}"
+        ));
+        let t = Instant::now();
+        q.enqueue_many(&tasks).await?;
+        g.push(t.elapsed());
+        q.delete_all().await?;
+        let t = Instant::now();
+        bare.fill(n, payload).await?;
+        b.push(t.elapsed());
+        bare.delete().await?;
+    }
+    let enqueue = throughput(n, median(g), median(b));
 
     // Each taker has its own connection, as each slot does.
     let mut clients = Vec::new();
@@ -269,59 +287,54 @@ async fn measure(
             2..=10 => n / 2,
             _ => n,
         }
-        .max(batch);
+        .clamp(batch, n.max(batch));
         let count_tasks: Vec<NewTask> = tasks[..count.min(tasks.len())].to_vec();
+        let count = count_tasks.len();
         for &takers in &opts.takers {
-            progress(&format!(
-                "take+ack, batch {batch}, {takers} taker(s), {count} tasks: gaffer"
-            ));
-            q.enqueue_many(&count_tasks).await?;
-            let t = Instant::now();
-            let mut handles = Vec::new();
-            for c in clients.iter().take(takers) {
-                let q = c.queue_with(q.name(), q.limits())?;
-                handles.push(tokio::spawn(async move { drain(&q, batch).await }));
-            }
-            let mut moved = 0;
-            for h in handles {
-                moved += h.await??;
-            }
-            let g = t.elapsed();
-            anyhow::ensure!(
-                moved == count_tasks.len(),
-                "gaffer drained {moved} of {count}"
-            );
+            let (mut g, mut b) = (Vec::new(), Vec::new());
+            for round in 1..=rounds {
+                progress(&format!(
+                    "take+ack, batch {batch}, {takers} taker(s), {count} tasks, round {round}/{rounds}"
+                ));
+                q.enqueue_many(&count_tasks).await?;
+                let t = Instant::now();
+                let mut handles = Vec::new();
+                for c in clients.iter().take(takers) {
+                    let q = c.queue_with(q.name(), q.limits())?;
+                    handles.push(tokio::spawn(async move { drain(&q, batch).await }));
+                }
+                let mut moved = 0;
+                for h in handles {
+                    moved += h.await??;
+                }
+                g.push(t.elapsed());
+                anyhow::ensure!(moved == count, "gaffer drained {moved} of {count}");
 
-            progress(&format!(
-                "take+ack, batch {batch}, {takers} taker(s), {count} tasks: bare"
-            ));
-            bare.fill(count_tasks.len(), payload).await?;
-            let t = Instant::now();
-            let mut handles = Vec::new();
-            for c in clients.iter().take(takers) {
-                let b = Bare {
-                    conn: c.connection(),
-                    ..bare.clone()
-                };
-                handles.push(tokio::spawn(async move {
-                    let mut conn = b.conn.clone();
-                    b.drain(&mut conn, batch).await
-                }));
+                bare.fill(count, payload).await?;
+                let t = Instant::now();
+                let mut handles = Vec::new();
+                for c in clients.iter().take(takers) {
+                    let b = Bare {
+                        conn: c.connection(),
+                        ..bare.clone()
+                    };
+                    handles.push(tokio::spawn(async move {
+                        let mut conn = b.conn.clone();
+                        b.drain(&mut conn, batch).await
+                    }));
+                }
+                let mut moved = 0;
+                for h in handles {
+                    moved += h.await??;
+                }
+                b.push(t.elapsed());
+                anyhow::ensure!(moved == count, "bare loop drained {moved} of {count}");
+                bare.delete().await?;
             }
-            let mut moved = 0;
-            for h in handles {
-                moved += h.await??;
-            }
-            let b = t.elapsed();
-            anyhow::ensure!(
-                moved == count_tasks.len(),
-                "bare loop drained {moved} of {count}"
-            );
-            bare.delete().await?;
             take_ack.push(TakeAck {
                 batch,
                 takers,
-                throughput: throughput(count_tasks.len(), g, b),
+                throughput: throughput(count, median(g), median(b)),
             });
         }
     }
@@ -332,6 +345,7 @@ async fn measure(
         take_ack,
         wakeup,
         payload_bytes: opts.payload_bytes,
+        rounds,
     })
 }
 
@@ -404,6 +418,11 @@ impl BenchReport {
             out,
             "{:<34} {:>12} {:>12} {:>7}",
             "measurement", "gaffer/s", "bare lua/s", "ratio"
+        );
+        let _ = writeln!(
+            out,
+            "(each figure: median of {} alternating rounds; payload {} bytes)",
+            self.rounds, self.payload_bytes
         );
         let mut row = |name: String, t: &Throughput| {
             let _ = writeln!(

@@ -315,11 +315,6 @@ impl SettleOp {
             action,
         }
     }
-
-    /// The lease as the queue stores it: `attempt:token`.
-    fn lease(&self) -> String {
-        format!("{}:{}", self.attempt, self.token)
-    }
 }
 
 /// What happened to one settle request.
@@ -552,8 +547,20 @@ impl Queue {
             .arg(delay_ms)
             .arg(at_ms)
             .arg(first.max_attempts.unwrap_or(self.limits.max_attempts));
-        for t in chunk {
-            inv.arg(t.id.as_deref().unwrap_or("")).arg(&t.payload[..]);
+        match first.id {
+            None => {
+                inv.arg("p");
+                for t in chunk {
+                    inv.arg(&t.payload[..]);
+                }
+            }
+            Some(_) => {
+                inv.arg("ip");
+                for t in chunk {
+                    inv.arg(t.id.as_deref().unwrap_or_default())
+                        .arg(&t.payload[..]);
+                }
+            }
         }
         let mut conn = self.conn.clone();
         let (base, flags): (u64, Vec<u8>) = inv.invoke_async(&mut conn).await?;
@@ -671,13 +678,20 @@ impl Queue {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
-        // Acks go first as (id, token) pairs; other ops follow with all their arguments.
-        let (acks, others): (Vec<usize>, Vec<usize>) =
-            (0..ops.len()).partition(|&i| ops[i].action == Settle::Ack);
+        // Acks go first as (id, token) pairs, those of first attempts before the rest (only
+        // later attempts have state to clean up); other ops follow with all their arguments.
+        let is_ack = |i: &usize| ops[*i].action == Settle::Ack;
+        let first: Vec<usize> = (0..ops.len())
+            .filter(|i| is_ack(i) && ops[*i].attempt <= 1)
+            .collect();
+        let later: Vec<usize> = (0..ops.len())
+            .filter(|i| is_ack(i) && ops[*i].attempt > 1)
+            .collect();
+        let others: Vec<usize> = (0..ops.len()).filter(|i| !is_ack(i)).collect();
         let mut inv = self.invocation(&SCRIPTS.settle);
-        inv.arg(acks.len());
-        for &i in &acks {
-            inv.arg(&ops[i].id).arg(ops[i].lease());
+        inv.arg(first.len()).arg(later.len());
+        for &i in first.iter().chain(&later) {
+            inv.arg(&ops[i].id).arg(ops[i].token);
         }
         for &i in &others {
             let op = &ops[i];
@@ -688,7 +702,8 @@ impl Queue {
                 Settle::Fail { .. } => "f",
             })
             .arg(&op.id)
-            .arg(op.lease());
+            .arg(op.token)
+            .arg(op.attempt);
             match &op.action {
                 Settle::Ack => {}
                 Settle::Extend { lease } => {
@@ -718,7 +733,7 @@ impl Queue {
             )));
         }
         let mut out = vec![SettleResult::Stale; ops.len()];
-        for (&i, r) in acks.iter().chain(&others).zip(reply) {
+        for (&i, r) in first.iter().chain(&later).chain(&others).zip(reply) {
             out[i] = match r {
                 1 => SettleResult::Done,
                 2 => SettleResult::DeadLettered,
@@ -934,8 +949,11 @@ impl Meta {
     }
 }
 
+/// Whether two tasks can share one enqueue call: same options, and ids given for both or
+/// for neither (the script has a faster path when every id is generated).
 fn same_options(a: &NewTask, b: &NewTask) -> bool {
-    (a.priority, a.delay, a.at, a.max_attempts) == (b.priority, b.delay, b.at, b.max_attempts)
+    (a.priority, a.delay, a.at, a.max_attempts, a.id.is_some())
+        == (b.priority, b.delay, b.at, b.max_attempts, b.id.is_some())
 }
 
 fn millis_since_epoch(t: SystemTime) -> u64 {

@@ -305,7 +305,16 @@ fn unreachable_redis_is_a_runtime_failure() {
 #[test]
 fn bench_reports_gaffer_beside_the_bare_loop() {
     let env = Env::new();
-    let o = env.gaffer(&["bench", "--tasks", "2000", "--samples", "20", "--json"]);
+    let o = env.gaffer(&[
+        "bench",
+        "--tasks",
+        "2000",
+        "--samples",
+        "20",
+        "--rounds",
+        "1",
+        "--json",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["enqueue"]["gaffer_per_s"].as_f64().unwrap() > 0.0);

@@ -50,6 +50,7 @@ on_both!(
     oversized_payload_is_refused_and_nothing_enqueued,
     bulk_enqueue_keeps_order_and_counts,
     mixed_settle_keeps_result_order,
+    leased_tasks_found_by_exact_id,
 );
 
 fn limits(max_attempts: u32) -> QueueLimits {
@@ -596,6 +597,58 @@ async fn bulk_enqueue_keeps_order_and_counts(client: QueueClient, name: &str) {
     assert_eq!(
         out_of_order, None,
         "FIFO across chunks: first task out of place"
+    );
+
+    // Generated and given ids in one call go in separate script calls, still in order.
+    let mixed = [
+        NewTask::new("g1"),
+        NewTask::new("i1").id("given"),
+        NewTask::new("g2"),
+    ];
+    let made = q.enqueue_many(&mixed).await.unwrap();
+    assert_eq!(made[1].id, "given");
+    assert!(made[0].id.starts_with('#') && made[2].id.starts_with('#'));
+    assert_ne!(made[0].id, made[2].id);
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    let order: Vec<_> = b.tasks.iter().map(|t| t.id.clone()).collect();
+    assert_eq!(order, made.iter().map(|e| e.id.clone()).collect::<Vec<_>>());
+}
+
+async fn leased_tasks_found_by_exact_id(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    // Ids that a careless glob or a split on ':' would confuse with each other.
+    let ids = ["a:b", "b", "x*", "x[1]?", "\\y"];
+    for id in ids {
+        q.enqueue(NewTask::new(id).id(id)).await.unwrap();
+    }
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), ids.len());
+    for t in &b.tasks {
+        let info = q.find(&t.id).await.unwrap().unwrap();
+        assert_eq!(info.state, TaskState::Leased, "{}", t.id);
+        assert_eq!(info.lease_token, Some(t.token));
+        assert_eq!(info.attempts, 1);
+    }
+    assert_eq!(
+        q.cancel("b").await.unwrap().unwrap().state,
+        TaskState::Leased
+    );
+    assert_eq!(
+        q.cancel("x*").await.unwrap().unwrap().state,
+        TaskState::Leased
+    );
+    let results = q.ack(&b.tasks).await.unwrap();
+    let acked: Vec<_> = b
+        .tasks
+        .iter()
+        .zip(results)
+        .filter(|(_, r)| *r == SettleResult::Done)
+        .map(|(t, _)| t.id.as_str())
+        .collect();
+    assert_eq!(
+        acked,
+        ["a:b", "x[1]?", "\\y"],
+        "only the cancelled ones are stale"
     );
 }
 

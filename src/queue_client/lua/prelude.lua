@@ -87,15 +87,41 @@ local function pack_meta(pri, ma, enq)
   return pri .. ':' .. ma .. ':' .. enq
 end
 
--- att holds "attempts" while a task is not leased and "attempts:token" while it is. The
--- client settles with that exact string, so checking a lease is one string comparison.
-local function attempts_of(v)
-  if not v then return 0 end
-  return tonumber(string.match(v, '^%d+')) or 0
+-- A lease is the member "token:id" of K_LEASED, scored by its expiry. The client settles
+-- with the token it was handed, so checking a lease is a ZMSCORE, and a reclaimed or
+-- re-leased task has a member with another token: the old holder's settle finds nothing.
+local function lease_member(tok, id)
+  return tok .. ':' .. id
 end
 
-local function token_of(v)
-  return v and string.match(v, ':(%d+)$')
+local function lease_parts(m)
+  local tok, id = string.match(m, '^(%d+):(.*)$')
+  return id, tok
+end
+
+local function glob_escape(s)
+  return (string.gsub(s, '([%*%?%[%]\\])', '\\%1'))
+end
+
+-- The lease of a task by id: O(tasks in flight), for admin paths (find, cancel) only.
+local function find_lease(id)
+  local cursor = '0'
+  repeat
+    local r = redis.call('ZSCAN', K_LEASED, cursor, 'MATCH', '*:' .. glob_escape(id), 'COUNT', 1000)
+    cursor = r[1]
+    local items = r[2]
+    for i = 1, #items, 2 do
+      local mid, tok = lease_parts(items[i])
+      if mid == id then return items[i], tonumber(items[i + 1]), tok end
+    end
+  until cursor == '0'
+  return nil
+end
+
+-- K_ATT holds the attempts a task has finished without being acked (absent: none), so a
+-- task that succeeds at its first attempt never touches it.
+local function attempts_of(v)
+  return tonumber(v) or 0
 end
 
 local function wake(n)
@@ -114,19 +140,20 @@ local function forget(ids)
   bulk('HDEL', K_ERR, ids)
 end
 
--- Where a task is: 'ready', 'delayed', 'leased' or 'dead' (nil when unknown), and the
--- score that goes with it (due time, lease expiry, time of death).
+-- Where a task is: 'ready', 'due' (delayed, due, not yet moved), 'delayed', 'leased' or
+-- 'dead' (nil when unknown), the score that goes with it (due time, lease expiry, time of
+-- death), its meta, and its lease member and token when leased.
 local function locate(id, now)
   local m = redis.call('HGET', K_META, id)
   if not m then return nil end
-  local s = redis.call('ZSCORE', K_LEASED, id)
-  if s then return 'leased', tonumber(s), m end
-  s = redis.call('ZSCORE', K_DEAD, id)
+  local s = redis.call('ZSCORE', K_DEAD, id)
   if s then return 'dead', tonumber(s), m end
   s = redis.call('ZSCORE', K_DELAYED, id)
   if s then
     if tonumber(s) > now then return 'delayed', tonumber(s), m end
     return 'due', tonumber(s), m
   end
+  local member, exp, tok = find_lease(id)
+  if member then return 'leased', exp, m, member, tok end
   return 'ready', 0, m
 end

@@ -1,68 +1,84 @@
--- ARGV: k, then k acks as (id, lease), then m other ops as (kind, id, lease, a, b, c),
--- where lease = "attempt:token" as the take handed it out:
+-- ARGV: k1, k2, then k1 + k2 acks as (id, token): the first k1 of first attempts, the
+-- next k2 of later ones (only those can have attempts and a last error to clean up);
+-- then m other ops as (kind, id, token, attempt, a, b, c):
 --   'e' extend (a = lease_ms);  'r' retry (a = delay_ms, b = priority or '', c = reason);
 --   'f' fail (a = reason)
--- Acks, by far the most common settle, cost two arguments each.
--- Returns k + m results in that order: 1 done, 0 stale (the lease is no longer this
--- token's), 2 retry turned into a dead letter because max_attempts is reached.
+-- Returns k1 + k2 + m results in that order: 1 done, 0 stale (no lease with this token:
+-- it expired and was reclaimed, or was settled or cancelled), 2 retry turned into a dead
+-- letter because max_attempts is reached.
 local now = now_ms()
-local k = tonumber(ARGV[1])
-local m = (#ARGV - 1 - 2 * k) / 6
-local ids = {}
-for i = 1, k do ids[i] = ARGV[2 * i] end
-for j = 1, m do ids[k + j] = ARGV[2 + 2 * k + (j - 1) * 6 + 1] end
-local toks = hmget(K_ATT, ids)
-local res, acked, errs, settled = {}, {}, {}, {}
+local k1, k2 = tonumber(ARGV[1]), tonumber(ARGV[2])
+local k = k1 + k2
+local m = (#ARGV - 2 - 2 * k) / 7
+local members, ids = {}, {}
+for i = 1, k do
+  ids[i] = ARGV[1 + 2 * i]
+  members[i] = ARGV[2 + 2 * i] .. ':' .. ids[i]
+end
+for j = 1, m do
+  local o = 2 + 2 * k + (j - 1) * 7
+  ids[k + j] = ARGV[o + 2]
+  members[k + j] = ARGV[o + 3] .. ':' .. ids[k + j]
+end
+local scores = {}
+local i = 1
+while i <= #members do
+  local j = math.min(i + CHUNK - 1, #members)
+  local part = redis.call('ZMSCORE', K_LEASED, unpack(members, i, j))
+  for x = 1, #part do scores[#scores + 1] = part[x] end
+  i = j + 1
+end
+
+local res, acked, acked_members, later, settled = {}, {}, {}, {}, {}
 local n_stale, n_retried, n_dead, n_woken = 0, 0, 0, 0
 for i = 1, k do
   local id = ids[i]
-  if toks[i] ~= ARGV[2 * i + 1] or settled[id] then
+  if not scores[i] or settled[id] then
     res[i] = 0
     n_stale = n_stale + 1
   else
     settled[id] = true
     acked[#acked + 1] = id
-    -- Only a task past its first attempt can have a last error to clean up.
-    if string.sub(toks[i], 1, 2) ~= '1:' then errs[#errs + 1] = id end
+    acked_members[#acked_members + 1] = members[i]
+    if i > k1 then later[#later + 1] = id end
     res[i] = 1
   end
 end
 for i = k + 1, k + m do
-  local o = 2 + 2 * k + (i - k - 1) * 6 - 1
-  local kind, id, tok = ARGV[o + 1], ARGV[o + 2], ARGV[o + 3]
-  if toks[i] ~= tok or settled[id] then
+  local o = 2 + 2 * k + (i - k - 1) * 7
+  local kind, id, attempt = ARGV[o + 1], ids[i], tonumber(ARGV[o + 4])
+  if not scores[i] or settled[id] then
     res[i] = 0
     n_stale = n_stale + 1
   elseif kind == 'e' then
-    redis.call('ZADD', K_LEASED, 'XX', now + tonumber(ARGV[o + 4]), id)
+    redis.call('ZADD', K_LEASED, 'XX', now + tonumber(ARGV[o + 5]), members[i])
     res[i] = 1
   else
     settled[id] = true
-    local a = attempts_of(toks[i])
-    redis.call('ZREM', K_LEASED, id)
-    redis.call('HSET', K_ATT, id, a)
+    redis.call('ZREM', K_LEASED, members[i])
+    redis.call('HSET', K_ATT, id, attempt)
     if kind == 'f' then
       redis.call('ZADD', K_DEAD, now, id)
-      redis.call('HSET', K_ERR, id, ARGV[o + 4])
+      redis.call('HSET', K_ERR, id, ARGV[o + 5])
       n_dead = n_dead + 1
       res[i] = 1
     else
       local pri, ma, enq = parse_meta(redis.call('HGET', K_META, id))
-      local reason = ARGV[o + 6]
-      if ma > 0 and a >= ma then
+      local reason = ARGV[o + 7]
+      if ma > 0 and attempt >= ma then
         if reason == '' then reason = 'retry requested' end
         redis.call('ZADD', K_DEAD, now, id)
         redis.call('HSET', K_ERR, id, string.format(
-          'attempt %d of %d failed (max_attempts reached): %s', a, ma, reason))
+          'attempt %d of %d failed (max_attempts reached): %s', attempt, ma, reason))
         n_dead = n_dead + 1
         res[i] = 2
       else
-        if ARGV[o + 5] ~= '' then
-          pri = tonumber(ARGV[o + 5])
+        if ARGV[o + 6] ~= '' then
+          pri = tonumber(ARGV[o + 6])
           redis.call('HSET', K_META, id, pack_meta(pri, ma, enq))
         end
         if reason ~= '' then redis.call('HSET', K_ERR, id, reason) end
-        local delay = tonumber(ARGV[o + 4])
+        local delay = tonumber(ARGV[o + 5])
         if delay > 0 then
           redis.call('ZADD', K_DELAYED, now + delay, id)
         else
@@ -76,11 +92,11 @@ for i = k + 1, k + m do
   end
 end
 if #acked > 0 then
-  bulk('ZREM', K_LEASED, acked)
+  bulk('ZREM', K_LEASED, acked_members)
   bulk('HDEL', K_PAYLOAD, acked)
   bulk('HDEL', K_META, acked)
-  bulk('HDEL', K_ATT, acked)
-  bulk('HDEL', K_ERR, errs)
+  bulk('HDEL', K_ATT, later)
+  bulk('HDEL', K_ERR, later)
   redis.call('HINCRBY', K_STATS, 'acked', #acked)
 end
 if n_stale > 0 then redis.call('HINCRBY', K_STATS, 'stale', n_stale) end

@@ -12,8 +12,9 @@ local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, l
 if #expired > 0 then
   local n_dead = 0
   local back, back_pris = {}, {}
-  for _, id in ipairs(expired) do
-    local a = attempts_of(redis.call('HGET', K_ATT, id))
+  for _, member in ipairs(expired) do
+    local id = lease_parts(member)
+    local a = attempts_of(redis.call('HGET', K_ATT, id)) + 1
     redis.call('HSET', K_ATT, id, a)
     local m = redis.call('HGET', K_META, id)
     if m then
@@ -78,18 +79,17 @@ if k == 0 then
 end
 local tok = redis.call('INCR', K_TOK)
 local exp = now + lease
-local atts = hmget(K_ATT, ids)
-local att_pairs, leased = {}, {}
-local suffix = ':' .. tok
+-- Attempts are only looked up when some task has failed one: the common queue, where
+-- tasks succeed first time, never reads K_ATT on this path.
+local atts = {}
+if redis.call('EXISTS', K_ATT) == 1 then atts = hmget(K_ATT, ids) end
+local leased = {}
+local prefix = tok .. ':'
 for i, id in ipairs(ids) do
-  local a = (tonumber(atts[i]) or 0) + 1
-  atts[i] = a
-  att_pairs[2 * i - 1] = id
-  att_pairs[2 * i] = a .. suffix
+  atts[i] = (tonumber(atts[i]) or 0) + 1
   leased[2 * i - 1] = exp
-  leased[2 * i] = id
+  leased[2 * i] = prefix .. id
 end
-bulk('HSET', K_ATT, att_pairs)
 bulk('ZADD', K_LEASED, leased)
 local payloads = hmget(K_PAYLOAD, ids)
 local out = {now, tok, exp}
