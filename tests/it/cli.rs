@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use gaffer::queue_client::{QueueClient, Settle, SettleOp};
+use gaffer::queue_client::QueueClient;
 use serde_json::Value;
 
 use crate::harness::TestRedis;
@@ -119,24 +119,18 @@ fn config_check_exit_codes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_variants_and_stats_json_contract() {
     let env = Env::new();
-    let o = env.gaffer(&[
+    let push_m1 = [
         "push",
         "emails",
         "--payload",
         r#"{"to":"a@b"}"#,
         "--id",
         "m1",
-    ]);
+    ];
+    let o = env.gaffer(&push_m1);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim(), "enqueued: emails task m1");
-    let o = env.gaffer(&[
-        "push",
-        "emails",
-        "--payload",
-        r#"{"to":"a@b"}"#,
-        "--id",
-        "m1",
-    ]);
+    let o = env.gaffer(&push_m1);
     assert_eq!(stdout(&o).trim(), "already pending: emails task m1");
     let o = env.gaffer(&["push", "emails", "--count", "250"]);
     assert!(stdout(&o).contains("enqueued 250 tasks"), "{}", stdout(&o));
@@ -230,19 +224,7 @@ async fn dead_letters_listed_requeued_purged_and_cancel() {
     let client = env.client().await;
     let q = client.queue("emails").unwrap();
     let b = q.take(3, Duration::from_secs(60)).await.unwrap();
-    let ops: Vec<_> = b
-        .tasks
-        .iter()
-        .map(|t| {
-            SettleOp::new(
-                t,
-                Settle::Fail {
-                    reason: format!("smtp refused {}", t.id),
-                },
-            )
-        })
-        .collect();
-    q.settle(&ops).await.unwrap();
+    crate::harness::fail_all(&q, &b.tasks, |id| format!("smtp refused {id}")).await;
 
     let o = env.gaffer(&["tasks", "dead", "emails", "--json"]);
     let rows: Vec<Value> = stdout(&o)

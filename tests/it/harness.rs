@@ -168,3 +168,21 @@ where
         pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
+
+/// Fails every task of a batch with the reason `why(id)`, asserting each settle applied.
+pub async fn fail_all(
+    q: &gaffer::queue_client::Queue,
+    tasks: &[gaffer::queue_client::LeasedTask],
+    why: impl Fn(&str) -> String,
+) {
+    use gaffer::queue_client::{Settle, SettleOp, SettleResult};
+    let ops: Vec<_> = tasks
+        .iter()
+        .map(|t| SettleOp::new(t, Settle::Fail { reason: why(&t.id) }))
+        .collect();
+    let results = q.settle(&ops).await.unwrap();
+    assert!(
+        results.iter().all(|r| *r == SettleResult::Done),
+        "{results:?}"
+    );
+}

@@ -357,25 +357,7 @@ async fn fail_goes_to_dead_letters_with_reason(client: QueueClient, name: &str) 
             .unwrap();
     }
     let b = q.take(10, Duration::from_secs(30)).await.unwrap();
-    let ops: Vec<_> = b
-        .tasks
-        .iter()
-        .map(|t| {
-            SettleOp::new(
-                t,
-                Settle::Fail {
-                    reason: format!("bad input in {}", t.id),
-                },
-            )
-        })
-        .collect();
-    assert!(
-        q.settle(&ops)
-            .await
-            .unwrap()
-            .iter()
-            .all(|r| *r == SettleResult::Done)
-    );
+    harness::fail_all(&q, &b.tasks, |id| format!("bad input in {id}")).await;
     let dead = q.dead(0, 10).await.unwrap();
     assert_eq!(dead.len(), 3);
     assert_eq!(dead[0].error, format!("bad input in {}", dead[0].id));
