@@ -874,11 +874,6 @@ impl Queue {
         Ok(())
     }
 
-    /// The Redis keys of this queue, in the order the scripts expect them.
-    pub fn keys(&self) -> &[String] {
-        &self.keys.all
-    }
-
     /// Looks a task up by id.
     pub async fn find(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
         self.find_or_cancel(id, false).await

@@ -90,10 +90,7 @@ end
 -- A lease is the member "token:id" of K_LEASED, scored by its expiry. The client settles
 -- with the token it was handed, so checking a lease is a ZMSCORE, and a reclaimed or
 -- re-leased task has a member with another token: the old holder's settle finds nothing.
-local function lease_member(tok, id)
-  return tok .. ':' .. id
-end
-
+-- take and settle build members inline (tok .. ':' .. id) on their hot paths.
 local function lease_parts(m)
   local tok, id = string.match(m, '^(%d+):(.*)$')
   return id, tok
