@@ -1,10 +1,14 @@
 //! gaffer: a supervisor for clusters of queue workers on Redis.
 //!
 //! The library is the whole product; `src/main.rs` only parses the command line and
-//! calls into it, so teams can build their own binary with their own handlers.
+//! calls into it, so teams can build their own binary with their own handlers
+//! ([`slot::Handler`], [`slot::Registry`]).
 
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod config;
+pub mod master;
 pub mod queue_client;
 pub mod redis_server;
+pub mod slot;

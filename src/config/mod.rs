@@ -23,17 +23,28 @@ pub use values::{
 
 /// Reads and checks a config file; the path as given is used in messages.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let source = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    parse(&source, &path.display().to_string())
+    load_with(path, &[])
 }
 
 /// Checks config text; `origin` names it in messages (a file name, or e.g. `redis` when the
 /// text came from `config apply`).
 pub fn parse(source: &str, origin: &str) -> Result<Config, ConfigError> {
-    validate::parse(source, origin).map_err(ConfigError::Invalid)
+    parse_with(source, origin, &[])
+}
+
+/// Like [`parse`], also accepting `handler = "NAME"` for each name in `custom`: the
+/// handlers a team's own binary registers beside the built-in ones.
+pub fn parse_with(source: &str, origin: &str, custom: &[String]) -> Result<Config, ConfigError> {
+    validate::parse(source, origin, custom).map_err(ConfigError::Invalid)
+}
+
+/// Like [`load`], with the custom handler names of [`parse_with`].
+pub fn load_with(path: &Path, custom: &[String]) -> Result<Config, ConfigError> {
+    let source = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    parse_with(&source, &path.display().to_string(), custom)
 }
 
 /// A checked config: every value is in range and every reference resolves, so the roles
@@ -254,6 +265,13 @@ pub enum Handler {
         /// Bytes built once per host.
         preload: u64,
     },
+    /// A handler a team built into its own binary (see `slot::Registry`).
+    Custom {
+        /// The name it was registered under.
+        name: String,
+        /// The queue's `options` table, as JSON; `{}` when absent.
+        options: serde_json::Value,
+    },
 }
 
 impl Handler {
@@ -262,8 +280,9 @@ impl Handler {
         ["exec", "noop", "sleep", "flaky", "memhog", "preload_demo"];
 
     /// The name written in the config, as hosts advertise the handlers they can run.
-    pub fn name(&self) -> &'static str {
+    pub fn name(&self) -> &str {
         match self {
+            Handler::Custom { name, .. } => name,
             Handler::Exec { .. } => "exec",
             Handler::Noop => "noop",
             Handler::Sleep => "sleep",

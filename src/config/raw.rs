@@ -64,6 +64,8 @@ pub(crate) struct RawQueue {
     pub system: S<String>,
     pub max_payload: S<Human<Size>>,
     pub user: S<String>,
+    /// Settings of a handler built into a team's own binary, passed to it as JSON.
+    pub options: S<serde_json::Value>,
 }
 
 /// Keys that belong to one handler only, with that handler's name.

@@ -33,7 +33,11 @@ const TOP_KEYS: [&str; 6] = [
 const MAX_BATCH_SIZE: i64 = 10_000;
 const MAX_PAYLOAD_LIMIT: u64 = 512 << 20;
 
-pub(crate) fn parse(source: &str, origin: &str) -> Result<Config, Diagnostics> {
+pub(crate) fn parse(
+    source: &str,
+    origin: &str,
+    custom: &[String],
+) -> Result<Config, Diagnostics> {
     let mut c = Collector::new(source, origin);
     let root = match DeTable::parse(source) {
         Ok(root) => root,
@@ -96,6 +100,7 @@ pub(crate) fn parse(source: &str, origin: &str) -> Result<Config, Diagnostics> {
                         span: value.span(),
                         table: qtable,
                         systems: &declared_systems,
+                        custom,
                     },
                     raw,
                 );
@@ -293,12 +298,15 @@ struct QueueCtx<'a> {
     span: Range<usize>,
     table: &'a DeTable<'a>,
     systems: &'a BTreeSet<String>,
+    custom: &'a [String],
 }
 
 fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
     let path = q.path;
     let d = QueueConfig::new(q.name, Handler::Noop);
 
+    let mut known: Vec<&str> = Handler::NAMES.to_vec();
+    known.extend(q.custom.iter().map(String::as_str));
     let handler_name = match &raw.handler {
         None => {
             c.error(
@@ -306,12 +314,12 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
                 path,
                 format!(
                     "missing required key `handler`, one of {}",
-                    backticked(&Handler::NAMES)
+                    backticked(&known)
                 ),
             );
             None
         }
-        Some(h) if Handler::NAMES.contains(&h.get_ref().as_str()) => Some(h.get_ref().as_str()),
+        Some(h) if known.contains(&h.get_ref().as_str()) => Some(h.get_ref().as_str()),
         Some(h) => {
             c.error(
                 h.span(),
@@ -319,12 +327,24 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
                 format!(
                     "unknown handler `{}`, expected one of {}",
                     h.get_ref(),
-                    backticked(&Handler::NAMES)
+                    backticked(&known)
                 ),
             );
             None
         }
     };
+    let is_custom = handler_name.is_some_and(|h| !Handler::NAMES.contains(&h));
+    if let Some(options) = &raw.options
+        && !is_custom
+        && handler_name.is_some()
+    {
+        let span = key_span(q.table, "options").unwrap_or(options.span());
+        c.error(
+            span,
+            &join(path, "options"),
+            "`options` is only valid with a handler built into your own binary",
+        );
+    }
 
     if let Some(hname) = handler_name {
         let present = [
@@ -374,6 +394,13 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
         },
         Some("preload_demo") => Handler::PreloadDemo {
             preload: size(c, path, "preload", raw.preload, 512 << 20, false),
+        },
+        Some(name) if is_custom => Handler::Custom {
+            name: name.to_owned(),
+            options: raw
+                .options
+                .as_ref()
+                .map_or_else(|| serde_json::json!({}), |o| o.get_ref().clone()),
         },
         _ => Handler::Noop,
     };

@@ -1,0 +1,178 @@
+//! Cluster state shared through Redis: what masters report about their hosts and queues,
+//! and the slot map the manager publishes. Both sides import these types; neither knows
+//! the other.
+//!
+//! Keys (one key each, so every operation is single-slot on a Redis Cluster):
+//! - `NS:hosts`: hash, host name → JSON [`HostReport`], rewritten every master tick;
+//!   a host is alive while its `ts_ms` is within the manager's heartbeat timeout.
+//! - `NS:map`: string, JSON [`SlotMap`]: slots per host and queue, with the writer's
+//!   fencing epoch and a version.
+
+use std::collections::BTreeMap;
+
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+use crate::queue_client::{QueueError, RedisConn};
+
+/// What a master reports about its host every tick.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostReport {
+    /// The host name slots are placed by.
+    pub host: String,
+    /// The master's pid, to tell restarts apart.
+    pub pid: u32,
+    /// When this master started (Unix ms); counters restart from zero with it.
+    pub started_ms: u64,
+    /// When this report was written (Unix ms, the master's clock).
+    pub ts_ms: u64,
+    /// The master is stopping: place nothing here.
+    pub draining: bool,
+    /// Slots the host can hold now (memory, load and `max_slots` considered).
+    pub capacity: u32,
+    /// Slots running now.
+    pub slots: u32,
+    /// Σ PSS of master, zygote and slots.
+    pub pss_bytes: u64,
+    /// MemAvailable, bounded by the cgroup's memory.max when set.
+    pub mem_available_bytes: u64,
+    /// Memory the slots may use: Σ PSS + MemAvailable − reserve.
+    pub memory_budget_bytes: u64,
+    /// One-minute load average.
+    pub load1: f64,
+    /// Online CPUs.
+    pub cpus: u32,
+    /// Handler names this host's binary can run.
+    pub handlers: Vec<String>,
+    /// Version of the slot map the host follows (0: none seen yet).
+    pub map_version: u64,
+    /// Per queue served or recently served.
+    pub queues: BTreeMap<String, QueueReport>,
+}
+
+/// Per queue on one host, counters monotonic since the master started.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueReport {
+    /// Slots running now.
+    pub slots: u32,
+    /// Slots the map asks for.
+    pub wanted: u32,
+    /// Tasks handled (any outcome).
+    pub processed_total: u64,
+    /// Tasks whose outcome was not done.
+    pub failed_total: u64,
+    /// Batches handled.
+    pub batches_total: u64,
+    /// Seconds spent inside `handle`.
+    pub busy_seconds_total: f64,
+    /// Seconds lived by slots of this queue (running ones count up to now).
+    pub slot_lifetime_seconds_total: f64,
+    /// Slots that exited 75 (memory recycling).
+    pub recycles_total: u64,
+    /// Slots that exited otherwise unasked (crash, signal).
+    pub crashes_total: u64,
+    /// Slots killed by the watchdog.
+    pub hung_total: u64,
+}
+
+/// Slots per host and queue, as the manager decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotMap {
+    /// Fencing epoch of the manager that wrote it; masters ignore lower epochs.
+    pub epoch: u64,
+    /// Goes up with every write.
+    pub version: u64,
+    /// Host → queue → slots.
+    pub hosts: BTreeMap<String, BTreeMap<String, u32>>,
+}
+
+impl SlotMap {
+    /// The part of the map for one host.
+    pub fn for_host(&self, host: &str) -> BTreeMap<String, u32> {
+        self.hosts.get(host).cloned().unwrap_or_default()
+    }
+}
+
+/// Names of the cluster-state keys under a namespace.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    ns: String,
+}
+
+impl Keys {
+    /// Keys under `namespace` (the config's `[cluster].namespace`).
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            ns: namespace.to_owned(),
+        }
+    }
+
+    /// The hash of host reports.
+    pub fn hosts(&self) -> String {
+        format!("{}:hosts", self.ns)
+    }
+
+    /// The slot map.
+    pub fn map(&self) -> String {
+        format!("{}:map", self.ns)
+    }
+}
+
+/// Writes a host's report (its heartbeat).
+pub async fn publish_host(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    report: &HostReport,
+) -> Result<(), QueueError> {
+    let json = serde_json::to_string(report).map_err(|e| QueueError::Protocol(e.to_string()))?;
+    let () = conn.hset(keys.hosts(), &report.host, json).await?;
+    Ok(())
+}
+
+/// Removes a host's report: it left the cluster on purpose.
+pub async fn deregister_host(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    host: &str,
+) -> Result<(), QueueError> {
+    let _: i64 = conn.hdel(keys.hosts(), host).await?;
+    Ok(())
+}
+
+/// Every host's last report; unreadable entries (another version's) are skipped.
+pub async fn read_hosts(
+    conn: &mut RedisConn,
+    keys: &Keys,
+) -> Result<BTreeMap<String, HostReport>, QueueError> {
+    let raw: BTreeMap<String, String> = conn.hgetall(keys.hosts()).await?;
+    Ok(raw
+        .into_iter()
+        .filter_map(|(host, json)| Some((host, serde_json::from_str(&json).ok()?)))
+        .collect())
+}
+
+/// The current slot map, if one was published.
+pub async fn read_map(conn: &mut RedisConn, keys: &Keys) -> Result<Option<SlotMap>, QueueError> {
+    let raw: Option<String> = conn.get(keys.map()).await?;
+    raw.map(|json| serde_json::from_str(&json).map_err(|e| QueueError::Protocol(e.to_string())))
+        .transpose()
+}
+
+/// Writes a slot map without any fencing: for tests and tools. The manager writes through
+/// its fenced path instead.
+pub async fn write_map_unfenced(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    map: &SlotMap,
+) -> Result<(), QueueError> {
+    let json = serde_json::to_string(map).map_err(|e| QueueError::Protocol(e.to_string()))?;
+    let () = conn.set(keys.map(), json).await?;
+    Ok(())
+}
+
+/// Wall-clock milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

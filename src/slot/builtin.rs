@@ -1,0 +1,231 @@
+//! Built-in handlers for demos and tests: each exercises one part of the machinery.
+
+use std::time::Duration;
+
+use super::handler::{Handler, HandlerError, Outcome, SlotContext, Task};
+use crate::config::{Handler as HandlerConfig, QueueConfig};
+
+/// Acknowledges every task: measures the queue and slot machinery alone.
+#[derive(Debug)]
+pub struct Noop;
+
+impl Handler for Noop {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Ok(Noop)
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        vec![Outcome::Done; batch.len()]
+    }
+}
+
+/// Sleeps `{"ms": N}` per task, one task after the other: slow work on demand.
+#[derive(Debug)]
+pub struct Sleep;
+
+impl Handler for Sleep {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Ok(Sleep)
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        batch
+            .iter()
+            .map(|task| match task.json() {
+                Ok(v) => match v.get("ms").and_then(serde_json::Value::as_u64) {
+                    Some(ms) => {
+                        std::thread::sleep(Duration::from_millis(ms));
+                        Outcome::Done
+                    }
+                    None if v.get("ms").is_none() => Outcome::Done,
+                    None => Outcome::Reject {
+                        reason: "sleep: `ms` must be a non-negative integer".into(),
+                    },
+                },
+                Err(e) => Outcome::Reject {
+                    reason: format!("sleep: {e}"),
+                },
+            })
+            .collect()
+    }
+}
+
+/// Fails `fail_rate` of its tasks (retried by the queue's policy): exercises retries and
+/// dead letters.
+#[derive(Debug)]
+pub struct Flaky {
+    fail_rate: f64,
+    rng: u64,
+}
+
+impl Handler for Flaky {
+    fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
+        let HandlerConfig::Flaky { fail_rate } = queue.handler else {
+            return Err(HandlerError::new("flaky: queue is not configured as flaky"));
+        };
+        Ok(Flaky { fail_rate, rng: 0 })
+    }
+
+    fn init(&mut self, ctx: &SlotContext) -> Result<(), HandlerError> {
+        // Seeded per process so the slots of a host do not fail the same tasks in step.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        self.rng = u64::from(std::process::id()) << 32 ^ u64::from(nanos) ^ u64::from(ctx.slot)
+            | 1;
+        Ok(())
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        batch
+            .iter()
+            .map(|_| {
+                // xorshift64: no dependency for a demo's coin flips.
+                self.rng ^= self.rng << 13;
+                self.rng ^= self.rng >> 7;
+                self.rng ^= self.rng << 17;
+                let draw = (self.rng >> 11) as f64 / (1u64 << 53) as f64;
+                if draw < self.fail_rate {
+                    Outcome::Fail {
+                        reason: "flaky: simulated failure".into(),
+                    }
+                } else {
+                    Outcome::Done
+                }
+            })
+            .collect()
+    }
+}
+
+/// Keeps `grow_per_task` bytes of private, dirty memory per task for the life of the
+/// slot, so its Private_Dirty climbs until the slot recycles itself.
+#[derive(Debug)]
+pub struct Memhog {
+    grow_per_task: usize,
+    kept: Vec<Vec<u8>>,
+}
+
+impl Handler for Memhog {
+    fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
+        let HandlerConfig::Memhog { grow_per_task } = queue.handler else {
+            return Err(HandlerError::new("memhog: queue is not configured as memhog"));
+        };
+        Ok(Memhog {
+            grow_per_task: usize::try_from(grow_per_task)
+                .map_err(|_| HandlerError::new("memhog: grow_per_task too large"))?,
+            kept: Vec::new(),
+        })
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        for task in batch {
+            // Written, not just allocated: untouched pages are not private dirty memory.
+            let fill = task.id.bytes().fold(1u8, |a, b| a.wrapping_add(b)) | 1;
+            self.kept.push(vec![fill; self.grow_per_task]);
+        }
+        vec![Outcome::Done; batch.len()]
+    }
+}
+
+/// Builds `preload` bytes in the zygote and reads all of them per task (a checksum), so
+/// every slot touches every shared page and the host's PSS shows the sharing.
+#[derive(Debug)]
+pub struct PreloadDemo {
+    data: Vec<u64>,
+}
+
+impl PreloadDemo {
+    /// The checksum every task computes over the preloaded data.
+    pub fn checksum(&self) -> u64 {
+        self.data
+            .iter()
+            .fold(0u64, |a, &w| a.rotate_left(5) ^ w)
+    }
+}
+
+impl Handler for PreloadDemo {
+    fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
+        let HandlerConfig::PreloadDemo { preload } = queue.handler else {
+            return Err(HandlerError::new(
+                "preload_demo: queue is not configured as preload_demo",
+            ));
+        };
+        let words = usize::try_from(preload / 8)
+            .map_err(|_| HandlerError::new("preload_demo: preload too large"))?;
+        let mut data = Vec::with_capacity(words);
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        data.extend((0..words).map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            x
+        }));
+        Ok(PreloadDemo { data })
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        batch
+            .iter()
+            .map(|_| {
+                std::hint::black_box(self.checksum());
+                Outcome::Done
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(payload: &str) -> Task {
+        Task {
+            id: "t".into(),
+            attempt: 1,
+            payload: payload.as_bytes().to_vec(),
+        }
+    }
+
+    fn ctx(handler: HandlerConfig) -> SlotContext {
+        SlotContext::detached(QueueConfig::new("q", handler), 0)
+    }
+
+    #[test]
+    fn sleep_rejects_bad_payloads_and_accepts_ms() {
+        let c = ctx(HandlerConfig::Sleep);
+        let out = Sleep.handle(&c, &[task(r#"{"ms":1}"#), task("nope"), task(r#"{"ms":-1}"#)]);
+        assert_eq!(out[0], Outcome::Done);
+        assert!(matches!(out[1], Outcome::Reject { .. }));
+        assert!(matches!(out[2], Outcome::Reject { .. }));
+    }
+
+    #[test]
+    fn flaky_fails_about_its_rate() {
+        let c = ctx(HandlerConfig::Flaky { fail_rate: 0.25 });
+        let mut h = Flaky::preload(&c.queue).unwrap();
+        h.init(&c).unwrap();
+        let batch: Vec<Task> = (0..4000).map(|_| task("{}")).collect();
+        let failed = h
+            .handle(&c, &batch)
+            .iter()
+            .filter(|o| matches!(o, Outcome::Fail { .. }))
+            .count();
+        assert!((800..1200).contains(&failed), "{failed} of 4000 failed");
+    }
+
+    #[test]
+    fn memhog_keeps_memory_per_task() {
+        let c = ctx(HandlerConfig::Memhog {
+            grow_per_task: 4096,
+        });
+        let mut h = Memhog::preload(&c.queue).unwrap();
+        h.handle(&c, &[task("{}"), task("{}")]);
+        assert_eq!(h.kept.iter().map(Vec::len).sum::<usize>(), 8192);
+    }
+
+    #[test]
+    fn preload_demo_builds_its_size() {
+        let c = ctx(HandlerConfig::PreloadDemo { preload: 1 << 16 });
+        let h = PreloadDemo::preload(&c.queue).unwrap();
+        assert_eq!(h.data.len() * 8, 1 << 16);
+        assert_ne!(h.checksum(), 0);
+    }
+}

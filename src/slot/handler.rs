@@ -1,0 +1,273 @@
+//! The handler API: what a team implements to run its own code in gaffer's slots.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Handler as HandlerConfig, QueueConfig};
+
+/// Largest JSON nesting [`Task::json`] accepts; deeper payloads are refused, not parsed.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// One leased task as a handler sees it: no lease token, nothing it could settle with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    /// The task id, unique within its queue.
+    pub id: String,
+    /// 1 on the first attempt; goes up each time the task is taken again.
+    pub attempt: u32,
+    /// The payload as enqueued: opaque bytes, JSON by convention.
+    pub payload: Vec<u8>,
+}
+
+impl Task {
+    /// The payload parsed as JSON, refusing nesting deeper than [`MAX_JSON_DEPTH`] before
+    /// the parser recurses into it.
+    pub fn json(&self) -> Result<serde_json::Value, PayloadError> {
+        check_json_depth(&self.payload, MAX_JSON_DEPTH)?;
+        serde_json::from_slice(&self.payload).map_err(|e| PayloadError::NotJson(e.to_string()))
+    }
+}
+
+/// Why a payload could not be decoded; a handler usually answers with [`Outcome::Reject`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PayloadError {
+    /// The payload is not valid JSON.
+    #[error("payload is not valid JSON: {0}")]
+    NotJson(String),
+    /// Brackets nest deeper than the limit.
+    #[error("payload nests deeper than the limit of {0} levels")]
+    TooDeep(usize),
+}
+
+/// Scans brackets outside strings; cheap, and keeps a hostile payload from recursing the
+/// parser.
+pub fn check_json_depth(bytes: &[u8], limit: usize) -> Result<(), PayloadError> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return Err(PayloadError::TooDeep(limit));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// What became of one task; a handler returns one per task, in batch order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Finished: the task is deleted.
+    Done,
+    /// A foreseen postponement: try again after `delay` (counts as an attempt).
+    Retry {
+        /// How long the task waits before it can be taken again.
+        delay: Duration,
+        /// Recorded as the task's last error.
+        reason: String,
+    },
+    /// Failed: tried again after the queue's retry policy delay, dead-lettered once
+    /// `max_attempts` is reached.
+    Fail {
+        /// Recorded as the task's last error.
+        reason: String,
+    },
+    /// Can never succeed (e.g. an undecodable payload): dead-lettered at once.
+    Reject {
+        /// Recorded as the task's last error.
+        reason: String,
+    },
+}
+
+/// An error from `preload` or `init`; the slot logs it and exits with a crash code.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct HandlerError(pub String);
+
+impl HandlerError {
+    /// An error with this message.
+    pub fn new(message: impl fmt::Display) -> Self {
+        Self(message.to_string())
+    }
+}
+
+/// What a handler knows about the slot it runs in.
+pub struct SlotContext {
+    /// The queue this slot serves.
+    pub queue: QueueConfig,
+    /// The slot's number on its host, unique among the master's running slots.
+    pub slot: u32,
+    pub(crate) progress: Option<Arc<dyn Fn() + Send + Sync>>,
+}
+
+impl SlotContext {
+    /// A context outside any master, for tests and tools that drive a handler directly.
+    pub fn detached(queue: QueueConfig, slot: u32) -> Self {
+        Self {
+            queue,
+            slot,
+            progress: None,
+        }
+    }
+
+    /// Tells the master the slot is alive and working. A batch that legitimately runs
+    /// longer than the queue's `max_batch_time` calls this now and then, or the master
+    /// kills the slot as hung.
+    pub fn progress(&self) {
+        if let Some(p) = &self.progress {
+            p();
+        }
+    }
+}
+
+impl fmt::Debug for SlotContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotContext")
+            .field("queue", &self.queue.name)
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+/// The code that handles a queue's tasks.
+///
+/// The life of a handler: [`Handler::preload`] builds it once in the host's zygote, before
+/// any fork, so whatever it loads there (code, models, lookup tables) is shared
+/// copy-on-write by every slot of the host; each slot then calls [`Handler::init`] once
+/// after the fork (open connections here, never in `preload`), and [`Handler::handle`] once
+/// per batch. `handle` runs on its own thread, so it may block; a panic in it fails only
+/// that batch.
+pub trait Handler: Send + 'static {
+    /// Builds the handler in the zygote for one queue. Must not start threads or open
+    /// connections: the zygote stays single-threaded so that it can fork.
+    fn preload(queue: &QueueConfig) -> Result<Self, HandlerError>
+    where
+        Self: Sized;
+
+    /// Runs once in each slot after the fork, before the first batch.
+    fn init(&mut self, _ctx: &SlotContext) -> Result<(), HandlerError> {
+        Ok(())
+    }
+
+    /// Handles one batch; returns one outcome per task, in the same order. A task
+    /// without an outcome (a short vector) is retried after the policy delay.
+    fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome>;
+}
+
+type Preload = fn(&QueueConfig) -> Result<Box<dyn Handler>, HandlerError>;
+
+fn preload_boxed<H: Handler>(queue: &QueueConfig) -> Result<Box<dyn Handler>, HandlerError> {
+    Ok(Box::new(H::preload(queue)?))
+}
+
+/// Handler implementations by the name `handler = "…"` uses. [`Registry::builtin`] has
+/// gaffer's own; a team's binary adds its handlers and passes the registry to
+/// [`crate::run_cli`].
+#[derive(Clone)]
+pub struct Registry {
+    handlers: BTreeMap<String, Preload>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.handlers.keys()).finish()
+    }
+}
+
+impl Registry {
+    /// The built-in handlers: `exec`, `noop`, `sleep`, `flaky`, `memhog`, `preload_demo`.
+    pub fn builtin() -> Self {
+        use super::builtin::{Flaky, Memhog, Noop, PreloadDemo, Sleep};
+        use super::exec::Exec;
+        let mut r = Self {
+            handlers: BTreeMap::new(),
+        };
+        r.handlers.insert("exec".into(), preload_boxed::<Exec>);
+        r.handlers.insert("noop".into(), preload_boxed::<Noop>);
+        r.handlers.insert("sleep".into(), preload_boxed::<Sleep>);
+        r.handlers.insert("flaky".into(), preload_boxed::<Flaky>);
+        r.handlers.insert("memhog".into(), preload_boxed::<Memhog>);
+        r.handlers
+            .insert("preload_demo".into(), preload_boxed::<PreloadDemo>);
+        r
+    }
+
+    /// Adds a handler under `name`, used as `handler = "name"` in the config with its
+    /// settings in the queue's `options` table.
+    ///
+    /// # Panics
+    /// If `name` is a built-in handler's name or already registered: a programming error
+    /// in the team's `main`.
+    pub fn register<H: Handler>(mut self, name: &str) -> Self {
+        assert!(
+            !HandlerConfig::NAMES.contains(&name) && !self.handlers.contains_key(name),
+            "handler `{name}` is already registered"
+        );
+        self.handlers.insert(name.to_owned(), preload_boxed::<H>);
+        self
+    }
+
+    /// Every name this registry can run, as the host advertises them.
+    pub fn names(&self) -> Vec<String> {
+        self.handlers.keys().cloned().collect()
+    }
+
+    /// The names beyond the built-in ones, for [`crate::config::parse_with`].
+    pub fn custom_names(&self) -> Vec<String> {
+        self.handlers
+            .keys()
+            .filter(|n| !HandlerConfig::NAMES.contains(&n.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// Whether this registry can run the queue's handler.
+    pub fn supports(&self, queue: &QueueConfig) -> bool {
+        self.handlers.contains_key(queue.handler.name())
+    }
+
+    /// Runs the queue handler's `preload`.
+    pub fn preload(&self, queue: &QueueConfig) -> Result<Box<dyn Handler>, HandlerError> {
+        let name = queue.handler.name();
+        let preload = self
+            .handlers
+            .get(name)
+            .ok_or_else(|| HandlerError::new(format!("no handler named `{name}` in this binary")))?;
+        preload(queue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_depth_is_checked_outside_strings() {
+        assert!(check_json_depth(br#"{"a":"[[[[[[[["}"#, 2).is_ok());
+        assert!(check_json_depth(br#"[[["#, 2).is_err());
+        assert!(check_json_depth(br#"{"a":"\"[[["}"#, 1).is_ok());
+        let deep = "[".repeat(100_000);
+        let task = Task {
+            id: "x".into(),
+            attempt: 1,
+            payload: deep.into_bytes(),
+        };
+        assert_eq!(task.json(), Err(PayloadError::TooDeep(MAX_JSON_DEPTH)));
+    }
+}
