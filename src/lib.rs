@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod http;
 pub mod master;
 pub mod queue_client;
 pub mod redis_server;

@@ -672,6 +672,13 @@ impl Queue {
         }
     }
 
+    /// Waits up to `timeout` for an enqueue to this queue (or a wake-up from another
+    /// taker's take); true when woken. For takers that run their own loop around
+    /// [`take`](Self::take) and must stay cancellable while idle.
+    pub async fn wait(&self, waiter: &mut Waiter, timeout: Duration) -> Result<bool, QueueError> {
+        waiter.wait(self.keys.wake(), timeout).await
+    }
+
     /// Settles leased tasks in one round trip. Each result says whether it was applied or
     /// rejected as stale.
     pub async fn settle(&self, ops: &[SettleOp]) -> Result<Vec<SettleResult>, QueueError> {

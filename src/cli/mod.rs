@@ -2,6 +2,10 @@
 //! calls these; they print results and return an exit code: 0 ok, 1 runtime failure,
 //! 2 bad usage or bad config (DESIGN.md "CLI contract").
 
+mod args;
+
+pub use args::run;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
@@ -12,6 +16,7 @@ use serde_json::json;
 
 use crate::bench::{self, BenchOptions};
 use crate::config::{self, Config, ConfigError};
+use crate::slot::Registry;
 use crate::queue_client::{ConnectOptions, NewTask, Queue, QueueClient, QueueError, QueueLimits};
 
 /// A command's failure, sorted by exit code.
@@ -53,6 +58,8 @@ pub struct Global {
     pub config: Option<PathBuf>,
     /// `--redis`: overrides `[cluster].redis`.
     pub redis: Option<String>,
+    /// The handlers this binary can run; the config may name these.
+    pub registry: Registry,
 }
 
 impl Global {
@@ -70,8 +77,23 @@ impl Global {
 
     /// Loads and validates the config; every error is printed, exit 2.
     pub fn load(&self) -> Result<Config, CliError> {
+        self.load_source().map(|(cfg, _)| cfg)
+    }
+
+    /// Loads the config and keeps its text, for roles that hand it on (to the zygote).
+    pub fn load_source(&self) -> Result<(Config, String), CliError> {
         let path = self.config_path();
-        config::load(&path).map_err(|e: ConfigError| CliError::Usage(e.to_string()))
+        let usage = |e: ConfigError| CliError::Usage(e.to_string());
+        let source = std::fs::read_to_string(&path).map_err(|source| {
+            usage(ConfigError::Io {
+                path: path.clone(),
+                source,
+            })
+        })?;
+        let origin = path.display().to_string();
+        let cfg = config::parse_with(&source, &origin, &self.registry.custom_names())
+            .map_err(usage)?;
+        Ok((cfg, source))
     }
 
     /// Connects to the Redis of the config (or `--redis`).
@@ -82,7 +104,9 @@ impl Global {
             .map_err(|e| CliError::Runtime(e.into()))
     }
 
-    fn redis_target(&self, cfg: &Config) -> Result<(String, ConnectOptions), CliError> {
+    /// The Redis URL and connect options: `--redis` over `[cluster].redis`, the password
+    /// from `redis_password_file` when set.
+    pub fn redis_target(&self, cfg: &Config) -> Result<(String, ConnectOptions), CliError> {
         let url = self.redis.clone().or_else(|| cfg.cluster.redis.clone()).ok_or_else(|| {
             CliError::Usage(format!(
                 "{}: [cluster].redis is not set and no --redis was given (only `gaffer up` starts a local redis)",
@@ -535,4 +559,18 @@ pub async fn bench(global: &Global, args: &BenchArgs) -> Result<(), CliError> {
         print!("{}", report.table());
     }
     Ok(())
+}
+
+/// `gaffer master`: runs this host's master until SIGTERM or Ctrl-C, then drains.
+pub async fn master(global: &Global, host: Option<String>) -> Result<(), CliError> {
+    let (cfg, source) = global.load_source()?;
+    let (url, connect) = global.redis_target(&cfg)?;
+    let host = host.unwrap_or_else(crate::master::sysinfo::host_name);
+    let mut opts = crate::master::MasterOptions::new(cfg, source, url, host, global.registry.clone())
+        .map_err(|e| CliError::Runtime(e.into()))?;
+    opts.connect = connect;
+    opts.config_path = Some(global.config_path());
+    crate::master::run(opts, tokio_util::sync::CancellationToken::new())
+        .await
+        .map_err(CliError::Runtime)
 }

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""An example gaffer `exec` handler, and a template for your own.
+
+gaffer starts this program once per slot and keeps it running for the slot's life:
+
+    [queues.example]
+    handler = "exec"
+    command = ["python3", "examples/exec_handler.py"]
+
+Protocol (DESIGN.md, Handlers): one JSON line in per batch, one JSON line out.
+
+    in:  {"batch": [{"id": "...", "payload": <JSON>, "attempt": 1}, ...]}
+    out: {"results": [{"id": "...", "status": "ok"},
+                      {"id": "...", "status": "retry", "delay_ms": 5000},
+                      {"id": "...", "status": "fail", "error": "why"}, ...]}
+
+A payload that is not JSON arrives as a JSON string. A task left out of the reply is
+retried by the queue's policy; an unreadable reply or an exit retries the whole batch and
+gaffer starts a new process. stdout belongs to the protocol: log to stderr, which gaffer
+copies to the slot's log line by line.
+
+The demo behaviour is driven by the payload so gaffer's tests can use it:
+    {"action": "ok"}                        -> ok (also: no action, or a non-object payload)
+    {"action": "retry", "delay_ms": N}      -> retry (no delay_ms: the queue's policy)
+    {"action": "fail", "error": "..."}      -> fail
+    {"action": "skip"}                      -> left out of the reply
+    {"action": "sleep", "ms": N}            -> sleeps, then ok
+    {"action": "garbage"}                   -> a non-JSON reply for the whole batch
+    {"action": "die"}                       -> exits with status 3 without replying
+
+If GAFFER_EXEC_RECORD names a file, "queue id attempt" is appended to it for every task
+received, before it runs, so a crash mid-task still leaves a trace of the attempt.
+"""
+
+import json
+import os
+import sys
+import time
+
+QUEUE = os.environ.get("GAFFER_QUEUE", "?")
+SLOT = os.environ.get("GAFFER_SLOT", "?")
+
+# Keep the real stdout for replies and send everything else printed to stderr, so a stray
+# print() in your code lands in the log instead of corrupting the protocol.
+REPLIES = sys.stdout
+sys.stdout = sys.stderr
+
+
+def log(message):
+    print(f"[{QUEUE}/{SLOT}] {message}", file=sys.stderr, flush=True)
+
+
+class GarbageReply(Exception):
+    """Test hook: answer the whole batch with a line that is not JSON."""
+
+
+def handle(task):
+    """Runs one task; returns its result dict, or None to leave it out of the reply.
+
+    Replace this with your own work. Anything expensive to set up (clients, models) belongs
+    at module level or in main(), once per process, not here once per task.
+    """
+    payload = task["payload"]
+    action = payload.get("action", "ok") if isinstance(payload, dict) else "ok"
+    if action == "ok":
+        return {"status": "ok"}
+    if action == "retry":
+        result = {"status": "retry"}
+        if "delay_ms" in payload:
+            result["delay_ms"] = payload["delay_ms"]
+        return result
+    if action == "fail":
+        return {"status": "fail", "error": payload.get("error", "failed")}
+    if action == "skip":
+        return None
+    if action == "sleep":
+        time.sleep(payload.get("ms", 0) / 1000)
+        return {"status": "ok"}
+    if action == "garbage":
+        raise GarbageReply()
+    if action == "die":
+        log(f"task {task['id']}: exiting without a reply, as asked")
+        sys.exit(3)
+    return {"status": "fail", "error": f"unknown action {action!r}"}
+
+
+def main():
+    record_path = os.environ.get("GAFFER_EXEC_RECORD")
+    record = open(record_path, "a", encoding="utf-8") if record_path else None
+    log(f"started, pid {os.getpid()}")
+
+    # Binary stdin: the request is UTF-8 whatever the locale says.
+    for line in sys.stdin.buffer:
+        request = json.loads(line)
+        results = []
+        try:
+            for task in request["batch"]:
+                if record:
+                    record.write(f"{QUEUE} {task['id']} {task['attempt']}\n")
+                    record.flush()
+                try:
+                    result = handle(task)
+                except GarbageReply:
+                    raise
+                except Exception as error:
+                    # A bug or bad input in one task fails that task, not the whole batch.
+                    log(f"task {task['id']} failed: {error!r}")
+                    result = {"status": "fail", "error": repr(error)}
+                if result is not None:
+                    results.append({"id": task["id"], **result})
+        except GarbageReply:
+            REPLIES.write("this is not JSON\n")
+            REPLIES.flush()
+            continue
+        # gaffer waits for this line: always flush it.
+        REPLIES.write(json.dumps({"results": results}) + "\n")
+        REPLIES.flush()
+    log("stdin closed, exiting")
+
+
+if __name__ == "__main__":
+    main()

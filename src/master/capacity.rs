@@ -1,0 +1,332 @@
+//! How many slots this host can hold, from memory, load and `max_slots`.
+//!
+//! Pure arithmetic on readings taken elsewhere ([`super::sysinfo`]), so every case can be
+//! tested as data and the master's tick stays the only place that touches `/proc`.
+//!
+//! The memory budget counts what the master, zygote and slots use now (Σ PSS) as part of
+//! what they may use, so the answer does not swing as slots start and stop: a slot moving
+//! from MemAvailable into PSS leaves the budget unchanged.
+
+use serde::Serialize;
+
+/// Readings and settings one capacity decision is made from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CapacityInput {
+    /// Σ PSS of the master, the zygote and every running slot, in bytes.
+    pub pss_total: u64,
+    /// Slots running now.
+    pub slots: u32,
+    /// `MemAvailable` from `/proc/meminfo`, in bytes.
+    pub mem_available: u64,
+    /// The cgroup's `memory.max`, when one is set.
+    pub cgroup_limit: Option<u64>,
+    /// The cgroup's `memory.current`.
+    pub cgroup_usage: Option<u64>,
+    /// Bytes left to the rest of the host.
+    pub reserve: u64,
+    /// Assumed size of one slot until one has run.
+    pub slot_estimate: u64,
+    /// One-minute load average.
+    pub load1: f64,
+    /// CPUs the load is shared by.
+    pub cpus: u32,
+    /// Load per CPU above which the host takes no more slots.
+    pub max_load_per_cpu: f64,
+    /// Upper bound of slots on this host, whatever memory says.
+    pub max_slots: Option<u32>,
+}
+
+/// The limit that decided a [`Capacity`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    /// The memory budget divided by the average slot.
+    Memory,
+    /// The CPU is overloaded: the host keeps the slots it runs and takes no more.
+    Load,
+    /// The configured `max_slots`.
+    MaxSlots,
+}
+
+/// How many slots the host can hold, with the numbers behind it for `/status` and reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Capacity {
+    /// Slots the host can hold now.
+    pub slots: u32,
+    /// Bytes one slot is counted as: Σ PSS / running slots, or the estimate; never 0.
+    pub avg_slot: u64,
+    /// Σ PSS + available − reserve, saturating at 0.
+    pub budget: u64,
+    /// `MemAvailable` bounded by the cgroup's headroom: min(mem_available, limit − usage).
+    pub available: u64,
+    /// Which limit decided `slots`.
+    pub bound: Bound,
+}
+
+/// Sizes the host: `floor((Σ PSS + available − reserve) / avg_slot)`, then the load and
+/// `max_slots` bounds.
+///
+/// An overloaded CPU holds the host at the slots it runs rather than shrinking it: the
+/// manager moves work to other hosts, and killing busy slots here would only add churn to
+/// a host that is already struggling. Memory still shrinks it, since running out of memory
+/// is worse than running slowly. A limit reports itself as the [`Bound`] only when it is
+/// strictly tighter than the ones before it.
+pub fn capacity(input: &CapacityInput) -> Capacity {
+    // Master and zygote PSS is spread over the slots, so a host running few slots counts
+    // each as larger: that overhead is real and has to fit too.
+    let avg_slot = match input.slots {
+        0 => input.slot_estimate,
+        n => input.pss_total / u64::from(n),
+    }
+    .max(1);
+
+    let available = match input.cgroup_limit {
+        // Usage unknown: the limit alone still bounds what can be had.
+        Some(limit) => {
+            let headroom = limit.saturating_sub(input.cgroup_usage.unwrap_or(0));
+            input.mem_available.min(headroom)
+        }
+        None => input.mem_available,
+    };
+
+    let budget = input
+        .pss_total
+        .saturating_add(available)
+        .saturating_sub(input.reserve);
+
+    let mut slots = u32::try_from(budget / avg_slot).unwrap_or(u32::MAX);
+    let mut bound = Bound::Memory;
+
+    // NaN load compares false and so imposes nothing: better than pinning the host on a
+    // reading that makes no sense.
+    let load_per_cpu = input.load1 / f64::from(input.cpus.max(1));
+    if load_per_cpu > input.max_load_per_cpu && input.slots < slots {
+        slots = input.slots;
+        bound = Bound::Load;
+    }
+
+    if let Some(max) = input.max_slots
+        && max < slots
+    {
+        slots = max;
+        bound = Bound::MaxSlots;
+    }
+
+    Capacity {
+        slots,
+        avg_slot,
+        budget,
+        available,
+        bound,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    /// A host with 16 GiB available, nothing running, 512 MiB reserve, 64 MiB estimate,
+    /// idle CPUs and no caps; each case changes what it is about.
+    fn base() -> CapacityInput {
+        CapacityInput {
+            pss_total: 0,
+            slots: 0,
+            mem_available: 16 * GIB,
+            cgroup_limit: None,
+            cgroup_usage: None,
+            reserve: 512 * MIB,
+            slot_estimate: 64 * MIB,
+            load1: 0.5,
+            cpus: 8,
+            max_load_per_cpu: 2.0,
+            max_slots: None,
+        }
+    }
+
+    /// Snapshots the input with its result, so each snapshot file reads on its own.
+    fn check(name: &str, input: CapacityInput) {
+        let output = capacity(&input);
+        insta::assert_debug_snapshot!(name, (input, output));
+    }
+
+    #[test]
+    fn no_slots_yet_uses_the_estimate() {
+        // Only master and zygote run: (100 MiB + 16 GiB − 512 MiB) / 64 MiB = 249.
+        check(
+            "no_slots_yet",
+            CapacityInput {
+                pss_total: 100 * MIB,
+                ..base()
+            },
+        );
+    }
+
+    #[test]
+    fn eight_slots_sharing_pages() {
+        // Shared pages make PSS small: 8 slots in 400 MiB count 50 MiB each.
+        check(
+            "eight_slots_sharing",
+            CapacityInput {
+                pss_total: 400 * MIB,
+                slots: 8,
+                mem_available: 4 * GIB,
+                ..base()
+            },
+        );
+    }
+
+    #[test]
+    fn reserve_bigger_than_memory_gives_zero() {
+        check(
+            "reserve_bigger_than_memory",
+            CapacityInput {
+                pss_total: 100 * MIB,
+                mem_available: 200 * MIB,
+                reserve: GIB,
+                ..base()
+            },
+        );
+    }
+
+    #[test]
+    fn cgroup_limit_tighter_than_mem_available() {
+        // 2 GiB limit with 1 GiB used leaves 1 GiB, though the host has 16.
+        check(
+            "cgroup_limit_tighter",
+            CapacityInput {
+                pss_total: 256 * MIB,
+                slots: 4,
+                cgroup_limit: Some(2 * GIB),
+                cgroup_usage: Some(GIB),
+                ..base()
+            },
+        );
+    }
+
+    #[test]
+    fn load_over_limit_holds_current_slots() {
+        check(
+            "load_over_limit_holds",
+            CapacityInput {
+                pss_total: 640 * MIB,
+                slots: 10,
+                load1: 24.0,
+                ..base()
+            },
+        );
+    }
+
+    #[test]
+    fn load_over_limit_still_shrinks_on_memory() {
+        // Memory fits 6 of the 10 running: load must not keep the other 4 alive.
+        check(
+            "load_over_limit_memory_shrinks",
+            CapacityInput {
+                pss_total: 640 * MIB,
+                slots: 10,
+                mem_available: 0,
+                reserve: 256 * MIB,
+                load1: 24.0,
+                ..base()
+            },
+        );
+    }
+
+    #[test]
+    fn max_slots_caps() {
+        check(
+            "max_slots_caps",
+            CapacityInput {
+                pss_total: 640 * MIB,
+                slots: 10,
+                max_slots: Some(12),
+                ..base()
+            },
+        );
+    }
+
+    #[test]
+    fn zero_estimate_never_divides_by_zero() {
+        let output = capacity(&CapacityInput {
+            slot_estimate: 0,
+            mem_available: 10,
+            reserve: 0,
+            ..base()
+        });
+        assert_eq!((output.avg_slot, output.slots), (1, 10));
+    }
+
+    #[test]
+    fn serializes_for_status() {
+        let output = capacity(&CapacityInput {
+            max_slots: Some(1),
+            ..base()
+        });
+        let json = serde_json::to_value(&output).unwrap();
+        assert_eq!(json["bound"], "max_slots");
+        assert_eq!(json["slots"], 1);
+    }
+
+    fn any_input() -> impl Strategy<Value = CapacityInput> {
+        (
+            (0..64 * GIB, 0u32..512, 0..256 * GIB),
+            (
+                proptest::option::of(0..256 * GIB),
+                proptest::option::of(0..256 * GIB),
+            ),
+            (0..8 * GIB, 0..4 * GIB),
+            (0.0..256.0f64, 0u32..256, 0.0..8.0f64),
+            proptest::option::of(0u32..1024),
+        )
+            .prop_map(
+                |(
+                    (pss_total, slots, mem_available),
+                    (cgroup_limit, cgroup_usage),
+                    (reserve, slot_estimate),
+                    (load1, cpus, max_load_per_cpu),
+                    max_slots,
+                )| CapacityInput {
+                    pss_total,
+                    slots,
+                    mem_available,
+                    cgroup_limit,
+                    cgroup_usage,
+                    reserve,
+                    slot_estimate,
+                    load1,
+                    cpus,
+                    max_load_per_cpu,
+                    max_slots,
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn never_exceeds_max_slots(input in any_input()) {
+            let output = capacity(&input);
+            if let Some(max) = input.max_slots {
+                prop_assert!(output.slots <= max);
+            }
+        }
+
+        #[test]
+        fn more_mem_available_never_lowers_capacity(input in any_input(), more in 0..64 * GIB) {
+            let richer = CapacityInput { mem_available: input.mem_available + more, ..input.clone() };
+            prop_assert!(capacity(&richer).slots >= capacity(&input).slots);
+        }
+
+        #[test]
+        fn within_budget(input in any_input()) {
+            let output = capacity(&input);
+            prop_assert!(output.avg_slot > 0);
+            prop_assert!(u64::from(output.slots) <= output.budget / output.avg_slot);
+            prop_assert!(output.available <= input.mem_available);
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! Readings from `/proc` and the cgroup v2 filesystem that size the host and watch slots.
+//!
+//! Each reading is a plain function so the master's tick decides how often to pay for it.
+//! The text formats are parsed here rather than through `procfs`, whose smaps parser yields
+//! a map of untyped fields: the handful of `Key: N kB` lines needed are simpler to read
+//! directly, and the pure parsers can be tested on fixtures.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Why a reading failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SysinfoError {
+    /// The file could not be read (the process may have exited).
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file read.
+        path: PathBuf,
+        /// What the kernel said.
+        source: io::Error,
+    },
+    /// The file was read but did not hold what was expected.
+    #[error("parsing {path}: {source}")]
+    Parse {
+        /// The file read.
+        path: PathBuf,
+        /// What was wrong with its text.
+        source: ParseError,
+    },
+    /// The CPU count was unavailable.
+    #[error("counting cpus: {0}")]
+    Cpus(io::Error),
+}
+
+/// What was wrong with a file's text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(String);
+
+/// Memory of one process from `/proc/PID/smaps_rollup`, in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rollup {
+    /// Proportional set size: private pages plus each shared page divided by its sharers.
+    pub pss: u64,
+    /// The anonymous part of `pss` (0 on kernels before 5.8, which lack the line).
+    pub pss_anon: u64,
+    /// Pages only this process maps and has written: what it costs beyond the zygote.
+    pub private_dirty: u64,
+    /// Pages only this process maps, unmodified.
+    pub private_clean: u64,
+    /// Pages shared with other processes, unmodified.
+    pub shared_clean: u64,
+    /// Pages shared with other processes and written.
+    pub shared_dirty: u64,
+    /// Resident set size, shared pages counted in full.
+    pub rss: u64,
+}
+
+/// Parses the text of `/proc/PID/smaps_rollup`.
+///
+/// `Rss`, `Pss` and `Private_Dirty` are required; the other fields are 0 when missing, since
+/// older kernels omit some and nothing decides on them.
+pub fn parse_smaps_rollup(text: &str) -> Result<Rollup, ParseError> {
+    let mut rollup = Rollup::default();
+    let (mut rss, mut pss, mut private_dirty) = (false, false, false);
+    for (key, bytes) in kb_lines(text) {
+        let bytes = bytes?;
+        match key {
+            "Rss" => (rollup.rss, rss) = (bytes, true),
+            "Pss" => (rollup.pss, pss) = (bytes, true),
+            "Pss_Anon" => rollup.pss_anon = bytes,
+            "Private_Dirty" => (rollup.private_dirty, private_dirty) = (bytes, true),
+            "Private_Clean" => rollup.private_clean = bytes,
+            "Shared_Clean" => rollup.shared_clean = bytes,
+            "Shared_Dirty" => rollup.shared_dirty = bytes,
+            _ => {}
+        }
+    }
+    for (found, key) in [(rss, "Rss"), (pss, "Pss"), (private_dirty, "Private_Dirty")] {
+        if !found {
+            return Err(ParseError(format!("no {key} line")));
+        }
+    }
+    Ok(rollup)
+}
+
+/// `(key, bytes)` for every `Key:   N kB` line; other lines (the rollup's address header)
+/// are skipped. A line with a `kB` unit and a bad number is an error, not skipped.
+fn kb_lines(text: &str) -> impl Iterator<Item = (&str, Result<u64, ParseError>)> {
+    text.lines().filter_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        let number = value.trim().strip_suffix("kB")?.trim();
+        let bytes = number
+            .parse::<u64>()
+            .map(|kb| kb.saturating_mul(1024))
+            .map_err(|e| ParseError(format!("{key}: {number:?}: {e}")));
+        Some((key.trim(), bytes))
+    })
+}
+
+/// Reads a whole file, naming it in the error.
+fn read(path: impl Into<PathBuf>) -> Result<String, SysinfoError> {
+    let path = path.into();
+    fs::read_to_string(&path).map_err(|source| SysinfoError::Read { path, source })
+}
+
+/// Reads and parses a file, naming it in either error.
+fn read_parsed<T>(
+    path: impl Into<PathBuf>,
+    parse: impl FnOnce(&str) -> Result<T, ParseError>,
+) -> Result<T, SysinfoError> {
+    let path = path.into();
+    let text = read(&path)?;
+    parse(&text).map_err(|source| SysinfoError::Parse { path, source })
+}
+
+/// The memory rollup of process `pid`.
+pub fn rollup(pid: u32) -> Result<Rollup, SysinfoError> {
+    read_parsed(format!("/proc/{pid}/smaps_rollup"), parse_smaps_rollup)
+}
+
+/// The PSS of process `pid`, in bytes.
+pub fn pss(pid: u32) -> Result<u64, SysinfoError> {
+    rollup(pid).map(|r| r.pss)
+}
+
+/// The Private_Dirty of process `pid`, in bytes.
+pub fn private_dirty(pid: u32) -> Result<u64, SysinfoError> {
+    rollup(pid).map(|r| r.private_dirty)
+}
+
+/// The Private_Dirty of the calling process, for a slot deciding whether to recycle itself.
+pub fn self_private_dirty() -> Result<u64, SysinfoError> {
+    read_parsed("/proc/self/smaps_rollup", parse_smaps_rollup).map(|r| r.private_dirty)
+}
+
+/// Parses `MemAvailable` out of `/proc/meminfo` text, in bytes.
+pub fn parse_meminfo_available(text: &str) -> Result<u64, ParseError> {
+    kb_lines(text)
+        .find(|(key, _)| *key == "MemAvailable")
+        .map(|(_, bytes)| bytes)
+        .unwrap_or_else(|| Err(ParseError("no MemAvailable line".into())))
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes: what can be allocated without swapping.
+pub fn mem_available() -> Result<u64, SysinfoError> {
+    read_parsed("/proc/meminfo", parse_meminfo_available)
+}
+
+/// Parses the one-minute load average out of `/proc/loadavg` text.
+pub fn parse_loadavg(text: &str) -> Result<f64, ParseError> {
+    let first = text.split_whitespace().next().unwrap_or_default();
+    first
+        .parse()
+        .map_err(|e| ParseError(format!("load average {first:?}: {e}")))
+}
+
+/// The one-minute load average from `/proc/loadavg`.
+pub fn load1() -> Result<f64, SysinfoError> {
+    read_parsed("/proc/loadavg", parse_loadavg)
+}
+
+/// CPUs this process may run on (affinity and cgroup CPU quota considered), which is what
+/// the slots it starts can use, rather than every CPU the machine has.
+pub fn cpus() -> Result<u32, SysinfoError> {
+    let n = std::thread::available_parallelism().map_err(SysinfoError::Cpus)?;
+    Ok(u32::try_from(n.get()).unwrap_or(u32::MAX))
+}
+
+/// The memory limit and usage of the calling process's cgroup v2, as `(memory.max,
+/// memory.current)` in bytes.
+///
+/// `None` when there is no limit: no cgroup v2, no memory controller, `memory.max` is
+/// `max` all the way up, or a file is missing. Limits set on an ancestor (a systemd slice)
+/// bind too, so every level from the process's cgroup up is read and the one with the least
+/// headroom is returned.
+pub fn cgroup_memory() -> Result<Option<(u64, u64)>, SysinfoError> {
+    let cgroup = read("/proc/self/cgroup")?;
+    cgroup_memory_at(&cgroup, Path::new("/sys/fs/cgroup"))
+}
+
+/// [`cgroup_memory`] with the `/proc/self/cgroup` text and the cgroup2 mount given, so it
+/// can be tested on a directory tree.
+fn cgroup_memory_at(
+    proc_self_cgroup: &str,
+    root: &Path,
+) -> Result<Option<(u64, u64)>, SysinfoError> {
+    let Some(path) = proc_self_cgroup
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+    else {
+        return Ok(None);
+    };
+    let mut tightest: Option<(u64, u64)> = None;
+    let mut dir = root.join(path.trim().trim_start_matches('/'));
+    loop {
+        if let Some((limit, usage)) = cgroup_level(&dir)? {
+            let headroom = limit.saturating_sub(usage);
+            if tightest.is_none_or(|(l, u)| headroom < l.saturating_sub(u)) {
+                tightest = Some((limit, usage));
+            }
+        }
+        if dir == root || !dir.pop() || !dir.starts_with(root) {
+            break;
+        }
+    }
+    Ok(tightest)
+}
+
+/// One cgroup directory's `(memory.max, memory.current)`; `None` when unlimited or missing.
+fn cgroup_level(dir: &Path) -> Result<Option<(u64, u64)>, SysinfoError> {
+    let Some(max) = read_optional(dir.join("memory.max"))? else {
+        return Ok(None);
+    };
+    let max = max.trim();
+    if max == "max" {
+        return Ok(None);
+    }
+    let Some(current) = read_optional(dir.join("memory.current"))? else {
+        return Ok(None);
+    };
+    let number = |path: PathBuf, text: &str| {
+        text.trim().parse::<u64>().map_err(|e| SysinfoError::Parse {
+            source: ParseError(format!("{:?}: {e}", text.trim())),
+            path,
+        })
+    };
+    Ok(Some((
+        number(dir.join("memory.max"), max)?,
+        number(dir.join("memory.current"), &current)?,
+    )))
+}
+
+/// A file's text, `None` when it does not exist.
+fn read_optional(path: PathBuf) -> Result<Option<String>, SysinfoError> {
+    match fs::read_to_string(&path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(SysinfoError::Read { path, source }),
+    }
+}
+
+/// Open file descriptors of process `pid`, counted from `/proc/PID/fd`. For the calling
+/// process the count includes the descriptor used to list the directory.
+pub fn open_fds(pid: u32) -> Result<usize, SysinfoError> {
+    let path = PathBuf::from(format!("/proc/{pid}/fd"));
+    let entries = fs::read_dir(&path).map_err(|source| SysinfoError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let mut n = 0;
+    for entry in entries {
+        entry.map_err(|source| SysinfoError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// This machine's host name, the name slots are placed by.
+///
+/// Falls back to `localhost` if the name is unreadable, which gethostname(2) only is with
+/// a buffer too small, and this one holds the longest name Linux allows.
+pub fn host_name() -> String {
+    // nix's gethostname needs its "hostname" feature, which this crate does not enable.
+    let mut buf = [0u8; 256];
+    // SAFETY: the pointer and length describe `buf`, which outlives the call.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::from("localhost");
+    }
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::master::capacity::{CapacityInput, capacity};
+
+    const MIB: u64 = 1 << 20;
+
+    const ROLLUP: &str = "\
+565384730000-7ffe08595000 ---p 00000000 00:00 0                          [rollup]
+Rss:                1676 kB
+Pss:                 537 kB
+Pss_Dirty:           112 kB
+Pss_Anon:            112 kB
+Pss_File:            425 kB
+Pss_Shmem:             0 kB
+Shared_Clean:       1476 kB
+Shared_Dirty:          4 kB
+Private_Clean:        88 kB
+Private_Dirty:       108 kB
+Referenced:         1676 kB
+Anonymous:           112 kB
+KSM:                   0 kB
+LazyFree:              0 kB
+AnonHugePages:         0 kB
+Swap:                  0 kB
+SwapPss:               0 kB
+Locked:                0 kB
+";
+
+    #[test]
+    fn parses_smaps_rollup_fixture() {
+        assert_eq!(
+            parse_smaps_rollup(ROLLUP),
+            Ok(Rollup {
+                pss: 537 * 1024,
+                pss_anon: 112 * 1024,
+                private_dirty: 108 * 1024,
+                private_clean: 88 * 1024,
+                shared_clean: 1476 * 1024,
+                shared_dirty: 4 * 1024,
+                rss: 1676 * 1024,
+            })
+        );
+    }
+
+    #[test]
+    fn smaps_rollup_without_pss_is_an_error() {
+        let text = ROLLUP.replace("Pss:", "Xss:");
+        assert_eq!(
+            parse_smaps_rollup(&text).unwrap_err().to_string(),
+            "no Pss line"
+        );
+        let text = ROLLUP.replace("1676 kB", "lots kB");
+        assert_eq!(
+            parse_smaps_rollup(&text).unwrap_err().to_string(),
+            "Rss: \"lots\": invalid digit found in string"
+        );
+    }
+
+    #[test]
+    fn parses_meminfo_and_loadavg() {
+        let meminfo =
+            "MemTotal:       32768000 kB\nMemFree:  100 kB\nMemAvailable:   24268612 kB\n";
+        assert_eq!(parse_meminfo_available(meminfo), Ok(24_268_612 * 1024));
+        assert!(parse_meminfo_available("MemTotal: 1 kB\n").is_err());
+        assert_eq!(parse_loadavg("1.05 1.22 0.91 1/82 18302\n"), Ok(1.05));
+        assert!(parse_loadavg("").is_err());
+    }
+
+    #[test]
+    fn error_names_the_file() {
+        let err = pss(u32::MAX).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("reading /proc/{}/smaps_rollup: ", u32::MAX)),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cgroup_takes_the_tightest_level_and_ignores_max() {
+        let root = tempfile::tempdir().unwrap();
+        let leaf = root.path().join("system.slice/gaffer.service");
+        fs::create_dir_all(&leaf).unwrap();
+        let write = |dir: &Path, max: &str, current: &str| {
+            fs::write(dir.join("memory.max"), max).unwrap();
+            fs::write(dir.join("memory.current"), current).unwrap();
+        };
+        let cgroup = "0::/system.slice/gaffer.service\n";
+
+        assert_eq!(cgroup_memory_at(cgroup, root.path()).unwrap(), None);
+
+        write(&leaf, "max\n", "1000\n");
+        assert_eq!(cgroup_memory_at(cgroup, root.path()).unwrap(), None);
+
+        write(&root.path().join("system.slice"), "5000\n", "4500\n");
+        write(&leaf, "3000\n", "1000\n");
+        assert_eq!(
+            cgroup_memory_at(cgroup, root.path()).unwrap(),
+            Some((5000, 4500))
+        );
+
+        write(&leaf, "3000\n", "2900\n");
+        assert_eq!(
+            cgroup_memory_at(cgroup, root.path()).unwrap(),
+            Some((3000, 2900))
+        );
+
+        // cgroup v1 only: no "0::" line.
+        assert_eq!(
+            cgroup_memory_at("4:memory:/x\n", root.path()).unwrap(),
+            None
+        );
+
+        write(&leaf, "lots\n", "1\n");
+        let err = cgroup_memory_at(cgroup, root.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("parsing ")
+                && err.ends_with("memory.max: \"lots\": invalid digit found in string"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn live_pss_is_positive_and_within_rss() {
+        let r = rollup(std::process::id()).unwrap();
+        assert!(r.pss > 0, "{r:?}");
+        assert!(r.pss <= r.rss, "{r:?}");
+    }
+
+    #[test]
+    fn live_private_dirty_grows_after_writing_64_mib() {
+        let before = self_private_dirty().unwrap();
+        // Non-zero fill so every page is written, not just mapped.
+        let buffer = std::hint::black_box(vec![1u8; 64 * MIB as usize]);
+        let after = private_dirty(std::process::id()).unwrap();
+        // Other tests run in this process and may free memory meanwhile: allow 16 MiB.
+        assert!(after >= before + 48 * MIB, "before {before}, after {after}");
+        drop(buffer);
+    }
+
+    #[test]
+    fn live_readings_are_sane() {
+        assert!(mem_available().unwrap() > 0);
+        assert!(load1().unwrap() >= 0.0);
+        assert!(cpus().unwrap() >= 1);
+        if let Some((limit, _usage)) = cgroup_memory().unwrap() {
+            assert!(limit > 0);
+        }
+        assert!(open_fds(std::process::id()).unwrap() >= 3);
+        assert!(!host_name().is_empty());
+    }
+
+    #[test]
+    fn live_capacity_of_this_process() {
+        let pss = pss(std::process::id()).unwrap();
+        let cgroup = cgroup_memory().unwrap();
+        let input = CapacityInput {
+            pss_total: pss,
+            slots: 1,
+            mem_available: mem_available().unwrap(),
+            cgroup_limit: cgroup.map(|(limit, _)| limit),
+            cgroup_usage: cgroup.map(|(_, usage)| usage),
+            reserve: 512 * MIB,
+            slot_estimate: 64 * MIB,
+            load1: load1().unwrap(),
+            cpus: cpus().unwrap(),
+            max_load_per_cpu: f64::INFINITY,
+            max_slots: None,
+        };
+        let output = capacity(&input);
+        assert!(output.slots >= 1, "{input:?} → {output:?}");
+        assert_eq!(output.budget, pss + output.available - 512 * MIB);
+    }
+}

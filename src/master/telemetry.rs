@@ -1,0 +1,87 @@
+//! The master's typed events: each logs and counts in one place, so the log and
+//! `/metrics` never disagree. Labels are bounded: queue names and fixed reasons, never a
+//! task id or a pid.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge};
+
+use crate::cluster::HostReport;
+
+/// Why a slot ended, as counted in `gaffer_slot_exits_total{reason}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// Asked to stop and did (exit 0).
+    Stopped,
+    /// Recycled on memory (exit 75); restarted at once.
+    Recycled,
+    /// Any other exit; restarted with back-off when it repeats.
+    Crashed,
+    /// Killed by the watchdog.
+    Hung,
+}
+
+impl Exit {
+    fn label(self) -> &'static str {
+        match self {
+            Exit::Stopped => "stopped",
+            Exit::Recycled => "recycled",
+            Exit::Crashed => "crashed",
+            Exit::Hung => "hung",
+        }
+    }
+}
+
+pub(crate) fn slot_started(queue: &str, slot: u32, pid: u32) {
+    tracing::debug!(queue, slot, pid, "slot started");
+    counter!("gaffer_slot_starts_total", "queue" => queue.to_owned()).increment(1);
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn slot_exited(
+    queue: &str,
+    slot: u32,
+    pid: u32,
+    code: Option<i32>,
+    signal: Option<i32>,
+    exit: Exit,
+    lived: Duration,
+    reason: Option<&str>,
+) {
+    let reason = reason.unwrap_or("");
+    match exit {
+        Exit::Stopped | Exit::Recycled => tracing::info!(queue, slot, pid, ?code, ?signal,
+            exit = exit.label(), lived = ?lived, reason, "slot exited"),
+        Exit::Crashed | Exit::Hung => tracing::warn!(queue, slot, pid, ?code, ?signal,
+            exit = exit.label(), lived = ?lived, reason, "slot exited"),
+    }
+    counter!("gaffer_slot_exits_total", "queue" => queue.to_owned(), "reason" => exit.label())
+        .increment(1);
+}
+
+pub(crate) fn batch_done(queue: &str, tasks: u32, failed: u32, busy_ms: u64, stale: u32) {
+    let q = queue.to_owned();
+    counter!("gaffer_tasks_processed_total", "queue" => q.clone()).increment(u64::from(tasks));
+    counter!("gaffer_tasks_failed_total", "queue" => q.clone()).increment(u64::from(failed));
+    counter!("gaffer_batches_total", "queue" => q.clone()).increment(1);
+    counter!("gaffer_settle_stale_total", "queue" => q).increment(u64::from(stale));
+    metrics::histogram!("gaffer_batch_seconds", "queue" => queue.to_owned())
+        .record(busy_ms as f64 / 1000.0);
+}
+
+pub(crate) fn host_gauges(r: &HostReport) {
+    gauge!("gaffer_master_capacity_slots").set(f64::from(r.capacity));
+    gauge!("gaffer_master_slots").set(f64::from(r.slots));
+    gauge!("gaffer_master_pss_bytes").set(r.pss_bytes as f64);
+    gauge!("gaffer_master_mem_available_bytes").set(r.mem_available_bytes as f64);
+    gauge!("gaffer_master_memory_budget_bytes").set(r.memory_budget_bytes as f64);
+    gauge!("gaffer_master_load1").set(r.load1);
+    gauge!("gaffer_master_draining").set(if r.draining { 1.0 } else { 0.0 });
+    for (q, qr) in &r.queues {
+        gauge!("gaffer_queue_slots", "queue" => q.clone()).set(f64::from(qr.slots));
+        gauge!("gaffer_queue_slots_wanted", "queue" => q.clone()).set(f64::from(qr.wanted));
+        // A float total kept by the master; a gauge because counters take integers.
+        gauge!("gaffer_handler_busy_seconds_total", "queue" => q.clone())
+            .set(qr.busy_seconds_total);
+    }
+}

@@ -1,0 +1,415 @@
+//! The zygote: the only process of gaffer that forks.
+//!
+//! The master starts it by re-executing its own binary (`gaffer __zygote`), so no async
+//! runtime or thread ever exists in it. It preloads the handlers of the host's queues
+//! once, then forks slots on the master's request; each slot inherits the preloaded data
+//! copy-on-write. It reaps its children and reports every exit.
+//!
+//! It speaks JSON lines: requests on stdin ([`ZygoteInit`] first, then [`ZygoteRequest`]s),
+//! events on stdout ([`ZygoteEvent`]). End of stdin means "retire": spawn nothing more,
+//! exit once the last child is gone. It dies with the master (PDEATHSIG), and its slots
+//! die with it.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixDatagram;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Pid, fork, getpid};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{self, Config};
+use crate::queue_client::ConnectOptions;
+use crate::slot::{self, Handler, Registry, SlotSpec};
+
+/// The environment variable carrying the slot report socket's descriptor number.
+pub const REPORT_FD_ENV: &str = "GAFFER_ZYGOTE_REPORT_FD";
+
+/// The first line the master writes: everything the zygote needs to preload and to
+/// start slots.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ZygoteInit {
+    /// The config text, parsed again here so the zygote needs no file of its own.
+    pub config: String,
+    /// Where the config came from, for messages.
+    pub origin: String,
+    /// Queues whose handlers to preload; slots can be started for these only.
+    pub queues: Vec<String>,
+    /// The Redis URL slots connect to.
+    pub redis_url: String,
+    /// The Redis password, when it comes from a file.
+    pub password: Option<String>,
+}
+
+/// A request from the master.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ZygoteRequest {
+    /// Fork a slot for `queue` numbered `slot`.
+    Spawn {
+        /// Queue the slot serves; one of the preloaded ones.
+        queue: String,
+        /// The master's number for it.
+        slot: u32,
+    },
+}
+
+/// What the zygote tells the master.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum ZygoteEvent {
+    /// Preloading finished; slots may be requested.
+    Ready {
+        /// The zygote's pid.
+        pid: u32,
+        /// Queues whose handler preloaded.
+        preloaded: Vec<String>,
+        /// Queues whose preload failed, with the error; their slots cannot start.
+        failed: BTreeMap<String, String>,
+    },
+    /// A slot was forked.
+    Spawned {
+        /// The master's number for it.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+    },
+    /// A slot could not be forked.
+    SpawnFailed {
+        /// The master's number for it.
+        slot: u32,
+        /// Why.
+        error: String,
+    },
+    /// A slot exited and was reaped.
+    Exited {
+        /// The master's number for it.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+        /// Exit code, when it exited.
+        code: Option<i32>,
+        /// Signal number, when a signal killed it.
+        signal: Option<i32>,
+    },
+}
+
+/// Entry point of `gaffer __zygote`; never returns. Must be called before anything starts
+/// a thread.
+pub fn main(registry: &Registry) -> ! {
+    let code = match run(registry) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %e, "zygote failed");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+fn run(registry: &Registry) -> anyhow::Result<()> {
+    // Dies with the master even if the master was SIGKILLed. The master set this too
+    // before exec, but re-executing would not clear it only if we were not set-uid;
+    // setting it again and re-checking the parent closes the race with an early death.
+    let master = nix::unistd::getppid();
+    set_pdeathsig()?;
+    if nix::unistd::getppid() != master {
+        anyhow::bail!("master exited before the zygote started");
+    }
+    let report_fd: Option<i32> = std::env::var(REPORT_FD_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
+
+    let mut input = Input::default();
+    let stdin = std::io::stdin();
+    let init_line = loop {
+        if let Some(line) = input.next_line() {
+            break line;
+        }
+        if !input.fill(stdin.as_fd())? {
+            anyhow::bail!("stdin closed before the init line");
+        }
+    };
+    let init: ZygoteInit = serde_json::from_slice(&init_line)?;
+    let cfg = config::parse_with(&init.config, &init.origin, &registry.custom_names())?;
+
+    let mut preloaded: BTreeMap<String, Box<dyn Handler>> = BTreeMap::new();
+    let mut failed = BTreeMap::new();
+    for name in &init.queues {
+        let Some(q) = cfg.queues.get(name) else {
+            failed.insert(name.clone(), "not in the config".to_string());
+            continue;
+        };
+        let started = std::time::Instant::now();
+        match registry.preload(q) {
+            Ok(h) => {
+                tracing::info!(queue = %name, handler = q.handler.name(),
+                    ms = started.elapsed().as_millis() as u64, "preloaded");
+                preloaded.insert(name.clone(), h);
+            }
+            Err(e) => {
+                tracing::error!(queue = %name, error = %e, "preload failed");
+                failed.insert(name.clone(), e.to_string());
+            }
+        }
+    }
+    emit(&ZygoteEvent::Ready {
+        pid: std::process::id(),
+        preloaded: preloaded.keys().cloned().collect(),
+        failed,
+    })?;
+
+    // SIGCHLD through a descriptor, so one poll waits for requests and exits alike.
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&chld), None)?;
+    let sigfd = SignalFd::with_flags(&chld, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)?;
+
+    let ctx = ForkCtx {
+        cfg: &cfg,
+        init: &init,
+        report_fd,
+        sigfd: sigfd.as_fd().as_raw_fd(),
+    };
+    let mut children: BTreeMap<i32, u32> = BTreeMap::new();
+    let mut retiring = false;
+    loop {
+        while let Some(line) = input.next_line() {
+            match serde_json::from_slice::<ZygoteRequest>(&line) {
+                Ok(ZygoteRequest::Spawn { queue, slot }) => {
+                    let ev = spawn(&ctx, &mut preloaded, &queue, slot);
+                    if let ZygoteEvent::Spawned { pid, .. } = ev {
+                        children.insert(pid as i32, slot);
+                    }
+                    emit(&ev)?;
+                }
+                Err(e) => tracing::error!(error = %e, "zygote: unreadable request"),
+            }
+        }
+        reap(&mut children)?;
+        if retiring && children.is_empty() {
+            return Ok(());
+        }
+        let mut fds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
+        if !retiring {
+            fds.push(PollFd::new(stdin.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+        let stdin_ready = fds
+            .get(1)
+            .and_then(PollFd::revents)
+            .is_some_and(|r| !r.is_empty());
+        // Drain the signal queue; reap() above collects every exited child anyway.
+        while let Ok(Some(_)) = sigfd.read_signal() {}
+        if stdin_ready && !input.fill(stdin.as_fd())? {
+            retiring = true;
+        }
+    }
+}
+
+struct ForkCtx<'a> {
+    cfg: &'a Config,
+    init: &'a ZygoteInit,
+    report_fd: Option<i32>,
+    sigfd: i32,
+}
+
+fn spawn(
+    ctx: &ForkCtx,
+    preloaded: &mut BTreeMap<String, Box<dyn Handler>>,
+    queue: &str,
+    slot: u32,
+) -> ZygoteEvent {
+    let failed = |error: String| ZygoteEvent::SpawnFailed { slot, error };
+    let (Some(q), true) = (ctx.cfg.queues.get(queue), preloaded.contains_key(queue)) else {
+        return failed(format!("queue `{queue}` is not preloaded in this zygote"));
+    };
+    match thread_count() {
+        Ok(1) => {}
+        Ok(n) => return failed(format!("zygote has {n} threads, refusing to fork")),
+        Err(e) => return failed(format!("reading /proc/self/task: {e}")),
+    }
+    let zygote = getpid();
+    // SAFETY: the zygote is single-threaded (checked just above), so the child gets a
+    // consistent copy of the whole process, allocator locks included.
+    match unsafe { fork() } {
+        Err(e) => failed(format!("fork: {e}")),
+        Ok(ForkResult::Parent { child }) => ZygoteEvent::Spawned {
+            slot,
+            pid: child.as_raw() as u32,
+        },
+        Ok(ForkResult::Child) => {
+            let code = child_main(ctx, preloaded, q.clone(), slot, zygote);
+            std::process::exit(code)
+        }
+    }
+}
+
+/// Runs in the forked child: becomes a slot.
+fn child_main(
+    ctx: &ForkCtx,
+    preloaded: &mut BTreeMap<String, Box<dyn Handler>>,
+    queue: config::QueueConfig,
+    slot: u32,
+    zygote: Pid,
+) -> i32 {
+    if let Err(e) = set_pdeathsig() {
+        eprintln!("slot {slot}: prctl(PR_SET_PDEATHSIG): {e}");
+        return slot::EXIT_FATAL;
+    }
+    // The zygote may have died between fork and prctl; then nobody would kill us.
+    if nix::unistd::getppid() != zygote {
+        return slot::EXIT_FATAL;
+    }
+    let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
+    // SAFETY: closing our copy of the zygote's signalfd; nothing else uses it here.
+    drop(unsafe { OwnedFd::from_raw_fd(ctx.sigfd) });
+    // stdin and stdout are the zygote's pipes to the master: a slot must never read the
+    // master's requests or write into its event stream.
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        let _ = nix::unistd::dup2_stdin(null.as_fd());
+    }
+    // SAFETY: fd 2 stays open for the process's life.
+    let stderr = unsafe { BorrowedFd::borrow_raw(2) };
+    let _ = nix::unistd::dup2_stdout(stderr);
+    if let Some(user) = &queue.user
+        && let Err(e) = switch_user(user)
+    {
+        eprintln!("slot {slot}: switching to user {user}: {e}");
+        return slot::EXIT_FATAL;
+    }
+    let Some(handler) = preloaded.remove(&queue.name) else {
+        return slot::EXIT_FATAL;
+    };
+    // The other queues' handlers stay untouched: freeing them would only dirty pages.
+    std::mem::forget(std::mem::take(preloaded));
+    // SAFETY: the descriptor was handed to the zygote for exactly this use and is not
+    // owned by anything else in this process.
+    let report = ctx
+        .report_fd
+        .map(|fd| unsafe { UnixDatagram::from_raw_fd(fd) });
+    let connect = ConnectOptions {
+        password: ctx.init.password.clone(),
+        ..ConnectOptions::default()
+    };
+    slot::slot_main(
+        SlotSpec {
+            queue,
+            slot,
+            redis_url: ctx.init.redis_url.clone(),
+            namespace: ctx.cfg.cluster.namespace.clone(),
+            connect,
+            report,
+        },
+        handler,
+    )
+}
+
+fn switch_user(name: &str) -> anyhow::Result<()> {
+    use nix::unistd::{User, setgid, setgroups, setuid};
+    let user = User::from_name(name)?.ok_or_else(|| anyhow::anyhow!("no such user"))?;
+    setgroups(&[user.gid])?;
+    setgid(user.gid)?;
+    setuid(user.uid)?;
+    Ok(())
+}
+
+fn reap(children: &mut BTreeMap<i32, u32>) -> anyhow::Result<()> {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) => exited(children, pid, Some(code), None)?,
+            Ok(WaitStatus::Signaled(pid, sig, _)) => {
+                exited(children, pid, None, Some(sig as i32))?;
+            }
+            Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => return Ok(()),
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+fn exited(
+    children: &mut BTreeMap<i32, u32>,
+    pid: Pid,
+    code: Option<i32>,
+    signal: Option<i32>,
+) -> anyhow::Result<()> {
+    if let Some(slot) = children.remove(&pid.as_raw()) {
+        emit(&ZygoteEvent::Exited {
+            slot,
+            pid: pid.as_raw() as u32,
+            code,
+            signal,
+        })?;
+    }
+    Ok(())
+}
+
+fn emit(ev: &ZygoteEvent) -> anyhow::Result<()> {
+    let mut line = serde_json::to_vec(ev)?;
+    line.push(b'\n');
+    let mut out = std::io::stdout().lock();
+    out.write_all(&line)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Asks the kernel to SIGKILL this process when its parent (thread) exits.
+pub(crate) fn set_pdeathsig() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Threads of this process, from `/proc/self/task`.
+pub fn thread_count() -> std::io::Result<usize> {
+    Ok(std::fs::read_dir("/proc/self/task")?.count())
+}
+
+/// Bytes read from stdin not yet split into lines. Raw reads (no `BufReader`) so that
+/// poll() on the descriptor tells the truth about what is left to read.
+#[derive(Default)]
+struct Input {
+    buf: Vec<u8>,
+}
+
+impl Input {
+    fn next_line(&mut self) -> Option<Vec<u8>> {
+        let end = self.buf.iter().position(|&b| b == b'\n')?;
+        let mut line: Vec<u8> = self.buf.drain(..=end).collect();
+        line.pop();
+        Some(line)
+    }
+
+    /// Reads what is there; false at end of input.
+    fn fill(&mut self, fd: BorrowedFd) -> std::io::Result<bool> {
+        let mut chunk = [0u8; 64 * 1024];
+        let mut file = std::mem::ManuallyDrop::new(
+            // SAFETY: borrowed for one read; ManuallyDrop keeps stdin open.
+            unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) },
+        );
+        loop {
+            match file.read(&mut chunk) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

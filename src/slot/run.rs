@@ -1,0 +1,509 @@
+//! The slot process after the fork: its own runtime, its own Redis connection, and the
+//! loop take → handle → settle.
+
+use std::os::unix::net::UnixDatagram;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::oneshot;
+
+use super::handler::{Handler, Outcome, SlotContext, Task};
+use crate::config::QueueConfig;
+use crate::queue_client::{
+    ConnectOptions, LeasedTask, Queue, QueueClient, QueueLimits, Settle, SettleOp, SettleResult,
+};
+
+/// Exit code of a slot that was asked to stop (SIGTERM) and did.
+pub const EXIT_STOPPED: i32 = 0;
+/// Exit code of a slot that recycled itself because its Private_Dirty passed the limit;
+/// the master restarts it at once (EX_TEMPFAIL).
+pub const EXIT_RECYCLE: i32 = 75;
+/// Exit code of a slot that could not start or hit an unrecoverable error (EX_SOFTWARE).
+pub const EXIT_FATAL: i32 = 70;
+
+/// Longest pause between attempts to reach Redis.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Longest an idle slot waits for a wake-up before taking again anyway.
+const IDLE_WAIT: Duration = Duration::from_secs(30);
+
+/// What a slot needs to run, handed over by the zygote in the forked child.
+#[derive(Debug)]
+pub struct SlotSpec {
+    /// The queue it serves.
+    pub queue: QueueConfig,
+    /// The master's number for it.
+    pub slot: u32,
+    /// Redis to connect to (after the fork: never a connection inherited from the parent).
+    pub redis_url: String,
+    /// Key namespace.
+    pub namespace: String,
+    /// Password and timeouts.
+    pub connect: ConnectOptions,
+    /// Where to send [`SlotEvent`]s for the master; none outside a master.
+    pub report: Option<UnixDatagram>,
+}
+
+/// What a slot tells its master, one datagram each (JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum SlotEvent {
+    /// Connected and initialised; about to take its first batch.
+    Ready {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+    },
+    /// A batch was taken and handed to the handler.
+    BatchStarted {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+        /// Tasks in the batch.
+        tasks: u32,
+    },
+    /// The handler says it is still working (a long batch).
+    Progress {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+    },
+    /// A batch was handled and settled.
+    BatchDone {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+        /// Tasks in the batch.
+        tasks: u32,
+        /// Tasks whose outcome was not done.
+        failed: u32,
+        /// Time inside the handler, in ms.
+        busy_ms: u64,
+        /// Settles refused because the lease had moved on.
+        stale: u32,
+    },
+    /// About to exit, and why.
+    Exiting {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+        /// The exit code it is about to return.
+        code: i32,
+        /// Why, for the master's log.
+        reason: String,
+    },
+}
+
+impl SlotEvent {
+    /// The pid of the slot that sent it.
+    pub fn pid(&self) -> u32 {
+        match self {
+            SlotEvent::Ready { pid, .. }
+            | SlotEvent::BatchStarted { pid, .. }
+            | SlotEvent::Progress { pid, .. }
+            | SlotEvent::BatchDone { pid, .. }
+            | SlotEvent::Exiting { pid, .. } => *pid,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Reporter {
+    sock: Option<Arc<UnixDatagram>>,
+}
+
+impl Reporter {
+    fn send(&self, ev: &SlotEvent) {
+        if let (Some(sock), Ok(bytes)) = (&self.sock, serde_json::to_vec(ev)) {
+            // Best effort: a master that is gone or busy must never block a slot.
+            let _ = sock.send(&bytes);
+        }
+    }
+}
+
+/// Runs a slot to its end and returns its exit code. Called in a freshly forked child
+/// (or a test process): builds its own runtime; nothing async may exist before.
+pub fn slot_main(spec: SlotSpec, handler: Box<dyn Handler>) -> i32 {
+    if let Some(sock) = &spec.report {
+        let _ = sock.set_nonblocking(true);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("slot {}: building the runtime: {e}", spec.slot);
+            return EXIT_FATAL;
+        }
+    };
+    let reporter = Reporter {
+        sock: spec.report.map(Arc::new),
+    };
+    let slot = spec.slot;
+    let pid = std::process::id();
+    let queue_name = spec.queue.name.clone();
+    let (code, reason) = runtime.block_on(run(
+        spec.queue,
+        slot,
+        spec.redis_url,
+        spec.namespace,
+        spec.connect,
+        reporter.clone(),
+        handler,
+    ));
+    tracing::info!(queue = %queue_name, slot, pid, code, reason = %reason, "slot exiting");
+    reporter.send(&SlotEvent::Exiting {
+        slot,
+        pid,
+        code,
+        reason,
+    });
+    // The handler thread may be stuck in foreign code; exit without joining it.
+    runtime.shutdown_background();
+    code
+}
+
+type HandleResult = Result<Vec<Outcome>, String>;
+
+/// The handler lives on its own thread so a blocking `handle` never stops lease
+/// extension, and a panic is caught there without taking the slot down.
+struct Worker {
+    tx: std_mpsc::Sender<(Vec<Task>, oneshot::Sender<HandleResult>)>,
+}
+
+impl Worker {
+    fn start(
+        mut handler: Box<dyn Handler>,
+        ctx: SlotContext,
+    ) -> Result<Worker, String> {
+        let (tx, rx) = std_mpsc::channel::<(Vec<Task>, oneshot::Sender<HandleResult>)>();
+        let (init_tx, init_rx) = std_mpsc::channel();
+        std::thread::Builder::new()
+            .name("handler".into())
+            .spawn(move || {
+                // init runs on this thread too: whatever it starts (an exec child with
+                // PDEATHSIG) is tied to a thread that lives as long as the slot.
+                let init = std::panic::catch_unwind(AssertUnwindSafe(|| handler.init(&ctx)));
+                let ok = matches!(init, Ok(Ok(())));
+                let _ = init_tx.send(match init {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(format!("handler init failed: {e}")),
+                    Err(p) => Err(format!("handler init panicked: {}", panic_text(&p))),
+                });
+                if !ok {
+                    return;
+                }
+                while let Ok((batch, reply)) = rx.recv() {
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        handler.handle(&ctx, &batch)
+                    }))
+                    .map_err(|p| panic_text(&p));
+                    let _ = reply.send(r);
+                }
+            })
+            .map_err(|e| format!("starting the handler thread: {e}"))?;
+        init_rx
+            .recv()
+            .map_err(|_| "handler thread ended during init".to_string())??;
+        Ok(Worker { tx })
+    }
+
+    fn handle(&self, batch: Vec<Task>) -> oneshot::Receiver<HandleResult> {
+        let (reply, rx) = oneshot::channel();
+        let _ = self.tx.send((batch, reply));
+        rx
+    }
+}
+
+fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".into())
+}
+
+async fn run(
+    queue_cfg: QueueConfig,
+    slot: u32,
+    redis_url: String,
+    namespace: String,
+    connect: ConnectOptions,
+    reporter: Reporter,
+    handler: Box<dyn Handler>,
+) -> (i32, String) {
+    let pid = std::process::id();
+    let mut sigterm = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => return (EXIT_FATAL, format!("installing the SIGTERM handler: {e}")),
+    };
+    let mut stopping = false;
+
+    // Connecting may take a while when Redis is down; SIGTERM still stops us promptly.
+    let mut backoff = Backoff::default();
+    let client = loop {
+        tokio::select! {
+            r = QueueClient::connect(&redis_url, &namespace, &connect) => match r {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "slot cannot reach redis, retrying");
+                }
+            },
+            _ = sigterm.recv() => return (EXIT_STOPPED, "stopped before connecting".into()),
+        }
+        tokio::select! {
+            () = backoff.pause() => {}
+            _ = sigterm.recv() => return (EXIT_STOPPED, "stopped before connecting".into()),
+        }
+    };
+    let queue = match client.queue_with(
+        &queue_cfg.name,
+        QueueLimits {
+            max_payload: queue_cfg.max_payload,
+            max_attempts: queue_cfg.max_attempts,
+        },
+    ) {
+        Ok(q) => q,
+        Err(e) => return (EXIT_FATAL, format!("queue: {e}")),
+    };
+    let mut waiter = client.waiter();
+
+    let progress_reporter = reporter.clone();
+    let ctx = SlotContext {
+        queue: queue_cfg.clone(),
+        slot,
+        progress: Some(Arc::new(move || {
+            progress_reporter.send(&SlotEvent::Progress { slot, pid });
+        })),
+    };
+    let worker = match Worker::start(handler, ctx) {
+        Ok(w) => w,
+        Err(e) => return (EXIT_FATAL, e),
+    };
+    reporter.send(&SlotEvent::Ready { slot, pid });
+
+    let batch_size = queue_cfg.batch_size as usize;
+    let mut backoff = Backoff::default();
+    loop {
+        if stopping {
+            return (EXIT_STOPPED, "asked to stop".into());
+        }
+        // take is not cancelled by SIGTERM: a cancelled take could have leased tasks
+        // that nobody would handle until their lease ran out.
+        let batch = match queue.take(batch_size, queue_cfg.lease).await {
+            Ok(b) => {
+                backoff.reset();
+                b
+            }
+            Err(e) if e.is_transient() => {
+                tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "take failed, backing off");
+                tokio::select! {
+                    () = backoff.pause() => {}
+                    _ = sigterm.recv() => stopping = true,
+                }
+                continue;
+            }
+            Err(e) => return (EXIT_FATAL, format!("take: {e}")),
+        };
+        if batch.tasks.is_empty() {
+            let wait = batch.next_hint.map_or(IDLE_WAIT, |h| {
+                (h + Duration::from_millis(1)).min(IDLE_WAIT)
+            });
+            tokio::select! {
+                r = queue.wait(&mut waiter, wait) => if let Err(e) = r {
+                    tracing::debug!(queue = %queue_cfg.name, slot, error = %e, "wake-up wait failed");
+                    tokio::select! {
+                        () = backoff.pause() => {}
+                        _ = sigterm.recv() => stopping = true,
+                    }
+                },
+                _ = sigterm.recv() => stopping = true,
+            }
+            continue;
+        }
+
+        let n = batch.tasks.len() as u32;
+        reporter.send(&SlotEvent::BatchStarted { slot, pid, tasks: n });
+        let started = Instant::now();
+        let tasks: Vec<Task> = batch
+            .tasks
+            .iter()
+            .map(|t| Task {
+                id: t.id.clone(),
+                attempt: t.attempt,
+                payload: t.payload.clone(),
+            })
+            .collect();
+        let mut reply = worker.handle(tasks);
+        let mut extend_every = tokio::time::interval_at(
+            tokio::time::Instant::now() + queue_cfg.lease / 3,
+            (queue_cfg.lease / 3).max(Duration::from_millis(10)),
+        );
+        extend_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut lease_until = started + queue_cfg.lease;
+        let result = loop {
+            tokio::select! {
+                r = &mut reply => break r.unwrap_or_else(|_| Err("handler thread ended".into())),
+                _ = extend_every.tick() => {
+                    if extend(&queue, &batch.tasks, queue_cfg.lease).await {
+                        lease_until = Instant::now() + queue_cfg.lease;
+                    }
+                }
+                // The batch is finished and settled first; then the loop sees `stopping`.
+                _ = sigterm.recv(), if !stopping => stopping = true,
+            }
+        };
+        let busy = started.elapsed();
+        let outcomes = match result {
+            Ok(o) => o,
+            Err(panic) => {
+                tracing::error!(queue = %queue_cfg.name, slot, panic = %panic, "handler panicked; failing the batch");
+                vec![
+                    Outcome::Fail {
+                        reason: format!("handler panicked: {panic}"),
+                    };
+                    batch.tasks.len()
+                ]
+            }
+        };
+        let ops = settle_ops(&queue_cfg, &batch.tasks, outcomes);
+        let failed = ops
+            .iter()
+            .filter(|op| !matches!(op.action, Settle::Ack))
+            .count() as u32;
+        let stale = settle(&queue, &ops, lease_until, &mut sigterm, &mut stopping).await;
+        reporter.send(&SlotEvent::BatchDone {
+            slot,
+            pid,
+            tasks: n,
+            failed,
+            busy_ms: busy.as_millis() as u64,
+            stale,
+        });
+        if let Some(limit) = queue_cfg.private_dirty_limit {
+            match super::memory::self_private_dirty() {
+                Ok(dirty) if dirty > limit => {
+                    return (
+                        EXIT_RECYCLE,
+                        format!(
+                            "private dirty memory {} over the limit of {}",
+                            bytesize::ByteSize(dirty),
+                            bytesize::ByteSize(limit)
+                        ),
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "cannot read own memory"),
+            }
+        }
+    }
+}
+
+/// Outcomes to settle operations; a handler that returned too few outcomes gets the
+/// missing ones failed (retried by policy).
+fn settle_ops(cfg: &QueueConfig, tasks: &[LeasedTask], outcomes: Vec<Outcome>) -> Vec<SettleOp> {
+    let got = outcomes.len();
+    let mut outcomes = outcomes.into_iter();
+    tasks
+        .iter()
+        .map(|t| {
+            let action = match outcomes.next() {
+                Some(Outcome::Done) => Settle::Ack,
+                Some(Outcome::Retry { delay, reason }) => Settle::Retry {
+                    delay,
+                    priority: None,
+                    reason,
+                },
+                Some(Outcome::Fail { reason }) => Settle::Retry {
+                    delay: cfg.retry.delay(t.attempt),
+                    priority: None,
+                    reason,
+                },
+                Some(Outcome::Reject { reason }) => Settle::Fail { reason },
+                None => Settle::Retry {
+                    delay: cfg.retry.delay(t.attempt),
+                    priority: None,
+                    reason: format!(
+                        "handler returned {got} outcomes for a batch of {}",
+                        tasks.len()
+                    ),
+                },
+            };
+            SettleOp::new(t, action)
+        })
+        .collect()
+}
+
+async fn extend(queue: &Queue, tasks: &[LeasedTask], lease: Duration) -> bool {
+    let ops: Vec<SettleOp> = tasks
+        .iter()
+        .map(|t| SettleOp::new(t, Settle::Extend { lease }))
+        .collect();
+    match queue.settle(&ops).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(queue = queue.name(), error = %e, "extending leases failed");
+            false
+        }
+    }
+}
+
+/// Settles the batch, retrying while Redis is unreachable and the leases still hold
+/// (after that the tasks come back by themselves). Returns the count of stale settles.
+async fn settle(
+    queue: &Queue,
+    ops: &[SettleOp],
+    lease_until: Instant,
+    sigterm: &mut tokio::signal::unix::Signal,
+    stopping: &mut bool,
+) -> u32 {
+    let mut backoff = Backoff::default();
+    loop {
+        match queue.settle(ops).await {
+            Ok(results) => {
+                return results
+                    .iter()
+                    .filter(|r| matches!(r, SettleResult::Stale))
+                    .count() as u32;
+            }
+            Err(e) if e.is_transient() && Instant::now() < lease_until => {
+                tracing::warn!(queue = queue.name(), error = %e, "settle failed, retrying");
+                tokio::select! {
+                    () = backoff.pause() => {}
+                    _ = sigterm.recv(), if !*stopping => *stopping = true,
+                }
+            }
+            Err(e) => {
+                tracing::error!(queue = queue.name(), error = %e,
+                    "settle failed; the tasks come back when their leases expire");
+                return 0;
+            }
+        }
+    }
+}
+
+/// Exponential back-off for Redis outages: 50 ms doubling to [`MAX_BACKOFF`].
+#[derive(Default)]
+struct Backoff {
+    next: Option<Duration>,
+}
+
+impl Backoff {
+    async fn pause(&mut self) {
+        let d = self.next.unwrap_or(Duration::from_millis(50));
+        self.next = Some((d * 2).min(MAX_BACKOFF));
+        tokio::time::sleep(d).await;
+    }
+
+    fn reset(&mut self) {
+        self.next = None;
+    }
+}
