@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
 use crate::cli::{self, BenchArgs, CliError, Global, PushArgs, PushSource, TasksCmd};
 use crate::slot::Registry;
+use clap::{Args, Parser, Subcommand};
 
 /// gaffer supervises clusters of queue workers on Redis.
 ///
@@ -160,6 +160,7 @@ pub fn run(registry: Registry) -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let global = Global {
         config: cli.config,
@@ -170,8 +171,9 @@ pub fn run(registry: Registry) -> ExitCode {
         // Before any runtime exists: the zygote must stay single-threaded to fork.
         Command::Zygote => crate::master::zygote::main(&global.registry),
         Command::Config(ConfigCmd::Check) => cli::config_check(&global),
-        Command::Master(m) => current_thread_runtime()
-            .and_then(|rt| rt.block_on(cli::master(&global, m.host))),
+        Command::Master(m) => {
+            current_thread_runtime().and_then(|rt| rt.block_on(cli::master(&global, m.host)))
+        }
         other => runtime().and_then(|rt| rt.block_on(run_async(&global, other))),
     };
     match result {

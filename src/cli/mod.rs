@@ -16,8 +16,8 @@ use serde_json::json;
 
 use crate::bench::{self, BenchOptions};
 use crate::config::{self, Config, ConfigError};
-use crate::slot::Registry;
 use crate::queue_client::{ConnectOptions, NewTask, Queue, QueueClient, QueueError, QueueLimits};
+use crate::slot::Registry;
 
 /// A command's failure, sorted by exit code.
 #[derive(Debug, thiserror::Error)]
@@ -91,8 +91,8 @@ impl Global {
             })
         })?;
         let origin = path.display().to_string();
-        let cfg = config::parse_with(&source, &origin, &self.registry.custom_names())
-            .map_err(usage)?;
+        let cfg =
+            config::parse_with(&source, &origin, &self.registry.custom_names()).map_err(usage)?;
         Ok((cfg, source))
     }
 
@@ -304,6 +304,20 @@ pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
         let q = queue_handle(&client, &cfg, name)?;
         queues.insert(name.clone(), q.stats().await?);
     }
+    let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
+    let mut conn = client.connection();
+    let hosts = crate::cluster::read_hosts(&mut conn, &keys).await?;
+    let map = crate::cluster::read_map(&mut conn, &keys).await?;
+    let now = crate::cluster::now_ms();
+    let timeout_ms = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
+    let alive = |h: &crate::cluster::HostReport| now.saturating_sub(h.ts_ms) <= timeout_ms;
+    // Slots running now, as the live hosts report them.
+    let mut slots: BTreeMap<&str, u32> = BTreeMap::new();
+    for h in hosts.values().filter(|h| alive(h)) {
+        for (q, r) in &h.queues {
+            *slots.entry(q.as_str()).or_default() += r.slots;
+        }
+    }
     if json_out {
         let qs: serde_json::Map<String, serde_json::Value> = queues
             .iter()
@@ -312,8 +326,8 @@ pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
                     name.clone(),
                     json!({
                         "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
-                        // Slots and load come from the manager and masters (later roles).
-                        "slots": 0,
+                        "slots": slots.get(name.as_str()).copied().unwrap_or(0),
+                        // Load is the manager's figure (its own issue).
                         "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
                         "retried_total": s.retried_total, "dead_total": s.dead_total,
                         "stale_total": s.stale_total, "expired_total": s.expired_total,
@@ -324,8 +338,18 @@ pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
             .collect();
         let out = json!({
             "queues": qs,
-            "hosts": {},
-            "manager": {"epoch": null, "map_version": null},
+            "hosts": hosts.iter().map(|(name, h)| (name.clone(), json!({
+                "alive": alive(h), "draining": h.draining, "capacity": h.capacity,
+                "slots": h.slots, "pss_bytes": h.pss_bytes,
+                "mem_available_bytes": h.mem_available_bytes,
+                "memory_budget_bytes": h.memory_budget_bytes, "load1": h.load1,
+                "handlers": h.handlers, "map_version": h.map_version,
+                "last_seen_ms": h.ts_ms,
+            }))).collect::<serde_json::Map<_, _>>(),
+            "manager": {
+                "epoch": map.as_ref().map(|m| m.epoch),
+                "map_version": map.as_ref().map(|m| m.version),
+            },
         });
         println!("{out}");
         return Ok(());
@@ -347,6 +371,29 @@ pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
             s.retried_total,
             s.stale_total
         );
+    }
+    if !hosts.is_empty() {
+        println!(
+            "\n{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6}",
+            "host", "state", "slots", "capacity", "pss", "available", "load"
+        );
+        for (name, h) in &hosts {
+            let state = match (alive(h), h.draining) {
+                (false, _) => "dead",
+                (true, true) => "draining",
+                (true, false) => "alive",
+            };
+            println!(
+                "{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6.2}",
+                name,
+                state,
+                h.slots,
+                h.capacity,
+                bytesize::ByteSize(h.pss_bytes).to_string(),
+                bytesize::ByteSize(h.mem_available_bytes).to_string(),
+                h.load1
+            );
+        }
     }
     Ok(())
 }
@@ -566,8 +613,9 @@ pub async fn master(global: &Global, host: Option<String>) -> Result<(), CliErro
     let (cfg, source) = global.load_source()?;
     let (url, connect) = global.redis_target(&cfg)?;
     let host = host.unwrap_or_else(crate::master::sysinfo::host_name);
-    let mut opts = crate::master::MasterOptions::new(cfg, source, url, host, global.registry.clone())
-        .map_err(|e| CliError::Runtime(e.into()))?;
+    let mut opts =
+        crate::master::MasterOptions::new(cfg, source, url, host, global.registry.clone())
+            .map_err(|e| CliError::Runtime(e.into()))?;
     opts.connect = connect;
     opts.config_path = Some(global.config_path());
     crate::master::run(opts, tokio_util::sync::CancellationToken::new())

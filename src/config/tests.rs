@@ -263,3 +263,34 @@ proptest::proptest! {
         proptest::prop_assert_eq!(p.to_string().parse::<WorkPeriod>(), Ok(p));
     }
 }
+
+#[test]
+fn custom_handlers_are_named_by_the_binary_and_take_options() {
+    let src = "[queues.geo]\nhandler = \"geocode\"\noptions = { endpoint = \"http://x\", n = 3 }\n";
+    // The stock binary does not know the name, and says which ones it knows.
+    let errs = errors(src);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("unknown handler `geocode`"), "{errs:?}");
+
+    let c = parse_with(src, "t.toml", &["geocode".to_string()]).unwrap();
+    match &c.queues["geo"].handler {
+        Handler::Custom { name, options } => {
+            assert_eq!(name, "geocode");
+            assert_eq!(options["endpoint"], "http://x");
+            assert_eq!(options["n"], 3);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.queues["geo"].handler.name(), "geocode");
+}
+
+#[test]
+fn options_belong_to_custom_handlers_only() {
+    let errs = errors("[queues.a]\nhandler = \"noop\"\noptions = { x = 1 }\n");
+    assert_eq!(
+        errs,
+        [
+            "t.toml:3:1: queues.a.options: `options` is only valid with a handler built into your own binary"
+        ]
+    );
+}

@@ -33,11 +33,7 @@ const TOP_KEYS: [&str; 6] = [
 const MAX_BATCH_SIZE: i64 = 10_000;
 const MAX_PAYLOAD_LIMIT: u64 = 512 << 20;
 
-pub(crate) fn parse(
-    source: &str,
-    origin: &str,
-    custom: &[String],
-) -> Result<Config, Diagnostics> {
+pub(crate) fn parse(source: &str, origin: &str, custom: &[String]) -> Result<Config, Diagnostics> {
     let mut c = Collector::new(source, origin);
     let root = match DeTable::parse(source) {
         Ok(root) => root,

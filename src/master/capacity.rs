@@ -168,7 +168,8 @@ mod tests {
 
     #[test]
     fn eight_slots_sharing_pages() {
-        // Shared pages make PSS small: 8 slots in 400 MiB count 50 MiB each.
+        // Shared pages make PSS small: 8 slots in 400 MiB count 50 MiB each;
+        // (400 MiB + 4 GiB − 512 MiB) / 50 MiB = 79.
         check(
             "eight_slots_sharing",
             CapacityInput {
@@ -182,6 +183,7 @@ mod tests {
 
     #[test]
     fn reserve_bigger_than_memory_gives_zero() {
+        // 100 MiB + 200 MiB − 1 GiB saturates to a budget of 0.
         check(
             "reserve_bigger_than_memory",
             CapacityInput {
@@ -195,7 +197,8 @@ mod tests {
 
     #[test]
     fn cgroup_limit_tighter_than_mem_available() {
-        // 2 GiB limit with 1 GiB used leaves 1 GiB, though the host has 16.
+        // 2 GiB limit with 1 GiB used leaves 1 GiB, though the host has 16:
+        // (256 MiB + 1 GiB − 512 MiB) / 64 MiB = 12.
         check(
             "cgroup_limit_tighter",
             CapacityInput {
@@ -210,6 +213,7 @@ mod tests {
 
     #[test]
     fn load_over_limit_holds_current_slots() {
+        // Load 3 per CPU over 2: memory would allow 258, the host stays at its 10.
         check(
             "load_over_limit_holds",
             CapacityInput {
@@ -239,6 +243,7 @@ mod tests {
 
     #[test]
     fn max_slots_caps() {
+        // Memory would allow 258.
         check(
             "max_slots_caps",
             CapacityInput {

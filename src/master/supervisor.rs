@@ -31,6 +31,8 @@ use crate::slot::{EXIT_RECYCLE, EXIT_STOPPED, SlotEvent};
 const MAX_CRASH_BACKOFF: Duration = Duration::from_secs(60);
 /// Longest pause before restarting a zygote that died.
 const MAX_ZYGOTE_BACKOFF: Duration = Duration::from_secs(30);
+/// How stale `/status` may get behind slot and zygote events.
+const STATUS_REFRESH: Duration = Duration::from_millis(20);
 
 /// Everything the loop reacts to.
 enum Event {
@@ -46,6 +48,8 @@ enum Event {
     Shutdown,
     /// SIGHUP: re-read the config file.
     Reload,
+    /// Slot or zygote events changed the state since `/status` was last rebuilt.
+    RefreshStatus,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -146,9 +150,18 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
         .await
         .with_context(|| format!("binding [master].http {}", opts.config.master.http))?;
     let metrics = crate::http::install_metrics();
-    let client = QueueClient::connect(&opts.redis_url, &opts.config.cluster.namespace, &opts.connect)
-        .await
-        .with_context(|| format!("connecting to {}", crate::queue_client::redacted(&opts.redis_url)))?;
+    let client = QueueClient::connect(
+        &opts.redis_url,
+        &opts.config.cluster.namespace,
+        &opts.connect,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "connecting to {}",
+            crate::queue_client::redacted(&opts.redis_url)
+        )
+    })?;
 
     let (report_sock, report_peer) = StdDatagram::pair().context("creating the slot socket")?;
     report_sock.set_nonblocking(true)?;
@@ -202,6 +215,9 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
     let mut notified_ready = false;
     let mut buf = vec![0u8; 64 * 1024];
     let mut shutdowns = 0u32;
+    // /status follows events within this delay instead of waiting for the next tick,
+    // without rebuilding the document for every datagram of a busy host.
+    let mut refresh_at: Option<tokio::time::Instant> = None;
 
     loop {
         let event = tokio::select! {
@@ -218,9 +234,23 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
             _ = sigint.recv() => Event::Shutdown,
             () = shutdown.cancelled(), if !m.draining => Event::Shutdown,
             _ = sighup.recv() => Event::Reload,
+            () = sleep_until(refresh_at), if refresh_at.is_some() => Event::RefreshStatus,
         };
+        if matches!(
+            event,
+            Event::Slot(_) | Event::Zygote(..) | Event::ZygoteGone(_)
+        ) && refresh_at.is_none()
+        {
+            refresh_at = Some(tokio::time::Instant::now() + STATUS_REFRESH);
+        }
         match event {
+            Event::RefreshStatus => {
+                refresh_at = None;
+                let report = m.host_report();
+                m.publish_status(&report);
+            }
             Event::Tick => {
+                refresh_at = None;
                 m.tick().await;
                 if !notified_ready && m.zygotes.get(&m.generation).is_some_and(|z| z.ready) {
                     notified_ready = true;
@@ -310,7 +340,10 @@ impl Master {
         };
         let mut line = serde_json::to_vec(&init)?;
         line.push(b'\n');
-        stdin.write_all(&line).await.context("writing to the zygote")?;
+        stdin
+            .write_all(&line)
+            .await
+            .context("writing to the zygote")?;
         let tx = self.events.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
@@ -347,7 +380,12 @@ impl Master {
                 failed,
             } => {
                 for (queue, error) in &failed {
-                    tracing::error!(generation, queue, error, "preload failed; no slots for this queue");
+                    tracing::error!(
+                        generation,
+                        queue,
+                        error,
+                        "preload failed; no slots for this queue"
+                    );
                 }
                 if let Some(z) = self.zygotes.get_mut(&generation) {
                     z.ready = true;
@@ -542,12 +580,24 @@ impl Master {
     async fn read_map(&mut self) {
         match cluster::read_map(&mut self.conn, &self.keys).await {
             Ok(Some(map)) if map.epoch < self.max_epoch => {
-                tracing::warn!(epoch = map.epoch, highest = self.max_epoch, "ignoring a slot map from a stale manager");
+                tracing::warn!(
+                    epoch = map.epoch,
+                    highest = self.max_epoch,
+                    "ignoring a slot map from a stale manager"
+                );
             }
             Ok(Some(map)) => {
-                if self.map.as_ref().is_none_or(|m| m.version != map.version || m.epoch != map.epoch) {
-                    tracing::info!(epoch = map.epoch, version = map.version,
-                        slots = map.for_host(&self.opts.host).values().sum::<u32>(), "new slot map");
+                if self
+                    .map
+                    .as_ref()
+                    .is_none_or(|m| m.version != map.version || m.epoch != map.epoch)
+                {
+                    tracing::info!(
+                        epoch = map.epoch,
+                        version = map.version,
+                        slots = map.for_host(&self.opts.host).values().sum::<u32>(),
+                        "new slot map"
+                    );
                 }
                 self.max_epoch = map.epoch;
                 self.map = Some(map);
@@ -607,7 +657,9 @@ impl Master {
                 .get(&s.queue)
                 .map_or(Duration::from_secs(600), |q| q.max_batch_time);
             match s.state {
-                SlotState::Busy | SlotState::Starting if !s.hung && now - s.last_progress > limit => {
+                SlotState::Busy | SlotState::Starting
+                    if !s.hung && now - s.last_progress > limit =>
+                {
                     s.hung = true;
                     let q = self.queues.entry(s.queue.clone()).or_default();
                     q.report.hung_total += 1;
@@ -637,7 +689,14 @@ impl Master {
         };
         map.for_host(&self.opts.host)
             .into_iter()
-            .filter(|(q, n)| *n > 0 && self.cfg.queues.get(q).is_some_and(|c| self.opts.registry.supports(c)))
+            .filter(|(q, n)| {
+                *n > 0
+                    && self
+                        .cfg
+                        .queues
+                        .get(q)
+                        .is_some_and(|c| self.opts.registry.supports(c))
+            })
             .collect()
     }
 
@@ -659,7 +718,11 @@ impl Master {
         for (queue, slots) in &mut running {
             let want = wanted.get(queue).copied().unwrap_or(0) as usize;
             if new_ready {
-                stop.extend(slots.iter().filter(|n| self.slots[n].generation != self.generation));
+                stop.extend(
+                    slots
+                        .iter()
+                        .filter(|n| self.slots[n].generation != self.generation),
+                );
                 slots.retain(|n| self.slots[n].generation == self.generation);
             }
             slots.sort_by_key(|n| {
@@ -692,9 +755,15 @@ impl Master {
             return;
         }
         let capacity = self.capacity.as_ref().map_or(u32::MAX, |c| c.slots) as usize;
-        let mut total = self.slots.values().filter(|s| s.state != SlotState::Stopping).count();
+        let mut total = self
+            .slots
+            .values()
+            .filter(|s| s.state != SlotState::Stopping)
+            .count();
         let mut order: Vec<(&String, &u32)> = wanted.iter().collect();
-        order.sort_by_key(|(q, _)| std::cmp::Reverse(self.cfg.queues.get(*q).map_or(0, |c| c.priority)));
+        order.sort_by_key(|(q, _)| {
+            std::cmp::Reverse(self.cfg.queues.get(*q).map_or(0, |c| c.priority))
+        });
         let mut requests = Vec::new();
         for (queue, &want) in order {
             if !zygote.preloaded.contains(queue) {
@@ -720,9 +789,14 @@ impl Master {
                 queue: queue.clone(),
                 slot,
             };
-            let Ok(mut line) = serde_json::to_vec(&req) else { continue };
+            let Ok(mut line) = serde_json::to_vec(&req) else {
+                continue;
+            };
             line.push(b'\n');
-            let Some(stdin) = self.zygotes.get_mut(&self.generation).and_then(|z| z.stdin.as_mut())
+            let Some(stdin) = self
+                .zygotes
+                .get_mut(&self.generation)
+                .and_then(|z| z.stdin.as_mut())
             else {
                 return;
             };
@@ -782,9 +856,17 @@ impl Master {
     async fn report(&mut self) {
         let report = self.host_report();
         telemetry::host_gauges(&report);
+        self.publish_status(&report);
+        if let Err(e) = cluster::publish_host(&mut self.conn, &self.keys, &report).await {
+            tracing::warn!(error = %e, "publishing the host report failed");
+        }
+        self.last_report = report;
+    }
+
+    fn publish_status(&self, report: &HostReport) {
         let now = Instant::now();
         let status = Status {
-            host: &report,
+            host: report,
             capacity: &self.capacity,
             zygote_pids: self.zygotes.values().map(|z| z.pid).collect(),
             slots: self
@@ -804,10 +886,6 @@ impl Master {
         if let (Ok(v), Ok(mut slot)) = (serde_json::to_value(&status), self.status.lock()) {
             *slot = v;
         }
-        if let Err(e) = cluster::publish_host(&mut self.conn, &self.keys, &report).await {
-            tracing::warn!(error = %e, "publishing the host report failed");
-        }
-        self.last_report = report;
     }
 
     async fn reload(&mut self) {
@@ -888,9 +966,17 @@ impl Master {
                 }
             }
         }
-        if let Err(e) = cluster::deregister_host(&mut self.conn, &self.keys, &self.opts.host).await {
+        if let Err(e) = cluster::deregister_host(&mut self.conn, &self.keys, &self.opts.host).await
+        {
             tracing::warn!(error = %e, "deregistering the host failed");
         }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -71,8 +71,7 @@ impl Handler for Flaky {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos());
-        self.rng = u64::from(std::process::id()) << 32 ^ u64::from(nanos) ^ u64::from(ctx.slot)
-            | 1;
+        self.rng = u64::from(std::process::id()) << 32 ^ u64::from(nanos) ^ u64::from(ctx.slot) | 1;
         Ok(())
     }
 
@@ -108,7 +107,9 @@ pub struct Memhog {
 impl Handler for Memhog {
     fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
         let HandlerConfig::Memhog { grow_per_task } = queue.handler else {
-            return Err(HandlerError::new("memhog: queue is not configured as memhog"));
+            return Err(HandlerError::new(
+                "memhog: queue is not configured as memhog",
+            ));
         };
         Ok(Memhog {
             grow_per_task: usize::try_from(grow_per_task)
@@ -137,9 +138,7 @@ pub struct PreloadDemo {
 impl PreloadDemo {
     /// The checksum every task computes over the preloaded data.
     pub fn checksum(&self) -> u64 {
-        self.data
-            .iter()
-            .fold(0u64, |a, &w| a.rotate_left(5) ^ w)
+        self.data.iter().fold(0u64, |a, &w| a.rotate_left(5) ^ w)
     }
 }
 
@@ -191,7 +190,10 @@ mod tests {
     #[test]
     fn sleep_rejects_bad_payloads_and_accepts_ms() {
         let c = ctx(HandlerConfig::Sleep);
-        let out = Sleep.handle(&c, &[task(r#"{"ms":1}"#), task("nope"), task(r#"{"ms":-1}"#)]);
+        let out = Sleep.handle(
+            &c,
+            &[task(r#"{"ms":1}"#), task("nope"), task(r#"{"ms":-1}"#)],
+        );
         assert_eq!(out[0], Outcome::Done);
         assert!(matches!(out[1], Outcome::Reject { .. }));
         assert!(matches!(out[2], Outcome::Reject { .. }));

@@ -245,10 +245,9 @@ impl Registry {
     /// Runs the queue handler's `preload`.
     pub fn preload(&self, queue: &QueueConfig) -> Result<Box<dyn Handler>, HandlerError> {
         let name = queue.handler.name();
-        let preload = self
-            .handlers
-            .get(name)
-            .ok_or_else(|| HandlerError::new(format!("no handler named `{name}` in this binary")))?;
+        let preload = self.handlers.get(name).ok_or_else(|| {
+            HandlerError::new(format!("no handler named `{name}` in this binary"))
+        })?;
         preload(queue)
     }
 }

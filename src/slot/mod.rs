@@ -16,4 +16,4 @@ pub use handler::{
 pub mod memory;
 mod run;
 
-pub use run::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec, slot_main};
+pub use run::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec, run_slot, slot_main};

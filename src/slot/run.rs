@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 use super::handler::{Handler, Outcome, SlotContext, Task};
 use crate::config::QueueConfig;
@@ -129,9 +130,15 @@ impl Reporter {
     }
 }
 
-/// Runs a slot to its end and returns its exit code. Called in a freshly forked child
-/// (or a test process): builds its own runtime; nothing async may exist before.
+/// Runs a slot to its end and returns its exit code; SIGTERM stops it after the batch
+/// in hand. Called in a freshly forked child: builds its own runtime.
 pub fn slot_main(spec: SlotSpec, handler: Box<dyn Handler>) -> i32 {
+    run_slot(spec, handler, None)
+}
+
+/// Like [`slot_main`], also stopping when `stop` is cancelled: for running a slot inside
+/// another process (tests, a team's tooling), where SIGTERM belongs to that process.
+pub fn run_slot(spec: SlotSpec, handler: Box<dyn Handler>, stop: Option<CancellationToken>) -> i32 {
     if let Some(sock) = &spec.report {
         let _ = sock.set_nonblocking(true);
     }
@@ -152,6 +159,7 @@ pub fn slot_main(spec: SlotSpec, handler: Box<dyn Handler>) -> i32 {
     let pid = std::process::id();
     let queue_name = spec.queue.name.clone();
     let (code, reason) = runtime.block_on(run(
+        stop,
         spec.queue,
         slot,
         spec.redis_url,
@@ -181,10 +189,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(
-        mut handler: Box<dyn Handler>,
-        ctx: SlotContext,
-    ) -> Result<Worker, String> {
+    fn start(mut handler: Box<dyn Handler>, ctx: SlotContext) -> Result<Worker, String> {
         let (tx, rx) = std_mpsc::channel::<(Vec<Task>, oneshot::Sender<HandleResult>)>();
         let (init_tx, init_rx) = std_mpsc::channel();
         std::thread::Builder::new()
@@ -203,10 +208,9 @@ impl Worker {
                     return;
                 }
                 while let Ok((batch, reply)) = rx.recv() {
-                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                        handler.handle(&ctx, &batch)
-                    }))
-                    .map_err(|p| panic_text(&p));
+                    let r =
+                        std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(&ctx, &batch)))
+                            .map_err(|p| panic_text(&p));
                     let _ = reply.send(r);
                 }
             })
@@ -232,6 +236,7 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 async fn run(
+    stop: Option<CancellationToken>,
     queue_cfg: QueueConfig,
     slot: u32,
     redis_url: String,
@@ -241,9 +246,21 @@ async fn run(
     handler: Box<dyn Handler>,
 ) -> (i32, String) {
     let pid = std::process::id();
-    let mut sigterm = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => return (EXIT_FATAL, format!("installing the SIGTERM handler: {e}")),
+    let stop = match stop {
+        Some(token) => token,
+        None => {
+            let mut sigterm = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => return (EXIT_FATAL, format!("installing the SIGTERM handler: {e}")),
+            };
+            let token = CancellationToken::new();
+            let cancel = token.clone();
+            tokio::spawn(async move {
+                sigterm.recv().await;
+                cancel.cancel();
+            });
+            token
+        }
     };
     let mut stopping = false;
 
@@ -257,11 +274,11 @@ async fn run(
                     tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "slot cannot reach redis, retrying");
                 }
             },
-            _ = sigterm.recv() => return (EXIT_STOPPED, "stopped before connecting".into()),
+            () = stop.cancelled() => return (EXIT_STOPPED, "stopped before connecting".into()),
         }
         tokio::select! {
             () = backoff.pause() => {}
-            _ = sigterm.recv() => return (EXIT_STOPPED, "stopped before connecting".into()),
+            () = stop.cancelled() => return (EXIT_STOPPED, "stopped before connecting".into()),
         }
     };
     let queue = match client.queue_with(
@@ -307,31 +324,35 @@ async fn run(
                 tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "take failed, backing off");
                 tokio::select! {
                     () = backoff.pause() => {}
-                    _ = sigterm.recv() => stopping = true,
+                    () = stop.cancelled() => stopping = true,
                 }
                 continue;
             }
             Err(e) => return (EXIT_FATAL, format!("take: {e}")),
         };
         if batch.tasks.is_empty() {
-            let wait = batch.next_hint.map_or(IDLE_WAIT, |h| {
-                (h + Duration::from_millis(1)).min(IDLE_WAIT)
-            });
+            let wait = batch
+                .next_hint
+                .map_or(IDLE_WAIT, |h| (h + Duration::from_millis(1)).min(IDLE_WAIT));
             tokio::select! {
                 r = queue.wait(&mut waiter, wait) => if let Err(e) = r {
                     tracing::debug!(queue = %queue_cfg.name, slot, error = %e, "wake-up wait failed");
                     tokio::select! {
                         () = backoff.pause() => {}
-                        _ = sigterm.recv() => stopping = true,
+                        () = stop.cancelled() => stopping = true,
                     }
                 },
-                _ = sigterm.recv() => stopping = true,
+                () = stop.cancelled() => stopping = true,
             }
             continue;
         }
 
         let n = batch.tasks.len() as u32;
-        reporter.send(&SlotEvent::BatchStarted { slot, pid, tasks: n });
+        reporter.send(&SlotEvent::BatchStarted {
+            slot,
+            pid,
+            tasks: n,
+        });
         let started = Instant::now();
         let tasks: Vec<Task> = batch
             .tasks
@@ -358,7 +379,7 @@ async fn run(
                     }
                 }
                 // The batch is finished and settled first; then the loop sees `stopping`.
-                _ = sigterm.recv(), if !stopping => stopping = true,
+                () = stop.cancelled(), if !stopping => stopping = true,
             }
         };
         let busy = started.elapsed();
@@ -379,7 +400,7 @@ async fn run(
             .iter()
             .filter(|op| !matches!(op.action, Settle::Ack))
             .count() as u32;
-        let stale = settle(&queue, &ops, lease_until, &mut sigterm, &mut stopping).await;
+        let stale = settle(&queue, &ops, lease_until, &stop, &mut stopping).await;
         reporter.send(&SlotEvent::BatchDone {
             slot,
             pid,
@@ -401,7 +422,9 @@ async fn run(
                     );
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "cannot read own memory"),
+                Err(e) => {
+                    tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "cannot read own memory")
+                }
             }
         }
     }
@@ -462,7 +485,7 @@ async fn settle(
     queue: &Queue,
     ops: &[SettleOp],
     lease_until: Instant,
-    sigterm: &mut tokio::signal::unix::Signal,
+    stop: &CancellationToken,
     stopping: &mut bool,
 ) -> u32 {
     let mut backoff = Backoff::default();
@@ -478,7 +501,7 @@ async fn settle(
                 tracing::warn!(queue = queue.name(), error = %e, "settle failed, retrying");
                 tokio::select! {
                     () = backoff.pause() => {}
-                    _ = sigterm.recv(), if !*stopping => *stopping = true,
+                    () = stop.cancelled(), if !*stopping => *stopping = true,
                 }
             }
             Err(e) => {

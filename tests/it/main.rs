@@ -4,4 +4,6 @@
 mod cli;
 mod config;
 mod harness;
+mod host;
 mod queue;
+mod slot;

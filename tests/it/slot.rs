@@ -1,0 +1,127 @@
+//! A slot run in-process (no fork) with handlers written for the test: the slot loop's
+//! own guarantees, apart from the master.
+
+use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use gaffer::config::{Handler as HandlerConfig, QueueConfig, RetryPolicy};
+use gaffer::queue_client::{ConnectOptions, NewTask};
+use gaffer::slot::{
+    EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotEvent, SlotSpec, Task, run_slot,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{TestRedis, eventually};
+
+/// Panics on the first attempt of any batch holding a task whose payload is `panic`.
+struct PanicsOnce;
+
+impl Handler for PanicsOnce {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Ok(PanicsOnce)
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        if batch
+            .iter()
+            .any(|t| t.payload == b"panic" && t.attempt == 1)
+        {
+            panic!("boom on purpose");
+        }
+        vec![Outcome::Done; batch.len()]
+    }
+}
+
+fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec {
+    SlotSpec {
+        queue,
+        slot: 7,
+        redis_url: redis.url(),
+        namespace: "test".into(),
+        connect: ConnectOptions::default(),
+        report: Some(report),
+    }
+}
+
+#[tokio::test]
+async fn a_panic_fails_only_its_batch_and_the_slot_survives() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue("p").unwrap();
+    let mut cfg = QueueConfig::new("p", HandlerConfig::Noop);
+    cfg.batch_size = 2;
+    cfg.retry = RetryPolicy {
+        base: Duration::from_millis(10),
+        max: Duration::from_millis(10),
+        ..RetryPolicy::default()
+    };
+    // The panicking batch first, then an ordinary one.
+    q.enqueue_many(&[NewTask::new("panic"), NewTask::new("x")])
+        .await
+        .unwrap();
+    let (report, events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let slot = {
+        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, Box::new(PanicsOnce), Some(stop)))
+    };
+    eventually(Duration::from_secs(20), "both tasks done", || async {
+        q.stats().await.unwrap().acked_total == 2
+    })
+    .await;
+    q.enqueue(NewTask::new("y")).await.unwrap();
+    eventually(Duration::from_secs(20), "a later task done", || async {
+        q.stats().await.unwrap().acked_total == 3
+    })
+    .await;
+    let stats = q.stats().await.unwrap();
+    assert_eq!((stats.retried_total, stats.dead), (2, 0), "{stats:?}");
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+
+    // The master heard of every batch, the failed one included.
+    events.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut done = Vec::new();
+    while let Ok(n) = events.recv(&mut buf) {
+        if let Ok(SlotEvent::BatchDone { tasks, failed, .. }) = serde_json::from_slice(&buf[..n]) {
+            done.push((tasks, failed));
+        }
+    }
+    assert_eq!(done.first(), Some(&(2, 2)), "{done:?}");
+    assert_eq!(done.iter().map(|d| d.0).sum::<u32>(), 5, "{done:?}");
+}
+
+/// Fails at init: the slot exits with the fatal code instead of taking tasks it could
+/// not handle.
+struct NoInit;
+
+impl Handler for NoInit {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Ok(NoInit)
+    }
+
+    fn init(&mut self, _: &SlotContext) -> Result<(), HandlerError> {
+        Err(HandlerError::new("no database"))
+    }
+
+    fn handle(&mut self, _: &SlotContext, _: &[Task]) -> Vec<Outcome> {
+        unreachable!("never initialised")
+    }
+}
+
+#[tokio::test]
+async fn a_failed_init_exits_fatal_and_takes_nothing() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue("i").unwrap();
+    q.enqueue(NewTask::new("x")).await.unwrap();
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let cfg = QueueConfig::new("i", HandlerConfig::Noop);
+    let spec = spec(&redis, cfg, report);
+    let code = tokio::task::spawn_blocking(move || run_slot(spec, Box::new(NoInit), None))
+        .await
+        .unwrap();
+    assert_eq!(code, gaffer::slot::EXIT_FATAL);
+    assert_eq!(q.stats().await.unwrap().ready, 1);
+}
