@@ -152,22 +152,14 @@ pub fn run_slot(spec: SlotSpec, handler: Box<dyn Handler>, stop: Option<Cancella
             return EXIT_FATAL;
         }
     };
+    let mut spec = spec;
     let reporter = Reporter {
-        sock: spec.report.map(Arc::new),
+        sock: spec.report.take().map(Arc::new),
     };
     let slot = spec.slot;
     let pid = std::process::id();
     let queue_name = spec.queue.name.clone();
-    let (code, reason) = runtime.block_on(run(
-        stop,
-        spec.queue,
-        slot,
-        spec.redis_url,
-        spec.namespace,
-        spec.connect,
-        reporter.clone(),
-        handler,
-    ));
+    let (code, reason) = runtime.block_on(run(stop, spec, reporter.clone(), handler));
     tracing::info!(queue = %queue_name, slot, pid, code, reason = %reason, "slot exiting");
     reporter.send(&SlotEvent::Exiting {
         slot,
@@ -237,14 +229,18 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 
 async fn run(
     stop: Option<CancellationToken>,
-    queue_cfg: QueueConfig,
-    slot: u32,
-    redis_url: String,
-    namespace: String,
-    connect: ConnectOptions,
+    spec: SlotSpec,
     reporter: Reporter,
     handler: Box<dyn Handler>,
 ) -> (i32, String) {
+    let SlotSpec {
+        queue: queue_cfg,
+        slot,
+        redis_url,
+        namespace,
+        connect,
+        report: _,
+    } = spec;
     let pid = std::process::id();
     let stop = match stop {
         Some(token) => token,
