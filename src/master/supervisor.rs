@@ -78,6 +78,8 @@ struct SlotProc {
     hung: bool,
     batches: u64,
     exit_reason: Option<String>,
+    /// From the spawn request to the slot's first take (fork, runtime, Redis, init).
+    ready_after: Option<Duration>,
 }
 
 struct ZygoteProc {
@@ -116,6 +118,8 @@ struct SlotStatus<'a> {
     generation: u64,
     batches: u64,
     age_seconds: f64,
+    /// Spawn request to first take, in ms; null until the slot is ready.
+    ready_ms: Option<f64>,
 }
 
 struct Master {
@@ -529,7 +533,12 @@ impl Master {
         s.last_progress = now;
         let stopping = s.state == SlotState::Stopping;
         match ev {
-            SlotEvent::Ready { .. } if !stopping => s.state = SlotState::Idle,
+            SlotEvent::Ready { .. } => {
+                s.ready_after = Some(now - s.spawned_at);
+                if !stopping {
+                    s.state = SlotState::Idle;
+                }
+            }
             SlotEvent::BatchStarted { .. } if !stopping => s.state = SlotState::Busy,
             SlotEvent::BatchDone {
                 tasks,
@@ -817,6 +826,7 @@ impl Master {
                     hung: false,
                     batches: 0,
                     exit_reason: None,
+                    ready_after: None,
                 },
             );
         }
@@ -880,6 +890,7 @@ impl Master {
                     generation: s.generation,
                     batches: s.batches,
                     age_seconds: (now - s.spawned_at).as_secs_f64(),
+                    ready_ms: s.ready_after.map(|d| d.as_secs_f64() * 1000.0),
                 })
                 .collect(),
         };

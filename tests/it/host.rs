@@ -40,6 +40,11 @@ impl TestMaster {
     /// Starts redis and a master serving `queues` (TOML tables), following `map`
     /// (queue → slots on this host).
     pub async fn start(queues: &str, map: &[(&str, u32)]) -> Self {
+        Self::start_with(Path::new(env!("CARGO_BIN_EXE_gaffer")), queues, map).await
+    }
+
+    /// Like [`start`](Self::start), with another gaffer binary (a team's own).
+    pub async fn start_with(bin: &Path, queues: &str, map: &[(&str, u32)]) -> Self {
         let redis = TestRedis::start();
         let dir = tempfile::tempdir().unwrap();
         let http = free_port().unwrap();
@@ -48,7 +53,7 @@ impl TestMaster {
         let client = redis.client().await;
         publish(&client, 1, map).await;
         let log = std::fs::File::create(dir.path().join("master.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        let child = Command::new(bin)
             .arg("--config")
             .arg(&config)
             .args(["master", "--host", HOST])
@@ -667,4 +672,62 @@ async fn reports_reach_stats_json() {
         metrics.contains("gaffer_queue_slots{queue=\"t\"} 2"),
         "{metrics}"
     );
+}
+
+/// The example team binary; `cargo test` builds examples before it runs tests.
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/custom_handler");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo test --all-targets`, which builds the examples",
+        bin.display()
+    );
+    bin
+}
+
+#[tokio::test]
+async fn a_team_binary_runs_its_own_handler() {
+    let queue =
+        "[queues.geo]\nhandler = \"geocode\"\noptions = { cities = [\"Lisbon\", \"Porto\"] }\n";
+    let m = TestMaster::start_with(&example_binary(), queue, &[("geo", 1)]).await;
+    let q = m.queue("geo");
+    enqueue(&q, [r#"{"city":"porto"}"#.to_string()]).await;
+    let unknown = enqueue(&q, [r#"{"city":"Atlantis"}"#.to_string()])
+        .await
+        .remove(0);
+    wait_acked(&q, 1, Duration::from_secs(20)).await;
+    eventually(
+        Duration::from_secs(20),
+        "the unknown city dead-lettered",
+        || async { q.stats().await.unwrap().dead == 1 },
+    )
+    .await;
+    let dead = q.dead(0, 10).await.unwrap();
+    assert_eq!(dead[0].id, unknown);
+    assert!(dead[0].error.contains("unknown city"), "{dead:?}");
+    let s = m.status().unwrap();
+    assert!(
+        s["host"]["handlers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h == "geocode"),
+        "the host advertises the custom handler: {s}"
+    );
+
+    // The stock binary refuses the same config, naming the handler.
+    let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown handler `geocode`"));
 }
