@@ -5,5 +5,6 @@ mod cli;
 mod config;
 mod harness;
 mod host;
+mod invariants;
 mod queue;
 mod slot;
