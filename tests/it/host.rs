@@ -18,8 +18,7 @@ const HOST: &str = "h1";
 
 /// A master process under test, killed on drop (its zygote and slots follow it).
 pub struct TestMaster {
-    /// Kept for its lifetime: the server stops when the master is dropped.
-    pub _redis: TestRedis,
+    pub redis: TestRedis,
     pub child: Child,
     pub http: u16,
     pub dir: tempfile::TempDir,
@@ -45,6 +44,16 @@ impl TestMaster {
 
     /// Like [`start`](Self::start), with another gaffer binary (a team's own).
     pub async fn start_with(bin: &Path, queues: &str, map: &[(&str, u32)]) -> Self {
+        Self::start_env(bin, queues, map, &[]).await
+    }
+
+    /// Like [`start_with`](Self::start_with), with extra environment for the master.
+    pub async fn start_env(
+        bin: &Path,
+        queues: &str,
+        map: &[(&str, u32)],
+        env: &[(&str, String)],
+    ) -> Self {
         let redis = TestRedis::start();
         let dir = tempfile::tempdir().unwrap();
         let http = free_port().unwrap();
@@ -58,13 +67,14 @@ impl TestMaster {
             .arg(&config)
             .args(["master", "--host", HOST])
             .env("GAFFER_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap();
         let m = TestMaster {
-            _redis: redis,
+            redis,
             child,
             http,
             dir,
@@ -730,4 +740,95 @@ async fn a_team_binary_runs_its_own_handler() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown handler `geocode`"));
+}
+
+#[tokio::test]
+async fn systemd_hears_ready_watchdog_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock_path = dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let env = [
+        ("NOTIFY_SOCKET", sock_path.display().to_string()),
+        ("WATCHDOG_USEC", "2000000".to_string()),
+    ];
+    let mut m = TestMaster::start_env(
+        Path::new(env!("CARGO_BIN_EXE_gaffer")),
+        "[queues.t]\nhandler = \"noop\"\n",
+        &[("t", 1)],
+        &env,
+    )
+    .await;
+    let mut heard = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !(heard.iter().any(|m: &String| m.contains("READY=1"))
+        && heard.iter().any(|m| m.contains("WATCHDOG=1")))
+    {
+        let n = sock.recv(&mut buf).expect("a notification within 20 s");
+        heard.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    kill(m.pid(), nix::sys::signal::Signal::SIGTERM);
+    loop {
+        let n = sock.recv(&mut buf).expect("STOPPING within 20 s");
+        if String::from_utf8_lossy(&buf[..n]).contains("STOPPING=1") {
+            break;
+        }
+    }
+    assert!(m.child.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn slots_ride_out_a_redis_restart() {
+    let mut m = TestMaster::start(
+        "[queues.t]\nhandler = \"noop\"\nbatch_size = 10\n",
+        &[("t", 2)],
+    )
+    .await;
+    let before = slot_pids(&m.status().unwrap());
+    m.redis.server.kill();
+    // Long enough for every slot to notice and back off a few times.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    m.redis.server.restart().unwrap();
+    let client = m.redis.client().await;
+    publish(&client, 2, &[("t", 2)]).await;
+    let q = client.queue("t").unwrap();
+    enqueue(&q, (0..500).map(|i| format!("{{\"n\":{i}}}"))).await;
+    wait_acked(&q, 500, Duration::from_secs(30)).await;
+    let s = m.status().unwrap();
+    assert_eq!(slot_pids(&s), before, "the same slots carried on: {s}");
+    assert_eq!(queue_report(&s, "t", "crashes_total"), 0, "{s}");
+}
+
+#[tokio::test]
+async fn slots_switch_to_the_queue_user() {
+    let root = nix::unistd::Uid::effective().is_root();
+    let m = TestMaster::start(
+        "[queues.t]\nhandler = \"noop\"\nuser = \"nobody\"\n",
+        if root { &[("t", 1)] } else { &[] },
+    )
+    .await;
+    if !root {
+        // Not root: the switch cannot happen, and the slot must refuse to run instead
+        // of running as the master's user.
+        publish(&m.client, 2, &[("t", 1)]).await;
+        m.wait_status("the slot to fail", Duration::from_secs(10), |s| {
+            queue_report(s, "t", "crashes_total") >= 1
+        })
+        .await;
+        return;
+    }
+    let pid = slot_pids(&m.status().unwrap())[0];
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap().uid;
+    assert!(
+        uid.split_whitespace()
+            .skip(1)
+            .all(|u| u == nobody.to_string()),
+        "{uid}"
+    );
+    let q = m.queue("t");
+    enqueue(&q, ["{}".to_string()]).await;
+    wait_acked(&q, 1, Duration::from_secs(10)).await;
 }
