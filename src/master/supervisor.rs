@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::capacity::{self, Capacity, CapacityInput};
 use super::telemetry::{self, Exit};
-use super::zygote::{REPORT_FD_ENV, ZygoteEvent, ZygoteInit, ZygoteRequest};
+use super::zygote::{MASTER_PID_ENV, REPORT_FD_ENV, ZygoteEvent, ZygoteInit, ZygoteRequest};
 use super::{MasterOptions, sysinfo};
 use crate::cluster::{self, HostReport, Keys, QueueReport, SlotMap};
 use crate::config::{Config, QueueConfig};
@@ -306,6 +306,7 @@ impl Master {
         let mut cmd = tokio::process::Command::new(&self.opts.zygote_exe);
         cmd.arg("__zygote")
             .env(REPORT_FD_ENV, peer_fd.to_string())
+            .env(MASTER_PID_ENV, std::process::id().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -28,6 +28,8 @@ use crate::slot::{self, Handler, Registry, SlotSpec};
 
 /// The environment variable carrying the slot report socket's descriptor number.
 pub const REPORT_FD_ENV: &str = "GAFFER_ZYGOTE_REPORT_FD";
+/// The environment variable carrying the master's pid, to detect an early orphaning.
+pub const MASTER_PID_ENV: &str = "GAFFER_ZYGOTE_MASTER_PID";
 
 /// The first line the master writes: everything the zygote needs to preload and to
 /// start slots.
@@ -112,13 +114,14 @@ pub fn main(registry: &Registry) -> ! {
 }
 
 fn run(registry: &Registry) -> anyhow::Result<()> {
-    // Dies with the master even if the master was SIGKILLed. The master set this too
-    // before exec, but re-executing would not clear it only if we were not set-uid;
-    // setting it again and re-checking the parent closes the race with an early death.
-    let master = nix::unistd::getppid();
+    // The master sets PDEATHSIG between its fork and our exec; if it died before that,
+    // we were reparented and nothing would ever kill us, so check who our parent is.
     set_pdeathsig()?;
-    if nix::unistd::getppid() != master {
-        anyhow::bail!("master exited before the zygote started");
+    let master: Option<i32> = std::env::var(MASTER_PID_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
+    if master.is_some_and(|pid| nix::unistd::getppid().as_raw() != pid) {
+        anyhow::bail!("the master exited before the zygote started");
     }
     let report_fd: Option<i32> = std::env::var(REPORT_FD_ENV)
         .ok()

@@ -832,3 +832,38 @@ async fn slots_switch_to_the_queue_user() {
     enqueue(&q, ["{}".to_string()]).await;
     wait_acked(&q, 1, Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn repeated_crashes_back_off() {
+    let m = TestMaster::start(
+        "[queues.broken]\nhandler = \"exec\"\ncommand = [\"/nonexistent/handler\"]\n",
+        &[],
+    )
+    .await;
+    publish(&m.client, 2, &[("broken", 1)]).await;
+    // Every start fails at init. Restarted at once, these would be hundreds in a few
+    // seconds; backing off (0.5 s, 1 s, 2 s, …) they stay a handful.
+    let s = m
+        .wait_status("three crashes", Duration::from_secs(10), |s| {
+            queue_report(s, "broken", "crashes_total") >= 3
+        })
+        .await;
+    let started = Instant::now();
+    let at_three = queue_report(&s, "broken", "crashes_total");
+    let s = m
+        .wait_status("the next crash", Duration::from_secs(10), |s| {
+            queue_report(s, "broken", "crashes_total") > at_three
+        })
+        .await;
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "restarted after {:?} with {} crashes behind it: {s}",
+        started.elapsed(),
+        at_three
+    );
+    assert!(m.log().contains("backing off"), "{}", m.log());
+    assert!(
+        m.log().contains("/nonexistent/handler"),
+        "the error names the command"
+    );
+}
