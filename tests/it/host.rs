@@ -684,7 +684,7 @@ async fn reports_reach_stats_json() {
     );
 }
 
-/// The example team binary; `cargo test` builds examples before it runs tests.
+/// The example team binary, built by `scripts/test` (`cargo build --examples`).
 fn example_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let bin = exe
@@ -695,7 +695,7 @@ fn example_binary() -> PathBuf {
         .join("examples/custom_handler");
     assert!(
         bin.exists(),
-        "{} is missing: run `cargo test --all-targets`, which builds the examples",
+        "{} is missing: run scripts/test, or `cargo build --examples` first",
         bin.display()
     );
     bin
