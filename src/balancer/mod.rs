@@ -1,0 +1,270 @@
+//! Pure slot decisions: (config, queue statistics, current map, hosts, time) → new map,
+//! with a record of why for every queue.
+//!
+//! No I/O, no clock, no randomness: the same [`Input`] always gives the same [`Output`].
+//! The manager, the simulator and the property tests all stand on that.
+//!
+//! The steps, each a function below:
+//! 1. [`wanted`]: per queue, demand from the window's statistics, the hysteresis band of
+//!    its priority, min/max, work periods and pauses;
+//! 2. system caps: queues sharing an external system share its `max_concurrency`;
+//! 3. [`grant`]: under scarcity, minimums first in priority order, then the rest by
+//!    priority;
+//! 4. [`place`]: the new map built from the current one, so slots keep their type; a
+//!    type's slots spread over hosts; dead and draining hosts and hosts without the
+//!    handler get none; no host above its capacity.
+
+mod place;
+mod want;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use crate::config::Config;
+
+pub use place::place;
+pub use want::{LoadFigures, load_figures, wanted};
+
+/// Slots per host and queue: host → queue → slots.
+pub type Placement = BTreeMap<String, BTreeMap<String, u32>>;
+
+/// A queue's statistics over the manager's window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct QueueWindow {
+    /// Length of the window in seconds.
+    pub window_seconds: f64,
+    /// Tasks ready and due now.
+    pub ready: u64,
+    /// Tasks leased now: work in flight, which queue length alone hides.
+    pub leased: u64,
+    /// Tasks enqueued during the window.
+    pub arrived: u64,
+    /// Tasks handled during the window.
+    pub processed: u64,
+    /// Seconds slots spent inside handlers during the window.
+    pub busy_seconds: f64,
+    /// Seconds slots of this queue lived during the window.
+    pub slot_lifetime_seconds: f64,
+}
+
+/// What the balancer knows of a host.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostState {
+    /// Slots the host can hold.
+    pub capacity: u32,
+    /// Handler names the host can run.
+    pub handlers: BTreeSet<String>,
+    /// Heartbeat within the timeout.
+    pub alive: bool,
+    /// Stopping: gets no slots.
+    pub draining: bool,
+}
+
+impl HostState {
+    /// Whether the host may receive slots at all.
+    pub fn usable(&self) -> bool {
+        self.alive && !self.draining
+    }
+}
+
+/// Everything a decision depends on.
+#[derive(Debug, Clone)]
+pub struct Input<'a> {
+    /// Queues, systems, the time zone.
+    pub config: &'a Config,
+    /// Per queue; a queue without statistics counts as idle.
+    pub stats: &'a BTreeMap<String, QueueWindow>,
+    /// The map in force.
+    pub current: &'a Placement,
+    /// Every known host, dead ones included.
+    pub hosts: &'a BTreeMap<String, HostState>,
+    /// Now, for work periods (read in the config's time zone).
+    pub now: chrono::DateTime<chrono::Utc>,
+    /// Queues an operator paused.
+    pub paused: &'a BTreeSet<String>,
+}
+
+/// Why a queue got the slots it got.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case", tag = "reason")]
+pub enum Reason {
+    /// Demand moved, but less than the queue's hysteresis band: no change.
+    HysteresisHold,
+    /// Demand above the current slots by more than the band.
+    Grow,
+    /// Demand below the current slots by more than the band.
+    Shrink,
+    /// Raised to `min_slots`.
+    AtMin,
+    /// Held at `max_slots`.
+    AtMax,
+    /// Its external system's `max_concurrency` is shared by its queues.
+    CappedBySystem {
+        /// The system.
+        system: String,
+    },
+    /// The cluster lacks capacity for all of it; lower priorities give first.
+    Scarcity {
+        /// Slots wanted but not granted.
+        short: u32,
+    },
+    /// Outside every one of its work periods.
+    OutsideWorkPeriod,
+    /// Paused by an operator.
+    Paused,
+    /// Its external system is paused.
+    SystemPaused {
+        /// The system.
+        system: String,
+    },
+    /// No live host runs its handler.
+    NoHostCanRun,
+    /// Granted, but the hosts that run its handler are full.
+    Unplaced {
+        /// Slots granted but not placed.
+        short: u32,
+    },
+}
+
+/// The balancer's verdict on one queue.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    /// Slots in the current map.
+    pub current: u32,
+    /// Slots the statistics ask for, before hysteresis and limits.
+    pub demand: u32,
+    /// After hysteresis, min/max, work periods, pauses and system caps.
+    pub wanted: u32,
+    /// In the new map (less than `wanted` under scarcity).
+    pub placed: u32,
+    /// (busy + backlog × mean task time) / slot lifetime; over 1 means demand exceeds
+    /// slots. None without slot lifetime in the window.
+    pub load: Option<f64>,
+    /// Why, in order of application.
+    pub reasons: Vec<Reason>,
+}
+
+/// The new map and the reasons for it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Output {
+    /// Host → queue → slots; hosts and queues with zero slots are left out.
+    pub map: Placement,
+    /// Per queue of the config.
+    pub decisions: BTreeMap<String, Decision>,
+}
+
+/// One balancer decision.
+pub fn decide(input: &Input) -> Output {
+    let mut decisions = wanted(input);
+    let targets = grant(input, &mut decisions);
+    let map = place(input, &targets);
+    for (q, d) in &mut decisions {
+        d.placed = map.values().map(|h| h.get(q).copied().unwrap_or(0)).sum();
+        if d.placed < targets.get(q).copied().unwrap_or(0) {
+            let short = targets[q] - d.placed;
+            d.reasons.push(Reason::Unplaced { short });
+        }
+    }
+    Output { map, decisions }
+}
+
+/// Slots currently placed for each queue.
+pub fn totals(map: &Placement) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    for queues in map.values() {
+        for (q, &n) in queues {
+            *out.entry(q.clone()).or_default() += n;
+        }
+    }
+    out
+}
+
+/// Queues in scarcity order: priority high to low, then name.
+fn by_priority(config: &Config) -> Vec<&str> {
+    let mut qs: Vec<&str> = config.queues.keys().map(String::as_str).collect();
+    qs.sort_by_key(|q| (std::cmp::Reverse(config.queues[*q].priority), *q));
+    qs
+}
+
+/// Grants every queue its wanted slots if the usable hosts can hold them all; otherwise
+/// minimums first in priority order, then the rest by priority. Returns the targets.
+pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTreeMap<String, u32> {
+    let config = input.config;
+    // Per queue, the capacity of hosts that can run it; the pool is all usable capacity.
+    let runnable = |q: &str| -> u64 {
+        let handler = config.queues[q].handler.name();
+        input
+            .hosts
+            .values()
+            .filter(|h| h.usable() && h.handlers.contains(handler))
+            .map(|h| u64::from(h.capacity))
+            .sum()
+    };
+    let mut pool: u64 = input
+        .hosts
+        .values()
+        .filter(|h| h.usable())
+        .map(|h| u64::from(h.capacity))
+        .sum();
+    let order = by_priority(config);
+    let mut targets: BTreeMap<String, u32> = BTreeMap::new();
+    for q in &order {
+        let d = decisions.get_mut(*q).expect("a decision per queue");
+        if d.wanted > 0 && runnable(q) == 0 {
+            d.reasons.push(Reason::NoHostCanRun);
+            d.wanted = 0;
+        }
+        targets.insert((*q).to_string(), 0);
+    }
+    // Queues sharing an external system share its concurrency, in the same order.
+    let mut system_left: BTreeMap<&str, u32> = config
+        .systems
+        .iter()
+        .filter_map(|(name, s)| s.max_concurrency.map(|c| (name.as_str(), c)))
+        .collect();
+    let mut capped: BTreeSet<&str> = BTreeSet::new();
+    for pass_min in [true, false] {
+        for q in &order {
+            let d = &decisions[*q];
+            let goal = if pass_min {
+                d.wanted.min(config.queues[*q].min_slots)
+            } else {
+                d.wanted
+            };
+            let t = targets.get_mut(*q).expect("inserted above");
+            let mut add = u64::from(goal.saturating_sub(*t)).min(pool) as u32;
+            let left = config.queues[*q]
+                .system
+                .as_deref()
+                .and_then(|s| system_left.get_mut(s));
+            if let Some(left) = left {
+                if *left < add {
+                    capped.insert(q);
+                    add = *left;
+                }
+                *left -= add;
+            }
+            *t += add;
+            pool -= u64::from(add);
+        }
+    }
+    for (q, d) in decisions.iter_mut() {
+        let t = targets[q];
+        if capped.contains(q.as_str()) {
+            // The system's share is a limit like max_slots: what the queue may want.
+            let system = config.queues[q].system.clone().unwrap_or_default();
+            d.reasons.push(Reason::CappedBySystem { system });
+            d.wanted = t;
+        }
+        if t < d.wanted {
+            d.reasons.push(Reason::Scarcity {
+                short: d.wanted - t,
+            });
+        }
+    }
+    targets
+}
