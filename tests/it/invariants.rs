@@ -53,3 +53,23 @@ fn host_side_never_imports_manager_or_balancer() {
         }
     }
 }
+
+/// Invariant 17: the balancer is pure: no Redis, no clock, no randomness, no I/O.
+#[test]
+fn balancer_does_no_io() {
+    for (path, text) in sources("src/balancer") {
+        for forbidden in [
+            "redis",
+            "tokio",
+            "SystemTime",
+            "Instant::now",
+            "Utc::now",
+            "rand::",
+            "std::fs",
+            "std::net",
+            "queue_client",
+        ] {
+            assert!(!text.contains(forbidden), "{path} uses {forbidden}");
+        }
+    }
+}
