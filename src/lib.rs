@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod http;
+pub mod manager;
 pub mod master;
 pub mod queue_client;
 pub mod redis_server;

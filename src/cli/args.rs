@@ -50,6 +50,30 @@ enum Command {
     /// finish their batch (up to [master].drain_timeout), the host is deregistered.
     /// SIGHUP re-reads the config file.
     Master(MasterOpts),
+    /// Run the cluster's manager: decide slots per queue and host, publish the slot map
+    ///
+    /// Run one per cluster under pacemaker; a second one is a harmless standby: a
+    /// leadership lease with a fencing epoch lets one write at a time. Also fires the
+    /// config's schedules. SIGTERM or Ctrl-C releases the lease for a standby.
+    Manager,
+    /// Stop placing slots on a host: its slots stop after their batch and move elsewhere
+    Drain {
+        /// Host name as the master registered it (see `gaffer stats`)
+        host: String,
+        /// Undo: the host takes slots again
+        #[arg(long)]
+        cancel: bool,
+    },
+    /// Pause a queue: its slots stop after their batch, tasks wait
+    Pause {
+        /// Queue name
+        queue: String,
+    },
+    /// Resume a paused queue
+    Resume {
+        /// Queue name
+        queue: String,
+    },
     /// Internal: the master's forking helper (started by the master itself)
     #[command(name = "__zygote", hide = true)]
     Zygote,
@@ -66,6 +90,9 @@ struct MasterOpts {
 enum ConfigCmd {
     /// Check the config: every error with file:line:col and the key; exit 2 on error
     Check,
+    /// Validate the config and publish it to Redis; running manager and masters adopt it
+    /// within a tick, without a restart
+    Apply,
 }
 
 #[derive(Args)]
@@ -203,7 +230,10 @@ fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
 
 async fn run_async(global: &Global, command: Command) -> Result<(), CliError> {
     match command {
-        Command::Config(_) | Command::Zygote | Command::Master(_) => {
+        Command::Config(ConfigCmd::Check)
+        | Command::Zygote
+        | Command::Master(_)
+        | Command::Manager => {
             unreachable!("handled before")
         }
         Command::Push(p) => {
@@ -237,6 +267,10 @@ async fn run_async(global: &Global, command: Command) -> Result<(), CliError> {
             cli::push(global, &args).await
         }
         Command::Stats { json } => cli::stats(global, json).await,
+        Command::Config(ConfigCmd::Apply) => cli::config_apply(global).await,
+        Command::Drain { host, cancel } => cli::drain(global, &host, cancel).await,
+        Command::Pause { queue } => cli::pause(global, &queue, true).await,
+        Command::Resume { queue } => cli::pause(global, &queue, false).await,
         Command::Tasks(t) => {
             let cmd = match t {
                 TasksOpts::Dead { queue, limit, json } => TasksCmd::Dead { queue, limit, json },

@@ -41,6 +41,12 @@ impl From<QueueError> for CliError {
     }
 }
 
+impl From<redis::RedisError> for CliError {
+    fn from(e: redis::RedisError) -> Self {
+        QueueError::from(e).into()
+    }
+}
+
 impl CliError {
     /// The exit code this failure maps to.
     pub fn exit_code(&self) -> ExitCode {
@@ -308,6 +314,16 @@ pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
     let mut conn = client.connection();
     let hosts = crate::cluster::read_hosts(&mut conn, &keys).await?;
     let map = crate::cluster::read_map(&mut conn, &keys).await?;
+    let decisions: BTreeMap<String, serde_json::Value> = {
+        use redis::AsyncCommands;
+        let raw: Option<String> = conn.get(keys.decisions()).await?;
+        raw.and_then(|r| serde_json::from_str(&r).ok())
+            .unwrap_or_default()
+    };
+    let paused: std::collections::BTreeSet<String> = {
+        use redis::AsyncCommands;
+        conn.smembers(keys.paused()).await?
+    };
     let now = crate::cluster::now_ms();
     let timeout_ms = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
     let alive = |h: &crate::cluster::HostReport| now.saturating_sub(h.ts_ms) <= timeout_ms;
@@ -327,11 +343,12 @@ pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
                     json!({
                         "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
                         "slots": slots.get(name.as_str()).copied().unwrap_or(0),
-                        // Load is the manager's figure (its own issue).
+                        "wanted": decisions.get(name).map(|d| d["wanted"].clone()),
+                        "paused": paused.contains(name.as_str()),
                         "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
                         "retried_total": s.retried_total, "dead_total": s.dead_total,
                         "stale_total": s.stale_total, "expired_total": s.expired_total,
-                        "load": serde_json::Value::Null,
+                        "load": decisions.get(name).map_or(serde_json::Value::Null, |d| d["load"].clone()),
                     }),
                 )
             })
@@ -621,4 +638,85 @@ pub async fn master(global: &Global, host: Option<String>) -> Result<(), CliErro
     crate::master::run(opts, tokio_util::sync::CancellationToken::new())
         .await
         .map_err(CliError::Runtime)
+}
+
+/// `gaffer manager`: runs the cluster's manager until SIGTERM or Ctrl-C.
+pub async fn manager(global: &Global) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let (url, connect) = global.redis_target(&cfg)?;
+    let id = format!(
+        "{}:{}",
+        crate::master::sysinfo::host_name(),
+        std::process::id()
+    );
+    let mut opts = crate::manager::ManagerOptions::new(cfg, url, id);
+    opts.connect = connect;
+    opts.custom_handlers = global.registry.custom_names();
+    crate::manager::run(opts, tokio_util::sync::CancellationToken::new())
+        .await
+        .map_err(CliError::Runtime)
+}
+
+/// `gaffer config apply`: validates the config, then publishes it with a new version.
+pub async fn config_apply(global: &Global) -> Result<(), CliError> {
+    let (cfg, source) = global.load_source()?;
+    let client = global.connect(&cfg).await?;
+    let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
+    // One step, so two concurrent applies never share a version.
+    let version: u64 = redis::Script::new(
+        "local v = redis.call('HINCRBY', KEYS[1], 'version', 1) \
+         redis.call('HSET', KEYS[1], 'source', ARGV[1]) return v",
+    )
+    .key(keys.config())
+    .arg(&source)
+    .invoke_async(&mut client.connection())
+    .await
+    .map_err(|e| CliError::Runtime(e.into()))?;
+    println!("published config version {version}: {}", cfg.summary());
+    Ok(())
+}
+
+/// `gaffer drain HOST [--cancel]`.
+pub async fn drain(global: &Global, host: &str, cancel: bool) -> Result<(), CliError> {
+    use redis::AsyncCommands;
+    let cfg = global.load()?;
+    let client = global.connect(&cfg).await?;
+    let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
+    let mut conn = client.connection();
+    let known = crate::cluster::read_hosts(&mut conn, &keys).await?;
+    if !known.contains_key(host) && !cancel {
+        eprintln!("warning: no master has registered as {host:?} (yet); draining it anyway");
+    }
+    let changed: i64 = if cancel {
+        conn.srem(keys.draining(), host).await?
+    } else {
+        conn.sadd(keys.draining(), host).await?
+    };
+    let what = if cancel {
+        "takes slots again"
+    } else {
+        "is draining"
+    };
+    let note = if changed == 0 { " (already)" } else { "" };
+    println!("{host} {what}{note}");
+    Ok(())
+}
+
+/// `gaffer pause QUEUE` and `gaffer resume QUEUE`.
+pub async fn pause(global: &Global, queue: &str, paused: bool) -> Result<(), CliError> {
+    use redis::AsyncCommands;
+    let cfg = global.load()?;
+    let client = global.connect(&cfg).await?;
+    queue_handle(&client, &cfg, queue)?;
+    let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
+    let mut conn = client.connection();
+    let changed: i64 = if paused {
+        conn.sadd(keys.paused(), queue).await?
+    } else {
+        conn.srem(keys.paused(), queue).await?
+    };
+    let what = if paused { "paused" } else { "resumed" };
+    let note = if changed == 0 { " (already)" } else { "" };
+    println!("{queue} {what}{note}");
+    Ok(())
 }

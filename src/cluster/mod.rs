@@ -2,11 +2,21 @@
 //! and the slot map the manager publishes. Both sides import these types; neither knows
 //! the other.
 //!
-//! Keys (one key each, so every operation is single-slot on a Redis Cluster):
-//! - `NS:hosts`: hash, host name → JSON [`HostReport`], rewritten every master tick;
-//!   a host is alive while its `ts_ms` is within the manager's heartbeat timeout.
-//! - `NS:map`: string, JSON [`SlotMap`]: slots per host and queue, with the writer's
-//!   fencing epoch and a version.
+//! Keys, all under the hash tag `{cluster}` so that the manager's fenced scripts (which
+//! check the leadership lease and write the map in one step) are single-slot on a Redis
+//! Cluster:
+//! - `NS:{cluster}:hosts`: hash, host name → JSON [`HostReport`], rewritten every master
+//!   tick; a host is alive while its `ts_ms` is within the manager's heartbeat timeout.
+//! - `NS:{cluster}:map`: string, JSON [`SlotMap`]: slots per host and queue, with the
+//!   writer's fencing epoch and a version.
+//! - `NS:{cluster}:lease`, `NS:{cluster}:epoch`: the manager's leadership (see
+//!   `manager`).
+//! - `NS:{cluster}:config`: hash {version, source}: the config published by
+//!   `gaffer config apply`.
+//! - `NS:{cluster}:paused`, `NS:{cluster}:draining`: sets of paused queues and draining
+//!   hosts, written by `gaffer pause|resume|drain`.
+//! - `NS:{cluster}:decisions`: JSON of the manager's last decision per queue.
+//! - `NS:{cluster}:sched`: hash, schedule key → last fire time enqueued (ms).
 
 use std::collections::BTreeMap;
 
@@ -107,14 +117,53 @@ impl Keys {
         }
     }
 
+    fn key(&self, suffix: &str) -> String {
+        format!("{}:{{cluster}}:{suffix}", self.ns)
+    }
+
     /// The hash of host reports.
     pub fn hosts(&self) -> String {
-        format!("{}:hosts", self.ns)
+        self.key("hosts")
     }
 
     /// The slot map.
     pub fn map(&self) -> String {
-        format!("{}:map", self.ns)
+        self.key("map")
+    }
+
+    /// The manager's leadership lease: `id:epoch`, with a TTL.
+    pub fn lease(&self) -> String {
+        self.key("lease")
+    }
+
+    /// The fencing epoch counter.
+    pub fn epoch(&self) -> String {
+        self.key("epoch")
+    }
+
+    /// The published config.
+    pub fn config(&self) -> String {
+        self.key("config")
+    }
+
+    /// Paused queues.
+    pub fn paused(&self) -> String {
+        self.key("paused")
+    }
+
+    /// Draining hosts.
+    pub fn draining(&self) -> String {
+        self.key("draining")
+    }
+
+    /// The manager's last decisions.
+    pub fn decisions(&self) -> String {
+        self.key("decisions")
+    }
+
+    /// Last fire time per schedule.
+    pub fn schedules(&self) -> String {
+        self.key("sched")
     }
 }
 

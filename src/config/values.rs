@@ -249,14 +249,20 @@ fn parse_time(text: &str, whole: &str) -> Result<u16, String> {
 /// day-of-week); seconds, years and `@` nicknames are refused so every entry reads the same.
 pub fn parse_cron(text: &str) -> Result<croner::Cron, String> {
     let fields = text.split_whitespace().count();
-    if fields != 5 {
+    if fields != 5 && fields != 6 {
         return Err(format!(
-            "cron `{text}` has {fields} field{}, expected five (minute hour day-of-month month day-of-week)",
+            "cron `{text}` has {fields} field{}, expected five (minute hour day-of-month month day-of-week), or six with seconds first",
             if fields == 1 { "" } else { "s" }
         ));
     }
+    // Six fields put seconds first: for schedules finer than a minute.
+    let seconds = if fields == 6 {
+        croner::parser::Seconds::Required
+    } else {
+        croner::parser::Seconds::Disallowed
+    };
     let parser = croner::parser::CronParser::builder()
-        .seconds(croner::parser::Seconds::Disallowed)
+        .seconds(seconds)
         .year(croner::parser::Year::Disallowed)
         .build();
     parser.parse(text).map_err(|e| {
@@ -499,10 +505,15 @@ mod tests {
         let c = parse_cron("0 3 * * *").unwrap();
         assert_eq!(c.as_str(), "0 3 * * *");
         assert!(parse_cron("*/15 8-18 * * MON-FRI").is_ok());
+        // Six fields: seconds first.
+        let c = parse_cron("*/5 0 3 * * *").unwrap();
+        let from = chrono::DateTime::from_timestamp(0, 0).unwrap();
+        let next: Vec<_> = c.iter_after(from).take(2).collect();
+        assert_eq!(next[1] - next[0], chrono::Duration::seconds(5));
         assert!(
-            parse_cron("0 0 3 * * *")
+            parse_cron("* * * * * * *")
                 .unwrap_err()
-                .contains("has 6 fields")
+                .contains("has 7 fields")
         );
         assert!(parse_cron("* * * *").unwrap_err().contains("has 4 fields"));
         assert!(parse_cron("@daily").unwrap_err().contains("has 1 field,"));

@@ -139,6 +139,10 @@ struct Master {
     map: Option<SlotMap>,
     max_epoch: u64,
     draining: bool,
+    /// `gaffer drain HOST`: no slots here, but the master stays up and reporting.
+    drained: bool,
+    /// Version of the config adopted from `gaffer config apply` (0: the file's).
+    config_version: u64,
     drain_started: Option<Instant>,
     capacity: Option<Capacity>,
     last_report: HostReport,
@@ -200,6 +204,8 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
         map: None,
         max_epoch: 0,
         draining: false,
+        drained: false,
+        config_version: 0,
         drain_started: None,
         capacity: None,
         last_report: HostReport::default(),
@@ -581,6 +587,7 @@ impl Master {
             }
         }
         self.read_map().await;
+        self.read_cluster_state().await;
         self.measure();
         self.watchdog();
         self.reconcile().await;
@@ -614,6 +621,54 @@ impl Master {
             }
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "reading the slot map failed"),
+        }
+    }
+
+    /// Operator requests that reach the master through Redis: a drain of this host, a
+    /// config published with `gaffer config apply`.
+    async fn read_cluster_state(&mut self) {
+        use redis::AsyncCommands;
+        match self
+            .conn
+            .sismember::<_, _, bool>(self.keys.draining(), &self.opts.host)
+            .await
+        {
+            Ok(drained) if drained != self.drained => {
+                tracing::info!(host = %self.opts.host, drained, "operator drain changed");
+                self.drained = drained;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the drain set failed"),
+        }
+        let published: Result<(Option<u64>, Option<String>), _> = redis::cmd("HMGET")
+            .arg(self.keys.config())
+            .arg("version")
+            .arg("source")
+            .query_async(&mut self.conn)
+            .await;
+        match published {
+            Ok((Some(version), Some(source))) if version > self.config_version => {
+                let origin = format!("redis config v{version}");
+                match crate::config::parse_with(
+                    &source,
+                    &origin,
+                    &self.opts.registry.custom_names(),
+                ) {
+                    Ok(cfg) => {
+                        tracing::info!(version, "adopting the published config");
+                        self.config_version = version;
+                        self.adopt(cfg, source).await;
+                    }
+                    Err(e) => {
+                        // Validated by `config apply`; a binary without some custom
+                        // handler may still refuse it. Keep running on the old one.
+                        self.config_version = version;
+                        tracing::error!(version, error = %e, "cannot adopt the published config");
+                    }
+                }
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the published config failed"),
         }
     }
 
@@ -691,7 +746,7 @@ impl Master {
     /// This host's wanted slots per queue: the map's part, limited to queues this host
     /// can run.
     fn wanted(&self) -> BTreeMap<String, u32> {
-        if self.draining {
+        if self.draining || self.drained {
             return BTreeMap::new();
         }
         let Some(map) = &self.map else {
@@ -856,7 +911,7 @@ impl Master {
         r.pid = std::process::id();
         r.started_ms = self.started_ms;
         r.ts_ms = cluster::now_ms();
-        r.draining = self.draining;
+        r.draining = self.draining || self.drained;
         r.slots = self.slots.len() as u32;
         r.handlers = self.opts.registry.names();
         r.map_version = self.map.as_ref().map_or(0, |m| m.version);

@@ -1,0 +1,172 @@
+//! Leadership: one lease key with a TTL and a fencing epoch. Every write the manager makes
+//! to shared state goes through a script that first checks the lease still names this
+//! manager and its epoch, so a manager that lost the lease (paused, partitioned) cannot
+//! write, even if it does not know yet.
+
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::cluster::{Keys, SlotMap};
+use crate::queue_client::{QueueError, RedisConn};
+
+/// Take the lease if free, renew it if ours. Returns our epoch, or 0 if another holds it.
+const ACQUIRE: &str = r"
+local cur = redis.call('GET', KEYS[1])
+local me = ARGV[1]
+if cur then
+  local id, epoch = string.match(cur, '^(.*):(%d+)$')
+  if id == me then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return tonumber(epoch)
+  end
+  return 0
+end
+local epoch = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], me .. ':' .. epoch, 'PX', ARGV[2])
+return epoch
+";
+
+/// Write the map if the lease is still `id:epoch`. Returns the new version, or 0 when
+/// fenced off.
+const WRITE_MAP: &str = r#"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+local version = 1
+local old = redis.call('GET', KEYS[2])
+if old then
+  local v = string.match(old, '"version":(%d+)')
+  if v then version = tonumber(v) + 1 end
+end
+local map = string.gsub(ARGV[3], '"version":0', '"version":' .. version, 1)
+redis.call('SET', KEYS[2], map)
+return version
+"#;
+
+/// Record a schedule's fire time if the lease is ours and the time is new. Returns 1
+/// when this manager should enqueue it, 0 otherwise.
+const FIRE: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
+if tonumber(ARGV[4]) <= last then return 0 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+return 1
+";
+
+/// Let go of the lease if it is still ours (a clean stop hands over at once).
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] .. ':' .. ARGV[2] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// This manager's claim on leadership.
+#[derive(Debug, Clone)]
+pub struct Leadership {
+    keys: Keys,
+    id: String,
+    ttl: Duration,
+    epoch: u64,
+}
+
+impl Leadership {
+    /// A claim for the manager `id` (unique per process) with leases of `ttl`.
+    pub fn new(keys: Keys, id: String, ttl: Duration) -> Self {
+        Self {
+            keys,
+            id,
+            ttl,
+            epoch: 0,
+        }
+    }
+
+    /// The epoch of the lease held, 0 when not leading.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Acquires or renews the lease; true while leading.
+    pub async fn renew(&mut self, conn: &mut RedisConn) -> Result<bool, QueueError> {
+        let epoch: u64 = Script::new(ACQUIRE)
+            .key(self.keys.lease())
+            .key(self.keys.epoch())
+            .arg(&self.id)
+            .arg(self.ttl.as_millis() as u64)
+            .invoke_async(conn)
+            .await?;
+        self.epoch = epoch;
+        Ok(epoch > 0)
+    }
+
+    /// Writes `map` under the lease; its version is assigned here. None when fenced off
+    /// (the lease moved on), which also means this manager is no longer leading.
+    pub async fn write_map(
+        &mut self,
+        conn: &mut RedisConn,
+        map: &SlotMap,
+    ) -> Result<Option<u64>, QueueError> {
+        let mut map = map.clone();
+        map.epoch = self.epoch;
+        map.version = 0;
+        let json = serde_json::to_string(&map).map_err(|e| QueueError::Protocol(e.to_string()))?;
+        let version: u64 = Script::new(WRITE_MAP)
+            .key(self.keys.lease())
+            .key(self.keys.map())
+            .arg(&self.id)
+            .arg(self.epoch)
+            .arg(json)
+            .invoke_async(conn)
+            .await?;
+        if version == 0 {
+            self.epoch = 0;
+            return Ok(None);
+        }
+        Ok(Some(version))
+    }
+
+    /// Claims one fire of schedule `key` at `fire_ms`; true when this manager must
+    /// enqueue it (leading, and no manager claimed this time before).
+    pub async fn claim_fire(
+        &mut self,
+        conn: &mut RedisConn,
+        key: &str,
+        fire_ms: i64,
+    ) -> Result<bool, QueueError> {
+        let n: i64 = Script::new(FIRE)
+            .key(self.keys.lease())
+            .key(self.keys.schedules())
+            .arg(&self.id)
+            .arg(self.epoch)
+            .arg(key)
+            .arg(fire_ms)
+            .invoke_async(conn)
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Last fire time claimed for schedule `key` (ms), if any.
+    pub async fn last_fire(
+        &self,
+        conn: &mut RedisConn,
+        key: &str,
+    ) -> Result<Option<i64>, QueueError> {
+        let v: Option<i64> = redis::cmd("HGET")
+            .arg(self.keys.schedules())
+            .arg(key)
+            .query_async(conn)
+            .await?;
+        Ok(v)
+    }
+
+    /// Gives the lease up if still held.
+    pub async fn release(&mut self, conn: &mut RedisConn) -> Result<(), QueueError> {
+        let _: i64 = Script::new(RELEASE)
+            .key(self.keys.lease())
+            .arg(&self.id)
+            .arg(self.epoch)
+            .invoke_async(conn)
+            .await?;
+        self.epoch = 0;
+        Ok(())
+    }
+}

@@ -1,0 +1,294 @@
+//! The manager: one active per cluster. Every tick it renews its leadership lease, reads
+//! the masters' reports and the queues' statistics, asks the balancer for a new map and
+//! writes it under its fencing epoch; it also fires schedules and adopts configs
+//! published with `gaffer config apply`.
+//!
+//! It knows nothing of masters or slots beyond the reports they leave in Redis.
+
+mod lease;
+mod window;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::Context;
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+use crate::balancer::{self, HostState, Input};
+use crate::cluster::{self, Keys, SlotMap};
+use crate::config::Config;
+use crate::queue_client::{ConnectOptions, NewTask, QueueClient, QueueLimits, RedisConn};
+
+pub use lease::Leadership;
+pub use window::Windows;
+
+/// Everything a manager needs; built by `gaffer manager` or by a test.
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    /// The validated config (replaced when one is published).
+    pub config: Config,
+    /// Redis to meet the cluster in.
+    pub redis_url: String,
+    /// Password and timeouts for Redis.
+    pub connect: ConnectOptions,
+    /// Unique per manager process: host name and pid.
+    pub id: String,
+    /// Handler names beyond the built-in ones, to read published configs.
+    pub custom_handlers: Vec<String>,
+    /// How far back statistics are averaged.
+    pub window: Duration,
+}
+
+impl ManagerOptions {
+    /// Options with the defaults for everything but what must be given.
+    pub fn new(config: Config, redis_url: String, id: String) -> Self {
+        Self {
+            config,
+            redis_url,
+            connect: ConnectOptions::default(),
+            id,
+            custom_handlers: Vec::new(),
+            window: Duration::from_secs(60),
+        }
+    }
+
+    /// How long the lease lasts without renewal: three ticks, at least 3 s, so one slow
+    /// tick does not hand leadership over.
+    pub fn lease_ttl(&self) -> Duration {
+        (self.config.manager.tick * 3).max(Duration::from_secs(3))
+    }
+}
+
+/// Runs the manager until `shutdown` is cancelled or SIGTERM/SIGINT arrives; then it
+/// releases the lease so a standby takes over at once.
+pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let client = QueueClient::connect(
+        &opts.redis_url,
+        &opts.config.cluster.namespace,
+        &opts.connect,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "connecting to {}",
+            crate::queue_client::redacted(&opts.redis_url)
+        )
+    })?;
+    let keys = Keys::new(&opts.config.cluster.namespace);
+    let mut m = Manager {
+        leadership: Leadership::new(keys.clone(), opts.id.clone(), opts.lease_ttl()),
+        conn: client.connection(),
+        windows: Windows::new(opts.window),
+        config_version: 0,
+        leading: false,
+        keys,
+        client,
+        opts,
+    };
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut tick = tokio::time::interval(m.opts.config.manager.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tracing::info!(id = %m.opts.id, tick = ?m.opts.config.manager.tick, "manager starting");
+    loop {
+        tokio::select! {
+            _ = tick.tick() => m.tick().await,
+            () = shutdown.cancelled() => break,
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+        }
+    }
+    if m.leading
+        && let Err(e) = m.leadership.release(&mut m.conn).await
+    {
+        tracing::warn!(error = %e, "releasing the lease failed");
+    }
+    tracing::info!(id = %m.opts.id, "manager stopped");
+    Ok(())
+}
+
+struct Manager {
+    opts: ManagerOptions,
+    keys: Keys,
+    client: QueueClient,
+    conn: RedisConn,
+    leadership: Leadership,
+    windows: Windows,
+    config_version: u64,
+    leading: bool,
+}
+
+impl Manager {
+    async fn tick(&mut self) {
+        let was = self.leading;
+        self.leading = match self.leadership.renew(&mut self.conn).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "renewing the lease failed");
+                false
+            }
+        };
+        if self.leading != was {
+            tracing::info!(id = %self.opts.id, leading = self.leading, epoch = self.leadership.epoch(), "leadership changed");
+        }
+        self.adopt_published_config().await;
+        if !self.leading {
+            return;
+        }
+        if let Err(e) = self.decide().await {
+            tracing::warn!(error = %e, "tick failed");
+        }
+        if let Err(e) = self.fire_schedules().await {
+            tracing::warn!(error = %e, "firing schedules failed");
+        }
+    }
+
+    async fn adopt_published_config(&mut self) {
+        let published: Result<(Option<u64>, Option<String>), _> = redis::cmd("HMGET")
+            .arg(self.keys.config())
+            .arg("version")
+            .arg("source")
+            .query_async(&mut self.conn)
+            .await;
+        if let Ok((Some(version), Some(source))) = published
+            && version > self.config_version
+        {
+            self.config_version = version;
+            match crate::config::parse_with(
+                &source,
+                &format!("redis config v{version}"),
+                &self.opts.custom_handlers,
+            ) {
+                Ok(cfg) => {
+                    tracing::info!(
+                        version,
+                        queues = cfg.queues.len(),
+                        "adopting the published config"
+                    );
+                    self.opts.config = cfg;
+                }
+                Err(e) => tracing::error!(version, error = %e, "cannot adopt the published config"),
+            }
+        }
+    }
+
+    async fn decide(&mut self) -> anyhow::Result<()> {
+        let now_ms = cluster::now_ms();
+        let cfg = &self.opts.config;
+        let reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
+        let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
+        let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
+        let timeout = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
+        let hosts: BTreeMap<String, HostState> = reports
+            .iter()
+            .map(|(name, r)| {
+                (
+                    name.clone(),
+                    HostState {
+                        capacity: r.capacity,
+                        handlers: r.handlers.iter().cloned().collect(),
+                        alive: now_ms.saturating_sub(r.ts_ms) <= timeout,
+                        draining: r.draining || draining.contains(name),
+                    },
+                )
+            })
+            .collect();
+        let mut queue_stats = BTreeMap::new();
+        for (name, q) in &cfg.queues {
+            let queue = self.client.queue_with(
+                name,
+                QueueLimits {
+                    max_payload: q.max_payload,
+                    max_attempts: q.max_attempts,
+                },
+            )?;
+            queue_stats.insert(name.clone(), queue.stats().await?);
+        }
+        self.windows
+            .record(tokio::time::Instant::now(), &queue_stats, &reports);
+        let stats = self.windows.windows(&queue_stats);
+        let current = cluster::read_map(&mut self.conn, &self.keys)
+            .await?
+            .unwrap_or_default();
+        let now = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
+        let out = balancer::decide(&Input {
+            config: cfg,
+            stats: &stats,
+            current: &current.hosts,
+            hosts: &hosts,
+            now,
+            paused: &paused,
+        });
+        let decisions = serde_json::to_string(&out.decisions)?;
+        let () = self.conn.set(self.keys.decisions(), decisions).await?;
+        if out.map != current.hosts || current.epoch != self.leadership.epoch() {
+            let map = SlotMap {
+                epoch: self.leadership.epoch(),
+                version: 0,
+                hosts: out.map,
+            };
+            match self.leadership.write_map(&mut self.conn, &map).await? {
+                Some(version) => {
+                    let slots: u32 = map.hosts.values().flat_map(|q| q.values()).sum();
+                    tracing::info!(
+                        version,
+                        epoch = map.epoch,
+                        slots,
+                        "published a new slot map"
+                    );
+                }
+                None => {
+                    tracing::warn!(id = %self.opts.id, "fenced off: another manager leads now");
+                    self.leading = false;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues every schedule fire time since the last one claimed (at most a day back,
+    /// so a cluster that was down does not flood its queues), each exactly once across
+    /// managers: the claim is fenced, and the task id is derived from the fire time.
+    async fn fire_schedules(&mut self) -> anyhow::Result<()> {
+        let cfg = self.opts.config.clone();
+        let tz = cfg.manager.timezone;
+        let now_ms = cluster::now_ms() as i64;
+        for (i, s) in cfg.schedules.iter().enumerate() {
+            let key = format!("{i}:{}:{}", s.queue, s.cron_source);
+            let last = self.leadership.last_fire(&mut self.conn, &key).await?;
+            let from_ms = last.unwrap_or(now_ms - 1000).max(now_ms - 86_400_000);
+            let from = chrono::DateTime::from_timestamp_millis(from_ms)
+                .unwrap_or_default()
+                .with_timezone(&tz);
+            let mut fires = Vec::new();
+            for t in s.cron.iter_after(from).take(1000) {
+                let ms = t.timestamp_millis();
+                if ms > now_ms {
+                    break;
+                }
+                fires.push(ms);
+            }
+            let Some(q) = cfg.queues.get(&s.queue) else {
+                continue;
+            };
+            let queue = self.client.queue_with(
+                &s.queue,
+                QueueLimits {
+                    max_payload: q.max_payload,
+                    max_attempts: q.max_attempts,
+                },
+            )?;
+            for ms in fires {
+                if !self.leadership.claim_fire(&mut self.conn, &key, ms).await? {
+                    break;
+                }
+                let id = format!("schedule:{i}:{ms}");
+                let payload = serde_json::to_vec(&s.payload)?;
+                queue.enqueue(NewTask::new(payload).id(id.clone())).await?;
+                tracing::info!(queue = %s.queue, cron = %s.cron_source, fire_ms = ms, id, "schedule fired");
+            }
+        }
+        Ok(())
+    }
+}
