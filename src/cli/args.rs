@@ -84,6 +84,9 @@ struct MasterOpts {
     /// Host name to register as [default: the system's host name]
     #[arg(long, env = "GAFFER_HOST")]
     host: Option<String>,
+    /// Address for /metrics and /status, overriding [master].http
+    #[arg(long, env = "GAFFER_MASTER_HTTP", value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
 }
 
 #[derive(Subcommand)]
@@ -198,8 +201,10 @@ pub fn run(registry: Registry) -> ExitCode {
         // Before any runtime exists: the zygote must stay single-threaded to fork.
         Command::Zygote => crate::master::zygote::main(&global.registry),
         Command::Config(ConfigCmd::Check) => cli::config_check(&global),
-        Command::Master(m) => {
-            current_thread_runtime().and_then(|rt| rt.block_on(cli::master(&global, m.host)))
+        Command::Master(m) => current_thread_runtime()
+            .and_then(|rt| rt.block_on(cli::master(&global, m.host, m.http))),
+        Command::Manager => {
+            current_thread_runtime().and_then(|rt| rt.block_on(cli::manager(&global)))
         }
         other => runtime().and_then(|rt| rt.block_on(run_async(&global, other))),
     };

@@ -626,8 +626,15 @@ pub async fn bench(global: &Global, args: &BenchArgs) -> Result<(), CliError> {
 }
 
 /// `gaffer master`: runs this host's master until SIGTERM or Ctrl-C, then drains.
-pub async fn master(global: &Global, host: Option<String>) -> Result<(), CliError> {
-    let (cfg, source) = global.load_source()?;
+pub async fn master(
+    global: &Global,
+    host: Option<String>,
+    http: Option<std::net::SocketAddr>,
+) -> Result<(), CliError> {
+    let (mut cfg, source) = global.load_source()?;
+    if let Some(http) = http {
+        cfg.master.http = http;
+    }
     let (url, connect) = global.redis_target(&cfg)?;
     let host = host.unwrap_or_else(crate::master::sysinfo::host_name);
     let mut opts =

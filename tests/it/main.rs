@@ -6,5 +6,6 @@ mod config;
 mod harness;
 mod host;
 mod invariants;
+mod manager;
 mod queue;
 mod slot;

@@ -1,0 +1,452 @@
+//! The manager end to end: real `gaffer manager` and `gaffer master` processes on one
+//! redis-server, leadership and fencing, failover, schedules, operator commands.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gaffer::cluster::{self, HostReport, Keys, SlotMap};
+use gaffer::manager::Leadership;
+use gaffer::queue_client::QueueClient;
+use gaffer::redis_server::free_port;
+use nix::sys::signal::Signal;
+
+use crate::harness::{TestRedis, eventually, poll_some};
+use crate::host::{gone, http_get};
+
+/// Processes killed on drop.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A cluster on one machine: one Redis, a config file, managers and masters.
+struct Cluster {
+    redis: TestRedis,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    client: QueueClient,
+    procs: Procs,
+}
+
+const FAST: &str = "[manager]\ntick = \"200ms\"\nheartbeat_timeout = \"2s\"\n\n";
+
+impl Cluster {
+    async fn start(tables: &str) -> Self {
+        let redis = TestRedis::start();
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.toml");
+        let c = Cluster {
+            client: redis.client().await,
+            redis,
+            dir,
+            config,
+            procs: Procs(Vec::new()),
+        };
+        c.write_config(tables);
+        c
+    }
+
+    fn write_config(&self, tables: &str) {
+        let text = format!(
+            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n{FAST}{tables}",
+            self.redis.url()
+        );
+        std::fs::write(&self.config, text).unwrap();
+    }
+
+    fn gaffer(&self, args: &[&str], log: &str) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gaffer"));
+        cmd.arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env("GAFFER_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join(log)).unwrap());
+        cmd
+    }
+
+    /// Starts a manager; returns its index in `procs`.
+    fn manager(&mut self, n: usize) -> usize {
+        let child = self
+            .gaffer(&["manager"], &format!("manager{n}.log"))
+            .spawn()
+            .unwrap();
+        self.procs.0.push(child);
+        self.procs.0.len() - 1
+    }
+
+    /// Starts a master for `host` with its own HTTP port.
+    fn master(&mut self, host: &str) -> (usize, u16) {
+        let http = free_port().unwrap();
+        let child = self
+            .gaffer(&["master", "--host", host], &format!("master-{host}.log"))
+            .env("GAFFER_MASTER_HTTP", format!("127.0.0.1:{http}"))
+            .spawn()
+            .unwrap();
+        self.procs.0.push(child);
+        (self.procs.0.len() - 1, http)
+    }
+
+    fn pid(&self, i: usize) -> u32 {
+        self.procs.0[i].id()
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    async fn map(&self) -> Option<SlotMap> {
+        cluster::read_map(&mut self.client.connection(), &Keys::new("test"))
+            .await
+            .unwrap()
+    }
+
+    /// Slots of `queue` per host in the current map.
+    async fn placed(&self, queue: &str) -> BTreeMap<String, u32> {
+        self.map()
+            .await
+            .map(|m| {
+                m.hosts
+                    .iter()
+                    .filter_map(|(h, qs)| qs.get(queue).map(|n| (h.clone(), *n)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn signal(pid: u32, sig: Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+}
+
+/// A host that is only a report: enough for the manager to place slots on it.
+async fn heartbeat(client: &QueueClient, host: &str, capacity: u32) {
+    let report = HostReport {
+        host: host.into(),
+        ts_ms: cluster::now_ms(),
+        capacity,
+        handlers: vec!["noop".into(), "sleep".into()],
+        ..HostReport::default()
+    };
+    cluster::publish_host(&mut client.connection(), &Keys::new("test"), &report)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_fenced_manager_cannot_write() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let mut conn = client.connection();
+    let keys = Keys::new("test");
+    let ttl = Duration::from_secs(30);
+    let mut first = Leadership::new(keys.clone(), "first".into(), ttl);
+    let mut second = Leadership::new(keys.clone(), "second".into(), ttl);
+    assert!(first.renew(&mut conn).await.unwrap());
+    assert!(
+        !second.renew(&mut conn).await.unwrap(),
+        "the lease is taken"
+    );
+    let map = SlotMap::default();
+    assert_eq!(first.write_map(&mut conn, &map).await.unwrap(), Some(1));
+
+    // The first manager's lease runs out (as if it was paused) and the second takes over.
+    let () = redis::cmd("DEL")
+        .arg(keys.lease())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(second.renew(&mut conn).await.unwrap());
+    assert_eq!(second.epoch(), 2);
+    assert_eq!(
+        first.write_map(&mut conn, &map).await.unwrap(),
+        None,
+        "fenced"
+    );
+    assert!(
+        !first.claim_fire(&mut conn, "s", 1).await.unwrap(),
+        "fenced"
+    );
+    assert_eq!(second.write_map(&mut conn, &map).await.unwrap(), Some(2));
+    let stored = cluster::read_map(&mut conn, &keys).await.unwrap().unwrap();
+    assert_eq!((stored.epoch, stored.version), (2, 2));
+    assert!(!first.renew(&mut conn).await.unwrap(), "and it steps down");
+}
+
+#[tokio::test]
+async fn failover_after_sigstop_and_no_stale_map_after_sigcont() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 2\n").await;
+    heartbeat(&c.client, "h1", 10).await;
+    let m1 = c.manager(1);
+    let m2 = c.manager(2);
+    let first = poll_some(Duration::from_secs(20), "a first map", || async {
+        heartbeat(&c.client, "h1", 10).await;
+        c.map()
+            .await
+            .filter(|m| m.hosts.get("h1").is_some_and(|q| q.get("a") == Some(&2)))
+    })
+    .await;
+    let lease: String = redis::cmd("GET")
+        .arg(Keys::new("test").lease())
+        .query_async(&mut c.client.connection())
+        .await
+        .unwrap();
+    let (leader, standby) = if lease.contains(&format!(":{}:", c.pid(m1))) {
+        (m1, m2)
+    } else {
+        (m2, m1)
+    };
+    signal(c.pid(leader), Signal::SIGSTOP);
+    // Change what the right map is, so the standby must write one when it takes over.
+    let epochs = std::sync::Mutex::new(vec![first.epoch]);
+    let taken = poll_some(
+        Duration::from_secs(30),
+        "the standby to take over",
+        || async {
+            heartbeat(&c.client, "h1", 10).await;
+            heartbeat(&c.client, "h2", 10).await;
+            let m = c.map().await?;
+            epochs.lock().unwrap().push(m.epoch);
+            (m.epoch > first.epoch).then_some(m)
+        },
+    )
+    .await;
+    signal(c.pid(leader), Signal::SIGCONT);
+    // The stale manager wakes up believing it leads; it must write nothing.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        heartbeat(&c.client, "h1", 10).await;
+        heartbeat(&c.client, "h2", 10).await;
+        epochs.lock().unwrap().push(c.map().await.unwrap().epoch);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let epochs = epochs.into_inner().unwrap();
+    assert!(
+        epochs.windows(2).all(|w| w[0] <= w[1]),
+        "a stale epoch was accepted: {epochs:?}"
+    );
+    assert!(
+        epochs.iter().all(|&e| e == first.epoch || e == taken.epoch),
+        "{epochs:?}"
+    );
+    let stale_log = c.log(&format!("manager{}.log", if leader == m1 { 1 } else { 2 }));
+    assert!(stale_log.contains("leading=false"), "{stale_log}");
+    let _ = standby;
+}
+
+#[tokio::test]
+async fn a_dead_masters_slots_move_within_the_heartbeat_timeout() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 4\n").await;
+    c.manager(1);
+    let (m1, http1) = c.master("h1");
+    let (_m2, http2) = c.master("h2");
+    eventually(
+        Duration::from_secs(30),
+        "a spread over both hosts",
+        || async {
+            let p = c.placed("a").await;
+            p.get("h1") == Some(&2) && p.get("h2") == Some(&2)
+        },
+    )
+    .await;
+    let running = |http: u16| -> usize {
+        http_get(http, "/status")
+            .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+            .map_or(0, |s| {
+                s["slots"]
+                    .as_array()
+                    .map_or(0, |a| a.iter().filter(|x| x["state"] == "idle").count())
+            })
+    };
+    eventually(Duration::from_secs(20), "slots running on both", || async {
+        running(http1) == 2 && running(http2) == 2
+    })
+    .await;
+    let status: serde_json::Value =
+        serde_json::from_str(&http_get(http1, "/status").unwrap()).unwrap();
+    let h1_pids: Vec<u32> = status["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["pid"].as_u64().map(|p| p as u32))
+        .collect();
+    signal(c.pid(m1), Signal::SIGKILL);
+    let killed = Instant::now();
+    eventually(Duration::from_secs(20), "all four slots on h2", || async {
+        c.placed("a").await.get("h2") == Some(&4) && running(http2) == 4
+    })
+    .await;
+    // Heartbeat timeout 2 s + manager tick + master tick, with room for a loaded machine.
+    assert!(
+        killed.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        killed.elapsed()
+    );
+    assert!(
+        h1_pids.iter().all(|&p| gone(p)),
+        "h1's slots died with their master"
+    );
+}
+
+#[tokio::test]
+async fn schedules_fire_once_per_second_across_a_failover() {
+    let mut c = Cluster::start(
+        "[queues.tick]\nhandler = \"noop\"\n\n[[schedules]]\nqueue = \"tick\"\ncron = \"* * * * * *\"\npayload = { kind = \"tick\" }\n",
+    )
+    .await;
+    let m1 = c.manager(1);
+    let m2 = c.manager(2);
+    let q = c.client.queue("tick").unwrap();
+    eventually(Duration::from_secs(20), "first fires", || async {
+        q.stats().await.unwrap().enqueued_total >= 2
+    })
+    .await;
+    let lease: String = redis::cmd("GET")
+        .arg(Keys::new("test").lease())
+        .query_async(&mut c.client.connection())
+        .await
+        .unwrap();
+    let leader = if lease.contains(&format!(":{}:", c.pid(m1))) {
+        m1
+    } else {
+        m2
+    };
+    signal(c.pid(leader), Signal::SIGSTOP);
+    let stopped_at = q.stats().await.unwrap().enqueued_total;
+    // The standby takes over after the lease (3 s) and catches up on the missed seconds.
+    eventually(
+        Duration::from_secs(20),
+        "fires after the failover",
+        || async { q.stats().await.unwrap().enqueued_total >= stopped_at + 5 },
+    )
+    .await;
+    signal(c.pid(leader), Signal::SIGCONT);
+    let resumed_at = q.stats().await.unwrap().enqueued_total;
+    eventually(
+        Duration::from_secs(20),
+        "fires with both running",
+        || async { q.stats().await.unwrap().enqueued_total >= resumed_at + 3 },
+    )
+    .await;
+    for i in 0..c.procs.0.len() {
+        signal(c.pid(i), Signal::SIGSTOP);
+    }
+    let stats = q.stats().await.unwrap();
+    let ids: Vec<String> = {
+        let tasks = q.take(10_000, Duration::from_secs(60)).await.unwrap().tasks;
+        tasks.into_iter().map(|t| t.id).collect()
+    };
+    assert_eq!(
+        ids.len() as u64,
+        stats.enqueued_total,
+        "every enqueue is a distinct task"
+    );
+    let mut seconds: Vec<i64> = ids
+        .iter()
+        .map(|id| id.rsplit(':').next().unwrap().parse::<i64>().unwrap() / 1000)
+        .collect();
+    seconds.sort_unstable();
+    let distinct: BTreeSet<i64> = seconds.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        seconds.len(),
+        "a fire time enqueued twice: {seconds:?}"
+    );
+    let (first, last) = (seconds[0], *seconds.last().unwrap());
+    assert_eq!(
+        seconds.len() as i64,
+        last - first + 1,
+        "a fire time was skipped: {seconds:?}"
+    );
+    assert!(seconds.len() >= 10, "{seconds:?}");
+}
+
+#[tokio::test]
+async fn operators_pause_drain_and_apply_through_redis() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 2\n").await;
+    c.manager(1);
+    let (_m1, _http1) = c.master("h1");
+    let (_m2, _http2) = c.master("h2");
+    // Both hosts up and a placed (where depends on which host reported first: a map that
+    // is right is not reshuffled).
+    eventually(
+        Duration::from_secs(30),
+        "a placed, both hosts up",
+        || async {
+            let hosts = cluster::read_hosts(&mut c.client.connection(), &Keys::new("test"))
+                .await
+                .unwrap();
+            hosts.len() == 2 && c.placed("a").await.values().sum::<u32>() == 2
+        },
+    )
+    .await;
+
+    c.cli(&["pause", "a"]);
+    eventually(Duration::from_secs(10), "a paused", || async {
+        c.placed("a").await.is_empty()
+    })
+    .await;
+    let stats: serde_json::Value = serde_json::from_str(&c.cli(&["stats", "--json"])).unwrap();
+    assert_eq!(stats["queues"]["a"]["paused"], true, "{stats}");
+    c.cli(&["resume", "a"]);
+    eventually(Duration::from_secs(10), "a resumed", || async {
+        c.placed("a").await.values().sum::<u32>() == 2
+    })
+    .await;
+
+    c.cli(&["drain", "h1"]);
+    eventually(Duration::from_secs(10), "h1 drained", || async {
+        let p = c.placed("a").await;
+        p.get("h2") == Some(&2) && !p.contains_key("h1")
+    })
+    .await;
+    c.cli(&["drain", "h1", "--cancel"]);
+
+    // A new queue type published to the running cluster gets slots without a restart.
+    let text = std::fs::read_to_string(&c.config).unwrap()
+        + "\n[queues.b]\nhandler = \"sleep\"\nmin_slots = 1\n";
+    std::fs::write(&c.config, text).unwrap();
+    let out = c.cli(&["config", "apply"]);
+    assert!(out.contains("version 1"), "{out}");
+    eventually(Duration::from_secs(15), "b placed and running", || async {
+        let stats: serde_json::Value = serde_json::from_str(&c.cli(&["stats", "--json"])).unwrap();
+        stats["queues"]["b"]["slots"] == 1
+    })
+    .await;
+    let stats = poll_some(
+        Duration::from_secs(10),
+        "the manager's load figures",
+        || async {
+            let stats: serde_json::Value =
+                serde_json::from_str(&c.cli(&["stats", "--json"])).unwrap();
+            stats["queues"]["a"]["load"].is_number().then_some(stats)
+        },
+    )
+    .await;
+    assert!(stats["manager"]["epoch"].as_u64() >= Some(1), "{stats}");
+    assert_eq!(stats["queues"]["b"]["wanted"], 1, "{stats}");
+}
