@@ -241,7 +241,8 @@ async fn failover_after_sigstop_and_no_stale_map_after_sigcont() {
     while Instant::now() < deadline {
         heartbeat(&c.client, "h1", 10).await;
         heartbeat(&c.client, "h2", 10).await;
-        epochs.lock().unwrap().push(c.map().await.unwrap().epoch);
+        let epoch = c.map().await.unwrap().epoch;
+        epochs.lock().unwrap().push(epoch);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let epochs = epochs.into_inner().unwrap();
