@@ -14,4 +14,5 @@ pub mod manager;
 pub mod master;
 pub mod queue_client;
 pub mod redis_server;
+pub mod simulate;
 pub mod slot;

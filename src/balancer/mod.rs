@@ -123,6 +123,8 @@ pub enum Reason {
     },
     /// No live host runs its handler.
     NoHostCanRun,
+    /// Held above demand by hysteresis, but given back because other queues are short.
+    Released,
     /// Granted, but the hosts that run its handler are full.
     Unplaced {
         /// Slots granted but not placed.
@@ -172,6 +174,32 @@ pub fn decide(input: &Input) -> Output {
     Output { map, decisions }
 }
 
+/// Places slots for wanted counts decided by some other rule (the simulator's `hpa` and
+/// `static` policies), with the same scarcity order and placement as [`decide`], so the
+/// rules compare on how many slots they want alone.
+pub fn place_wanted(input: &Input, wanted: &BTreeMap<String, u32>) -> Placement {
+    let current = totals(input.current);
+    let mut decisions: BTreeMap<String, Decision> = input
+        .config
+        .queues
+        .iter()
+        .map(|(q, c)| {
+            let w = wanted.get(q).copied().unwrap_or(0).min(c.max_slots);
+            let d = Decision {
+                current: current.get(q).copied().unwrap_or(0),
+                demand: w,
+                wanted: w,
+                placed: 0,
+                load: None,
+                reasons: Vec::new(),
+            };
+            (q.clone(), d)
+        })
+        .collect();
+    let targets = grant(input, &mut decisions);
+    place(input, &targets)
+}
+
 /// Slots currently placed for each queue.
 pub fn totals(map: &Placement) -> BTreeMap<String, u32> {
     let mut out = BTreeMap::new();
@@ -219,6 +247,19 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
             d.wanted = 0;
         }
         targets.insert((*q).to_string(), 0);
+    }
+    // Hysteresis must not hold idle slots while other queues are short of capacity:
+    // under scarcity, a queue held above its demand falls back to it.
+    let total_wanted: u64 = decisions.values().map(|d| u64::from(d.wanted)).sum();
+    if total_wanted > pool {
+        for (q, d) in decisions.iter_mut() {
+            let c = &config.queues[q];
+            let floor = d.demand.clamp(c.min_slots, c.max_slots);
+            if d.reasons.contains(&Reason::HysteresisHold) && d.wanted > floor {
+                d.wanted = floor;
+                d.reasons.push(Reason::Released);
+            }
+        }
     }
     // Queues sharing an external system share its concurrency, in the same order.
     let mut system_left: BTreeMap<&str, u32> = config

@@ -64,6 +64,20 @@ enum Command {
         #[arg(long)]
         cancel: bool,
     },
+    /// Run the balancer offline over a trace file and print a report
+    ///
+    /// The queues come from the config, the hosts and the load from TRACE (see
+    /// docs/SIMULATION.md). Deterministic: the same trace and seed give the same report.
+    Simulate {
+        /// The trace file (TOML)
+        trace: PathBuf,
+        /// Who decides the slots: gaffer's balancer, the KEDA/HPA rule, or min_slots
+        #[arg(long, value_enum, default_value = "gaffer")]
+        policy: crate::simulate::Policy,
+        /// Print the report as one JSON object
+        #[arg(long)]
+        json: bool,
+    },
     /// Pause a queue: its slots stop after their batch, tasks wait
     Pause {
         /// Queue name
@@ -201,6 +215,11 @@ pub fn run(registry: Registry) -> ExitCode {
         // Before any runtime exists: the zygote must stay single-threaded to fork.
         Command::Zygote => crate::master::zygote::main(&global.registry),
         Command::Config(ConfigCmd::Check) => cli::config_check(&global),
+        Command::Simulate {
+            trace,
+            policy,
+            json,
+        } => cli::simulate(&global, &trace, policy, json),
         Command::Master(m) => current_thread_runtime()
             .and_then(|rt| rt.block_on(cli::master(&global, m.host, m.http))),
         Command::Manager => {
@@ -238,7 +257,8 @@ async fn run_async(global: &Global, command: Command) -> Result<(), CliError> {
         Command::Config(ConfigCmd::Check)
         | Command::Zygote
         | Command::Master(_)
-        | Command::Manager => {
+        | Command::Manager
+        | Command::Simulate { .. } => {
             unreachable!("handled before")
         }
         Command::Push(p) => {

@@ -727,3 +727,27 @@ pub async fn pause(global: &Global, queue: &str, paused: bool) -> Result<(), Cli
     println!("{queue} {what}{note}");
     Ok(())
 }
+
+/// `gaffer simulate TRACE`: the balancer offline; needs no Redis.
+pub fn simulate(
+    global: &Global,
+    trace: &std::path::Path,
+    policy: crate::simulate::Policy,
+    json_out: bool,
+) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let text = std::fs::read_to_string(trace)
+        .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", trace.display())))?;
+    let trace = crate::simulate::trace::parse(&text, &trace.display().to_string())
+        .map_err(CliError::Usage)?;
+    let report = crate::simulate::run(&cfg, &trace, policy).map_err(CliError::Usage)?;
+    if json_out {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| CliError::Runtime(e.into()))?
+        );
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}

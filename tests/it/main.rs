@@ -8,4 +8,5 @@ mod host;
 mod invariants;
 mod manager;
 mod queue;
+mod simulate;
 mod slot;

@@ -1,0 +1,192 @@
+//! The trace file of `gaffer simulate` (DESIGN.md, Simulation traces).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A simulated cluster and the load it gets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trace {
+    /// Simulated time.
+    pub duration: Duration,
+    /// Same seed, same report.
+    pub seed: u64,
+    /// The hosts.
+    pub hosts: Hosts,
+    /// Load segments; overlapping ones add up.
+    pub load: Vec<Load>,
+    /// Faults.
+    pub events: Vec<Event>,
+    /// Tasks per slot the `hpa` policy aims for (KEDA's queue-length target).
+    pub hpa_target: f64,
+}
+
+/// Identical hosts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hosts {
+    /// How many.
+    pub count: u32,
+    /// Memory of each.
+    pub memory: u64,
+    /// PSS of one slot.
+    pub slot_memory: u64,
+    /// Fork to first take.
+    pub slot_start: Duration,
+}
+
+impl Hosts {
+    /// Slots one host holds.
+    pub fn capacity(&self) -> u32 {
+        u32::try_from(self.memory / self.slot_memory.max(1)).unwrap_or(u32::MAX)
+    }
+}
+
+/// Poisson arrivals for one queue over an interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Load {
+    /// Queue name (must be in the config).
+    pub queue: String,
+    /// Start.
+    pub from: Duration,
+    /// End.
+    pub to: Duration,
+    /// Tasks per second at `from`.
+    pub rate: f64,
+    /// Tasks per second at `to` (linear ramp); `rate` when absent.
+    pub rate_to: f64,
+    /// Mean handling time per task.
+    pub task_time: Duration,
+}
+
+impl Load {
+    /// The arrival rate at `t`, 0 outside the segment.
+    pub fn rate_at(&self, t: Duration) -> f64 {
+        if t < self.from || t >= self.to {
+            return 0.0;
+        }
+        let span = (self.to - self.from).as_secs_f64();
+        let x = if span > 0.0 {
+            (t - self.from).as_secs_f64() / span
+        } else {
+            0.0
+        };
+        self.rate + (self.rate_to - self.rate) * x
+    }
+}
+
+/// A fault at a moment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// When.
+    pub at: Duration,
+    /// How many hosts die then (the highest-numbered alive ones).
+    pub kill_hosts: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTrace {
+    duration: String,
+    seed: Option<u64>,
+    hpa_target: Option<f64>,
+    hosts: RawHosts,
+    #[serde(default)]
+    load: Vec<RawLoad>,
+    #[serde(default)]
+    events: Vec<RawEvent>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHosts {
+    count: u32,
+    memory: String,
+    slot_memory: String,
+    slot_start: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLoad {
+    queue: String,
+    from: String,
+    to: String,
+    rate: f64,
+    rate_to: Option<f64>,
+    task_time: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvent {
+    at: String,
+    kill_hosts: u32,
+}
+
+/// Parses a trace; errors name the file and what is wrong.
+pub fn parse(text: &str, origin: &str) -> Result<Trace, String> {
+    let raw: RawTrace = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+    let dur = |key: &str, v: &str| {
+        crate::config::parse_duration(v).map_err(|e| format!("{origin}: {key}: {e}"))
+    };
+    let size = |key: &str, v: &str| {
+        crate::config::parse_size(v).map_err(|e| format!("{origin}: {key}: {e}"))
+    };
+    let duration = dur("duration", &raw.duration)?;
+    let hosts = Hosts {
+        count: raw.hosts.count,
+        memory: size("hosts.memory", &raw.hosts.memory)?,
+        slot_memory: size("hosts.slot_memory", &raw.hosts.slot_memory)?,
+        slot_start: match &raw.hosts.slot_start {
+            Some(s) => dur("hosts.slot_start", s)?,
+            None => Duration::from_millis(200),
+        },
+    };
+    if hosts.slot_memory == 0 {
+        return Err(format!(
+            "{origin}: hosts.slot_memory: must be greater than zero"
+        ));
+    }
+    let mut load = Vec::new();
+    for (i, l) in raw.load.iter().enumerate() {
+        let key = |k: &str| format!("load[{i}].{k}");
+        let seg = Load {
+            queue: l.queue.clone(),
+            from: dur(&key("from"), &l.from)?,
+            to: dur(&key("to"), &l.to)?,
+            rate: l.rate,
+            rate_to: l.rate_to.unwrap_or(l.rate),
+            task_time: dur(&key("task_time"), &l.task_time)?,
+        };
+        if seg.rate < 0.0 || seg.rate_to < 0.0 || !seg.rate.is_finite() || !seg.rate_to.is_finite()
+        {
+            return Err(format!(
+                "{origin}: {}: rates must be finite and not negative",
+                key("rate")
+            ));
+        }
+        if seg.task_time.is_zero() {
+            return Err(format!(
+                "{origin}: {}: must be greater than zero",
+                key("task_time")
+            ));
+        }
+        load.push(seg);
+    }
+    let mut events = Vec::new();
+    for (i, e) in raw.events.iter().enumerate() {
+        events.push(Event {
+            at: dur(&format!("events[{i}].at"), &e.at)?,
+            kill_hosts: e.kill_hosts,
+        });
+    }
+    events.sort_by_key(|e| e.at);
+    Ok(Trace {
+        duration,
+        seed: raw.seed.unwrap_or(0),
+        hosts,
+        load,
+        events,
+        hpa_target: raw.hpa_target.unwrap_or(5.0),
+    })
+}

@@ -1,0 +1,76 @@
+//! `gaffer simulate` on the shipped traces: gaffer's balancer against the rules it must
+//! beat, and determinism.
+
+use std::path::Path;
+
+use gaffer::simulate::{self, Policy, Report};
+
+fn run(trace: &str, policy: Policy) -> Report {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces");
+    let config = gaffer::config::load(&dir.join("cluster.toml")).unwrap();
+    let path = dir.join(format!("{trace}.toml"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let trace = simulate::trace::parse(&text, &path.display().to_string()).unwrap();
+    simulate::run(&config, &trace, policy).unwrap()
+}
+
+fn changes(r: &Report) -> u64 {
+    r.queues.values().map(|q| q.slot_changes).sum()
+}
+
+/// The acceptance bar of the balancer: on every shipped trace the highest-priority
+/// queue waits no longer at p99 than under HPA, with at most a third of its slot changes.
+#[test]
+fn gaffer_beats_hpa_on_every_shipped_trace() {
+    for trace in ["steady", "diurnal", "burst", "host_loss"] {
+        let g = run(trace, Policy::Gaffer);
+        let h = run(trace, Policy::Hpa);
+        let (ge, he) = (&g.queues["events"], &h.queues["events"]);
+        assert!(
+            ge.wait_p99_ms <= he.wait_p99_ms,
+            "{trace}: events p99 {} ms under gaffer, {} ms under hpa",
+            ge.wait_p99_ms,
+            he.wait_p99_ms
+        );
+        assert!(
+            changes(&g) * 3 <= changes(&h),
+            "{trace}: {} slot changes under gaffer, {} under hpa",
+            changes(&g),
+            changes(&h)
+        );
+        assert_eq!(ge.done, ge.arrived, "{trace}: events fully served");
+    }
+}
+
+#[test]
+fn same_trace_same_report() {
+    assert_eq!(
+        run("host_loss", Policy::Gaffer),
+        run("host_loss", Policy::Gaffer)
+    );
+}
+
+#[test]
+fn static_keeps_minimums() {
+    let r = run("steady", Policy::Static);
+    assert_eq!(r.queues["events"].mean_slots, 4.0);
+    assert_eq!(r.queues["reports"].mean_slots, 0.0);
+    assert_eq!(r.queues["reports"].done, 0);
+}
+
+#[test]
+fn a_trace_naming_an_unknown_queue_is_refused() {
+    let config =
+        gaffer::config::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/cluster.toml"))
+            .unwrap();
+    let trace = simulate::trace::parse(
+        "duration = \"1m\"\n[hosts]\ncount = 1\nmemory = \"1GiB\"\nslot_memory = \"100MiB\"\n\
+         [[load]]\nqueue = \"nope\"\nfrom = \"0s\"\nto = \"1m\"\nrate = 1.0\ntask_time = \"1s\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    let err = simulate::run(&config, &trace, Policy::Gaffer).unwrap_err();
+    assert!(err.contains("`nope`"), "{err}");
+    let err = simulate::trace::parse("duration = \"1m\"\n", "t.toml").unwrap_err();
+    assert!(err.starts_with("t.toml: "), "{err}");
+}
