@@ -264,7 +264,7 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
             })
             .collect();
 
-        if t % tick_ms == 0 {
+        if t.is_multiple_of(tick_ms) {
             // Statistics for the window, as the manager would read them.
             samples.push_back(Sample {
                 at_ms: t,
