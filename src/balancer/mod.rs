@@ -232,7 +232,7 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
             .map(|h| u64::from(h.capacity))
             .sum()
     };
-    let mut pool: u64 = input
+    let pool: u64 = input
         .hosts
         .values()
         .filter(|h| h.usable())
@@ -261,6 +261,15 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
             }
         }
     }
+    // Free capacity per usable host, so a queue is granted only room it can be placed in.
+    let mut free: BTreeMap<&str, u32> = input
+        .hosts
+        .iter()
+        .filter(|(_, h)| h.usable())
+        .map(|(n, h)| (n.as_str(), h.capacity))
+        .collect();
+    let mut hosts_by_use: Vec<&str> = free.keys().copied().collect();
+    hosts_by_use.sort_by_key(|h| (input.hosts[*h].handlers.len(), *h));
     // Queues sharing an external system share its concurrency, in the same order.
     let mut system_left: BTreeMap<&str, u32> = config
         .systems
@@ -277,7 +286,13 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
                 d.wanted
             };
             let t = targets.get_mut(*q).expect("inserted above");
-            let mut add = u64::from(goal.saturating_sub(*t)).min(pool) as u32;
+            let handler = config.queues[*q].handler.name();
+            let room: u64 = hosts_by_use
+                .iter()
+                .filter(|h| input.hosts[**h].handlers.contains(handler))
+                .map(|h| u64::from(free[*h]))
+                .sum();
+            let mut add = u64::from(goal.saturating_sub(*t)).min(room) as u32;
             let left = config.queues[*q]
                 .system
                 .as_deref()
@@ -290,7 +305,20 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
                 *left -= add;
             }
             *t += add;
-            pool -= u64::from(add);
+            // Take the room from the hosts that run this handler, specialised hosts
+            // (fewest handlers) first: general ones stay free for queues that need them.
+            let mut need = add;
+            for h in &hosts_by_use {
+                if need == 0 {
+                    break;
+                }
+                if input.hosts[*h].handlers.contains(handler) {
+                    let f = free.get_mut(*h).expect("usable host");
+                    let take = (*f).min(need);
+                    *f -= take;
+                    need -= take;
+                }
+            }
         }
     }
     for (q, d) in decisions.iter_mut() {

@@ -427,7 +427,7 @@ proptest! {
                 for (o, ocfg) in &case.config.queues {
                     if ocfg.priority < cfg.priority {
                         let on = totals.get(o).copied().unwrap_or(0);
-                        prop_assert!(on <= ocfg.min_slots, "{o} (lower) above min while {q} starves");
+                        prop_assert!(on <= ocfg.min_slots, "{o} (lower) above min while {q} starves\n{}\nhosts {:?}\ncurrent {:?}", render(&out), case.hosts, case.current);
                     }
                 }
             }
