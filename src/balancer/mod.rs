@@ -164,8 +164,9 @@ pub fn decide(input: &Input) -> Output {
     let mut decisions = wanted(input);
     let targets = grant(input, &mut decisions);
     let map = place(input, &targets);
+    let placed = totals(&map);
     for (q, d) in &mut decisions {
-        d.placed = map.values().map(|h| h.get(q).copied().unwrap_or(0)).sum();
+        d.placed = placed.get(q).copied().unwrap_or(0);
         if d.placed < targets.get(q).copied().unwrap_or(0) {
             let short = targets[q] - d.placed;
             d.reasons.push(Reason::Unplaced { short });
@@ -222,16 +223,34 @@ fn by_priority(config: &Config) -> Vec<&str> {
 /// minimums first in priority order, then the rest by priority. Returns the targets.
 pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTreeMap<String, u32> {
     let config = input.config;
-    // Per queue, the capacity of hosts that can run it; the pool is all usable capacity.
-    let runnable = |q: &str| -> u64 {
-        let handler = config.queues[q].handler.name();
-        input
-            .hosts
-            .values()
-            .filter(|h| h.usable() && h.handlers.contains(handler))
-            .map(|h| u64::from(h.capacity))
-            .sum()
-    };
+    // Per handler, the usable hosts that run it (as indices into `hosts_by_use`).
+    let mut hosts_by_use: Vec<&str> = input
+        .hosts
+        .iter()
+        .filter(|(_, h)| h.usable())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    // Specialised hosts (fewest handlers) first: general ones stay free for the queues
+    // that need them.
+    hosts_by_use.sort_by_key(|h| (input.hosts[*h].handlers.len(), *h));
+    let mut free: Vec<u32> = hosts_by_use
+        .iter()
+        .map(|h| input.hosts[*h].capacity)
+        .collect();
+    let mut runs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for q in config.queues.values() {
+        let handler = q.handler.name();
+        runs.entry(handler).or_insert_with(|| {
+            (0..hosts_by_use.len())
+                .filter(|&i| input.hosts[hosts_by_use[i]].handlers.contains(handler))
+                .collect()
+        });
+    }
+    let runnable: BTreeMap<&str, u64> = runs
+        .iter()
+        .map(|(handler, hosts)| (*handler, hosts.iter().map(|&i| u64::from(free[i])).sum()))
+        .collect();
+    let runnable = |q: &str| runnable[config.queues[q].handler.name()];
     let pool: u64 = input
         .hosts
         .values()
@@ -261,15 +280,7 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
             }
         }
     }
-    // Free capacity per usable host, so a queue is granted only room it can be placed in.
-    let mut free: BTreeMap<&str, u32> = input
-        .hosts
-        .iter()
-        .filter(|(_, h)| h.usable())
-        .map(|(n, h)| (n.as_str(), h.capacity))
-        .collect();
-    let mut hosts_by_use: Vec<&str> = free.keys().copied().collect();
-    hosts_by_use.sort_by_key(|h| (input.hosts[*h].handlers.len(), *h));
+    // A queue is granted only room that hosts running its handler still have.
     // Queues sharing an external system share its concurrency, in the same order.
     let mut system_left: BTreeMap<&str, u32> = config
         .systems
@@ -286,12 +297,8 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
                 d.wanted
             };
             let t = targets.get_mut(*q).expect("inserted above");
-            let handler = config.queues[*q].handler.name();
-            let room: u64 = hosts_by_use
-                .iter()
-                .filter(|h| input.hosts[**h].handlers.contains(handler))
-                .map(|h| u64::from(free[*h]))
-                .sum();
+            let eligible = &runs[config.queues[*q].handler.name()];
+            let room: u64 = eligible.iter().map(|&i| u64::from(free[i])).sum();
             let mut add = u64::from(goal.saturating_sub(*t)).min(room) as u32;
             let left = config.queues[*q]
                 .system
@@ -305,19 +312,14 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
                 *left -= add;
             }
             *t += add;
-            // Take the room from the hosts that run this handler, specialised hosts
-            // (fewest handlers) first: general ones stay free for queues that need them.
             let mut need = add;
-            for h in &hosts_by_use {
+            for &i in eligible {
                 if need == 0 {
                     break;
                 }
-                if input.hosts[*h].handlers.contains(handler) {
-                    let f = free.get_mut(*h).expect("usable host");
-                    let take = (*f).min(need);
-                    *f -= take;
-                    need -= take;
-                }
+                let take = free[i].min(need);
+                free[i] -= take;
+                need -= take;
             }
         }
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use chrono::{Datelike, Timelike};
 
-use super::{Decision, Input, Placement, QueueWindow, Reason, totals};
+use super::{Decision, Input, QueueWindow, Reason};
 use crate::config::QueueConfig;
 
 /// Share of a slot's time the balancer plans to keep busy; the rest absorbs bursts.
@@ -63,13 +63,14 @@ pub fn band(rank: f64) -> (f64, f64) {
 pub fn wanted(input: &Input) -> BTreeMap<String, Decision> {
     let config = input.config;
     // Slots on dead or draining hosts are gone or going: they do not count as running.
-    let usable: Placement = input
-        .current
-        .iter()
-        .filter(|(h, _)| input.hosts.get(*h).is_some_and(|h| h.usable()))
-        .map(|(h, qs)| (h.clone(), qs.clone()))
-        .collect();
-    let current = totals(&usable);
+    let mut current: BTreeMap<&str, u32> = BTreeMap::new();
+    for (h, qs) in input.current {
+        if input.hosts.get(h).is_some_and(|h| h.usable()) {
+            for (q, &n) in qs {
+                *current.entry(q.as_str()).or_default() += n;
+            }
+        }
+    }
     let local = input.now.with_timezone(&config.manager.timezone);
     let (weekday, minute) = (local.weekday(), (local.hour() * 60 + local.minute()) as u16);
 
@@ -88,7 +89,7 @@ pub fn wanted(input: &Input) -> BTreeMap<String, Decision> {
     let mut out = BTreeMap::new();
     for (name, q) in &config.queues {
         let w = input.stats.get(name).unwrap_or(&idle);
-        let cur = current.get(name).copied().unwrap_or(0);
+        let cur = current.get(name.as_str()).copied().unwrap_or(0);
         let figures = load_figures(q, w);
         let demand = (figures.demand_slots / TARGET_UTILISATION - 1e-9)
             .ceil()
