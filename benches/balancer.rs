@@ -14,7 +14,7 @@ fn main() {
     let mut config = Config::default();
     for i in 0..1000 {
         let mut q = QueueConfig::new(format!("q{i:04}"), Handler::Noop);
-        q.priority = (i % 10) as i32;
+        q.priority = i % 10;
         q.min_slots = 1;
         q.max_slots = 1000;
         q.batch_size = 10;
