@@ -232,6 +232,13 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
     let epoch = chrono::DateTime::from_timestamp(1_767_571_200, 0).expect("a valid date");
     let no_pause = BTreeSet::new();
 
+    // Load segments per queue, in the order of `sims`.
+    let loads: Vec<Vec<&trace::Load>> = sims
+        .keys()
+        .map(|q| trace.load.iter().filter(|l| &l.queue == q).collect())
+        .collect();
+    let (mut map_changed, mut dead_seen) = (true, 0usize);
+
     let mut t = 0u64;
     while t < end_ms {
         // Faults: the last alive hosts die; their slots vanish now, the manager notices
@@ -248,23 +255,23 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
                 }
             }
         }
-        let hosts: BTreeMap<String, HostState> = host_names
-            .iter()
-            .map(|h| {
-                let known_dead = dead_at.get(h).is_some_and(|&d| t >= d + heartbeat_ms);
-                (
-                    h.clone(),
-                    HostState {
-                        capacity: trace.hosts.capacity(),
-                        handlers: handlers.clone(),
-                        alive: !known_dead,
-                        draining: false,
-                    },
-                )
-            })
-            .collect();
 
         if t.is_multiple_of(tick_ms) {
+            let hosts: BTreeMap<String, HostState> = host_names
+                .iter()
+                .map(|h| {
+                    let known_dead = dead_at.get(h).is_some_and(|&d| t >= d + heartbeat_ms);
+                    (
+                        h.clone(),
+                        HostState {
+                            capacity: trace.hosts.capacity(),
+                            handlers: handlers.clone(),
+                            alive: !known_dead,
+                            draining: false,
+                        },
+                    )
+                })
+                .collect();
             // Statistics for the window, as the manager would read them.
             samples.push_back(Sample {
                 at_ms: t,
@@ -350,44 +357,50 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
                 now: epoch + chrono::Duration::milliseconds(t as i64),
                 paused: &no_pause,
             };
-            map = match targets {
+            let next = match targets {
                 None => balancer::decide(&input).map,
                 Some(wanted) => balancer::place_wanted(&input, &wanted),
             };
+            if next != map {
+                map = next;
+                map_changed = true;
+            }
         }
 
-        // The slots that run: the map's, on hosts that are really alive.
-        let mut running: BTreeMap<&str, u32> = BTreeMap::new();
-        for (h, qs) in &map {
-            if dead_at.contains_key(h) {
-                continue;
+        // The slots that run: the map's, on hosts that are really alive. Only a decision
+        // or a fault changes them.
+        if map_changed || dead_at.len() != dead_seen {
+            map_changed = false;
+            dead_seen = dead_at.len();
+            let mut running: BTreeMap<&str, u32> = BTreeMap::new();
+            for (h, qs) in &map {
+                if dead_at.contains_key(h) {
+                    continue;
+                }
+                for (q, &n) in qs {
+                    *running.entry(q.as_str()).or_default() += n;
+                }
             }
-            for (q, &n) in qs {
-                *running.entry(q.as_str()).or_default() += n;
+            let (mut started, mut stopped) = (0u64, 0u64);
+            for (q, s) in &mut sims {
+                let (up, down) =
+                    s.set_slots(running.get(q.as_str()).copied().unwrap_or(0), t, start_ms);
+                started += u64::from(up);
+                stopped += u64::from(down);
             }
+            slot_starts += started;
+            slot_moves += started.min(stopped);
         }
-        let (mut started, mut stopped) = (0u64, 0u64);
-        for (q, s) in &mut sims {
-            let (up, down) =
-                s.set_slots(running.get(q.as_str()).copied().unwrap_or(0), t, start_ms);
-            started += u64::from(up);
-            stopped += u64::from(down);
-        }
-        slot_starts += started;
-        slot_moves += started.min(stopped);
 
         let dt = step_ms as f64 / 1000.0;
-        let mut rates: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
-        for l in &trace.load {
-            let r = l.rate_at(Duration::from_millis(t));
-            if r > 0.0 {
-                let e = rates.entry(l.queue.as_str()).or_default();
-                e.0 += r;
-                e.1 += r * l.task_time.as_secs_f64();
+        for (s, segments) in sims.values_mut().zip(&loads) {
+            let (mut rate, mut weighted) = (0.0, 0.0);
+            for l in segments {
+                let r = l.rate_at(Duration::from_millis(t));
+                rate += r;
+                weighted += r * l.task_time.as_secs_f64();
             }
-        }
-        for (q, s) in &mut sims {
-            if let Some(&(rate, weighted)) = rates.get(q.as_str()) {
+            if rate > 0.0 {
                 s.task_seconds = weighted / rate;
                 let n = rng.poisson(rate * dt);
                 if n > 0 {
