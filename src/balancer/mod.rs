@@ -288,25 +288,30 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
         .filter_map(|(name, s)| s.max_concurrency.map(|c| (name.as_str(), c)))
         .collect();
     let mut capped: BTreeSet<&str> = BTreeSet::new();
+    // Per queue in scarcity order, everything the passes read, so they do no lookups
+    // by name (a simulated day makes tens of thousands of decisions).
+    let plan: Vec<(u32, u32, &[usize], Option<&str>)> = order
+        .iter()
+        .map(|q| {
+            let c = &config.queues[*q];
+            (
+                decisions[*q].wanted,
+                c.min_slots,
+                runs[c.handler.name()].as_slice(),
+                c.system.as_deref(),
+            )
+        })
+        .collect();
+    let mut granted = vec![0u32; order.len()];
     for pass_min in [true, false] {
-        for q in &order {
-            let d = &decisions[*q];
-            let goal = if pass_min {
-                d.wanted.min(config.queues[*q].min_slots)
-            } else {
-                d.wanted
-            };
-            let t = targets.get_mut(*q).expect("inserted above");
-            let eligible = &runs[config.queues[*q].handler.name()];
+        for (k, &(wanted, min, eligible, system)) in plan.iter().enumerate() {
+            let goal = if pass_min { wanted.min(min) } else { wanted };
+            let t = &mut granted[k];
             let room: u64 = eligible.iter().map(|&i| u64::from(free[i])).sum();
             let mut add = u64::from(goal.saturating_sub(*t)).min(room) as u32;
-            let left = config.queues[*q]
-                .system
-                .as_deref()
-                .and_then(|s| system_left.get_mut(s));
-            if let Some(left) = left {
+            if let Some(left) = system.and_then(|s| system_left.get_mut(s)) {
                 if *left < add {
-                    capped.insert(q);
+                    capped.insert(order[k]);
                     add = *left;
                 }
                 *left -= add;
@@ -322,6 +327,9 @@ pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTree
                 need -= take;
             }
         }
+    }
+    for (k, q) in order.iter().enumerate() {
+        *targets.get_mut(*q).expect("inserted above") = granted[k];
     }
     for (q, d) in decisions.iter_mut() {
         let t = targets[q];

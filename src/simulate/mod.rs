@@ -185,7 +185,8 @@ impl QueueSim {
 
 struct Sample {
     at_ms: u64,
-    counters: BTreeMap<String, (u64, u64, f64, f64)>,
+    /// Per queue, in the order of the config's (and `sims`') keys.
+    counters: Vec<(u64, u64, f64, f64)>,
 }
 
 /// Runs `trace` against the queues of `config` under `policy`.
@@ -276,13 +277,8 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
             samples.push_back(Sample {
                 at_ms: t,
                 counters: sims
-                    .iter()
-                    .map(|(q, s)| {
-                        (
-                            q.clone(),
-                            (s.arrived, s.done, s.busy_seconds, s.lifetime_seconds),
-                        )
-                    })
+                    .values()
+                    .map(|s| (s.arrived, s.done, s.busy_seconds, s.lifetime_seconds))
                     .collect(),
             });
             while samples.len() > 2 && t - samples[1].at_ms >= WINDOW.as_millis() as u64 {
@@ -328,10 +324,11 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
             let stats: BTreeMap<String, QueueWindow> = config
                 .queues
                 .iter()
-                .map(|(q, c)| {
-                    let s = &sims[q];
-                    let (a1, d1, b1, l1) = new.counters[q];
-                    let (a0, d0, b0, l0) = old.counters[q];
+                .zip(sims.values())
+                .enumerate()
+                .map(|(k, ((q, c), s))| {
+                    let (a1, d1, b1, l1) = new.counters[k];
+                    let (a0, d0, b0, l0) = old.counters[k];
                     let leased = s
                         .backlog_total
                         .min(u64::from(s.active) * u64::from(c.batch_size));
