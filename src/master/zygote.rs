@@ -264,14 +264,6 @@ fn child_main(
     slot: u32,
     zygote: Pid,
 ) -> i32 {
-    if let Err(e) = set_pdeathsig() {
-        eprintln!("slot {slot}: prctl(PR_SET_PDEATHSIG): {e}");
-        return slot::EXIT_FATAL;
-    }
-    // The zygote may have died between fork and prctl; then nobody would kill us.
-    if nix::unistd::getppid() != zygote {
-        return slot::EXIT_FATAL;
-    }
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     // SAFETY: closing our copy of the zygote's signalfd; nothing else uses it here.
     drop(unsafe { OwnedFd::from_raw_fd(ctx.sigfd) });
@@ -287,6 +279,15 @@ fn child_main(
         && let Err(e) = switch_user(user)
     {
         eprintln!("slot {slot}: switching to user {user}: {e}");
+        return slot::EXIT_FATAL;
+    }
+    // After the user switch: a change of credentials clears PDEATHSIG.
+    if let Err(e) = set_pdeathsig() {
+        eprintln!("slot {slot}: prctl(PR_SET_PDEATHSIG): {e}");
+        return slot::EXIT_FATAL;
+    }
+    // The zygote may have died between fork and prctl; then nobody would kill us.
+    if nix::unistd::getppid() != zygote {
         return slot::EXIT_FATAL;
     }
     let Some(handler) = preloaded.remove(&queue.name) else {

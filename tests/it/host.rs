@@ -831,6 +831,15 @@ async fn slots_switch_to_the_queue_user() {
     let q = m.queue("t");
     enqueue(&q, ["{}".to_string()]).await;
     wait_acked(&q, 1, Duration::from_secs(10)).await;
+    // Changing credentials clears PDEATHSIG; the slot must still die with its master.
+    let mut m = m;
+    m.child.kill().unwrap();
+    m.child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !gone(pid) {
+        assert!(Instant::now() < deadline, "slot {pid} outlived its master");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[tokio::test]
