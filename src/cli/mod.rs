@@ -145,13 +145,7 @@ fn queue_handle(client: &QueueClient, cfg: &Config, name: &str) -> Result<Queue,
             }
         ))
     })?;
-    Ok(client.queue_with(
-        name,
-        QueueLimits {
-            max_payload: q.max_payload,
-            max_attempts: q.max_attempts,
-        },
-    )?)
+    Ok(client.queue_with(name, QueueLimits::from(q))?)
 }
 
 /// `gaffer config check`: the summary on stdout, or every error on stderr and exit 2.
@@ -669,16 +663,7 @@ pub async fn config_apply(global: &Global) -> Result<(), CliError> {
     let (cfg, source) = global.load_source()?;
     let client = global.connect(&cfg).await?;
     let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
-    // One step, so two concurrent applies never share a version.
-    let version: u64 = redis::Script::new(
-        "local v = redis.call('HINCRBY', KEYS[1], 'version', 1) \
-         redis.call('HSET', KEYS[1], 'source', ARGV[1]) return v",
-    )
-    .key(keys.config())
-    .arg(&source)
-    .invoke_async(&mut client.connection())
-    .await
-    .map_err(|e| CliError::Runtime(e.into()))?;
+    let version = crate::cluster::publish_config(&mut client.connection(), &keys, &source).await?;
     println!("published config version {version}: {}", cfg.summary());
     Ok(())
 }

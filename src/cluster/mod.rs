@@ -23,6 +23,7 @@ use std::collections::BTreeMap;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
+use crate::config::{Config, ConfigError};
 use crate::queue_client::{QueueError, RedisConn};
 
 /// What a master reports about its host every tick.
@@ -217,6 +218,50 @@ pub async fn write_map_unfenced(
     let json = serde_json::to_string(map).map_err(|e| QueueError::Protocol(e.to_string()))?;
     let () = conn.set(keys.map(), json).await?;
     Ok(())
+}
+
+/// Publishes config text under the next version (`gaffer config apply`); one script, so
+/// two concurrent applies never share a version. Returns the version.
+pub async fn publish_config(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    source: &str,
+) -> Result<u64, QueueError> {
+    let version: u64 = redis::Script::new(
+        "local v = redis.call('HINCRBY', KEYS[1], 'version', 1) \
+         redis.call('HSET', KEYS[1], 'source', ARGV[1]) return v",
+    )
+    .key(keys.config())
+    .arg(source)
+    .invoke_async(conn)
+    .await?;
+    Ok(version)
+}
+
+/// A config published after version `seen`, parsed with the binary's custom handler
+/// names: None when there is nothing newer, else its version and the parse result (a
+/// binary lacking some custom handler may refuse a config `config apply` accepted).
+pub async fn newer_config(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    seen: u64,
+    custom_handlers: &[String],
+) -> Result<Option<(u64, Result<(Config, String), ConfigError>)>, QueueError> {
+    let (version, source): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+        .arg(keys.config())
+        .arg("version")
+        .arg("source")
+        .query_async(conn)
+        .await?;
+    let (Some(version), Some(source)) = (version, source) else {
+        return Ok(None);
+    };
+    if version <= seen {
+        return Ok(None);
+    }
+    let origin = format!("redis config v{version}");
+    let parsed = crate::config::parse_with(&source, &origin, custom_handlers).map(|c| (c, source));
+    Ok(Some((version, parsed)))
 }
 
 /// Wall-clock milliseconds since the Unix epoch.

@@ -145,31 +145,32 @@ impl Manager {
     }
 
     async fn adopt_published_config(&mut self) {
-        let published: Result<(Option<u64>, Option<String>), _> = redis::cmd("HMGET")
-            .arg(self.keys.config())
-            .arg("version")
-            .arg("source")
-            .query_async(&mut self.conn)
-            .await;
-        if let Ok((Some(version), Some(source))) = published
-            && version > self.config_version
-        {
-            self.config_version = version;
-            match crate::config::parse_with(
-                &source,
-                &format!("redis config v{version}"),
-                &self.opts.custom_handlers,
-            ) {
-                Ok(cfg) => {
-                    tracing::info!(
-                        version,
-                        queues = cfg.queues.len(),
-                        "adopting the published config"
-                    );
-                    self.opts.config = cfg;
+        let newer = cluster::newer_config(
+            &mut self.conn,
+            &self.keys,
+            self.config_version,
+            &self.opts.custom_handlers,
+        )
+        .await;
+        match newer {
+            Ok(Some((version, parsed))) => {
+                self.config_version = version;
+                match parsed {
+                    Ok((cfg, _)) => {
+                        tracing::info!(
+                            version,
+                            queues = cfg.queues.len(),
+                            "adopting the published config"
+                        );
+                        self.opts.config = cfg;
+                    }
+                    Err(e) => {
+                        tracing::error!(version, error = %e, "cannot adopt the published config")
+                    }
                 }
-                Err(e) => tracing::error!(version, error = %e, "cannot adopt the published config"),
             }
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "reading the published config failed"),
         }
     }
 
@@ -196,13 +197,7 @@ impl Manager {
             .collect();
         let mut queue_stats = BTreeMap::new();
         for (name, q) in &cfg.queues {
-            let queue = self.client.queue_with(
-                name,
-                QueueLimits {
-                    max_payload: q.max_payload,
-                    max_attempts: q.max_attempts,
-                },
-            )?;
+            let queue = self.client.queue_with(name, QueueLimits::from(q))?;
             queue_stats.insert(name.clone(), queue.stats().await?);
         }
         self.windows
@@ -251,12 +246,20 @@ impl Manager {
     /// so a cluster that was down does not flood its queues), each exactly once across
     /// managers: the claim is fenced, and the task id is derived from the fire time.
     async fn fire_schedules(&mut self) -> anyhow::Result<()> {
-        let cfg = self.opts.config.clone();
+        // Disjoint borrows: the config is read while the lease and connection are used.
+        let Manager {
+            opts,
+            leadership,
+            conn,
+            client,
+            ..
+        } = self;
+        let cfg = &opts.config;
         let tz = cfg.manager.timezone;
         let now_ms = cluster::now_ms() as i64;
         for (i, s) in cfg.schedules.iter().enumerate() {
             let key = format!("{i}:{}:{}", s.queue, s.cron_source);
-            let last = self.leadership.last_fire(&mut self.conn, &key).await?;
+            let last = leadership.last_fire(conn, &key).await?;
             let from_ms = last.unwrap_or(now_ms - 1000).max(now_ms - 86_400_000);
             let from = chrono::DateTime::from_timestamp_millis(from_ms)
                 .unwrap_or_default()
@@ -272,15 +275,9 @@ impl Manager {
             let Some(q) = cfg.queues.get(&s.queue) else {
                 continue;
             };
-            let queue = self.client.queue_with(
-                &s.queue,
-                QueueLimits {
-                    max_payload: q.max_payload,
-                    max_attempts: q.max_attempts,
-                },
-            )?;
+            let queue = client.queue_with(&s.queue, QueueLimits::from(q))?;
             for ms in fires {
-                if !self.leadership.claim_fire(&mut self.conn, &key, ms).await? {
+                if !leadership.claim_fire(conn, &key, ms).await? {
                     break;
                 }
                 let id = format!("schedule:{i}:{ms}");

@@ -640,34 +640,23 @@ impl Master {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "reading the drain set failed"),
         }
-        let published: Result<(Option<u64>, Option<String>), _> = redis::cmd("HMGET")
-            .arg(self.keys.config())
-            .arg("version")
-            .arg("source")
-            .query_async(&mut self.conn)
-            .await;
-        match published {
-            Ok((Some(version), Some(source))) if version > self.config_version => {
-                let origin = format!("redis config v{version}");
-                match crate::config::parse_with(
-                    &source,
-                    &origin,
-                    &self.opts.registry.custom_names(),
-                ) {
-                    Ok(cfg) => {
+        let custom = self.opts.registry.custom_names();
+        match cluster::newer_config(&mut self.conn, &self.keys, self.config_version, &custom).await
+        {
+            Ok(Some((version, parsed))) => {
+                // Marked seen either way: a config this binary refuses stays refused.
+                self.config_version = version;
+                match parsed {
+                    Ok((cfg, source)) => {
                         tracing::info!(version, "adopting the published config");
-                        self.config_version = version;
                         self.adopt(cfg, source).await;
                     }
                     Err(e) => {
-                        // Validated by `config apply`; a binary without some custom
-                        // handler may still refuse it. Keep running on the old one.
-                        self.config_version = version;
                         tracing::error!(version, error = %e, "cannot adopt the published config");
                     }
                 }
             }
-            Ok(_) => {}
+            Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "reading the published config failed"),
         }
     }

@@ -172,6 +172,15 @@ impl Default for QueueLimits {
     }
 }
 
+impl From<&crate::config::QueueConfig> for QueueLimits {
+    fn from(q: &crate::config::QueueConfig) -> Self {
+        QueueLimits {
+            max_payload: q.max_payload,
+            max_attempts: q.max_attempts,
+        }
+    }
+}
+
 /// A task to enqueue.
 #[derive(Debug, Clone, Default)]
 pub struct NewTask {

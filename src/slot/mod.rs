@@ -13,7 +13,6 @@ pub use handler::{
     Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, Registry, SlotContext, Task,
     check_json_depth,
 };
-pub mod memory;
 mod run;
 
 pub use run::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec, run_slot, slot_main};

@@ -277,13 +277,7 @@ async fn run(
             () = stop.cancelled() => return (EXIT_STOPPED, "stopped before connecting".into()),
         }
     };
-    let queue = match client.queue_with(
-        &queue_cfg.name,
-        QueueLimits {
-            max_payload: queue_cfg.max_payload,
-            max_attempts: queue_cfg.max_attempts,
-        },
-    ) {
+    let queue = match client.queue_with(&queue_cfg.name, QueueLimits::from(&queue_cfg)) {
         Ok(q) => q,
         Err(e) => return (EXIT_FATAL, format!("queue: {e}")),
     };
@@ -406,7 +400,7 @@ async fn run(
             stale,
         });
         if let Some(limit) = queue_cfg.private_dirty_limit {
-            match super::memory::self_private_dirty() {
+            match crate::master::sysinfo::self_private_dirty() {
                 Ok(dirty) if dirty > limit => {
                     return (
                         EXIT_RECYCLE,

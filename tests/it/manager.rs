@@ -96,6 +96,20 @@ impl Cluster {
         (self.procs.0.len() - 1, http)
     }
 
+    /// Which of managers `a` and `b` holds the lease (its value is `host:pid:epoch`).
+    async fn leader(&self, a: usize, b: usize) -> usize {
+        let lease: String = redis::cmd("GET")
+            .arg(Keys::new("test").lease())
+            .query_async(&mut self.client.connection())
+            .await
+            .unwrap();
+        if lease.contains(&format!(":{}:", self.pid(a))) {
+            a
+        } else {
+            b
+        }
+    }
+
     fn pid(&self, i: usize) -> u32 {
         self.procs.0[i].id()
     }
@@ -210,16 +224,7 @@ async fn failover_after_sigstop_and_no_stale_map_after_sigcont() {
             .filter(|m| m.hosts.get("h1").is_some_and(|q| q.get("a") == Some(&2)))
     })
     .await;
-    let lease: String = redis::cmd("GET")
-        .arg(Keys::new("test").lease())
-        .query_async(&mut c.client.connection())
-        .await
-        .unwrap();
-    let (leader, standby) = if lease.contains(&format!(":{}:", c.pid(m1))) {
-        (m1, m2)
-    } else {
-        (m2, m1)
-    };
+    let leader = c.leader(m1, m2).await;
     signal(c.pid(leader), Signal::SIGSTOP);
     // Change what the right map is, so the standby must write one when it takes over.
     let epochs = std::sync::Mutex::new(vec![first.epoch]);
@@ -256,7 +261,6 @@ async fn failover_after_sigstop_and_no_stale_map_after_sigcont() {
     );
     let stale_log = c.log(&format!("manager{}.log", if leader == m1 { 1 } else { 2 }));
     assert!(stale_log.contains("leading=false"), "{stale_log}");
-    let _ = standby;
 }
 
 #[tokio::test]
@@ -326,16 +330,7 @@ async fn schedules_fire_once_per_second_across_a_failover() {
         q.stats().await.unwrap().enqueued_total >= 2
     })
     .await;
-    let lease: String = redis::cmd("GET")
-        .arg(Keys::new("test").lease())
-        .query_async(&mut c.client.connection())
-        .await
-        .unwrap();
-    let leader = if lease.contains(&format!(":{}:", c.pid(m1))) {
-        m1
-    } else {
-        m2
-    };
+    let leader = c.leader(m1, m2).await;
     signal(c.pid(leader), Signal::SIGSTOP);
     let stopped_at = q.stats().await.unwrap().enqueued_total;
     // The standby takes over after the lease (3 s) and catches up on the missed seconds.
