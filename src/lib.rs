@@ -16,3 +16,4 @@ pub mod queue_client;
 pub mod redis_server;
 pub mod simulate;
 pub mod slot;
+pub mod tui;

@@ -56,6 +56,15 @@ enum Command {
     /// leadership lease with a fencing epoch lets one write at a time. Also fires the
     /// config's schedules. SIGTERM or Ctrl-C releases the lease for a standby.
     Manager,
+    /// Terminal dashboard: queues, the slot map, hosts; pause, resume, drain, requeue
+    ///
+    /// Reads Redis only, so it works while the manager is down (its lease then shows as
+    /// stale). Keys: ? for help, q to quit.
+    Top {
+        /// How often to re-read the cluster
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "1s")]
+        refresh: Duration,
+    },
     /// Stop placing slots on a host: its slots stop after their batch and move elsewhere
     Drain {
         /// Host name as the master registered it (see `gaffer stats`)
@@ -292,6 +301,7 @@ async fn run_async(global: &Global, command: Command) -> Result<(), CliError> {
             cli::push(global, &args).await
         }
         Command::Stats { json } => cli::stats(global, json).await,
+        Command::Top { refresh } => cli::top(global, refresh).await,
         Command::Config(ConfigCmd::Apply) => cli::config_apply(global).await,
         Command::Drain { host, cancel } => cli::drain(global, &host, cancel).await,
         Command::Pause { queue } => cli::pause(global, &queue, true).await,

@@ -6,7 +6,6 @@ mod args;
 
 pub use args::run;
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -299,79 +298,29 @@ pub async fn push(global: &Global, args: &PushArgs) -> Result<(), CliError> {
 pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
     let cfg = global.load()?;
     let client = global.connect(&cfg).await?;
-    let mut queues = BTreeMap::new();
-    for name in cfg.queues.keys() {
-        let q = queue_handle(&client, &cfg, name)?;
-        queues.insert(name.clone(), q.stats().await?);
-    }
-    let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
-    let mut conn = client.connection();
-    let hosts = crate::cluster::read_hosts(&mut conn, &keys).await?;
-    let map = crate::cluster::read_map(&mut conn, &keys).await?;
-    let decisions: BTreeMap<String, serde_json::Value> = {
-        use redis::AsyncCommands;
-        let raw: Option<String> = conn.get(keys.decisions()).await?;
-        raw.and_then(|r| serde_json::from_str(&r).ok())
-            .unwrap_or_default()
-    };
-    let paused: std::collections::BTreeSet<String> = {
-        use redis::AsyncCommands;
-        conn.smembers(keys.paused()).await?
-    };
-    let now = crate::cluster::now_ms();
-    let timeout_ms = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
-    let alive = |h: &crate::cluster::HostReport| now.saturating_sub(h.ts_ms) <= timeout_ms;
-    // Slots running now, as the live hosts report them.
-    let mut slots: BTreeMap<&str, u32> = BTreeMap::new();
-    for h in hosts.values().filter(|h| alive(h)) {
-        for (q, r) in &h.queues {
-            *slots.entry(q.as_str()).or_default() += r.slots;
-        }
-    }
+    let snap = crate::cluster::snapshot::read(&client, &cfg).await?;
     if json_out {
-        let qs: serde_json::Map<String, serde_json::Value> = queues
-            .iter()
-            .map(|(name, s)| {
-                (
-                    name.clone(),
-                    json!({
-                        "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
-                        "slots": slots.get(name.as_str()).copied().unwrap_or(0),
-                        "wanted": decisions.get(name).map(|d| d["wanted"].clone()),
-                        "paused": paused.contains(name.as_str()),
-                        "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
-                        "retried_total": s.retried_total, "dead_total": s.dead_total,
-                        "stale_total": s.stale_total, "expired_total": s.expired_total,
-                        "load": decisions.get(name).map_or(serde_json::Value::Null, |d| d["load"].clone()),
-                    }),
-                )
-            })
-            .collect();
-        let out = json!({
-            "queues": qs,
-            "hosts": hosts.iter().map(|(name, h)| (name.clone(), json!({
-                "alive": alive(h), "draining": h.draining, "capacity": h.capacity,
-                "slots": h.slots, "pss_bytes": h.pss_bytes,
-                "mem_available_bytes": h.mem_available_bytes,
-                "memory_budget_bytes": h.memory_budget_bytes, "load1": h.load1,
-                "handlers": h.handlers, "map_version": h.map_version,
-                "last_seen_ms": h.ts_ms,
-            }))).collect::<serde_json::Map<_, _>>(),
-            "manager": {
-                "epoch": map.as_ref().map(|m| m.epoch),
-                "map_version": map.as_ref().map(|m| m.version),
-            },
-        });
-        println!("{out}");
+        println!("{}", stats_json(&snap));
         return Ok(());
     }
     println!(
-        "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8}",
-        "queue", "ready", "delayed", "leased", "dead", "enqueued", "acked", "retried", "stale"
+        "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6}",
+        "queue",
+        "ready",
+        "delayed",
+        "leased",
+        "dead",
+        "enqueued",
+        "acked",
+        "retried",
+        "stale",
+        "slots",
+        "wanted"
     );
-    for (name, s) in &queues {
+    for (name, q) in &snap.queues {
+        let s = &q.stats;
         println!(
-            "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8}",
+            "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6}",
             name,
             s.ready,
             s.delayed,
@@ -380,33 +329,108 @@ pub async fn stats(global: &Global, json_out: bool) -> Result<(), CliError> {
             s.enqueued_total,
             s.acked_total,
             s.retried_total,
-            s.stale_total
+            s.stale_total,
+            q.slots,
+            q.decision
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |d| d.wanted.to_string()),
         );
     }
-    if !hosts.is_empty() {
+    if !snap.hosts.is_empty() {
         println!(
             "\n{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6}",
             "host", "state", "slots", "capacity", "pss", "available", "load"
         );
-        for (name, h) in &hosts {
-            let state = match (alive(h), h.draining) {
-                (false, _) => "dead",
-                (true, true) => "draining",
-                (true, false) => "alive",
-            };
+        for (name, h) in &snap.hosts {
+            let r = &h.report;
             println!(
                 "{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6.2}",
                 name,
-                state,
-                h.slots,
-                h.capacity,
-                bytesize::ByteSize(h.pss_bytes).to_string(),
-                bytesize::ByteSize(h.mem_available_bytes).to_string(),
-                h.load1
+                h.state.as_str(),
+                r.slots,
+                r.capacity,
+                bytesize::ByteSize(r.pss_bytes).to_string(),
+                bytesize::ByteSize(r.mem_available_bytes).to_string(),
+                r.load1
             );
         }
     }
+    let m = &snap.manager;
+    match &m.holder {
+        Some(id) => println!(
+            "\nmanager {id} epoch {} (map version {})",
+            m.epoch.unwrap_or(0),
+            m.map_version.unwrap_or(0)
+        ),
+        None => println!("\nmanager: none holds the lease (map and decisions are stale)"),
+    }
     Ok(())
+}
+
+/// The `stats --json` document (a contract: keys are added, never renamed).
+pub fn stats_json(snap: &crate::cluster::snapshot::Snapshot) -> serde_json::Value {
+    use crate::cluster::snapshot::HostState;
+    let qs: serde_json::Map<String, serde_json::Value> = snap
+        .queues
+        .iter()
+        .map(|(name, q)| {
+            let s = &q.stats;
+            let d = q.decision.as_ref();
+            (
+                name.clone(),
+                json!({
+                    "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
+                    "slots": q.slots,
+                    "mapped": q.mapped,
+                    "wanted": d.map(|d| d.wanted),
+                    "load": d.and_then(|d| d.load),
+                    "reasons": d.map(|d| d.reasons.clone()),
+                    "paused": q.paused,
+                    "priority": q.priority, "min_slots": q.min_slots, "max_slots": q.max_slots,
+                    "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
+                    "retried_total": s.retried_total, "dead_total": s.dead_total,
+                    "stale_total": s.stale_total, "expired_total": s.expired_total,
+                    "processed_total": q.processed_total, "failed_total": q.failed_total,
+                    "busy_seconds_total": q.busy_seconds_total,
+                    "recycles_total": q.recycles_total, "crashes_total": q.crashes_total,
+                }),
+            )
+        })
+        .collect();
+    let hosts: serde_json::Map<String, serde_json::Value> = snap
+        .hosts
+        .iter()
+        .map(|(name, h)| {
+            let r = &h.report;
+            (
+                name.clone(),
+                json!({
+                    "alive": h.state != HostState::Dead, "state": h.state.as_str(),
+                    "draining": r.draining, "drain_requested": h.drain_requested,
+                    "capacity": r.capacity, "slots": r.slots, "pss_bytes": r.pss_bytes,
+                    "mem_available_bytes": r.mem_available_bytes,
+                    "memory_budget_bytes": r.memory_budget_bytes, "load1": r.load1,
+                    "cpus": r.cpus, "handlers": r.handlers, "map_version": r.map_version,
+                    "last_seen_ms": r.ts_ms,
+                    "queues": r.queues.iter().map(|(q, qr)| (q.clone(), json!(qr.slots)))
+                        .collect::<serde_json::Map<_, _>>(),
+                }),
+            )
+        })
+        .collect();
+    let m = &snap.manager;
+    json!({
+        "queues": qs,
+        "hosts": hosts,
+        "manager": {
+            "epoch": m.map_epoch,
+            "map_version": m.map_version,
+            "leader": m.holder,
+            "lease_epoch": m.epoch,
+            "lease_ttl_ms": m.lease_ttl_ms,
+            "stale": m.stale(),
+        },
+    })
 }
 
 /// The `tasks` subcommands.
@@ -670,7 +694,6 @@ pub async fn config_apply(global: &Global) -> Result<(), CliError> {
 
 /// `gaffer drain HOST [--cancel]`.
 pub async fn drain(global: &Global, host: &str, cancel: bool) -> Result<(), CliError> {
-    use redis::AsyncCommands;
     let cfg = global.load()?;
     let client = global.connect(&cfg).await?;
     let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
@@ -679,36 +702,35 @@ pub async fn drain(global: &Global, host: &str, cancel: bool) -> Result<(), CliE
     if !known.contains_key(host) && !cancel {
         eprintln!("warning: no master has registered as {host:?} (yet); draining it anyway");
     }
-    let changed: i64 = if cancel {
-        conn.srem(keys.draining(), host).await?
-    } else {
-        conn.sadd(keys.draining(), host).await?
-    };
+    let changed = crate::cluster::set_draining(&mut conn, &keys, host, !cancel).await?;
     let what = if cancel {
         "takes slots again"
     } else {
         "is draining"
     };
-    let note = if changed == 0 { " (already)" } else { "" };
+    let note = if changed { "" } else { " (already)" };
     println!("{host} {what}{note}");
+    Ok(())
+}
+
+/// `gaffer top`: the dashboard, refreshed every `refresh`, until q or Ctrl-C.
+pub async fn top(global: &Global, refresh: std::time::Duration) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let client = global.connect(&cfg).await?;
+    crate::tui::run(client, cfg, refresh).await?;
     Ok(())
 }
 
 /// `gaffer pause QUEUE` and `gaffer resume QUEUE`.
 pub async fn pause(global: &Global, queue: &str, paused: bool) -> Result<(), CliError> {
-    use redis::AsyncCommands;
     let cfg = global.load()?;
     let client = global.connect(&cfg).await?;
     queue_handle(&client, &cfg, queue)?;
     let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
     let mut conn = client.connection();
-    let changed: i64 = if paused {
-        conn.sadd(keys.paused(), queue).await?
-    } else {
-        conn.srem(keys.paused(), queue).await?
-    };
+    let changed = crate::cluster::set_paused(&mut conn, &keys, queue, paused).await?;
     let what = if paused { "paused" } else { "resumed" };
-    let note = if changed == 0 { " (already)" } else { "" };
+    let note = if changed { "" } else { " (already)" };
     println!("{queue} {what}{note}");
     Ok(())
 }

@@ -18,6 +18,8 @@
 //! - `NS:{cluster}:decisions`: JSON of the manager's last decision per queue.
 //! - `NS:{cluster}:sched`: hash, schedule key → last fire time enqueued (ms).
 
+pub mod snapshot;
+
 use std::collections::BTreeMap;
 
 use redis::AsyncCommands;
@@ -262,6 +264,37 @@ pub async fn newer_config(
     let origin = format!("redis config v{version}");
     let parsed = crate::config::parse_with(&source, &origin, custom_handlers).map(|c| (c, source));
     Ok(Some((version, parsed)))
+}
+
+/// Pauses (`true`) or resumes a queue for the manager. Returns whether anything changed.
+pub async fn set_paused(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    queue: &str,
+    paused: bool,
+) -> Result<bool, QueueError> {
+    let changed: i64 = if paused {
+        conn.sadd(keys.paused(), queue).await?
+    } else {
+        conn.srem(keys.paused(), queue).await?
+    };
+    Ok(changed > 0)
+}
+
+/// Marks a host for draining (`true`) or lets it take slots again. Returns whether
+/// anything changed.
+pub async fn set_draining(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    host: &str,
+    draining: bool,
+) -> Result<bool, QueueError> {
+    let changed: i64 = if draining {
+        conn.sadd(keys.draining(), host).await?
+    } else {
+        conn.srem(keys.draining(), host).await?
+    };
+    Ok(changed > 0)
 }
 
 /// Wall-clock milliseconds since the Unix epoch.

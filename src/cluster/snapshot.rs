@@ -1,0 +1,263 @@
+//! One consistent-enough read of everything an operator looks at: every queue's counters,
+//! limits and last decision, every host's report, the slot map and the manager's lease.
+//! `gaffer stats` prints one; `gaffer top` keeps a short history of them. It reads only
+//! Redis, so it works while the manager is down (the lease then shows as absent).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+use super::{HostReport, Keys, SlotMap, now_ms};
+use crate::config::Config;
+use crate::queue_client::{QueueClient, QueueError, QueueLimits, QueueStats};
+
+/// The manager's last verdict on a queue, as written to `NS:{cluster}:decisions`
+/// (`balancer::Decision`, read back without depending on the balancer).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DecisionView {
+    /// Slots in the map the decision started from.
+    #[serde(default)]
+    pub current: u32,
+    /// Slots the statistics asked for.
+    #[serde(default)]
+    pub demand: u32,
+    /// After hysteresis and limits.
+    #[serde(default)]
+    pub wanted: u32,
+    /// In the new map.
+    #[serde(default)]
+    pub placed: u32,
+    /// Demand over slots; over 1 means the queue needs more.
+    #[serde(default)]
+    pub load: Option<f64>,
+    /// Why, each `{"reason": "...", ...}`.
+    #[serde(default)]
+    pub reasons: Vec<serde_json::Value>,
+}
+
+impl DecisionView {
+    /// The reasons as short words ("grow", "scarcity short=3"), for tables.
+    pub fn reason_text(&self) -> String {
+        self.reasons
+            .iter()
+            .map(|r| {
+                let name = r.get("reason").and_then(|v| v.as_str()).unwrap_or("?");
+                let extra: Vec<String> = r
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .filter(|(k, _)| *k != "reason")
+                    .map(|(k, v)| match v.as_str() {
+                        Some(s) => format!("{k}={s}"),
+                        None => format!("{k}={v}"),
+                    })
+                    .collect();
+                if extra.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{name} {}", extra.join(" "))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// One queue: its limits from the config, its counters, and the cluster's view of it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueueView {
+    /// Priority from the config (higher first under scarcity).
+    pub priority: i32,
+    /// `min_slots` from the config.
+    pub min_slots: u32,
+    /// `max_slots` from the config.
+    pub max_slots: u32,
+    /// The queue's counters and sizes.
+    pub stats: QueueStats,
+    /// Slots running now, summed over live hosts' reports.
+    pub slots: u32,
+    /// Slots in the published map.
+    pub mapped: u32,
+    /// The manager's last decision, if it made one.
+    pub decision: Option<DecisionView>,
+    /// Paused by an operator.
+    pub paused: bool,
+    /// Summed over live hosts: tasks handled by slots (monotonic per master).
+    pub processed_total: u64,
+    /// Summed over live hosts: tasks that failed in a handler.
+    pub failed_total: u64,
+    /// Summed over live hosts: seconds slots spent in handlers.
+    pub busy_seconds_total: f64,
+    /// Summed over live hosts: slots recycled for memory.
+    pub recycles_total: u64,
+    /// Summed over live hosts: slots that crashed.
+    pub crashes_total: u64,
+}
+
+/// A host's state as the dashboard shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostState {
+    /// Reporting within the heartbeat timeout.
+    Alive,
+    /// Alive, and draining (by SIGTERM or `gaffer drain`).
+    Draining,
+    /// Silent past the heartbeat timeout.
+    Dead,
+}
+
+impl HostState {
+    /// Lower-case name, as in `stats`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostState::Alive => "alive",
+            HostState::Draining => "draining",
+            HostState::Dead => "dead",
+        }
+    }
+}
+
+/// One host: its last report and what that means now.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostView {
+    /// Alive, draining or dead.
+    pub state: HostState,
+    /// Marked for draining by an operator (`gaffer drain`).
+    pub drain_requested: bool,
+    /// The master's last report.
+    pub report: HostReport,
+}
+
+/// Who leads, as the lease key says.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ManagerView {
+    /// The lease holder's id (host and pid); None when no manager holds the lease.
+    pub holder: Option<String>,
+    /// The holder's fencing epoch.
+    pub epoch: Option<u64>,
+    /// Milliseconds left on the lease.
+    pub lease_ttl_ms: Option<u64>,
+    /// The epoch of the writer of the published map.
+    pub map_epoch: Option<u64>,
+    /// The published map's version.
+    pub map_version: Option<u64>,
+}
+
+impl ManagerView {
+    /// No manager holds the lease: the map and decisions shown are its last ones.
+    pub fn stale(&self) -> bool {
+        self.holder.is_none()
+    }
+}
+
+/// Everything read in one pass.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Snapshot {
+    /// Wall-clock ms when the read began.
+    pub at_ms: u64,
+    /// Per queue of the config, by name.
+    pub queues: BTreeMap<String, QueueView>,
+    /// Per host that ever reported and has not deregistered.
+    pub hosts: BTreeMap<String, HostView>,
+    /// The published slot map.
+    pub map: Option<SlotMap>,
+    /// The manager's lease.
+    pub manager: ManagerView,
+}
+
+/// Reads a snapshot of the cluster that `cfg` describes.
+pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueError> {
+    let at_ms = now_ms();
+    let keys = Keys::new(&cfg.cluster.namespace);
+    let mut conn = client.connection();
+    let reports = super::read_hosts(&mut conn, &keys).await?;
+    let map = super::read_map(&mut conn, &keys).await?;
+    let decisions: BTreeMap<String, DecisionView> = {
+        let raw: Option<String> = conn.get(keys.decisions()).await?;
+        raw.and_then(|r| serde_json::from_str(&r).ok())
+            .unwrap_or_default()
+    };
+    let paused: BTreeSet<String> = conn.smembers(keys.paused()).await?;
+    let draining: BTreeSet<String> = conn.smembers(keys.draining()).await?;
+    let (lease, ttl): (Option<String>, i64) = redis::pipe()
+        .get(keys.lease())
+        .cmd("PTTL")
+        .arg(keys.lease())
+        .query_async(&mut conn)
+        .await?;
+    let (holder, epoch) = match lease.as_deref().and_then(|l| l.rsplit_once(':')) {
+        Some((id, epoch)) => (Some(id.to_string()), epoch.parse().ok()),
+        None => (None, None),
+    };
+    let manager = ManagerView {
+        holder,
+        epoch,
+        lease_ttl_ms: u64::try_from(ttl).ok(),
+        map_epoch: map.as_ref().map(|m| m.epoch),
+        map_version: map.as_ref().map(|m| m.version),
+    };
+
+    let timeout_ms = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
+    let hosts: BTreeMap<String, HostView> = reports
+        .into_iter()
+        .map(|(name, report)| {
+            let state = if at_ms.saturating_sub(report.ts_ms) > timeout_ms {
+                HostState::Dead
+            } else if report.draining {
+                HostState::Draining
+            } else {
+                HostState::Alive
+            };
+            let view = HostView {
+                state,
+                drain_requested: draining.contains(&name),
+                report,
+            };
+            (name, view)
+        })
+        .collect();
+
+    let mut queues = BTreeMap::new();
+    for (name, qc) in &cfg.queues {
+        let stats = client
+            .queue_with(name, QueueLimits::from(qc))?
+            .stats()
+            .await?;
+        let mut view = QueueView {
+            priority: qc.priority,
+            min_slots: qc.min_slots,
+            max_slots: qc.max_slots,
+            stats,
+            slots: 0,
+            mapped: map
+                .as_ref()
+                .map_or(0, |m| m.hosts.values().filter_map(|q| q.get(name)).sum()),
+            decision: decisions.get(name).cloned(),
+            paused: paused.contains(name),
+            processed_total: 0,
+            failed_total: 0,
+            busy_seconds_total: 0.0,
+            recycles_total: 0,
+            crashes_total: 0,
+        };
+        for h in hosts.values().filter(|h| h.state != HostState::Dead) {
+            if let Some(r) = h.report.queues.get(name) {
+                view.slots += r.slots;
+                view.processed_total += r.processed_total;
+                view.failed_total += r.failed_total;
+                view.busy_seconds_total += r.busy_seconds_total;
+                view.recycles_total += r.recycles_total;
+                view.crashes_total += r.crashes_total;
+            }
+        }
+        queues.insert(name.clone(), view);
+    }
+    Ok(Snapshot {
+        at_ms,
+        queues,
+        hosts,
+        map,
+        manager,
+    })
+}
