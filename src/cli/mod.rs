@@ -713,11 +713,20 @@ pub async fn drain(global: &Global, host: &str, cancel: bool) -> Result<(), CliE
     Ok(())
 }
 
-/// `gaffer top`: the dashboard, refreshed every `refresh`, until q or Ctrl-C.
+/// `gaffer top`: the dashboard, refreshed every `refresh`, until q or Ctrl-C. It starts
+/// even while Redis is unreachable, and says so until it can read.
 pub async fn top(global: &Global, refresh: std::time::Duration) -> Result<(), CliError> {
     let cfg = global.load()?;
-    let client = global.connect(&cfg).await?;
-    crate::tui::run(client, cfg, refresh).await?;
+    let (url, connect) = global.redis_target(&cfg)?;
+    crate::tui::run(crate::tui::TopOptions {
+        config_label: global.config_path().display().to_string(),
+        cfg,
+        url,
+        connect,
+        refresh,
+        custom_handlers: global.registry.custom_names(),
+    })
+    .await?;
     Ok(())
 }
 

@@ -1,11 +1,319 @@
 //! `gaffer top`: the terminal dashboard.
+//!
+//! It reads only Redis (`cluster::snapshot`), so it works while the manager is down and
+//! then says the lease is stale. The shape is input → [`Action`] → [`update`] → draw:
+//! `update` is pure and returns an [`Effect`] for anything that touches the cluster, and
+//! drawing is `impl Widget for &State`. One task owns the Redis connection: it reads a
+//! snapshot every `refresh` and performs effects, reporting both back as events; the UI
+//! loop never waits on Redis, so an unreachable server shows in the status line while
+//! keys still work.
 
+mod input;
+mod state;
+#[cfg(test)]
+mod tests;
+mod view;
+
+use std::io::IsTerminal;
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use crate::config::Config;
-use crate::queue_client::QueueClient;
+use anyhow::Context;
+use crossterm::event::EventStream;
+use futures::StreamExt;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
 
-/// Runs the dashboard until the operator quits.
-pub async fn run(_client: QueueClient, _cfg: Config, _refresh: Duration) -> anyhow::Result<()> {
-    anyhow::bail!("gaffer top is not built yet")
+use crate::cluster::snapshot::Snapshot;
+use crate::cluster::{self, Keys, now_ms};
+use crate::config::Config;
+use crate::queue_client::{ConnectOptions, QueueClient, QueueError, QueueLimits};
+
+pub use input::{KEYS, action_for};
+pub use state::{
+    Action, Effect, HISTORY, History, Note, Pending, QueueRow, RATE_WINDOW_MS, Rates, SortKey,
+    State, View, rates, update,
+};
+
+/// How long one read or one effect may take before it counts as failed: past this the
+/// dashboard says so instead of showing an ever older read in silence.
+const REDIS_LIMIT: Duration = Duration::from_secs(10);
+
+/// What `gaffer top` needs.
+#[derive(Debug, Clone)]
+pub struct TopOptions {
+    /// The validated config; a newer one published with `config apply` replaces it.
+    pub cfg: Config,
+    /// Where `cfg` came from, for the screen.
+    pub config_label: String,
+    /// Redis URL (may hold a password: it is never shown).
+    pub url: String,
+    /// Connect options (password file, timeouts).
+    pub connect: ConnectOptions,
+    /// How often to read Redis.
+    pub refresh: Duration,
+    /// Custom handler names of this binary, to parse published configs that use them.
+    pub custom_handlers: Vec<String>,
+}
+
+/// Everything the UI loop waits for.
+enum Event {
+    /// A second passed: ages on screen move on.
+    Tick,
+    /// A terminal event (key, resize).
+    Input(crossterm::event::Event),
+    /// A read of the cluster with the label of the config used, or why it failed.
+    Snapshot(Result<(Snapshot, String), String>),
+    /// An effect finished.
+    EffectDone(Result<String, String>),
+    /// SIGTERM, SIGINT, or the terminal went away.
+    Terminate,
+}
+
+/// Runs the dashboard until q, Ctrl-C or SIGTERM; the terminal is restored on every exit,
+/// a panic included.
+pub async fn run(opts: TopOptions) -> anyhow::Result<()> {
+    if !std::io::stdout().is_terminal() {
+        anyhow::bail!(
+            "gaffer top needs a terminal on stdout; `gaffer stats` (or `stats --json`) reads once"
+        );
+    }
+    // A read takes a few round trips; below this, refreshing would only load Redis.
+    let refresh = opts.refresh.max(Duration::from_millis(100));
+    let (effects_tx, effects_rx) = mpsc::channel(1);
+    let (events_tx, events_rx) = mpsc::channel(4);
+    let redis = tokio::spawn(redis_side(opts, refresh, effects_rx, events_tx));
+
+    let quiet = StderrSilenced::start();
+    let mut terminal = match ratatui::try_init() {
+        Ok(t) => t,
+        Err(e) => {
+            ratatui::restore();
+            drop(quiet);
+            redis.abort();
+            return Err(e).context("cannot set up the terminal");
+        }
+    };
+    if let Some(q) = &quiet {
+        q.restore_on_panic();
+    }
+    let result = ui_loop(&mut terminal, refresh, effects_tx, events_rx).await;
+    ratatui::restore();
+    drop(quiet);
+    redis.abort();
+    result
+}
+
+async fn ui_loop(
+    terminal: &mut ratatui::DefaultTerminal,
+    refresh: Duration,
+    effects: mpsc::Sender<Effect>,
+    mut events: mpsc::Receiver<Event>,
+) -> anyhow::Result<()> {
+    let mut state = State::new(refresh);
+    state.now_ms = now_ms();
+    let mut input = EventStream::new();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    loop {
+        terminal.draw(|frame| frame.render_widget(&state, frame.area()))?;
+        let event = tokio::select! {
+            _ = tick.tick() => Event::Tick,
+            ev = input.next() => match ev {
+                Some(Ok(ev)) => Event::Input(ev),
+                Some(Err(e)) => return Err(e).context("reading the terminal"),
+                None => Event::Terminate,
+            },
+            Some(ev) = events.recv() => ev,
+            _ = sigterm.recv() => Event::Terminate,
+            _ = sigint.recv() => Event::Terminate,
+        };
+        let action = match event {
+            Event::Tick => Some(Action::Tick { now_ms: now_ms() }),
+            Event::Input(crossterm::event::Event::Key(key)) => action_for(key),
+            // A resize only needs the redraw at the top of the loop.
+            Event::Input(_) => None,
+            Event::Snapshot(Ok((snapshot, config))) => Some(Action::Snapshot {
+                snapshot: Box::new(snapshot),
+                config,
+            }),
+            Event::Snapshot(Err(error)) => Some(Action::ReadFailed { error }),
+            Event::EffectDone(result) => Some(Action::EffectDone(result)),
+            Event::Terminate => Some(Action::Quit),
+        };
+        let Some(action) = action else { continue };
+        let Some(effect) = update(&mut state, action) else {
+            continue;
+        };
+        if effect == Effect::Quit {
+            return Ok(());
+        }
+        // One effect at a time: a full channel means the last one still runs.
+        if effects.try_send(effect).is_err() {
+            let busy = Err("still busy with the previous action; try again".into());
+            update(&mut state, Action::EffectDone(busy));
+        }
+    }
+}
+
+/// The one owner of the Redis connection: reads every `refresh` (and at once after an
+/// effect), connects again when it has to, and never gives up.
+async fn redis_side(
+    opts: TopOptions,
+    refresh: Duration,
+    mut effects: mpsc::Receiver<Effect>,
+    events: mpsc::Sender<Event>,
+) {
+    let mut client: Option<QueueClient> = None;
+    let mut cfg = opts.cfg.clone();
+    let mut label = opts.config_label.clone();
+    let mut seen = 0u64;
+    let keys = Keys::new(&opts.cfg.cluster.namespace);
+    let late = || format!("redis: no answer within {}s", REDIS_LIMIT.as_secs());
+    loop {
+        let read = tokio::time::timeout(REDIS_LIMIT, async {
+            let c = connected(&mut client, &opts).await?;
+            let mut conn = c.connection();
+            // A config published with `config apply` may name queues the file lacks.
+            match cluster::newer_config(&mut conn, &keys, seen, &opts.custom_handlers).await? {
+                Some((version, Ok((newer, _)))) => {
+                    seen = version;
+                    cfg = newer;
+                    label = format!("published v{version}");
+                }
+                Some((version, Err(_))) => {
+                    seen = version;
+                    label = format!(
+                        "{} (published v{version} does not parse in this binary)",
+                        opts.config_label
+                    );
+                }
+                None => {}
+            }
+            let snap = cluster::snapshot::read(c, &cfg).await?;
+            Ok::<_, QueueError>((snap, label.clone()))
+        })
+        .await
+        .map_err(|_| late())
+        .and_then(|r| r.map_err(|e| e.to_string()));
+        if events.send(Event::Snapshot(read)).await.is_err() {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(refresh) => {}
+            effect = effects.recv() => {
+                let Some(effect) = effect else { return };
+                let done = tokio::time::timeout(
+                    REDIS_LIMIT,
+                    perform(&mut client, &opts, &cfg, &keys, effect),
+                )
+                .await
+                .unwrap_or_else(|_| Err(late()));
+                if events.send(Event::EffectDone(done)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The client, connecting first if there is none yet (Redis was down so far).
+async fn connected<'a>(
+    client: &'a mut Option<QueueClient>,
+    opts: &TopOptions,
+) -> Result<&'a QueueClient, QueueError> {
+    let c = match client.take() {
+        Some(c) => c,
+        // The errors of `connect` show the URL redacted.
+        None => QueueClient::connect(&opts.url, &opts.cfg.cluster.namespace, &opts.connect).await?,
+    };
+    Ok(client.insert(c))
+}
+
+async fn perform(
+    client: &mut Option<QueueClient>,
+    opts: &TopOptions,
+    cfg: &Config,
+    keys: &Keys,
+    effect: Effect,
+) -> Result<String, String> {
+    let run = async {
+        let c = connected(client, opts).await?;
+        let mut conn = c.connection();
+        Ok::<_, QueueError>(match effect {
+            Effect::Pause { queue, paused } => {
+                let changed = cluster::set_paused(&mut conn, keys, &queue, paused).await?;
+                let what = if paused { "paused" } else { "resumed" };
+                format!("{queue} {what}{}", already(changed))
+            }
+            Effect::Drain { host, draining } => {
+                let changed = cluster::set_draining(&mut conn, keys, &host, draining).await?;
+                let what = if draining {
+                    "is draining"
+                } else {
+                    "takes slots again"
+                };
+                format!("{host} {what}{}", already(changed))
+            }
+            Effect::RequeueDead { queue } => {
+                let limits = cfg
+                    .queues
+                    .get(&queue)
+                    .map(QueueLimits::from)
+                    .unwrap_or_default();
+                let n = c.queue_with(&queue, limits)?.requeue_dead(None).await?;
+                format!("requeued {n} dead letters of {queue}")
+            }
+            Effect::Quit => String::new(),
+        })
+    };
+    run.await.map_err(|e| e.to_string())
+}
+
+fn already(changed: bool) -> &'static str {
+    if changed { "" } else { " (already)" }
+}
+
+/// Stderr pointed at /dev/null while the dashboard owns the terminal: a log line written
+/// there (a library's warning) would scribble over the screen. Given back on drop, and
+/// before a panic message is printed.
+struct StderrSilenced {
+    saved: OwnedFd,
+}
+
+impl StderrSilenced {
+    /// Silences stderr if it is a terminal; a redirected stderr keeps its lines.
+    fn start() -> Option<Self> {
+        if !std::io::stderr().is_terminal() {
+            return None;
+        }
+        let saved = nix::unistd::dup(std::io::stderr()).ok()?;
+        let null = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .ok()?;
+        nix::unistd::dup2_stderr(&null).ok()?;
+        Some(StderrSilenced { saved })
+    }
+
+    /// Chains a panic hook that gives stderr back before the hooks installed earlier run
+    /// (ratatui's restores the screen, the default one prints the message).
+    fn restore_on_panic(&self) {
+        let Ok(saved) = self.saved.try_clone() else {
+            return;
+        };
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let _ = nix::unistd::dup2_stderr(&saved);
+            previous(info);
+        }));
+    }
+}
+
+impl Drop for StderrSilenced {
+    fn drop(&mut self) {
+        let _ = nix::unistd::dup2_stderr(&self.saved);
+    }
 }

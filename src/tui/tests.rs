@@ -1,0 +1,705 @@
+//! Every view drawn from fixed state into a `TestBackend` (insta snapshots), and the
+//! rules of `update`: sorting, selection, and no effect without a confirmation.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::style::Color;
+
+use super::state::{Action, Effect, HISTORY, SortKey, State, View, update};
+use crate::cluster::snapshot::{
+    DecisionView, HostState, HostView, ManagerView, QueueView, Snapshot,
+};
+use crate::cluster::{HostReport, QueueReport, SlotMap};
+use crate::queue_client::QueueStats;
+
+/// 2023-11-14 22:13:20 UTC: far from any clock the tests run under.
+const T0: u64 = 1_700_000_000_000;
+const STEP_MS: u64 = 2_000;
+const READS: u64 = 30;
+const GIB: u64 = 1 << 30;
+
+struct QueueSpec {
+    name: &'static str,
+    priority: i32,
+    min: u32,
+    max: u32,
+    slots: u32,
+    wanted: u32,
+    load: f64,
+    paused: bool,
+    /// Acks per read interval.
+    acks: u64,
+    /// Retries per read interval.
+    retries: u64,
+    dead: u64,
+}
+
+const QUEUES: [QueueSpec; 4] = [
+    QueueSpec {
+        name: "emails",
+        priority: 10,
+        min: 2,
+        max: 20,
+        slots: 6,
+        wanted: 9,
+        load: 1.85,
+        paused: false,
+        acks: 240,
+        retries: 2,
+        dead: 0,
+    },
+    QueueSpec {
+        name: "reports",
+        priority: 1,
+        min: 0,
+        max: 4,
+        slots: 0,
+        wanted: 0,
+        load: 0.0,
+        paused: true,
+        acks: 0,
+        retries: 0,
+        dead: 0,
+    },
+    QueueSpec {
+        name: "resize_photo",
+        priority: 5,
+        min: 1,
+        max: 50,
+        slots: 4,
+        wanted: 4,
+        load: 0.62,
+        paused: false,
+        acks: 60,
+        retries: 0,
+        dead: 3,
+    },
+    QueueSpec {
+        name: "webhooks",
+        priority: 3,
+        min: 1,
+        max: 8,
+        slots: 2,
+        wanted: 2,
+        load: 0.95,
+        paused: false,
+        acks: 20,
+        retries: 6,
+        dead: 1,
+    },
+];
+
+fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) -> HostReport {
+    HostReport {
+        host: host.into(),
+        pid: 4000 + host.len() as u32,
+        started_ms: T0 - 3_600_000,
+        ts_ms,
+        draining: false,
+        capacity: 16,
+        slots: slots.iter().map(|(_, n)| n).sum(),
+        pss_bytes: pss,
+        mem_available_bytes: 6 * GIB,
+        memory_budget_bytes: 2 * GIB,
+        load1: 1.5 + (i % 4) as f64 / 10.0,
+        cpus: 4,
+        handlers: vec!["noop".into(), "sleep".into(), "exec".into()],
+        map_version: 17,
+        queues: slots
+            .iter()
+            .map(|(q, n)| {
+                let report = QueueReport {
+                    slots: *n,
+                    wanted: *n,
+                    processed_total: 100 * i,
+                    failed_total: i,
+                    batches_total: 10 * i,
+                    busy_seconds_total: 4.0 * i as f64,
+                    slot_lifetime_seconds_total: 7_200.0,
+                    recycles_total: 1,
+                    crashes_total: 0,
+                    hung_total: 0,
+                };
+                (q.to_string(), report)
+            })
+            .collect(),
+    }
+}
+
+/// Read `i` of a cluster of three hosts: h1 alive, h2 draining at an operator's request,
+/// h3 silent past the heartbeat timeout. Counters grow with `i`; backlogs wave.
+fn snapshot(i: u64, manager_up: bool) -> Snapshot {
+    let at_ms = T0 + i * STEP_MS;
+    let wave = |k: u64| (i * 7 + k * 3) % 11;
+    let mut queues = BTreeMap::new();
+    for (k, q) in QUEUES.iter().enumerate() {
+        let k = k as u64;
+        let slots = if q.slots > 0 && i.is_multiple_of(5) {
+            q.slots - 1
+        } else {
+            q.slots
+        };
+        let processed = i * (q.acks + q.retries);
+        let reasons = if q.paused {
+            vec![serde_json::json!({"reason": "paused"})]
+        } else if q.load > 1.0 {
+            vec![
+                serde_json::json!({"reason": "grow"}),
+                serde_json::json!({"reason": "scarcity", "short": 3}),
+            ]
+        } else {
+            vec![serde_json::json!({"reason": "hold"})]
+        };
+        let view = QueueView {
+            priority: q.priority,
+            min_slots: q.min,
+            max_slots: q.max,
+            stats: QueueStats {
+                ready: if q.paused { 40 } else { q.acks * wave(k) / 4 },
+                delayed: k * 2,
+                leased: u64::from(slots) * 10,
+                dead: q.dead,
+                enqueued_total: 1_000 + i * (q.acks + q.retries + 5),
+                acked_total: 900 + i * q.acks,
+                retried_total: 10 + i * q.retries,
+                dead_total: q.dead,
+                ..QueueStats::default()
+            },
+            slots,
+            mapped: q.wanted,
+            decision: Some(DecisionView {
+                current: q.slots,
+                demand: q.wanted + 1,
+                wanted: q.wanted,
+                placed: q.wanted,
+                load: Some(q.load + wave(k) as f64 / 100.0),
+                reasons,
+            }),
+            paused: q.paused,
+            processed_total: processed,
+            failed_total: i * q.retries,
+            // 40 ms per task.
+            busy_seconds_total: processed as f64 * 0.04,
+            recycles_total: if q.name == "resize_photo" { 3 } else { 0 },
+            crashes_total: 0,
+        };
+        queues.insert(q.name.to_string(), view);
+    }
+    let mut hosts = BTreeMap::new();
+    let h1 = host_report(
+        "h1",
+        i,
+        at_ms - 300,
+        GIB + i * 8 * (1 << 20),
+        &[("emails", 4), ("resize_photo", 2), ("webhooks", 2)],
+    );
+    let mut h2 = host_report(
+        "h2",
+        i,
+        at_ms - 800,
+        GIB * 17 / 10,
+        &[("emails", 2), ("resize_photo", 2)],
+    );
+    h2.draining = true;
+    let h3 = host_report("h3", i, T0 - 60_000, GIB / 2, &[("webhooks", 1)]);
+    for (name, state, drain_requested, report) in [
+        ("h1", HostState::Alive, false, h1),
+        ("h2", HostState::Draining, true, h2),
+        ("h3", HostState::Dead, false, h3),
+    ] {
+        let view = HostView {
+            state,
+            drain_requested,
+            report,
+        };
+        hosts.insert(name.to_string(), view);
+    }
+    let mut map = BTreeMap::new();
+    map.insert(
+        "h1".to_string(),
+        BTreeMap::from([
+            ("emails".to_string(), 9),
+            ("resize_photo".to_string(), 4),
+            ("webhooks".to_string(), 2),
+        ]),
+    );
+    map.insert("h2".to_string(), BTreeMap::new());
+    let manager = ManagerView {
+        holder: manager_up.then(|| "mgr-a:4242".to_string()),
+        epoch: manager_up.then_some(3),
+        lease_ttl_ms: manager_up.then_some(4_200),
+        map_epoch: Some(3),
+        map_version: Some(17),
+    };
+    Snapshot {
+        at_ms,
+        queues,
+        hosts,
+        map: Some(SlotMap {
+            epoch: 3,
+            version: 17,
+            hosts: map,
+        }),
+        manager,
+    }
+}
+
+fn feed(state: &mut State, snap: Snapshot) {
+    update(
+        state,
+        Action::Snapshot {
+            snapshot: Box::new(snap),
+            config: "config.toml".into(),
+        },
+    );
+}
+
+/// A dashboard fed `READS` reads, the clock a second after the last one.
+fn state(manager_up: bool) -> State {
+    let mut s = State::new(Duration::from_secs(2));
+    for i in 0..READS {
+        feed(&mut s, snapshot(i, manager_up));
+    }
+    let now_ms = T0 + (READS - 1) * STEP_MS + 1_000;
+    update(&mut s, Action::Tick { now_ms });
+    s
+}
+
+fn draw(state: &State, width: u16, height: u16) -> Terminal<TestBackend> {
+    let mut t = Terminal::new(TestBackend::new(width, height)).unwrap();
+    t.draw(|f| f.render_widget(state, f.area())).unwrap();
+    t
+}
+
+fn press(state: &mut State, actions: &[Action]) -> Vec<Option<Effect>> {
+    actions.iter().map(|a| update(state, a.clone())).collect()
+}
+
+/// Where `text` starts on screen: (x, y) of its first cell.
+fn find(buf: &Buffer, text: &str) -> Option<(u16, u16)> {
+    for y in 0..buf.area.height {
+        let cells: Vec<&str> = (0..buf.area.width).map(|x| buf[(x, y)].symbol()).collect();
+        let Some(byte) = cells.concat().find(text) else {
+            continue;
+        };
+        // Cells may hold multi-byte symbols: count cells up to the match.
+        let mut bytes = 0;
+        for (x, s) in cells.iter().enumerate() {
+            if bytes == byte {
+                return Some((x as u16, y));
+            }
+            bytes += s.len();
+        }
+    }
+    None
+}
+
+#[test]
+fn queues_view() {
+    let s = state(true);
+    let t = draw(&s, 160, 14);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn load_over_100_percent_is_red_and_under_is_not() {
+    let s = state(true);
+    let t = draw(&s, 160, 14);
+    let buf = t.backend().buffer();
+    let load_of = |name: &str| {
+        s.queue_rows()
+            .iter()
+            .find(|r| r.name == name)
+            .and_then(|r| r.load)
+            .unwrap()
+    };
+    let over = load_of("emails");
+    assert!(over > 1.0, "the fixture's emails queue must be over 100 %");
+    let (x, y) = find(buf, &format!(" {:.0}%", over * 100.0)).expect("emails load on screen");
+    assert_eq!(buf[(x + 1, y)].fg, Color::Red, "load {over} at ({x},{y})");
+    let under = load_of("resize_photo");
+    assert!(under < 1.0);
+    let (x, y) = find(buf, &format!(" {:.0}%", under * 100.0)).expect("resize_photo load");
+    assert_eq!(
+        buf[(x + 1, y)].fg,
+        Color::Reset,
+        "load {under} at ({x},{y})"
+    );
+}
+
+#[test]
+fn slot_map_view_with_a_stale_manager() {
+    let mut s = state(false);
+    update(&mut s, Action::ShowSlotMap);
+    let t = draw(&s, 160, 12);
+    insta::assert_snapshot!(t.backend());
+    let buf = t.backend().buffer();
+    let (x, y) = find(buf, "STALE: no manager holds the lease").expect("stale lease shown");
+    assert_eq!(buf[(x, y)].fg, Color::Red);
+    let (x, y) = find(buf, "dead ").expect("h3 shown dead");
+    assert_eq!(buf[(x, y)].fg, Color::Red);
+}
+
+#[test]
+fn queue_detail_view() {
+    let mut s = state(true);
+    press(&mut s, &[Action::Open]);
+    assert_eq!(s.view, View::QueueDetail);
+    let t = draw(&s, 160, 34);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn host_detail_view() {
+    let mut s = state(true);
+    press(&mut s, &[Action::ShowSlotMap, Action::Open]);
+    assert_eq!(s.view, View::HostDetail);
+    let t = draw(&s, 160, 24);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn help_view() {
+    let mut s = state(true);
+    update(&mut s, Action::Help);
+    let t = draw(&s, 100, 20);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn confirmation_dialog() {
+    let mut s = state(true);
+    update(&mut s, Action::Pause);
+    let t = draw(&s, 120, 14);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn unreachable_redis_keeps_the_last_read_and_says_so() {
+    let mut s = state(true);
+    let error = "redis: Connection refused (os error 111)".to_string();
+    update(&mut s, Action::ReadFailed { error });
+    let now_ms = T0 + (READS - 1) * STEP_MS + 35_000;
+    update(&mut s, Action::Tick { now_ms });
+    let t = draw(&s, 160, 14);
+    insta::assert_snapshot!(t.backend());
+    let buf = t.backend().buffer();
+    assert!(
+        find(buf, "emails").is_some(),
+        "the last read stays on screen"
+    );
+    let (x, y) = find(buf, "redis: Connection refused").expect("error in the status line");
+    assert_eq!(y, 13, "on the last line");
+    assert_eq!(buf[(x, y)].fg, Color::Red);
+    let (x, y) = find(buf, "read 22:14:18 UTC (35s ago)").expect("age of the last read");
+    assert_eq!(buf[(x, y)].fg, Color::Yellow, "older than three refreshes");
+
+    // The next good read clears it.
+    feed(&mut s, snapshot(READS, true));
+    assert_eq!(s.read_error, None);
+}
+
+#[test]
+fn before_the_first_read() {
+    let mut s = State::new(Duration::from_secs(2));
+    let error = "cannot connect to redis at redis://127.0.0.1:1/: refused".to_string();
+    update(&mut s, Action::ReadFailed { error });
+    let t = draw(&s, 100, 6);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn sort_keys_cycle_and_reverse() {
+    let mut s = state(true);
+    let names =
+        |s: &State| -> Vec<String> { s.queue_rows().iter().map(|r| r.name.to_string()).collect() };
+    assert_eq!(s.sort, SortKey::Name);
+    assert_eq!(names(&s), ["emails", "reports", "resize_photo", "webhooks"]);
+    let mut seen = vec![s.sort];
+    for _ in 0..SortKey::CYCLE.len() {
+        update(&mut s, Action::Sort);
+        seen.push(s.sort);
+    }
+    assert_eq!(&seen[..SortKey::CYCLE.len()], &SortKey::CYCLE[..]);
+    assert_eq!(seen.last(), Some(&SortKey::Name), "a full cycle comes back");
+
+    while s.sort != SortKey::Load {
+        update(&mut s, Action::Sort);
+    }
+    assert_eq!(names(&s), ["emails", "webhooks", "resize_photo", "reports"]);
+    update(&mut s, Action::ReverseSort);
+    assert_eq!(names(&s), ["reports", "resize_photo", "webhooks", "emails"]);
+    while s.sort != SortKey::Priority {
+        update(&mut s, Action::Sort);
+    }
+    assert!(s.reverse, "the direction stays while the column changes");
+    update(&mut s, Action::ReverseSort);
+    assert_eq!(names(&s), ["emails", "resize_photo", "webhooks", "reports"]);
+}
+
+#[test]
+fn the_selection_follows_its_queue_across_a_resort() {
+    let mut s = state(true);
+    press(&mut s, &[Action::Down, Action::Down]);
+    assert_eq!(s.selected_queue().unwrap().0, "resize_photo");
+    while s.sort != SortKey::Load {
+        update(&mut s, Action::Sort);
+    }
+    assert_eq!(s.selected_queue().unwrap().0, "resize_photo");
+    press(&mut s, &[Action::Down, Action::Down, Action::Down]);
+    assert_eq!(s.selected_queue().unwrap().0, "reports", "stops at the end");
+    press(&mut s, &[Action::Up]);
+    assert_eq!(s.selected_queue().unwrap().0, "resize_photo");
+    press(&mut s, &[Action::Open]);
+    assert_eq!(s.view, View::QueueDetail);
+    press(&mut s, &[Action::Back]);
+    assert_eq!(s.view, View::Queues);
+}
+
+#[test]
+fn no_effect_without_confirmation() {
+    let mut s = state(true);
+    // emails is selected and running: p asks to pause it, and nothing happens yet.
+    assert_eq!(update(&mut s, Action::Pause), None);
+    let pending = s.pending.clone().expect("a question");
+    assert!(
+        pending.question.contains("Pause queue emails"),
+        "{pending:?}"
+    );
+    // Keys other than y / n / Esc leave the question open and do nothing.
+    assert_eq!(
+        press(&mut s, &[Action::Down, Action::Sort, Action::Requeue]),
+        [None, None, None]
+    );
+    assert_eq!(s.pending, Some(pending));
+    assert_eq!(s.sort, SortKey::Name);
+    assert_eq!(s.selected_queue().unwrap().0, "emails");
+    assert_eq!(
+        update(&mut s, Action::Confirm),
+        Some(Effect::Pause {
+            queue: "emails".into(),
+            paused: true
+        })
+    );
+    assert_eq!(s.pending, None);
+    assert_eq!(
+        update(&mut s, Action::Confirm),
+        None,
+        "a second y has nothing to do"
+    );
+}
+
+#[test]
+fn escape_and_n_cancel() {
+    let mut s = state(true);
+    press(&mut s, &[Action::Open]);
+    for cancel in [Action::Back, Action::Cancel] {
+        update(&mut s, Action::Pause);
+        assert!(s.pending.is_some());
+        assert_eq!(update(&mut s, cancel), None);
+        assert_eq!(s.pending, None);
+        assert_eq!(
+            update(&mut s, Action::Confirm),
+            None,
+            "nothing left to confirm"
+        );
+        assert_eq!(
+            s.view,
+            View::QueueDetail,
+            "Esc closed the dialog, not the view"
+        );
+    }
+}
+
+#[test]
+fn each_action_asks_for_its_own_effect() {
+    let mut s = state(true);
+    // reports is paused: p offers to resume it.
+    press(&mut s, &[Action::Down]);
+    let resume = Effect::Pause {
+        queue: "reports".into(),
+        paused: false,
+    };
+    assert_eq!(
+        press(&mut s, &[Action::Pause, Action::Confirm]),
+        [None, Some(resume)]
+    );
+    // reports has no dead letters: nothing to ask.
+    assert_eq!(update(&mut s, Action::Requeue), None);
+    assert_eq!(s.pending, None);
+    assert!(s.note.as_ref().unwrap().text.contains("no dead letters"));
+    press(&mut s, &[Action::Down]);
+    let requeue = Effect::RequeueDead {
+        queue: "resize_photo".into(),
+    };
+    assert_eq!(
+        press(&mut s, &[Action::Requeue, Action::Confirm]),
+        [None, Some(requeue)]
+    );
+    // d in the queues view drains nothing.
+    assert_eq!(update(&mut s, Action::Drain), None);
+    assert_eq!(s.pending, None);
+
+    press(&mut s, &[Action::ShowSlotMap]);
+    let drain = Effect::Drain {
+        host: "h1".into(),
+        draining: true,
+    };
+    assert_eq!(
+        press(&mut s, &[Action::Drain, Action::Confirm]),
+        [None, Some(drain)]
+    );
+    // h2 drains at an operator's request: d offers to undo it.
+    press(&mut s, &[Action::Down]);
+    let undrain = Effect::Drain {
+        host: "h2".into(),
+        draining: false,
+    };
+    assert_eq!(
+        press(&mut s, &[Action::Drain, Action::Confirm]),
+        [None, Some(undrain)]
+    );
+    assert_eq!(update(&mut s, Action::Quit), Some(Effect::Quit));
+}
+
+#[test]
+fn views_switch_and_help_swallows_keys() {
+    let mut s = state(true);
+    press(&mut s, &[Action::NextView]);
+    assert_eq!(s.view, View::SlotMap);
+    press(&mut s, &[Action::NextView]);
+    assert_eq!(s.view, View::Queues);
+    press(&mut s, &[Action::ShowSlotMap, Action::Down, Action::Open]);
+    assert_eq!(s.view, View::HostDetail);
+    assert_eq!(s.selected_host().unwrap().0, "h2");
+    press(&mut s, &[Action::Back]);
+    assert_eq!(s.view, View::SlotMap);
+
+    update(&mut s, Action::Help);
+    assert_eq!(
+        press(
+            &mut s,
+            &[Action::Drain, Action::Confirm, Action::ShowQueues]
+        ),
+        [None, None, None]
+    );
+    assert!(s.help);
+    assert_eq!(s.pending, None);
+    assert_eq!(s.view, View::SlotMap);
+    update(&mut s, Action::Back);
+    assert!(!s.help);
+}
+
+#[test]
+fn rates_come_from_counter_deltas_over_the_window() {
+    let s = state(true);
+    let rows = s.queue_rows();
+    let emails = rows.iter().find(|r| r.name == "emails").unwrap();
+    // 240 acks and 2 retries per 2 s read, 40 ms per task.
+    let done = emails.rates.done_per_s.unwrap();
+    assert!((done - 120.0).abs() < 1e-9, "{done}");
+    let errors = emails.rates.errors_per_s.unwrap();
+    assert!((errors - 1.0).abs() < 1e-9, "{errors}");
+    let task = emails.rates.mean_task_s.unwrap();
+    assert!((task - 0.04).abs() < 1e-9, "{task}");
+    // 6 slots, one fewer on every fifth of the 30 reads.
+    assert!(
+        (emails.slots_avg - 5.8).abs() < 1e-9,
+        "{}",
+        emails.slots_avg
+    );
+    let reports = rows.iter().find(|r| r.name == "reports").unwrap();
+    assert_eq!(reports.rates.done_per_s, Some(0.0));
+    assert_eq!(reports.rates.mean_task_s, None, "no task, no mean");
+}
+
+#[test]
+fn a_counter_that_goes_back_gives_no_rate() {
+    let mut s = State::new(Duration::from_secs(2));
+    let mut a = snapshot(10, true);
+    let mut b = snapshot(11, true);
+    // A master restarted: its counters began again from zero.
+    for q in a.queues.values_mut() {
+        q.processed_total += 1_000_000;
+    }
+    b.queues.get_mut("emails").unwrap().stats.acked_total = 0;
+    feed(&mut s, a);
+    feed(&mut s, b);
+    let rows = s.queue_rows();
+    let emails = rows.iter().find(|r| r.name == "emails").unwrap();
+    assert_eq!(emails.rates.done_per_s, None);
+    assert_eq!(emails.rates.mean_task_s, None);
+    assert!(emails.rates.errors_per_s.is_some());
+}
+
+#[test]
+fn the_history_is_bounded() {
+    let mut s = State::new(Duration::from_secs(1));
+    for i in 0..(HISTORY as u64 + 30) {
+        feed(&mut s, snapshot(i, true));
+    }
+    assert_eq!(s.history.len(), HISTORY);
+    let oldest = s.history.iter().next().unwrap().at_ms;
+    assert_eq!(oldest, T0 + 30 * STEP_MS);
+}
+
+#[test]
+fn keys_map_to_actions() {
+    use super::input::action_for;
+    use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+    let key = |c: KeyCode| KeyEvent::new(c, KeyModifiers::NONE);
+    assert_eq!(action_for(key(KeyCode::Char('q'))), Some(Action::Quit));
+    let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
+    assert_eq!(action_for(ctrl_c), Some(Action::Quit));
+    assert_eq!(
+        action_for(key(KeyCode::Char('S'))),
+        Some(Action::ReverseSort)
+    );
+    assert_eq!(action_for(key(KeyCode::Esc)), Some(Action::Back));
+    assert_eq!(action_for(key(KeyCode::Down)), Some(Action::Down));
+    assert_eq!(action_for(key(KeyCode::Char('x'))), None);
+    let mut release = key(KeyCode::Char('y'));
+    release.kind = KeyEventKind::Release;
+    assert_eq!(action_for(release), None, "a release is not a second press");
+}
+
+#[test]
+fn every_view_fits_any_terminal_size() {
+    let mut views = Vec::new();
+    for setup in [
+        vec![],
+        vec![Action::ShowSlotMap],
+        vec![Action::Open],
+        vec![Action::ShowSlotMap, Action::Open],
+        vec![Action::Help],
+        vec![Action::Pause],
+    ] {
+        let mut s = state(false);
+        press(&mut s, &setup);
+        views.push(s);
+    }
+    views.push(State::new(Duration::from_secs(1)));
+    for s in &views {
+        for (w, h) in [(1, 1), (12, 3), (40, 8), (80, 4), (200, 60)] {
+            let t = draw(s, w, h);
+            let buf = t.backend().buffer();
+            assert_eq!((buf.area.width, buf.area.height), (w, h));
+            // Below the header, tabs and status lines the layout squeezes the header, and
+            // a popup may cover it.
+            if h < 4 || s.help || s.pending.is_some() {
+                continue;
+            }
+            let first: String = (0..w.min(11)).map(|x| buf[(x, 0)].symbol()).collect();
+            assert_eq!(
+                first,
+                " gaffer top"[..usize::from(w.min(11))],
+                "{w}x{h} {:?}",
+                s.view
+            );
+        }
+    }
+}
