@@ -10,3 +10,4 @@ mod manager;
 mod queue;
 mod simulate;
 mod slot;
+mod top;

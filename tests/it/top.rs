@@ -1,0 +1,264 @@
+//! `gaffer top` in a real terminal: tmux runs it against a real manager and master on a
+//! throwaway redis-server; the test reads the screen with `capture-pane` and types keys
+//! with `send-keys`. tmux is required: without it the test fails and says so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gaffer::cluster::Keys;
+use gaffer::redis_server::free_port;
+
+use crate::harness::{TestRedis, eventually};
+
+const HOST: &str = "top-h1";
+
+/// Processes killed on drop.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A tmux server of our own (its socket in the test's temp dir), killed on drop, so the
+/// test never touches an operator's sessions.
+struct Tmux {
+    socket: PathBuf,
+}
+
+impl Tmux {
+    fn new(dir: &Path) -> Self {
+        match Command::new("tmux").arg("-V").output() {
+            Ok(out) if out.status.success() => {}
+            other => panic!(
+                "tmux is required by the `gaffer top` end-to-end test and is not usable \
+                 ({other:?}): install it (apt-get install tmux)"
+            ),
+        }
+        Tmux {
+            socket: dir.join("tmux.sock"),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let out = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tmux");
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// The visible screen of the pane, as text.
+    fn screen(&self) -> String {
+        String::from_utf8_lossy(&self.run(&["capture-pane", "-p", "-t", "top"]).stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &str) {
+        self.run(&["send-keys", "-t", "top", keys]);
+    }
+
+    /// Polls the screen until `cond` holds; fails with the last screen otherwise.
+    async fn wait_screen(
+        &self,
+        what: &str,
+        limit: Duration,
+        cond: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let screen = self.screen();
+            if cond(&screen) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for: {what}\nscreen:\n{screen}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("kill-server")
+            .output();
+    }
+}
+
+fn quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+#[tokio::test]
+async fn top_shows_the_cluster_in_tmux_pauses_a_queue_and_restores_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let tmux = Tmux::new(dir.path());
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let config = dir.path().join("config.toml");
+    let http = free_port().unwrap();
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
+             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"3s\"\n\n\
+             [master]\nhttp = \"127.0.0.1:{http}\"\nmemory_reserve = \"64MiB\"\n\
+             drain_timeout = \"5s\"\n\n\
+             [queues.demo_mail]\nhandler = \"noop\"\nmin_slots = 1\nmax_slots = 2\n\n\
+             [queues.demo_resize]\nhandler = \"sleep\"\npriority = 5\nmin_slots = 1\n\
+             max_slots = 2\n\n\
+             [queues.demo_reports]\nhandler = \"noop\"\nmin_slots = 0\nmax_slots = 1\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let gaffer = |args: &[&str], log: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .env("GAFFER_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join(log)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let _procs = Procs(vec![
+        gaffer(&["manager"], "manager.log"),
+        gaffer(&["master", "--host", HOST], "master.log"),
+    ]);
+
+    // A shell runs top, then records how it ended and the terminal's modes, then stays
+    // so the pane (and what top left on it) can still be read.
+    let exit = dir.path().join("exit");
+    let stty = dir.path().join("stty");
+    let script = format!(
+        "{bin} --config {cfg} --redis {url} top --refresh 300ms; echo $? > {exit}; \
+         stty -a > {stty}; echo TOP-EXITED; exec sleep 600",
+        bin = quote(Path::new(env!("CARGO_BIN_EXE_gaffer"))),
+        cfg = quote(&config),
+        url = quote(Path::new(&redis.url())),
+        exit = quote(&exit),
+        stty = quote(&stty),
+    );
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "160",
+        "-y",
+        "45",
+        "sh",
+        "-c",
+        &script,
+    ]);
+
+    let screen = tmux
+        .wait_screen(
+            "the queues, a manager and the host on the dashboard",
+            Duration::from_secs(60),
+            |s| {
+                s.contains("demo_mail")
+                    && s.contains("demo_resize")
+                    && s.contains("demo_reports")
+                    && s.contains("manager ")
+                    && s.contains("1 hosts")
+                    && !s.contains("STALE")
+            },
+        )
+        .await;
+    assert!(screen.contains("gaffer top"), "{screen}");
+
+    tmux.keys("2");
+    tmux.wait_screen("the host in the slot map", Duration::from_secs(20), |s| {
+        s.contains("slot map v") && s.contains(HOST) && s.contains("alive")
+    })
+    .await;
+
+    // Pausing takes a confirmation; the pause lands in Redis and on screen.
+    tmux.keys("1");
+    tmux.wait_screen("the queues view again", Duration::from_secs(10), |s| {
+        s.contains("slots now/want/avg")
+    })
+    .await;
+    tmux.keys("p");
+    tmux.wait_screen("the confirmation", Duration::from_secs(10), |s| {
+        s.contains("Pause queue demo_mail?")
+    })
+    .await;
+    let paused = || async {
+        let members: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(Keys::new("test").paused())
+            .query_async(&mut client.connection())
+            .await
+            .unwrap();
+        members
+    };
+    assert!(paused().await.is_empty(), "nothing paused before y");
+    tmux.keys("y");
+    eventually(
+        Duration::from_secs(10),
+        "demo_mail paused in redis",
+        || async { paused().await == ["demo_mail"] },
+    )
+    .await;
+    tmux.wait_screen("the pause on screen", Duration::from_secs(10), |s| {
+        let row = s.lines().find(|l| l.starts_with("│demo_mail"));
+        s.contains("demo_mail paused") && row.is_some_and(|r| r.contains("paused"))
+    })
+    .await;
+
+    tmux.keys("q");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let code = loop {
+        if let Ok(code) = std::fs::read_to_string(&exit)
+            && !code.is_empty()
+        {
+            break code;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "top did not exit after q\nscreen:\n{}",
+            tmux.screen()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(code.trim(), "0", "top's exit code");
+    let screen = tmux
+        .wait_screen("the shell after top", Duration::from_secs(10), |s| {
+            s.contains("TOP-EXITED")
+        })
+        .await;
+    assert!(
+        !screen.contains("demo_mail"),
+        "the alternate screen was left, the dashboard is gone:\n{screen}"
+    );
+    let modes = std::fs::read_to_string(&stty).unwrap();
+    let words: Vec<&str> = modes.split_whitespace().collect();
+    for mode in ["icanon", "echo", "isig"] {
+        assert!(
+            words.contains(&mode),
+            "raw mode left on: no {mode} in\n{modes}"
+        );
+    }
+}
