@@ -131,6 +131,8 @@ pub struct ManagerConfig {
     pub timezone: chrono_tz::Tz,
     /// A host silent for this long is dead and its slots are placed elsewhere.
     pub heartbeat_timeout: Duration,
+    /// Where the manager serves `/metrics` and `/status`; loopback by default.
+    pub http: SocketAddr,
 }
 
 impl Default for ManagerConfig {
@@ -139,6 +141,7 @@ impl Default for ManagerConfig {
             tick: Duration::from_secs(2),
             timezone: chrono_tz::UTC,
             heartbeat_timeout: Duration::from_secs(10),
+            http: SocketAddr::from((Ipv4Addr::LOCALHOST, 9465)),
         }
     }
 }

@@ -31,6 +31,7 @@ pub(crate) struct RawManager {
     pub tick: S<Human<Duration>>,
     pub timezone: S<String>,
     pub heartbeat_timeout: S<Human<Duration>>,
+    pub http: S<String>,
 }
 
 #[derive(Debug, Deserialize)]

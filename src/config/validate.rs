@@ -224,6 +224,7 @@ fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
         },
     };
     ManagerConfig {
+        http: listen_addr(c, "manager.http", raw.http, d.http),
         tick: duration(c, "manager", "tick", raw.tick, d.tick, true),
         timezone,
         heartbeat_timeout: duration(
@@ -237,25 +238,33 @@ fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
     }
 }
 
+/// An `IP:PORT` to listen on; `default` (with an error collected) when it is not one.
+fn listen_addr(
+    c: &mut Collector,
+    key: &str,
+    raw: S<String>,
+    default: std::net::SocketAddr,
+) -> std::net::SocketAddr {
+    let Some(addr) = raw else {
+        return default;
+    };
+    addr.get_ref().parse().unwrap_or_else(|_| {
+        c.error(
+            addr.span(),
+            key,
+            format!(
+                "invalid listen address `{}`, expected IP:PORT like \"127.0.0.1:{}\"",
+                addr.get_ref(),
+                default.port()
+            ),
+        );
+        default
+    })
+}
+
 fn master(c: &mut Collector, raw: RawMaster) -> MasterConfig {
     let d = MasterConfig::default();
-    let http = match raw.http {
-        None => d.http,
-        Some(addr) => match addr.get_ref().parse() {
-            Ok(a) => a,
-            Err(_) => {
-                c.error(
-                    addr.span(),
-                    "master.http",
-                    format!(
-                        "invalid listen address `{}`, expected IP:PORT like \"127.0.0.1:9464\"",
-                        addr.get_ref()
-                    ),
-                );
-                d.http
-            }
-        },
-    };
+    let http = listen_addr(c, "master.http", raw.http, d.http);
     MasterConfig {
         memory_reserve: size(
             c,

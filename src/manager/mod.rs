@@ -6,10 +6,12 @@
 //! It knows nothing of masters or slots beyond the reports they leave in Redis.
 
 mod lease;
+mod telemetry;
 mod window;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use redis::AsyncCommands;
@@ -38,6 +40,8 @@ pub struct ManagerOptions {
     pub custom_handlers: Vec<String>,
     /// How far back statistics are averaged.
     pub window: Duration,
+    /// Where to serve `/metrics` and `/status`; None serves nothing (tests in-process).
+    pub http: Option<std::net::SocketAddr>,
 }
 
 impl ManagerOptions {
@@ -50,6 +54,7 @@ impl ManagerOptions {
             id,
             custom_handlers: Vec::new(),
             window: Duration::from_secs(60),
+            http: None,
         }
     }
 
@@ -63,6 +68,15 @@ impl ManagerOptions {
 /// Runs the manager until `shutdown` is cancelled or SIGTERM/SIGINT arrives; then it
 /// releases the lease so a standby takes over at once.
 pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Bind before anything starts, so a port in use fails the start, not a tick later.
+    let listener = match opts.http {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding [manager].http {addr}"))?,
+        ),
+        None => None,
+    };
     let client = QueueClient::connect(
         &opts.redis_url,
         &opts.config.cluster.namespace,
@@ -76,7 +90,24 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         )
     })?;
     let keys = Keys::new(&opts.config.cluster.namespace);
+    let status = Arc::new(Mutex::new(
+        serde_json::json!({"id": opts.id, "leading": false}),
+    ));
+    let http_shutdown = CancellationToken::new();
+    let http = listener.map(|listener| {
+        let metrics = crate::http::install_metrics();
+        let status = status.clone();
+        tokio::spawn(crate::http::serve(
+            listener,
+            crate::http::Routes {
+                metrics: Some(metrics),
+                status: Arc::new(move || status.lock().map(|s| s.clone()).unwrap_or_default()),
+            },
+            http_shutdown.clone(),
+        ))
+    });
     let mut m = Manager {
+        status,
         leadership: Leadership::new(keys.clone(), opts.id.clone(), opts.lease_ttl()),
         conn: client.connection(),
         windows: Windows::new(opts.window),
@@ -90,7 +121,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(m.opts.config.manager.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tracing::info!(id = %m.opts.id, tick = ?m.opts.config.manager.tick, "manager starting");
+    telemetry::started(&m.opts.id);
     loop {
         tokio::select! {
             _ = tick.tick() => m.tick().await,
@@ -104,12 +135,18 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
     {
         tracing::warn!(error = %e, "releasing the lease failed");
     }
+    http_shutdown.cancel();
+    if let Some(http) = http {
+        let _ = http.await;
+    }
     tracing::info!(id = %m.opts.id, "manager stopped");
     Ok(())
 }
 
 struct Manager {
     opts: ManagerOptions,
+    /// The `/status` document, rewritten every tick.
+    status: Arc<Mutex<serde_json::Value>>,
     keys: Keys,
     client: QueueClient,
     conn: RedisConn,
@@ -121,6 +158,7 @@ struct Manager {
 
 impl Manager {
     async fn tick(&mut self) {
+        let started = Instant::now();
         let was = self.leading;
         self.leading = match self.leadership.renew(&mut self.conn).await {
             Ok(l) => l,
@@ -130,17 +168,27 @@ impl Manager {
             }
         };
         if self.leading != was {
-            tracing::info!(id = %self.opts.id, leading = self.leading, epoch = self.leadership.epoch(), "leadership changed");
+            telemetry::leadership(&self.opts.id, self.leading, self.leadership.epoch());
         }
         self.adopt_published_config().await;
-        if !self.leading {
-            return;
+        if self.leading {
+            if let Err(e) = self.decide().await {
+                telemetry::tick_failed("decide", &e);
+            }
+            if let Err(e) = self.fire_schedules().await {
+                telemetry::tick_failed("schedules", &e);
+            }
         }
-        if let Err(e) = self.decide().await {
-            tracing::warn!(error = %e, "tick failed");
-        }
-        if let Err(e) = self.fire_schedules().await {
-            tracing::warn!(error = %e, "firing schedules failed");
+        telemetry::tick_done(started.elapsed());
+        if let Ok(mut s) = self.status.lock() {
+            *s = serde_json::json!({
+                "id": self.opts.id,
+                "leading": self.leading,
+                "epoch": self.leadership.epoch(),
+                "config_version": self.config_version,
+                "queues": self.opts.config.queues.len(),
+                "tick_ms": cluster::now_ms(),
+            });
         }
     }
 
@@ -215,6 +263,12 @@ impl Manager {
             now,
             paused: &paused,
         });
+        telemetry::queues(&queue_stats, &out.decisions);
+        telemetry::hosts(
+            hosts.values().filter(|h| h.alive && !h.draining).count(),
+            hosts.values().filter(|h| h.alive && h.draining).count(),
+            hosts.values().filter(|h| !h.alive).count(),
+        );
         let decisions = serde_json::to_string(&out.decisions)?;
         let () = self.conn.set(self.keys.decisions(), decisions).await?;
         if out.map != current.hosts || current.epoch != self.leadership.epoch() {
@@ -226,15 +280,10 @@ impl Manager {
             match self.leadership.write_map(&mut self.conn, &map).await? {
                 Some(version) => {
                     let slots: u32 = map.hosts.values().flat_map(|q| q.values()).sum();
-                    tracing::info!(
-                        version,
-                        epoch = map.epoch,
-                        slots,
-                        "published a new slot map"
-                    );
+                    telemetry::map_written(version, map.epoch, slots);
                 }
                 None => {
-                    tracing::warn!(id = %self.opts.id, "fenced off: another manager leads now");
+                    telemetry::fenced(&self.opts.id);
                     self.leading = false;
                 }
             }
@@ -258,6 +307,7 @@ impl Manager {
         let tz = cfg.manager.timezone;
         let now_ms = cluster::now_ms() as i64;
         for (i, s) in cfg.schedules.iter().enumerate() {
+            telemetry::schedule_known(&s.queue);
             let key = format!("{i}:{}:{}", s.queue, s.cron_source);
             let last = leadership.last_fire(conn, &key).await?;
             let from_ms = last.unwrap_or(now_ms - 1000).max(now_ms - 86_400_000);
@@ -283,7 +333,7 @@ impl Manager {
                 let id = format!("schedule:{i}:{ms}");
                 let payload = serde_json::to_vec(&s.payload)?;
                 queue.enqueue(NewTask::new(payload).id(id.clone())).await?;
-                tracing::info!(queue = %s.queue, cron = %s.cron_source, fire_ms = ms, id, "schedule fired");
+                telemetry::schedule_fired(&s.queue, &s.cron_source, ms, &id);
             }
         }
         Ok(())

@@ -214,6 +214,7 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
         opts,
     };
     tracing::info!(host = %m.opts.host, http = %m.cfg.master.http, queues = m.cfg.queues.len(), "master starting");
+    telemetry::queues_known(m.cfg.queues.keys());
     m.start_zygote().await?;
 
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -672,7 +673,25 @@ impl Master {
         let pss_total: u64 = self
             .pids()
             .into_iter()
-            .filter_map(|pid| sysinfo::pss(pid).ok())
+            .filter_map(|pid| match sysinfo::pss(pid) {
+                Ok(pss) => Some(pss),
+                // A slot that just exited has no smaps_rollup: normal, and gone next tick.
+                Err(sysinfo::SysinfoError::Read { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    None
+                }
+                Err(e) => {
+                    // Anything else (no CAP_SYS_PTRACE over a slot of another user) leaves
+                    // that slot out of the budget for as long as it lasts: say so, once.
+                    static WARNED: std::sync::atomic::AtomicBool =
+                        std::sync::atomic::AtomicBool::new(false);
+                    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!(pid, error = %e, "cannot measure a slot's PSS; the memory budget leaves it out");
+                    }
+                    None
+                }
+            })
             .sum();
         let (limit, usage) = sysinfo::cgroup_memory()
             .ok()
@@ -976,6 +995,7 @@ impl Master {
             .zygotes
             .get(&self.generation)
             .is_some_and(|z| z.queues == supported);
+        telemetry::queues_known(cfg.queues.keys());
         self.cfg = cfg.clone();
         self.opts.config = cfg;
         self.opts.config_source = source;
@@ -1038,6 +1058,11 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 fn signal_pid(pid: u32, sig: Signal) {
     if pid > 1 {
-        let _ = kill(Pid::from_raw(pid as i32), sig);
+        match kill(Pid::from_raw(pid as i32), sig) {
+            // Already gone: its exit is on its way to us.
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            // EPERM: a slot of another user without CAP_KILL; it will not stop.
+            Err(e) => tracing::warn!(pid, signal = %sig, error = %e, "cannot signal a slot"),
+        }
     }
 }

@@ -32,6 +32,23 @@ impl Exit {
     }
 }
 
+/// Registers every per-queue series at zero, so dashboards show 0 for a queue that has
+/// not yet had a slot exit or a batch, instead of no data.
+pub(crate) fn queues_known<'a>(queues: impl Iterator<Item = &'a String>) {
+    for q in queues {
+        let l = || [("queue", q.clone())];
+        counter!("gaffer_slot_starts_total", &l()).increment(0);
+        for exit in [Exit::Stopped, Exit::Recycled, Exit::Crashed, Exit::Hung] {
+            counter!("gaffer_slot_exits_total", "queue" => q.clone(), "reason" => exit.label())
+                .increment(0);
+        }
+        counter!("gaffer_tasks_processed_total", &l()).increment(0);
+        counter!("gaffer_tasks_failed_total", &l()).increment(0);
+        counter!("gaffer_batches_total", &l()).increment(0);
+        counter!("gaffer_settle_stale_total", &l()).increment(0);
+    }
+}
+
 pub(crate) fn slot_started(queue: &str, slot: u32, pid: u32) {
     tracing::debug!(queue, slot, pid, "slot started");
     counter!("gaffer_slot_starts_total", "queue" => queue.to_owned()).increment(1);

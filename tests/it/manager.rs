@@ -78,6 +78,10 @@ impl Cluster {
     fn manager(&mut self, n: usize) -> usize {
         let child = self
             .gaffer(&["manager"], &format!("manager{n}.log"))
+            .env(
+                "GAFFER_MANAGER_HTTP",
+                format!("127.0.0.1:{}", free_port().unwrap()),
+            )
             .spawn()
             .unwrap();
         self.procs.0.push(child);
