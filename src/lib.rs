@@ -17,3 +17,4 @@ pub mod redis_server;
 pub mod simulate;
 pub mod slot;
 pub mod tui;
+pub mod up;

@@ -113,7 +113,10 @@ impl RedisServer {
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(Stdio::null())
+            // Its own process group: a Ctrl-C at the terminal reaches the parent alone, which
+            // stops the server last, after everything that writes to it.
+            .process_group(0);
         // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
         unsafe {
             cmd.pre_exec(|| {
@@ -183,6 +186,24 @@ impl RedisServer {
             port: self.port,
             source: e.into(),
         })
+    }
+
+    /// SIGTERM (Redis then flushes its AOF and exits), SIGKILL if it is still running
+    /// after `grace`; reaped either way.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// SIGKILL and reap: the abrupt death that persistence tests need.

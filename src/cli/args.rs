@@ -22,8 +22,32 @@ struct Cli {
     /// Redis URL, overriding [cluster].redis (redis://[user:password@]host:port/db)
     #[arg(long, global = true, env = "GAFFER_REDIS", value_name = "URL")]
     redis: Option<String>,
+    /// Log lines on stderr: `text` (time, level, message, key=value fields) or `json` (one
+    /// object per line). The level comes from GAFFER_LOG, an env filter such as
+    /// `info` or `warn,gaffer::manager=debug` [default: info for daemons, warn otherwise]
+    #[arg(
+        long,
+        global = true,
+        env = "GAFFER_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: LogFormat,
+    /// Where `gaffer up` keeps its local Redis and state; other commands look there for the
+    /// Redis of a running `up` when the config names none [default: .gaffer beside the config]
+    #[arg(long, global = true, env = "GAFFER_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines with key=value fields.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -44,6 +68,17 @@ enum Command {
     Tasks(TasksOpts),
     /// Measure the queue on the configured Redis, beside a bare Lua loop in the same run
     Bench(BenchOpts),
+    /// Run the whole cluster on this host: a local redis-server, the manager and a master
+    ///
+    /// Redis is started in the state directory (data kept between runs) unless the config
+    /// or --redis names one. Other commands run against the same config find it. Ctrl-C
+    /// drains the master, stops the manager and then Redis; a second Ctrl-C kills.
+    Up {
+        /// Push a built-in load to every queue: a wave per queue, each behind the last, so
+        /// slots move between queues (watch with `gaffer top`)
+        #[arg(long)]
+        demo_load: bool,
+    },
     /// Run this host's master: preload handlers, fork and supervise slots, report
     ///
     /// Follows this host's part of the slot map in Redis. SIGTERM or Ctrl-C drains: slots
@@ -55,7 +90,7 @@ enum Command {
     /// Run one per cluster under pacemaker; a second one is a harmless standby: a
     /// leadership lease with a fencing epoch lets one write at a time. Also fires the
     /// config's schedules. SIGTERM or Ctrl-C releases the lease for a standby.
-    Manager,
+    Manager(ManagerOpts),
     /// Terminal dashboard: queues, the slot map, hosts; pause, resume, drain, requeue
     ///
     /// Reads Redis only, so it works while the manager is down (its lease then shows as
@@ -109,6 +144,13 @@ struct MasterOpts {
     host: Option<String>,
     /// Address for /metrics and /status, overriding [master].http
     #[arg(long, env = "GAFFER_MASTER_HTTP", value_name = "ADDR")]
+    http: Option<std::net::SocketAddr>,
+}
+
+#[derive(Args)]
+struct ManagerOpts {
+    /// Address for /metrics and /status, overriding [manager].http
+    #[arg(long, env = "GAFFER_MANAGER_HTTP", value_name = "ADDR")]
     http: Option<std::net::SocketAddr>,
 }
 
@@ -207,17 +249,11 @@ struct BenchOpts {
 /// a team's own binary calls this from its `main`.
 pub fn run(registry: Registry) -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("GAFFER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(cli.log_format, cli.command.is_daemon());
     let global = Global {
         config: cli.config,
         redis: cli.redis,
+        state_dir: cli.state_dir,
         registry,
     };
     let result = match cli.command {
@@ -231,8 +267,16 @@ pub fn run(registry: Registry) -> ExitCode {
         } => cli::simulate(&global, &trace, policy, json),
         Command::Master(m) => current_thread_runtime()
             .and_then(|rt| rt.block_on(cli::master(&global, m.host, m.http))),
-        Command::Manager => {
-            current_thread_runtime().and_then(|rt| rt.block_on(cli::manager(&global)))
+        Command::Up { demo_load } => {
+            let role_args = match cli.log_format {
+                LogFormat::Text => vec![],
+                LogFormat::Json => vec!["--log-format".to_string(), "json".to_string()],
+            };
+            current_thread_runtime()
+                .and_then(|rt| rt.block_on(cli::up(&global, demo_load, role_args)))
+        }
+        Command::Manager(m) => {
+            current_thread_runtime().and_then(|rt| rt.block_on(cli::manager(&global, m.http)))
         }
         other => runtime().and_then(|rt| rt.block_on(run_async(&global, other))),
     };
@@ -242,6 +286,36 @@ pub fn run(registry: Registry) -> ExitCode {
             eprintln!("gaffer: {e:#}");
             e.exit_code()
         }
+    }
+}
+
+impl Command {
+    /// Long-running roles log what they do at info; one-shot commands only problems.
+    fn is_daemon(&self) -> bool {
+        matches!(
+            self,
+            Command::Master(_) | Command::Manager(_) | Command::Zygote | Command::Up { .. }
+        )
+    }
+}
+
+/// Installs the global subscriber: stderr, the GAFFER_LOG filter, text or JSON lines.
+fn init_logging(format: LogFormat, daemon: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GAFFER_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(if daemon { "info" } else { "warn" })
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
     }
 }
 
@@ -266,7 +340,8 @@ async fn run_async(global: &Global, command: Command) -> Result<(), CliError> {
         Command::Config(ConfigCmd::Check)
         | Command::Zygote
         | Command::Master(_)
-        | Command::Manager
+        | Command::Manager(_)
+        | Command::Up { .. }
         | Command::Simulate { .. } => {
             unreachable!("handled before")
         }

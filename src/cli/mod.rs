@@ -63,6 +63,8 @@ pub struct Global {
     pub config: Option<PathBuf>,
     /// `--redis`: overrides `[cluster].redis`.
     pub redis: Option<String>,
+    /// `--state-dir`: where `gaffer up` keeps its Redis and state.
+    pub state_dir: Option<PathBuf>,
     /// The handlers this binary can run; the config may name these.
     pub registry: Registry,
 }
@@ -78,6 +80,13 @@ impl Global {
             return local;
         }
         PathBuf::from("/etc/gaffer/config.toml")
+    }
+
+    /// `--state-dir`, else `.gaffer` beside the config file.
+    pub fn state_dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| crate::up::default_state_dir(&self.config_path()))
     }
 
     /// Loads and validates the config; every error is printed, exit 2.
@@ -112,12 +121,19 @@ impl Global {
     /// The Redis URL and connect options: `--redis` over `[cluster].redis`, the password
     /// from `redis_password_file` when set.
     pub fn redis_target(&self, cfg: &Config) -> Result<(String, ConnectOptions), CliError> {
-        let url = self.redis.clone().or_else(|| cfg.cluster.redis.clone()).ok_or_else(|| {
-            CliError::Usage(format!(
-                "{}: [cluster].redis is not set and no --redis was given (only `gaffer up` starts a local redis)",
-                self.config_path().display()
-            ))
-        })?;
+        let url = self
+            .redis
+            .clone()
+            .or_else(|| cfg.cluster.redis.clone())
+            .or_else(|| crate::up::running_redis(&self.state_dir()))
+            .ok_or_else(|| {
+                CliError::Usage(format!(
+                    "{}: [cluster].redis is not set, no --redis was given, and no `gaffer up` \
+                     runs with state directory {} (start one, or name a Redis)",
+                    self.config_path().display(),
+                    self.state_dir().display()
+                ))
+            })?;
         let mut opts = ConnectOptions::default();
         if let Some(file) = &cfg.cluster.redis_password_file {
             let pw = std::fs::read_to_string(file).map_err(|e| {
@@ -666,7 +682,7 @@ pub async fn master(
 }
 
 /// `gaffer manager`: runs the cluster's manager until SIGTERM or Ctrl-C.
-pub async fn manager(global: &Global) -> Result<(), CliError> {
+pub async fn manager(global: &Global, http: Option<std::net::SocketAddr>) -> Result<(), CliError> {
     let cfg = global.load()?;
     let (url, connect) = global.redis_target(&cfg)?;
     let id = format!(
@@ -674,10 +690,38 @@ pub async fn manager(global: &Global) -> Result<(), CliError> {
         crate::master::sysinfo::host_name(),
         std::process::id()
     );
+    let http = http.unwrap_or(cfg.manager.http);
     let mut opts = crate::manager::ManagerOptions::new(cfg, url, id);
     opts.connect = connect;
+    opts.http = Some(http);
     opts.custom_handlers = global.registry.custom_names();
     crate::manager::run(opts, tokio_util::sync::CancellationToken::new())
+        .await
+        .map_err(CliError::Runtime)
+}
+
+/// `gaffer up`: the whole cluster on this host until Ctrl-C.
+pub async fn up(global: &Global, demo_load: bool, role_args: Vec<String>) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    // Only an explicit Redis counts here: a state file names the Redis `up` itself started.
+    let redis = global.redis.clone().or_else(|| cfg.cluster.redis.clone());
+    let connect = match &redis {
+        Some(_) => global.redis_target(&cfg)?.1,
+        None => ConnectOptions::default(),
+    };
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::Runtime(anyhow::anyhow!("cannot find this program: {e}")))?;
+    let opts = crate::up::UpOptions {
+        config_path: global.config_path(),
+        config: cfg,
+        redis,
+        connect,
+        state_dir: global.state_dir(),
+        demo_load,
+        exe,
+        role_args,
+    };
+    crate::up::run(opts, tokio_util::sync::CancellationToken::new())
         .await
         .map_err(CliError::Runtime)
 }

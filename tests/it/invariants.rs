@@ -73,3 +73,34 @@ fn balancer_does_no_io() {
         }
     }
 }
+
+/// Invariant 21: the dashboard's state, update and views do no I/O and read no clock, and
+/// know the cluster only through the snapshot (not the manager, master, balancer or slots).
+#[test]
+fn dashboard_update_and_views_are_pure() {
+    for (path, text) in sources("src/tui") {
+        let file = path.rsplit('/').next().unwrap_or_default();
+        for forbidden in [
+            "crate::manager",
+            "crate::master",
+            "crate::balancer",
+            "crate::slot",
+        ] {
+            assert!(!text.contains(forbidden), "{path} uses {forbidden}");
+        }
+        if matches!(file, "state.rs" | "view.rs" | "input.rs") {
+            for forbidden in [
+                "redis",
+                "tokio",
+                "SystemTime",
+                "Instant::now",
+                "Utc::now",
+                "now_ms()",
+                "std::fs",
+                "std::net",
+            ] {
+                assert!(!text.contains(forbidden), "{path} uses {forbidden}");
+            }
+        }
+    }
+}

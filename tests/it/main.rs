@@ -11,3 +11,4 @@ mod queue;
 mod simulate;
 mod slot;
 mod top;
+mod up;

@@ -1,29 +1,16 @@
-//! `gaffer top` in a real terminal: tmux runs it against a real manager and master on a
-//! throwaway redis-server; the test reads the screen with `capture-pane` and types keys
-//! with `send-keys`. tmux is required: without it the test fails and says so.
+//! `gaffer top` in a real terminal: tmux runs it against `gaffer up --demo-load` on the
+//! repo's config.toml, as a newcomer would; the test reads the screen with `capture-pane`
+//! and types keys with `send-keys`. tmux is required: without it the test fails and says so.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use gaffer::cluster::Keys;
-use gaffer::redis_server::free_port;
+use crate::harness::{eventually, poll_some};
+use crate::up::{Up, repo};
 
-use crate::harness::{TestRedis, eventually};
-
-const HOST: &str = "top-h1";
-
-/// Processes killed on drop.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+/// The host name `Up` registers its master as.
+const HOST: &str = "up-test";
 
 /// A tmux server of our own (its socket in the test's temp dir), killed on drop, so the
 /// test never touches an operator's sessions.
@@ -106,56 +93,29 @@ fn quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread")]
 async fn top_shows_the_cluster_in_tmux_pauses_a_queue_and_restores_the_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let tmux = Tmux::new(dir.path());
-    let redis = TestRedis::start();
-    let client = redis.client().await;
-    let config = dir.path().join("config.toml");
-    let http = free_port().unwrap();
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
-             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"3s\"\n\n\
-             [master]\nhttp = \"127.0.0.1:{http}\"\nmemory_reserve = \"64MiB\"\n\
-             drain_timeout = \"5s\"\n\n\
-             [queues.demo_mail]\nhandler = \"noop\"\nmin_slots = 1\nmax_slots = 2\n\n\
-             [queues.demo_resize]\nhandler = \"sleep\"\npriority = 5\nmin_slots = 1\n\
-             max_slots = 2\n\n\
-             [queues.demo_reports]\nhandler = \"noop\"\nmin_slots = 0\nmax_slots = 1\n",
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let gaffer = |args: &[&str], log: &str| {
-        Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(&config)
-            .args(args)
-            .env("GAFFER_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join(log)).unwrap())
-            .spawn()
-            .unwrap()
-    };
-    let _procs = Procs(vec![
-        gaffer(&["manager"], "manager.log"),
-        gaffer(&["master", "--host", HOST], "master.log"),
-    ]);
+    // The newcomer's cluster: `gaffer up --demo-load` on the repo's config.toml.
+    let up = Up::start();
+    let cfg = gaffer::config::load(&repo().join("config.toml")).unwrap();
+    // top finds up's Redis through the state file, written once Redis answers.
+    poll_some(Duration::from_secs(30), "gaffer up's redis", || async {
+        up.stats()
+    })
+    .await;
 
     // A shell runs top, then records how it ended and the terminal's modes, then stays
     // so the pane (and what top left on it) can still be read.
     let exit = dir.path().join("exit");
     let stty = dir.path().join("stty");
     let script = format!(
-        "{bin} --config {cfg} --redis {url} top --refresh 300ms; echo $? > {exit}; \
-         stty -a > {stty}; echo TOP-EXITED; exec sleep 600",
+        "cd {repo} && GAFFER_STATE_DIR={state} {bin} --config config.toml top --refresh 300ms; \
+         echo $? > {exit}; stty -a > {stty}; echo TOP-EXITED; exec sleep 600",
+        repo = quote(&repo()),
+        state = quote(up.state.path()),
         bin = quote(Path::new(env!("CARGO_BIN_EXE_gaffer"))),
-        cfg = quote(&config),
-        url = quote(Path::new(&redis.url())),
         exit = quote(&exit),
         stty = quote(&stty),
     );
@@ -175,12 +135,10 @@ async fn top_shows_the_cluster_in_tmux_pauses_a_queue_and_restores_the_terminal(
 
     let screen = tmux
         .wait_screen(
-            "the queues, a manager and the host on the dashboard",
+            "the demo queues, a manager and the host on the dashboard",
             Duration::from_secs(60),
             |s| {
-                s.contains("demo_mail")
-                    && s.contains("demo_resize")
-                    && s.contains("demo_reports")
+                cfg.queues.keys().all(|q| s.contains(q.as_str()))
                     && s.contains("manager ")
                     && s.contains("1 hosts")
                     && !s.contains("STALE")
@@ -202,29 +160,33 @@ async fn top_shows_the_cluster_in_tmux_pauses_a_queue_and_restores_the_terminal(
     })
     .await;
     tmux.keys("p");
-    tmux.wait_screen("the confirmation", Duration::from_secs(10), |s| {
-        s.contains("Pause queue demo_mail?")
-    })
-    .await;
-    let paused = || async {
-        let members: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(Keys::new("test").paused())
-            .query_async(&mut client.connection())
-            .await
-            .unwrap();
-        members
+    let screen = tmux
+        .wait_screen("the confirmation", Duration::from_secs(10), |s| {
+            s.contains("Pause queue ")
+        })
+        .await;
+    let queue = screen
+        .split("Pause queue ")
+        .nth(1)
+        .and_then(|rest| rest.split('?').next())
+        .expect("the queue in the confirmation")
+        .to_string();
+    assert!(cfg.queues.contains_key(&queue), "{queue:?} in {screen}");
+    let paused = |q: &str| {
+        up.stats()
+            .is_some_and(|s| s["queues"][q]["paused"] == serde_json::json!(true))
     };
-    assert!(paused().await.is_empty(), "nothing paused before y");
+    assert!(!paused(&queue), "nothing paused before y");
     tmux.keys("y");
     eventually(
         Duration::from_secs(10),
-        "demo_mail paused in redis",
-        || async { paused().await == ["demo_mail"] },
+        "the queue paused in redis",
+        || async { paused(&queue) },
     )
     .await;
     tmux.wait_screen("the pause on screen", Duration::from_secs(10), |s| {
-        let row = s.lines().find(|l| l.starts_with("│demo_mail"));
-        s.contains("demo_mail paused") && row.is_some_and(|r| r.contains("paused"))
+        let row = s.lines().find(|l| l.starts_with(&format!("│{queue}")));
+        s.contains(&format!("{queue} paused")) && row.is_some_and(|r| r.contains("paused"))
     })
     .await;
 
@@ -250,7 +212,7 @@ async fn top_shows_the_cluster_in_tmux_pauses_a_queue_and_restores_the_terminal(
         })
         .await;
     assert!(
-        !screen.contains("demo_mail"),
+        !screen.contains(&queue),
         "the alternate screen was left, the dashboard is gone:\n{screen}"
     );
     let modes = std::fs::read_to_string(&stty).unwrap();

@@ -1,0 +1,509 @@
+//! `gaffer up`: the whole cluster on one host. A local redis-server child (unless the
+//! config or `--redis` names one), then `gaffer manager` and `gaffer master` as child
+//! processes of the same binary, their logs prefixed on our stderr; optionally a demo
+//! load that moves slots between the queues. Ctrl-C drains the master, stops the
+//! manager, then Redis, and leaves no process behind.
+//!
+//! The roles run as separate processes, exactly as in production: the master's zygote
+//! must be forked from a single-threaded process, and a crash of one role must not take
+//! the others down. Every child is in its own process group, so a terminal's Ctrl-C
+//! reaches only this process, which stops the others in order (writers before Redis);
+//! each also dies with this process (PDEATHSIG) if it is killed outright.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Handler};
+use crate::queue_client::{ConnectOptions, NewTask, QueueClient, QueueLimits};
+use crate::redis_server::{RedisServer, RedisServerOptions};
+
+/// A child that exits this soon after its first start failed to start (a port in use, an
+/// unreachable Redis): `up` stops with its log rather than restarting it forever.
+const STARTUP_WINDOW: Duration = Duration::from_secs(5);
+/// Restarts after a later crash back off from this, doubling, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How long Redis may take to flush its AOF and exit once everything else has stopped.
+const REDIS_STOP: Duration = Duration::from_secs(10);
+/// The file in the state directory that tells other commands where `up`'s Redis is.
+const STATE_FILE: &str = "up.json";
+
+/// Everything `gaffer up` needs; built by the CLI.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    /// The config file, handed on to the roles.
+    pub config_path: PathBuf,
+    /// The validated config.
+    pub config: Config,
+    /// Redis to use instead of starting one (`--redis` or `[cluster].redis`).
+    pub redis: Option<String>,
+    /// Password and timeouts for Redis.
+    pub connect: ConnectOptions,
+    /// Where the local Redis keeps its data and `up` its state file.
+    pub state_dir: PathBuf,
+    /// Push a built-in, wave-shaped load to every queue.
+    pub demo_load: bool,
+    /// This binary, to start the roles with.
+    pub exe: PathBuf,
+    /// Arguments every role gets before its own (e.g. `--log-format json`).
+    pub role_args: Vec<String>,
+}
+
+/// What a running `up` leaves in its state directory for other commands.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UpState {
+    /// The `up` process.
+    pub pid: u32,
+    /// The Redis it started (or was given).
+    pub redis: String,
+}
+
+/// The Redis URL of a `gaffer up` running with state directory `dir`, if one runs.
+pub fn running_redis(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(STATE_FILE)).ok()?;
+    let state: UpState = serde_json::from_str(&text).ok()?;
+    let alive = kill(Pid::from_raw(i32::try_from(state.pid).ok()?), None).is_ok();
+    alive.then_some(state.redis)
+}
+
+/// The state directory when none is given: `.gaffer` beside the config file.
+pub fn default_state_dir(config_path: &Path) -> PathBuf {
+    let parent = config_path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    parent.join(".gaffer")
+}
+
+/// One role run as a child process.
+struct Role {
+    name: &'static str,
+    args: Vec<String>,
+    child: Option<Child>,
+    started: Instant,
+    starts: u32,
+    backoff: Duration,
+    restart_at: Option<Instant>,
+}
+
+/// Runs the cluster until Ctrl-C, SIGTERM or `shutdown`; returns once every child is gone.
+///
+/// Must run on a current-thread runtime on a thread that outlives it: the children's
+/// PDEATHSIG follows the thread that started them.
+pub async fn run(opts: UpOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&opts.state_dir)
+        .with_context(|| format!("creating the state directory {}", opts.state_dir.display()))?;
+    let _lock = lock_state_dir(&opts.state_dir)?;
+
+    let mut redis_server = None;
+    let redis_url = match &opts.redis {
+        Some(url) => url.clone(),
+        None => {
+            let dir = opts.state_dir.join("redis");
+            // Blocking, on the runtime's one thread: nothing else runs yet, and the server's
+            // PDEATHSIG is tied to this thread, which lives as long as `up`.
+            let server = RedisServer::start(
+                &dir,
+                RedisServerOptions {
+                    appendonly: true,
+                    ..RedisServerOptions::default()
+                },
+            )
+            .context("starting a local redis-server")?;
+            let url = server.url();
+            eprintln!(
+                "gaffer up: redis-server at {url} (data in {})",
+                dir.display()
+            );
+            redis_server = Some(server);
+            url
+        }
+    };
+    let state_file = opts.state_dir.join(STATE_FILE);
+    let state = UpState {
+        pid: std::process::id(),
+        redis: redis_url.clone(),
+    };
+    std::fs::write(&state_file, serde_json::to_string(&state)?)
+        .with_context(|| format!("writing {}", state_file.display()))?;
+
+    let result = supervise(&opts, &redis_url, shutdown).await;
+
+    if let Some(mut server) = redis_server {
+        eprintln!("gaffer up: stopping redis-server");
+        server.stop(REDIS_STOP);
+    }
+    let _ = std::fs::remove_file(&state_file);
+    eprintln!("gaffer up: stopped");
+    result
+}
+
+/// One `up` per state directory: a second would start a second Redis on the same files.
+fn lock_state_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = dir.join("up.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        anyhow::anyhow!(
+            "another `gaffer up` is running with state directory {} (stop it, or give --state-dir)",
+            dir.display()
+        )
+    })
+}
+
+async fn supervise(
+    opts: &UpOptions,
+    redis_url: &str,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut roles = [
+        Role::new("manager", vec!["manager".into()]),
+        Role::new("master", vec!["master".into()]),
+    ];
+    for role in &mut roles {
+        role.start(opts, redis_url)?;
+    }
+    eprintln!(
+        "gaffer up: manager on http://{} , master on http://{} ; watch with `gaffer top`, \
+         stop with Ctrl-C",
+        opts.config.manager.http, opts.config.master.http
+    );
+
+    let mut demo = if opts.demo_load {
+        let client = QueueClient::connect(redis_url, &opts.config.cluster.namespace, &opts.connect)
+            .await
+            .context("connecting the demo load")?;
+        eprintln!("gaffer up: demo load on, a wave per queue, 2 minutes a period");
+        Some(DemoLoad::new(client, &opts.config))
+    } else {
+        None
+    };
+    let mut demo_tick = tokio::time::interval(Duration::from_secs(1));
+    demo_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let [manager, master] = &mut roles;
+    let failure = loop {
+        let restart_at = [manager.restart_at, master.restart_at]
+            .into_iter()
+            .flatten()
+            .min();
+        tokio::select! {
+            _ = sigint.recv() => break None,
+            _ = sigterm.recv() => break None,
+            () = shutdown.cancelled() => break None,
+            status = wait(&mut manager.child) => {
+                if let Some(e) = manager.exited(status) { break Some(e) }
+            }
+            status = wait(&mut master.child) => {
+                if let Some(e) = master.exited(status) { break Some(e) }
+            }
+            () = sleep_until(restart_at) => {
+                for role in [&mut *manager, &mut *master] {
+                    if role.restart_at.is_some_and(|at| at <= Instant::now()) {
+                        role.start(opts, redis_url)?;
+                    }
+                }
+            }
+            _ = demo_tick.tick(), if demo.is_some() => {
+                if let Some(d) = demo.as_mut() {
+                    d.tick().await;
+                }
+            }
+        }
+    };
+
+    let drain = opts.config.master.drain_timeout;
+    eprintln!(
+        "gaffer up: stopping: the master drains its slots (up to drain_timeout {}), \
+         Ctrl-C again to kill",
+        humantime::format_duration(drain)
+    );
+    // The master drains first; the manager keeps deciding until then, so nothing is
+    // placed on a host that is leaving without the map saying so.
+    let mut killing = false;
+    stop(
+        master,
+        drain + Duration::from_secs(15),
+        &mut sigint,
+        &mut killing,
+    )
+    .await;
+    stop(manager, Duration::from_secs(15), &mut sigint, &mut killing).await;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Sends `role` SIGTERM and waits for it to exit; SIGKILL after `limit`, or on a second
+/// Ctrl-C (which also kills every role stopped after it). Says every few seconds what it
+/// waits for.
+async fn stop(
+    role: &mut Role,
+    limit: Duration,
+    sigint: &mut tokio::signal::unix::Signal,
+    killing: &mut bool,
+) {
+    role.signal(if *killing {
+        Signal::SIGKILL
+    } else {
+        Signal::SIGTERM
+    });
+    let deadline = Instant::now() + limit;
+    // One Ctrl-C can arrive twice (a terminal and a wrapper such as `timeout` both
+    // signalling); only a deliberate second press, a moment later, kills.
+    let deliberate = Instant::now() + Duration::from_millis(500);
+    let mut progress = tokio::time::interval_at(
+        Instant::now() + Duration::from_secs(5),
+        Duration::from_secs(5),
+    );
+    while role.child.is_some() {
+        tokio::select! {
+            status = wait(&mut role.child) => {
+                role.child = None;
+                eprintln!("gaffer up: {} stopped ({})", role.name, describe(status));
+            }
+            _ = sigint.recv() => {
+                if Instant::now() >= deliberate {
+                    *killing = true;
+                    eprintln!("gaffer up: killing the {}", role.name);
+                    role.signal(Signal::SIGKILL);
+                }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                eprintln!("gaffer up: the {} did not stop within {:?}, killing it", role.name, limit);
+                role.signal(Signal::SIGKILL);
+            }
+            _ = progress.tick() => {
+                eprintln!("gaffer up: waiting for the {} to stop", role.name);
+            }
+        }
+    }
+}
+
+impl Role {
+    fn new(name: &'static str, args: Vec<String>) -> Self {
+        Role {
+            name,
+            args,
+            child: None,
+            started: Instant::now(),
+            starts: 0,
+            backoff: FIRST_BACKOFF,
+            restart_at: None,
+        }
+    }
+
+    fn start(&mut self, opts: &UpOptions, redis_url: &str) -> anyhow::Result<()> {
+        let mut cmd = Command::new(&opts.exe);
+        cmd.arg("--config")
+            .arg(&opts.config_path)
+            .args(&opts.role_args)
+            .args(&self.args)
+            .env("GAFFER_REDIS", redis_url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("starting the {}", self.name))?;
+        if let Some(stderr) = child.stderr.take() {
+            let name = self.name;
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    eprintln!("{name:>7} | {line}");
+                }
+            });
+        }
+        self.child = Some(child);
+        self.started = Instant::now();
+        self.starts += 1;
+        self.restart_at = None;
+        Ok(())
+    }
+
+    /// Handles an exit while running; returns an error when `up` must stop.
+    fn exited(&mut self, status: std::io::Result<ExitStatus>) -> Option<anyhow::Error> {
+        self.child = None;
+        let what = describe(status);
+        if self.starts == 1 && self.started.elapsed() < STARTUP_WINDOW {
+            return Some(anyhow::anyhow!(
+                "the {} failed at start-up ({what}); its log is above",
+                self.name
+            ));
+        }
+        eprintln!(
+            "gaffer up: the {} exited ({what}); restarting in {:?}",
+            self.name, self.backoff
+        );
+        self.restart_at = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        None
+    }
+
+    fn signal(&self, sig: Signal) {
+        if let Some(pid) = self.child.as_ref().and_then(Child::id) {
+            let _ = kill(Pid::from_raw(pid as i32), sig);
+        }
+    }
+}
+
+fn describe(status: std::io::Result<ExitStatus>) -> String {
+    match status {
+        Ok(s) => s.to_string(),
+        Err(e) => format!("wait failed: {e}"),
+    }
+}
+
+/// A child's exit, or never when there is none.
+async fn wait(child: &mut Option<Child>) -> std::io::Result<ExitStatus> {
+    match child {
+        Some(c) => c.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A wave of tasks per queue, each wave a phase behind the last, so demand (and with it
+/// the slots) moves from queue to queue over a period.
+struct DemoLoad {
+    client: QueueClient,
+    queues: Vec<DemoQueue>,
+    started: Instant,
+    pushed: u64,
+    last_report: Instant,
+}
+
+struct DemoQueue {
+    name: String,
+    limits: QueueLimits,
+    /// Tasks per second at the wave's crest.
+    peak: f64,
+    /// Where in the period its crest is, 0..1.
+    phase: f64,
+    /// The payload of every task.
+    payload: serde_json::Value,
+    /// Fractional tasks carried to the next second.
+    carry: f64,
+}
+
+/// One period of every queue's wave.
+const DEMO_PERIOD: f64 = 120.0;
+/// A queue with this much waiting gets no more: a paused or starved queue must not grow
+/// without bound while the demo runs.
+const DEMO_BACKLOG_CAP: u64 = 2_000;
+
+impl DemoLoad {
+    fn new(client: QueueClient, cfg: &Config) -> Self {
+        let n = cfg.queues.len().max(1) as f64;
+        let queues = cfg
+            .queues
+            .values()
+            .enumerate()
+            .map(|(i, q)| {
+                // Slow tasks at a rate that asks for a few slots at the crest; fast ones
+                // at a steady trickle that shows throughput.
+                let (peak, payload) = match &q.handler {
+                    Handler::Sleep => (30.0, serde_json::json!({"ms": 100})),
+                    Handler::Exec { .. } => {
+                        (30.0, serde_json::json!({"action": "sleep", "ms": 100}))
+                    }
+                    Handler::Memhog { .. } => (2.0, serde_json::json!({"demo": true})),
+                    Handler::PreloadDemo { .. } => (6.0, serde_json::json!({"demo": true})),
+                    _ => (20.0, serde_json::json!({"demo": true})),
+                };
+                DemoQueue {
+                    name: q.name.clone(),
+                    limits: QueueLimits::from(q),
+                    peak,
+                    phase: i as f64 / n,
+                    payload,
+                    carry: 0.0,
+                }
+            })
+            .collect();
+        DemoLoad {
+            client,
+            queues,
+            started: Instant::now(),
+            pushed: 0,
+            last_report: Instant::now(),
+        }
+    }
+
+    async fn tick(&mut self) {
+        let t = self.started.elapsed().as_secs_f64() / DEMO_PERIOD;
+        let mut rates = BTreeMap::new();
+        for q in &mut self.queues {
+            // 0 at the trough, `peak` at the crest.
+            let wave = 0.5 - 0.5 * (2.0 * std::f64::consts::PI * (t - q.phase)).cos();
+            let want = q.peak * wave + q.carry;
+            let n = want.floor();
+            q.carry = want - n;
+            rates.insert(q.name.as_str(), n as u64);
+            if n < 1.0 {
+                continue;
+            }
+            let Ok(queue) = self.client.queue_with(&q.name, q.limits) else {
+                continue;
+            };
+            match queue.stats().await {
+                Ok(s) if s.ready >= DEMO_BACKLOG_CAP => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(queue = %q.name, error = %e, "demo load: stats failed");
+                    continue;
+                }
+            }
+            let body = serde_json::to_vec(&q.payload).unwrap_or_default();
+            let tasks: Vec<NewTask> = (0..n as usize)
+                .map(|_| NewTask::new(body.clone()))
+                .collect();
+            match queue.enqueue_many(&tasks).await {
+                Ok(done) => self.pushed += done.len() as u64,
+                Err(e) => tracing::warn!(queue = %q.name, error = %e, "demo load: enqueue failed"),
+            }
+        }
+        if self.last_report.elapsed() >= Duration::from_secs(30) {
+            self.last_report = Instant::now();
+            let now: Vec<String> = rates.iter().map(|(q, r)| format!("{q}={r}/s")).collect();
+            eprintln!(
+                "gaffer up: demo load pushed {} tasks so far; now {}",
+                self.pushed,
+                now.join(" ")
+            );
+        }
+    }
+}
