@@ -317,3 +317,42 @@ fn bench_reports_gaffer_beside_the_bare_loop() {
         .unwrap();
     assert!(keys.is_empty(), "left behind: {keys:?}");
 }
+
+/// `--log-format json`: each log line is one JSON object with the level, the message and
+/// the event's fields at the top level, for log shippers.
+#[test]
+fn log_format_json_writes_one_object_per_line() {
+    use std::io::BufRead;
+    let env = Env::new();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(env.dir.path().join("config.toml"))
+        .args(["--redis", &env.redis.url(), "--log-format", "json"])
+        .args(["manager", "--http", "127.0.0.1:0"])
+        .env("GAFFER_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Reading blocks until the manager logs; its first lines come at start-up.
+    let lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let mut found = None;
+    for line in lines.take(20) {
+        let line = line.unwrap();
+        let v: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {line}; before: {seen:?}"));
+        if v["message"] == "manager starting" {
+            found = Some(v);
+            break;
+        }
+        seen.push(line);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let v = found.unwrap_or_else(|| panic!("no start-up line among {seen:?}"));
+    assert_eq!(v["level"], "INFO", "{v}");
+    assert!(v["id"].as_str().is_some_and(|id| id.contains(':')), "{v}");
+    assert!(v["timestamp"].is_string(), "{v}");
+}
