@@ -67,15 +67,27 @@ pub enum QueueError {
 }
 
 impl QueueError {
-    /// True when the error says Redis is unreachable or slow, so retrying later may work.
+    /// True when the error says Redis is unreachable, slow or not ready yet (loading its
+    /// data after a restart, a cluster failing over), so retrying later may work.
     pub fn is_transient(&self) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
         match self {
             QueueError::Redis(e) => {
                 e.is_io_error()
                     || e.is_timeout()
                     || e.is_connection_dropped()
                     || e.is_connection_refusal()
-                    || matches!(e.kind(), redis::ErrorKind::Server(_) if e.to_string().contains("LOADING"))
+                    // The driver's own word for "wait and retry": a server loading its AOF
+                    // or RDB answers LOADING until it has read every key.
+                    || matches!(
+                        e.kind(),
+                        ErrorKind::Server(
+                            ServerErrorKind::BusyLoading
+                                | ServerErrorKind::TryAgain
+                                | ServerErrorKind::MasterDown
+                                | ServerErrorKind::ClusterDown
+                        )
+                    )
             }
             QueueError::Connect(_) => true,
             _ => false,

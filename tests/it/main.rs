@@ -7,6 +7,7 @@ mod harness;
 mod host;
 mod invariants;
 mod manager;
+mod outage;
 mod queue;
 mod simulate;
 mod slot;

@@ -1,0 +1,124 @@
+//! Redis outages the fault suite (`scripts/chaos`) found mishandled, each pinned down
+//! with a real redis-server.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixDatagram;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use gaffer::config::{Handler as HandlerConfig, QueueConfig};
+use gaffer::queue_client::{ConnectOptions, NewTask};
+use gaffer::redis_server::RedisServerOptions;
+use gaffer::slot::{
+    EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotSpec, Task, run_slot,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{TestRedis, eventually};
+
+/// Whether the server on `port` answers PING with LOADING (it is reading its AOF).
+fn loading(port: u16) -> bool {
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 64];
+    s.write_all(b"PING\r\n").is_ok()
+        && matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"-LOADING"))
+}
+
+/// Finishes a task whose payload is `during-load` only once Redis answers LOADING, so its
+/// settle reaches a server that is still reading its AOF; anything else at once.
+struct DoneWhileLoading {
+    port: u16,
+    handled: Arc<AtomicU32>,
+}
+
+impl Handler for DoneWhileLoading {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        unreachable!("built by the test")
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        self.handled.fetch_add(batch.len() as u32, Ordering::SeqCst);
+        if batch.iter().any(|t| t.payload == b"during-load") {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !loading(self.port) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        vec![Outcome::Done; batch.len()]
+    }
+}
+
+/// A restarted Redis answers LOADING while it replays its AOF. The slot took that for a
+/// permanent error: it gave its settle up (the task ran again once the lease expired) and
+/// exited fatally on its next take. Both must wait and retry instead.
+#[tokio::test]
+async fn a_slot_rides_out_a_redis_loading_its_aof() {
+    // 1 ms per key replayed: a couple of seconds of LOADING after a restart.
+    let mut redis = TestRedis::with(RedisServerOptions {
+        appendonly: true,
+        extra: vec![("key-load-delay".into(), "1000".into())],
+        ..RedisServerOptions::default()
+    });
+    let client = redis.client().await;
+    let () = redis::cmd("EVAL")
+        .arg("for i = 1, 2000 do redis.call('SET', 'pad:' .. i, i) end")
+        .arg(0)
+        .query_async(&mut client.connection())
+        .await
+        .unwrap();
+    let q = client.queue("load").unwrap();
+    let mut cfg = QueueConfig::new("load", HandlerConfig::Noop);
+    cfg.batch_size = 1;
+    // Far longer than the test: an expired lease cannot stand in for a settle.
+    cfg.lease = Duration::from_secs(120);
+    q.enqueue(NewTask::new("during-load")).await.unwrap();
+
+    let handled = Arc::new(AtomicU32::new(0));
+    let handler = DoneWhileLoading {
+        port: redis.server.port(),
+        handled: handled.clone(),
+    };
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let spec = SlotSpec {
+        queue: cfg,
+        slot: 1,
+        redis_url: redis.url(),
+        namespace: "test".into(),
+        connect: ConnectOptions::default(),
+        report: Some(report),
+    };
+    let stop = CancellationToken::new();
+    let slot = {
+        let stop = stop.clone();
+        std::thread::spawn(move || run_slot(spec, Box::new(handler), Some(stop)))
+    };
+    eventually(Duration::from_secs(20), "the task handed out", || async {
+        q.stats().await.unwrap().leased == 1
+    })
+    .await;
+    // Blocks this thread until the AOF is replayed; the slot settles meanwhile.
+    redis.server.restart().unwrap();
+    eventually(Duration::from_secs(20), "the task acked", || async {
+        q.stats().await.is_ok_and(|s| s.acked_total == 1)
+    })
+    .await;
+    assert!(!slot.is_finished(), "the slot exited on LOADING");
+    q.enqueue(NewTask::new("after")).await.unwrap();
+    eventually(Duration::from_secs(20), "a later task acked", || async {
+        q.stats().await.unwrap().acked_total == 2
+    })
+    .await;
+    let stats = q.stats().await.unwrap();
+    assert_eq!(
+        (stats.expired_total, stats.stale_total),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(handled.load(Ordering::SeqCst), 2, "each task ran once");
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+}
