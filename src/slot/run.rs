@@ -469,8 +469,11 @@ async fn extend(queue: &Queue, tasks: &[LeasedTask], lease: Duration) -> bool {
     }
 }
 
-/// Settles the batch, retrying while Redis is unreachable and the leases still hold
-/// (after that the tasks come back by themselves). Returns the count of stale settles.
+/// Settles the batch, retrying while Redis is unreachable or not ready, past the leases'
+/// expiry too: until another taker reclaims them, expired leases still take their
+/// holder's settle (and a reclaimed one refuses it as stale, harmlessly), so giving up
+/// would only make the tasks run again. A stopping slot gives up once the leases have
+/// passed; the tasks come back by themselves. Returns the count of stale settles.
 async fn settle(
     queue: &Queue,
     ops: &[SettleOp],
@@ -487,7 +490,7 @@ async fn settle(
                     .filter(|r| matches!(r, SettleResult::Stale))
                     .count() as u32;
             }
-            Err(e) if e.is_transient() && Instant::now() < lease_until => {
+            Err(e) if e.is_transient() && (!*stopping || Instant::now() < lease_until) => {
                 tracing::warn!(queue = queue.name(), error = %e, "settle failed, retrying");
                 tokio::select! {
                     () = backoff.pause() => {}

@@ -4,7 +4,7 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixDatagram;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use gaffer::config::{Handler as HandlerConfig, QueueConfig};
@@ -119,6 +119,85 @@ async fn a_slot_rides_out_a_redis_loading_its_aof() {
         "{stats:?}"
     );
     assert_eq!(handled.load(Ordering::SeqCst), 2, "each task ran once");
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+}
+
+/// Finishes a batch once `release` is set.
+struct DoneWhenReleased {
+    release: Arc<AtomicBool>,
+    handled: Arc<AtomicU32>,
+}
+
+impl Handler for DoneWhenReleased {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        unreachable!("built by the test")
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        self.handled.fetch_add(batch.len() as u32, Ordering::SeqCst);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.release.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        vec![Outcome::Done; batch.len()]
+    }
+}
+
+/// Redis gone for longer than the lease: the slot used to give its settle up when the
+/// lease ran out locally, so the task ran a second time once Redis was back, although no
+/// other taker had reclaimed it and the late settle would have been taken.
+#[tokio::test]
+async fn a_settle_outlives_an_outage_longer_than_the_lease() {
+    let mut redis = TestRedis::with_aof();
+    let client = redis.client().await;
+    let q = client.queue("outage").unwrap();
+    let mut cfg = QueueConfig::new("outage", HandlerConfig::Noop);
+    cfg.batch_size = 1;
+    cfg.lease = Duration::from_secs(2);
+    q.enqueue(NewTask::new("x")).await.unwrap();
+
+    let release = Arc::new(AtomicBool::new(false));
+    let handled = Arc::new(AtomicU32::new(0));
+    let handler = DoneWhenReleased {
+        release: release.clone(),
+        handled: handled.clone(),
+    };
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let spec = SlotSpec {
+        queue: cfg.clone(),
+        slot: 1,
+        redis_url: redis.url(),
+        namespace: "test".into(),
+        connect: ConnectOptions::default(),
+        report: Some(report),
+    };
+    let stop = CancellationToken::new();
+    let slot = {
+        let stop = stop.clone();
+        std::thread::spawn(move || run_slot(spec, Box::new(handler), Some(stop)))
+    };
+    eventually(Duration::from_secs(20), "the task handed out", || async {
+        q.stats().await.unwrap().leased == 1
+    })
+    .await;
+    redis.server.kill();
+    let down = Instant::now();
+    release.store(true, Ordering::SeqCst);
+    // Not a synchronisation: the outage must outlast the lease, whatever the slot does.
+    tokio::time::sleep((cfg.lease + Duration::from_secs(1)).saturating_sub(down.elapsed())).await;
+    redis.server.restart().unwrap();
+    eventually(Duration::from_secs(20), "the task acked", || async {
+        q.stats().await.is_ok_and(|s| s.acked_total == 1)
+    })
+    .await;
+    let stats = q.stats().await.unwrap();
+    assert_eq!(
+        (stats.expired_total, stats.stale_total, stats.leased),
+        (0, 0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(handled.load(Ordering::SeqCst), 1, "the task ran once");
     stop.cancel();
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
