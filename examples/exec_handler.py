@@ -28,8 +28,10 @@ The demo behaviour is driven by the payload so gaffer's tests can use it:
     {"action": "garbage"}                   -> a non-JSON reply for the whole batch
     {"action": "die"}                       -> exits with status 3 without replying
 
-If GAFFER_EXEC_RECORD names a file, "queue id attempt" is appended to it for every task
-received, before it runs, so a crash mid-task still leaves a trace of the attempt.
+If GAFFER_EXEC_RECORD names a file, "queue id attempt slot_pid pid time_ms" is appended to
+it for every task received, before it runs, so a crash mid-task still leaves a trace of the
+attempt: slot_pid is the slot that sent it (this process's parent), pid this process,
+time_ms the wall clock in milliseconds. The fault suite (scripts/chaos) reads it.
 """
 
 import json
@@ -96,7 +98,11 @@ def main():
         try:
             for task in request["batch"]:
                 if record:
-                    record.write(f"{QUEUE} {task['id']} {task['attempt']}\n")
+                    now_ms = int(time.time() * 1000)
+                    record.write(
+                        f"{QUEUE} {task['id']} {task['attempt']} "
+                        f"{os.getppid()} {os.getpid()} {now_ms}\n"
+                    )
                     record.flush()
                 try:
                     result = handle(task)

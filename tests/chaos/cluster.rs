@@ -1,0 +1,477 @@
+//! The cluster under test, all on this machine: one redis-server with AOF (appendfsync
+//! always), managers and masters as real `gaffer` processes with distinct host names and
+//! HTTP ports, and the exec queue whose handler records every task it receives.
+//!
+//! Every process is started from the main thread with PDEATHSIG, so none outlives the
+//! harness even if it is killed; and every one inherits the run's marker variable, so the
+//! final scan finds whatever was left behind, however it was reparented.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gaffer::cluster::{self, Keys};
+use gaffer::queue_client::{ConnectOptions, Queue, QueueClient, QueueStats};
+use gaffer::redis_server::{RedisServer, RedisServerOptions, free_port};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::procs;
+
+/// The environment variable every process of a run carries.
+pub const MARKER: &str = "GAFFER_CHAOS_RUN";
+/// The queue the producer feeds.
+pub const QUEUE: &str = "chaos";
+/// The key namespace.
+pub const NAMESPACE: &str = "chaos";
+
+/// The shape of the cluster and its queue.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Shape {
+    /// Masters (hosts).
+    pub masters: usize,
+    /// Managers (one leads, the others stand by).
+    pub managers: usize,
+    /// Slots of the queue, cluster-wide (min_slots = max_slots).
+    pub slots: u32,
+    /// Tasks per batch.
+    pub batch_size: u32,
+    /// The queue's lease, in ms.
+    pub lease_ms: u64,
+}
+
+impl Shape {
+    /// The queue's lease.
+    pub fn lease(&self) -> Duration {
+        Duration::from_millis(self.lease_ms)
+    }
+}
+
+/// A manager or master process, restarted by the harness when a fault kills it.
+pub struct Role {
+    /// "manager1", "h1", …
+    pub name: String,
+    /// `--host` for a master.
+    pub host: Option<String>,
+    /// Its HTTP port (/status).
+    pub http: u16,
+    /// The running process.
+    pub child: Option<Child>,
+    /// Its stderr, appended across restarts.
+    pub log: PathBuf,
+}
+
+impl Role {
+    /// Its pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `GET /status` as JSON.
+    pub fn status(&self) -> Option<Value> {
+        procs::http_get(self.http, "/status").and_then(|b| serde_json::from_str(&b).ok())
+    }
+}
+
+/// One slot as its master's `/status` shows it.
+#[derive(Debug, Clone)]
+pub struct SlotInfo {
+    /// Index of its master.
+    pub master: usize,
+    /// Its pid.
+    pub pid: u32,
+    /// idle, busy, starting, stopping, …
+    pub state: String,
+}
+
+/// The running cluster.
+pub struct Cluster {
+    /// The run's directory: config, logs, Redis data, the handler record, the report.
+    pub dir: PathBuf,
+    config: PathBuf,
+    /// The exec handler's record file.
+    pub record: PathBuf,
+    /// `MARKER=dir`, as found in every environment of the run.
+    pub marker: String,
+    /// The Redis server.
+    pub redis: RedisServer,
+    /// Managers.
+    pub managers: Vec<Role>,
+    /// Masters.
+    pub masters: Vec<Role>,
+    /// Drives the harness's own Redis calls (and the producer).
+    pub rt: tokio::runtime::Runtime,
+    /// The harness's queue handle: short timeouts, so a frozen Redis cannot stall it.
+    pub queue: Queue,
+    monitor: QueueClient,
+    /// Map epochs seen, in order: a fenced manager must never bring one back down.
+    pub epochs: Vec<u64>,
+    /// Failures seen outside any one fault: roles that exited on their own.
+    pub problems: Vec<String>,
+    /// The cluster's shape.
+    pub shape: Shape,
+}
+
+impl Cluster {
+    /// Starts Redis, the managers and the masters, and waits until every slot runs.
+    pub fn start(dir: &Path, shape: Shape) -> Result<Cluster, String> {
+        let redis = RedisServer::start(
+            &dir.join("redis"),
+            RedisServerOptions {
+                appendonly: true,
+                ..RedisServerOptions::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let config = dir.join("config.toml");
+        let handler = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/exec_handler.py");
+        std::fs::write(&config, config_text(&redis.url(), &handler, &shape))
+            .map_err(|e| e.to_string())?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let opts = ConnectOptions {
+            response_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(1),
+            ..ConnectOptions::default()
+        };
+        let monitor = rt
+            .block_on(QueueClient::connect(&redis.url(), NAMESPACE, &opts))
+            .map_err(|e| e.to_string())?;
+        let queue = monitor.queue(QUEUE).map_err(|e| e.to_string())?;
+        let mut c = Cluster {
+            record: dir.join("handled.txt"),
+            marker: format!("{MARKER}={}", dir.display()),
+            dir: dir.to_path_buf(),
+            config,
+            redis,
+            managers: Vec::new(),
+            masters: Vec::new(),
+            rt,
+            queue,
+            monitor,
+            epochs: Vec::new(),
+            problems: Vec::new(),
+            shape,
+        };
+        for i in 1..=c.shape.managers {
+            c.managers.push(Role {
+                name: format!("manager{i}"),
+                host: None,
+                http: free_port().map_err(|e| e.to_string())?,
+                child: None,
+                log: dir.join(format!("manager{i}.log")),
+            });
+            c.spawn(false, i - 1)?;
+        }
+        for i in 1..=c.shape.masters {
+            c.masters.push(Role {
+                name: format!("h{i}"),
+                host: Some(format!("h{i}")),
+                http: free_port().map_err(|e| e.to_string())?,
+                child: None,
+                log: dir.join(format!("master-h{i}.log")),
+            });
+            c.spawn(true, i - 1)?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let running = c
+                .slots()
+                .iter()
+                .filter(|s| s.state == "idle" || s.state == "busy")
+                .count();
+            if running >= c.shape.slots as usize {
+                return Ok(c);
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "only {running} of {} slots running after 90 s; see {}",
+                    c.shape.slots,
+                    dir.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Starts (or restarts) master `i` or manager `i`, with PDEATHSIG so it dies with
+    /// the harness. Called from the main thread only: PDEATHSIG follows the spawning
+    /// thread.
+    pub fn spawn(&mut self, master: bool, i: usize) -> Result<(), String> {
+        let role = if master {
+            &self.masters[i]
+        } else {
+            &self.managers[i]
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&role.log)
+            .map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gaffer"));
+        cmd.arg("--config").arg(&self.config);
+        if master {
+            cmd.args(["master", "--host", role.host.as_deref().unwrap_or("?")])
+                .env("GAFFER_MASTER_HTTP", format!("127.0.0.1:{}", role.http))
+                .env("GAFFER_EXEC_RECORD", &self.record);
+        } else {
+            cmd.arg("manager")
+                .env("GAFFER_MANAGER_HTTP", format!("127.0.0.1:{}", role.http));
+        }
+        cmd.env("GAFFER_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", role.name))?;
+        let role = if master {
+            &mut self.masters[i]
+        } else {
+            &mut self.managers[i]
+        };
+        role.child = Some(child);
+        Ok(())
+    }
+
+    /// Every slot the masters report.
+    pub fn slots(&self) -> Vec<SlotInfo> {
+        let mut out = Vec::new();
+        for (i, m) in self.masters.iter().enumerate() {
+            let Some(status) = m.status() else { continue };
+            for s in status["slots"].as_array().map_or(&[][..], Vec::as_slice) {
+                if let Some(pid) = s["pid"].as_u64() {
+                    out.push(SlotInfo {
+                        master: i,
+                        pid: pid as u32,
+                        state: s["state"].as_str().unwrap_or("?").to_string(),
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs `f` on the harness's runtime, giving up after `limit`.
+    pub fn call<T>(
+        &self,
+        limit: Duration,
+        f: impl std::future::Future<Output = Result<T, gaffer::queue_client::QueueError>>,
+    ) -> Option<T> {
+        self.rt
+            .block_on(async { tokio::time::timeout(limit, f).await.ok()?.ok() })
+    }
+
+    /// The queue's counters, when Redis answers.
+    pub fn stats(&self) -> Option<QueueStats> {
+        self.call(Duration::from_secs(3), self.queue.stats())
+    }
+
+    /// The lease value `host:pid:epoch`, when Redis answers.
+    pub fn lease(&self) -> Option<String> {
+        let mut conn = self.monitor.connection();
+        self.call(Duration::from_secs(2), async move {
+            let v: Option<String> = redis::cmd("GET")
+                .arg(Keys::new(NAMESPACE).lease())
+                .query_async(&mut conn)
+                .await?;
+            Ok(v)
+        })
+        .flatten()
+    }
+
+    /// Which manager holds the lease, with its epoch.
+    pub fn leader(&self) -> Option<(usize, u64)> {
+        let lease = self.lease()?;
+        let mut parts = lease.rsplitn(3, ':');
+        let epoch: u64 = parts.next()?.parse().ok()?;
+        let pid: u32 = parts.next()?.parse().ok()?;
+        let i = self.managers.iter().position(|m| m.pid() == Some(pid))?;
+        Some((i, epoch))
+    }
+
+    fn sample_epoch(&mut self) {
+        let mut conn = self.monitor.connection();
+        let keys = Keys::new(NAMESPACE);
+        let map = self.call(Duration::from_millis(500), async move {
+            cluster::read_map(&mut conn, &keys).await
+        });
+        if let Some(Some(map)) = map
+            && self.epochs.last() != Some(&map.epoch)
+        {
+            self.epochs.push(map.epoch);
+        }
+    }
+
+    /// A role that exited without being asked is a failure (a crash on a fault): it is
+    /// recorded with its log tail and restarted so the run goes on.
+    pub fn check_roles(&mut self) {
+        for master in [false, true] {
+            let n = if master {
+                self.masters.len()
+            } else {
+                self.managers.len()
+            };
+            for i in 0..n {
+                let role = if master {
+                    &mut self.masters[i]
+                } else {
+                    &mut self.managers[i]
+                };
+                let Some(child) = role.child.as_mut() else {
+                    continue;
+                };
+                if let Ok(Some(status)) = child.try_wait() {
+                    let tail = tail(&role.log, 15);
+                    self.problems.push(format!(
+                        "{} exited on its own ({status}); log tail:\n{tail}",
+                        role.name
+                    ));
+                    eprintln!(
+                        "chaos: {} exited on its own ({status}); restarting it",
+                        role.name
+                    );
+                    role.child = None;
+                    if let Err(e) = self.spawn(master, i) {
+                        self.problems.push(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits `d`, watching the roles and the map epoch meanwhile.
+    pub fn idle(&mut self, d: Duration) {
+        let end = Instant::now() + d;
+        loop {
+            self.check_roles();
+            self.sample_epoch();
+            let now = Instant::now();
+            if now >= end {
+                return;
+            }
+            std::thread::sleep((end - now).min(Duration::from_millis(250)));
+        }
+    }
+
+    /// The pids of every gaffer process of the run and their children (zygotes, slots,
+    /// exec children), with their command lines.
+    pub fn tree(&self) -> Vec<(u32, String)> {
+        let mut out = Vec::new();
+        for role in self.managers.iter().chain(&self.masters) {
+            if let Some(pid) = role.pid() {
+                out.push((pid, role.name.clone()));
+                for d in procs::descendants(pid) {
+                    out.push((d, procs::cmdline(d)));
+                }
+            }
+        }
+        out
+    }
+
+    /// Stops everything in order (masters drain, managers, then Redis). Returns what did
+    /// not go as it should.
+    pub fn shutdown(&mut self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for role in self.masters.iter().chain(&self.managers) {
+            if let Some(pid) = role.pid() {
+                let _ = procs::signal(pid, Signal::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for role in self.masters.iter_mut().chain(self.managers.iter_mut()) {
+            let Some(mut child) = role.child.take() else {
+                continue;
+            };
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        if !status.success() {
+                            problems.push(format!("{} stopped with {status}", role.name));
+                        }
+                        break;
+                    }
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    _ => {
+                        problems.push(format!("{} did not stop within 30 s of SIGTERM", role.name));
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                }
+            }
+        }
+        self.redis.stop(Duration::from_secs(5));
+        problems
+    }
+
+    /// Processes of this run still alive (other than the harness): anything carrying the
+    /// run's marker in its environment or the run's directory in its command line.
+    pub fn leftovers(&self) -> Vec<(u32, String)> {
+        let me = std::process::id();
+        let dir = self.dir.display().to_string();
+        procs::all_pids()
+            .into_iter()
+            .filter(|&p| p != me && !procs::gone(p))
+            .filter(|&p| procs::has_env(p, &self.marker) || procs::cmdline(p).contains(&dir))
+            .map(|p| (p, procs::cmdline(p)))
+            .collect()
+    }
+}
+
+/// The last `n` lines of a log file.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn config_text(redis: &str, handler: &Path, s: &Shape) -> String {
+    // A tick of 500 ms makes the manager's lease 3 s, so a manager frozen for a few
+    // seconds loses it; drain_timeout bounds how long a stopping slot may take.
+    format!(
+        r#"[cluster]
+redis = "{redis}"
+namespace = "{NAMESPACE}"
+
+[manager]
+tick = "500ms"
+heartbeat_timeout = "3s"
+
+[master]
+drain_timeout = "15s"
+memory_reserve = "64MiB"
+slot_estimate = "32MiB"
+max_slots = {max_per_host}
+
+[queues.{QUEUE}]
+handler = "exec"
+command = ["python3", "{handler}"]
+min_slots = {slots}
+max_slots = {slots}
+batch_size = {batch}
+lease = "{lease}ms"
+max_attempts = 100
+max_batch_time = "60s"
+retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
+"#,
+        handler = handler.display(),
+        slots = s.slots,
+        batch = s.batch_size,
+        lease = s.lease_ms,
+        // Room for every slot on the hosts left when one is down.
+        max_per_host = s.slots.div_ceil((s.masters as u32 - 1).max(1)),
+    )
+}

@@ -1,0 +1,374 @@
+//! gaffer's fault suite: a real cluster on this machine (Redis with AOF, two managers,
+//! three masters with distinct host names, slots running the exec handler), a producer
+//! that records every task it enqueues, faults on a seeded schedule, then a drain and the
+//! no-loss oracle: lost, unexpected and duplicated tasks, each duplicate with its cause.
+//!
+//! Run it with `scripts/chaos short` (CI, under 3 minutes) or `scripts/chaos long` (30
+//! minutes, by hand). It is a test target behind the `chaos` feature with its own
+//! `main`, so a plain `cargo test` never runs it:
+//!
+//! ```sh
+//! cargo test --features chaos --test chaos -- short [--seed N] [--report PATH]
+//! ```
+//!
+//! Exit status 0 when nothing was lost, nothing unexpected was handled, every duplicate
+//! has a cause, no role crashed or spun and no process was left behind; 1 otherwise.
+
+mod cluster;
+mod faults;
+mod oracle;
+mod procs;
+mod report;
+mod rng;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use gaffer::queue_client::{ConnectOptions, QueueClient, TaskState};
+
+use cluster::{Cluster, MARKER, NAMESPACE, QUEUE, Shape};
+use faults::{Fault, FaultKind};
+use rng::Rng;
+
+/// How long and how hard a run is.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Profile {
+    /// `short` or `long`.
+    pub name: String,
+    /// How long faults are injected (the producer runs as long).
+    pub faults_for: Duration,
+    /// Pause between two faults, in ms (uniform).
+    pub gap_ms: (u64, u64),
+    /// Tasks enqueued per second.
+    pub rate: f64,
+    /// How long the queue may take to drain once faults and producer stop.
+    pub drain_limit: Duration,
+}
+
+impl Profile {
+    fn named(name: &str) -> Option<Profile> {
+        match name {
+            "short" => Some(Profile {
+                name: name.into(),
+                faults_for: Duration::from_secs(105),
+                gap_ms: (3000, 6000),
+                rate: 12.0,
+                drain_limit: Duration::from_secs(40),
+            }),
+            "long" => Some(Profile {
+                name: name.into(),
+                faults_for: Duration::from_secs(28 * 60),
+                gap_ms: (4000, 15000),
+                rate: 12.0,
+                drain_limit: Duration::from_secs(120),
+            }),
+            _ => None,
+        }
+    }
+}
+
+struct Args {
+    profile: Profile,
+    seed: u64,
+    report: Option<PathBuf>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut profile = None;
+    let mut seed = None;
+    let mut report = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--seed" => {
+                let v = it.next().ok_or("--seed needs a value")?;
+                seed = Some(v.parse().map_err(|_| format!("bad seed {v:?}"))?);
+            }
+            "--report" => report = Some(PathBuf::from(it.next().ok_or("--report needs a path")?)),
+            // Flags cargo's test runner may pass along (--nocapture, --quiet, …).
+            s if s.starts_with('-') => {}
+            s => {
+                profile =
+                    Some(Profile::named(s).ok_or(format!("unknown profile {s:?}: short or long"))?)
+            }
+        }
+    }
+    Ok(Args {
+        profile: profile.unwrap_or_else(|| Profile::named("short").expect("built in")),
+        seed: seed.unwrap_or_else(|| oracle::now_ms() % 1_000_000),
+        report,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("chaos: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "chaos/{}-{}-{}",
+        args.profile.name,
+        args.seed,
+        oracle::now_ms() / 1000
+    ));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("chaos: creating {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    // Every process of the run inherits this, so the final scan finds any left behind.
+    // SAFETY: no other thread exists yet.
+    unsafe { std::env::set_var(MARKER, &dir) };
+    let report = run(&args, &dir);
+    let text = report.table();
+    println!("{text}");
+    let json = serde_json::to_string_pretty(&report).expect("report serialises");
+    let _ = std::fs::write(dir.join("report.json"), &json);
+    let _ = std::fs::write(dir.join("report.txt"), &text);
+    if let Some(path) = &args.report
+        && let Err(e) = std::fs::write(path, &json)
+    {
+        eprintln!("chaos: writing {}: {e}", path.display());
+    }
+    println!("run directory: {}", dir.display());
+    if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn run(args: &Args, dir: &std::path::Path) -> report::Report {
+    let started = Instant::now();
+    let shape = Shape {
+        masters: 3,
+        managers: 2,
+        slots: 6,
+        batch_size: 4,
+        lease_ms: 5000,
+    };
+    let mut report = report::Report::new(&args.profile, args.seed, shape.clone());
+    eprintln!(
+        "chaos: profile {} seed {} in {}",
+        args.profile.name,
+        args.seed,
+        dir.display()
+    );
+    let mut c = match Cluster::start(dir, shape) {
+        Ok(c) => c,
+        Err(e) => {
+            report.problems.push(format!("starting the cluster: {e}"));
+            return report;
+        }
+    };
+    eprintln!(
+        "chaos: cluster up after {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    // The producer has its own connection with the default (patient) timeouts, as a
+    // real one would.
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = {
+        let url = c.redis.url();
+        let stop = stop.clone();
+        let rate = args.profile.rate;
+        let seed = args.seed;
+        // Its own thread and runtime: it spawns no process, so PDEATHSIG is not at stake.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async move {
+                let client = QueueClient::connect(&url, NAMESPACE, &ConnectOptions::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let queue = client.queue(QUEUE).map_err(|e| e.to_string())?;
+                Ok::<_, String>(oracle::produce(queue, rate, seed ^ 0x5eed, stop).await)
+            })
+        })
+    };
+
+    let mut rng = Rng::new(args.seed);
+    let faults = schedule(&mut c, &args.profile, &mut rng);
+    stop.store(true, Ordering::Relaxed);
+    let enqueued = match producer.join() {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => {
+            report.problems.push(format!("producer: {e}"));
+            Vec::new()
+        }
+        Err(_) => {
+            report.problems.push("the producer panicked".into());
+            Vec::new()
+        }
+    };
+    eprintln!(
+        "chaos: faults over, {} tasks enqueued; draining",
+        enqueued.len()
+    );
+
+    // The cluster heals by itself: every slot the map asks for runs again.
+    let healing = Instant::now();
+    loop {
+        let running = c
+            .slots()
+            .iter()
+            .filter(|s| s.state == "idle" || s.state == "busy")
+            .count();
+        if running >= c.shape.slots as usize {
+            break;
+        }
+        if healing.elapsed() > Duration::from_secs(30) {
+            report.problems.push(format!(
+                "only {running} of {} slots running 30 s after the last fault",
+                c.shape.slots
+            ));
+            break;
+        }
+        c.idle(Duration::from_millis(250));
+    }
+
+    // Drain: every task acked (or dead), nothing ready, delayed or leased.
+    let drain = Instant::now();
+    let mut drained = false;
+    while drain.elapsed() < args.profile.drain_limit {
+        c.idle(Duration::from_millis(500));
+        if let Some(s) = c.stats()
+            && s.ready + s.delayed + s.leased == 0
+        {
+            drained = true;
+            break;
+        }
+    }
+    report.drain_seconds = drain.elapsed().as_secs_f64();
+    if !drained {
+        report.problems.push(format!(
+            "the queue did not drain within {:?}: {:?}",
+            args.profile.drain_limit,
+            c.stats()
+        ));
+    }
+    report.queue_stats = c.stats();
+
+    let states = final_states(&c, &enqueued);
+    let (handled, bad) = oracle::read_handled(&c.record);
+    if !bad.is_empty() {
+        report.problems.push(format!(
+            "{} unreadable handler records: {:?}",
+            bad.len(),
+            &bad[..bad.len().min(5)]
+        ));
+    }
+    match states {
+        Some(states) => {
+            report.verdict = oracle::judge(&enqueued, &handled, &states, &faults, c.shape.lease())
+        }
+        None => report
+            .problems
+            .push("could not read the tasks' final states from Redis".into()),
+    }
+
+    // Epochs of the map must never go back down: a fenced manager wrote nothing.
+    if c.epochs.windows(2).any(|w| w[1] < w[0]) {
+        report.problems.push(format!(
+            "the map's epoch went back down (a stale manager wrote): {:?}",
+            c.epochs
+        ));
+    }
+    report.epochs = c.epochs.clone();
+    report.problems.append(&mut c.problems);
+    report.problems.extend(c.shutdown());
+    // Give reparented stragglers a moment to be killed by PDEATHSIG before counting.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut left = c.leftovers();
+    while !left.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        left = c.leftovers();
+    }
+    for (pid, cmd) in &left {
+        let _ = procs::signal(*pid, nix::sys::signal::Signal::SIGKILL);
+        report.leftovers.push(format!("{pid} {cmd}"));
+    }
+    report.faults = faults;
+    report.seconds = started.elapsed().as_secs_f64();
+    report.finish();
+    report
+}
+
+/// Injects faults until the profile's time is up: every kind once in a shuffled round,
+/// plus extra slot kills and freezes, round after round.
+fn schedule(c: &mut Cluster, profile: &Profile, rng: &mut Rng) -> Vec<Fault> {
+    let end = Instant::now() + profile.faults_for;
+    let mut out = Vec::new();
+    let mut round: Vec<FaultKind> = Vec::new();
+    loop {
+        if round.is_empty() {
+            round = FaultKind::ALL.to_vec();
+            round.extend([
+                FaultKind::SlotKill,
+                FaultKind::SlotKill,
+                FaultKind::SlotStop,
+            ]);
+            rng.shuffle(&mut round);
+        }
+        let gap = Duration::from_millis(rng.range(profile.gap_ms.0, profile.gap_ms.1));
+        let kind = round[round.len() - 1];
+        if Instant::now() + gap + kind.estimate(c.shape.lease()) > end {
+            // Not enough time left for this one: a shorter one may still fit.
+            if let Some(i) = round
+                .iter()
+                .position(|k| Instant::now() + gap + k.estimate(c.shape.lease()) <= end)
+            {
+                let last = round.len() - 1;
+                round.swap(i, last);
+                continue;
+            }
+            break;
+        }
+        round.pop();
+        c.idle(gap);
+        let f = faults::inject(c, kind, rng);
+        eprintln!(
+            "chaos: {:>6.1} s  {:<32} {} {}{}",
+            (profile.faults_for.as_secs_f64()
+                - end.saturating_duration_since(Instant::now()).as_secs_f64()),
+            kind.label(),
+            f.target,
+            f.notes.join("; "),
+            if f.problems.is_empty() {
+                String::new()
+            } else {
+                format!(" PROBLEMS: {}", f.problems.join("; "))
+            }
+        );
+        out.push(f);
+    }
+    c.idle(Duration::from_secs(1));
+    out
+}
+
+/// Where every enqueued task is now (None: gone), read in concurrent chunks.
+fn final_states(
+    c: &Cluster,
+    enqueued: &[oracle::Enqueued],
+) -> Option<HashMap<String, Option<TaskState>>> {
+    let mut out = HashMap::with_capacity(enqueued.len());
+    for chunk in enqueued.chunks(200) {
+        let found = c.call(Duration::from_secs(30), async {
+            let finds = chunk.iter().map(|e| c.queue.find(&e.id));
+            futures::future::try_join_all(finds).await
+        })?;
+        for (e, info) in chunk.iter().zip(found) {
+            out.insert(e.id.clone(), info.map(|i| i.state));
+        }
+    }
+    Some(out)
+}

@@ -1,0 +1,249 @@
+//! The run's report: a table for people, the same figures as JSON for scripts and for
+//! `docs/RELIABILITY.md`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use gaffer::queue_client::QueueStats;
+use serde::Serialize;
+
+use crate::Profile;
+use crate::cluster::Shape;
+use crate::faults::{Fault, FaultKind};
+use crate::oracle::Verdict;
+
+/// Everything a run found.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The profile run.
+    pub profile: String,
+    /// The seed of the schedule and payloads.
+    pub seed: u64,
+    /// The command that repeats this run.
+    pub command: String,
+    /// The cluster's shape.
+    pub shape: Shape,
+    /// Tasks per second the producer aimed at.
+    pub rate: f64,
+    /// Per fault kind: times injected and what the injections found.
+    pub fault_table: BTreeMap<FaultKind, FaultSummary>,
+    /// Every fault in order.
+    pub faults: Vec<Fault>,
+    /// The oracle's counts.
+    pub verdict: Verdict,
+    /// Extra handlings per cause, by label.
+    pub duplicates_by_cause: BTreeMap<String, usize>,
+    /// The queue's counters at the end.
+    pub queue_stats: Option<QueueStats>,
+    /// Map epochs seen, in order.
+    pub epochs: Vec<u64>,
+    /// Seconds from the end of the faults until the queue was empty.
+    pub drain_seconds: f64,
+    /// Seconds the whole run took.
+    pub seconds: f64,
+    /// Processes of the run still alive after the shutdown.
+    pub leftovers: Vec<String>,
+    /// Everything that failed the run.
+    pub problems: Vec<String>,
+    /// lost = 0, unexpected = 0, every duplicate explained, no problem, nothing left.
+    pub passed: bool,
+}
+
+/// One row of the fault table.
+#[derive(Debug, Default, Serialize)]
+pub struct FaultSummary {
+    /// Times injected.
+    pub injected: usize,
+    /// Problems found by its checks.
+    pub problems: usize,
+    /// Settles rejected as stale around it.
+    pub stale: u64,
+    /// Extra handlings it caused.
+    pub duplicates: usize,
+}
+
+impl Report {
+    /// An empty report for a run about to start.
+    pub fn new(profile: &Profile, seed: u64, shape: Shape) -> Self {
+        Report {
+            profile: profile.name.clone(),
+            seed,
+            command: format!("scripts/chaos {} --seed {seed}", profile.name),
+            shape,
+            rate: profile.rate,
+            fault_table: BTreeMap::new(),
+            faults: Vec::new(),
+            verdict: Verdict::default(),
+            duplicates_by_cause: BTreeMap::new(),
+            queue_stats: None,
+            epochs: Vec::new(),
+            drain_seconds: 0.0,
+            seconds: 0.0,
+            leftovers: Vec::new(),
+            problems: Vec::new(),
+            passed: false,
+        }
+    }
+
+    /// Fills the summaries and decides whether the run passed.
+    pub fn finish(&mut self) {
+        for kind in FaultKind::ALL {
+            self.fault_table.insert(kind, FaultSummary::default());
+        }
+        for (&i, &n) in &self.verdict.by_fault {
+            if let Some(f) = self.faults.get_mut(i) {
+                f.duplicates = n;
+            }
+        }
+        for f in &mut self.faults {
+            // A frozen slot whose batch ran elsewhere woke to settle leases it no longer
+            // held: Redis must have refused that.
+            if f.kind == FaultKind::SlotStop && f.duplicates > 0 && f.stale == 0 {
+                f.problems.push(format!(
+                    "{} of its tasks ran again elsewhere, yet no late settle was rejected",
+                    f.duplicates
+                ));
+            }
+            let row = self.fault_table.entry(f.kind).or_default();
+            row.injected += usize::from(f.injected);
+            row.problems += f.problems.len();
+            row.stale += f.stale;
+            row.duplicates += f.duplicates;
+            for p in &f.problems {
+                self.problems
+                    .push(format!("{} ({}): {p}", f.kind.label(), f.target));
+            }
+        }
+        for (cause, n) in &self.verdict.by_cause {
+            self.duplicates_by_cause.insert(cause.label().into(), *n);
+        }
+        if !self.verdict.phantom_existing.is_empty() {
+            self.problems.push(format!(
+                "Redis said these ids existed on their first enqueue: {:?}",
+                &self.verdict.phantom_existing[..self.verdict.phantom_existing.len().min(10)]
+            ));
+        }
+        if self.verdict.unexplained > 0 {
+            self.duplicates_by_cause
+                .insert("UNEXPLAINED".into(), self.verdict.unexplained);
+        }
+        let missing: Vec<&str> = FaultKind::ALL
+            .iter()
+            .filter(|k| self.fault_table.get(k).is_none_or(|r| r.injected == 0))
+            .map(|k| k.label())
+            .collect();
+        if !missing.is_empty() {
+            self.problems
+                .push(format!("never injected: {}", missing.join(", ")));
+        }
+        self.passed = self.verdict.enqueued > 0
+            && self.verdict.lost.is_empty()
+            && self.verdict.unexpected.is_empty()
+            && self.verdict.unexplained == 0
+            && self.leftovers.is_empty()
+            && self.problems.is_empty();
+    }
+
+    /// The report as text.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let v = &self.verdict;
+        let _ = writeln!(
+            s,
+            "\ngaffer chaos: profile {}, seed {}, {:.0} s ({})",
+            self.profile, self.seed, self.seconds, self.command
+        );
+        let _ = writeln!(
+            s,
+            "cluster: {} masters, {} managers, {} slots, batch {}, lease {} ms, {} tasks/s\n",
+            self.shape.masters,
+            self.shape.managers,
+            self.shape.slots,
+            self.shape.batch_size,
+            self.shape.lease_ms,
+            self.rate
+        );
+        let _ = writeln!(
+            s,
+            "{:<34} {:>8} {:>10} {:>11} {:>8}",
+            "fault", "injected", "duplicates", "stale sett.", "problems"
+        );
+        for (kind, row) in &self.fault_table {
+            let _ = writeln!(
+                s,
+                "{:<34} {:>8} {:>10} {:>11} {:>8}",
+                kind.label(),
+                row.injected,
+                row.duplicates,
+                row.stale,
+                row.problems
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "tasks enqueued {}, acked {}, handled {} times; lost {}, unexpected {}, dead {}",
+            v.enqueued,
+            v.acked,
+            v.handlings,
+            v.lost.len(),
+            v.unexpected.len(),
+            v.dead.len()
+        );
+        let extra: usize = v.by_cause.values().sum::<usize>() + v.unexplained;
+        let _ = writeln!(
+            s,
+            "duplicates: {} tasks handled more than once, {extra} extra handlings",
+            v.duplicates.len()
+        );
+        for (label, n) in &self.duplicates_by_cause {
+            let _ = writeln!(s, "  {label:<44} {n:>6}");
+        }
+        if let Some(q) = &self.queue_stats {
+            let _ = writeln!(
+                s,
+                "queue counters: enqueued {}, acked {}, expired leases {}, stale settles {}, retried {}, dead {}",
+                q.enqueued_total,
+                q.acked_total,
+                q.expired_total,
+                q.stale_total,
+                q.retried_total,
+                q.dead_total
+            );
+        }
+        let _ = writeln!(s, "attempts handled: {:?}", v.attempts);
+        let _ = writeln!(
+            s,
+            "drained in {:.1} s; map epochs seen {:?}; processes left behind: {}",
+            self.drain_seconds,
+            self.epochs,
+            self.leftovers.len()
+        );
+        for l in &self.leftovers {
+            let _ = writeln!(s, "  left behind: {l}");
+        }
+        if !v.lost.is_empty() {
+            let _ = writeln!(s, "LOST: {:?}", &v.lost[..v.lost.len().min(20)]);
+        }
+        if !v.unexpected.is_empty() {
+            let _ = writeln!(
+                s,
+                "UNEXPECTED: {:?}",
+                &v.unexpected[..v.unexpected.len().min(20)]
+            );
+        }
+        for d in v
+            .duplicates
+            .iter()
+            .filter(|d| d.causes.contains(&None))
+            .take(10)
+        {
+            let _ = writeln!(s, "UNEXPLAINED duplicate {}: {:?}", d.id, d.handled);
+        }
+        for p in &self.problems {
+            let _ = writeln!(s, "PROBLEM: {p}");
+        }
+        let _ = writeln!(s, "\n{}", if self.passed { "PASSED" } else { "FAILED" });
+        s
+    }
+}
