@@ -30,15 +30,50 @@ impl Task {
     }
 }
 
-/// Why a payload could not be decoded; a handler usually answers with [`Outcome::Reject`].
+/// Why a payload was refused or could not be decoded. Payloads are untrusted input; a
+/// handler usually answers these with [`Outcome::Reject`], and the slot itself rejects
+/// [`PayloadError::TooLarge`] ones before they reach a handler.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PayloadError {
+    /// The payload is larger than the queue's `max_payload`.
+    #[error("payload of {} exceeds max_payload {}", human_size(*size, *limit), human_size(*limit, *size))]
+    TooLarge {
+        /// The payload's size in bytes.
+        size: u64,
+        /// The queue's `max_payload` in bytes.
+        limit: u64,
+    },
     /// The payload is not valid JSON.
     #[error("payload is not valid JSON: {0}")]
     NotJson(String),
     /// Brackets nest deeper than the limit.
-    #[error("payload nests deeper than the limit of {0} levels")]
+    #[error("payload nested deeper than {0} levels")]
     TooDeep(usize),
+}
+
+/// `bytes` for a message beside `other`: in binary units, or in exact bytes when the two
+/// would round to the same text ("1.0 MiB exceeds 1.0 MiB" would explain nothing).
+fn human_size(bytes: u64, other: u64) -> String {
+    let (b, o) = (bytesize::ByteSize(bytes), bytesize::ByteSize(other));
+    if b.to_string() == o.to_string() {
+        format!("{bytes} B")
+    } else {
+        b.to_string()
+    }
+}
+
+/// Refuses a payload larger than `max_payload`. Enqueue already refuses them; this catches
+/// those that got in anyway (another client, a limit lowered since), before anything
+/// parses or copies them further.
+pub fn check_payload_size(payload: &[u8], max_payload: u64) -> Result<(), PayloadError> {
+    let size = payload.len() as u64;
+    if size > max_payload {
+        return Err(PayloadError::TooLarge {
+            size,
+            limit: max_payload,
+        });
+    }
+    Ok(())
 }
 
 /// Scans brackets outside strings; cheap, and keeps a hostile payload from recursing the
@@ -268,5 +303,30 @@ mod tests {
             payload: deep.into_bytes(),
         };
         assert_eq!(task.json(), Err(PayloadError::TooDeep(MAX_JSON_DEPTH)));
+        assert_eq!(
+            PayloadError::TooDeep(64).to_string(),
+            "payload nested deeper than 64 levels"
+        );
+    }
+
+    #[test]
+    fn an_oversized_payload_is_refused_naming_both_sizes() {
+        assert_eq!(check_payload_size(&[0; 1000], 1000), Ok(()));
+        let too_large = |size: u64, limit| PayloadError::TooLarge { size, limit }.to_string();
+        assert_eq!(
+            check_payload_size(&[0; 1001], 1000)
+                .unwrap_err()
+                .to_string(),
+            too_large(1001, 1000)
+        );
+        assert_eq!(
+            too_large(12_900_000, 1 << 20),
+            "payload of 12.3 MiB exceeds max_payload 1.0 MiB"
+        );
+        // Sizes that round to the same text are given in bytes.
+        assert_eq!(
+            too_large((1 << 20) + 1, 1 << 20),
+            "payload of 1048577 B exceeds max_payload 1048576 B"
+        );
     }
 }

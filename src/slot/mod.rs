@@ -11,7 +11,7 @@ mod handler;
 
 pub use handler::{
     Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, Registry, SlotContext, Task,
-    check_json_depth,
+    check_json_depth, check_payload_size,
 };
 mod run;
 

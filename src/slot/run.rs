@@ -12,7 +12,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::handler::{Handler, Outcome, SlotContext, Task};
+use super::handler::{Handler, Outcome, SlotContext, Task, check_payload_size};
 use crate::config::QueueConfig;
 use crate::queue_client::{
     ConnectOptions, LeasedTask, Queue, QueueClient, QueueLimits, Settle, SettleOp, SettleResult,
@@ -344,16 +344,17 @@ async fn run(
             tasks: n,
         });
         let started = Instant::now();
-        let tasks: Vec<Task> = batch
-            .tasks
-            .iter()
-            .map(|t| Task {
-                id: t.id.clone(),
-                attempt: t.attempt,
-                payload: t.payload.clone(),
-            })
-            .collect();
-        let mut reply = worker.handle(tasks);
+        let (refused, tasks) = screen(&queue_cfg, slot, &batch.tasks);
+        let handled = tasks.len();
+        // A batch refused whole never reaches the handler: handlers are not asked to
+        // cope with empty batches.
+        let mut reply = if tasks.is_empty() {
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Ok(Vec::new()));
+            rx
+        } else {
+            worker.handle(tasks)
+        };
         let mut extend_every = tokio::time::interval_at(
             tokio::time::Instant::now() + queue_cfg.lease / 3,
             (queue_cfg.lease / 3).max(Duration::from_millis(10)),
@@ -381,10 +382,11 @@ async fn run(
                     Outcome::Fail {
                         reason: format!("handler panicked: {panic}"),
                     };
-                    batch.tasks.len()
+                    handled
                 ]
             }
         };
+        let outcomes = merge_outcomes(refused, handled, outcomes);
         let ops = settle_ops(&queue_cfg, &batch.tasks, outcomes);
         let failed = ops
             .iter()
@@ -420,35 +422,75 @@ async fn run(
     }
 }
 
-/// Outcomes to settle operations; a handler that returned too few outcomes gets the
-/// missing ones failed (retried by policy).
-fn settle_ops(cfg: &QueueConfig, tasks: &[LeasedTask], outcomes: Vec<Outcome>) -> Vec<SettleOp> {
+/// Splits a batch into the outcomes decided before the handler (a payload over the
+/// queue's `max_payload` is rejected: it can never succeed, and must not be copied to a
+/// handler that could choke on it) and the tasks the handler gets. JSON depth is left to
+/// the handlers that parse JSON ([`Task::json`]): payloads are opaque bytes, and binary
+/// ones often have more than 64 unbalanced brackets.
+fn screen(cfg: &QueueConfig, slot: u32, tasks: &[LeasedTask]) -> (Vec<Option<Outcome>>, Vec<Task>) {
+    let mut refused = Vec::with_capacity(tasks.len());
+    let mut handled = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        match check_payload_size(&t.payload, cfg.max_payload) {
+            Ok(()) => {
+                refused.push(None);
+                handled.push(Task {
+                    id: t.id.clone(),
+                    attempt: t.attempt,
+                    payload: t.payload.clone(),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(queue = %cfg.name, slot, task = %t.id, "{e}; dead-lettering it");
+                refused.push(Some(Outcome::Reject {
+                    reason: e.to_string(),
+                }));
+            }
+        }
+    }
+    (refused, handled)
+}
+
+/// The outcomes of the whole batch, in order: those decided by [`screen`], and the
+/// handler's for the rest. A handler that returned too few outcomes gets the missing ones
+/// failed (retried by policy).
+fn merge_outcomes(
+    refused: Vec<Option<Outcome>>,
+    handled: usize,
+    outcomes: Vec<Outcome>,
+) -> Vec<Outcome> {
     let got = outcomes.len();
     let mut outcomes = outcomes.into_iter();
+    refused
+        .into_iter()
+        .map(|r| {
+            r.or_else(|| outcomes.next())
+                .unwrap_or_else(|| Outcome::Fail {
+                    reason: format!("handler returned {got} outcomes for a batch of {handled}"),
+                })
+        })
+        .collect()
+}
+
+/// One settle operation per task, from its outcome (one per task, in order).
+fn settle_ops(cfg: &QueueConfig, tasks: &[LeasedTask], outcomes: Vec<Outcome>) -> Vec<SettleOp> {
     tasks
         .iter()
-        .map(|t| {
-            let action = match outcomes.next() {
-                Some(Outcome::Done) => Settle::Ack,
-                Some(Outcome::Retry { delay, reason }) => Settle::Retry {
+        .zip(outcomes)
+        .map(|(t, outcome)| {
+            let action = match outcome {
+                Outcome::Done => Settle::Ack,
+                Outcome::Retry { delay, reason } => Settle::Retry {
                     delay,
                     priority: None,
                     reason,
                 },
-                Some(Outcome::Fail { reason }) => Settle::Retry {
+                Outcome::Fail { reason } => Settle::Retry {
                     delay: cfg.retry.delay(t.attempt),
                     priority: None,
                     reason,
                 },
-                Some(Outcome::Reject { reason }) => Settle::Fail { reason },
-                None => Settle::Retry {
-                    delay: cfg.retry.delay(t.attempt),
-                    priority: None,
-                    reason: format!(
-                        "handler returned {got} outcomes for a batch of {}",
-                        tasks.len()
-                    ),
-                },
+                Outcome::Reject { reason } => Settle::Fail { reason },
             };
             SettleOp::new(t, action)
         })

@@ -5,7 +5,8 @@ use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
 use gaffer::config::{Handler as HandlerConfig, QueueConfig, RetryPolicy};
-use gaffer::queue_client::{ConnectOptions, NewTask};
+use gaffer::queue_client::{ConnectOptions, NewTask, QueueLimits};
+use gaffer::slot::builtin::Sleep;
 use gaffer::slot::{
     EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotEvent, SlotSpec, Task, run_slot,
 };
@@ -124,4 +125,125 @@ async fn a_failed_init_exits_fatal_and_takes_nothing() {
         .unwrap();
     assert_eq!(code, gaffer::slot::EXIT_FATAL);
     assert_eq!(q.stats().await.unwrap().ready, 1);
+}
+
+/// Acknowledges everything and tells the test which tasks it was given.
+struct Records(std::sync::mpsc::Sender<String>);
+
+impl Handler for Records {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Err(HandlerError::new("built by the test"))
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        for t in batch {
+            let _ = self.0.send(t.id.clone());
+        }
+        vec![Outcome::Done; batch.len()]
+    }
+}
+
+/// The dead letters of `q` as (id, error), oldest first.
+async fn dead_letters(q: &gaffer::queue_client::Queue) -> Vec<(String, String)> {
+    let mut dead: Vec<_> = q.dead(0, 100).await.unwrap();
+    dead.sort_by_key(|d| d.died_ms);
+    dead.into_iter().map(|d| (d.id, d.error)).collect()
+}
+
+#[tokio::test]
+async fn an_oversized_payload_is_dead_lettered_before_the_handler_and_the_slot_goes_on() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    // The producer's limit is larger than the slot's: another client, or a limit lowered
+    // in the config since.
+    let limits = QueueLimits {
+        max_payload: 8 << 20,
+        ..QueueLimits::default()
+    };
+    let q = client.queue_with("o", limits).unwrap();
+    let mut cfg = QueueConfig::new("o", HandlerConfig::Noop);
+    cfg.batch_size = 3;
+    cfg.max_payload = 1 << 20;
+    let big = vec![b'x'; 2 << 20];
+    q.enqueue_many(&[
+        NewTask::new("{}").id("a"),
+        NewTask::new(big.clone()).id("big"),
+        NewTask::new("{}").id("c"),
+    ])
+    .await
+    .unwrap();
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    let stop = CancellationToken::new();
+    let slot = {
+        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, Box::new(Records(seen_tx)), Some(stop)))
+    };
+    eventually(Duration::from_secs(20), "the batch settled", || async {
+        let s = q.stats().await.unwrap();
+        s.acked_total == 2 && s.dead == 1
+    })
+    .await;
+    let reason = "payload of 2.0 MiB exceeds max_payload 1.0 MiB".to_owned();
+    assert_eq!(dead_letters(&q).await, vec![("big".into(), reason.clone())]);
+
+    // A batch refused whole: nothing reaches the handler, and the slot goes on.
+    q.enqueue(NewTask::new(big).id("big2")).await.unwrap();
+    eventually(Duration::from_secs(20), "the second one dead", || async {
+        q.stats().await.unwrap().dead == 2
+    })
+    .await;
+    q.enqueue(NewTask::new("{}").id("d")).await.unwrap();
+    eventually(Duration::from_secs(20), "a later task done", || async {
+        q.stats().await.unwrap().acked_total == 3
+    })
+    .await;
+    assert_eq!(dead_letters(&q).await[1], ("big2".into(), reason));
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+    let seen: Vec<String> = seen.try_iter().collect();
+    assert_eq!(seen, ["a", "c", "d"]);
+}
+
+#[tokio::test]
+async fn a_deeply_nested_payload_is_dead_lettered_by_a_json_handler_and_the_slot_goes_on() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue("n").unwrap();
+    let mut cfg = QueueConfig::new("n", HandlerConfig::Sleep);
+    cfg.batch_size = 3;
+    // Deep enough to overflow a recursive parser's stack if it got that far.
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    q.enqueue_many(&[
+        NewTask::new(r#"{"ms":1}"#).id("a"),
+        NewTask::new(deep).id("deep"),
+        NewTask::new("{}").id("c"),
+    ])
+    .await
+    .unwrap();
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let slot = {
+        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, Box::new(Sleep), Some(stop)))
+    };
+    eventually(Duration::from_secs(20), "the batch settled", || async {
+        let s = q.stats().await.unwrap();
+        s.acked_total == 2 && s.dead == 1
+    })
+    .await;
+    assert_eq!(
+        dead_letters(&q).await,
+        vec![(
+            "deep".into(),
+            "sleep: payload nested deeper than 64 levels".into()
+        )]
+    );
+    q.enqueue(NewTask::new("{}").id("d")).await.unwrap();
+    eventually(Duration::from_secs(20), "a later task done", || async {
+        q.stats().await.unwrap().acked_total == 3
+    })
+    .await;
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
