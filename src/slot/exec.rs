@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::handler::{Handler, HandlerError, Outcome, SlotContext, Task};
+use super::handler::{
+    Handler, HandlerError, Outcome, PayloadError, SlotContext, Task, check_payload_size,
+};
 use crate::config::{Handler as HandlerConfig, QueueConfig};
 
 /// Longest reply line accepted from the child; a longer one is malformed, so a runaway
@@ -65,15 +67,90 @@ struct Reply {
 struct ReplyEntry {
     id: String,
     #[serde(flatten)]
-    status: Status,
+    status: ReplyStatus,
 }
 
-#[derive(Deserialize)]
+/// One task's result as the child reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "status", rename_all = "lowercase")]
-enum Status {
+pub enum ReplyStatus {
+    /// `"ok"`: the task is done.
     Ok,
-    Retry { delay_ms: Option<u64> },
-    Fail { error: Option<String> },
+    /// `"retry"`: try again after `delay_ms`, or after the queue's policy delay.
+    Retry {
+        /// The child's delay, in ms.
+        delay_ms: Option<u64>,
+    },
+    /// `"fail"`: failed with `error`; retried by the queue's policy.
+    Fail {
+        /// The child's reason.
+        error: Option<String>,
+    },
+}
+
+/// Why a reply line cannot be used. Either way the child is out of step with the slot:
+/// the batch fails (retried by policy) and the child is restarted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyError {
+    /// The line is longer than the slot reads (see [`MAX_REPLY_BYTES`]).
+    #[error("reply longer than {0} bytes")]
+    TooLong(usize),
+    /// The line is not a reply of the protocol.
+    #[error("malformed reply ({reason}): {quote:?}")]
+    Malformed {
+        /// What the JSON parser said.
+        reason: String,
+        /// The start of the line, for the log.
+        quote: String,
+    },
+}
+
+/// Parses one reply line of the child (newline included or not) for a batch whose task ids
+/// are `batch_ids`, and returns each task's status in batch order: `None` for a task the
+/// reply does not mention. Results for ids not in the batch are ignored; of two results for
+/// one id, the first counts. This is the exec handler's only reading of a reply, and the
+/// fuzz target `exec_reply` drives it with arbitrary lines.
+pub fn parse_reply(
+    line: &[u8],
+    batch_ids: &[&str],
+) -> Result<Vec<Option<ReplyStatus>>, ReplyError> {
+    let reply: Reply = serde_json::from_slice(line).map_err(|e| {
+        let text = String::from_utf8_lossy(line);
+        ReplyError::Malformed {
+            reason: e.to_string(),
+            quote: text.trim_end().chars().take(QUOTE_CHARS).collect(),
+        }
+    })?;
+    let mut by_id = HashMap::with_capacity(reply.results.len());
+    for entry in reply.results {
+        by_id.entry(entry.id).or_insert(entry.status);
+    }
+    Ok(batch_ids.iter().map(|id| by_id.get(*id).cloned()).collect())
+}
+
+/// Decides what to send the child for one task: its payload as JSON, or an outcome
+/// without asking the child. A payload over `max_payload` or JSON nested deeper than
+/// [`MAX_JSON_DEPTH`](super::MAX_JSON_DEPTH) is rejected (a child's parser could crash
+/// on it and fail its batch-mates with it, attempt after attempt); anything else that is
+/// not JSON is sent as a JSON string, as the protocol says.
+fn request_payload(task: &Task, max_payload: u64) -> Result<serde_json::Value, Outcome> {
+    let reject = |e: PayloadError| Outcome::Reject {
+        reason: e.to_string(),
+    };
+    check_payload_size(&task.payload, max_payload).map_err(reject)?;
+    match task.json() {
+        Ok(value) => Ok(value),
+        // The bracket scan refuses before parsing; only a payload that really is JSON
+        // (checked without recursion, whatever its depth) is too deep rather than text.
+        Err(e @ PayloadError::TooDeep(_))
+            if serde_json::from_slice::<serde::de::IgnoredAny>(&task.payload).is_ok() =>
+        {
+            Err(reject(e))
+        }
+        Err(_) => Ok(serde_json::Value::String(
+            String::from_utf8_lossy(&task.payload).into(),
+        )),
+    }
 }
 
 impl Exec {
@@ -182,23 +259,15 @@ impl Exec {
 
     /// Sends the batch and reads the reply; any error means the child can no longer be
     /// trusted to be in step with us.
-    fn exchange(&mut self, ctx: &SlotContext, batch: &[Task]) -> Result<Reply, String> {
+    fn exchange(
+        &mut self,
+        ctx: &SlotContext,
+        request: &Request<'_>,
+    ) -> Result<Vec<Option<ReplyStatus>>, String> {
         let max_reply = self.max_reply;
         let running = self.running(ctx)?;
-        let request = Request {
-            batch: batch
-                .iter()
-                .map(|task| RequestTask {
-                    id: &task.id,
-                    payload: task.json().unwrap_or_else(|_| {
-                        serde_json::Value::String(String::from_utf8_lossy(&task.payload).into())
-                    }),
-                    attempt: task.attempt,
-                })
-                .collect(),
-        };
         // Compact JSON escapes control characters inside strings, so this is one line.
-        let mut line = serde_json::to_vec(&request).map_err(|e| format!("cannot encode: {e}"))?;
+        let mut line = serde_json::to_vec(request).map_err(|e| format!("cannot encode: {e}"))?;
         line.push(b'\n');
         running
             .stdin
@@ -206,6 +275,8 @@ impl Exec {
             .and_then(|()| running.stdin.flush())
             .map_err(|e| format!("cannot write to the child: {e}"))?;
 
+        // Bounded, so a child that writes without end (no newline) costs at most
+        // `max_reply` bytes before it is called out of step and restarted.
         let mut reply = Vec::new();
         (&mut running.stdout)
             .take(max_reply as u64 + 1)
@@ -213,18 +284,15 @@ impl Exec {
             .map_err(|e| format!("cannot read from the child: {e}"))?;
         if reply.last() != Some(&b'\n') {
             return Err(if reply.len() > max_reply {
-                format!("reply longer than {max_reply} bytes")
+                ReplyError::TooLong(max_reply).to_string()
             } else if reply.is_empty() {
                 "the child closed its stdout without replying".to_owned()
             } else {
                 "the child closed its stdout in the middle of a reply".to_owned()
             });
         }
-        serde_json::from_slice(&reply).map_err(|e| {
-            let text = String::from_utf8_lossy(&reply);
-            let quote: String = text.trim_end().chars().take(QUOTE_CHARS).collect();
-            format!("malformed reply ({e}): {quote:?}")
-        })
+        let ids: Vec<&str> = request.batch.iter().map(|t| t.id).collect();
+        parse_reply(&reply, &ids).map_err(|e| e.to_string())
     }
 
     /// The child's pid, to watch it being replaced and reaped.
@@ -259,40 +327,68 @@ impl Handler for Exec {
     }
 
     fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
-        if batch.is_empty() {
-            return Vec::new();
+        // Per task: decided here (Some) or sent to the child (None).
+        let mut decided = Vec::with_capacity(batch.len());
+        let mut request = Request {
+            batch: Vec::with_capacity(batch.len()),
+        };
+        for task in batch {
+            match request_payload(task, ctx.queue.max_payload) {
+                Ok(payload) => {
+                    decided.push(None);
+                    request.batch.push(RequestTask {
+                        id: &task.id,
+                        payload,
+                        attempt: task.attempt,
+                    });
+                }
+                Err(outcome) => decided.push(Some(outcome)),
+            }
         }
-        let reply = match self.exchange(ctx, batch) {
-            Ok(reply) => reply,
+        if request.batch.is_empty() {
+            return decided.into_iter().flatten().collect();
+        }
+        let statuses = match self.exchange(ctx, &request) {
+            Ok(statuses) => statuses,
             Err(why) => {
                 tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot,
                     pid = self.child.as_ref().map(|r| r.process.id()),
                     "exec batch failed: {why}; the child will be restarted");
                 self.stop();
                 let reason = format!("exec: {why}");
-                return vec![Outcome::Fail { reason }; batch.len()];
+                return decided
+                    .into_iter()
+                    .map(|d| {
+                        d.unwrap_or_else(|| Outcome::Fail {
+                            reason: reason.clone(),
+                        })
+                    })
+                    .collect();
             }
         };
-        let mut by_id = HashMap::with_capacity(reply.results.len());
-        for entry in reply.results {
-            by_id.entry(entry.id).or_insert(entry.status);
-        }
+        let mut statuses = statuses.into_iter();
         batch
             .iter()
-            .map(|task| match by_id.get(&task.id) {
-                Some(Status::Ok) => Outcome::Done,
-                Some(Status::Retry { delay_ms }) => Outcome::Retry {
-                    delay: delay_ms
-                        .map(Duration::from_millis)
-                        .unwrap_or_else(|| ctx.queue.retry.delay(task.attempt)),
-                    reason: "retry requested by handler".to_owned(),
-                },
-                Some(Status::Fail { error }) => Outcome::Fail {
-                    reason: error.clone().unwrap_or_else(|| "failed".to_owned()),
-                },
-                None => Outcome::Fail {
-                    reason: "exec: no result for this task".to_owned(),
-                },
+            .zip(decided)
+            .map(|(task, decided)| {
+                if let Some(outcome) = decided {
+                    return outcome;
+                }
+                match statuses.next().flatten() {
+                    Some(ReplyStatus::Ok) => Outcome::Done,
+                    Some(ReplyStatus::Retry { delay_ms }) => Outcome::Retry {
+                        delay: delay_ms
+                            .map(Duration::from_millis)
+                            .unwrap_or_else(|| ctx.queue.retry.delay(task.attempt)),
+                        reason: "retry requested by handler".to_owned(),
+                    },
+                    Some(ReplyStatus::Fail { error }) => Outcome::Fail {
+                        reason: error.unwrap_or_else(|| "failed".to_owned()),
+                    },
+                    None => Outcome::Fail {
+                        reason: "exec: no result for this task".to_owned(),
+                    },
+                }
             })
             .collect()
     }
@@ -550,6 +646,101 @@ for line in sys.stdin:
                 reason: "exec: reply longer than 1000 bytes".into()
             }]
         );
+    }
+
+    #[test]
+    fn a_reply_that_never_ends_is_bounded_and_the_child_replaced() {
+        // "flood" writes without end and without a newline, as a runaway child would;
+        // the slot must stop reading at the bound instead of buffering it all.
+        let script = r#"
+import json, sys
+for line in sys.stdin:
+    batch = json.loads(line)["batch"]
+    if any(t["payload"] == "flood" for t in batch):
+        chunk = "x" * 65536
+        while True:
+            sys.stdout.write(chunk)
+    print(json.dumps({"results": [{"id": t["id"], "status": "ok"} for t in batch]}), flush=True)
+"#;
+        let ctx = ctx_for(vec!["python3".into(), "-c".into(), script.into()], 0);
+        let mut exec = Exec::preload(&ctx.queue).unwrap();
+        exec.max_reply = 1 << 20;
+        exec.init(&ctx).unwrap();
+        let first = exec.child_pid().unwrap();
+        let outcomes = exec.handle(&ctx, &[task("a", 1, "flood"), task("b", 1, "{}")]);
+        let reason = "exec: reply longer than 1048576 bytes".to_owned();
+        assert_eq!(outcomes, vec![Outcome::Fail { reason }; 2]);
+        assert_gone(first);
+        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::Done; 2]);
+        assert_ne!(exec.child_pid().unwrap(), first);
+    }
+
+    #[test]
+    fn oversized_and_deep_payloads_are_rejected_and_the_rest_is_sent() {
+        // Echoes each payload back as the error, so the test sees what the child got.
+        let echo = r#"
+import json, sys
+for line in sys.stdin:
+    batch = json.loads(line)["batch"]
+    out = [{"id": t["id"], "status": "fail", "error": json.dumps(t["payload"])} for t in batch]
+    print(json.dumps({"results": out}), flush=True)
+"#;
+        let mut ctx = ctx_for(vec!["python3".into(), "-c".into(), echo.into()], 0);
+        ctx.queue.max_payload = 200;
+        let mut exec = Exec::preload(&ctx.queue).unwrap();
+        exec.init(&ctx).unwrap();
+        let child = exec.child_pid().unwrap();
+        let deep_json = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        let deep_text = format!("{}not json", "[".repeat(65));
+        let batch = vec![
+            task("small", 1, "[1]"),
+            task("big", 1, &"x".repeat(201)),
+            task("deep", 1, &deep_json),
+            task("text", 1, &deep_text),
+        ];
+        let fail = |reason: String| Outcome::Fail { reason };
+        let reject = |reason: &str| Outcome::Reject {
+            reason: reason.into(),
+        };
+        assert_eq!(
+            exec.handle(&ctx, &batch),
+            vec![
+                fail("[1]".into()),
+                reject("payload of 201 B exceeds max_payload 200 B"),
+                reject("payload nested deeper than 64 levels"),
+                // Not JSON at all: sent as a string, as the protocol says.
+                fail(serde_json::to_string(&deep_text).unwrap()),
+            ]
+        );
+        // A batch refused whole never reaches the child, which stays as it was.
+        assert_eq!(
+            exec.handle(&ctx, &[task("big", 2, &"x".repeat(201))]),
+            vec![reject("payload of 201 B exceeds max_payload 200 B")]
+        );
+        assert_eq!(exec.child_pid(), Some(child));
+        assert_eq!(
+            exec.handle(&ctx, &[task("next", 1, "{}")]),
+            vec![fail("{}".into())]
+        );
+    }
+
+    #[test]
+    fn parse_reply_gives_one_status_per_task_in_batch_order() {
+        let line = br#"{"results":[{"id":"c","status":"retry","delay_ms":5},{"id":"x","status":"ok"},{"id":"a","status":"ok"},{"id":"a","status":"fail"}],"more":1}"#;
+        assert_eq!(
+            parse_reply(line, &["a", "b", "c"]),
+            Ok(vec![
+                Some(ReplyStatus::Ok),
+                None,
+                Some(ReplyStatus::Retry { delay_ms: Some(5) })
+            ])
+        );
+        assert_eq!(parse_reply(b"{\"results\":[]}\n", &["a"]), Ok(vec![None]));
+        let long = format!("{{\"results\": {}", "x".repeat(1000));
+        match parse_reply(long.as_bytes(), &["a"]) {
+            Err(ReplyError::Malformed { quote, .. }) => assert_eq!(quote.chars().count(), 200),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
