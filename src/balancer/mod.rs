@@ -4,15 +4,20 @@
 //! No I/O, no clock, no randomness: the same [`Input`] always gives the same [`Output`].
 //! The manager, the simulator and the property tests all stand on that.
 //!
-//! The steps, each a function below:
-//! 1. [`wanted`]: per queue, demand from the window's statistics, the hysteresis band of
-//!    its priority, min/max, work periods and pauses;
+//! The steps:
+//! 1. `want::wanted`: per queue, demand from the window's statistics, the hysteresis band
+//!    of its priority, min/max, work periods and pauses;
 //! 2. system caps: queues sharing an external system share its `max_concurrency`;
-//! 3. [`grant`]: under scarcity, minimums first in priority order, then the rest by
-//!    priority;
-//! 4. [`place`]: the new map built from the current one, so slots keep their type; a
+//! 3. `Balancer::grant`: under scarcity, minimums first in priority order, then the rest
+//!    by priority;
+//! 4. `place::place`: the new map built from the current one, so slots keep their type; a
 //!    type's slots spread over hosts; dead and draining hosts and hosts without the
 //!    handler get none; no host above its capacity.
+//!
+//! They run on indices: queues in the config's (name) order, hosts in name order, maps as
+//! dense queue × host counts. Names are looked up only where an [`Input`] comes in and an
+//! [`Output`] goes out; [`decide`] does both around one decision, and a [`Balancer`] keeps
+//! the tables between decisions for a caller that makes many (the simulator).
 
 mod place;
 mod want;
@@ -20,14 +25,14 @@ mod want;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, DefaultHasher};
 
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::config::{Config, QueueConfig, SystemConfig};
 
-pub use place::place;
-pub use want::{LoadFigures, load_figures, wanted};
+pub use want::{LoadFigures, load_figures};
 
 /// Slots per host and queue: host → queue → slots.
 pub type Placement = BTreeMap<String, BTreeMap<String, u32>>;
@@ -159,19 +164,449 @@ pub struct Output {
     pub decisions: BTreeMap<String, Decision>,
 }
 
-/// One balancer decision.
-pub fn decide(input: &Input) -> Output {
-    let mut decisions = wanted(input);
-    let targets = grant(input, &mut decisions);
-    let map = place(input, &targets);
-    let placed = totals(&map);
-    for (q, d) in &mut decisions {
-        d.placed = placed.get(q).copied().unwrap_or(0);
-        if d.placed < targets.get(q).copied().unwrap_or(0) {
-            let short = targets[q] - d.placed;
-            d.reasons.push(Reason::Unplaced { short });
+/// One decision's input in index form, for [`Balancer::decide`]: queues in the config's
+/// (name) order, hosts in the order given to [`Balancer::set_hosts`].
+#[derive(Debug, Clone, Copy)]
+pub struct IndexedInput<'a> {
+    /// Per queue; an idle queue has a default window.
+    pub stats: &'a [QueueWindow],
+    /// The map in force: slots of queue `q` on host `h` at `q * hosts + h`.
+    pub current: &'a [u32],
+    /// Now, for work periods (read in the config's time zone).
+    pub now: chrono::DateTime<chrono::Utc>,
+    /// Per queue: paused by an operator.
+    pub paused: &'a [bool],
+}
+
+/// The balancer's tables for one config, kept between decisions.
+///
+/// [`decide`] builds one for each call. A caller that decides often on one config (the
+/// simulator: 43,200 decisions in a simulated day) keeps one instead, so names are
+/// looked up once and each decision runs on indices in buffers it reuses. The new map
+/// stays in index form ([`Balancer::map`]) until someone asks for names.
+#[derive(Debug)]
+pub struct Balancer<'c> {
+    config: &'c Config,
+    /// The config's queue names, in its order.
+    names: Vec<&'c str>,
+    /// Per queue, in the config's order.
+    queues: Vec<QueueInfo<'c>>,
+    /// Queue indices in scarcity order: priority high to low, then name.
+    order: Vec<usize>,
+    /// Distinct handlers of the config's queues.
+    handlers: usize,
+    /// `max_concurrency` of each system that has one.
+    caps: Vec<u32>,
+    hosts: HostTables,
+    decisions: Vec<Decision>,
+    targets: Vec<u32>,
+    placed: Vec<u32>,
+    /// The new map, queue-major like [`IndexedInput::current`].
+    map: Vec<u32>,
+    scratch: Scratch,
+}
+
+/// What the steps read of a queue's config, resolved to indices once.
+#[derive(Debug)]
+struct QueueInfo<'c> {
+    config: &'c QueueConfig,
+    handler: usize,
+    /// Its external system, if the config has it.
+    system: Option<&'c SystemConfig>,
+    /// Into `Balancer::caps`.
+    cap: Option<usize>,
+    /// The hysteresis band of its priority.
+    band: (f64, f64),
+}
+
+/// The hosts of the index form, from [`Balancer::set_hosts`].
+#[derive(Debug, Default)]
+struct HostTables {
+    capacity: Vec<u32>,
+    usable: Vec<bool>,
+    /// `can[k * hosts + h]`: host `h` is usable and runs handler `k`.
+    can: Vec<bool>,
+    /// Usable hosts, specialised (fewest handlers) first, then by name: general ones stay
+    /// free for the queues that need them.
+    by_use: Vec<usize>,
+    /// Per handler, the positions in `by_use` of the hosts that run it.
+    eligible: Vec<Vec<usize>>,
+}
+
+/// Buffers reused between decisions.
+#[derive(Debug, Default)]
+struct Scratch {
+    free: Vec<u32>,
+    room: Vec<u64>,
+    cursor: Vec<usize>,
+    left: Vec<u32>,
+    capped: Vec<bool>,
+    used: Vec<u32>,
+    shed: Vec<usize>,
+    surplus: Vec<(u32, std::cmp::Reverse<usize>)>,
+    growth: Vec<(u32, u64)>,
+}
+
+impl<'c> Balancer<'c> {
+    /// Tables for `config`, with no hosts yet.
+    pub fn new(config: &'c Config) -> Self {
+        let mut handler_ix: BTreeMap<&str, usize> = BTreeMap::new();
+        for q in config.queues.values() {
+            let next = handler_ix.len();
+            handler_ix.entry(q.handler.name()).or_insert(next);
+        }
+        let capped: Vec<(&str, u32)> = config
+            .systems
+            .iter()
+            .filter_map(|(name, s)| s.max_concurrency.map(|c| (name.as_str(), c)))
+            .collect();
+        let mut priorities: Vec<i32> = config.queues.values().map(|q| q.priority).collect();
+        priorities.sort_unstable();
+        priorities.dedup();
+        let rank = |p: i32| -> f64 {
+            if priorities.len() < 2 {
+                return 0.5;
+            }
+            let i = priorities.iter().position(|&x| x == p).unwrap_or(0);
+            i as f64 / (priorities.len() - 1) as f64
+        };
+        let queues: Vec<QueueInfo> = config
+            .queues
+            .values()
+            .map(|q| QueueInfo {
+                config: q,
+                handler: handler_ix[q.handler.name()],
+                system: q.system.as_ref().and_then(|s| config.systems.get(s)),
+                cap: q
+                    .system
+                    .as_deref()
+                    .and_then(|s| capped.iter().position(|(name, _)| *name == s)),
+                band: want::band(rank(q.priority)),
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..queues.len()).collect();
+        order.sort_by_key(|&q| (std::cmp::Reverse(queues[q].config.priority), q));
+        let decisions = queues
+            .iter()
+            .map(|_| Decision {
+                current: 0,
+                demand: 0,
+                wanted: 0,
+                placed: 0,
+                load: None,
+                reasons: Vec::new(),
+            })
+            .collect();
+        Balancer {
+            config,
+            names: config.queues.keys().map(String::as_str).collect(),
+            order,
+            handlers: handler_ix.len(),
+            caps: capped.iter().map(|c| c.1).collect(),
+            hosts: HostTables::default(),
+            decisions,
+            targets: vec![0; queues.len()],
+            placed: vec![0; queues.len()],
+            map: Vec::new(),
+            scratch: Scratch::default(),
+            queues,
         }
     }
+
+    /// Sets the hosts every later decision sees, in the order of the index form; ties
+    /// between hosts break by that order, so give them sorted by name to match
+    /// [`decide`].
+    pub fn set_hosts<'h>(&mut self, hosts: impl IntoIterator<Item = &'h HostState>) {
+        let hosts: Vec<&HostState> = hosts.into_iter().collect();
+        let t = &mut self.hosts;
+        let nh = hosts.len();
+        // Placement packs a host index into 32 bits.
+        assert!(u32::try_from(nh).is_ok(), "at most 2^32 - 1 hosts");
+        t.capacity.clear();
+        t.capacity.extend(hosts.iter().map(|h| h.capacity));
+        t.usable.clear();
+        t.usable.extend(hosts.iter().map(|h| h.usable()));
+        let mut handler_names = vec![""; self.handlers];
+        for q in &self.queues {
+            handler_names[q.handler] = q.config.handler.name();
+        }
+        t.can.clear();
+        for handler in &handler_names {
+            t.can.extend(
+                hosts
+                    .iter()
+                    .map(|h| h.usable() && h.handlers.contains(*handler)),
+            );
+        }
+        t.by_use.clear();
+        t.by_use.extend((0..nh).filter(|&h| t.usable[h]));
+        t.by_use.sort_by_key(|&h| (hosts[h].handlers.len(), h));
+        t.eligible.resize_with(self.handlers, Vec::new);
+        for (k, eligible) in t.eligible.iter_mut().enumerate() {
+            eligible.clear();
+            eligible.extend((0..t.by_use.len()).filter(|&i| t.can[k * nh + t.by_use[i]]));
+        }
+    }
+
+    /// The number of hosts set.
+    pub fn host_count(&self) -> usize {
+        self.hosts.capacity.len()
+    }
+
+    /// One decision, as [`decide`] makes it; the result is in [`Balancer::map`] and
+    /// [`Balancer::decisions`].
+    pub fn decide(&mut self, input: &IndexedInput) {
+        self.check_map(input.current);
+        want::wanted(self, input);
+        self.grant();
+        place::place(self, input.current);
+        self.finish();
+    }
+
+    /// Places `wanted` slots per queue (in the config's order) from `current`, as
+    /// [`place_wanted`] does; the result is in [`Balancer::map`].
+    pub fn place_wanted(&mut self, current: &[u32], wanted: &[u32]) {
+        self.check_map(current);
+        let nh = self.host_count();
+        for (q, d) in self.decisions.iter_mut().enumerate() {
+            let w = wanted[q].min(self.queues[q].config.max_slots);
+            d.current = current[q * nh..(q + 1) * nh].iter().sum();
+            d.demand = w;
+            d.wanted = w;
+            d.placed = 0;
+            d.load = None;
+            d.reasons.clear();
+        }
+        self.grant();
+        place::place(self, current);
+        self.finish();
+    }
+
+    /// The new map of the last decision: slots of queue `q` on host `h` at
+    /// `q * hosts + h`.
+    pub fn map(&self) -> &[u32] {
+        &self.map
+    }
+
+    /// The verdicts of the last decision, per queue in the config's order.
+    pub fn decisions(&self) -> &[Decision] {
+        &self.decisions
+    }
+
+    /// `map` in index form, for the hosts set from `hosts`; hosts and queues the tables
+    /// do not know are left out.
+    fn index_map(&self, hosts: &BTreeMap<String, HostState>, map: &Placement) -> Vec<u32> {
+        let (nh, nq) = (self.host_count(), self.names.len());
+        let mut out = vec![0; nq * nh];
+        // A hash per entry rather than a dozen string comparisons down a tree: a map at
+        // DESIGN.md's scale has 100,000 entries. The hasher has fixed keys, and nothing
+        // depends on the table's order.
+        let index: HashMap<&str, usize, BuildHasherDefault<DefaultHasher>> = self
+            .names
+            .iter()
+            .enumerate()
+            .map(|(q, name)| (*name, q))
+            .collect();
+        // Hosts are sorted on both sides: a merge.
+        let mut rows = map.iter().peekable();
+        for (h, name) in hosts.keys().enumerate() {
+            while rows.next_if(|(n, _)| *n < name).is_some() {}
+            let Some((_, queues)) = rows.next_if(|(n, _)| *n == name) else {
+                continue;
+            };
+            for (queue, &n) in queues {
+                if let Some(&q) = index.get(queue.as_str()) {
+                    out[q * nh + h] = n;
+                }
+            }
+        }
+        out
+    }
+
+    /// The last decision's map by name, for the hosts set from `hosts`; hosts and queues
+    /// with zero slots are left out.
+    fn placement(&self, hosts: &BTreeMap<String, HostState>) -> Placement {
+        let nh = self.host_count();
+        let mut rows: Vec<Vec<(String, u32)>> = vec![Vec::new(); nh];
+        for (q, name) in self.names.iter().enumerate() {
+            for (h, &n) in self.map[q * nh..(q + 1) * nh].iter().enumerate() {
+                if n > 0 {
+                    rows[h].push(((*name).to_string(), n));
+                }
+            }
+        }
+        hosts
+            .keys()
+            .zip(rows)
+            .filter(|(_, row)| !row.is_empty())
+            .map(|(host, row)| (host.clone(), row.into_iter().collect()))
+            .collect()
+    }
+
+    fn check_map(&self, map: &[u32]) {
+        assert_eq!(
+            map.len(),
+            self.names.len() * self.host_count(),
+            "a map in index form has a count per queue and host"
+        );
+    }
+
+    /// Records what was placed, and why less than granted.
+    fn finish(&mut self) {
+        for (q, d) in self.decisions.iter_mut().enumerate() {
+            d.placed = self.placed[q];
+            if d.placed < self.targets[q] {
+                let short = self.targets[q] - d.placed;
+                d.reasons.push(Reason::Unplaced { short });
+            }
+        }
+    }
+
+    /// Grants every queue its wanted slots if the usable hosts can hold them all;
+    /// otherwise minimums first in priority order, then the rest by priority. Sets the
+    /// targets.
+    fn grant(&mut self) {
+        let nh = self.host_count();
+        let Balancer {
+            queues,
+            order,
+            caps,
+            hosts,
+            decisions,
+            targets,
+            scratch: s,
+            ..
+        } = self;
+        s.free.clear();
+        s.free
+            .extend(hosts.by_use.iter().map(|&h| hosts.capacity[h]));
+        // Per handler, the room left on the hosts that run it, kept up to date as slots
+        // are granted rather than summed for each queue.
+        s.room.clear();
+        s.room.extend(
+            hosts
+                .eligible
+                .iter()
+                .map(|e| e.iter().map(|&i| u64::from(s.free[i])).sum::<u64>()),
+        );
+        let pool: u64 = s.free.iter().map(|&c| u64::from(c)).sum();
+        for &q in order.iter() {
+            let d = &mut decisions[q];
+            if d.wanted > 0 && s.room[queues[q].handler] == 0 {
+                d.reasons.push(Reason::NoHostCanRun);
+                d.wanted = 0;
+            }
+        }
+        // Hysteresis must not hold idle slots while other queues are short of capacity:
+        // under scarcity, a queue held above its demand falls back to it.
+        let total_wanted: u64 = decisions.iter().map(|d| u64::from(d.wanted)).sum();
+        if total_wanted > pool {
+            for (d, info) in decisions.iter_mut().zip(queues.iter()) {
+                let c = info.config;
+                let floor = d.demand.clamp(c.min_slots, c.max_slots);
+                if d.reasons.contains(&Reason::HysteresisHold) && d.wanted > floor {
+                    d.wanted = floor;
+                    d.reasons.push(Reason::Released);
+                }
+            }
+        }
+        // A queue is granted only room that hosts running its handler still have.
+        // Queues sharing an external system share its concurrency, in the same order.
+        s.left.clear();
+        s.left.extend_from_slice(caps);
+        s.capped.clear();
+        s.capped.resize(queues.len(), false);
+        // Per handler, hosts before this position in its list are full: free only falls.
+        s.cursor.clear();
+        s.cursor.resize(hosts.eligible.len(), 0);
+        targets.clear();
+        targets.resize(queues.len(), 0);
+        for pass_min in [true, false] {
+            for &q in order.iter() {
+                let info = &queues[q];
+                let wanted = decisions[q].wanted;
+                let goal = if pass_min {
+                    wanted.min(info.config.min_slots)
+                } else {
+                    wanted
+                };
+                let k = info.handler;
+                let t = &mut targets[q];
+                let mut add = u64::from(goal.saturating_sub(*t)).min(s.room[k]) as u32;
+                if let Some(c) = info.cap {
+                    let left = &mut s.left[c];
+                    if *left < add {
+                        s.capped[q] = true;
+                        add = *left;
+                    }
+                    *left -= add;
+                }
+                *t += add;
+                let mut need = add;
+                let eligible = &hosts.eligible[k];
+                for &i in &eligible[s.cursor[k]..] {
+                    if need == 0 {
+                        break;
+                    }
+                    let take = s.free[i].min(need);
+                    if take == 0 {
+                        continue;
+                    }
+                    s.free[i] -= take;
+                    need -= take;
+                    let h = hosts.by_use[i];
+                    for (j, room) in s.room.iter_mut().enumerate() {
+                        if hosts.can[j * nh + h] {
+                            *room -= u64::from(take);
+                        }
+                    }
+                }
+                while s.cursor[k] < eligible.len() && s.free[eligible[s.cursor[k]]] == 0 {
+                    s.cursor[k] += 1;
+                }
+            }
+        }
+        for (q, d) in decisions.iter_mut().enumerate() {
+            let t = targets[q];
+            if s.capped[q] {
+                // The system's share is a limit like max_slots: what the queue may want.
+                let system = queues[q].config.system.clone().unwrap_or_default();
+                d.reasons.push(Reason::CappedBySystem { system });
+                d.wanted = t;
+            }
+            if t < d.wanted {
+                d.reasons.push(Reason::Scarcity {
+                    short: d.wanted - t,
+                });
+            }
+        }
+    }
+}
+
+/// One balancer decision.
+pub fn decide(input: &Input) -> Output {
+    let mut b = Balancer::new(input.config);
+    b.set_hosts(input.hosts.values());
+    let current = b.index_map(input.hosts, input.current);
+    let stats: Vec<QueueWindow> = b
+        .names
+        .iter()
+        .map(|q| input.stats.get(*q).cloned().unwrap_or_default())
+        .collect();
+    let paused: Vec<bool> = b.names.iter().map(|q| input.paused.contains(*q)).collect();
+    b.decide(&IndexedInput {
+        stats: &stats,
+        current: &current,
+        now: input.now,
+        paused: &paused,
+    });
+    let map = b.placement(input.hosts);
+    let decisions = b
+        .names
+        .iter()
+        .map(|q| (*q).to_string())
+        .zip(b.decisions)
+        .collect();
     Output { map, decisions }
 }
 
@@ -179,26 +614,16 @@ pub fn decide(input: &Input) -> Output {
 /// `static` policies), with the same scarcity order and placement as [`decide`], so the
 /// rules compare on how many slots they want alone.
 pub fn place_wanted(input: &Input, wanted: &BTreeMap<String, u32>) -> Placement {
-    let current = totals(input.current);
-    let mut decisions: BTreeMap<String, Decision> = input
-        .config
-        .queues
+    let mut b = Balancer::new(input.config);
+    b.set_hosts(input.hosts.values());
+    let current = b.index_map(input.hosts, input.current);
+    let wanted: Vec<u32> = b
+        .names
         .iter()
-        .map(|(q, c)| {
-            let w = wanted.get(q).copied().unwrap_or(0).min(c.max_slots);
-            let d = Decision {
-                current: current.get(q).copied().unwrap_or(0),
-                demand: w,
-                wanted: w,
-                placed: 0,
-                load: None,
-                reasons: Vec::new(),
-            };
-            (q.clone(), d)
-        })
+        .map(|q| wanted.get(*q).copied().unwrap_or(0))
         .collect();
-    let targets = grant(input, &mut decisions);
-    place(input, &targets)
+    b.place_wanted(&current, &wanted);
+    b.placement(input.hosts)
 }
 
 /// Slots currently placed for each queue.
@@ -210,140 +635,4 @@ pub fn totals(map: &Placement) -> BTreeMap<String, u32> {
         }
     }
     out
-}
-
-/// Queues in scarcity order: priority high to low, then name.
-fn by_priority(config: &Config) -> Vec<&str> {
-    let mut qs: Vec<&str> = config.queues.keys().map(String::as_str).collect();
-    qs.sort_by_key(|q| (std::cmp::Reverse(config.queues[*q].priority), *q));
-    qs
-}
-
-/// Grants every queue its wanted slots if the usable hosts can hold them all; otherwise
-/// minimums first in priority order, then the rest by priority. Returns the targets.
-pub fn grant(input: &Input, decisions: &mut BTreeMap<String, Decision>) -> BTreeMap<String, u32> {
-    let config = input.config;
-    // Per handler, the usable hosts that run it (as indices into `hosts_by_use`).
-    let mut hosts_by_use: Vec<&str> = input
-        .hosts
-        .iter()
-        .filter(|(_, h)| h.usable())
-        .map(|(n, _)| n.as_str())
-        .collect();
-    // Specialised hosts (fewest handlers) first: general ones stay free for the queues
-    // that need them.
-    hosts_by_use.sort_by_key(|h| (input.hosts[*h].handlers.len(), *h));
-    let mut free: Vec<u32> = hosts_by_use
-        .iter()
-        .map(|h| input.hosts[*h].capacity)
-        .collect();
-    let mut runs: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    for q in config.queues.values() {
-        let handler = q.handler.name();
-        runs.entry(handler).or_insert_with(|| {
-            (0..hosts_by_use.len())
-                .filter(|&i| input.hosts[hosts_by_use[i]].handlers.contains(handler))
-                .collect()
-        });
-    }
-    let runnable: BTreeMap<&str, u64> = runs
-        .iter()
-        .map(|(handler, hosts)| (*handler, hosts.iter().map(|&i| u64::from(free[i])).sum()))
-        .collect();
-    let runnable = |q: &str| runnable[config.queues[q].handler.name()];
-    let pool: u64 = input
-        .hosts
-        .values()
-        .filter(|h| h.usable())
-        .map(|h| u64::from(h.capacity))
-        .sum();
-    let order = by_priority(config);
-    let mut targets: BTreeMap<String, u32> = BTreeMap::new();
-    for q in &order {
-        let d = decisions.get_mut(*q).expect("a decision per queue");
-        if d.wanted > 0 && runnable(q) == 0 {
-            d.reasons.push(Reason::NoHostCanRun);
-            d.wanted = 0;
-        }
-        targets.insert((*q).to_string(), 0);
-    }
-    // Hysteresis must not hold idle slots while other queues are short of capacity:
-    // under scarcity, a queue held above its demand falls back to it.
-    let total_wanted: u64 = decisions.values().map(|d| u64::from(d.wanted)).sum();
-    if total_wanted > pool {
-        for (q, d) in decisions.iter_mut() {
-            let c = &config.queues[q];
-            let floor = d.demand.clamp(c.min_slots, c.max_slots);
-            if d.reasons.contains(&Reason::HysteresisHold) && d.wanted > floor {
-                d.wanted = floor;
-                d.reasons.push(Reason::Released);
-            }
-        }
-    }
-    // A queue is granted only room that hosts running its handler still have.
-    // Queues sharing an external system share its concurrency, in the same order.
-    let mut system_left: BTreeMap<&str, u32> = config
-        .systems
-        .iter()
-        .filter_map(|(name, s)| s.max_concurrency.map(|c| (name.as_str(), c)))
-        .collect();
-    let mut capped: BTreeSet<&str> = BTreeSet::new();
-    // Per queue in scarcity order, everything the passes read, so they do no lookups
-    // by name (a simulated day makes tens of thousands of decisions).
-    let plan: Vec<(u32, u32, &[usize], Option<&str>)> = order
-        .iter()
-        .map(|q| {
-            let c = &config.queues[*q];
-            (
-                decisions[*q].wanted,
-                c.min_slots,
-                runs[c.handler.name()].as_slice(),
-                c.system.as_deref(),
-            )
-        })
-        .collect();
-    let mut granted = vec![0u32; order.len()];
-    for pass_min in [true, false] {
-        for (k, &(wanted, min, eligible, system)) in plan.iter().enumerate() {
-            let goal = if pass_min { wanted.min(min) } else { wanted };
-            let t = &mut granted[k];
-            let room: u64 = eligible.iter().map(|&i| u64::from(free[i])).sum();
-            let mut add = u64::from(goal.saturating_sub(*t)).min(room) as u32;
-            if let Some(left) = system.and_then(|s| system_left.get_mut(s)) {
-                if *left < add {
-                    capped.insert(order[k]);
-                    add = *left;
-                }
-                *left -= add;
-            }
-            *t += add;
-            let mut need = add;
-            for &i in eligible {
-                if need == 0 {
-                    break;
-                }
-                let take = free[i].min(need);
-                free[i] -= take;
-                need -= take;
-            }
-        }
-    }
-    for (k, q) in order.iter().enumerate() {
-        *targets.get_mut(*q).expect("inserted above") = granted[k];
-    }
-    for (q, d) in decisions.iter_mut() {
-        let t = targets[q];
-        if capped.contains(q.as_str()) {
-            // The system's share is a limit like max_slots: what the queue may want.
-            let system = config.queues[q].system.clone().unwrap_or_default();
-            d.reasons.push(Reason::CappedBySystem { system });
-            d.wanted = t;
-        }
-        if t < d.wanted {
-            d.reasons.push(Reason::Scarcity {
-                short: d.wanted - t,
-            });
-        }
-    }
-    targets
 }

@@ -5,65 +5,51 @@
 //! break by name because indices follow name order.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 
-use super::{Input, Placement};
+use super::Balancer;
 
-/// Builds the new map for `targets` (slots per queue) from the current map: slots on
-/// hosts that died, drain or lack the handler are dropped; surplus is taken from the
-/// hosts with the most slots of that queue; growth goes to the hosts with the fewest,
-/// so a type spreads; no host goes above its capacity. Queues grow in scarcity order
-/// (minimums first by priority, then the rest by priority).
-pub fn place(input: &Input, targets: &BTreeMap<String, u32>) -> Placement {
-    let config = input.config;
-    let hosts: Vec<&str> = input.hosts.keys().map(String::as_str).collect();
-    let queues: Vec<&str> = config.queues.keys().map(String::as_str).collect();
-    let (nh, nq) = (hosts.len(), queues.len());
-    let host_index: BTreeMap<&str, usize> =
-        hosts.iter().enumerate().map(|(i, h)| (*h, i)).collect();
-    let queue_index: BTreeMap<&str, usize> =
-        queues.iter().enumerate().map(|(i, q)| (*q, i)).collect();
+/// Builds the new map for the balancer's targets from `current` (queue-major, like
+/// [`super::IndexedInput::current`]): slots on hosts that died, drain or lack the
+/// handler are dropped; surplus is taken from the hosts with the most slots of that
+/// queue; growth goes to the hosts with the fewest, so a type spreads; no host goes above
+/// its capacity. Queues grow in scarcity order (minimums first by priority, then the rest
+/// by priority).
+pub(super) fn place(b: &mut Balancer, current: &[u32]) {
+    let nh = b.host_count();
+    let Balancer {
+        queues,
+        order,
+        hosts,
+        targets,
+        placed,
+        map: count,
+        scratch: s,
+        ..
+    } = b;
+    let nq = queues.len();
+    let capacity = &hosts.capacity;
 
-    // runs[q * nh + h]: host h is usable and has queue q's handler.
-    let mut handler_of: BTreeMap<&str, Vec<bool>> = BTreeMap::new();
-    let mut runs = vec![false; nq * nh];
-    for (qi, q) in queues.iter().enumerate() {
-        let handler = config.queues[*q].handler.name();
-        let row = handler_of.entry(handler).or_insert_with(|| {
-            hosts
-                .iter()
-                .map(|h| {
-                    let s = &input.hosts[*h];
-                    s.usable() && s.handlers.contains(handler)
-                })
-                .collect()
-        });
-        runs[qi * nh..(qi + 1) * nh].copy_from_slice(row);
-    }
-    let capacity: Vec<u32> = hosts.iter().map(|h| input.hosts[*h].capacity).collect();
-    let priority: Vec<i32> = queues.iter().map(|q| config.queues[*q].priority).collect();
-    let target: Vec<u32> = queues
-        .iter()
-        .map(|q| targets.get(*q).copied().unwrap_or(0))
-        .collect();
-
-    // count[h * nq + q]
-    let mut count = vec![0u32; nh * nq];
-    for (host, qs) in input.current {
-        let Some(&hi) = host_index.get(host.as_str()) else {
-            continue;
-        };
-        for (queue, &n) in qs {
-            if let Some(&qi) = queue_index.get(queue.as_str())
-                && runs[qi * nh + hi]
-            {
-                count[hi * nq + qi] = n;
+    // count[q * nh + h], kept only where host h is usable and runs q's handler.
+    count.clear();
+    count.resize(nq * nh, 0);
+    for (q, info) in queues.iter().enumerate() {
+        let runs = &hosts.can[info.handler * nh..(info.handler + 1) * nh];
+        let row = q * nh..(q + 1) * nh;
+        for ((n, &c), &r) in count[row.clone()].iter_mut().zip(&current[row]).zip(runs) {
+            if r {
+                *n = c;
             }
         }
     }
-    let mut used: Vec<u32> = (0..nh)
-        .map(|h| count[h * nq..(h + 1) * nq].iter().sum())
-        .collect();
+    let used = &mut s.used;
+    used.clear();
+    used.resize(nh, 0);
+    for row in count.chunks_exact(nh.max(1)) {
+        for (u, &n) in used.iter_mut().zip(row) {
+            *u += n;
+        }
+    }
 
     // A host whose capacity fell sheds its lowest-priority slots first.
     for h in 0..nh {
@@ -71,11 +57,13 @@ pub fn place(input: &Input, targets: &BTreeMap<String, u32>) -> Placement {
         if over == 0 {
             continue;
         }
-        let mut order: Vec<usize> = (0..nq).filter(|&q| count[h * nq + q] > 0).collect();
-        order.sort_by_key(|&q| (priority[q], Reverse(count[h * nq + q]), q));
-        for q in order {
-            let take = count[h * nq + q].min(over);
-            count[h * nq + q] -= take;
+        let shed = &mut s.shed;
+        shed.clear();
+        shed.extend((0..nq).filter(|&q| count[q * nh + h] > 0));
+        shed.sort_by_key(|&q| (queues[q].config.priority, Reverse(count[q * nh + h]), q));
+        for &q in shed.iter() {
+            let take = count[q * nh + h].min(over);
+            count[q * nh + h] -= take;
             over -= take;
             if over == 0 {
                 break;
@@ -84,24 +72,28 @@ pub fn place(input: &Input, targets: &BTreeMap<String, u32>) -> Placement {
         used[h] = capacity[h];
     }
 
-    let mut placed: Vec<u32> = (0..nq)
-        .map(|q| (0..nh).map(|h| count[h * nq + q]).sum())
-        .collect();
+    placed.clear();
+    placed.extend((0..nq).map(|q| count[q * nh..(q + 1) * nh].iter().sum::<u32>()));
 
     // Surplus: from the hosts with the most slots of the queue.
+    let mut heap = BinaryHeap::from(std::mem::take(&mut s.surplus));
     for q in 0..nq {
-        if placed[q] <= target[q] {
+        if placed[q] <= targets[q] {
             continue;
         }
-        let mut heap: BinaryHeap<(u32, Reverse<usize>)> = (0..nh)
-            .filter(|&h| count[h * nq + q] > 0)
-            .map(|h| (count[h * nq + q], Reverse(h)))
-            .collect();
-        while placed[q] > target[q] {
+        let row = &mut count[q * nh..(q + 1) * nh];
+        heap.clear();
+        heap.extend(
+            row.iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .map(|(h, &n)| (n, Reverse(h))),
+        );
+        while placed[q] > targets[q] {
             let Some((n, Reverse(h))) = heap.pop() else {
                 break;
             };
-            count[h * nq + q] -= 1;
+            row[h] -= 1;
             used[h] -= 1;
             placed[q] -= 1;
             if n > 1 {
@@ -109,54 +101,120 @@ pub fn place(input: &Input, targets: &BTreeMap<String, u32>) -> Placement {
             }
         }
     }
+    s.surplus = heap.into_vec();
 
     // Growth, in the order capacity is granted: minimums by priority, then the rest.
-    let mut order: Vec<usize> = (0..nq).collect();
-    order.sort_by_key(|&q| (Reverse(priority[q]), q));
+    let cands = &mut s.growth;
     for pass_min in [true, false] {
-        for &q in &order {
+        for &q in order.iter() {
+            let info = &queues[q];
             let goal = if pass_min {
-                target[q].min(config.queues[queues[q]].min_slots)
+                targets[q].min(info.config.min_slots)
             } else {
-                target[q]
+                targets[q]
             };
             if placed[q] >= goal {
                 continue;
             }
-            // Fewest of this queue first (spreading), then most room, then name.
-            let mut heap: BinaryHeap<(Reverse<u32>, u32, Reverse<usize>)> = (0..nh)
-                .filter(|&h| runs[q * nh + h] && used[h] < capacity[h])
-                .map(|h| {
-                    (
-                        Reverse(count[h * nq + q]),
-                        capacity[h] - used[h],
-                        Reverse(h),
-                    )
-                })
-                .collect();
-            while placed[q] < goal {
-                let Some((Reverse(mine), free, Reverse(h))) = heap.pop() else {
-                    break;
-                };
-                count[h * nq + q] += 1;
+            let runs = &hosts.can[info.handler * nh..(info.handler + 1) * nh];
+            let row = &mut count[q * nh..(q + 1) * nh];
+            cands.clear();
+            let mut tier = Tier::default();
+            let hosts = row.iter().zip(runs).zip(used.iter().zip(capacity.iter()));
+            for (h, ((&n, &runs), (&used, &capacity))) in hosts.enumerate() {
+                if runs && used < capacity {
+                    cands.push((n, rank(capacity - used, h)));
+                    tier.see(n);
+                }
+            }
+            let mut need = goal - placed[q];
+            grow(cands, tier, &mut need, |h| {
+                row[h] += 1;
                 used[h] += 1;
-                placed[q] += 1;
-                if free > 1 {
-                    heap.push((Reverse(mine + 1), free - 1, Reverse(h)));
+            });
+            placed[q] = goal - need;
+        }
+    }
+}
+
+/// The fewest slots of a queue among candidates, and how many have that few.
+#[derive(Clone, Copy)]
+struct Tier {
+    least: u32,
+    size: usize,
+}
+
+impl Default for Tier {
+    fn default() -> Self {
+        Tier {
+            least: u32::MAX,
+            size: 0,
+        }
+    }
+}
+
+impl Tier {
+    fn see(&mut self, n: u32) {
+        if n < self.least {
+            *self = Tier { least: n, size: 1 };
+        } else if n == self.least {
+            self.size += 1;
+        }
+    }
+}
+
+/// A host's rank for the next slot of a queue, among hosts with as many slots of it:
+/// most free room first, then the lowest index; lower ranks first. One integer, so that
+/// choosing among a thousand hosts compares integers.
+fn rank(free: u32, host: usize) -> u64 {
+    (u64::from(!free) << 32) | host as u64
+}
+
+/// Adds up to `need` slots one at a time, each to the candidate (slots of the queue,
+/// [`rank`]) with the fewest slots of the queue (spreading), then the lowest rank; `add`
+/// is told each host. `first` is the candidates' [`Tier`], seen as they were gathered.
+///
+/// That is a priority queue's order, done by tiers: a host that gets a slot drops below
+/// every other host of its tier (one more slot), so a tier is either taken whole, each
+/// host once, or only its best `need` hosts are; whichever order those come in, each
+/// gets one slot.
+fn grow(cands: &mut Vec<(u32, u64)>, first: Tier, need: &mut u32, mut add: impl FnMut(usize)) {
+    let mut known = Some(first);
+    while *need > 0 && !cands.is_empty() {
+        let Tier { least, size } = known.take().unwrap_or_else(|| {
+            let mut t = Tier::default();
+            cands.iter().for_each(|c| t.see(c.0));
+            t
+        });
+        // The tier to the front; often it is every candidate already.
+        let mut tier = size;
+        if size < cands.len() {
+            tier = 0;
+            for i in 0..cands.len() {
+                if cands[i].0 == least {
+                    cands.swap(i, tier);
+                    tier += 1;
                 }
             }
         }
-    }
-
-    let mut map = Placement::new();
-    for (h, host) in hosts.iter().enumerate() {
-        let row: BTreeMap<String, u32> = (0..nq)
-            .filter(|&q| count[h * nq + q] > 0)
-            .map(|q| (queues[q].to_string(), count[h * nq + q]))
-            .collect();
-        if !row.is_empty() {
-            map.insert((*host).to_string(), row);
+        let want = *need as usize;
+        if want < tier {
+            let best = &mut cands[..tier];
+            best.select_nth_unstable_by_key(want - 1, |c| c.1);
+            for c in &best[..want] {
+                add(c.1 as u32 as usize);
+            }
+            *need = 0;
+            return;
         }
+        for c in &mut cands[..tier] {
+            add(c.1 as u32 as usize);
+            // One more slot, one less free room: the rank's upper half is !free.
+            c.0 += 1;
+            c.1 += 1 << 32;
+        }
+        *need -= tier as u32;
+        // Full hosts leave: free room 0 is rank !0 in the upper half.
+        cands.retain(|c| c.1 >> 32 != u64::from(u32::MAX));
     }
-    map
 }

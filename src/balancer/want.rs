@@ -1,11 +1,9 @@
 //! How many slots each queue wants: demand from its statistics, then the hysteresis band
 //! of its priority, then its limits.
 
-use std::collections::BTreeMap;
-
 use chrono::{Datelike, Timelike};
 
-use super::{Decision, Input, QueueWindow, Reason};
+use super::{Balancer, Decision, IndexedInput, QueueWindow, Reason};
 use crate::config::QueueConfig;
 
 /// Share of a slot's time the balancer plans to keep busy; the rest absorbs bursts.
@@ -57,39 +55,24 @@ pub fn band(rank: f64) -> (f64, f64) {
     (0.25 * (1.0 - rank), 0.2 + 0.4 * rank)
 }
 
-/// Per queue: demand, hysteresis, min/max, work periods and pauses. System caps are
-/// applied when capacity is granted, so a queue that cannot be placed leaves its share
-/// to the others.
-pub fn wanted(input: &Input) -> BTreeMap<String, Decision> {
-    let config = input.config;
-    // Slots on dead or draining hosts are gone or going: they do not count as running.
-    let mut current: BTreeMap<&str, u32> = BTreeMap::new();
-    for (h, qs) in input.current {
-        if input.hosts.get(h).is_some_and(|h| h.usable()) {
-            for (q, &n) in qs {
-                *current.entry(q.as_str()).or_default() += n;
-            }
-        }
-    }
-    let local = input.now.with_timezone(&config.manager.timezone);
+/// Per queue: demand, hysteresis, min/max, work periods and pauses, into the
+/// balancer's decisions. System caps are applied when capacity is granted, so a queue
+/// that cannot be placed leaves its share to the others.
+pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
+    let nh = b.host_count();
+    let local = input.now.with_timezone(&b.config.manager.timezone);
     let (weekday, minute) = (local.weekday(), (local.hour() * 60 + local.minute()) as u16);
-
-    let mut priorities: Vec<i32> = config.queues.values().map(|q| q.priority).collect();
-    priorities.sort_unstable();
-    priorities.dedup();
-    let rank = |p: i32| -> f64 {
-        if priorities.len() < 2 {
-            return 0.5;
-        }
-        let i = priorities.iter().position(|&x| x == p).unwrap_or(0);
-        i as f64 / (priorities.len() - 1) as f64
-    };
-
-    let idle = QueueWindow::default();
-    let mut out = BTreeMap::new();
-    for (name, q) in &config.queues {
-        let w = input.stats.get(name).unwrap_or(&idle);
-        let cur = current.get(name.as_str()).copied().unwrap_or(0);
+    let usable = &b.hosts.usable;
+    for (qi, (info, d)) in b.queues.iter().zip(&mut b.decisions).enumerate() {
+        let q = info.config;
+        let w = &input.stats[qi];
+        // Slots on dead or draining hosts are gone or going: they do not count as running.
+        let cur: u32 = input.current[qi * nh..(qi + 1) * nh]
+            .iter()
+            .zip(usable)
+            .filter(|(_, u)| **u)
+            .map(|(n, _)| *n)
+            .sum();
         let figures = load_figures(q, w);
         let demand = (figures.demand_slots / TARGET_UTILISATION - 1e-9)
             .ceil()
@@ -99,12 +82,12 @@ pub fn wanted(input: &Input) -> BTreeMap<String, Decision> {
         } else {
             demand as u32
         };
-        let mut reasons = Vec::new();
-        let system = q.system.as_ref().and_then(|s| config.systems.get(s));
-        let wanted = if input.paused.contains(name) {
+        let mut reasons = std::mem::take(&mut d.reasons);
+        reasons.clear();
+        let wanted = if input.paused[qi] {
             reasons.push(Reason::Paused);
             0
-        } else if let Some(sys) = system.filter(|s| s.paused) {
+        } else if let Some(sys) = info.system.filter(|s| s.paused) {
             reasons.push(Reason::SystemPaused {
                 system: sys.name.clone(),
             });
@@ -113,7 +96,7 @@ pub fn wanted(input: &Input) -> BTreeMap<String, Decision> {
             reasons.push(Reason::OutsideWorkPeriod);
             0
         } else {
-            let (up, down) = band(rank(q.priority));
+            let (up, down) = info.band;
             let held = if demand > cur {
                 if cur == 0 || f64::from(demand) > f64::from(cur) * (1.0 + up) {
                     reasons.push(Reason::Grow);
@@ -145,18 +128,13 @@ pub fn wanted(input: &Input) -> BTreeMap<String, Decision> {
                 held
             }
         };
-        out.insert(
-            name.clone(),
-            Decision {
-                current: cur,
-                demand,
-                wanted,
-                placed: 0,
-                load: figures.load,
-                reasons,
-            },
-        );
+        *d = Decision {
+            current: cur,
+            demand,
+            wanted,
+            placed: 0,
+            load: figures.load,
+            reasons,
+        };
     }
-
-    out
 }
