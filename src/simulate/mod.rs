@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::balancer::{self, HostState, Input, Placement, QueueWindow};
+use crate::balancer::{Balancer, HostState, IndexedInput, QueueWindow};
 use crate::config::Config;
 pub use trace::Trace;
 
@@ -216,25 +216,54 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
     let host_names: Vec<String> = (0..trace.hosts.count)
         .map(|i| format!("host{i:03}"))
         .collect();
-    let mut dead_at: BTreeMap<String, u64> = BTreeMap::new();
+    let nh = host_names.len();
+    // The balancer orders hosts by name (its ties break by name); faults pick them by
+    // number. `position[i]` is host number i's place in name order.
+    let mut by_name: Vec<usize> = (0..nh).collect();
+    by_name.sort_by(|&a, &b| host_names[a].cmp(&host_names[b]));
+    let mut position = vec![0; nh];
+    for (j, &i) in by_name.iter().enumerate() {
+        position[i] = j;
+    }
+    // Indexed by name order from here on, as the map is.
+    let mut dead_at: Vec<Option<u64>> = vec![None; nh];
+    let mut dead = 0usize;
+    let mut host_states: Vec<HostState> = (0..nh)
+        .map(|_| HostState {
+            capacity: trace.hosts.capacity(),
+            handlers: handlers.clone(),
+            alive: true,
+            draining: false,
+        })
+        .collect();
+    // One for the run: a simulated day is 43,200 decisions, and the tables, buffers and
+    // map stay in index form between them.
+    let mut balancer = Balancer::new(config);
+    balancer.set_hosts(&host_states);
     let mut events = trace.events.iter().peekable();
     let mut rng = Rng(trace.seed ^ 0x6761_6666_6572);
-    let mut sims: BTreeMap<String, QueueSim> = config
-        .queues
-        .keys()
-        .map(|q| (q.clone(), QueueSim::default()))
-        .collect();
-    let mut map = Placement::new();
+    let nq = config.queues.len();
+    let mut sims: Vec<QueueSim> = (0..nq).map(|_| QueueSim::default()).collect();
+    // The map in force, in the balancer's index form: queue-major.
+    let mut map = vec![0u32; nq * nh];
     let mut samples: VecDeque<Sample> = VecDeque::new();
-    let mut hpa_history: BTreeMap<String, VecDeque<(u64, u32)>> = BTreeMap::new();
+    let mut spare_counters: Vec<Vec<(u64, u64, f64, f64)>> = Vec::new();
+    let mut stats: Vec<QueueWindow> = vec![QueueWindow::default(); nq];
+    let no_pause = vec![false; nq];
+    let mut wanted = vec![0u32; nq];
+    let mut last_wanted: Vec<u32> = Vec::new();
+    // The last decision on exactly the current map, hosts and wanted slots left the map
+    // as it was; the balancer is pure, so the same decision again would too.
+    let mut settled = false;
+    let mut hpa_history: Vec<VecDeque<(u64, u32)>> = vec![VecDeque::new(); nq];
     let (mut slot_moves, mut slot_starts) = (0u64, 0u64);
     let (mut busy_total, mut slot_seconds_total) = (0.0f64, 0.0f64);
     // A Monday at midnight UTC: work periods line up with the trace's clock.
     let epoch = chrono::DateTime::from_timestamp(1_767_571_200, 0).expect("a valid date");
-    let no_pause = BTreeSet::new();
 
     // Load segments per queue, in the order of `sims`.
-    let loads: Vec<Vec<&trace::Load>> = sims
+    let loads: Vec<Vec<&trace::Load>> = config
+        .queues
         .keys()
         .map(|q| trace.load.iter().filter(|l| &l.queue == q).collect())
         .collect();
@@ -246,95 +275,64 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
         // after the heartbeat timeout.
         while let Some(e) = events.next_if(|e| e.at.as_millis() as u64 <= t) {
             let mut left = e.kill_hosts;
-            for h in host_names.iter().rev() {
+            for i in (0..nh).rev() {
                 if left == 0 {
                     break;
                 }
-                if !dead_at.contains_key(h) {
-                    dead_at.insert(h.clone(), t);
+                let h = position[i];
+                if dead_at[h].is_none() {
+                    dead_at[h] = Some(t);
+                    dead += 1;
                     left -= 1;
                 }
             }
         }
 
         if t.is_multiple_of(tick_ms) {
-            let hosts: BTreeMap<String, HostState> = host_names
-                .iter()
-                .map(|h| {
-                    let known_dead = dead_at.get(h).is_some_and(|&d| t >= d + heartbeat_ms);
-                    (
-                        h.clone(),
-                        HostState {
-                            capacity: trace.hosts.capacity(),
-                            handlers: handlers.clone(),
-                            alive: !known_dead,
-                            draining: false,
-                        },
-                    )
-                })
-                .collect();
-            // Statistics for the window, as the manager would read them.
-            samples.push_back(Sample {
-                at_ms: t,
-                counters: sims
-                    .values()
-                    .map(|s| (s.arrived, s.done, s.busy_seconds, s.lifetime_seconds))
-                    .collect(),
-            });
-            while samples.len() > 2 && t - samples[1].at_ms >= WINDOW.as_millis() as u64 {
-                samples.pop_front();
+            let mut hosts_changed = false;
+            for (state, died) in host_states.iter_mut().zip(&dead_at) {
+                let alive = !died.is_some_and(|d| t >= d + heartbeat_ms);
+                if state.alive != alive {
+                    state.alive = alive;
+                    hosts_changed = true;
+                }
             }
-            let targets: Option<BTreeMap<String, u32>> = match policy {
-                Policy::Gaffer => None,
-                Policy::Static => Some(
-                    config
+            if hosts_changed {
+                balancer.set_hosts(&host_states);
+                settled = false;
+            }
+            let decided = match policy {
+                Policy::Gaffer => {
+                    // Statistics for the window, as the manager would read them.
+                    let mut counters = spare_counters.pop().unwrap_or_default();
+                    counters.clear();
+                    counters.extend(
+                        sims.iter()
+                            .map(|s| (s.arrived, s.done, s.busy_seconds, s.lifetime_seconds)),
+                    );
+                    samples.push_back(Sample { at_ms: t, counters });
+                    while samples.len() > 2 && t - samples[1].at_ms >= WINDOW.as_millis() as u64 {
+                        let old = samples.pop_front().expect("more than two");
+                        spare_counters.push(old.counters);
+                    }
+                    let (old, new) = (
+                        samples.front().expect("pushed"),
+                        samples.back().expect("pushed"),
+                    );
+                    let window_seconds = (new.at_ms - old.at_ms) as f64 / 1000.0;
+                    for (k, ((c, s), w)) in config
                         .queues
-                        .iter()
-                        .map(|(q, c)| (q.clone(), c.min_slots))
-                        .collect(),
-                ),
-                Policy::Hpa => Some(
-                    config
-                        .queues
-                        .iter()
-                        .map(|(q, c)| {
-                            let backlog = sims[q].backlog_total as f64;
-                            let desired = ((backlog / trace.hpa_target).ceil() as u32)
-                                .clamp(c.min_slots, c.max_slots);
-                            let hist = hpa_history.entry(q.clone()).or_default();
-                            hist.push_back((t, desired));
-                            while hist.front().is_some_and(|&(at, _)| {
-                                at + (HPA_STABILISATION.as_millis() as u64) < t
-                            }) {
-                                hist.pop_front();
-                            }
-                            // Up at once; down only to the highest recommendation of the
-                            // stabilisation window.
-                            let stable = hist.iter().map(|h| h.1).max().unwrap_or(desired);
-                            (q.clone(), desired.max(stable))
-                        })
-                        .collect(),
-                ),
-            };
-            let (old, new) = (
-                samples.front().expect("pushed"),
-                samples.back().expect("pushed"),
-            );
-            let window_seconds = (new.at_ms - old.at_ms) as f64 / 1000.0;
-            let stats: BTreeMap<String, QueueWindow> = config
-                .queues
-                .iter()
-                .zip(sims.values())
-                .enumerate()
-                .map(|(k, ((q, c), s))| {
-                    let (a1, d1, b1, l1) = new.counters[k];
-                    let (a0, d0, b0, l0) = old.counters[k];
-                    let leased = s
-                        .backlog_total
-                        .min(u64::from(s.active) * u64::from(c.batch_size));
-                    (
-                        q.clone(),
-                        QueueWindow {
+                        .values()
+                        .zip(&sims)
+                        .zip(&mut stats)
+                        .enumerate()
+                    {
+                        let (a1, d1, b1, l1) = new.counters[k];
+                        let (a0, d0, b0, l0) = old.counters[k];
+                        let leased = s
+                            .backlog_total
+                            .min(u64::from(s.active) * u64::from(c.batch_size));
+                        *w = QueueWindow {
                             window_seconds,
                             ready: s.backlog_total - leased,
                             leased,
@@ -342,46 +340,71 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
                             processed: d1 - d0,
                             busy_seconds: b1 - b0,
                             slot_lifetime_seconds: l1 - l0,
-                        },
-                    )
-                })
-                .collect();
-            let input = Input {
-                config,
-                stats: &stats,
-                current: &map,
-                hosts: &hosts,
-                now: epoch + chrono::Duration::milliseconds(t as i64),
-                paused: &no_pause,
+                        };
+                    }
+                    balancer.decide(&IndexedInput {
+                        stats: &stats,
+                        current: &map,
+                        now: epoch + chrono::Duration::milliseconds(t as i64),
+                        paused: &no_pause,
+                    });
+                    true
+                }
+                Policy::Static | Policy::Hpa => {
+                    for (k, (c, w)) in config.queues.values().zip(&mut wanted).enumerate() {
+                        *w = match policy {
+                            Policy::Static => c.min_slots,
+                            _ => {
+                                let backlog = sims[k].backlog_total as f64;
+                                let desired = ((backlog / trace.hpa_target).ceil() as u32)
+                                    .clamp(c.min_slots, c.max_slots);
+                                let hist = &mut hpa_history[k];
+                                hist.push_back((t, desired));
+                                while hist.front().is_some_and(|&(at, _)| {
+                                    at + (HPA_STABILISATION.as_millis() as u64) < t
+                                }) {
+                                    hist.pop_front();
+                                }
+                                // Up at once; down only to the highest recommendation of
+                                // the stabilisation window.
+                                let stable = hist.iter().map(|h| h.1).max().unwrap_or(desired);
+                                desired.max(stable)
+                            }
+                        };
+                    }
+                    // Once settled, a decision changes nothing until the wanted slots
+                    // or the hosts do: `static` would otherwise place every step.
+                    let again = settled && wanted == last_wanted;
+                    if !again {
+                        balancer.place_wanted(&map, &wanted);
+                        last_wanted.clone_from(&wanted);
+                    }
+                    !again
+                }
             };
-            let next = match targets {
-                None => balancer::decide(&input).map,
-                Some(wanted) => balancer::place_wanted(&input, &wanted),
-            };
-            if next != map {
-                map = next;
-                map_changed = true;
+            if decided {
+                settled = balancer.map() == map.as_slice();
+                if !settled {
+                    map.copy_from_slice(balancer.map());
+                    map_changed = true;
+                }
             }
         }
 
         // The slots that run: the map's, on hosts that are really alive. Only a decision
         // or a fault changes them.
-        if map_changed || dead_at.len() != dead_seen {
+        if map_changed || dead != dead_seen {
             map_changed = false;
-            dead_seen = dead_at.len();
-            let mut running: BTreeMap<&str, u32> = BTreeMap::new();
-            for (h, qs) in &map {
-                if dead_at.contains_key(h) {
-                    continue;
-                }
-                for (q, &n) in qs {
-                    *running.entry(q.as_str()).or_default() += n;
-                }
-            }
+            dead_seen = dead;
             let (mut started, mut stopped) = (0u64, 0u64);
-            for (q, s) in &mut sims {
-                let (up, down) =
-                    s.set_slots(running.get(q.as_str()).copied().unwrap_or(0), t, start_ms);
+            for (q, s) in sims.iter_mut().enumerate() {
+                let running: u32 = map[q * nh..(q + 1) * nh]
+                    .iter()
+                    .zip(&dead_at)
+                    .filter(|(_, died)| died.is_none())
+                    .map(|(n, _)| *n)
+                    .sum();
+                let (up, down) = s.set_slots(running, t, start_ms);
                 started += u64::from(up);
                 stopped += u64::from(down);
             }
@@ -390,7 +413,7 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
         }
 
         let dt = step_ms as f64 / 1000.0;
-        for (s, segments) in sims.values_mut().zip(&loads) {
+        for (s, segments) in sims.iter_mut().zip(&loads) {
             let (mut rate, mut weighted) = (0.0, 0.0);
             for l in segments {
                 let r = l.rate_at(Duration::from_millis(t));
@@ -415,7 +438,9 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
             slot_seconds_total += f64::from(slots) * dt;
             if s.task_seconds > 0.0 && s.active > 0 {
                 let capacity = f64::from(s.active) * dt / s.task_seconds + s.carry;
-                let mut n = (capacity.floor() as u64).min(s.backlog_total);
+                // `as` truncates and saturates (negatives and NaN to 0): floor without
+                // a libm call per queue and step.
+                let mut n = (capacity as u64).min(s.backlog_total);
                 s.carry = if n == s.backlog_total {
                     0.0
                 } else {
@@ -445,8 +470,10 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Str
     }
 
     let steps = (end_ms / step_ms).max(1) as f64;
-    let queues = sims
-        .iter()
+    let queues = config
+        .queues
+        .keys()
+        .zip(&sims)
         .map(|(q, s)| {
             (
                 q.clone(),
