@@ -28,8 +28,9 @@ use crate::config::{Config, Handler};
 use crate::queue_client::{ConnectOptions, NewTask, QueueClient, QueueLimits};
 use crate::redis_server::{RedisServer, RedisServerOptions};
 
-/// A child that exits this soon after its first start failed to start (a port in use, an
-/// unreachable Redis): `up` stops with its log rather than restarting it forever.
+/// A child that exits this soon after its first start failed to start (a port in use, a
+/// wrong password; an unreachable Redis it waits for): `up` stops with its log rather than
+/// restarting it forever.
 const STARTUP_WINDOW: Duration = Duration::from_secs(5);
 /// Restarts after a later crash back off from this, doubling, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);

@@ -77,18 +77,26 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         ),
         None => None,
     };
-    let client = QueueClient::connect(
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    // Redis may be down when pacemaker starts us: wait for it rather than exit, which
+    // would only count as a failure of the resource on this node.
+    let connect = QueueClient::connect_patiently(
         &opts.redis_url,
         &opts.config.cluster.namespace,
         &opts.connect,
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "connecting to {}",
-            crate::queue_client::redacted(&opts.redis_url)
-        )
-    })?;
+    );
+    let client = tokio::select! {
+        r = connect => r.with_context(|| {
+            format!(
+                "connecting to {}",
+                crate::queue_client::redacted(&opts.redis_url)
+            )
+        })?,
+        _ = sigterm.recv() => return Ok(()),
+        _ = sigint.recv() => return Ok(()),
+        () = shutdown.cancelled() => return Ok(()),
+    };
     let keys = Keys::new(&opts.config.cluster.namespace);
     let status = Arc::new(Mutex::new(
         serde_json::json!({"id": opts.id, "leading": false}),
@@ -117,8 +125,6 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         client,
         opts,
     };
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut tick = tokio::time::interval(m.opts.config.manager.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     telemetry::started(&m.opts.id);

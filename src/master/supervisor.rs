@@ -158,18 +158,27 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
         .await
         .with_context(|| format!("binding [master].http {}", opts.config.master.http))?;
     let metrics = crate::http::install_metrics();
-    let client = QueueClient::connect(
+    // Installed before the wait for Redis, so a stop or reload meanwhile is not fatal.
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    // A host may boot before Redis is back: wait for it rather than exit.
+    let connect = QueueClient::connect_patiently(
         &opts.redis_url,
         &opts.config.cluster.namespace,
         &opts.connect,
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "connecting to {}",
-            crate::queue_client::redacted(&opts.redis_url)
-        )
-    })?;
+    );
+    let client = tokio::select! {
+        r = connect => r.with_context(|| {
+            format!(
+                "connecting to {}",
+                crate::queue_client::redacted(&opts.redis_url)
+            )
+        })?,
+        _ = sigterm.recv() => return Ok(()),
+        _ = sigint.recv() => return Ok(()),
+        () = shutdown.cancelled() => return Ok(()),
+    };
 
     let (report_sock, report_peer) = StdDatagram::pair().context("creating the slot socket")?;
     report_sock.set_nonblocking(true)?;
@@ -217,9 +226,6 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
     telemetry::queues_known(m.cfg.queues.keys());
     m.start_zygote().await?;
 
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sighup = signal(SignalKind::hangup())?;
     let mut tick = tokio::time::interval(m.opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let watchdog = sd_notify::watchdog_enabled();

@@ -85,22 +85,30 @@ pub(crate) async fn connect(
     url: &str,
     opts: &ConnectOptions,
 ) -> Result<(RedisConn, Target), QueueError> {
+    // A bad URL or password is no outage: retrying cannot fix it, so it is not a
+    // `Connect` error (which callers retry).
     let mut info = url
         .into_connection_info()
-        .map_err(|e| QueueError::Connect(format!("bad redis url: {e}")))?;
+        .map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?;
     if let Some(pw) = &opts.password {
         let settings = info.redis_settings().clone().set_password(pw);
         info = info.set_redis_settings(settings);
     }
     let client = Client::open(info.clone())
-        .map_err(|e| QueueError::Connect(format!("bad redis url: {e}")))?;
+        .map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?;
     let probe_cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(opts.connect_timeout))
         .set_response_timeout(Some(opts.response_timeout));
     let mut probe = client
         .get_multiplexed_async_connection_with_config(&probe_cfg)
         .await
-        .map_err(|e| QueueError::Connect(format!("{}: {e}", redacted(url))))?;
+        .map_err(|e| {
+            if e.kind() == redis::ErrorKind::AuthenticationFailed {
+                QueueError::Redis(e)
+            } else {
+                QueueError::Connect(format!("{}: {e}", redacted(url)))
+            }
+        })?;
     let cluster_info: String = redis::cmd("INFO")
         .arg("cluster")
         .query_async(&mut probe)

@@ -134,6 +134,41 @@ impl QueueClient {
         })
     }
 
+    /// Like [`connect`](Self::connect), but waits out a Redis that is unreachable or not
+    /// ready yet, backing off from 100 ms to 5 s, with a warning on the first failure and
+    /// about every minute after. Errors that waiting cannot fix (a bad URL, a wrong
+    /// password) return at once. For daemons, which must come up in whatever order hosts
+    /// and services start, and ride out an outage that began before they did; drop the
+    /// future to give up.
+    pub async fn connect_patiently(
+        url: &str,
+        namespace: &str,
+        opts: &ConnectOptions,
+    ) -> Result<Self, QueueError> {
+        let mut pause = Duration::from_millis(100);
+        let mut warned: Option<std::time::Instant> = None;
+        loop {
+            match Self::connect(url, namespace, opts).await {
+                Ok(client) => {
+                    if warned.is_some() {
+                        tracing::info!(redis = %redacted(url), "redis reachable");
+                    }
+                    return Ok(client);
+                }
+                Err(e) if e.is_transient() => {
+                    if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                        tracing::warn!(redis = %redacted(url), error = %e,
+                            "redis unreachable; waiting for it");
+                        warned = Some(std::time::Instant::now());
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// A handle on one queue with default limits.
     pub fn queue(&self, name: &str) -> Result<Queue, QueueError> {
         self.queue_with(name, QueueLimits::default())

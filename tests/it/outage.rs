@@ -16,6 +16,8 @@ use gaffer::slot::{
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::{TestRedis, eventually};
+use gaffer::cluster::{self, Keys};
+use gaffer::redis_server::{RedisServer, free_port};
 
 /// Whether the server on `port` answers PING with LOADING (it is reading its AOF).
 fn loading(port: u16) -> bool {
@@ -200,4 +202,119 @@ async fn a_settle_outlives_an_outage_longer_than_the_lease() {
     assert_eq!(handled.load(Ordering::SeqCst), 1, "the task ran once");
     stop.cancel();
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+}
+
+/// Daemon processes killed on drop.
+struct Daemons(Vec<std::process::Child>);
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A host that boots while Redis is down (or a pacemaker start during an outage) used to
+/// see its master or manager exit at once on the refused connection. They must wait for
+/// Redis, come up when it does, and still stop cleanly on SIGTERM meanwhile.
+#[tokio::test]
+async fn daemons_started_before_redis_wait_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nredis = \"redis://127.0.0.1:{port}/0\"\nnamespace = \"test\"\n\n\
+             [manager]\ntick = \"200ms\"\n\n[queues.a]\nhandler = \"noop\"\nmin_slots = 1\n"
+        ),
+    )
+    .unwrap();
+    let log = |name: &str| dir.path().join(name);
+    let start = |args: &[&str], env: (&str, String), name: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .env(env.0, env.1)
+            .env("GAFFER_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log(name)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let http = |()| format!("127.0.0.1:{}", free_port().unwrap());
+    let mut d = Daemons(vec![
+        start(
+            &["manager"],
+            ("GAFFER_MANAGER_HTTP", http(())),
+            "manager.log",
+        ),
+        start(
+            &["master", "--host", "h1"],
+            ("GAFFER_MASTER_HTTP", http(())),
+            "h1.log",
+        ),
+        start(
+            &["master", "--host", "h2"],
+            ("GAFFER_MASTER_HTTP", http(())),
+            "h2.log",
+        ),
+    ]);
+    let read = |name: &str| std::fs::read_to_string(log(name)).unwrap_or_default();
+    for name in ["manager.log", "h1.log", "h2.log"] {
+        eventually(
+            Duration::from_secs(20),
+            &format!("{name}: waiting"),
+            || async { read(name).contains("waiting for it") },
+        )
+        .await;
+    }
+    for (i, c) in d.0.iter_mut().enumerate() {
+        assert!(c.try_wait().unwrap().is_none(), "daemon {i} exited");
+    }
+
+    // Stopped while waiting: a clean exit.
+    let h2 = d.0.pop().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(h2.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = h2.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}\n{}", out.status, read("h2.log"));
+
+    let _redis = RedisServer::start(
+        &dir.path().join("redis"),
+        RedisServerOptions {
+            port: Some(port),
+            ..RedisServerOptions::default()
+        },
+    )
+    .unwrap();
+    let client = gaffer::queue_client::QueueClient::connect(
+        &format!("redis://127.0.0.1:{port}/0"),
+        "test",
+        &ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
+    let keys = Keys::new("test");
+    eventually(
+        Duration::from_secs(30),
+        "h1 registered and placed by the manager",
+        || async {
+            let map = cluster::read_map(&mut client.connection(), &keys)
+                .await
+                .unwrap();
+            map.is_some_and(|m| m.for_host("h1").get("a") == Some(&1))
+        },
+    )
+    .await;
+    for (i, c) in d.0.iter_mut().enumerate() {
+        assert!(c.try_wait().unwrap().is_none(), "daemon {i} exited");
+    }
 }
