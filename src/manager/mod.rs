@@ -119,6 +119,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         leadership: Leadership::new(keys.clone(), opts.id.clone(), opts.lease_ttl()),
         conn: client.connection(),
         windows: Windows::new(opts.window),
+        blind: Blind::default(),
         config_version: 0,
         leading: false,
         keys,
@@ -160,6 +161,51 @@ struct Manager {
     windows: Windows,
     config_version: u64,
     leading: bool,
+    /// When this manager last went without Redis, to judge heartbeats fairly after it.
+    blind: Blind,
+}
+
+/// The manager's latest spell without Redis. Masters cannot report while Redis is away,
+/// so for one heartbeat timeout after the manager reaches Redis again a report may be
+/// older by as long as the spell lasted. Without that, any outage longer than the
+/// heartbeat timeout made every host look dead: the map was emptied, then refilled a
+/// tick later, and every slot of the cluster was stopped and started again.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Blind {
+    /// When Redis last answered (ms since the epoch).
+    last_ok_ms: Option<u64>,
+    /// While Redis is away: when it last answered before that.
+    lost_at_ms: Option<u64>,
+    /// Extra age allowed to reports until `grace_until_ms`.
+    grace_ms: u64,
+    grace_until_ms: u64,
+}
+
+impl Blind {
+    /// Redis answered at `now_ms`; `timeout_ms` is the heartbeat timeout.
+    fn reached(&mut self, now_ms: u64, timeout_ms: u64) {
+        if let Some(lost) = self.lost_at_ms.take() {
+            self.grace_ms = now_ms.saturating_sub(lost);
+            self.grace_until_ms = now_ms.saturating_add(timeout_ms);
+        }
+        self.last_ok_ms = Some(now_ms);
+    }
+
+    /// Redis did not answer.
+    fn missed(&mut self) {
+        if self.lost_at_ms.is_none() {
+            self.lost_at_ms = self.last_ok_ms;
+        }
+    }
+
+    /// How much older than the heartbeat timeout a report may be at `now_ms`.
+    fn tolerance_ms(&self, now_ms: u64) -> u64 {
+        if now_ms < self.grace_until_ms {
+            self.grace_ms
+        } else {
+            0
+        }
+    }
 }
 
 impl Manager {
@@ -167,9 +213,17 @@ impl Manager {
         let started = Instant::now();
         let was = self.leading;
         self.leading = match self.leadership.renew(&mut self.conn).await {
-            Ok(l) => l,
+            Ok(l) => {
+                let timeout = self.opts.config.manager.heartbeat_timeout.as_millis();
+                self.blind.reached(
+                    cluster::now_ms(),
+                    u64::try_from(timeout).unwrap_or(u64::MAX),
+                );
+                l
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "renewing the lease failed");
+                self.blind.missed();
                 false
             }
         };
@@ -234,7 +288,9 @@ impl Manager {
         let reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
-        let timeout = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
+        let timeout = u64::try_from(cfg.manager.heartbeat_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(self.blind.tolerance_ms(now_ms));
         let hosts: BTreeMap<String, HostState> = reports
             .iter()
             .map(|(name, r)| {
@@ -343,5 +399,42 @@ impl Manager {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Blind;
+
+    #[test]
+    fn reports_may_age_by_the_outage_for_one_timeout_after_it() {
+        let mut b = Blind::default();
+        b.reached(1_000, 3_000);
+        assert_eq!(b.tolerance_ms(1_500), 0, "no outage yet");
+        // Redis away from just after 1 000 until 9 000: missed ticks in between.
+        b.missed();
+        b.missed();
+        b.reached(9_000, 3_000);
+        assert_eq!(b.tolerance_ms(9_000), 8_000);
+        assert_eq!(b.tolerance_ms(11_999), 8_000);
+        assert_eq!(
+            b.tolerance_ms(12_000),
+            0,
+            "one timeout after, reports must be fresh"
+        );
+        b.reached(12_500, 3_000);
+        assert_eq!(
+            b.tolerance_ms(12_500),
+            0,
+            "a tick without outage grants nothing"
+        );
+    }
+
+    #[test]
+    fn a_manager_that_never_reached_redis_grants_nothing() {
+        let mut b = Blind::default();
+        b.missed();
+        b.reached(5_000, 3_000);
+        assert_eq!(b.tolerance_ms(5_000), 0);
     }
 }

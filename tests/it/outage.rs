@@ -318,3 +318,107 @@ async fn daemons_started_before_redis_wait_for_it() {
         assert!(c.try_wait().unwrap().is_none(), "daemon {i} exited");
     }
 }
+
+/// A Redis outage longer than the heartbeat timeout: no master could report meanwhile, so
+/// every host looked dead to the manager when Redis came back. It emptied the map, then
+/// refilled it a tick later, and every slot of the cluster was stopped and restarted.
+#[tokio::test]
+async fn an_outage_longer_than_the_heartbeat_timeout_moves_no_slot() {
+    let mut redis = TestRedis::with_aof();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
+             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"1s\"\n\n\
+             [queues.a]\nhandler = \"noop\"\nmin_slots = 2\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let master_http = free_port().unwrap();
+    let start = |args: &[&str], env: (&str, String), name: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .env(env.0, env.1)
+            .env("GAFFER_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join(name)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let _d = Daemons(vec![
+        start(
+            &["manager"],
+            (
+                "GAFFER_MANAGER_HTTP",
+                format!("127.0.0.1:{}", free_port().unwrap()),
+            ),
+            "manager.log",
+        ),
+        start(
+            &["master", "--host", "h1"],
+            ("GAFFER_MASTER_HTTP", format!("127.0.0.1:{master_http}")),
+            "h1.log",
+        ),
+    ]);
+    let slot_pids = || -> Vec<u64> {
+        crate::host::http_get(master_http, "/status")
+            .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+            .map(|s| {
+                let mut pids: Vec<u64> = s["slots"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|x| x["pid"].as_u64()).collect())
+                    .unwrap_or_default();
+                pids.sort_unstable();
+                pids
+            })
+            .unwrap_or_default()
+    };
+    let client = redis.client().await;
+    let keys = Keys::new("test");
+    let placed = || async {
+        cluster::read_map(&mut client.connection(), &keys)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|m| m.for_host("h1").get("a").copied())
+    };
+    eventually(
+        Duration::from_secs(30),
+        "two slots placed and running",
+        || async { placed().await == Some(2) && slot_pids().len() == 2 },
+    )
+    .await;
+    let before = slot_pids();
+
+    redis.server.kill();
+    // Not a synchronisation: the outage must outlast the heartbeat timeout (1 s) and the
+    // manager's lease (3 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    redis.server.restart().unwrap();
+
+    // Watch the map from the moment Redis is back until the manager has decided a few
+    // times on fresh reports.
+    let watch = Instant::now();
+    let mut seen = Vec::new();
+    while watch.elapsed() < Duration::from_secs(4) {
+        if let Some(n) = placed().await {
+            seen.push(n);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !seen.is_empty(),
+        "the map could not be read after the restart"
+    );
+    assert!(
+        seen.iter().all(|&n| n == 2),
+        "h1's slots in the maps seen: {seen:?}"
+    );
+    assert_eq!(slot_pids(), before, "slots were restarted");
+}
