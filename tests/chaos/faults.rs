@@ -63,8 +63,8 @@ impl FaultKind {
             FaultKind::SlotStop => lease + Duration::from_secs(7),
             FaultKind::MasterKill => Duration::from_secs(10),
             FaultKind::ManagerStop => Duration::from_secs(10),
-            FaultKind::RedisKill => Duration::from_secs(6),
-            FaultKind::RedisStop => Duration::from_secs(11),
+            FaultKind::RedisKill => Duration::from_secs(10),
+            FaultKind::RedisStop => Duration::from_secs(15),
         }
     }
 }
@@ -338,6 +338,7 @@ fn redis_down(c: &mut Cluster, rng: &mut Rng, f: &mut Fault, freeze: bool) {
         return;
     };
     f.target = format!("redis-server ({pid})");
+    let slots_before: BTreeSet<u32> = c.slots().iter().map(|s| s.pid).collect();
     let before = cpu(c);
     let started = Instant::now();
     f.start_ms = now_ms();
@@ -385,6 +386,24 @@ fn redis_down(c: &mut Cluster, rng: &mut Rng, f: &mut Fault, freeze: bool) {
         worst.0 * 100.0,
         worst.1
     ));
+    // Slots wait Redis out: none exits, and the manager, which could not hear from any
+    // host meanwhile, must not take their slots away once it can.
+    c.idle(Duration::from_secs(4));
+    let lost: Vec<u32> = slots_before
+        .iter()
+        .copied()
+        .filter(|&p| procs::gone(p))
+        .collect();
+    if lost.is_empty() {
+        f.notes
+            .push(format!("all {} slots rode it out", slots_before.len()));
+    } else {
+        f.problems.push(format!(
+            "{} of {} slots did not survive the outage: {lost:?}",
+            lost.len(),
+            slots_before.len()
+        ));
+    }
 }
 
 /// CPU ticks of every process of the cluster, and their names.

@@ -276,6 +276,25 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
             .push("could not read the tasks' final states from Redis".into()),
     }
 
+    // Redis's own counters must tell the same story: one creation and one ack per task
+    // (plus the re-creations an unanswered enqueue can cause).
+    if let Some(q) = &report.queue_stats {
+        let v = &report.verdict;
+        let recreated = v
+            .by_cause
+            .get(&oracle::Cause::EnqueueRetried)
+            .copied()
+            .unwrap_or(0);
+        let tasks = (v.enqueued + recreated) as u64;
+        if q.enqueued_total != tasks || q.acked_total != (v.acked + recreated) as u64 {
+            report.problems.push(format!(
+                "the queue's counters disagree with the oracle: enqueued {} acked {} for {} \
+                 tasks enqueued and {} acked ({recreated} created twice)",
+                q.enqueued_total, q.acked_total, v.enqueued, v.acked
+            ));
+        }
+    }
+
     // Epochs of the map must never go back down: a fenced manager wrote nothing.
     if c.epochs.windows(2).any(|w| w[1] < w[0]) {
         report.problems.push(format!(
