@@ -114,13 +114,26 @@ pub fn parse_reply(
     line: &[u8],
     batch_ids: &[&str],
 ) -> Result<Vec<Option<ReplyStatus>>, ReplyError> {
-    let reply: Reply = serde_json::from_slice(line).map_err(|e| {
-        let text = String::from_utf8_lossy(line);
-        ReplyError::Malformed {
-            reason: e.to_string(),
-            quote: text.trim_end().chars().take(QUOTE_CHARS).collect(),
-        }
-    })?;
+    let malformed = |reason: String| ReplyError::Malformed {
+        reason,
+        quote: String::from_utf8_lossy(line)
+            .trim_end()
+            .chars()
+            .take(QUOTE_CHARS)
+            .collect(),
+    };
+    // JSON text is UTF-8. serde_json checks only the strings it keeps, so without this a
+    // line with other bytes in a key or value it skips would pass (found by fuzzing).
+    let text = std::str::from_utf8(line).map_err(|e| malformed(format!("not UTF-8: {e}")))?;
+    // serde's derived structs also accept an array of their fields in order, so
+    // `[[…]]` would pass for `{"results":[…]}` (found by fuzzing); the protocol says object.
+    if !text
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .starts_with('{')
+    {
+        return Err(malformed("expected a JSON object".to_owned()));
+    }
+    let reply: Reply = serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?;
     let mut by_id = HashMap::with_capacity(reply.results.len());
     for entry in reply.results {
         by_id.entry(entry.id).or_insert(entry.status);
@@ -741,6 +754,37 @@ for line in sys.stdin:
             Err(ReplyError::Malformed { quote, .. }) => assert_eq!(quote.chars().count(), 200),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_reply_that_is_not_utf8_is_malformed() {
+        // Found by fuzzing (exec_reply): serde_json checks only the strings it keeps, so
+        // bytes that are not UTF-8 in a skipped key passed as a reply.
+        let line = b"{\"results\":[{\"id\":\"a\",\"status\":\"ok\"}],\"extra\":{\"\xff\":1}}";
+        let reason = match parse_reply(line, &["a"]) {
+            Err(ReplyError::Malformed { reason, .. }) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(reason.starts_with("not UTF-8"), "{reason}");
+    }
+
+    #[test]
+    fn a_reply_that_is_an_array_is_malformed() {
+        // Found by fuzzing (exec_reply): a derived struct also reads an array of its
+        // fields, so this passed for {"results":[{"id":"a","status":"ok"}]}.
+        for line in [
+            &br#"[[{"id":"a","status":"ok"}]]"#[..],
+            b"[[]]",
+            b" \t[[]]\n",
+        ] {
+            let reason = match parse_reply(line, &["a"]) {
+                Err(ReplyError::Malformed { reason, .. }) => reason,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(reason, "expected a JSON object");
+        }
+        let ok = b" \r\n{\"results\":[{\"id\":\"a\",\"status\":\"ok\"}]}\n";
+        assert_eq!(parse_reply(ok, &["a"]), Ok(vec![Some(ReplyStatus::Ok)]));
     }
 
     #[test]
