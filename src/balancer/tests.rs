@@ -93,6 +93,12 @@ impl Case {
         self
     }
 
+    /// `n` tasks of `queue` leased right now (batches in flight).
+    fn leased(mut self, queue: &str, n: u64) -> Self {
+        self.stats.entry(queue.into()).or_default().leased = n;
+        self
+    }
+
     fn at(mut self, host: &str, queue: &str, n: u32) -> Self {
         self.current
             .entry(host.into())
@@ -193,6 +199,23 @@ fn grows_from_nothing_to_demand() {
             .queue("a", 0, 0, 50)
             .host("h1", 20)
             .load("a", 10.0, 0.4, 0),
+    );
+}
+
+#[test]
+fn a_batch_in_flight_holds_its_slot_and_asks_for_no_more() {
+    // Fast tasks (1 ms) at 10/s: no measurable work, but a batch is leased at the moment
+    // of the decision. It needs the slot it is on, not a second one (the demo's low
+    // priority queues used to flap between one and two slots with every batch).
+    check(
+        "a_batch_in_flight_holds_its_slot",
+        &Case::new()
+            .queue("fast", 0, 1, 10)
+            .queue("other", 5, 0, 10)
+            .host("h1", 20)
+            .at("h1", "fast", 1)
+            .load("fast", 10.0, 0.001, 0)
+            .leased("fast", 1),
     );
 }
 

@@ -16,7 +16,8 @@ pub const DRAIN_SECONDS: f64 = 60.0;
 pub struct LoadFigures {
     /// Mean handling time per task, seconds (None before anything was handled).
     pub mean_task_seconds: Option<f64>,
-    /// Slot-seconds of work the queue needs per second, backlog included.
+    /// Slots the queue needs: slot-seconds of work per second with headroom for bursts
+    /// (at [`TARGET_UTILISATION`]), backlog included, and at least one per batch in flight.
     pub demand_slots: f64,
     /// (busy + backlog × mean task time) / slot lifetime.
     pub load: Option<f64>,
@@ -31,9 +32,13 @@ pub fn load_figures(q: &QueueConfig, w: &QueueWindow) -> LoadFigures {
         Some(mean) => {
             let arrivals = w.arrived as f64 / window * mean;
             let busy = w.busy_seconds / window;
-            // A leased batch holds a slot whatever the averages say.
+            // A leased batch holds a slot whatever the averages say. It needs that slot,
+            // not headroom on top: dividing it by the target utilisation made one batch in
+            // flight ask for two slots, and a queue of fast tasks flapped between one and
+            // two as batches came and went.
             let in_flight = (w.leased as f64 / f64::from(q.batch_size.max(1))).ceil();
-            arrivals.max(busy).max(in_flight) + w.ready as f64 * mean / DRAIN_SECONDS
+            (arrivals.max(busy) / TARGET_UTILISATION).max(in_flight)
+                + w.ready as f64 * mean / DRAIN_SECONDS / TARGET_UTILISATION
         }
         // Nothing handled yet: one slot per waiting batch is all we can say; the next
         // windows will know the task time.
@@ -74,9 +79,7 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
             .map(|(n, _)| *n)
             .sum();
         let figures = load_figures(q, w);
-        let demand = (figures.demand_slots / TARGET_UTILISATION - 1e-9)
-            .ceil()
-            .max(0.0);
+        let demand = (figures.demand_slots - 1e-9).ceil().max(0.0);
         let demand = if demand > f64::from(u32::MAX) {
             u32::MAX
         } else {
