@@ -1,0 +1,47 @@
+//! An arbitrary reply line from an exec child: the slot's reply parser never panics, and
+//! what it accepts is one status per task of the batch.
+//!
+//! Input: a first line of comma-separated task ids (the batch), then the reply line.
+#![no_main]
+
+use gaffer::slot::exec::{ReplyError, parse_reply};
+use libfuzzer_sys::fuzz_target;
+use serde::de::IgnoredAny;
+
+fuzz_target!(|data: &[u8]| {
+    let (ids, line) = match data.iter().position(|&b| b == b'\n') {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (&b"a,b,c"[..], data),
+    };
+    let ids = String::from_utf8_lossy(ids);
+    let ids: Vec<&str> = ids.split(',').collect();
+    match parse_reply(line, &ids) {
+        Ok(statuses) => {
+            assert_eq!(statuses.len(), ids.len());
+            // Only UTF-8 JSON text, an object with a `results` array, is a reply.
+            let text = std::str::from_utf8(line).expect("accepted a reply that is not UTF-8");
+            serde_json::from_str::<IgnoredAny>(text).expect("accepted a reply that is not JSON");
+            match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(value) => assert!(value["results"].is_array(), "accepted {value}"),
+                // Value refuses some JSON that a reply may carry in keys it ignores:
+                // numbers beyond f64 and nesting deeper than 128.
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(
+                        e.starts_with("number out of range")
+                            || e.starts_with("recursion limit exceeded"),
+                        "accepted a reply serde_json refuses: {e}"
+                    );
+                }
+            }
+        }
+        Err(e @ ReplyError::Malformed { .. }) => {
+            let ReplyError::Malformed { quote, .. } = &e else {
+                unreachable!()
+            };
+            assert!(quote.chars().count() <= 200, "quote too long");
+            let _ = e.to_string();
+        }
+        Err(e @ ReplyError::TooLong(_)) => panic!("the parser does not bound length: {e}"),
+    }
+});
