@@ -120,6 +120,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         conn: client.connection(),
         windows: Windows::new(opts.window),
         blind: Blind::default(),
+        clock: Instant::now(),
         config_version: 0,
         leading: false,
         keys,
@@ -163,39 +164,41 @@ struct Manager {
     leading: bool,
     /// When this manager last went without Redis, to judge heartbeats fairly after it.
     blind: Blind,
+    /// Origin of [`Manager::monotonic_ms`].
+    clock: Instant,
 }
 
 /// The manager's latest spell without Redis. Masters cannot report while Redis is away,
-/// so for one heartbeat timeout after the manager reaches Redis again a report may be
+/// so for one heartbeat timeout after the manager hears from Redis again a report may be
 /// older by as long as the spell lasted. Without that, any outage longer than the
 /// heartbeat timeout made every host look dead: the map was emptied, then refilled a
 /// tick later, and every slot of the cluster was stopped and started again.
+///
+/// A spell is a gap between two answers from Redis far longer than a tick, however it
+/// came about: calls refused while Redis was down, or one call waiting on a frozen Redis
+/// that answered in the end. Times are on a monotonic clock, in ms.
 #[derive(Debug, Default, Clone, PartialEq)]
 struct Blind {
-    /// When Redis last answered (ms since the epoch).
+    /// When Redis last answered.
     last_ok_ms: Option<u64>,
-    /// While Redis is away: when it last answered before that.
-    lost_at_ms: Option<u64>,
     /// Extra age allowed to reports until `grace_until_ms`.
     grace_ms: u64,
     grace_until_ms: u64,
 }
 
 impl Blind {
-    /// Redis answered at `now_ms`; `timeout_ms` is the heartbeat timeout.
-    fn reached(&mut self, now_ms: u64, timeout_ms: u64) {
-        if let Some(lost) = self.lost_at_ms.take() {
-            self.grace_ms = now_ms.saturating_sub(lost);
-            self.grace_until_ms = now_ms.saturating_add(timeout_ms);
+    /// Redis answered at `now_ms`. `tick_ms` is the usual time between two answers,
+    /// `timeout_ms` the heartbeat timeout.
+    fn reached(&mut self, now_ms: u64, tick_ms: u64, timeout_ms: u64) {
+        if let Some(last) = self.last_ok_ms {
+            let gap = now_ms.saturating_sub(last);
+            // Twice the tick: a slow tick is no outage.
+            if gap > tick_ms.saturating_mul(2) {
+                self.grace_ms = gap;
+                self.grace_until_ms = now_ms.saturating_add(timeout_ms);
+            }
         }
         self.last_ok_ms = Some(now_ms);
-    }
-
-    /// Redis did not answer.
-    fn missed(&mut self) {
-        if self.lost_at_ms.is_none() {
-            self.lost_at_ms = self.last_ok_ms;
-        }
     }
 
     /// How much older than the heartbeat timeout a report may be at `now_ms`.
@@ -209,21 +212,24 @@ impl Blind {
 }
 
 impl Manager {
+    /// Milliseconds since the manager started, on a clock no one can set.
+    fn monotonic_ms(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
     async fn tick(&mut self) {
         let started = Instant::now();
         let was = self.leading;
         self.leading = match self.leadership.renew(&mut self.conn).await {
             Ok(l) => {
-                let timeout = self.opts.config.manager.heartbeat_timeout.as_millis();
-                self.blind.reached(
-                    cluster::now_ms(),
-                    u64::try_from(timeout).unwrap_or(u64::MAX),
-                );
+                let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+                let m = &self.opts.config.manager;
+                let (tick, timeout) = (ms(m.tick), ms(m.heartbeat_timeout));
+                self.blind.reached(self.monotonic_ms(), tick, timeout);
                 l
             }
             Err(e) => {
                 tracing::warn!(error = %e, "renewing the lease failed");
-                self.blind.missed();
                 false
             }
         };
@@ -290,7 +296,7 @@ impl Manager {
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
         let timeout = u64::try_from(cfg.manager.heartbeat_timeout.as_millis())
             .unwrap_or(u64::MAX)
-            .saturating_add(self.blind.tolerance_ms(now_ms));
+            .saturating_add(self.blind.tolerance_ms(self.monotonic_ms()));
         let hosts: BTreeMap<String, HostState> = reports
             .iter()
             .map(|(name, r)| {
@@ -409,32 +415,36 @@ mod tests {
     #[test]
     fn reports_may_age_by_the_outage_for_one_timeout_after_it() {
         let mut b = Blind::default();
-        b.reached(1_000, 3_000);
-        assert_eq!(b.tolerance_ms(1_500), 0, "no outage yet");
-        // Redis away from just after 1 000 until 9 000: missed ticks in between.
-        b.missed();
-        b.missed();
-        b.reached(9_000, 3_000);
-        assert_eq!(b.tolerance_ms(9_000), 8_000);
-        assert_eq!(b.tolerance_ms(11_999), 8_000);
-        assert_eq!(
-            b.tolerance_ms(12_000),
-            0,
-            "one timeout after, reports must be fresh"
-        );
-        b.reached(12_500, 3_000);
+        b.reached(1_000, 500, 3_000);
+        b.reached(1_500, 500, 3_000);
+        assert_eq!(b.tolerance_ms(1_600), 0, "no outage yet");
+        // No answer from 1 500 to 9 500, whether calls failed or one call waited.
+        b.reached(9_500, 500, 3_000);
+        assert_eq!(b.tolerance_ms(9_500), 8_000);
+        // Ticks on time after it keep the grace until it runs out.
+        for now in (10_000..=12_500).step_by(500) {
+            b.reached(now, 500, 3_000);
+        }
+        assert_eq!(b.tolerance_ms(12_499), 8_000);
         assert_eq!(
             b.tolerance_ms(12_500),
             0,
-            "a tick without outage grants nothing"
+            "one timeout after, reports must be fresh"
         );
     }
 
     #[test]
-    fn a_manager_that_never_reached_redis_grants_nothing() {
+    fn a_slow_tick_is_no_outage() {
         let mut b = Blind::default();
-        b.missed();
-        b.reached(5_000, 3_000);
-        assert_eq!(b.tolerance_ms(5_000), 0);
+        b.reached(1_000, 500, 3_000);
+        b.reached(1_900, 500, 3_000);
+        assert_eq!(b.tolerance_ms(1_900), 0);
+    }
+
+    #[test]
+    fn the_first_answer_grants_nothing() {
+        let mut b = Blind::default();
+        b.reached(60_000, 500, 3_000);
+        assert_eq!(b.tolerance_ms(60_000), 0);
     }
 }

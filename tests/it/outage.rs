@@ -324,6 +324,12 @@ async fn daemons_started_before_redis_wait_for_it() {
 /// refilled it a tick later, and every slot of the cluster was stopped and restarted.
 #[tokio::test]
 async fn an_outage_longer_than_the_heartbeat_timeout_moves_no_slot() {
+    outage_moves_no_slot().await;
+}
+
+/// Runs a manager and a master with two slots, kills Redis for 4 s and restarts it from
+/// its AOF, and checks that the map and the slots stay put.
+async fn outage_moves_no_slot() {
     let mut redis = TestRedis::with_aof();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
@@ -386,7 +392,7 @@ async fn an_outage_longer_than_the_heartbeat_timeout_moves_no_slot() {
             .await
             .ok()
             .flatten()
-            .and_then(|m| m.for_host("h1").get("a").copied())
+            .map(|m| m.for_host("h1").get("a").copied().unwrap_or(0))
     };
     eventually(
         Duration::from_secs(30),
@@ -396,9 +402,9 @@ async fn an_outage_longer_than_the_heartbeat_timeout_moves_no_slot() {
     .await;
     let before = slot_pids();
 
-    redis.server.kill();
     // Not a synchronisation: the outage must outlast the heartbeat timeout (1 s) and the
     // manager's lease (3 s).
+    redis.server.kill();
     tokio::time::sleep(Duration::from_secs(4)).await;
     redis.server.restart().unwrap();
 
@@ -421,4 +427,109 @@ async fn an_outage_longer_than_the_heartbeat_timeout_moves_no_slot() {
         "h1's slots in the maps seen: {seen:?}"
     );
     assert_eq!(slot_pids(), before, "slots were restarted");
+}
+
+/// The same with Redis frozen (SIGSTOP) rather than killed: the manager's call waits and
+/// then succeeds, so no call fails, yet every report is as old as the freeze. (The host
+/// here is a report the test writes, so it can stay silent for a moment after the freeze,
+/// as a master whose tick comes late would.)
+#[tokio::test]
+async fn a_freeze_longer_than_the_heartbeat_timeout_moves_no_slot() {
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
+             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"1s\"\n\n\
+             [queues.a]\nhandler = \"noop\"\nmin_slots = 2\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let _d = Daemons(vec![
+        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&config)
+            .arg("manager")
+            .env(
+                "GAFFER_MANAGER_HTTP",
+                format!("127.0.0.1:{}", free_port().unwrap()),
+            )
+            .env("GAFFER_LOG", "info")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("manager.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    ]);
+    let client = redis.client().await;
+    let keys = Keys::new("test");
+    let beating = Arc::new(AtomicBool::new(true));
+    let heart = {
+        let (client, keys, beating) = (client.clone(), keys.clone(), beating.clone());
+        tokio::spawn(async move {
+            loop {
+                if beating.load(Ordering::SeqCst) {
+                    let report = cluster::HostReport {
+                        host: "h1".into(),
+                        ts_ms: cluster::now_ms(),
+                        capacity: 10,
+                        handlers: vec!["noop".into()],
+                        ..Default::default()
+                    };
+                    let _ = cluster::publish_host(&mut client.connection(), &keys, &report).await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let placed = || async {
+        cluster::read_map(&mut client.connection(), &keys)
+            .await
+            .ok()
+            .flatten()
+            .map(|m| m.for_host("h1").get("a").copied().unwrap_or(0))
+    };
+    eventually(
+        Duration::from_secs(30),
+        "two slots placed on h1",
+        || async { placed().await == Some(2) },
+    )
+    .await;
+
+    beating.store(false, Ordering::SeqCst);
+    redis
+        .server
+        .signal(nix::sys::signal::Signal::SIGSTOP)
+        .unwrap();
+    // Not a synchronisation: the freeze must outlast the heartbeat timeout (1 s) and the
+    // manager's lease (3 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    redis
+        .server
+        .signal(nix::sys::signal::Signal::SIGCONT)
+        .unwrap();
+    let resumed = Instant::now();
+    let mut seen = Vec::new();
+    while resumed.elapsed() < Duration::from_secs(3) {
+        // The host reports again half a heartbeat timeout after the freeze.
+        if resumed.elapsed() > Duration::from_millis(500) {
+            beating.store(true, Ordering::SeqCst);
+        }
+        if let Some(n) = placed().await {
+            seen.push(n);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    heart.abort();
+    assert!(
+        !seen.is_empty(),
+        "the map could not be read after the freeze"
+    );
+    assert!(
+        seen.iter().all(|&n| n == 2),
+        "h1's slots in the maps seen: {seen:?}"
+    );
 }
