@@ -417,15 +417,23 @@ impl Cluster {
         problems
     }
 
-    /// Processes of this run still alive (other than the harness): anything carrying the
-    /// run's marker in its environment or the run's directory in its command line.
+    /// Processes of this run still alive (other than the harness): its descendants, and
+    /// anything carrying the run's marker in its environment, the run's directory in its
+    /// command line or as its working directory (redis-server rewrites its command line
+    /// over its environment, but works in its data directory).
     pub fn leftovers(&self) -> Vec<(u32, String)> {
         let me = std::process::id();
         let dir = self.dir.display().to_string();
+        let mine = procs::descendants(me);
         procs::all_pids()
             .into_iter()
             .filter(|&p| p != me && !procs::gone(p))
-            .filter(|&p| procs::has_env(p, &self.marker) || procs::cmdline(p).contains(&dir))
+            .filter(|&p| {
+                mine.contains(&p)
+                    || procs::has_env(p, &self.marker)
+                    || procs::cmdline(p).contains(&dir)
+                    || procs::cwd(p).is_some_and(|d| d.starts_with(&self.dir))
+            })
             .map(|p| (p, procs::cmdline(p)))
             .collect()
     }

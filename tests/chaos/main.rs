@@ -304,6 +304,21 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
     }
     report.epochs = c.epochs.clone();
     report.problems.append(&mut c.problems);
+    // The scan for leftovers must see every live process of the run, or an empty result
+    // after the shutdown would prove nothing.
+    let visible: std::collections::BTreeSet<u32> = c.leftovers().iter().map(|l| l.0).collect();
+    let live: Vec<(u32, String)> = c
+        .tree()
+        .into_iter()
+        .chain(c.redis.pid().map(|p| (p, "redis-server".to_string())))
+        .collect();
+    for (pid, name) in &live {
+        if !visible.contains(pid) && !procs::gone(*pid) {
+            report
+                .problems
+                .push(format!("the leftover scan does not see {pid} ({name})"));
+        }
+    }
     report.problems.extend(c.shutdown());
     // Give reparented stragglers a moment to be killed by PDEATHSIG before counting.
     let deadline = Instant::now() + Duration::from_secs(5);

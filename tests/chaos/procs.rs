@@ -81,6 +81,11 @@ pub fn cmdline(pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// The process's working directory.
+pub fn cwd(pid: u32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/cwd")).ok()
+}
+
 /// Whether the process's environment holds exactly `entry` (`KEY=value`).
 pub fn has_env(pid: u32, entry: &str) -> bool {
     std::fs::read(format!("/proc/{pid}/environ"))
