@@ -28,6 +28,10 @@ pub const EXIT_FATAL: i32 = 70;
 
 /// Longest pause between attempts to reach Redis.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// Longest pause between attempts to settle a handled batch: once Redis is back, every
+/// second counts before another slot reclaims the expired leases and runs the tasks again
+/// (and the first call after an outage may still report the old connection's error).
+const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest an idle slot waits for a wake-up before taking again anyway.
 const IDLE_WAIT: Duration = Duration::from_secs(30);
 
@@ -523,7 +527,7 @@ async fn settle(
     stop: &CancellationToken,
     stopping: &mut bool,
 ) -> u32 {
-    let mut backoff = Backoff::default();
+    let mut backoff = Backoff::up_to(MAX_SETTLE_BACKOFF);
     loop {
         match queue.settle(ops).await {
             Ok(results) => {
@@ -548,20 +552,51 @@ async fn settle(
     }
 }
 
-/// Exponential back-off for Redis outages: 50 ms doubling to [`MAX_BACKOFF`].
-#[derive(Default)]
+/// Exponential back-off for Redis outages: 50 ms doubling to [`MAX_BACKOFF`], or to the
+/// cap given to [`Backoff::up_to`].
 struct Backoff {
     next: Option<Duration>,
+    max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::up_to(MAX_BACKOFF)
+    }
 }
 
 impl Backoff {
+    fn up_to(max: Duration) -> Self {
+        Backoff { next: None, max }
+    }
+
+    /// The next pause, and the one after it doubled up to the cap.
+    fn step(&mut self) -> Duration {
+        let d = self.next.unwrap_or(Duration::from_millis(50)).min(self.max);
+        self.next = Some((d * 2).min(self.max));
+        d
+    }
+
     async fn pause(&mut self) {
-        let d = self.next.unwrap_or(Duration::from_millis(50));
-        self.next = Some((d * 2).min(MAX_BACKOFF));
+        let d = self.step();
         tokio::time::sleep(d).await;
     }
 
     fn reset(&mut self) {
         self.next = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settles_are_retried_at_least_every_second() {
+        let mut b = Backoff::up_to(MAX_SETTLE_BACKOFF);
+        let pauses: Vec<u128> = (0..8).map(|_| b.step().as_millis()).collect();
+        assert_eq!(pauses, [50, 100, 200, 400, 800, 1000, 1000, 1000]);
+        let mut b = Backoff::default();
+        assert_eq!((0..10).map(|_| b.step()).max(), Some(MAX_BACKOFF));
     }
 }
