@@ -31,6 +31,10 @@ pub const DEFAULT_MAX_PAYLOAD: u64 = 1024 * 1024;
 pub const MAX_BATCH: usize = 10_000;
 /// Longest task id accepted, in bytes.
 pub const MAX_ID_LEN: usize = 256;
+/// Longest a task may be put off, by an enqueue's `delay` or `at` or a retry's delay: a
+/// task parked for centuries is lost in all but name, and millisecond scores past this
+/// stay exact in Redis's doubles.
+pub const MAX_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
 /// Expired leases and due delayed tasks moved per take; bounds the time one script runs.
 const HOUSEKEEPING_LIMIT: usize = 1000;
 /// Tasks per enqueue script call, and how many calls are in flight at once.
@@ -535,6 +539,17 @@ impl Queue {
                 )));
             }
         }
+        let off = match task.at {
+            Some(at) => at.duration_since(SystemTime::now()).unwrap_or_default(),
+            None => task.delay,
+        };
+        if off > MAX_DELAY {
+            return Err(QueueError::Invalid(format!(
+                "task due in {:.1} days exceeds the limit of {} days",
+                off.as_secs_f64() / 86_400.0,
+                MAX_DELAY.as_secs() / 86_400
+            )));
+        }
         Ok(())
     }
 
@@ -777,7 +792,8 @@ impl Queue {
                     priority,
                     reason,
                 } => {
-                    inv.arg(delay.as_millis() as u64)
+                    // Clamped, not refused: refusing would leave the task leased.
+                    inv.arg((*delay).min(MAX_DELAY).as_millis() as u64)
                         .arg(priority.map(|p| p.to_string()).unwrap_or_default())
                         .arg(reason);
                 }

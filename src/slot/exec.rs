@@ -76,7 +76,8 @@ struct ReplyEntry {
 pub enum ReplyStatus {
     /// `"ok"`: the task is done.
     Ok,
-    /// `"retry"`: try again after `delay_ms`, or after the queue's policy delay.
+    /// `"retry"`: try again after `delay_ms`, or after the queue's policy delay. The queue
+    /// caps a delay at `queue_client::MAX_DELAY`.
     Retry {
         /// The child's delay, in ms.
         delay_ms: Option<u64>,

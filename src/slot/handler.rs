@@ -112,7 +112,8 @@ pub enum Outcome {
     Done,
     /// A foreseen postponement: try again after `delay` (counts as an attempt).
     Retry {
-        /// How long the task waits before it can be taken again.
+        /// How long the task waits before it can be taken again, at most
+        /// `queue_client::MAX_DELAY` (a longer one is cut to it).
         delay: Duration,
         /// Recorded as the task's last error.
         reason: String,

@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gaffer::queue_client::{
-    NewTask, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult, TaskState,
+    MAX_DELAY, NewTask, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult,
+    TaskState,
 };
 
 use crate::harness::{self, TestRedis, eventually, poll_some};
@@ -48,6 +49,7 @@ on_both!(
     idle_taker_wakes_on_enqueue,
     find_and_cancel_by_id,
     oversized_payload_is_refused_and_nothing_enqueued,
+    delays_past_the_limit_are_refused_or_clamped,
     bulk_enqueue_keeps_order_and_counts,
     mixed_settle_keeps_result_order,
     leased_tasks_found_by_exact_id,
@@ -553,6 +555,68 @@ async fn oversized_payload_is_refused_and_nothing_enqueued(client: QueueClient, 
     let reserved = q.enqueue(NewTask::new("x").id("#1")).await.unwrap_err();
     assert!(reserved.to_string().contains("reserved"), "{reserved}");
     assert!(q.take(0, Duration::from_secs(1)).await.is_err());
+}
+
+async fn delays_past_the_limit_are_refused_or_clamped(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    let day = Duration::from_secs(86_400);
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let far = q
+        .enqueue(NewTask::new("x").id("far").delay(400 * day))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        far.to_string(),
+        "task due in 400.0 days exceeds the limit of 366 days"
+    );
+    let at = std::time::SystemTime::now() + 1000 * day;
+    let far_at = q
+        .enqueue(NewTask::new("x").id("far-at").at(at))
+        .await
+        .unwrap_err();
+    assert!(
+        far_at.to_string().contains("exceeds the limit of 366 days"),
+        "{far_at}"
+    );
+    assert!(q.find("far").await.unwrap().is_none());
+    assert!(q.find("far-at").await.unwrap().is_none());
+    assert_eq!(q.stats().await.unwrap().enqueued_total, 0);
+    // A year is within it.
+    q.enqueue(NewTask::new("x").id("year").delay(365 * day))
+        .await
+        .unwrap();
+    let info = q.find("year").await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Delayed);
+    assert!(info.at_ms > now_ms() + 364 * 86_400_000, "{info:?}");
+    // A handler's retry is clamped rather than refused: refusing would strand the lease.
+    q.enqueue(NewTask::new("r").id("r")).await.unwrap();
+    let b = q.take(1, Duration::from_secs(30)).await.unwrap();
+    let before = now_ms();
+    let r = q
+        .settle(&[SettleOp::new(
+            &b.tasks[0],
+            Settle::Retry {
+                delay: Duration::MAX,
+                priority: None,
+                reason: "see you never".into(),
+            },
+        )])
+        .await
+        .unwrap();
+    assert_eq!(r, vec![SettleResult::Done]);
+    let info = q.find("r").await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Delayed);
+    let limit_ms = MAX_DELAY.as_millis() as i64;
+    assert!(
+        info.at_ms >= before + limit_ms && info.at_ms <= now_ms() + limit_ms,
+        "due {} ms from now",
+        info.at_ms - before
+    );
 }
 
 async fn bulk_enqueue_keeps_order_and_counts(client: QueueClient, name: &str) {
