@@ -4,11 +4,11 @@
 //! no-loss oracle: lost, unexpected and duplicated tasks, each duplicate with its cause.
 //!
 //! Run it with `scripts/chaos short` (CI, under 3 minutes) or `scripts/chaos long` (30
-//! minutes, by hand). It is a test target behind the `chaos` feature with its own
-//! `main`, so a plain `cargo test` never runs it:
+//! minutes, by hand). It is a test target with `test = false` and its own `main`, so a
+//! plain `cargo test` never runs it; name it to run it:
 //!
 //! ```sh
-//! cargo test --features chaos --test chaos -- short [--seed N] [--report PATH]
+//! cargo test --test chaos -- short [--seed N] [--report PATH]
 //! ```
 //!
 //! Exit status 0 when nothing was lost, nothing unexpected was handled, every duplicate
