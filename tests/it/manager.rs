@@ -270,9 +270,18 @@ async fn failover_after_sigstop_and_no_stale_map_after_sigcont() {
 #[tokio::test]
 async fn a_dead_masters_slots_move_within_the_heartbeat_timeout() {
     let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 4\n").await;
-    c.manager(1);
     let (m1, http1) = c.master("h1");
     let (_m2, http2) = c.master("h2");
+    // Both hosts first: a manager deciding while only h1 has reported puts all four there,
+    // and a map that is already placed stays where it is.
+    eventually(Duration::from_secs(20), "both hosts reporting", || async {
+        let hosts = cluster::read_hosts(&mut c.client.connection(), &Keys::new("test"))
+            .await
+            .unwrap();
+        hosts.contains_key("h1") && hosts.contains_key("h2")
+    })
+    .await;
+    c.manager(1);
     eventually(
         Duration::from_secs(30),
         "a spread over both hosts",
