@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 use crate::balancer::{self, HostState, Input};
 use crate::cluster::{self, Keys, SlotMap};
 use crate::config::Config;
-use crate::queue_client::{ConnectOptions, NewTask, QueueClient, QueueLimits, RedisConn};
+use crate::queue_client::{
+    ConnectOptions, NewTask, OutageLog, QueueClient, QueueLimits, RedisConn,
+};
 
 pub use lease::Leadership;
 pub use window::Windows;
@@ -120,6 +122,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         conn: client.connection(),
         windows: Windows::new(opts.window),
         blind: Blind::default(),
+        outage: OutageLog::default(),
         clock: Instant::now(),
         config_version: 0,
         leading: false,
@@ -164,6 +167,8 @@ struct Manager {
     leading: bool,
     /// When this manager last went without Redis, to judge heartbeats fairly after it.
     blind: Blind,
+    /// Redis outages, logged as spells.
+    outage: OutageLog,
     /// Origin of [`Manager::monotonic_ms`].
     clock: Instant,
 }
@@ -222,6 +227,7 @@ impl Manager {
         let was = self.leading;
         self.leading = match self.leadership.renew(&mut self.conn).await {
             Ok(l) => {
+                self.outage.answered();
                 let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
                 let m = &self.opts.config.manager;
                 let (tick, timeout) = (ms(m.tick), ms(m.heartbeat_timeout));
@@ -229,7 +235,7 @@ impl Manager {
                 l
             }
             Err(e) => {
-                tracing::warn!(error = %e, "renewing the lease failed");
+                self.outage.failed("renewing the lease failed", &e);
                 false
             }
         };
@@ -284,7 +290,9 @@ impl Manager {
                 }
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "reading the published config failed"),
+            Err(e) => self
+                .outage
+                .failed("reading the published config failed", &e),
         }
     }
 

@@ -24,7 +24,7 @@ use super::zygote::{MASTER_PID_ENV, REPORT_FD_ENV, ZygoteEvent, ZygoteInit, Zygo
 use super::{MasterOptions, sysinfo};
 use crate::cluster::{self, HostReport, Keys, QueueReport, SlotMap};
 use crate::config::{Config, QueueConfig};
-use crate::queue_client::{QueueClient, RedisConn};
+use crate::queue_client::{OutageLog, QueueClient, RedisConn};
 use crate::slot::{EXIT_RECYCLE, EXIT_STOPPED, SlotEvent};
 
 /// Longest pause before restarting a queue's slots after repeated crashes.
@@ -138,6 +138,8 @@ struct Master {
     queues: BTreeMap<String, QueueState>,
     map: Option<SlotMap>,
     max_epoch: u64,
+    /// Redis outages, logged as spells.
+    outage: OutageLog,
     draining: bool,
     /// `gaffer drain HOST`: no slots here, but the master stays up and reporting.
     drained: bool,
@@ -212,6 +214,7 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
         queues: BTreeMap::new(),
         map: None,
         max_epoch: 0,
+        outage: OutageLog::default(),
         draining: false,
         drained: false,
         config_version: 0,
@@ -602,7 +605,11 @@ impl Master {
     }
 
     async fn read_map(&mut self) {
-        match cluster::read_map(&mut self.conn, &self.keys).await {
+        let read = cluster::read_map(&mut self.conn, &self.keys).await;
+        if read.is_ok() {
+            self.outage.answered();
+        }
+        match read {
             Ok(Some(map)) if map.epoch < self.max_epoch => {
                 tracing::warn!(
                     epoch = map.epoch,
@@ -627,7 +634,7 @@ impl Master {
                 self.map = Some(map);
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "reading the slot map failed"),
+            Err(e) => self.outage.failed("reading the slot map failed", &e),
         }
     }
 
@@ -645,7 +652,9 @@ impl Master {
                 self.drained = drained;
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "reading the drain set failed"),
+            Err(e) => self
+                .outage
+                .failed("reading the drain set failed", &e.into()),
         }
         let custom = self.opts.registry.custom_names();
         match cluster::newer_config(&mut self.conn, &self.keys, self.config_version, &custom).await
@@ -664,7 +673,9 @@ impl Master {
                 }
             }
             Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "reading the published config failed"),
+            Err(e) => self
+                .outage
+                .failed("reading the published config failed", &e),
         }
     }
 
@@ -937,8 +948,9 @@ impl Master {
         let report = self.host_report();
         telemetry::host_gauges(&report);
         self.publish_status(&report);
-        if let Err(e) = cluster::publish_host(&mut self.conn, &self.keys, &report).await {
-            tracing::warn!(error = %e, "publishing the host report failed");
+        match cluster::publish_host(&mut self.conn, &self.keys, &report).await {
+            Ok(()) => self.outage.answered(),
+            Err(e) => self.outage.failed("publishing the host report failed", &e),
         }
         self.last_report = report;
     }

@@ -12,6 +12,7 @@
 //! on the next take (counted as an attempt) or dead-letters it past `max_attempts`.
 
 mod conn;
+mod outage;
 mod scripts;
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use serde::Serialize;
 
 use conn::Target;
 pub use conn::{ConnectOptions, RedisConn, Waiter, redacted};
+pub use outage::OutageLog;
 use scripts::{Keys, SCRIPTS};
 
 /// Default payload limit, when the queue's config does not set one.

@@ -15,7 +15,7 @@ use gaffer::slot::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{TestRedis, eventually};
+use crate::harness::{TestRedis, eventually, poll_some};
 use gaffer::cluster::{self, Keys};
 use gaffer::redis_server::{RedisServer, free_port};
 
@@ -427,6 +427,34 @@ async fn outage_moves_no_slot() {
         "h1's slots in the maps seen: {seen:?}"
     );
     assert_eq!(slot_pids(), before, "slots were restarted");
+
+    // The outage is logged as a spell: one warning when it starts, one line when it ends,
+    // not a warning per failed call (a call or four per tick for 4 s).
+    for log in ["manager.log", "h1.log"] {
+        let path = dir.path().join(log);
+        let text = poll_some(
+            Duration::from_secs(10),
+            "the end of the spell logged",
+            || {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                std::future::ready(text.contains("redis answers again").then_some(text))
+            },
+        )
+        .await;
+        let warnings: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(" WARN ") && !l.contains("slot="))
+            .collect();
+        let spells = warnings
+            .iter()
+            .filter(|l| l.contains("redis unreachable, further failures are logged at debug"))
+            .count();
+        assert!(
+            (1..=2).contains(&spells) && warnings.len() <= 3,
+            "{log}: warnings over a 4 s outage:\n{}",
+            warnings.join("\n")
+        );
+    }
 }
 
 /// The same with Redis frozen (SIGSTOP) rather than killed: the manager's call waits and
