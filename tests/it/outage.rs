@@ -57,6 +57,34 @@ impl Handler for DoneWhileLoading {
 /// A restarted Redis answers LOADING while it replays its AOF. The slot took that for a
 /// permanent error: it gave its settle up (the task ran again once the lease expired) and
 /// exited fatally on its next take. Both must wait and retry instead.
+/// Runs slot 1 of `queue` in a thread, as a master would fork it; cancel the token to
+/// stop it.
+fn start_slot<H: Handler + Send + 'static>(
+    redis: &TestRedis,
+    queue: QueueConfig,
+    handler: H,
+) -> (CancellationToken, std::thread::JoinHandle<i32>) {
+    // The master's end of the report socket lives as long as the slot.
+    let (report, events) = UnixDatagram::pair().unwrap();
+    let spec = SlotSpec {
+        queue,
+        slot: 1,
+        redis_url: redis.url(),
+        namespace: "test".into(),
+        connect: ConnectOptions::default(),
+        report: Some(report),
+    };
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    (
+        stop,
+        std::thread::spawn(move || {
+            let _events = events;
+            run_slot(spec, Box::new(handler), Some(token))
+        }),
+    )
+}
+
 #[tokio::test]
 async fn a_slot_rides_out_a_redis_loading_its_aof() {
     // 1 ms per key replayed: a couple of seconds of LOADING after a restart.
@@ -84,20 +112,7 @@ async fn a_slot_rides_out_a_redis_loading_its_aof() {
         port: redis.server.port(),
         handled: handled.clone(),
     };
-    let (report, _events) = UnixDatagram::pair().unwrap();
-    let spec = SlotSpec {
-        queue: cfg,
-        slot: 1,
-        redis_url: redis.url(),
-        namespace: "test".into(),
-        connect: ConnectOptions::default(),
-        report: Some(report),
-    };
-    let stop = CancellationToken::new();
-    let slot = {
-        let stop = stop.clone();
-        std::thread::spawn(move || run_slot(spec, Box::new(handler), Some(stop)))
-    };
+    let (stop, slot) = start_slot(&redis, cfg, handler);
     eventually(Duration::from_secs(20), "the task handed out", || async {
         q.stats().await.unwrap().leased == 1
     })
@@ -165,20 +180,7 @@ async fn a_settle_outlives_an_outage_longer_than_the_lease() {
         release: release.clone(),
         handled: handled.clone(),
     };
-    let (report, _events) = UnixDatagram::pair().unwrap();
-    let spec = SlotSpec {
-        queue: cfg.clone(),
-        slot: 1,
-        redis_url: redis.url(),
-        namespace: "test".into(),
-        connect: ConnectOptions::default(),
-        report: Some(report),
-    };
-    let stop = CancellationToken::new();
-    let slot = {
-        let stop = stop.clone();
-        std::thread::spawn(move || run_slot(spec, Box::new(handler), Some(stop)))
-    };
+    let (stop, slot) = start_slot(&redis, cfg.clone(), handler);
     eventually(Duration::from_secs(20), "the task handed out", || async {
         q.stats().await.unwrap().leased == 1
     })
