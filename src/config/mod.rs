@@ -65,6 +65,8 @@ pub struct Config {
     pub systems: BTreeMap<String, SystemConfig>,
     /// Periodic tasks, in file order.
     pub schedules: Vec<Schedule>,
+    /// The task service's HTTP role (`gaffer api`).
+    pub api: ApiConfig,
 }
 
 impl Default for Config {
@@ -78,6 +80,7 @@ impl Default for Config {
             queues: BTreeMap::new(),
             systems: BTreeMap::new(),
             schedules: Vec::new(),
+            api: ApiConfig::default(),
         }
     }
 }
@@ -207,6 +210,18 @@ pub struct QueueConfig {
     pub max_payload: u64,
     /// Account the slots switch to after the fork, so handlers cannot touch master files.
     pub user: Option<String>,
+    /// Whether each task keeps a record with its history (`track = false` keeps the bare
+    /// queue for very high volumes).
+    pub track: bool,
+    /// How long a task's record lives after the task ended; greater than zero.
+    pub history_ttl: Duration,
+    /// Largest result a handler may return, in bytes; a larger one fails the task.
+    pub max_result: u64,
+    /// How long a task's id deduplicates new tasks with the same id.
+    pub dedup: Dedup,
+    /// Whether the queue accepts new tasks; the run-time switch (`gaffer intake`) wins
+    /// over this while it is set.
+    pub intake: Intake,
 }
 
 impl QueueConfig {
@@ -228,6 +243,11 @@ impl QueueConfig {
             system: None,
             max_payload: 1 << 20,
             user: None,
+            track: true,
+            history_ttl: DEFAULT_HISTORY_TTL,
+            max_result: DEFAULT_MAX_RESULT,
+            dedup: Dedup::Active,
+            intake: Intake::Open,
         }
     }
 
@@ -238,6 +258,115 @@ impl QueueConfig {
                 .work_periods
                 .iter()
                 .any(|p| p.contains(weekday, minute_of_day))
+    }
+}
+
+/// How long a record is kept after its task ended, when the queue does not say.
+pub const DEFAULT_HISTORY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Largest result kept in a record, when the queue does not say.
+pub const DEFAULT_MAX_RESULT: u64 = 64 * 1024;
+
+/// How long a task id deduplicates: `dedup = "active" | "record"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dedup {
+    /// While a task with the id is waiting, running or dead-lettered (the queue's own rule).
+    #[default]
+    Active,
+    /// Also while the record of a finished task with the id lives (`history_ttl`).
+    Record,
+}
+
+/// Whether a queue accepts new tasks: `intake = "open" | "closed" | "cancel"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Intake {
+    /// New tasks are enqueued.
+    #[default]
+    Open,
+    /// New tasks are refused (the API answers 409); nothing is recorded.
+    Closed,
+    /// New tasks are recorded as cancelled at once, with a note, and never run.
+    Cancel,
+}
+
+impl Intake {
+    /// Every value as written in the config and on the command line.
+    pub const NAMES: [&'static str; 3] = ["open", "closed", "cancel"];
+
+    /// The value as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Intake::Open => "open",
+            Intake::Closed => "closed",
+            Intake::Cancel => "cancel",
+        }
+    }
+
+    /// Parses a value as written; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Intake> {
+        match s {
+            "open" => Some(Intake::Open),
+            "closed" => Some(Intake::Closed),
+            "cancel" => Some(Intake::Cancel),
+            _ => None,
+        }
+    }
+}
+
+/// Settings of the task service's HTTP role, `[api]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiConfig {
+    /// Where `gaffer api` listens; loopback by default. A non-loopback address needs at
+    /// least one key.
+    pub listen: SocketAddr,
+    /// Largest request body accepted, in bytes.
+    pub max_body: u64,
+    /// Longest a submit may wait for its task (`"wait"`).
+    pub max_wait: Duration,
+    /// API keys by name; the name is what records show as `submitted_by`.
+    pub keys: BTreeMap<String, ApiKey>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 9480)),
+            max_body: 4 << 20,
+            max_wait: Duration::from_secs(60),
+            keys: BTreeMap::new(),
+        }
+    }
+}
+
+/// One API key, `[api.keys.NAME]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    /// The table name.
+    pub name: String,
+    /// SHA-256 of the token; the token itself is never stored.
+    pub token_sha256: [u8; 32],
+    /// Queues the key may use.
+    pub queues: KeyQueues,
+    /// Every queue, and the admin endpoints.
+    pub admin: bool,
+}
+
+/// The queues an API key may use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyQueues {
+    /// `["*"]`: every queue.
+    All,
+    /// These queues, each a key of [`Config::queues`].
+    Only(std::collections::BTreeSet<String>),
+}
+
+impl ApiKey {
+    /// Whether the key may submit to and read `queue`.
+    pub fn allows(&self, queue: &str) -> bool {
+        self.admin
+            || match &self.queues {
+                KeyQueues::All => true,
+                KeyQueues::Only(names) => names.contains(queue),
+            }
     }
 }
 

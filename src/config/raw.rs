@@ -65,6 +65,11 @@ pub(crate) struct RawQueue {
     pub system: S<String>,
     pub max_payload: S<Human<Size>>,
     pub user: S<String>,
+    pub track: S<bool>,
+    pub history_ttl: S<Human<Duration>>,
+    pub max_result: S<Human<Size>>,
+    pub dedup: S<String>,
+    pub intake: S<String>,
     /// Settings of a handler built into a team's own binary, passed to it as JSON.
     pub options: S<serde_json::Value>,
 }
@@ -77,7 +82,7 @@ pub(crate) const HANDLER_KEYS: [(&str, &str); 4] = [
     ("preload", "preload_demo"),
 ];
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawRetry {
     pub backoff: S<String>,
@@ -99,6 +104,27 @@ pub(crate) struct RawSchedule {
     pub queue: S<String>,
     pub cron: S<String>,
     pub payload: S<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApi {
+    pub listen: S<String>,
+    pub max_body: S<Human<Size>>,
+    pub max_wait: S<Human<Duration>>,
+    /// Only accepted here: `keys` and each `[api.keys.NAME]` are read from the tree on
+    /// their own (like `[systems.NAME]`), so one bad key does not hide the others and a
+    /// misshapen `keys` is reported once, in the words used for every other table.
+    #[allow(dead_code)]
+    pub keys: S<de::IgnoredAny>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApiKey {
+    pub token_sha256: S<String>,
+    pub queues: S<Vec<Spanned<String>>>,
+    pub admin: S<bool>,
 }
 
 /// A byte count written as a size string.

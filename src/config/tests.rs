@@ -74,6 +74,21 @@ fn design_example_parses() {
         c.summary(),
         "ok: 1 queue, 1 system, 1 schedule (design.toml)"
     );
+
+    assert!(q.track);
+    assert_eq!(q.dedup, Dedup::Active);
+    assert_eq!(q.intake, Intake::Open);
+    assert_eq!(c.api.listen.to_string(), "127.0.0.1:9480");
+    assert_eq!(c.api.max_body, 4 << 20);
+    assert_eq!(c.api.max_wait, Duration::from_secs(60));
+    let shop = &c.api.keys["shop"];
+    assert_eq!(shop.name, "shop");
+    assert_eq!(&shop.token_sha256[..2], &[0x9f, 0x86]);
+    assert_eq!(
+        shop.queues,
+        KeyQueues::Only(["resize_photo".to_string()].into())
+    );
+    assert!(!shop.admin);
 }
 
 #[test]
@@ -291,6 +306,402 @@ fn options_belong_to_custom_handlers_only() {
         errs,
         [
             "t.toml:3:1: queues.a.options: `options` is only valid with a handler built into your own binary"
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Task service: per-queue record keys and [api]
+
+/// SHA-256 of the token `test`, as `gaffer api hash-token` prints it.
+const TEST_SHA: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+/// A file with queue `a` on lines 1-2, then `rest` from line 3.
+fn with_queue(rest: &str) -> Vec<String> {
+    errors(&format!("[queues.a]\nhandler = \"noop\"\n{rest}"))
+}
+
+#[test]
+fn task_service_defaults() {
+    let c = parse("[queues.a]\nhandler = \"noop\"\n", "t.toml").unwrap();
+    let q = &c.queues["a"];
+    assert!(q.track);
+    assert_eq!(q.history_ttl, DEFAULT_HISTORY_TTL);
+    assert_eq!(q.history_ttl, Duration::from_secs(7 * 24 * 3600));
+    assert_eq!(q.max_result, DEFAULT_MAX_RESULT);
+    assert_eq!(q.max_result, 64 * 1024);
+    assert_eq!(q.dedup, Dedup::Active);
+    assert_eq!(q.intake, Intake::Open);
+
+    assert_eq!(c.api, ApiConfig::default());
+    assert_eq!(c.api.listen.to_string(), "127.0.0.1:9480");
+    assert_eq!(c.api.max_body, 4 << 20);
+    assert_eq!(c.api.max_wait, Duration::from_secs(60));
+    assert!(c.api.keys.is_empty());
+
+    // An empty [api] table is the defaults too.
+    let c = parse("[api]\n", "t.toml").unwrap();
+    assert_eq!(c.api, ApiConfig::default());
+}
+
+#[test]
+fn task_service_full_example() {
+    let src = format!(
+        r#"
+[queues.resize_photo]
+handler = "noop"
+track = true
+history_ttl = "30d"
+max_result = "1MiB"
+dedup = "record"
+intake = "closed"
+
+[queues.emails]
+handler = "noop"
+track = false
+intake = "cancel"
+
+[api]
+listen = "0.0.0.0:8080"
+max_body = "1KiB"
+max_wait = "1h"
+
+[api.keys.shop]
+token_sha256 = "{TEST_SHA}"
+queues = ["resize_photo", "emails"]
+admin = false
+
+[api.keys.ops]
+token_sha256 = "{upper}"
+admin = true
+
+[api.keys.everything]
+token_sha256 = "d9298a10d1b0735837dc4bd85dac641b0f3cef27a47e5d53a54f2f3f5b2fcffa"
+queues = ["*"]
+"#,
+        upper = "AB".repeat(32),
+    );
+    let c = parse(&src, "t.toml").unwrap();
+    let q = &c.queues["resize_photo"];
+    assert!(q.track);
+    assert_eq!(q.history_ttl, Duration::from_secs(30 * 24 * 3600));
+    assert_eq!(q.max_result, 1 << 20);
+    assert_eq!(q.dedup, Dedup::Record);
+    assert_eq!(q.intake, Intake::Closed);
+    let e = &c.queues["emails"];
+    assert!(!e.track);
+    assert_eq!(e.dedup, Dedup::Active);
+    assert_eq!(e.intake, Intake::Cancel);
+
+    assert_eq!(c.api.listen.to_string(), "0.0.0.0:8080");
+    assert_eq!(c.api.max_body, 1024);
+    assert_eq!(c.api.max_wait, Duration::from_secs(3600));
+    assert_eq!(c.api.keys.len(), 3);
+
+    let shop = &c.api.keys["shop"];
+    assert_eq!(shop.name, "shop");
+    assert_eq!(
+        &shop.token_sha256[..4],
+        &[0x9f, 0x86, 0xd0, 0x81],
+        "decoded big-endian, two digits a byte"
+    );
+    assert_eq!(shop.token_sha256[31], 0x08);
+    assert_eq!(
+        shop.queues,
+        KeyQueues::Only(["emails".to_string(), "resize_photo".to_string()].into())
+    );
+    assert!(!shop.admin);
+    assert!(shop.allows("emails") && !shop.allows("other"));
+
+    let ops = &c.api.keys["ops"];
+    assert_eq!(ops.token_sha256, [0xab; 32], "upper-case hex is accepted");
+    assert_eq!(
+        ops.queues,
+        KeyQueues::All,
+        "an admin key without queues has all"
+    );
+    assert!(ops.admin);
+
+    assert_eq!(c.api.keys["everything"].queues, KeyQueues::All);
+    assert!(!c.api.keys["everything"].admin);
+}
+
+#[test]
+fn loopback_listen_needs_no_key() {
+    let c = parse("[api]\nlisten = \"[::1]:9480\"\n", "t.toml").unwrap();
+    assert_eq!(c.api.listen.to_string(), "[::1]:9480");
+}
+
+#[test]
+fn history_ttl_must_be_positive() {
+    assert_eq!(
+        with_queue("history_ttl = \"0s\"\n"),
+        ["t.toml:3:15: queues.a.history_ttl: must be greater than zero"]
+    );
+}
+
+#[test]
+fn max_result_must_be_positive() {
+    assert_eq!(
+        with_queue("max_result = \"0B\"\n"),
+        ["t.toml:3:14: queues.a.max_result: must be greater than zero"]
+    );
+}
+
+#[test]
+fn max_result_is_at_most_512mib() {
+    assert_eq!(
+        with_queue("max_result = \"513MiB\"\n"),
+        ["t.toml:3:14: queues.a.max_result: must be at most 512MiB: Redis refuses larger values"]
+    );
+    assert!(with_queue("max_result = \"512MiB\"\n").is_empty());
+    assert!(with_queue("max_result = \"1B\"\n").is_empty());
+}
+
+#[test]
+fn dedup_is_active_or_record() {
+    assert_eq!(
+        with_queue("dedup = \"forever\"\n"),
+        ["t.toml:3:9: queues.a.dedup: unknown dedup `forever`, expected `active` or `record`"]
+    );
+}
+
+#[test]
+fn dedup_record_needs_track() {
+    assert_eq!(
+        with_queue("track = false\ndedup = \"record\"\n"),
+        [
+            "t.toml:4:9: queues.a.dedup: dedup = \"record\" needs track = true: an untracked queue keeps no record to deduplicate against"
+        ]
+    );
+    assert!(with_queue("track = false\ndedup = \"active\"\n").is_empty());
+}
+
+#[test]
+fn intake_is_one_of_its_names() {
+    assert_eq!(
+        with_queue("intake = \"paused\"\n"),
+        [
+            "t.toml:3:10: queues.a.intake: unknown intake `paused`, expected `open`, `closed` or `cancel`"
+        ]
+    );
+}
+
+#[test]
+fn track_is_a_bool() {
+    assert_eq!(
+        with_queue("track = \"yes\"\n"),
+        ["t.toml:3:9: queues.a.track: expected a boolean, found string \"yes\""]
+    );
+}
+
+#[test]
+fn api_listen_must_be_an_address() {
+    assert_eq!(
+        errors("[api]\nlisten = \"localhost\"\n"),
+        [
+            "t.toml:2:10: api.listen: invalid listen address `localhost`, expected IP:PORT like \"127.0.0.1:9480\""
+        ]
+    );
+}
+
+#[test]
+fn api_listen_beyond_loopback_needs_a_key() {
+    assert_eq!(
+        errors("[api]\nlisten = \"0.0.0.0:9480\"\n"),
+        [
+            "t.toml:2:10: api.listen: `0.0.0.0:9480` is not a loopback address, declare at least one [api.keys.NAME] to serve it"
+        ]
+    );
+    // A key that is itself wrong still counts, so its own error is the only one.
+    assert_eq!(
+        errors("[api]\nlisten = \"0.0.0.0:9480\"\n[api.keys.shop]\nadmin = true\n"),
+        [
+            "t.toml:3:1: api.keys.shop: missing required key `token_sha256`, the token's SHA-256 as 64 hex digits: `gaffer api hash-token` prints it for a token on stdin"
+        ]
+    );
+}
+
+#[test]
+fn api_max_body_is_between_1kib_and_512mib() {
+    assert_eq!(
+        errors("[api]\nmax_body = \"1000B\"\n"),
+        ["t.toml:2:12: api.max_body: must be between 1KiB and 512MiB"]
+    );
+    assert_eq!(
+        errors("[api]\nmax_body = \"1GiB\"\n"),
+        ["t.toml:2:12: api.max_body: must be between 1KiB and 512MiB"]
+    );
+    assert!(errors("[api]\nmax_body = \"512MiB\"\n").is_empty());
+}
+
+#[test]
+fn api_max_wait_must_be_positive() {
+    assert_eq!(
+        errors("[api]\nmax_wait = \"0s\"\n"),
+        ["t.toml:2:12: api.max_wait: must be greater than zero"]
+    );
+}
+
+#[test]
+fn api_max_wait_is_at_most_an_hour() {
+    assert_eq!(
+        errors("[api]\nmax_wait = \"61m\"\n"),
+        ["t.toml:2:12: api.max_wait: must be at most 1h"]
+    );
+}
+
+#[test]
+fn api_unknown_keys_are_named() {
+    assert_eq!(
+        errors("[api]\nlisen = \"127.0.0.1:9480\"\n"),
+        ["t.toml:2:1: api.lisen: unknown key `lisen`, did you mean `listen`?"]
+    );
+    assert_eq!(
+        errors(&format!(
+            "[queues.a]\nhandler = \"noop\"\n[api.keys.shop]\ntoken_sha256 = \"{TEST_SHA}\"\nqueue = [\"a\"]\n"
+        )),
+        ["t.toml:5:1: api.keys.shop.queue: unknown key `queue`, did you mean `queues`?"]
+    );
+}
+
+#[test]
+fn api_keys_must_be_tables() {
+    assert_eq!(
+        errors("[api]\nkeys = 3\n"),
+        ["t.toml:2:8: api.keys: expected a table, found integer"]
+    );
+    assert_eq!(
+        errors("[api.keys]\nshop = \"x\"\n"),
+        ["t.toml:2:8: api.keys.shop: expected a table, found string"]
+    );
+}
+
+#[test]
+fn api_key_name_must_be_valid() {
+    assert_eq!(
+        errors(&format!(
+            "[api.keys.\"my shop\"]\ntoken_sha256 = \"{TEST_SHA}\"\nadmin = true\n"
+        )),
+        [
+            "t.toml:1:11: api.keys.\"my shop\": invalid key name, use 1 to 128 characters from A-Z a-z 0-9 _ . -"
+        ]
+    );
+}
+
+#[test]
+fn api_key_token_is_required() {
+    assert_eq!(
+        errors("[api.keys.shop]\nadmin = true\n"),
+        [
+            "t.toml:1:1: api.keys.shop: missing required key `token_sha256`, the token's SHA-256 as 64 hex digits: `gaffer api hash-token` prints it for a token on stdin"
+        ]
+    );
+}
+
+#[test]
+fn api_key_token_has_64_digits() {
+    // The value is never echoed: it may be the token itself, pasted by mistake.
+    assert_eq!(
+        errors("[api.keys.shop]\ntoken_sha256 = \"s3cret\"\nadmin = true\n"),
+        [
+            "t.toml:2:16: api.keys.shop.token_sha256: expected the token's SHA-256 as 64 hex digits, found 6 characters: `gaffer api hash-token` prints it for a token on stdin"
+        ]
+    );
+}
+
+#[test]
+fn api_key_token_is_hex() {
+    let token = format!("{}g", &TEST_SHA[..63]);
+    assert_eq!(
+        errors(&format!(
+            "[api.keys.shop]\ntoken_sha256 = \"{token}\"\nadmin = true\n"
+        )),
+        [
+            "t.toml:2:16: api.keys.shop.token_sha256: expected the token's SHA-256 as 64 hex digits, found a character that is not a hex digit at position 64: `gaffer api hash-token` prints it for a token on stdin"
+        ]
+    );
+}
+
+#[test]
+fn api_keys_need_their_own_tokens() {
+    // File order decides which key is blamed, whatever the names' order; case does not
+    // make a token different.
+    let src = format!(
+        "[api.keys.zed]\ntoken_sha256 = \"{TEST_SHA}\"\nadmin = true\n[api.keys.abe]\ntoken_sha256 = \"{}\"\nadmin = true\n",
+        TEST_SHA.to_uppercase()
+    );
+    assert_eq!(
+        errors(&src),
+        [
+            "t.toml:5:16: api.keys.abe.token_sha256: same token as key `zed`, give each key its own token"
+        ]
+    );
+}
+
+#[test]
+fn api_key_queues_are_required_unless_admin() {
+    assert_eq!(
+        errors(&format!("[api.keys.shop]\ntoken_sha256 = \"{TEST_SHA}\"\n")),
+        [
+            "t.toml:1:1: api.keys.shop: missing required key `queues`, the queues the key may use like [\"resize_photo\"] or [\"*\"] for every queue (or admin = true)"
+        ]
+    );
+}
+
+#[test]
+fn api_key_queues_must_not_be_empty() {
+    assert_eq!(
+        errors(&format!(
+            "[api.keys.shop]\ntoken_sha256 = \"{TEST_SHA}\"\nqueues = []\n"
+        )),
+        [
+            "t.toml:3:10: api.keys.shop.queues: must not be empty, list the queues the key may use or [\"*\"] for every queue"
+        ]
+    );
+}
+
+#[test]
+fn api_key_star_stands_alone() {
+    assert_eq!(
+        with_queue(&format!(
+            "[api.keys.shop]\ntoken_sha256 = \"{TEST_SHA}\"\nqueues = [\"a\", \"*\"]\n"
+        )),
+        [
+            "t.toml:5:16: api.keys.shop.queues[1]: `*` means every queue and cannot be listed with queue names"
+        ]
+    );
+}
+
+#[test]
+fn api_key_queues_must_be_declared() {
+    assert_eq!(
+        with_queue(&format!(
+            "[api.keys.shop]\ntoken_sha256 = \"{TEST_SHA}\"\nqueues = [\"a\", \"b\"]\n"
+        )),
+        ["t.toml:5:16: api.keys.shop.queues[1]: unknown queue `b`, no [queues.b] table is defined"]
+    );
+    // A queue with errors of its own is declared: no second, misleading error.
+    assert_eq!(
+        errors(&format!(
+            "[queues.a]\nhandler = 3\n[api.keys.shop]\ntoken_sha256 = \"{TEST_SHA}\"\nqueues = [\"a\"]\n"
+        )),
+        ["t.toml:2:11: queues.a.handler: expected a string, found integer `3`"]
+    );
+}
+
+#[test]
+fn api_key_errors_are_all_reported() {
+    let e = with_queue(&format!(
+        "[api]\nmax_wait = \"2h\"\n[api.keys.one]\ntoken_sha256 = \"x\"\nqueues = [\"nope\"]\n[api.keys.two]\ntoken_sha256 = \"{TEST_SHA}\"\n"
+    ));
+    assert_eq!(
+        e,
+        [
+            "t.toml:4:12: api.max_wait: must be at most 1h",
+            "t.toml:6:16: api.keys.one.token_sha256: expected the token's SHA-256 as 64 hex digits, found 1 character: `gaffer api hash-token` prints it for a token on stdin",
+            "t.toml:7:11: api.keys.one.queues[0]: unknown queue `nope`, no [queues.nope] table is defined",
+            "t.toml:8:1: api.keys.two: missing required key `queues`, the queues the key may use like [\"resize_photo\"] or [\"*\"] for every queue (or admin = true)",
         ]
     );
 }

@@ -12,26 +12,31 @@ use toml::de::{DeTable, DeValue, ValueDeserializer};
 
 use super::error::{Collector, Diagnostics};
 use super::raw::{
-    HANDLER_KEYS, Human, RawCluster, RawManager, RawMaster, RawQueue, RawRetry, RawSchedule,
-    RawSystem, S, Size,
+    HANDLER_KEYS, Human, RawApi, RawApiKey, RawCluster, RawManager, RawMaster, RawQueue, RawRetry,
+    RawSchedule, RawSystem, S, Size,
 };
 use super::values::{self, Rate, WorkPeriod};
 use super::{
-    Backoff, ClusterConfig, Config, Handler, ManagerConfig, MasterConfig, QueueConfig, RetryPolicy,
-    Schedule, SystemConfig,
+    ApiConfig, ApiKey, Backoff, ClusterConfig, Config, Dedup, Handler, Intake, KeyQueues,
+    ManagerConfig, MasterConfig, QueueConfig, RetryPolicy, Schedule, SystemConfig,
 };
 
-const TOP_KEYS: [&str; 6] = [
+const TOP_KEYS: [&str; 7] = [
     "cluster",
     "manager",
     "master",
     "queues",
     "systems",
     "schedules",
+    "api",
 ];
+
+const DEDUP_NAMES: [&str; 2] = ["active", "record"];
 
 const MAX_BATCH_SIZE: i64 = 10_000;
 const MAX_PAYLOAD_LIMIT: u64 = 512 << 20;
+const MIN_MAX_BODY: u64 = 1 << 10;
+const MAX_MAX_WAIT: Duration = Duration::from_secs(3600);
 
 pub(crate) fn parse(source: &str, origin: &str, custom: &[String]) -> Result<Config, Diagnostics> {
     let mut c = Collector::new(source, origin);
@@ -153,6 +158,8 @@ pub(crate) fn parse(source: &str, origin: &str, custom: &[String]) -> Result<Con
         }
     }
 
+    let api = api(&mut c, root, &declared_queues);
+
     if !c.is_empty() {
         return Err(c.finish());
     }
@@ -164,6 +171,7 @@ pub(crate) fn parse(source: &str, origin: &str, custom: &[String]) -> Result<Con
         queues,
         systems,
         schedules,
+        api,
     })
 }
 
@@ -306,17 +314,65 @@ struct QueueCtx<'a> {
     custom: &'a [String],
 }
 
+/// One `[queues.NAME]` table, step by step; each step collects its own problems and keeps
+/// the default where a value is wrong, so checking goes on.
 fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
-    let path = q.path;
-    let d = QueueConfig::new(q.name, Handler::Noop);
+    let handler = handler(c, &q, &raw);
+    let mut out = QueueConfig::new(q.name, handler);
+    slots(c, &q, &raw, &mut out);
+    timing(c, q.path, &raw, &mut out);
+    limits(c, &q, &raw, &mut out);
+    records(c, q.path, &raw, &mut out);
+    out
+}
 
+/// `handler` and the keys that belong to one handler: what runs in the queue's slots.
+fn handler(c: &mut Collector, q: &QueueCtx, raw: &RawQueue) -> Handler {
+    let path = q.path;
+    let name = handler_name(c, q, raw);
+    let is_custom = name.is_some_and(|h| !Handler::NAMES.contains(&h));
+    misplaced_handler_keys(c, q, raw, name, is_custom);
+    match name {
+        Some("exec") => Handler::Exec {
+            command: command(c, path, q.span.clone(), raw),
+        },
+        Some("sleep") => Handler::Sleep,
+        Some("flaky") => Handler::Flaky {
+            fail_rate: fail_rate(c, path, raw),
+        },
+        Some("memhog") => Handler::Memhog {
+            grow_per_task: size(
+                c,
+                path,
+                "grow_per_task",
+                raw.grow_per_task.clone(),
+                4 << 20,
+                false,
+            ),
+        },
+        Some("preload_demo") => Handler::PreloadDemo {
+            preload: size(c, path, "preload", raw.preload.clone(), 512 << 20, false),
+        },
+        Some(name) if is_custom => Handler::Custom {
+            name: name.to_owned(),
+            options: raw
+                .options
+                .as_ref()
+                .map_or_else(|| serde_json::json!({}), |o| o.get_ref().clone()),
+        },
+        _ => Handler::Noop,
+    }
+}
+
+/// The handler's name when it is a known one (built in or registered by the binary).
+fn handler_name<'r>(c: &mut Collector, q: &QueueCtx, raw: &'r RawQueue) -> Option<&'r str> {
     let mut known: Vec<&str> = Handler::NAMES.to_vec();
     known.extend(q.custom.iter().map(String::as_str));
-    let handler_name = match &raw.handler {
+    match &raw.handler {
         None => {
             c.error(
                 q.span.clone(),
-                path,
+                q.path,
                 format!(
                     "missing required key `handler`, one of {}",
                     backticked(&known)
@@ -328,7 +384,7 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
         Some(h) => {
             c.error(
                 h.span(),
-                &join(path, "handler"),
+                &join(q.path, "handler"),
                 format!(
                     "unknown handler `{}`, expected one of {}",
                     h.get_ref(),
@@ -337,8 +393,18 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
             );
             None
         }
-    };
-    let is_custom = handler_name.is_some_and(|h| !Handler::NAMES.contains(&h));
+    }
+}
+
+/// `options` without a custom handler, and keys of another handler than the queue's.
+fn misplaced_handler_keys(
+    c: &mut Collector,
+    q: &QueueCtx,
+    raw: &RawQueue,
+    handler_name: Option<&str>,
+    is_custom: bool,
+) {
+    let path = q.path;
     if let Some(options) = &raw.options
         && !is_custom
         && handler_name.is_some()
@@ -351,87 +417,89 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
         );
     }
 
-    if let Some(hname) = handler_name {
-        let present = [
-            raw.command.as_ref().map(Spanned::span),
-            raw.fail_rate.as_ref().map(Spanned::span),
-            raw.grow_per_task.as_ref().map(Spanned::span),
-            raw.preload.as_ref().map(Spanned::span),
-        ];
-        for ((key, owner), value_span) in HANDLER_KEYS.iter().zip(present) {
-            if let Some(value_span) = value_span
-                && *owner != hname
-            {
-                let span = key_span(q.table, key).unwrap_or(value_span);
-                c.error(
-                    span,
-                    &join(path, key),
-                    format!("`{key}` is only valid with handler = \"{owner}\""),
-                );
-            }
+    let Some(hname) = handler_name else {
+        return;
+    };
+    let present = [
+        raw.command.as_ref().map(Spanned::span),
+        raw.fail_rate.as_ref().map(Spanned::span),
+        raw.grow_per_task.as_ref().map(Spanned::span),
+        raw.preload.as_ref().map(Spanned::span),
+    ];
+    for ((key, owner), value_span) in HANDLER_KEYS.iter().zip(present) {
+        if let Some(value_span) = value_span
+            && *owner != hname
+        {
+            let span = key_span(q.table, key).unwrap_or(value_span);
+            c.error(
+                span,
+                &join(path, key),
+                format!("`{key}` is only valid with handler = \"{owner}\""),
+            );
         }
     }
+}
 
-    let handler = match handler_name {
-        Some("exec") => Handler::Exec {
-            command: command(c, path, q.span.clone(), &raw),
-        },
-        Some("sleep") => Handler::Sleep,
-        Some("flaky") => {
-            let fail_rate = match &raw.fail_rate {
-                None => 0.1,
-                Some(r) => {
-                    let v = *r.get_ref();
-                    if !(0.0..=1.0).contains(&v) {
-                        c.error(
-                            r.span(),
-                            &join(path, "fail_rate"),
-                            format!("must be between 0 and 1, found {v}"),
-                        );
-                    }
-                    v
-                }
-            };
-            Handler::Flaky { fail_rate }
-        }
-        Some("memhog") => Handler::Memhog {
-            grow_per_task: size(c, path, "grow_per_task", raw.grow_per_task, 4 << 20, false),
-        },
-        Some("preload_demo") => Handler::PreloadDemo {
-            preload: size(c, path, "preload", raw.preload, 512 << 20, false),
-        },
-        Some(name) if is_custom => Handler::Custom {
-            name: name.to_owned(),
-            options: raw
-                .options
-                .as_ref()
-                .map_or_else(|| serde_json::json!({}), |o| o.get_ref().clone()),
-        },
-        _ => Handler::Noop,
+fn fail_rate(c: &mut Collector, path: &str, raw: &RawQueue) -> f64 {
+    let Some(r) = &raw.fail_rate else {
+        return 0.1;
     };
+    let v = *r.get_ref();
+    if !(0.0..=1.0).contains(&v) {
+        c.error(
+            r.span(),
+            &join(path, "fail_rate"),
+            format!("must be between 0 and 1, found {v}"),
+        );
+    }
+    v
+}
 
-    let min_slots = int(
+/// `priority`, `min_slots`, `max_slots` and `batch_size`: how the queue gets slots and
+/// feeds them.
+fn slots(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig) {
+    let path = q.path;
+    let max = i64::from(u32::MAX);
+    out.priority = int(
+        c,
+        path,
+        "priority",
+        raw.priority.clone(),
+        out.priority,
+        i32::MIN.into(),
+        i32::MAX.into(),
+    );
+    out.min_slots = int(
         c,
         path,
         "min_slots",
         raw.min_slots.clone(),
-        d.min_slots,
+        out.min_slots,
         0,
-        u32::MAX.into(),
+        max,
     );
-    let max_slots = int(
+    out.max_slots = int(
         c,
         path,
         "max_slots",
         raw.max_slots.clone(),
-        d.max_slots,
+        out.max_slots,
         1,
-        u32::MAX.into(),
+        max,
     );
-    let in_range = |v: &S<i64>, min: i64| {
-        v.as_ref()
-            .is_none_or(|v| (min..=i64::from(u32::MAX)).contains(v.get_ref()))
-    };
+    out.batch_size = int(
+        c,
+        path,
+        "batch_size",
+        raw.batch_size.clone(),
+        out.batch_size,
+        1,
+        MAX_BATCH_SIZE,
+    );
+
+    let (min_slots, max_slots) = (out.min_slots, out.max_slots);
+    let in_range =
+        |v: &S<i64>, min: i64| v.as_ref().is_none_or(|v| (min..=max).contains(v.get_ref()));
     // Compare only values that are valid themselves, so one mistake gives one error.
     if min_slots > max_slots && in_range(&raw.min_slots, 0) && in_range(&raw.max_slots, 1) {
         let (span, key) = match (&raw.min_slots, &raw.max_slots) {
@@ -450,17 +518,38 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
             format!("min_slots ({min_slots}) is greater than max_slots ({max_slots}{max_note})"),
         );
     }
+}
 
-    let retry = match raw.retry {
-        None => RetryPolicy::default(),
-        Some(r) => retry(c, &join(path, "retry"), r.into_inner()),
+/// `lease`, `max_attempts`, `retry`, `max_batch_time` and `work_periods`: when tasks run
+/// and how long they may take.
+fn timing(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
+    out.lease = duration(c, path, "lease", raw.lease.clone(), out.lease, true);
+    out.max_attempts = int(
+        c,
+        path,
+        "max_attempts",
+        raw.max_attempts.clone(),
+        out.max_attempts,
+        1,
+        u32::MAX.into(),
+    );
+    if let Some(r) = &raw.retry {
+        out.retry = retry(c, &join(path, "retry"), r.get_ref().clone());
+    }
+    out.max_batch_time = duration(
+        c,
+        path,
+        "max_batch_time",
+        raw.max_batch_time.clone(),
+        out.max_batch_time,
+        true,
+    );
+    let Some(periods) = &raw.work_periods else {
+        return;
     };
-
-    let work_periods = raw
-        .work_periods
-        .map(Spanned::into_inner)
-        .unwrap_or_default()
-        .into_iter()
+    out.work_periods = periods
+        .get_ref()
+        .iter()
         .enumerate()
         .filter_map(|(i, p)| match p.get_ref().parse::<WorkPeriod>() {
             Ok(wp) => Some(wp),
@@ -470,8 +559,13 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
             }
         })
         .collect();
+}
 
-    let system = raw.system.map(|s| {
+/// `system`, `max_payload`, `private_dirty_limit` and `user`: what the queue's tasks and
+/// slots may use.
+fn limits(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig) {
+    let path = q.path;
+    out.system = raw.system.as_ref().map(|s| {
         if !q.systems.contains(s.get_ref()) {
             c.error(
                 s.span(),
@@ -482,18 +576,18 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
                 ),
             );
         }
-        s.into_inner()
+        s.get_ref().clone()
     });
 
-    let max_payload = size(
+    out.max_payload = size(
         c,
         path,
         "max_payload",
         raw.max_payload.clone(),
-        d.max_payload,
+        out.max_payload,
         true,
     );
-    if max_payload > MAX_PAYLOAD_LIMIT
+    if out.max_payload > MAX_PAYLOAD_LIMIT
         && let Some(v) = &raw.max_payload
     {
         c.error(
@@ -503,7 +597,12 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
         );
     }
 
-    let user = raw.user.map(|u| {
+    out.private_dirty_limit = raw
+        .private_dirty_limit
+        .clone()
+        .map(|v| size(c, path, "private_dirty_limit", Some(v), 0, true));
+
+    out.user = raw.user.as_ref().map(|u| {
         let name = u.get_ref();
         if name.is_empty()
             || name
@@ -516,58 +615,76 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
                 "invalid user name, expected a system account like \"gaffer-worker\"",
             );
         }
-        u.into_inner()
+        name.clone()
     });
+}
 
-    QueueConfig {
-        name: q.name.to_owned(),
-        handler,
-        priority: int(
-            c,
-            path,
-            "priority",
-            raw.priority,
-            d.priority,
-            i32::MIN.into(),
-            i32::MAX.into(),
-        ),
-        min_slots,
-        max_slots,
-        batch_size: int(
-            c,
-            path,
-            "batch_size",
-            raw.batch_size,
-            d.batch_size,
-            1,
-            MAX_BATCH_SIZE,
-        ),
-        lease: duration(c, path, "lease", raw.lease, d.lease, true),
-        max_attempts: int(
-            c,
-            path,
-            "max_attempts",
-            raw.max_attempts,
-            d.max_attempts,
-            1,
-            u32::MAX.into(),
-        ),
-        retry,
-        private_dirty_limit: raw
-            .private_dirty_limit
-            .map(|v| size(c, path, "private_dirty_limit", Some(v), 0, true)),
-        max_batch_time: duration(
-            c,
-            path,
-            "max_batch_time",
-            raw.max_batch_time,
-            d.max_batch_time,
-            true,
-        ),
-        work_periods,
-        system,
-        max_payload,
-        user,
+/// `track`, `history_ttl`, `max_result`, `dedup` and `intake`: what the task service keeps
+/// of the queue's tasks and whether it takes new ones.
+fn records(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
+    if let Some(track) = &raw.track {
+        out.track = *track.get_ref();
+    }
+    out.history_ttl = duration(
+        c,
+        path,
+        "history_ttl",
+        raw.history_ttl.clone(),
+        out.history_ttl,
+        true,
+    );
+    out.max_result = size(
+        c,
+        path,
+        "max_result",
+        raw.max_result.clone(),
+        out.max_result,
+        true,
+    );
+    if out.max_result > MAX_PAYLOAD_LIMIT
+        && let Some(v) = &raw.max_result
+    {
+        c.error(
+            v.span(),
+            &join(path, "max_result"),
+            "must be at most 512MiB: Redis refuses larger values",
+        );
+    }
+
+    if let Some(d) = &raw.dedup {
+        match d.get_ref().as_str() {
+            "active" => out.dedup = Dedup::Active,
+            "record" if !out.track => c.error(
+                d.span(),
+                &join(path, "dedup"),
+                "dedup = \"record\" needs track = true: an untracked queue keeps no record to \
+                 deduplicate against",
+            ),
+            "record" => out.dedup = Dedup::Record,
+            other => c.error(
+                d.span(),
+                &join(path, "dedup"),
+                format!(
+                    "unknown dedup `{other}`, expected {}",
+                    backticked(&DEDUP_NAMES)
+                ),
+            ),
+        }
+    }
+
+    if let Some(i) = &raw.intake {
+        match Intake::parse(i.get_ref()) {
+            Some(intake) => out.intake = intake,
+            None => c.error(
+                i.span(),
+                &join(path, "intake"),
+                format!(
+                    "unknown intake `{}`, expected {}",
+                    i.get_ref(),
+                    backticked(&Intake::NAMES)
+                ),
+            ),
+        }
     }
 }
 
@@ -681,14 +798,7 @@ fn schedule(
             None
         }
         Some(q) if !queues.contains(q.get_ref()) => {
-            c.error(
-                q.span(),
-                &join(path, "queue"),
-                format!(
-                    "unknown queue `{0}`, no [queues.{0}] table is defined",
-                    q.get_ref()
-                ),
-            );
+            c.error(q.span(), &join(path, "queue"), unknown_queue(q.get_ref()));
             None
         }
         Some(q) => Some(q.into_inner()),
@@ -739,6 +849,260 @@ fn unwrap_datetimes(value: &mut serde_json::Value) {
         serde_json::Value::Array(items) => items.iter_mut().for_each(unwrap_datetimes),
         _ => {}
     }
+}
+
+/// `[api]` and its `[api.keys.NAME]` tables.
+fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfig {
+    let d = ApiConfig::default();
+    let Some(value) = find(root, "api") else {
+        return d;
+    };
+    let Some(table) = table_of(c, value, "api") else {
+        return d;
+    };
+    let keys = api_keys(c, table, queues);
+    let Some(raw) = deserialize::<RawApi>(c, value, "api") else {
+        return ApiConfig { keys, ..d };
+    };
+
+    let listen = listen_addr(c, "api.listen", raw.listen.clone(), d.listen);
+    if !listen.ip().is_loopback()
+        && !declares_keys(table)
+        && let Some(written) = &raw.listen
+    {
+        c.error(
+            written.span(),
+            "api.listen",
+            format!(
+                "`{listen}` is not a loopback address, declare at least one [api.keys.NAME] \
+                 to serve it"
+            ),
+        );
+    }
+
+    let max_body = size(
+        c,
+        "api",
+        "max_body",
+        raw.max_body.clone(),
+        d.max_body,
+        false,
+    );
+    if !(MIN_MAX_BODY..=MAX_PAYLOAD_LIMIT).contains(&max_body)
+        && let Some(v) = &raw.max_body
+    {
+        c.error(v.span(), "api.max_body", "must be between 1KiB and 512MiB");
+    }
+
+    let max_wait = duration(c, "api", "max_wait", raw.max_wait.clone(), d.max_wait, true);
+    if max_wait > MAX_MAX_WAIT
+        && let Some(v) = &raw.max_wait
+    {
+        c.error(v.span(), "api.max_wait", "must be at most 1h");
+    }
+
+    ApiConfig {
+        listen,
+        max_body,
+        max_wait,
+        keys,
+    }
+}
+
+/// Whether `[api]` declares a key, valid or not, so a broken key does not also make the
+/// listen address an error.
+fn declares_keys(api: &DeTable) -> bool {
+    match find(api, "keys").map(Spanned::get_ref) {
+        None => false,
+        Some(DeValue::Table(t)) => !t.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// Every `[api.keys.NAME]`, read in file order so a repeated token is blamed on the later
+/// key.
+fn api_keys(
+    c: &mut Collector,
+    api: &DeTable,
+    queues: &BTreeSet<String>,
+) -> BTreeMap<String, ApiKey> {
+    let mut keys = BTreeMap::new();
+    let Some(table) = find(api, "keys").and_then(|v| table_of(c, v, "api.keys")) else {
+        return keys;
+    };
+    let mut entries: Vec<_> = table.iter().collect();
+    entries.sort_by_key(|(name, _)| name.span().start);
+    let mut tokens: BTreeMap<[u8; 32], String> = BTreeMap::new();
+    for (name, value) in entries {
+        let name_text: &str = name.get_ref();
+        let path = join("api.keys", name_text);
+        if !values::is_valid_name(name_text) {
+            c.error(
+                name.span(),
+                &path,
+                "invalid key name, use 1 to 128 characters from A-Z a-z 0-9 _ . -",
+            );
+        }
+        if table_of(c, value, &path).is_none() {
+            continue;
+        }
+        let Some(raw) = deserialize::<RawApiKey>(c, value, &path) else {
+            continue;
+        };
+        let admin = raw.admin.is_some_and(Spanned::into_inner);
+        let token = key_token(
+            c,
+            &path,
+            value.span(),
+            raw.token_sha256,
+            &mut tokens,
+            name_text,
+        );
+        let allowed = key_queues(c, &path, value.span(), raw.queues, admin, queues);
+        if let (Some(token_sha256), Some(queues)) = (token, allowed) {
+            let key = ApiKey {
+                name: name_text.to_owned(),
+                token_sha256,
+                queues,
+                admin,
+            };
+            keys.insert(name_text.to_owned(), key);
+        }
+    }
+    keys
+}
+
+/// `token_sha256`: required, 64 hex digits, not shared with an earlier key (`seen` maps
+/// each token to the key that has it).
+fn key_token(
+    c: &mut Collector,
+    path: &str,
+    table_span: Range<usize>,
+    raw: S<String>,
+    seen: &mut BTreeMap<[u8; 32], String>,
+    name: &str,
+) -> Option<[u8; 32]> {
+    const HOW: &str = "`gaffer api hash-token` prints it for a token on stdin";
+    let Some(text) = raw else {
+        c.error(
+            table_span,
+            path,
+            format!(
+                "missing required key `token_sha256`, the token's SHA-256 as 64 hex digits: {HOW}"
+            ),
+        );
+        return None;
+    };
+    let key = join(path, "token_sha256");
+    let token = match decode_sha256(text.get_ref()) {
+        Ok(token) => token,
+        Err(found) => {
+            c.error(
+                text.span(),
+                &key,
+                format!("expected the token's SHA-256 as 64 hex digits, found {found}: {HOW}"),
+            );
+            return None;
+        }
+    };
+    if let Some(first) = seen.get(&token) {
+        c.error(
+            text.span(),
+            &key,
+            format!("same token as key `{first}`, give each key its own token"),
+        );
+        return None;
+    }
+    seen.insert(token, name.to_owned());
+    Some(token)
+}
+
+/// A SHA-256 written as 64 hex digits, either case. The problem is described without the
+/// text itself: a token pasted here by mistake must not reach logs.
+fn decode_sha256(text: &str) -> Result<[u8; 32], String> {
+    let count = text.chars().count();
+    if count != 64 {
+        let plural = if count == 1 { "" } else { "s" };
+        return Err(format!("{count} character{plural}"));
+    }
+    let mut out = [0u8; 32];
+    for (i, ch) in text.chars().enumerate() {
+        let Some(digit) = ch.to_digit(16) else {
+            return Err(format!(
+                "a character that is not a hex digit at position {}",
+                i + 1
+            ));
+        };
+        let shift = if i % 2 == 0 { 4 } else { 0 };
+        out[i / 2] |= (digit as u8) << shift;
+    }
+    Ok(out)
+}
+
+/// `queues`: `["*"]` for every queue, else declared queue names; absent only on an admin
+/// key, which may use every queue.
+fn key_queues(
+    c: &mut Collector,
+    path: &str,
+    table_span: Range<usize>,
+    raw: S<Vec<Spanned<String>>>,
+    admin: bool,
+    declared: &BTreeSet<String>,
+) -> Option<KeyQueues> {
+    let Some(list) = raw else {
+        if admin {
+            return Some(KeyQueues::All);
+        }
+        c.error(
+            table_span,
+            path,
+            "missing required key `queues`, the queues the key may use like [\"resize_photo\"] \
+             or [\"*\"] for every queue (or admin = true)",
+        );
+        return None;
+    };
+    let key = join(path, "queues");
+    if list.get_ref().is_empty() && !admin {
+        c.error(
+            list.span(),
+            &key,
+            "must not be empty, list the queues the key may use or [\"*\"] for every queue",
+        );
+        return None;
+    }
+    let is_star = |entry: &Spanned<String>| entry.get_ref() == "*";
+    let star = list.get_ref().iter().any(is_star);
+    let named = list.get_ref().iter().any(|e| !is_star(e));
+    if star && !named {
+        return Some(KeyQueues::All);
+    }
+    let mut names = BTreeSet::new();
+    let mut ok = true;
+    for (i, entry) in list.get_ref().iter().enumerate() {
+        let problem = if is_star(entry) {
+            Some(String::from(
+                "`*` means every queue and cannot be listed with queue names",
+            ))
+        } else if !declared.contains(entry.get_ref()) {
+            Some(unknown_queue(entry.get_ref()))
+        } else {
+            None
+        };
+        match problem {
+            Some(m) => {
+                c.error(entry.span(), &format!("{key}[{i}]"), m);
+                ok = false;
+            }
+            None => {
+                names.insert(entry.get_ref().clone());
+            }
+        }
+    }
+    ok.then_some(KeyQueues::Only(names))
+}
+
+fn unknown_queue(name: &str) -> String {
+    format!("unknown queue `{name}`, no [queues.{name}] table is defined")
 }
 
 // ---------------------------------------------------------------------------------------
