@@ -71,7 +71,7 @@ impl Handler for Geocode {
                     };
                 };
                 match self.table.get(&city.to_lowercase()) {
-                    Some(_coordinates) => Outcome::Done,
+                    Some(_coordinates) => Outcome::done(),
                     None => Outcome::Reject {
                         reason: format!("unknown city {city:?}"),
                     },

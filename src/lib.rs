@@ -4,6 +4,7 @@
 //! calls into it, so teams can build their own binary with their own handlers
 //! ([`slot::Handler`], [`slot::Registry`]).
 
+pub mod api;
 pub mod balancer;
 pub mod bench;
 pub mod cli;

@@ -232,6 +232,9 @@ pub async fn run(
     let limits = QueueLimits {
         max_payload: opts.payload_bytes.max(1) as u64,
         max_attempts: 0,
+        // The queue machinery alone, as the bare loop it is compared with keeps no record.
+        track: false,
+        ..QueueLimits::default()
     };
     let payload = vec![b'x'; opts.payload_bytes];
     let q = main.queue_with(&format!("{prefix}.q"), limits)?;

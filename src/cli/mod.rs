@@ -264,6 +264,7 @@ pub async fn push(global: &Global, args: &PushArgs) -> Result<(), CliError> {
             delay: args.delay,
             at: None,
             max_attempts: args.max_attempts,
+            submitted_by: Some("cli".into()),
         })
         .collect();
     let total = tasks.len();

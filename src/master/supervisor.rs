@@ -358,6 +358,7 @@ impl Master {
             queues: queues.keys().cloned().collect(),
             redis_url: self.opts.redis_url.clone(),
             password: self.opts.connect.password.clone(),
+            host: self.opts.host.clone(),
         };
         let mut line = serde_json::to_vec(&init)?;
         line.push(b'\n');

@@ -45,6 +45,9 @@ pub struct ZygoteInit {
     pub redis_url: String,
     /// The Redis password, when it comes from a file.
     pub password: Option<String>,
+    /// The host's name, as task records show where an attempt ran.
+    #[serde(default)]
+    pub host: String,
 }
 
 /// A request from the master.
@@ -312,6 +315,7 @@ fn child_main(
             namespace: ctx.cfg.cluster.namespace.clone(),
             connect,
             report,
+            host: ctx.init.host.clone(),
         },
         handler,
     )

@@ -13,6 +13,7 @@
 
 mod conn;
 mod outage;
+mod record;
 mod scripts;
 
 use std::sync::Arc;
@@ -22,9 +23,14 @@ use futures::{StreamExt, TryStreamExt};
 use redis::Value;
 use serde::Serialize;
 
+use crate::config::{Dedup, Intake};
 use conn::Target;
 pub use conn::{ConnectOptions, RedisConn, Waiter, redacted};
 pub use outage::OutageLog;
+pub use record::{
+    FreezeResult, HistoryEntry, ListPage, ListQuery, MAX_LIST_LIMIT, RecordState, TaskRecord,
+    rfc3339,
+};
 use scripts::{Keys, SCRIPTS};
 
 /// Default payload limit, when the queue's config does not set one.
@@ -37,6 +43,8 @@ pub const MAX_ID_LEN: usize = 256;
 /// task parked for centuries is lost in all but name, and millisecond scores past this
 /// stay exact in Redis's doubles.
 pub const MAX_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
+/// The history note of a dead letter put back in the queue.
+const REQUEUE_NOTE: &str = "requeued from the dead letters";
 /// Expired leases and due delayed tasks moved per take; bounds the time one script runs.
 const HOUSEKEEPING_LIMIT: usize = 1000;
 /// Tasks per enqueue script call, and how many calls are in flight at once.
@@ -70,6 +78,12 @@ pub enum QueueError {
     /// Redis answered something the scripts never return: a bug or a foreign key.
     #[error("unexpected reply from redis: {0}")]
     Protocol(String),
+    /// The queue's intake is closed: nothing was enqueued.
+    #[error("the intake of queue {queue} is closed: it accepts no new tasks")]
+    IntakeClosed {
+        /// Queue name.
+        queue: String,
+    },
 }
 
 impl QueueError {
@@ -188,6 +202,7 @@ impl QueueClient {
             keys: Arc::new(Keys::new(&self.namespace, name)),
             name: name.into(),
             limits,
+            worker: None,
         })
     }
 
@@ -214,6 +229,16 @@ pub struct QueueLimits {
     pub max_payload: u64,
     /// Attempts before a task is dead-lettered, when the task does not say; 0 = no limit.
     pub max_attempts: u32,
+    /// Whether enqueue creates a record per task.
+    pub track: bool,
+    /// How long a record lives after its task ended.
+    pub history_ttl: Duration,
+    /// Largest result kept, in bytes; a larger one fails the task.
+    pub max_result: u64,
+    /// Whether a finished task's live record deduplicates its id.
+    pub dedup: Dedup,
+    /// The config's intake, which applies while no run-time switch is set.
+    pub intake: Intake,
 }
 
 impl Default for QueueLimits {
@@ -221,6 +246,11 @@ impl Default for QueueLimits {
         QueueLimits {
             max_payload: DEFAULT_MAX_PAYLOAD,
             max_attempts: 5,
+            track: true,
+            history_ttl: crate::config::DEFAULT_HISTORY_TTL,
+            max_result: crate::config::DEFAULT_MAX_RESULT,
+            dedup: Dedup::Active,
+            intake: Intake::Open,
         }
     }
 }
@@ -230,6 +260,11 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
         QueueLimits {
             max_payload: q.max_payload,
             max_attempts: q.max_attempts,
+            track: q.track,
+            history_ttl: q.history_ttl,
+            max_result: q.max_result,
+            dedup: q.dedup,
+            intake: q.intake,
         }
     }
 }
@@ -250,6 +285,8 @@ pub struct NewTask {
     pub at: Option<SystemTime>,
     /// Overrides the queue's max_attempts.
     pub max_attempts: Option<u32>,
+    /// Who submits it, as its record shows: an API key's name, `cli`, `schedule:NAME`.
+    pub submitted_by: Option<String>,
 }
 
 impl NewTask {
@@ -290,6 +327,12 @@ impl NewTask {
         self.max_attempts = Some(n);
         self
     }
+
+    /// Sets who submits it.
+    pub fn submitted_by(mut self, by: impl Into<String>) -> Self {
+        self.submitted_by = Some(by.into());
+        self
+    }
 }
 
 /// What an enqueue did with one task.
@@ -297,8 +340,12 @@ impl NewTask {
 pub struct Enqueued {
     /// The task's id (generated or given).
     pub id: String,
-    /// False when a pending or leased task with the same id already existed.
+    /// False when a task with the same id already existed (pending, leased or dead; or
+    /// with `dedup = "record"`, finished while its record lives).
     pub created: bool,
+    /// The new task's state: waiting, or cancelled when the queue's intake cancels new
+    /// tasks; `None` for an existing task (look its record up).
+    pub state: Option<RecordState>,
 }
 
 /// One leased task.
@@ -332,6 +379,12 @@ pub struct Batch {
 pub enum Settle {
     /// Done: delete it.
     Ack,
+    /// Done with a result (JSON text), kept in the task's record. A result over the
+    /// queue's `max_result` fails the task instead, naming the limit.
+    AckWithResult {
+        /// The handler's result as JSON text.
+        result: String,
+    },
     /// Try again after `delay`, optionally at another priority; `reason` becomes its last
     /// error. Past max_attempts it is dead-lettered instead.
     Retry {
@@ -388,7 +441,8 @@ pub enum SettleResult {
     /// Rejected: the lease expired and the task was reclaimed, re-leased, settled or
     /// cancelled. Nothing was changed.
     Stale,
-    /// A retry past max_attempts: the task went to the dead letters.
+    /// A retry past max_attempts, or a result over `max_result`: the task went to the
+    /// dead letters.
     DeadLettered,
 }
 
@@ -403,6 +457,8 @@ pub struct QueueStats {
     pub leased: u64,
     /// Dead letters.
     pub dead: u64,
+    /// Held by an operator (freeze) until thawed.
+    pub frozen: u64,
     /// Tasks created by enqueue.
     pub enqueued_total: u64,
     /// Tasks acked.
@@ -435,6 +491,8 @@ pub enum TaskState {
     Leased,
     /// In the dead letters.
     Dead,
+    /// Held by an operator until thawed.
+    Frozen,
 }
 
 impl std::fmt::Display for TaskState {
@@ -444,6 +502,7 @@ impl std::fmt::Display for TaskState {
             TaskState::Delayed => "delayed",
             TaskState::Leased => "leased",
             TaskState::Dead => "dead",
+            TaskState::Frozen => "frozen",
         })
     }
 }
@@ -499,6 +558,16 @@ pub struct Queue {
     keys: Arc<Keys>,
     name: Arc<str>,
     limits: QueueLimits,
+    worker: Option<Arc<Worker>>,
+}
+
+/// Who takes and settles, as task records show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worker {
+    /// The host's name.
+    pub host: String,
+    /// The slot's number on its host.
+    pub slot: u32,
 }
 
 impl Queue {
@@ -510,6 +579,24 @@ impl Queue {
     /// The queue's limits.
     pub fn limits(&self) -> QueueLimits {
         self.limits
+    }
+
+    /// The same queue, taking and settling as `worker`: the records of the tasks it takes
+    /// name its host and slot.
+    pub fn with_worker(mut self, worker: Worker) -> Self {
+        self.worker = Some(Arc::new(worker));
+        self
+    }
+
+    fn worker_args(&self) -> (&str, String) {
+        match &self.worker {
+            Some(w) => (&w.host, w.slot.to_string()),
+            None => ("", String::new()),
+        }
+    }
+
+    fn ttl_arg(&self) -> u64 {
+        record::ttl_ms(self.limits.history_ttl)
     }
 
     fn invocation<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
@@ -620,15 +707,23 @@ impl Queue {
             .arg(delay_ms)
             .arg(at_ms)
             .arg(first.max_attempts.unwrap_or(self.limits.max_attempts));
+        let placeholder = if first.id.is_some() { "ip" } else { "p" };
+        inv.arg(placeholder)
+            .arg(if self.limits.track { "1" } else { "0" })
+            .arg(first.submitted_by.as_deref().unwrap_or(""))
+            .arg(match self.limits.dedup {
+                Dedup::Active => "a",
+                Dedup::Record => "r",
+            })
+            .arg(self.limits.intake.as_str())
+            .arg(self.ttl_arg());
         match first.id {
             None => {
-                inv.arg("p");
                 for t in chunk {
                     inv.arg(&t.payload[..]);
                 }
             }
             Some(_) => {
-                inv.arg("ip");
                 for t in chunk {
                     inv.arg(t.id.as_deref().unwrap_or_default())
                         .arg(&t.payload[..]);
@@ -636,7 +731,13 @@ impl Queue {
             }
         }
         let mut conn = self.conn.clone();
-        let (base, flags): (u64, Vec<u8>) = inv.invoke_async(&mut conn).await?;
+        let (base, flags): (i64, Vec<u8>) = inv.invoke_async(&mut conn).await?;
+        if base < 0 {
+            return Err(QueueError::IntakeClosed {
+                queue: self.name.to_string(),
+            });
+        }
+        let base = base as u64;
         if flags.len() != chunk.len() {
             return Err(QueueError::Protocol(format!(
                 "enqueue of {} tasks returned {} flags",
@@ -653,7 +754,12 @@ impl Queue {
                     .id
                     .clone()
                     .unwrap_or_else(|| format!("#{}", base + i as u64 + 1)),
-                created: flag == b'1',
+                created: flag != b'0',
+                state: match flag {
+                    b'1' => Some(RecordState::Waiting),
+                    b'x' => Some(RecordState::Cancelled),
+                    _ => None,
+                },
             })
             .collect())
     }
@@ -671,9 +777,13 @@ impl Queue {
             return Err(QueueError::Invalid("lease must be at least 1ms".into()));
         }
         let mut inv = self.invocation(&SCRIPTS.take);
+        let (host, slot) = self.worker_args();
         inv.arg(n)
             .arg(lease_ms as u64)
-            .arg(HOUSEKEEPING_LIMIT.max(n));
+            .arg(HOUSEKEEPING_LIMIT.max(n))
+            .arg(host)
+            .arg(slot)
+            .arg(self.ttl_arg());
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(3) {
@@ -758,6 +868,8 @@ impl Queue {
         if ops.is_empty() {
             return Ok(Vec::new());
         }
+        let checked = self.check_results(ops);
+        let ops = checked.as_deref().unwrap_or(ops);
         // Acks go first as (id, token) pairs, those of first attempts before the rest (only
         // later attempts have state to clean up); other ops follow with all their arguments.
         let is_ack = |i: &usize| ops[*i].action == Settle::Ack;
@@ -769,7 +881,12 @@ impl Queue {
             .collect();
         let others: Vec<usize> = (0..ops.len()).filter(|i| !is_ack(i)).collect();
         let mut inv = self.invocation(&SCRIPTS.settle);
-        inv.arg(first.len()).arg(later.len());
+        let (host, slot) = self.worker_args();
+        inv.arg(first.len())
+            .arg(later.len())
+            .arg(host)
+            .arg(slot)
+            .arg(self.ttl_arg());
         for &i in first.iter().chain(&later) {
             inv.arg(&ops[i].id).arg(ops[i].token);
         }
@@ -780,6 +897,7 @@ impl Queue {
                 Settle::Extend { .. } => "e",
                 Settle::Retry { .. } => "r",
                 Settle::Fail { .. } => "f",
+                Settle::AckWithResult { .. } => "d",
             })
             .arg(&op.id)
             .arg(op.token)
@@ -802,6 +920,9 @@ impl Queue {
                 Settle::Fail { reason } => {
                     inv.arg(reason).arg("").arg("");
                 }
+                Settle::AckWithResult { result } => {
+                    inv.arg(result).arg("").arg("");
+                }
             }
         }
         let mut conn = self.conn.clone();
@@ -822,6 +943,34 @@ impl Queue {
             };
         }
         Ok(out)
+    }
+
+    /// The ops with every result over `max_result` turned into a fail naming the limit
+    /// (never cut: a cut result would be a wrong one); `None` when all fit.
+    fn check_results(&self, ops: &[SettleOp]) -> Option<Vec<SettleOp>> {
+        let limit = self.limits.max_result;
+        let too_big = |op: &SettleOp| matches!(&op.action, Settle::AckWithResult { result } if result.len() as u64 > limit);
+        if !ops.iter().any(too_big) {
+            return None;
+        }
+        Some(
+            ops.iter()
+                .map(|op| match &op.action {
+                    Settle::AckWithResult { result } if too_big(op) => SettleOp {
+                        action: Settle::Fail {
+                            reason: format!(
+                                "result of {} bytes exceeds max_result {} bytes of queue {}",
+                                result.len(),
+                                limit,
+                                self.name
+                            ),
+                        },
+                        ..op.clone()
+                    },
+                    _ => op.clone(),
+                })
+                .collect(),
+        )
     }
 
     /// Acks leased tasks (one round trip).
@@ -853,7 +1002,7 @@ impl Queue {
             .invocation(&SCRIPTS.stats)
             .invoke_async(&mut conn)
             .await?;
-        if reply.len() < 4 {
+        if reply.len() < 5 {
             return Err(QueueError::Protocol("stats returned too little".into()));
         }
         let mut s = QueueStats {
@@ -861,9 +1010,10 @@ impl Queue {
             delayed: int(&reply[1])? as u64,
             leased: int(&reply[2])? as u64,
             dead: int(&reply[3])? as u64,
+            frozen: int(&reply[4])? as u64,
             ..Default::default()
         };
-        for pair in reply[4..].chunks(2) {
+        for pair in reply[5..].chunks(2) {
             let [field, value] = pair else { break };
             let value: u64 = string(value)?.parse().unwrap_or(0);
             match string(field)?.as_str() {
@@ -925,7 +1075,7 @@ impl Queue {
             Some(ids) => {
                 for chunk in ids.chunks(HOUSEKEEPING_LIMIT) {
                     let mut inv = self.invocation(&SCRIPTS.dead_move);
-                    inv.arg(action).arg(chunk.len());
+                    inv.arg(action).arg(chunk.len()).arg(REQUEUE_NOTE);
                     for id in chunk {
                         inv.arg(id);
                     }
@@ -934,7 +1084,7 @@ impl Queue {
             }
             None => loop {
                 let mut inv = self.invocation(&SCRIPTS.dead_move);
-                inv.arg(action).arg(HOUSEKEEPING_LIMIT);
+                inv.arg(action).arg(HOUSEKEEPING_LIMIT).arg(REQUEUE_NOTE);
                 let n: u64 = inv.invoke_async(&mut conn).await?;
                 total += n;
                 if n == 0 {
@@ -957,18 +1107,31 @@ impl Queue {
 
     /// Looks a task up by id.
     pub async fn find(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, false).await
+        self.find_or_cancel(id, None).await
     }
 
     /// Removes a task by id, whatever its state, and returns what it was. A leased task's
-    /// holder will find its settle rejected as stale.
+    /// holder will find its settle rejected as stale. Its record says cancelled.
     pub async fn cancel(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, true).await
+        self.find_or_cancel(id, Some("cancelled")).await
     }
 
-    async fn find_or_cancel(&self, id: &str, cancel: bool) -> Result<Option<TaskInfo>, QueueError> {
+    /// Like [`cancel`](Self::cancel), with `note` (who cancelled, why) in the record's
+    /// history.
+    pub async fn cancel_with(&self, id: &str, note: &str) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, Some(note)).await
+    }
+
+    async fn find_or_cancel(
+        &self,
+        id: &str,
+        cancel: Option<&str>,
+    ) -> Result<Option<TaskInfo>, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.find);
-        inv.arg(id).arg(if cancel { "1" } else { "0" });
+        inv.arg(id)
+            .arg(if cancel.is_some() { "1" } else { "0" })
+            .arg(cancel.unwrap_or(""))
+            .arg(self.ttl_arg());
         let mut conn = self.conn.clone();
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
         let Some(r) = reply else { return Ok(None) };
@@ -983,6 +1146,7 @@ impl Queue {
             "delayed" => TaskState::Delayed,
             "leased" => TaskState::Leased,
             "dead" => TaskState::Dead,
+            "frozen" => TaskState::Frozen,
             other => return Err(QueueError::Protocol(format!("unknown state {other:?}"))),
         };
         let meta = Meta::parse(&string(&r[2])?)
@@ -1028,8 +1192,21 @@ impl Meta {
 /// Whether two tasks can share one enqueue call: same options, and ids given for both or
 /// for neither (the script has a faster path when every id is generated).
 fn same_options(a: &NewTask, b: &NewTask) -> bool {
-    (a.priority, a.delay, a.at, a.max_attempts, a.id.is_some())
-        == (b.priority, b.delay, b.at, b.max_attempts, b.id.is_some())
+    (
+        a.priority,
+        a.delay,
+        a.at,
+        a.max_attempts,
+        a.id.is_some(),
+        &a.submitted_by,
+    ) == (
+        b.priority,
+        b.delay,
+        b.at,
+        b.max_attempts,
+        b.id.is_some(),
+        &b.submitted_by,
+    )
 }
 
 fn millis_since_epoch(t: SystemTime) -> u64 {

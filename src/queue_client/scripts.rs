@@ -15,6 +15,9 @@ pub(crate) struct Scripts {
     pub dead_move: Script,
     pub find: Script,
     pub drop: Script,
+    pub record_get: Script,
+    pub list: Script,
+    pub freeze: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -32,14 +35,19 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     dead_move: with_prelude(include_str!("lua/dead_move.lua")),
     find: with_prelude(include_str!("lua/find.lua")),
     drop: with_prelude(include_str!("lua/drop.lua")),
+    record_get: with_prelude(include_str!("lua/record_get.lua")),
+    list: with_prelude(include_str!("lua/list.lua")),
+    freeze: with_prelude(include_str!("lua/freeze.lua")),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag
 /// `{QUEUE}`, so one queue lives in one Redis Cluster slot; so do the per-priority ready
-/// lists (`…:ready:PRIORITY`) that the scripts derive from the `ready` key.
+/// lists (`…:ready:PRIORITY`) that the scripts derive from the `ready` key, the task
+/// records (`…:r:ID`) derived from the `r:` prefix, and the per-submitter indexes
+/// (`…:idx:NAME`) derived from `idx`.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub all: [String; 12],
+    pub all: [String; 16],
 }
 
 impl Keys {
@@ -59,12 +67,27 @@ impl Keys {
                 k("seq"),
                 k("tok"),
                 k("wake"),
+                k("r:"),
+                k("idx"),
+                k("conf"),
+                k("frozen"),
             ],
         }
     }
 
     pub fn wake(&self) -> &str {
         &self.all[11]
+    }
+
+    /// The hash of run-time switches (`intake`) and record bookkeeping.
+    pub fn conf(&self) -> &str {
+        &self.all[14]
+    }
+
+    /// The channel on which the end of a task someone waits for is announced.
+    pub fn ended_channel(&self) -> String {
+        let prefix = &self.all[12];
+        format!("{}ended", &prefix[..prefix.len() - 2])
     }
 }
 

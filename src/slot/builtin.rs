@@ -15,7 +15,7 @@ impl Handler for Noop {
     }
 
     fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
-        vec![Outcome::Done; batch.len()]
+        vec![Outcome::done(); batch.len()]
     }
 }
 
@@ -35,9 +35,9 @@ impl Handler for Sleep {
                 Ok(v) => match v.get("ms").and_then(serde_json::Value::as_u64) {
                     Some(ms) => {
                         std::thread::sleep(Duration::from_millis(ms));
-                        Outcome::Done
+                        Outcome::done()
                     }
-                    None if v.get("ms").is_none() => Outcome::Done,
+                    None if v.get("ms").is_none() => Outcome::done(),
                     None => Outcome::Reject {
                         reason: "sleep: `ms` must be a non-negative integer".into(),
                     },
@@ -89,7 +89,7 @@ impl Handler for Flaky {
                         reason: "flaky: simulated failure".into(),
                     }
                 } else {
-                    Outcome::Done
+                    Outcome::done()
                 }
             })
             .collect()
@@ -124,7 +124,7 @@ impl Handler for Memhog {
             let fill = task.id.bytes().fold(1u8, |a, b| a.wrapping_add(b)) | 1;
             self.kept.push(vec![fill; self.grow_per_task]);
         }
-        vec![Outcome::Done; batch.len()]
+        vec![Outcome::done(); batch.len()]
     }
 }
 
@@ -165,7 +165,7 @@ impl Handler for PreloadDemo {
             .iter()
             .map(|_| {
                 std::hint::black_box(self.checksum());
-                Outcome::Done
+                Outcome::done()
             })
             .collect()
     }
@@ -194,7 +194,7 @@ mod tests {
             &c,
             &[task(r#"{"ms":1}"#), task("nope"), task(r#"{"ms":-1}"#)],
         );
-        assert_eq!(out[0], Outcome::Done);
+        assert_eq!(out[0], Outcome::done());
         assert!(matches!(out[1], Outcome::Reject { .. }));
         assert!(matches!(out[2], Outcome::Reject { .. }));
     }

@@ -74,8 +74,12 @@ struct ReplyEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "status", rename_all = "lowercase")]
 pub enum ReplyStatus {
-    /// `"ok"`: the task is done.
-    Ok,
+    /// `"ok"`: the task is done, with an optional `"result"` kept in its record.
+    Ok {
+        /// What the child returned for the task.
+        #[serde(default)]
+        result: Option<serde_json::Value>,
+    },
     /// `"retry"`: try again after `delay_ms`, or after the queue's policy delay. The queue
     /// caps a delay at `queue_client::MAX_DELAY`.
     Retry {
@@ -389,7 +393,10 @@ impl Handler for Exec {
                     return outcome;
                 }
                 match statuses.next().flatten() {
-                    Some(ReplyStatus::Ok) => Outcome::Done,
+                    Some(ReplyStatus::Ok { result: None }) => Outcome::done(),
+                    Some(ReplyStatus::Ok {
+                        result: Some(result),
+                    }) => Outcome::done_with(result),
                     Some(ReplyStatus::Retry { delay_ms }) => Outcome::Retry {
                         delay: delay_ms
                             .map(Duration::from_millis)
@@ -504,7 +511,7 @@ mod tests {
         assert_eq!(
             exec.handle(&ctx, &batch),
             vec![
-                Outcome::Done,
+                Outcome::done(),
                 Outcome::Retry {
                     delay: Duration::from_millis(1500),
                     reason: reason.clone(),
@@ -561,7 +568,7 @@ for line in sys.stdin:
     fn non_object_payloads_are_ok_in_the_example() {
         let (mut exec, ctx) = example();
         let batch = vec![task("s", 1, "just text"), task("n", 1, "42")];
-        assert_eq!(exec.handle(&ctx, &batch), vec![Outcome::Done; 2]);
+        assert_eq!(exec.handle(&ctx, &batch), vec![Outcome::done(); 2]);
     }
 
     #[test]
@@ -575,11 +582,11 @@ for line in sys.stdin:
         assert_eq!(
             exec.handle(&ctx, &batch),
             vec![
-                Outcome::Done,
+                Outcome::done(),
                 Outcome::Fail {
                     reason: "exec: no result for this task".into()
                 },
-                Outcome::Done,
+                Outcome::done(),
             ]
         );
     }
@@ -599,7 +606,7 @@ for line in sys.stdin:
                 Outcome::Fail {
                     reason: "one".into()
                 },
-                Outcome::Done
+                Outcome::done()
             ]
         );
     }
@@ -617,7 +624,7 @@ for line in sys.stdin:
             "{outcomes:?}"
         );
         assert_gone(first);
-        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::Done; 2]);
+        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
         let second = exec.child_pid().unwrap();
         assert_ne!(first, second);
     }
@@ -685,7 +692,7 @@ for line in sys.stdin:
         let reason = "exec: reply longer than 1048576 bytes".to_owned();
         assert_eq!(outcomes, vec![Outcome::Fail { reason }; 2]);
         assert_gone(first);
-        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::Done; 2]);
+        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
         assert_ne!(exec.child_pid().unwrap(), first);
     }
 
@@ -744,7 +751,7 @@ for line in sys.stdin:
         assert_eq!(
             parse_reply(line, &["a", "b", "c"]),
             Ok(vec![
-                Some(ReplyStatus::Ok),
+                Some(ReplyStatus::Ok { result: None }),
                 None,
                 Some(ReplyStatus::Retry { delay_ms: Some(5) })
             ])
@@ -785,7 +792,10 @@ for line in sys.stdin:
             assert_eq!(reason, "expected a JSON object");
         }
         let ok = b" \r\n{\"results\":[{\"id\":\"a\",\"status\":\"ok\"}]}\n";
-        assert_eq!(parse_reply(ok, &["a"]), Ok(vec![Some(ReplyStatus::Ok)]));
+        assert_eq!(
+            parse_reply(ok, &["a"]),
+            Ok(vec![Some(ReplyStatus::Ok { result: None })])
+        );
     }
 
     #[test]
@@ -804,7 +814,7 @@ for line in sys.stdin:
             ]
         );
         assert_gone(first);
-        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::Done; 2]);
+        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
         assert_ne!(exec.child_pid().unwrap(), first);
     }
 
@@ -812,7 +822,7 @@ for line in sys.stdin:
     fn a_child_that_died_between_batches_is_replaced_first() {
         let (mut exec, ctx) = example();
         let first = exec.child_pid().unwrap();
-        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::Done; 2]);
+        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
         // SAFETY: signals our own child, which has not been reaped, so the pid is its.
         assert_eq!(unsafe { libc::kill(first as i32, libc::SIGKILL) }, 0);
         // Wait until it is a zombie, so the next batch must notice it before writing.
@@ -829,7 +839,7 @@ for line in sys.stdin:
             );
             std::thread::yield_now();
         }
-        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::Done; 2]);
+        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
         assert_ne!(exec.child_pid().unwrap(), first);
         assert_gone(first);
     }
@@ -879,7 +889,7 @@ for line in sys.stdin:
     #[test]
     fn dropping_the_handler_kills_and_reaps_the_child() {
         let (mut exec, ctx) = example();
-        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::Done; 2]);
+        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
         let pid = exec.child_pid().unwrap();
         drop(exec);
         assert_gone(pid);

@@ -108,8 +108,8 @@ pub fn check_json_depth(bytes: &[u8], limit: usize) -> Result<(), PayloadError> 
 /// What became of one task; a handler returns one per task, in batch order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// Finished: the task is deleted.
-    Done,
+    /// Finished: the task is deleted; what it returned is kept in its record.
+    Done(Done),
     /// A foreseen postponement: try again after `delay` (counts as an attempt).
     Retry {
         /// How long the task waits before it can be taken again, at most
@@ -129,6 +129,29 @@ pub enum Outcome {
         /// Recorded as the task's last error.
         reason: String,
     },
+}
+
+impl Outcome {
+    /// Finished, with nothing to return.
+    pub fn done() -> Outcome {
+        Outcome::Done(Done::default())
+    }
+
+    /// Finished, returning `result`: kept in the task's record for whoever submitted it
+    /// (the queue's `max_result` bounds its JSON text; a larger one fails the task).
+    pub fn done_with(result: serde_json::Value) -> Outcome {
+        Outcome::Done(Done {
+            result: Some(result),
+        })
+    }
+}
+
+/// What a finished task leaves behind.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Done {
+    /// The result, as JSON; `None` keeps no result.
+    pub result: Option<serde_json::Value>,
 }
 
 /// An error from `preload` or `init`; the slot logs it and exits with a crash code.

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::handler::{Handler, Outcome, SlotContext, Task, check_payload_size};
 use crate::config::QueueConfig;
+use crate::queue_client::Worker as RecordWorker;
 use crate::queue_client::{
     ConnectOptions, LeasedTask, Queue, QueueClient, QueueLimits, Settle, SettleOp, SettleResult,
 };
@@ -50,6 +51,8 @@ pub struct SlotSpec {
     pub connect: ConnectOptions,
     /// Where to send [`SlotEvent`]s for the master; none outside a master.
     pub report: Option<UnixDatagram>,
+    /// The host's name, as task records show where an attempt ran.
+    pub host: String,
 }
 
 /// What a slot tells its master, one datagram each (JSON).
@@ -244,6 +247,7 @@ async fn run(
         namespace,
         connect,
         report: _,
+        host,
     } = spec;
     let pid = std::process::id();
     let stop = match stop {
@@ -282,7 +286,7 @@ async fn run(
         }
     };
     let queue = match client.queue_with(&queue_cfg.name, QueueLimits::from(&queue_cfg)) {
-        Ok(q) => q,
+        Ok(q) => q.with_worker(RecordWorker { host, slot }),
         Err(e) => return (EXIT_FATAL, format!("queue: {e}")),
     };
     let mut waiter = client.waiter();
@@ -483,7 +487,12 @@ fn settle_ops(cfg: &QueueConfig, tasks: &[LeasedTask], outcomes: Vec<Outcome>) -
         .zip(outcomes)
         .map(|(t, outcome)| {
             let action = match outcome {
-                Outcome::Done => Settle::Ack,
+                Outcome::Done(done) => match done.result {
+                    None => Settle::Ack,
+                    Some(result) => Settle::AckWithResult {
+                        result: result.to_string(),
+                    },
+                },
                 Outcome::Retry { delay, reason } => Settle::Retry {
                     delay,
                     priority: None,

@@ -9,6 +9,7 @@ mod invariants;
 mod manager;
 mod outage;
 mod queue;
+mod records;
 mod simulate;
 mod slot;
 mod top;

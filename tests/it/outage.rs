@@ -50,7 +50,7 @@ impl Handler for DoneWhileLoading {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
-        vec![Outcome::Done; batch.len()]
+        vec![Outcome::done(); batch.len()]
     }
 }
 
@@ -73,6 +73,7 @@ fn start_slot<H: Handler + Send + 'static>(
         namespace: "test".into(),
         connect: ConnectOptions::default(),
         report: Some(report),
+        host: "test-host".into(),
     };
     let stop = CancellationToken::new();
     let token = stop.clone();
@@ -157,7 +158,7 @@ impl Handler for DoneWhenReleased {
         while !self.release.load(Ordering::SeqCst) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        vec![Outcome::Done; batch.len()]
+        vec![Outcome::done(); batch.len()]
     }
 }
 

@@ -534,6 +534,7 @@ async fn oversized_payload_is_refused_and_nothing_enqueued(client: QueueClient, 
             QueueLimits {
                 max_payload: 1024,
                 max_attempts: 5,
+                ..Default::default()
             },
         )
         .unwrap();

@@ -29,7 +29,7 @@ impl Handler for PanicsOnce {
         {
             panic!("boom on purpose");
         }
-        vec![Outcome::Done; batch.len()]
+        vec![Outcome::done(); batch.len()]
     }
 }
 
@@ -41,6 +41,7 @@ fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec
         namespace: "test".into(),
         connect: ConnectOptions::default(),
         report: Some(report),
+        host: "test-host".into(),
     }
 }
 
@@ -139,7 +140,7 @@ impl Handler for Records {
         for t in batch {
             let _ = self.0.send(t.id.clone());
         }
-        vec![Outcome::Done; batch.len()]
+        vec![Outcome::done(); batch.len()]
     }
 }
 
@@ -246,4 +247,110 @@ async fn a_deeply_nested_payload_is_dead_lettered_by_a_json_handler_and_the_slot
     .await;
     stop.cancel();
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+}
+
+/// Returns the payload's "n" doubled as its result.
+struct Doubles;
+
+impl Handler for Doubles {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Ok(Doubles)
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        batch
+            .iter()
+            .map(|t| {
+                let n = t.json().ok().and_then(|v| v["n"].as_i64()).unwrap_or(0);
+                Outcome::done_with(serde_json::json!({ "double": n * 2 }))
+            })
+            .collect()
+    }
+}
+
+/// Runs a slot of `cfg` with `handler` until `id`'s record has ended, then stops it, and
+/// returns the record.
+async fn run_until_ended(
+    redis: &TestRedis,
+    cfg: QueueConfig,
+    handler: Box<dyn Handler>,
+    id: &str,
+) -> gaffer::queue_client::TaskRecord {
+    let client = redis.client().await;
+    let q = client.queue(&cfg.name).unwrap();
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let slot = {
+        let (spec, stop) = (spec(redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, handler, Some(stop)))
+    };
+    let rec = crate::harness::poll_some(Duration::from_secs(20), "the task's end", || {
+        let q = q.clone();
+        async move { q.record(id).await.unwrap().filter(|r| r.state.is_end()) }
+    })
+    .await;
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+    rec
+}
+
+#[tokio::test]
+async fn a_rust_handlers_result_lands_in_the_record_with_host_and_slot() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue("r").unwrap();
+    q.enqueue(NewTask::new(r#"{"n":21}"#).id("t"))
+        .await
+        .unwrap();
+    let cfg = QueueConfig::new("r", HandlerConfig::Noop);
+    let rec = run_until_ended(&redis, cfg, Box::new(Doubles), "t").await;
+    assert_eq!(rec.state, gaffer::queue_client::RecordState::Done);
+    assert_eq!(rec.result, Some(serde_json::json!({"double": 42})));
+    let ran = &rec.history.unwrap()[1];
+    assert_eq!(
+        (ran.host.as_deref(), ran.slot),
+        (Some("test-host"), Some(7))
+    );
+}
+
+#[tokio::test]
+async fn an_exec_childs_result_lands_in_the_record_and_an_oversized_one_fails_the_task() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue("x").unwrap();
+    q.enqueue_many(&[
+        NewTask::new(r#"{"size":3}"#).id("small"),
+        NewTask::new(r#"{"size":300}"#).id("big"),
+    ])
+    .await
+    .unwrap();
+    // A child that answers every task with a result of "x" × the payload's size.
+    let script = r#"
+import json, sys
+for line in sys.stdin:
+    batch = json.loads(line)["batch"]
+    out = [{"id": t["id"], "status": "ok", "result": {"s": "x" * t["payload"]["size"]}} for t in batch]
+    print(json.dumps({"results": out}), flush=True)
+"#;
+    let mut cfg = QueueConfig::new(
+        "x",
+        HandlerConfig::Exec {
+            command: vec!["python3".into(), "-c".into(), script.into()],
+        },
+    );
+    cfg.batch_size = 2;
+    cfg.max_result = 100;
+    let handler = gaffer::slot::Registry::builtin().preload(&cfg).unwrap();
+    let rec = run_until_ended(&redis, cfg, handler, "big").await;
+    assert_eq!(rec.state, gaffer::queue_client::RecordState::Failed);
+    assert!(
+        rec.error
+            .as_deref()
+            .unwrap()
+            .contains("exceeds max_result 100 bytes"),
+        "{:?}",
+        rec.error
+    );
+    let small = q.record("small").await.unwrap().unwrap();
+    assert_eq!(small.result, Some(serde_json::json!({"s": "xxx"})));
 }

@@ -1,11 +1,12 @@
--- ARGV: action ('requeue' | 'purge'), limit, then ids (none: the oldest `limit` dead letters).
+-- ARGV: action ('requeue' | 'purge'), limit, note (the requeued records' history note),
+-- then ids (none: the oldest `limit` dead letters).
 -- Returns how many were moved. Requeued tasks start afresh: zero attempts, no last error
 -- (an ack only cleans up the error of tasks past their first attempt).
 local now = now_ms()
 local action, lim = ARGV[1], tonumber(ARGV[2])
 local ids = {}
-if #ARGV > 2 then
-  for i = 3, #ARGV do
+if #ARGV > 3 then
+  for i = 4, #ARGV do
     if redis.call('ZSCORE', K_DEAD, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
   end
 else
@@ -23,6 +24,13 @@ else
   push_ready_grouped(pris, ids, false)
   bulk('HDEL', K_ATT, ids)
   bulk('HDEL', K_ERR, ids)
+  for _, id in ipairs(ids) do
+    -- back in the queue: its record lives again as long as the task
+    if record(id, 'waiting', now, 0, '', '', ARGV[3]) then
+      redis.call('PERSIST', rec_key(id))
+      redis.call('HSET', rec_key(id), 'd', now)
+    end
+  end
   redis.call('HINCRBY', K_STATS, 'requeued', #ids)
   wake(#ids)
 end

@@ -1,6 +1,13 @@
--- Deletes the whole queue, including its per-priority ready lists.
+-- Deletes the whole queue, including its per-priority ready lists, its records and their
+-- indexes.
 for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
   redis.call('DEL', ready_list(p))
+end
+local ids = redis.call('ZRANGE', K_IDX, 0, -1)
+for _, id in ipairs(ids) do redis.call('DEL', rec_key(id)) end
+for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
+  local by = string.match(f, '^gc:(.*)$')
+  if by then redis.call('DEL', submitter_index(by)) end
 end
 for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1

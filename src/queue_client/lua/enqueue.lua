@@ -1,20 +1,31 @@
--- ARGV: n, priority, delay_ms, at_ms (0: none), max_attempts, mode, then
+-- ARGV: n, priority, delay_ms, at_ms (0: none), max_attempts, mode, track ('1': keep a
+--   record), submitted_by, dedup ('a' active | 'r' record), intake (the config's value,
+--   used while no run-time switch is set), history_ttl_ms, then
 --   mode 'p':  n payloads (ids generated), or
 --   mode 'ip': n × (id, payload) (ids given: dedup applies).
 -- Options are shared by the call (the client splits calls where they differ), which keeps
 -- per-task arguments, the main cost of a bulk enqueue, to one or two.
 -- Returns {base, flags}: generated ids are '#' .. (base + i) for the i-th task (1-based),
--- and flags holds one character per task: '1' created, '0' an existing pending or leased
--- task with that id was kept. Replies stay small, which matters as much as the work.
+-- and flags holds one character per task: '1' created, '0' an existing task with that id
+-- was kept, 'x' recorded as cancelled at once (the intake is 'cancel'). Returns {-1, ''}
+-- and changes nothing when the intake is closed. Replies stay small, which matters as much
+-- as the work.
+local H = 11
 local now = now_ms()
 local n = tonumber(ARGV[1])
 local pri, delay, at = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local meta = pack_meta(ARGV[2], ARGV[5], now)
+local ma = ARGV[5]
+local track, by, dedup_record = ARGV[7] == '1', ARGV[8], ARGV[9] == 'r'
+local intake = redis.call('HGET', K_CONF, 'intake') or ARGV[10]
+local ttl = tonumber(ARGV[11])
+if intake == 'closed' then return {-1, ''} end
+local cancel = intake == 'cancel'
+local meta = pack_meta(ARGV[2], ma, now)
 local due = now + delay
 if at > 0 then due = at end
 local is_delayed = due > now
 local base = redis.call('INCRBY', K_SEQ, n) - n
-local payloads, metas, ids, flags = {}, {}, {}, nil
+local payloads, metas, ids, seqs, flags = {}, {}, {}, {}, nil
 local created = 0
 
 if ARGV[6] == 'p' then
@@ -22,23 +33,24 @@ if ARGV[6] == 'p' then
   for i = 1, n do
     local id = '#' .. (base + i)
     payloads[2 * i - 1] = id
-    payloads[2 * i] = ARGV[6 + i]
+    payloads[2 * i] = ARGV[H + i]
     metas[2 * i - 1] = id
     metas[2 * i] = meta
     ids[i] = id
+    seqs[i] = base + i
   end
   created = n
-  flags = string.rep('1', n)
+  flags = string.rep(cancel and 'x' or '1', n)
 else
   local seen, fl = {}, {}
   for i = 1, n do
-    local o = 5 + 2 * i
+    local o = H - 1 + 2 * i
     local id = ARGV[o]
     local fresh = true
     if seen[id] then
       fresh = false
     elseif redis.call('HEXISTS', K_META, id) == 1 then
-      if redis.call('ZSCORE', K_DEAD, id) then
+      if redis.call('ZSCORE', K_DEAD, id) and not dedup_record then
         -- a dead letter with this id is superseded by the new task
         redis.call('ZREM', K_DEAD, id)
         redis.call('HDEL', K_ERR, id)
@@ -46,8 +58,11 @@ else
       else
         fresh = false
       end
+    elseif dedup_record and redis.call('EXISTS', rec_key(id)) == 1 then
+      -- the finished task's record still lives, and the queue dedups against it
+      fresh = false
     end
-    fl[i] = fresh and '1' or '0'
+    fl[i] = fresh and (cancel and 'x' or '1') or '0'
     if fresh then
       seen[id] = true
       created = created + 1
@@ -56,12 +71,20 @@ else
       metas[2 * created - 1] = id
       metas[2 * created] = meta
       ids[created] = id
+      seqs[created] = base + i
     end
   end
   flags = table.concat(fl)
 end
 
-if created > 0 then
+if created > 0 and cancel then
+  -- Recorded and ended at once: nothing enqueued, nothing to run.
+  if track then
+    records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
+      'cancelled on arrival: the intake of the queue is cancel', ttl, ARGV[6] ~= 'p')
+  end
+  redis.call('HINCRBY', K_STATS, 'cancelled', created)
+elseif created > 0 then
   bulk('HSET', K_PAYLOAD, payloads)
   bulk('HSET', K_META, metas)
   if is_delayed then
@@ -74,7 +97,13 @@ if created > 0 then
   else
     push_ready(pri, ids, false)
   end
+  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, '', 0, ARGV[6] ~= 'p') end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
+end
+if track and created > 0 then
+  local k = created + 8
+  sweep_index(K_IDX, 'gc', k)
+  if by ~= '' then sweep_index(submitter_index(by), 'gc:' .. by, k) end
 end
 return {base, flags}

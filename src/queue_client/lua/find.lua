@@ -1,4 +1,5 @@
--- ARGV: id, cancel ('1' removes the task). Returns nil when unknown, else
+-- ARGV: id, cancel ('1' removes the task), note (the cancelled record's history note),
+-- history_ttl_ms. Returns nil when unknown, else
 -- {state, score, meta, attempts, payload, error, lease token or ''}; a leased task's
 -- attempts count the one under way.
 local now = now_ms()
@@ -26,8 +27,10 @@ if ARGV[2] == '1' then
   else
     redis.call('ZREM', K_DELAYED, id)
     redis.call('ZREM', K_DEAD, id)
+    redis.call('ZREM', K_FROZEN, id)
   end
   forget({id})
   redis.call('HINCRBY', K_STATS, 'cancelled', 1)
+  record(id, 'cancelled', now, nil, '', '', ARGV[3] or '', nil, history_ttl(ARGV[4]))
 end
 return out

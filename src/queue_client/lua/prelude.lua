@@ -3,6 +3,7 @@
 local K_READY, K_DELAYED, K_LEASED, K_DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_PAYLOAD, K_META, K_ATT, K_ERR = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_STATS, K_SEQ, K_TOK, K_WAKE = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local K_REC, K_IDX, K_CONF, K_FROZEN = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 
 -- Wake-up tokens kept at most: enough to wake that many idle takers at once.
 local WAKE_CAP = 256
@@ -137,14 +138,16 @@ local function forget(ids)
   bulk('HDEL', K_ERR, ids)
 end
 
--- Where a task is: 'ready', 'due' (delayed, due, not yet moved), 'delayed', 'leased' or
--- 'dead' (nil when unknown), the score that goes with it (due time, lease expiry, time of
+-- Where a task is: 'ready', 'due' (delayed, due, not yet moved), 'delayed', 'leased',
+-- 'frozen' or 'dead' (nil when unknown), the score that goes with it (due time, lease expiry, time of
 -- death), its meta, and its lease member and token when leased.
 local function locate(id, now)
   local m = redis.call('HGET', K_META, id)
   if not m then return nil end
   local s = redis.call('ZSCORE', K_DEAD, id)
   if s then return 'dead', tonumber(s), m end
+  s = redis.call('ZSCORE', K_FROZEN, id)
+  if s then return 'frozen', tonumber(s), m end
   s = redis.call('ZSCORE', K_DELAYED, id)
   if s then
     if tonumber(s) > now then return 'delayed', tonumber(s), m end
@@ -153,4 +156,134 @@ local function locate(id, now)
   local member, exp, tok = find_lease(id)
   if member then return 'leased', exp, m, member, tok end
   return 'ready', 0, m
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Task records (see record.rs). A tracked task has a hash `K_REC .. id` beside the queue:
+--   s state, p priority, a attempt, m max_attempts, c created ms, d due ms, u updated ms,
+--   b submitted_by, e last error, r result (JSON text), h history, w '1' while an api
+--   instance waits for its end.
+-- History entries are separated by \30, their fields by \31:
+--   state, at ms, attempt, host, slot, note[, count when folded].
+-- A record is written only where one exists (take and settle need no flag: an untracked
+-- task simply has none); enqueue creates it when the queue tracks. It gets a TTL when the
+-- task ends (done, failed, cancelled), so it goes by itself, without a reaper.
+local RS, FS = '\30', '\31'
+-- Where the end of a task someone waits for is announced: `ns:{Q}:ended` (a channel, not
+-- a key).
+local ENDED_CHANNEL = string.sub(K_REC, 1, -3) .. 'ended'
+
+local function rec_key(id)
+  return K_REC .. id
+end
+
+-- Separators cannot appear inside a field; a note loses them rather than corrupting the
+-- history.
+local function clean(s)
+  if not s or s == '' then return '' end
+  return (string.gsub(s, '[\30\31]', ' '))
+end
+
+-- The history with one transition added: folded into the last entry (its count goes up)
+-- when state, attempt, host, slot and note are all the same.
+local function history_add(h, state, now, attempt, host, slot, note)
+  local ident = state .. FS .. attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
+  if h and h ~= '' then
+    local head, last = string.match(h, '^(.*)\30([^\30]*)$')
+    if not last then head, last = nil, h end
+    local st, at, rest = string.match(last, '^([^\31]*)\31([^\31]*)\31(.*)$')
+    if st then
+      local body, count = string.match(rest, '^(.*)\31(%d+)$')
+      if not body then body, count = rest, '1' end
+      if st .. FS .. body == ident then
+        local folded = st .. FS .. at .. FS .. body .. FS .. (tonumber(count) + 1)
+        if head then return head .. RS .. folded end
+        return folded
+      end
+    end
+    return h .. RS .. state .. FS .. now .. FS .. attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
+  end
+  return state .. FS .. now .. FS .. attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
+end
+
+-- Records one transition of a tracked task: new state, history entry, and any extra
+-- fields (a flat list of field, value). Returns false when the task has no record. A nil
+-- `attempt` keeps the record's; a nil `host` takes host and slot from the last entry.
+-- `ttl_ms` > 0 ends the record's life that long from now (the task ended); the waiters of
+-- an ended task are told on the queue's channel.
+local function record(id, state, now, attempt, host, slot, note, extra, ttl_ms)
+  local key = rec_key(id)
+  local cur = redis.call('HMGET', key, 'h', 'w', 'a')
+  if not cur[1] then return false end
+  if attempt == nil then attempt = tonumber(cur[3]) or 0 end
+  if host == nil then
+    -- The slot that held the lease (a lease that expired names the slot that lost it).
+    local last = string.match(cur[1], '([^\30]*)$')
+    host, slot = string.match(last, '^[^\31]*\31[^\31]*\31[^\31]*\31([^\31]*)\31([^\31]*)')
+    host, slot = host or '', slot or ''
+  end
+  local args = {'s', state, 'u', now, 'a', attempt,
+    'h', history_add(cur[1], state, now, attempt, host, slot, note)}
+  if extra then
+    for i = 1, #extra do args[#args + 1] = extra[i] end
+  end
+  redis.call('HSET', key, unpack(args))
+  if ttl_ms and ttl_ms > 0 then
+    redis.call('PEXPIRE', key, ttl_ms)
+    if cur[2] then
+      redis.call('HDEL', key, 'w')
+      redis.call('PUBLISH', ENDED_CHANNEL, id)
+    end
+  end
+  return true
+end
+
+-- The configured record TTL of the queue's tasks; the client passes it with every call
+-- that can end a task, and keeps it here for admin paths that cannot know the config.
+local function history_ttl(arg)
+  local t = tonumber(arg)
+  if t and t > 0 then return t end
+  return tonumber(redis.call('HGET', K_CONF, 'ttl')) or 604800000
+end
+
+-- The index of a queue's records for listing: K_IDX (every record) and K_IDX .. ':' ..
+-- submitter, zsets of ids scored by a per-queue sequence, so newest first is highest
+-- score and a cursor is a score. Records expire by themselves; their index entries are
+-- swept here, `k` entries per call from a cursor kept in K_CONF that wraps around, so the
+-- sweep keeps pace with what enqueues add and no call does more than its share.
+local function sweep_index(idx, field, k)
+  local from = redis.call('HGET', K_CONF, field) or '0'
+  local rows = redis.call('ZRANGE', idx, '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, k, 'WITHSCORES')
+  local gone = {}
+  for i = 1, #rows, 2 do
+    if redis.call('EXISTS', rec_key(rows[i])) == 0 then gone[#gone + 1] = rows[i] end
+  end
+  if #gone > 0 then bulk('ZREM', idx, gone) end
+  if #rows < 2 * k then
+    redis.call('HSET', K_CONF, field, '0')
+  else
+    redis.call('HSET', K_CONF, field, rows[#rows])
+  end
+end
+
+local function submitter_index(by)
+  return K_IDX .. ':' .. by
+end
+
+-- Creates the records of new tasks (all with the same options) and indexes them.
+-- `replace`: ids were given, so an old finished record with the same id may be there.
+local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, replace)
+  local first = history_add(nil, state, now, 0, '', '', note)
+  local scored = {}
+  for i, id in ipairs(ids) do
+    local key = rec_key(id)
+    if replace then redis.call('DEL', key) end
+    redis.call('HSET', key, 's', state, 'p', pri, 'a', 0, 'm', ma, 'c', now, 'd', due,
+      'u', now, 'b', by, 'h', first)
+    if ttl_ms and ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
+    scored[2 * i - 1] = seqs[i]
+    scored[2 * i] = id
+  end
+  bulk('ZADD', K_IDX, scored)
+  if by ~= '' then bulk('ZADD', submitter_index(by), scored) end
 end

@@ -1,22 +1,25 @@
--- ARGV: k1, k2, then k1 + k2 acks as (id, token): the first k1 of first attempts, the
--- next k2 of later ones (only those can have attempts and a last error to clean up);
--- then m other ops as (kind, id, token, attempt, a, b, c):
+-- ARGV: k1, k2, host, slot, history_ttl_ms, then k1 + k2 acks as (id, token): the first k1
+-- of first attempts, the next k2 of later ones (only those can have attempts and a last
+-- error to clean up); then m other ops as (kind, id, token, attempt, a, b, c):
 --   'e' extend (a = lease_ms);  'r' retry (a = delay_ms, b = priority or '', c = reason);
---   'f' fail (a = reason)
+--   'f' fail (a = reason);  'd' done with a result (a = the result, JSON text)
 -- Returns k1 + k2 + m results in that order: 1 done, 0 stale (no lease with this token:
 -- it expired and was reclaimed, or was settled or cancelled), 2 retry turned into a dead
 -- letter because max_attempts is reached.
+local H = 5
 local now = now_ms()
 local k1, k2 = tonumber(ARGV[1]), tonumber(ARGV[2])
+local host, slot, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local tracked = redis.call('EXISTS', K_IDX) == 1
 local k = k1 + k2
-local m = (#ARGV - 2 - 2 * k) / 7
+local m = (#ARGV - H - 2 * k) / 7
 local members, ids = {}, {}
 for i = 1, k do
-  ids[i] = ARGV[1 + 2 * i]
-  members[i] = ARGV[2 + 2 * i] .. ':' .. ids[i]
+  ids[i] = ARGV[H - 1 + 2 * i]
+  members[i] = ARGV[H + 2 * i] .. ':' .. ids[i]
 end
 for j = 1, m do
-  local o = 2 + 2 * k + (j - 1) * 7
+  local o = H + 2 * k + (j - 1) * 7
   ids[k + j] = ARGV[o + 2]
   members[k + j] = ARGV[o + 3] .. ':' .. ids[k + j]
 end
@@ -27,6 +30,12 @@ while i <= #members do
   local part = redis.call('ZMSCORE', K_LEASED, unpack(members, i, j))
   for x = 1, #part do scores[#scores + 1] = part[x] end
   i = j + 1
+end
+
+local function dead_letter(id, attempt, err)
+  redis.call('ZADD', K_DEAD, now, id)
+  redis.call('HSET', K_ERR, id, err)
+  if tracked then record(id, 'failed', now, attempt, host, slot, err, {'e', err}, ttl) end
 end
 
 local res, acked, acked_members, later, settled = {}, {}, {}, {}, {}
@@ -41,11 +50,12 @@ for i = 1, k do
     acked[#acked + 1] = id
     acked_members[#acked_members + 1] = members[i]
     if i > k1 then later[#later + 1] = id end
+    if tracked then record(id, 'done', now, i <= k1 and 1 or nil, host, slot, '', nil, ttl) end
     res[i] = 1
   end
 end
 for i = k + 1, k + m do
-  local o = 2 + 2 * k + (i - k - 1) * 7
+  local o = H + 2 * k + (i - k - 1) * 7
   local kind, id, attempt = ARGV[o + 1], ids[i], tonumber(ARGV[o + 4])
   if not scores[i] or settled[id] then
     res[i] = 0
@@ -53,13 +63,19 @@ for i = k + 1, k + m do
   elseif kind == 'e' then
     redis.call('ZADD', K_LEASED, 'XX', now + tonumber(ARGV[o + 5]), members[i])
     res[i] = 1
+  elseif kind == 'd' then
+    settled[id] = true
+    acked[#acked + 1] = id
+    acked_members[#acked_members + 1] = members[i]
+    later[#later + 1] = id
+    if tracked then record(id, 'done', now, attempt, host, slot, '', {'r', ARGV[o + 5]}, ttl) end
+    res[i] = 1
   else
     settled[id] = true
     redis.call('ZREM', K_LEASED, members[i])
     redis.call('HSET', K_ATT, id, attempt)
     if kind == 'f' then
-      redis.call('ZADD', K_DEAD, now, id)
-      redis.call('HSET', K_ERR, id, ARGV[o + 5])
+      dead_letter(id, attempt, ARGV[o + 5])
       n_dead = n_dead + 1
       res[i] = 1
     else
@@ -67,23 +83,33 @@ for i = k + 1, k + m do
       local reason = ARGV[o + 7]
       if ma > 0 and attempt >= ma then
         if reason == '' then reason = 'retry requested' end
-        redis.call('ZADD', K_DEAD, now, id)
-        redis.call('HSET', K_ERR, id, string.format(
+        dead_letter(id, attempt, string.format(
           'attempt %d of %d failed (max_attempts reached): %s', attempt, ma, reason))
         n_dead = n_dead + 1
         res[i] = 2
       else
+        local extra = {}
         if ARGV[o + 6] ~= '' then
           pri = tonumber(ARGV[o + 6])
           redis.call('HSET', K_META, id, pack_meta(pri, ma, enq))
+          extra = {'p', pri}
         end
-        if reason ~= '' then redis.call('HSET', K_ERR, id, reason) end
+        if reason ~= '' then
+          redis.call('HSET', K_ERR, id, reason)
+          extra[#extra + 1] = 'e'
+          extra[#extra + 1] = reason
+        end
         local delay = tonumber(ARGV[o + 5])
         if delay > 0 then
           redis.call('ZADD', K_DELAYED, now + delay, id)
         else
           push_ready(pri, {id}, false)
           n_woken = n_woken + 1
+        end
+        if tracked then
+          extra[#extra + 1] = 'd'
+          extra[#extra + 1] = now + delay
+          record(id, 'waiting', now, attempt, host, slot, reason ~= '' and reason or 'retry requested', extra)
         end
         n_retried = n_retried + 1
         res[i] = 1

@@ -1,4 +1,5 @@
--- Returns {ready (due), delayed (not yet due), leased, dead, field, value, ...counters}
+-- Returns {ready (due), delayed (not yet due), leased, dead, frozen, field, value,
+-- ...counters}
 local now = now_ms()
 local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
 local out = {
@@ -6,6 +7,7 @@ local out = {
   redis.call('ZCARD', K_DELAYED) - due,
   redis.call('ZCARD', K_LEASED),
   redis.call('ZCARD', K_DEAD),
+  redis.call('ZCARD', K_FROZEN),
 }
 local counters = redis.call('HGETALL', K_STATS)
 for i = 1, #counters do out[#out + 1] = counters[i] end

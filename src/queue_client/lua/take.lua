@@ -1,9 +1,13 @@
--- ARGV: n, lease_ms, housekeeping limit
+-- ARGV: n, lease_ms, housekeeping limit, host, slot, history_ttl_ms (the taker's identity
+-- goes into the records of tracked tasks)
 -- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
 -- {now, 0, hint_ms} when none: hint_ms = time until the next delayed task is due or the
 -- next lease expires (-1: nothing scheduled), so an idle taker knows when to look again.
 local now = now_ms()
 local n, lease, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local host, slot = ARGV[4] or '', ARGV[5] or ''
+-- An untracked queue has no index: it pays one EXISTS per take for records.
+local tracked = redis.call('EXISTS', K_IDX) == 1
 
 -- 1. Expired leases come back here, so no separate reaper is needed. Each counts as a
 --    failed attempt (the attempt was counted when it was taken). They go to the front:
@@ -20,14 +24,17 @@ if #expired > 0 then
     if m then
       local pri, ma = parse_meta(m)
       if ma > 0 and a >= ma then
+        local err = string.format('lease expired on attempt %d of %d (max_attempts reached)', a, ma)
         redis.call('ZADD', K_DEAD, now, id)
-        redis.call('HSET', K_ERR, id, string.format(
-          'lease expired on attempt %d of %d (max_attempts reached)', a, ma))
+        redis.call('HSET', K_ERR, id, err)
         n_dead = n_dead + 1
+        if tracked then record(id, 'failed', now, a, nil, nil, err, {'e', err}, history_ttl(ARGV[6])) end
       else
+        local err = string.format('lease expired on attempt %d', a)
         back[#back + 1] = id
         back_pris[#back_pris + 1] = pri
-        redis.call('HSET', K_ERR, id, string.format('lease expired on attempt %d', a))
+        redis.call('HSET', K_ERR, id, err)
+        if tracked then record(id, 'waiting', now, a, nil, nil, err, {'e', err, 'd', now}) end
       end
     end
   end
@@ -91,6 +98,9 @@ for i, id in ipairs(ids) do
   leased[2 * i] = prefix .. id
 end
 bulk('ZADD', K_LEASED, leased)
+if tracked then
+  for i, id in ipairs(ids) do record(id, 'running', now, atts[i], host, slot, '') end
+end
 local payloads = hmget(K_PAYLOAD, ids)
 local out = {now, tok, exp}
 for i, id in ipairs(ids) do

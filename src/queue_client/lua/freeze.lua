@@ -1,0 +1,43 @@
+-- ARGV: id, action ('freeze' | 'thaw'), note.
+-- Freeze holds a waiting task (ready or delayed) out of reach of takers until it is
+-- thawed; thaw puts it back where its due time says (ready, or delayed while not due).
+-- Returns where the task is afterwards: 'frozen', 'ready' or 'delayed' (idempotent: a
+-- frozen task frozen again, a waiting one thawed), or, when the action does not apply,
+-- its state as it is ('leased', 'dead'); nil when unknown.
+local now = now_ms()
+local id, action, note = ARGV[1], ARGV[2], ARGV[3]
+local state, score, m = locate(id, now)
+if not state then return nil end
+if action == 'freeze' then
+  if state == 'ready' then
+    local pri = parse_meta(m)
+    local list = ready_list(pri)
+    redis.call('LREM', list, 1, id)
+    if redis.call('LLEN', list) == 0 then redis.call('ZREM', K_READY, pri) end
+    redis.call('ZADD', K_FROZEN, now, id)
+  elseif state == 'delayed' or state == 'due' then
+    redis.call('ZREM', K_DELAYED, id)
+    redis.call('ZADD', K_FROZEN, score, id)
+  elseif state == 'frozen' then
+    return 'frozen'
+  else
+    return state
+  end
+  record(id, 'frozen', now, nil, '', '', note)
+  return 'frozen'
+end
+if state ~= 'frozen' then
+  if state == 'due' then return 'ready' end
+  return state
+end
+redis.call('ZREM', K_FROZEN, id)
+local where = 'ready'
+if score > now then
+  redis.call('ZADD', K_DELAYED, score, id)
+  where = 'delayed'
+else
+  push_ready(parse_meta(m), {id}, false)
+  wake(1)
+end
+record(id, 'waiting', now, nil, '', '', note)
+return where

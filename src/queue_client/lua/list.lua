@@ -1,0 +1,48 @@
+-- ARGV: submitter ('' = every record), state ('' = any), cursor (a score: entries below it;
+-- '' = from the newest), limit, scan cap (index entries looked at, at most).
+-- Returns {next cursor or '', then per record: id, s, p, a, m, c, d, u, b, e, r}, newest
+-- first. Index entries whose record has expired are removed on the way. A page may hold
+-- fewer than `limit` records while the cursor still goes on (the scan cap was reached
+-- among records of other states): the client follows it.
+local by, want, cursor = ARGV[1], ARGV[2], ARGV[3]
+local limit, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local idx = K_IDX
+if by ~= '' then idx = submitter_index(by) end
+local top = '+inf'
+if cursor ~= '' then top = '(' .. cursor end
+local out = {''}
+local found, looked = 0, 0
+local gone = {}
+local last, exhausted = nil, false
+while found < limit and looked < cap do
+  local ask = math.min(cap - looked, 200)
+  local rows = redis.call('ZRANGE', idx, top, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, ask, 'WITHSCORES')
+  local used = 0
+  for i = 1, #rows, 2 do
+    local id = rows[i]
+    used = used + 1
+    last = rows[i + 1]
+    local r = redis.call('HMGET', rec_key(id), 's', 'p', 'a', 'm', 'c', 'd', 'u', 'b', 'e', 'r')
+    if not r[1] then
+      gone[#gone + 1] = id
+    elseif want == '' or r[1] == want then
+      out[#out + 1] = id
+      for j = 1, #r do out[#out + 1] = r[j] or '' end
+      found = found + 1
+      if found == limit then break end
+    end
+  end
+  looked = looked + used
+  if found < limit and #rows / 2 < ask then
+    exhausted = true
+    break
+  end
+  if last then top = '(' .. last end
+end
+if #gone > 0 then bulk('ZREM', idx, gone) end
+if last and not exhausted then
+  -- Anything below the last entry looked at makes a next page.
+  local more = redis.call('ZRANGE', idx, '(' .. last, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)
+  if #more > 0 then out[1] = last end
+end
+return out

@@ -1,0 +1,425 @@
+//! Task records: what the task service shows of one task, kept in Redis beside its queue.
+//!
+//! A tracked queue's enqueue creates a record per task, and every script that changes the
+//! task's state (take, settle, lease expiry, requeue, cancel, freeze, thaw) updates it in
+//! the same atomic step, appending to its history. A record gets a TTL (`history_ttl`)
+//! when its task ends, so records go by themselves. The storage layout is described in
+//! `lua/prelude.lua` and `docs/ARCHITECTURE.md`; this module turns it into
+//! [`TaskRecord`], whose JSON form is the API's record.
+
+use std::time::Duration;
+
+use redis::Value;
+use serde::Serialize;
+
+use super::{Queue, QueueError, SCRIPTS, bytes, string};
+
+/// A task's state as the task service shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordState {
+    /// Ready or delayed; `due_at` says when it can run.
+    Waiting,
+    /// Leased by a slot.
+    Running,
+    /// Handled successfully.
+    Done,
+    /// Dead-lettered: attempts exhausted or rejected.
+    Failed,
+    /// Cancelled by a caller or an operator, or on arrival by the queue's intake.
+    Cancelled,
+    /// Held by an operator until thawed.
+    Frozen,
+    /// Cancel asked of a running long task whose slot has not stopped yet.
+    Cancelling,
+}
+
+impl RecordState {
+    /// Every state, as written in URLs and JSON.
+    pub const ALL: [RecordState; 7] = [
+        RecordState::Waiting,
+        RecordState::Running,
+        RecordState::Done,
+        RecordState::Failed,
+        RecordState::Cancelled,
+        RecordState::Frozen,
+        RecordState::Cancelling,
+    ];
+
+    /// The state as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordState::Waiting => "waiting",
+            RecordState::Running => "running",
+            RecordState::Done => "done",
+            RecordState::Failed => "failed",
+            RecordState::Cancelled => "cancelled",
+            RecordState::Frozen => "frozen",
+            RecordState::Cancelling => "cancelling",
+        }
+    }
+
+    /// Parses a state as written; `None` for anything else.
+    pub fn parse(s: &str) -> Option<RecordState> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Whether the task has ended: nothing more will happen to it unless an operator
+    /// requeues a failed one.
+    pub fn is_end(self) -> bool {
+        matches!(
+            self,
+            RecordState::Done | RecordState::Failed | RecordState::Cancelled
+        )
+    }
+}
+
+impl std::fmt::Display for RecordState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One entry of a task's history: a state it entered, when, on which attempt, where.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HistoryEntry {
+    /// The state entered.
+    pub state: RecordState,
+    /// When (RFC 3339 UTC, milliseconds).
+    pub at: String,
+    /// The attempt it belongs to (0 before the first take).
+    pub attempt: u32,
+    /// The host of the slot that ran the attempt, where one did.
+    pub host: Option<String>,
+    /// The slot that ran the attempt (its number on its host), where one did.
+    pub slot: Option<u32>,
+    /// Why: the error of a failed attempt, who cancelled, what froze it.
+    pub note: Option<String>,
+    /// How many identical transitions in a row this entry stands for, when more than one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub count: Option<u64>,
+}
+
+/// Everything the task service knows of one task: the API's record.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TaskRecord {
+    /// The task's id.
+    pub id: String,
+    /// Its queue.
+    pub queue: String,
+    /// Where it is in its life.
+    pub state: RecordState,
+    /// Higher is taken first.
+    pub priority: i32,
+    /// Attempts started so far.
+    pub attempt: u32,
+    /// Attempts before it is dead-lettered (0: no limit).
+    pub max_attempts: u32,
+    /// When it was submitted.
+    pub created_at: String,
+    /// When it can run (again).
+    pub due_at: String,
+    /// When its record last changed.
+    pub updated_at: String,
+    /// Who submitted it: an API key's name, `cli`, `schedule:NAME`, `chain:ID`.
+    pub submitted_by: Option<String>,
+    /// The last error, if any attempt failed.
+    pub error: Option<String>,
+    /// What the handler returned, as JSON.
+    pub result: Option<serde_json::Value>,
+    /// The global task of its chain, if any.
+    pub chain: Option<String>,
+    /// Its state changes, oldest first; left out of listings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<Vec<HistoryEntry>>,
+}
+
+/// Which records a listing wants.
+#[derive(Debug, Clone, Default)]
+pub struct ListQuery {
+    /// Only records in this state.
+    pub state: Option<RecordState>,
+    /// Only records this submitter created (a non-admin API key sees only its own).
+    pub submitted_by: Option<String>,
+    /// Where the previous page ended (its `next_cursor`).
+    pub cursor: Option<String>,
+    /// Records per page, 1..=[`MAX_LIST_LIMIT`].
+    pub limit: usize,
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListPage {
+    /// Records without history, newest first.
+    pub tasks: Vec<TaskRecord>,
+    /// Where the next page starts; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Largest page a listing returns.
+pub const MAX_LIST_LIMIT: usize = 1000;
+/// Index entries one listing call looks at, at most: a filter that matches rarely returns
+/// a short page with a cursor rather than scanning a whole queue's records in one script.
+const LIST_SCAN_CAP: usize = 5000;
+
+/// What a freeze or thaw found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreezeResult {
+    /// Applied (or already so).
+    Done,
+    /// The task is not in a state the action applies to (running, failed, or ended).
+    NotApplicable,
+    /// No such task.
+    Unknown,
+}
+
+/// A record's history as stored: entries separated by \x1e, fields by \x1f.
+fn parse_history(text: &str) -> Vec<HistoryEntry> {
+    text.split('\x1e')
+        .filter(|e| !e.is_empty())
+        .filter_map(|entry| {
+            let f: Vec<&str> = entry.split('\x1f').collect();
+            if f.len() < 6 {
+                return None;
+            }
+            let opt = |s: &str| (!s.is_empty()).then(|| s.to_string());
+            Some(HistoryEntry {
+                state: RecordState::parse(f[0])?,
+                at: rfc3339(f[1].parse().ok()?),
+                attempt: f[2].parse().unwrap_or(0),
+                host: opt(f[3]),
+                slot: f[4].parse().ok(),
+                note: opt(f[5]),
+                count: f.get(6).and_then(|c| c.parse().ok()),
+            })
+        })
+        .collect()
+}
+
+/// Milliseconds since the epoch as RFC 3339 UTC with milliseconds.
+pub fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// Builds a record from the fields `{s, p, a, m, c, d, u, b, e, r[, h]}` the scripts
+/// return.
+fn from_fields(queue: &str, id: String, f: &[Value]) -> Result<TaskRecord, QueueError> {
+    let text =
+        |i: usize| -> Result<String, QueueError> { f.get(i).map_or(Ok(String::new()), string) };
+    let num = |i: usize| -> i64 { text(i).ok().and_then(|s| s.parse().ok()).unwrap_or(0) };
+    let opt = |i: usize| -> Option<String> { text(i).ok().filter(|s| !s.is_empty()) };
+    let state_text = text(0)?;
+    let state = RecordState::parse(&state_text)
+        .ok_or_else(|| QueueError::Protocol(format!("unknown record state {state_text:?}")))?;
+    let result = f.get(9).map(bytes).filter(|b| !b.is_empty()).map(|b| {
+        // Results are checked as JSON before they are stored; a foreign one shows as text.
+        serde_json::from_slice(&b)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(&b).into()))
+    });
+    Ok(TaskRecord {
+        id,
+        queue: queue.to_string(),
+        state,
+        priority: num(1) as i32,
+        attempt: num(2) as u32,
+        max_attempts: num(3) as u32,
+        created_at: rfc3339(num(4)),
+        due_at: rfc3339(num(5)),
+        updated_at: rfc3339(num(6)),
+        submitted_by: opt(7),
+        error: opt(8),
+        result,
+        chain: None,
+        history: (f.len() > 10).then(|| parse_history(&text(10).unwrap_or_default())),
+    })
+}
+
+impl Queue {
+    /// The task's record with its history; `None` when the task has none (unknown, its
+    /// record expired, or the queue does not track).
+    pub async fn record(&self, id: &str) -> Result<Option<TaskRecord>, QueueError> {
+        self.record_call(id, false).await
+    }
+
+    /// Like [`record`](Self::record), and marks that a caller waits for the task's end:
+    /// when it ends, its id is published on [`ended_channel`](Self::ended_channel). Call
+    /// it after subscribing, so the end cannot slip between the two.
+    pub async fn watch(&self, id: &str) -> Result<Option<TaskRecord>, QueueError> {
+        self.record_call(id, true).await
+    }
+
+    async fn record_call(&self, id: &str, watch: bool) -> Result<Option<TaskRecord>, QueueError> {
+        let mut inv = self.invocation(&SCRIPTS.record_get);
+        inv.arg(id).arg(if watch { "1" } else { "0" });
+        let mut conn = self.conn.clone();
+        let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
+        reply
+            .map(|f| from_fields(&self.name, id.to_string(), &f))
+            .transpose()
+    }
+
+    /// The channel on which the ids of watched tasks are published when they end.
+    pub fn ended_channel(&self) -> String {
+        self.keys.ended_channel()
+    }
+
+    /// One page of the queue's records, newest first.
+    pub async fn list(&self, query: &ListQuery) -> Result<ListPage, QueueError> {
+        if query.limit == 0 || query.limit > MAX_LIST_LIMIT {
+            return Err(QueueError::Invalid(format!(
+                "limit must be 1 to {MAX_LIST_LIMIT}, got {}",
+                query.limit
+            )));
+        }
+        let cursor = match &query.cursor {
+            Some(c) => decode_cursor(c)?.to_string(),
+            None => String::new(),
+        };
+        let mut inv = self.invocation(&SCRIPTS.list);
+        inv.arg(query.submitted_by.as_deref().unwrap_or(""))
+            .arg(query.state.map(RecordState::as_str).unwrap_or(""))
+            .arg(cursor)
+            .arg(query.limit)
+            .arg(LIST_SCAN_CAP);
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        let Some((next, rows)) = reply.split_first() else {
+            return Err(QueueError::Protocol("list returned nothing".into()));
+        };
+        let next = string(next)?;
+        let tasks = rows
+            .chunks(11)
+            .map(|row| from_fields(&self.name, string(&row[0])?, &row[1..]))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(ListPage {
+            tasks,
+            next_cursor: (!next.is_empty())
+                .then(|| next.parse::<u64>().ok().map(encode_cursor))
+                .flatten(),
+        })
+    }
+
+    /// Holds a waiting task until [`thaw`](Self::thaw): takers do not see it meanwhile.
+    /// `note` goes into its history (who froze it, why).
+    pub async fn freeze(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
+        self.freeze_call(id, "freeze", note).await
+    }
+
+    /// Releases a frozen task: ready at once, or delayed while its due time is ahead.
+    pub async fn thaw(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
+        self.freeze_call(id, "thaw", note).await
+    }
+
+    async fn freeze_call(
+        &self,
+        id: &str,
+        action: &str,
+        note: &str,
+    ) -> Result<FreezeResult, QueueError> {
+        let mut inv = self.invocation(&SCRIPTS.freeze);
+        inv.arg(id).arg(action).arg(note);
+        let mut conn = self.conn.clone();
+        let reply: Option<String> = inv.invoke_async(&mut conn).await?;
+        Ok(match (action, reply.as_deref()) {
+            (_, None) => FreezeResult::Unknown,
+            ("freeze", Some("frozen")) => FreezeResult::Done,
+            ("thaw", Some("ready" | "delayed")) => FreezeResult::Done,
+            _ => FreezeResult::NotApplicable,
+        })
+    }
+
+    /// The queue's intake as it is now: the run-time switch when set, else the config's.
+    pub async fn intake(&self) -> Result<crate::config::Intake, QueueError> {
+        let mut conn = self.conn.clone();
+        let v: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.conf())
+            .arg("intake")
+            .query_async(&mut conn)
+            .await?;
+        Ok(v.as_deref()
+            .and_then(crate::config::Intake::parse)
+            .unwrap_or(self.limits.intake))
+    }
+
+    /// Switches the queue's intake at run time; `None` drops the switch, so the config's
+    /// value applies again. The switch lives beside the queue, so every producer (the
+    /// API, the CLI, the library) honours it in the same script that enqueues.
+    pub async fn set_intake(
+        &self,
+        intake: Option<crate::config::Intake>,
+    ) -> Result<(), QueueError> {
+        let mut conn = self.conn.clone();
+        let cmd = match intake {
+            Some(i) => {
+                let mut c = redis::cmd("HSET");
+                c.arg(self.keys.conf()).arg("intake").arg(i.as_str());
+                c
+            }
+            None => {
+                let mut c = redis::cmd("HDEL");
+                c.arg(self.keys.conf()).arg("intake");
+                c
+            }
+        };
+        cmd.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+}
+
+/// Cursors are opaque to callers: a sequence number, written so nobody builds on its form.
+fn encode_cursor(seq: u64) -> String {
+    format!("c{:x}", seq ^ CURSOR_MASK)
+}
+
+fn decode_cursor(c: &str) -> Result<u64, QueueError> {
+    c.strip_prefix('c')
+        .and_then(|h| u64::from_str_radix(h, 16).ok())
+        .map(|v| v ^ CURSOR_MASK)
+        .ok_or_else(|| QueueError::Invalid(format!("cursor {c:?} is not one this api returned")))
+}
+
+const CURSOR_MASK: u64 = 0x5a5a_5a5a_5a5a;
+
+/// How long an ended record is kept, in the unit the scripts use.
+pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
+    ttl.as_millis().clamp(1, u64::MAX as u128) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_entries_parse_with_folded_counts() {
+        let h = "waiting\x1f0\x1f0\x1f\x1f\x1f\x1erunning\x1f1000\x1f1\x1fh1\x1f3\x1f\x1ewaiting\x1f2000\x1f1\x1f\x1f\x1fsystem paused\x1f4";
+        let entries = parse_history(h);
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[0].state, RecordState::Waiting);
+        assert_eq!(entries[0].host, None);
+        assert_eq!(entries[1].host.as_deref(), Some("h1"));
+        assert_eq!(entries[1].slot, Some(3));
+        assert_eq!(entries[1].at, "1970-01-01T00:00:01.000Z");
+        assert_eq!(entries[2].note.as_deref(), Some("system paused"));
+        assert_eq!(entries[2].count, Some(4));
+        assert_eq!(entries[1].count, None);
+    }
+
+    #[test]
+    fn cursors_round_trip_and_refuse_foreign_text() {
+        for seq in [0, 1, 99, 1 << 40] {
+            assert_eq!(decode_cursor(&encode_cursor(seq)).unwrap(), seq);
+        }
+        assert!(decode_cursor("12").is_err());
+        assert!(decode_cursor("czz").is_err());
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for s in RecordState::ALL {
+            assert_eq!(RecordState::parse(s.as_str()), Some(s));
+        }
+        assert!(RecordState::Done.is_end() && !RecordState::Frozen.is_end());
+    }
+}
