@@ -48,6 +48,30 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let routes = Arc::new(routes);
+    serve_with(
+        listener,
+        move |request| {
+            let response = respond(&routes, &request);
+            async move { response }
+        },
+        shutdown,
+    )
+    .await
+}
+
+/// The accept loop behind [`serve`], for any async handler: HTTP/1 with keep-alive, one
+/// task per connection, the same shutdown (stop accepting, a grace period for requests in
+/// flight, then cut). The task service's API runs on it too.
+pub async fn serve_with<H, F>(
+    listener: TcpListener,
+    handler: H,
+    shutdown: CancellationToken,
+) -> io::Result<()>
+where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let handler = Arc::new(handler);
     let mut connections = JoinSet::new();
     loop {
         let stream = tokio::select! {
@@ -73,12 +97,15 @@ pub async fn serve(
                 },
             },
         };
-        let routes = Arc::clone(&routes);
+        // Small request/response exchanges: waiting for more bytes to fill a segment only
+        // adds latency.
+        let _ = stream.set_nodelay(true);
+        let handler = Arc::clone(&handler);
         let shutdown = shutdown.clone();
         connections.spawn(async move {
             let service = service_fn(move |request| {
-                let response = respond(&routes, &request);
-                async move { Ok::<_, Infallible>(response) }
+                let response = handler(request);
+                async move { Ok::<_, Infallible>(response.await) }
             });
             let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);

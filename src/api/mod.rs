@@ -2,13 +2,25 @@
 //! tasks, wait for their end, and the admin switches. Stateless: any number run behind a
 //! load balancer, and everything meets in Redis as for the other roles.
 
-use std::net::SocketAddr;
+mod auth;
+mod ended;
+mod error;
+mod routes;
+mod submit;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
 use sha2::{Digest, Sha256};
+use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
-use crate::queue_client::ConnectOptions;
+use crate::config::{ApiKey, Config};
+use crate::queue_client::{ConnectOptions, QueueClient, redacted};
+use ended::Ended;
+pub use error::ApiError;
+use routes::Api;
 
 /// Everything an api instance needs; built by `gaffer api`, `gaffer up` or a test.
 #[derive(Debug, Clone)]
@@ -21,6 +33,8 @@ pub struct ApiOptions {
     pub connect: ConnectOptions,
     /// Overrides `[api].listen` (`gaffer api --listen`, tests on port 0).
     pub listen: Option<SocketAddr>,
+    /// Keys beyond the config's: the admin key `gaffer up` makes for its demo.
+    pub extra_keys: Vec<ApiKey>,
 }
 
 impl ApiOptions {
@@ -31,6 +45,7 @@ impl ApiOptions {
             redis_url,
             connect: ConnectOptions::default(),
             listen: None,
+            extra_keys: Vec::new(),
         }
     }
 }
@@ -55,8 +70,66 @@ pub async fn run(
     shutdown: CancellationToken,
     bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> anyhow::Result<()> {
-    let _ = (opts, shutdown, bound);
-    anyhow::bail!("not yet")
+    let addr = opts.listen.unwrap_or(opts.config.api.listen);
+    let keys = auth::Keys::new(
+        opts.config
+            .api
+            .keys
+            .values()
+            .cloned()
+            .chain(opts.extra_keys.iter().cloned()),
+    );
+    if keys.is_empty() && !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "api address {addr} is not a loopback address; declare at least one [api.keys.NAME] to serve it"
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding [api].listen {addr}"))?;
+    let local = listener.local_addr()?;
+    if keys.is_empty() {
+        tracing::warn!(listen = %local, "no [api.keys]: every request but /healthz is refused");
+    }
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let connect = QueueClient::connect_patiently(
+        &opts.redis_url,
+        &opts.config.cluster.namespace,
+        &opts.connect,
+    );
+    let client = tokio::select! {
+        r = connect => r.with_context(|| format!("connecting to {}", redacted(&opts.redis_url)))?,
+        _ = sigterm.recv() => return Ok(()),
+        _ = sigint.recv() => return Ok(()),
+        () = shutdown.cancelled() => return Ok(()),
+    };
+    let stop = shutdown.child_token();
+    let ended = Ended::start(
+        opts.redis_url.clone(),
+        &opts.config.cluster.namespace,
+        opts.connect.clone(),
+        stop.clone(),
+    );
+    let api = Arc::new(Api::new(opts.config, client, keys, ended, stop.clone())?);
+    tracing::info!(listen = %local, "api serving");
+    if let Some(tx) = bound {
+        let _ = tx.send(local);
+    }
+    let server = tokio::spawn(crate::http::serve_with(
+        listener,
+        move |request| api.clone().handle(request),
+        stop.clone(),
+    ));
+    tokio::select! {
+        _ = sigterm.recv() => {}
+        _ = sigint.recv() => {}
+        () = shutdown.cancelled() => {}
+    }
+    tracing::info!("api stopping");
+    stop.cancel();
+    server.await??;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -85,17 +85,7 @@ pub(crate) async fn connect(
     url: &str,
     opts: &ConnectOptions,
 ) -> Result<(RedisConn, Target), QueueError> {
-    // A bad URL or password is no outage: retrying cannot fix it, so it is not a
-    // `Connect` error (which callers retry).
-    let mut info = url
-        .into_connection_info()
-        .map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?;
-    if let Some(pw) = &opts.password {
-        let settings = info.redis_settings().clone().set_password(pw);
-        info = info.set_redis_settings(settings);
-    }
-    let client = Client::open(info.clone())
-        .map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?;
+    let (client, info) = client(url, opts)?;
     let probe_cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(opts.connect_timeout))
         .set_response_timeout(Some(opts.response_timeout));
@@ -135,6 +125,33 @@ pub(crate) async fn connect(
         .set_max_delay(Duration::from_secs(1));
     let manager = ConnectionManager::new_with_config(client.clone(), cfg).await?;
     Ok((RedisConn::Single(manager), Target::Single(client)))
+}
+
+/// A client for `url` with the options' password.
+fn client(url: &str, opts: &ConnectOptions) -> Result<(Client, redis::ConnectionInfo), QueueError> {
+    // A bad URL or password is no outage: retrying cannot fix it, so it is not a
+    // `Connect` error (which callers retry).
+    let mut info = url
+        .into_connection_info()
+        .map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?;
+    if let Some(pw) = &opts.password {
+        let settings = info.redis_settings().clone().set_password(pw);
+        info = info.set_redis_settings(settings);
+    }
+    let client = Client::open(info.clone())
+        .map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?;
+    Ok((client, info))
+}
+
+/// A connection dedicated to pub/sub on the server `url` names. On a Redis Cluster that is
+/// one node, which is enough: a PUBLISH on any node reaches the subscribers of every node.
+pub async fn pubsub(url: &str, opts: &ConnectOptions) -> Result<redis::aio::PubSub, QueueError> {
+    let (client, _) = client(url, opts)?;
+    let pubsub = tokio::time::timeout(opts.connect_timeout, client.get_async_pubsub())
+        .await
+        .map_err(|_| QueueError::Connect(format!("{}: timed out", redacted(url))))?
+        .map_err(|e| QueueError::Connect(format!("{}: {e}", redacted(url))))?;
+    Ok(pubsub)
 }
 
 /// The URL with any password replaced, for messages and logs.

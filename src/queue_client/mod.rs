@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::config::{Dedup, Intake};
 use conn::Target;
-pub use conn::{ConnectOptions, RedisConn, Waiter, redacted};
+pub use conn::{ConnectOptions, RedisConn, Waiter, pubsub, redacted};
 pub use outage::OutageLog;
 pub use record::{
     FreezeResult, HistoryEntry, ListPage, ListQuery, MAX_LIST_LIMIT, RecordState, TaskRecord,
@@ -113,6 +113,36 @@ impl QueueError {
             _ => false,
         }
     }
+}
+
+/// Whether JSON text nests brackets deeper than `limit`, by a scan of brackets outside
+/// strings: cheap, and run before any parser recurses into untrusted input (payloads in a
+/// slot, request bodies in the api).
+pub fn json_deeper_than(bytes: &[u8], limit: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
 }
 
 /// Checks a queue name: it becomes part of Redis keys and their hash tag.
@@ -680,8 +710,11 @@ impl Queue {
         // The first call goes alone: it loads the script if Redis lacks it. Pipelined calls
         // that all met NOSCRIPT would retry in any order and break FIFO between chunks.
         let mut out = self.enqueue_chunk(first).await?;
-        let results: Vec<Vec<Enqueued>> = futures::stream::iter(rest)
-            .map(|chunk| self.enqueue_chunk(chunk))
+        // The futures are built first: a stream that maps borrowed chunks in a closure
+        // makes a future that is not `Send` for every lifetime, which a server that
+        // spawns its handlers cannot use.
+        let calls: Vec<_> = rest.iter().map(|chunk| self.enqueue_chunk(chunk)).collect();
+        let results: Vec<Vec<Enqueued>> = futures::stream::iter(calls)
             .buffered(ENQUEUE_WINDOW)
             .try_collect()
             .await?;

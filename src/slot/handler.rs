@@ -79,28 +79,8 @@ pub fn check_payload_size(payload: &[u8], max_payload: u64) -> Result<(), Payloa
 /// Scans brackets outside strings; cheap, and keeps a hostile payload from recursing the
 /// parser.
 pub fn check_json_depth(bytes: &[u8], limit: usize) -> Result<(), PayloadError> {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &b in bytes {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > limit {
-                    return Err(PayloadError::TooDeep(limit));
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
+    if crate::queue_client::json_deeper_than(bytes, limit) {
+        return Err(PayloadError::TooDeep(limit));
     }
     Ok(())
 }

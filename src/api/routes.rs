@@ -1,0 +1,595 @@
+//! Requests to answers: routing, the checks every request passes (token, queue, key's
+//! rights, body size), and one function per endpoint.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{self, Keys};
+use super::ended::Ended;
+use super::error::ApiError;
+use super::submit::{self, Submit};
+use crate::cluster;
+use crate::config::{ApiKey, Config, Intake};
+use crate::queue_client::{
+    FreezeResult, ListQuery, MAX_LIST_LIMIT, Queue, QueueClient, QueueLimits, RecordState,
+    TaskRecord, TaskState, json_deeper_than,
+};
+
+/// JSON nesting a request body may have: a payload's 64 levels plus the envelope.
+const MAX_BODY_DEPTH: usize = 64 + 3;
+/// Records per page when a listing does not say.
+const DEFAULT_LIST_LIMIT: usize = 100;
+
+/// What every request shares.
+pub struct Api {
+    pub(super) config: Config,
+    pub(super) client: QueueClient,
+    pub(super) queues: HashMap<String, Queue>,
+    pub(super) keys: Keys,
+    pub(super) ended: Arc<Ended>,
+    pub(super) shutdown: CancellationToken,
+    pub(super) metrics: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+/// An answer: status and JSON body.
+type Answer = Result<(StatusCode, serde_json::Value), ApiError>;
+
+impl Api {
+    /// Builds the shared state: one queue handle per configured queue, with its limits.
+    pub fn new(
+        config: Config,
+        client: QueueClient,
+        keys: Keys,
+        ended: Arc<Ended>,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Api> {
+        let queues = config
+            .queues
+            .values()
+            .map(|q| {
+                Ok((
+                    q.name.clone(),
+                    client.queue_with(&q.name, QueueLimits::from(q))?,
+                ))
+            })
+            .collect::<Result<_, crate::queue_client::QueueError>>()?;
+        Ok(Api {
+            config,
+            client,
+            queues,
+            keys,
+            ended,
+            shutdown,
+            metrics: crate::http::install_metrics(),
+        })
+    }
+
+    /// Answers one request, counting it by route and status class.
+    pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+        let started = Instant::now();
+        let (route, answer) = self.route(request).await;
+        let response = match answer {
+            Ok(r) => r,
+            Err(e) => json_response(e.status, &json!({ "error": e.message })),
+        };
+        let class = match response.status().as_u16() {
+            200..=299 => "2xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        metrics::counter!("gaffer_api_requests_total", "route" => route, "status" => class)
+            .increment(1);
+        metrics::histogram!("gaffer_api_request_seconds", "route" => route)
+            .record(started.elapsed().as_secs_f64());
+        response
+    }
+
+    async fn route(
+        &self,
+        request: Request<Incoming>,
+    ) -> (&'static str, Result<Response<Full<Bytes>>, ApiError>) {
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let segments: Vec<String> = path
+            .trim_matches('/')
+            .split('/')
+            .map(|s| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            })
+            .collect();
+        let seg: Vec<&str> = segments.iter().map(String::as_str).collect();
+        let Some((route, allowed)) = match_route(&seg) else {
+            return (
+                "unknown",
+                Err(ApiError::not_found(format!(
+                    "no such endpoint {method} {path}"
+                ))),
+            );
+        };
+        if !allowed.contains(&method) {
+            let mut e = json_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &json!({ "error": format!("{method} is not allowed on {path}: use {}", names(allowed)) }),
+            );
+            if let Ok(v) = HeaderValue::from_str(&names(allowed)) {
+                e.headers_mut().insert(ALLOW, v);
+            }
+            return (route, Ok(e));
+        }
+        if route == "healthz" {
+            return (route, Ok(self.healthz().await));
+        }
+        let key = match self
+            .keys
+            .authenticate(request.headers().get(AUTHORIZATION).map(|v| v.as_bytes()))
+        {
+            Ok(k) => k.clone(),
+            Err(e) => return (route, Err(e)),
+        };
+        if route == "metrics" {
+            return (route, Ok(self.render_metrics()));
+        }
+        let answer = self.dispatch(route, &method, &seg, &key, request).await;
+        (
+            route,
+            answer.map(|(status, body)| json_response(status, &body)),
+        )
+    }
+
+    async fn dispatch(
+        &self,
+        route: &'static str,
+        method: &Method,
+        seg: &[&str],
+        key: &ApiKey,
+        request: Request<Incoming>,
+    ) -> Answer {
+        match (route, seg) {
+            ("queues", _) => self.queues_stats().await,
+            ("tasks", [_, _, q, _]) => {
+                let queue = self.queue(q, key)?;
+                if *method == Method::POST {
+                    let body = read_body(request, self.config.api.max_body).await?;
+                    self.submit(queue, key, &body).await
+                } else {
+                    self.list(queue, key, request.uri().query()).await
+                }
+            }
+            ("task", [_, _, q, _, id]) => {
+                let queue = self.queue(q, key)?;
+                if *method == Method::DELETE {
+                    self.cancel(queue, key, id).await
+                } else {
+                    Ok((
+                        StatusCode::OK,
+                        json!(self.own_record(queue, key, id).await?),
+                    ))
+                }
+            }
+            ("freeze", [_, _, q, _, id, action]) => {
+                let queue = self.queue(q, key)?;
+                self.freeze(queue, key, id, action == &"freeze").await
+            }
+            ("queue_admin", [_, _, q, action]) => {
+                auth::check_admin(key)?;
+                let queue = self.queue(q, key)?;
+                match *action {
+                    "intake" => {
+                        let body = read_body(request, self.config.api.max_body).await?;
+                        self.set_intake(queue, &body).await
+                    }
+                    _ => self.pause(q, *action == "pause").await,
+                }
+            }
+            ("host_admin", [_, _, host, action]) => {
+                auth::check_admin(key)?;
+                self.drain(host, *action == "drain").await
+            }
+            ("chain", [_, _, id]) => Err(ApiError::not_found(format!("no chain {id}"))),
+            _ => Err(ApiError::not_found("no such endpoint")),
+        }
+    }
+
+    /// A configured queue the key may use.
+    fn queue(&self, name: &str, key: &ApiKey) -> Result<&Queue, ApiError> {
+        let q = self
+            .queues
+            .get(name)
+            .ok_or_else(|| ApiError::not_found(format!("unknown queue {name}")))?;
+        auth::check_queue(key, name)?;
+        Ok(q)
+    }
+
+    async fn healthz(&self) -> Response<Full<Bytes>> {
+        let mut conn = self.client.connection();
+        let ping = tokio::time::timeout(
+            Duration::from_secs(2),
+            redis::cmd("PING").query_async::<String>(&mut conn),
+        )
+        .await;
+        match ping {
+            Ok(Ok(_)) => json_response(StatusCode::OK, &json!({ "status": "ok" })),
+            Ok(Err(e)) => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({ "error": format!("redis unreachable: {e}") }),
+            ),
+            Err(_) => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({ "error": "redis unreachable: no answer within 2s" }),
+            ),
+        }
+    }
+
+    async fn queues_stats(&self) -> Answer {
+        let snap = cluster::snapshot::read(&self.client, &self.config).await?;
+        let mut doc = crate::cli::stats_json(&snap);
+        Ok((StatusCode::OK, doc["queues"].take()))
+    }
+
+    async fn submit(&self, queue: &Queue, key: &ApiKey, body: &[u8]) -> Answer {
+        if json_deeper_than(body, MAX_BODY_DEPTH) {
+            return Err(ApiError::bad_request(format!(
+                "body nested deeper than {MAX_BODY_DEPTH} levels (a payload may nest 64)"
+            )));
+        }
+        match submit::parse(body, &key.name, self.config.api.max_wait)? {
+            Submit::Bulk(tasks) => {
+                let made = queue.enqueue_many(&tasks).await?;
+                let mut out = Vec::with_capacity(made.len());
+                for m in made {
+                    let state = match m.state {
+                        Some(s) => s,
+                        None => self.state_of(queue, &m.id).await?,
+                    };
+                    out.push(json!({"id": m.id, "queue": queue.name(), "state": state, "created": m.created}));
+                }
+                Ok((StatusCode::ACCEPTED, json!({ "tasks": out })))
+            }
+            Submit::One { task, wait } => {
+                let made = queue.enqueue(task).await?;
+                if let Some(wait) = wait {
+                    let (ended, rec) = self.wait_end(queue, &made.id, wait).await?;
+                    let status = if ended {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::ACCEPTED
+                    };
+                    return Ok((status, json!(rec)));
+                }
+                let state = match made.state {
+                    Some(s) => s,
+                    None => self.state_of(queue, &made.id).await?,
+                };
+                Ok((
+                    StatusCode::ACCEPTED,
+                    json!({"id": made.id, "queue": queue.name(), "state": state, "created": made.created}),
+                ))
+            }
+        }
+    }
+
+    /// The state of an existing task: its record's, or for an untracked queue where the
+    /// queue has it.
+    async fn state_of(&self, queue: &Queue, id: &str) -> Result<RecordState, ApiError> {
+        if let Some(rec) = queue.record(id).await? {
+            return Ok(rec.state);
+        }
+        Ok(match queue.find(id).await?.map(|i| i.state) {
+            Some(TaskState::Leased) => RecordState::Running,
+            Some(TaskState::Dead) => RecordState::Failed,
+            Some(TaskState::Frozen) => RecordState::Frozen,
+            _ => RecordState::Waiting,
+        })
+    }
+
+    /// Holds the request until the task ends or `wait` passes; true when it ended. No
+    /// polling: it sleeps until the task's end is published (see `ended`).
+    async fn wait_end(
+        &self,
+        queue: &Queue,
+        id: &str,
+        wait: Duration,
+    ) -> Result<(bool, TaskRecord), ApiError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let mut registration = self.ended.register(queue.name(), id);
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            // Without the subscription an end could pass unseen: wait for it first.
+            let watching = self.ended.connected(left).await;
+            let rec = if watching {
+                queue.watch(id).await?
+            } else {
+                queue.record(id).await?
+            };
+            let rec = rec.ok_or_else(|| {
+                ApiError::not_found(format!(
+                    "task {id} of queue {} keeps no record to wait on (track = false)",
+                    queue.name()
+                ))
+            })?;
+            if rec.state.is_end() {
+                return Ok((true, rec));
+            }
+            if !watching {
+                return Ok((false, rec));
+            }
+            tokio::select! {
+                _ = &mut registration.woken => continue,
+                () = tokio::time::sleep_until(deadline) => {}
+                () = self.shutdown.cancelled() => {}
+            }
+            let rec = queue.record(id).await?.unwrap_or(rec);
+            return Ok((rec.state.is_end(), rec));
+        }
+    }
+
+    async fn list(&self, queue: &Queue, key: &ApiKey, query: Option<&str>) -> Answer {
+        let mut q = ListQuery {
+            limit: DEFAULT_LIST_LIMIT,
+            ..Default::default()
+        };
+        for (name, value) in query_pairs(query.unwrap_or("")) {
+            match name.as_str() {
+                "state" => {
+                    q.state = Some(RecordState::parse(&value).ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "unknown state {value:?}: expected one of {}",
+                            RecordState::ALL.map(RecordState::as_str).join(", ")
+                        ))
+                    })?)
+                }
+                "limit" => {
+                    q.limit = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
+                        .ok_or_else(|| {
+                            ApiError::bad_request(format!(
+                                "limit must be a number from 1 to {MAX_LIST_LIMIT}, got {value:?}"
+                            ))
+                        })?
+                }
+                "cursor" => q.cursor = Some(value),
+                other => {
+                    return Err(ApiError::bad_request(format!(
+                        "unknown query parameter {other:?}: expected state, limit or cursor"
+                    )));
+                }
+            }
+        }
+        if !key.admin {
+            q.submitted_by = Some(key.name.clone());
+        }
+        let page = queue.list(&q).await?;
+        Ok((StatusCode::OK, json!(page)))
+    }
+
+    /// The task's record, if the key may see it: a non-admin key sees only what it
+    /// submitted, and anything else is as unknown to it as a task that never was.
+    async fn own_record(
+        &self,
+        queue: &Queue,
+        key: &ApiKey,
+        id: &str,
+    ) -> Result<TaskRecord, ApiError> {
+        let unknown = || ApiError::not_found(format!("no task {id} in queue {}", queue.name()));
+        let rec = queue.record(id).await?.ok_or_else(unknown)?;
+        if !key.admin && rec.submitted_by.as_deref() != Some(key.name.as_str()) {
+            return Err(unknown());
+        }
+        Ok(rec)
+    }
+
+    async fn cancel(&self, queue: &Queue, key: &ApiKey, id: &str) -> Answer {
+        let rec = self.own_record(queue, key, id).await?;
+        if !rec.state.is_end() {
+            queue
+                .cancel_with(id, &format!("cancelled by key {}", key.name))
+                .await?;
+        }
+        // An ended task stays as it ended: the record tells the caller it was too late.
+        let rec = queue.record(id).await?.unwrap_or(rec);
+        Ok((StatusCode::OK, json!(rec)))
+    }
+
+    async fn freeze(&self, queue: &Queue, key: &ApiKey, id: &str, freeze: bool) -> Answer {
+        let rec = self.own_record(queue, key, id).await?;
+        let note = format!(
+            "{} by key {}",
+            if freeze { "frozen" } else { "thawed" },
+            key.name
+        );
+        let result = if freeze {
+            queue.freeze(id, &note).await?
+        } else {
+            queue.thaw(id, &note).await?
+        };
+        match result {
+            FreezeResult::Done => {
+                let rec = queue.record(id).await?.unwrap_or(rec);
+                Ok((StatusCode::OK, json!(rec)))
+            }
+            FreezeResult::Unknown | FreezeResult::NotApplicable => {
+                Err(ApiError::conflict(format!(
+                    "task {id} is {}: only a waiting task can be frozen, and only a frozen one thawed",
+                    rec.state
+                )))
+            }
+        }
+    }
+
+    async fn set_intake(&self, queue: &Queue, body: &[u8]) -> Answer {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Body {
+            intake: Option<String>,
+        }
+        let b: Body = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("bad intake request: {e}")))?;
+        let intake = b
+            .intake
+            .map(|s| {
+                Intake::parse(&s).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "unknown intake {s:?}: expected one of {} (or null for the config's)",
+                        Intake::NAMES.join(", ")
+                    ))
+                })
+            })
+            .transpose()?;
+        queue.set_intake(intake).await?;
+        let now = queue.intake().await?;
+        Ok((
+            StatusCode::OK,
+            json!({"queue": queue.name(), "intake": now.as_str(), "switched": intake.is_some()}),
+        ))
+    }
+
+    async fn pause(&self, queue: &str, paused: bool) -> Answer {
+        let keys = cluster::Keys::new(&self.config.cluster.namespace);
+        cluster::set_paused(&mut self.client.connection(), &keys, queue, paused).await?;
+        Ok((StatusCode::OK, json!({"queue": queue, "paused": paused})))
+    }
+
+    async fn drain(&self, host: &str, draining: bool) -> Answer {
+        let keys = cluster::Keys::new(&self.config.cluster.namespace);
+        cluster::set_draining(&mut self.client.connection(), &keys, host, draining).await?;
+        Ok((StatusCode::OK, json!({"host": host, "draining": draining})))
+    }
+
+    /// `/metrics`: Prometheus text, behind a token like everything but `/healthz`.
+    pub(super) fn render_metrics(&self) -> Response<Full<Bytes>> {
+        self.metrics.run_upkeep();
+        let mut r = Response::new(Full::new(Bytes::from(self.metrics.render())));
+        r.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        r
+    }
+}
+
+/// The route a path belongs to and the methods it answers.
+fn match_route(seg: &[&str]) -> Option<(&'static str, &'static [Method])> {
+    const GET: &[Method] = &[Method::GET];
+    const POST: &[Method] = &[Method::POST];
+    Some(match seg {
+        ["healthz"] => ("healthz", GET),
+        ["metrics"] => ("metrics", GET),
+        ["v1", "queues"] => ("queues", GET),
+        ["v1", "queues", _, "tasks"] => ("tasks", &[Method::GET, Method::POST]),
+        ["v1", "queues", _, "tasks", _] => ("task", &[Method::GET, Method::DELETE]),
+        ["v1", "queues", _, "tasks", _, "freeze" | "thaw"] => ("freeze", POST),
+        ["v1", "queues", _, "pause" | "resume" | "intake"] => ("queue_admin", POST),
+        ["v1", "hosts", _, "drain" | "undrain"] => ("host_admin", POST),
+        ["v1", "chains", _] => ("chain", GET),
+        _ => return None,
+    })
+}
+
+fn names(methods: &[Method]) -> String {
+    methods
+        .iter()
+        .map(Method::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Reads a body up to `limit` bytes; a declared or actual length past it is refused before
+/// anything is parsed.
+async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::too_large(format!(
+            "request body exceeds the limit of {} ([api].max_body)",
+            bytesize::ByteSize(limit)
+        ))
+    };
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    match Limited::new(request.into_body(), limit as usize)
+        .collect()
+        .await
+    {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::bad_request(format!("reading the body: {e}"))),
+    }
+}
+
+/// `a=1&b=x%20y` as decoded pairs.
+fn query_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(&s.replace('+', " "))
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_and_their_methods() {
+        assert_eq!(
+            match_route(&["v1", "queues", "q", "tasks"]).unwrap().0,
+            "tasks"
+        );
+        assert_eq!(
+            match_route(&["v1", "queues", "q", "tasks", "x", "thaw"])
+                .unwrap()
+                .0,
+            "freeze"
+        );
+        assert!(match_route(&["v1", "queues", "q", "tasks", "x", "melt"]).is_none());
+        assert!(match_route(&["v2"]).is_none());
+        assert_eq!(
+            names(match_route(&["v1", "queues", "q", "tasks", "x"]).unwrap().1),
+            "GET, DELETE"
+        );
+    }
+
+    #[test]
+    fn query_pairs_are_decoded() {
+        assert_eq!(
+            query_pairs("state=done&cursor=c%2012&limit="),
+            vec![
+                ("state".into(), "done".into()),
+                ("cursor".into(), "c 12".into()),
+                ("limit".into(), "".into())
+            ]
+        );
+    }
+}

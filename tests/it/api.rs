@@ -1,0 +1,760 @@
+//! The task service's HTTP API (DESIGN.md "Task service"): a real api instance on a
+//! loopback port, a real redis-server, real slots run in-process, over real HTTP. Every
+//! status is checked with its body, and refused requests are checked to leave Redis as
+//! it was.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::unix::net::UnixDatagram;
+use std::time::Duration;
+
+use gaffer::api::{ApiOptions, hash_token};
+use gaffer::config::Config;
+use gaffer::slot::{EXIT_STOPPED, SlotSpec, run_slot};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{TestRedis, eventually};
+
+const SHOP: &str = "shop-token";
+const OPS: &str = "ops-token";
+
+fn config_text(extra: &str) -> String {
+    format!(
+        r#"
+[queues.emails]
+handler = "noop"
+max_payload = "1KiB"
+max_attempts = 2
+retry = {{ backoff = "fixed", base = "10ms", max = "10ms" }}
+
+[queues.reports]
+handler = "noop"
+
+[queues.bulk]
+handler = "noop"
+track = false
+
+[api]
+max_body = "2KiB"
+max_wait = "10s"
+
+[api.keys.shop]
+token_sha256 = "{shop}"
+queues = ["emails", "bulk"]
+
+[api.keys.ops]
+token_sha256 = "{ops}"
+admin = true
+{extra}
+"#,
+        shop = hash_token(SHOP),
+        ops = hash_token(OPS),
+    )
+}
+
+/// A running api instance over a fresh Redis.
+struct Service {
+    redis: TestRedis,
+    addr: SocketAddr,
+    config: Config,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Service {
+    async fn start() -> Service {
+        let redis = TestRedis::start();
+        let mut config = gaffer::config::parse(&config_text(""), "api-test.toml").unwrap();
+        config.cluster.namespace = "test".into();
+        let mut opts = ApiOptions::new(config.clone(), redis.url());
+        opts.listen = Some("127.0.0.1:0".parse().unwrap());
+        let stop = CancellationToken::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
+        let addr = rx.await.expect("the api binds");
+        Service {
+            redis,
+            addr,
+            config,
+            stop,
+            task,
+        }
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, Value) {
+        let (status, body) = request(self.addr, method, path, token, body.map(str::as_bytes)).await;
+        let json = serde_json::from_slice(&body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
+        (status, json)
+    }
+
+    /// Runs one slot of `queue` in this process until the returned token is cancelled.
+    fn slot(&self, queue: &str) -> (CancellationToken, std::thread::JoinHandle<i32>) {
+        let cfg = self.config.queues[queue].clone();
+        let handler = gaffer::slot::Registry::builtin().preload(&cfg).unwrap();
+        let (report, _events) = UnixDatagram::pair().unwrap();
+        let spec = SlotSpec {
+            queue: cfg,
+            slot: 1,
+            redis_url: self.redis.url(),
+            namespace: "test".into(),
+            connect: Default::default(),
+            report: Some(report),
+            host: "api-test".into(),
+        };
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        (
+            stop,
+            std::thread::spawn(move || run_slot(spec, handler, Some(token))),
+        )
+    }
+
+    /// Every key in Redis with its serialized value: equal before and after means a
+    /// request changed nothing.
+    async fn dump(&self) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+        let mut conn = self.redis.raw().await;
+        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg("*")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let mut out = BTreeMap::new();
+        for k in keys {
+            let v: Option<Vec<u8>> = redis::cmd("DUMP")
+                .arg(&k)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            out.insert(k, v);
+        }
+        out
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// One HTTP/1.1 exchange on a fresh connection; returns status and body.
+async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&[u8]>,
+) -> (u16, Vec<u8>) {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+        if let Some(t) = token {
+            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        }
+        let body = body.unwrap_or_default();
+        head.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        ));
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(body).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        raw
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(30), exchange)
+        .await
+        .expect("an answer");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a header block");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut body = raw[split + 4..].to_vec();
+    if head.to_lowercase().contains("transfer-encoding: chunked") {
+        body = dechunk(&body);
+    }
+    (status, body)
+}
+
+fn dechunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = b.windows(2).position(|w| w == b"\r\n").unwrap();
+        let n =
+            usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            return out;
+        }
+        out.extend_from_slice(&b[line_end + 2..line_end + 2 + n]);
+        b = &b[line_end + 4 + n..];
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_view_list_cancel_freeze_and_thaw() {
+    let s = Service::start().await;
+    let (st, body) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": {"to": "a@b"}, "id": "m1", "delay": "1h"}"#),
+        )
+        .await;
+    assert_eq!(
+        (st, body.clone()),
+        (
+            202,
+            json!({"id": "m1", "queue": "emails", "state": "waiting", "created": true})
+        )
+    );
+    // The same id again: a dedup hit names the existing task.
+    let (st, body) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": 1, "id": "m1"}"#),
+        )
+        .await;
+    assert_eq!(
+        (st, body),
+        (
+            202,
+            json!({"id": "m1", "queue": "emails", "state": "waiting", "created": false})
+        )
+    );
+
+    let (st, rec) = s
+        .call("GET", "/v1/queues/emails/tasks/m1", Some(SHOP), None)
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(
+        (rec["state"].clone(), rec["submitted_by"].clone()),
+        (json!("waiting"), json!("shop"))
+    );
+    assert_eq!(rec["history"].as_array().unwrap().len(), 1);
+
+    let (st, rec) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/tasks/m1/freeze",
+            Some(SHOP),
+            Some(""),
+        )
+        .await;
+    assert_eq!((st, rec["state"].clone()), (200, json!("frozen")));
+    assert_eq!(rec["history"][1]["note"], json!("frozen by key shop"));
+    let (st, rec) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/tasks/m1/thaw",
+            Some(SHOP),
+            Some(""),
+        )
+        .await;
+    assert_eq!((st, rec["state"].clone()), (200, json!("waiting")));
+
+    let (st, rec) = s
+        .call("DELETE", "/v1/queues/emails/tasks/m1", Some(SHOP), None)
+        .await;
+    assert_eq!((st, rec["state"].clone()), (200, json!("cancelled")));
+    assert_eq!(
+        rec["history"].as_array().unwrap().last().unwrap()["note"],
+        json!("cancelled by key shop")
+    );
+    // Cancelling again says what it is.
+    let (st, rec) = s
+        .call("DELETE", "/v1/queues/emails/tasks/m1", Some(SHOP), None)
+        .await;
+    assert_eq!((st, rec["state"].clone()), (200, json!("cancelled")));
+    // Thawing a cancelled task is a conflict.
+    let (st, body) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/tasks/m1/thaw",
+            Some(SHOP),
+            Some(""),
+        )
+        .await;
+    assert_eq!(
+        (st, body),
+        (
+            409,
+            json!({"error": "task m1 is cancelled: only a waiting task can be frozen, and only a frozen one thawed"})
+        )
+    );
+
+    // Bulk, then list newest first, by page, and by state.
+    let (st, body) = s.call("POST", "/v1/queues/emails/tasks", Some(SHOP), Some(r#"{"tasks": [{"payload": 1, "id": "b1"}, {"payload": 2, "id": "b2"}, {"payload": 3, "id": "b3"}]}"#)).await;
+    assert_eq!(st, 202);
+    assert_eq!(
+        body["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].clone())
+            .collect::<Vec<_>>(),
+        [json!("b1"), json!("b2"), json!("b3")]
+    );
+    let (st, page) = s
+        .call("GET", "/v1/queues/emails/tasks?limit=2", Some(SHOP), None)
+        .await;
+    assert_eq!(st, 200);
+    let ids: Vec<_> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["b3", "b2"]);
+    assert!(
+        page["tasks"][0].get("history").is_none(),
+        "listings carry no history"
+    );
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let (_, page) = s
+        .call(
+            "GET",
+            &format!("/v1/queues/emails/tasks?limit=2&cursor={cursor}"),
+            Some(SHOP),
+            None,
+        )
+        .await;
+    let ids: Vec<_> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["b1", "m1"]);
+    assert_eq!(page["next_cursor"], Value::Null);
+    let (_, page) = s
+        .call(
+            "GET",
+            "/v1/queues/emails/tasks?state=cancelled",
+            Some(SHOP),
+            None,
+        )
+        .await;
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_admin_key_sees_only_what_it_submitted() {
+    let s = Service::start().await;
+    s.call(
+        "POST",
+        "/v1/queues/emails/tasks",
+        Some(OPS),
+        Some(r#"{"payload": 1, "id": "theirs"}"#),
+    )
+    .await;
+    s.call(
+        "POST",
+        "/v1/queues/emails/tasks",
+        Some(SHOP),
+        Some(r#"{"payload": 1, "id": "mine"}"#),
+    )
+    .await;
+    let (_, page) = s
+        .call("GET", "/v1/queues/emails/tasks", Some(SHOP), None)
+        .await;
+    let ids: Vec<_> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("mine")]);
+    let (st, body) = s
+        .call("GET", "/v1/queues/emails/tasks/theirs", Some(SHOP), None)
+        .await;
+    assert_eq!(
+        (st, body),
+        (404, json!({"error": "no task theirs in queue emails"}))
+    );
+    let (_, page) = s
+        .call("GET", "/v1/queues/emails/tasks", Some(OPS), None)
+        .await;
+    assert_eq!(
+        page["tasks"].as_array().unwrap().len(),
+        2,
+        "an admin key sees every task"
+    );
+    s.stop().await;
+}
+
+/// method, path, token, body, the status and the error expected.
+type Refusal<'a> = (&'a str, &'a str, Option<&'a str>, Option<&'a str>, u16, &'a str);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_names_what_and_changes_nothing() {
+    let s = Service::start().await;
+    s.call(
+        "POST",
+        "/v1/queues/emails/tasks",
+        Some(SHOP),
+        Some(r#"{"payload": 1, "id": "x"}"#),
+    )
+    .await;
+    let before = s.dump().await;
+    let big_payload = format!(r#"{{"payload": "{}"}}"#, "x".repeat(1500));
+    let big_body = format!(r#"{{"payload": "{}"}}"#, "x".repeat(3000));
+    let cases: Vec<Refusal> = vec![
+        (
+            "POST",
+            "/v1/queues/emails/tasks",
+            None,
+            Some(r#"{"payload": 1}"#),
+            401,
+            "missing token: send Authorization: Bearer TOKEN",
+        ),
+        (
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some("wrong"),
+            Some(r#"{"payload": 1}"#),
+            401,
+            "unknown token",
+        ),
+        (
+            "GET",
+            "/v1/queues/emails/tasks/x",
+            Some("wrong"),
+            None,
+            401,
+            "unknown token",
+        ),
+        (
+            "POST",
+            "/v1/queues/reports/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": 1}"#),
+            403,
+            "key shop may not use queue reports",
+        ),
+        (
+            "POST",
+            "/v1/queues/emails/pause",
+            Some(SHOP),
+            Some(""),
+            403,
+            "key shop is not an admin key: this endpoint needs admin = true",
+        ),
+        (
+            "POST",
+            "/v1/hosts/h1/drain",
+            Some(SHOP),
+            Some(""),
+            403,
+            "key shop is not an admin key: this endpoint needs admin = true",
+        ),
+        (
+            "POST",
+            "/v1/queues/nope/tasks",
+            Some(OPS),
+            Some(r#"{"payload": 1}"#),
+            404,
+            "unknown queue nope",
+        ),
+        (
+            "GET",
+            "/v1/queues/emails/tasks/nope",
+            Some(SHOP),
+            None,
+            404,
+            "no task nope in queue emails",
+        ),
+        ("GET", "/v1/chains/c1", Some(SHOP), None, 404, "no chain c1"),
+        (
+            "GET",
+            "/v2/everything",
+            Some(SHOP),
+            None,
+            404,
+            "no such endpoint GET /v2/everything",
+        ),
+        (
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some("{"),
+            400,
+            "body is not valid JSON: EOF while parsing an object at line 1 column 1",
+        ),
+        (
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": 1, "colour": 2}"#),
+            400,
+            "bad task: unknown field `colour`, expected one of `payload`, `id`, `priority`, `delay`, `at`, `max_attempts`, `wait`, `chain`",
+        ),
+        (
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": 1, "delay": "soon"}"#),
+            400,
+            "bad delay \"soon\": expected number at 0; write a duration like \"30s\" or \"5m\"",
+        ),
+        (
+            "GET",
+            "/v1/queues/emails/tasks?state=lost",
+            Some(SHOP),
+            None,
+            400,
+            "unknown state \"lost\": expected one of waiting, running, done, failed, cancelled, frozen, cancelling",
+        ),
+        (
+            "GET",
+            "/v1/queues/emails/tasks?limit=0",
+            Some(SHOP),
+            None,
+            400,
+            "limit must be a number from 1 to 1000, got \"0\"",
+        ),
+        (
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(&big_payload),
+            413,
+            "payload of 1502 bytes exceeds the limit of 1024 bytes of queue emails",
+        ),
+        (
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(&big_body),
+            413,
+            "request body exceeds the limit of 2.0 KiB ([api].max_body)",
+        ),
+        (
+            "PUT",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(""),
+            405,
+            "PUT is not allowed on /v1/queues/emails/tasks: use GET, POST",
+        ),
+    ];
+    for (method, path, token, body, status, error) in cases {
+        let (st, got) = s.call(method, path, token, body).await;
+        assert_eq!(
+            (st, got),
+            (status, json!({ "error": error })),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(s.dump().await, before, "refused requests changed nothing");
+
+    // A closed intake: 409, nothing recorded.
+    let (st, body) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/intake",
+            Some(OPS),
+            Some(r#"{"intake": "closed"}"#),
+        )
+        .await;
+    assert_eq!(
+        (st, body),
+        (
+            200,
+            json!({"queue": "emails", "intake": "closed", "switched": true})
+        )
+    );
+    let before = s.dump().await;
+    let (st, body) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": 1}"#),
+        )
+        .await;
+    assert_eq!(
+        (st, body),
+        (
+            409,
+            json!({"error": "the intake of queue emails is closed: it accepts no new tasks"})
+        )
+    );
+    assert_eq!(s.dump().await, before);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_submit_is_woken_by_the_end_not_by_polling() {
+    let s = Service::start().await;
+    let waiting = {
+        let addr = s.addr;
+        tokio::spawn(async move {
+            request(
+                addr,
+                "POST",
+                "/v1/queues/emails/tasks",
+                Some(SHOP),
+                Some(br#"{"payload": 1, "id": "sync", "wait": "10s"}"#),
+            )
+            .await
+        })
+    };
+    // The record is watched once the request waits.
+    eventually(Duration::from_secs(10), "the request waits", || async {
+        let mut c = s.redis.raw().await;
+        let w: Option<String> = redis::cmd("HGET")
+            .arg("test:{emails}:r:sync")
+            .arg("w")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        w.is_some()
+    })
+    .await;
+    // While it waits, the api sends Redis nothing: count what the server processes over
+    // a while, less our own two INFO calls.
+    let before = s.redis.commands_processed().await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let during = s.redis.commands_processed().await - before;
+    assert!(during <= 1, "{during} commands while a request waited");
+    // A slot handles the task: the request answers 200 with the whole record.
+    let (stop, slot) = s.slot("emails");
+    let (st, body) = waiting.await.unwrap();
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+    let rec: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((st, rec["state"].clone()), (200, json!("done")));
+    assert_eq!(rec["history"].as_array().unwrap().len(), 3);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_runs_out_answers_202_and_the_task_goes_on() {
+    let s = Service::start().await;
+    let (st, rec) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": 1, "id": "slow", "wait": "200ms"}"#),
+        )
+        .await;
+    assert_eq!(
+        (st, rec["state"].clone(), rec["id"].clone()),
+        (202, json!("waiting"), json!("slow"))
+    );
+    let (stop, slot) = s.slot("emails");
+    eventually(Duration::from_secs(10), "the task ends anyway", || async {
+        s.call("GET", "/v1/queues/emails/tasks/slow", Some(SHOP), None)
+            .await
+            .1["state"]
+            == json!("done")
+    })
+    .await;
+    stop.cancel();
+    slot.join().unwrap();
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_endpoints_health_metrics_and_an_outage() {
+    let mut s = Service::start().await;
+    let (st, body) = s.call("GET", "/healthz", None, None).await;
+    assert_eq!((st, body), (200, json!({"status": "ok"})));
+    let (st, body) = s
+        .call("POST", "/v1/queues/emails/pause", Some(OPS), Some(""))
+        .await;
+    assert_eq!(
+        (st, body),
+        (200, json!({"queue": "emails", "paused": true}))
+    );
+    let (st, body) = s
+        .call("POST", "/v1/hosts/h9/drain", Some(OPS), Some(""))
+        .await;
+    assert_eq!((st, body), (200, json!({"host": "h9", "draining": true})));
+    let mut c = s.redis.raw().await;
+    let paused: bool = redis::cmd("SISMEMBER")
+        .arg("test:{cluster}:paused")
+        .arg("emails")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(paused);
+    let (st, queues) = s.call("GET", "/v1/queues", Some(SHOP), None).await;
+    assert_eq!(st, 200);
+    assert!(queues["emails"]["ready"].is_number(), "{queues}");
+    let (st, _) = s.call("GET", "/metrics", None, None).await;
+    assert_eq!(st, 401, "metrics need a token too");
+    let (st, body) = request(s.addr, "GET", "/metrics", Some(OPS), None).await;
+    let text = String::from_utf8_lossy(&body);
+    assert_eq!(st, 200);
+    assert!(
+        text.contains("gaffer_api_requests_total{route=\"queues\",status=\"2xx\"}"),
+        "{text}"
+    );
+    assert!(text.contains("gaffer_api_request_seconds"), "{text}");
+
+    // Redis gone: 503 with the reason, and the api stays up.
+    s.redis.server.kill();
+    let (st, body) = s.call("GET", "/healthz", None, None).await;
+    assert_eq!(st, 503);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("redis unreachable"),
+        "{body}"
+    );
+    let (st, body) = s
+        .call(
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": 1}"#),
+        )
+        .await;
+    assert_eq!(st, 503, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("redis unreachable"),
+        "{body}"
+    );
+    s.redis.server.restart().unwrap();
+    eventually(Duration::from_secs(20), "healthy again", || async {
+        s.call("GET", "/healthz", None, None).await.0 == 200
+    })
+    .await;
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_non_loopback_address_without_keys_is_refused() {
+    let redis = TestRedis::start();
+    let config = gaffer::config::parse("[queues.q]\nhandler = \"noop\"\n", "t.toml").unwrap();
+    let mut opts = ApiOptions::new(config, redis.url());
+    opts.listen = Some("0.0.0.0:0".parse().unwrap());
+    let err = gaffer::api::run(opts, CancellationToken::new(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "api address 0.0.0.0:0 is not a loopback address; declare at least one [api.keys.NAME] to serve it"
+    );
+}
