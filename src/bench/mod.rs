@@ -92,6 +92,21 @@ pub struct WakeLatency {
     pub samples: usize,
 }
 
+/// What keeping a record per task costs, each figure tracked beside untracked in the same
+/// run (`gaffer_per_s` is the tracked queue, `bare_per_s` the untracked one).
+#[derive(Debug, Clone, Serialize)]
+pub struct RecordCost {
+    /// Bulk enqueue, tracked / untracked.
+    pub enqueue: Throughput,
+    /// Take+ack at batch 100 with two takers (as two slots), tracked / untracked.
+    pub take_ack: Throughput,
+    /// Redis memory of one finished task's record (`MEMORY USAGE`, no payload, a
+    /// three-entry history), bytes.
+    pub record_bytes: u64,
+    /// The record's share of the listing index (`MEMORY USAGE` of the index / entries).
+    pub index_bytes_per_task: f64,
+}
+
 /// Everything `gaffer bench` measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -101,6 +116,8 @@ pub struct BenchReport {
     pub take_ack: Vec<TakeAck>,
     /// Idle wake-up.
     pub wakeup: WakeLatency,
+    /// What task records cost: the same work with `track = true` beside `track = false`.
+    pub records: RecordCost,
     /// Payload bytes per task.
     pub payload_bytes: usize,
     /// Alternating rounds behind each throughput figure (each side's median).
@@ -343,13 +360,96 @@ async fn measure(
     }
 
     let wakeup = wake_latency(opts, q, payload, progress).await?;
+    let records = record_cost(opts, q, &clients, payload, progress).await?;
     Ok(BenchReport {
         enqueue,
         take_ack,
         wakeup,
+        records,
         payload_bytes: opts.payload_bytes,
         rounds,
     })
+}
+
+/// The same queue work with records and without, alternating rounds; then the memory of
+/// finished records.
+async fn record_cost(
+    opts: &BenchOptions,
+    untracked: &Queue,
+    clients: &[QueueClient],
+    payload: &[u8],
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<RecordCost> {
+    let n = opts.tasks;
+    let rounds = opts.rounds.max(1);
+    let tracked_limits = QueueLimits {
+        track: true,
+        ..untracked.limits()
+    };
+    let tracked_name = format!("{}.tracked", untracked.name());
+    let tracked = clients[0].queue_with(&tracked_name, tracked_limits)?;
+    let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new(payload.to_vec())).collect();
+    let result = async {
+        let (mut t_enq, mut u_enq, mut t_ta, mut u_ta) = (vec![], vec![], vec![], vec![]);
+        for round in 1..=rounds {
+            progress(&format!(
+                "records: tracked beside untracked, round {round}/{rounds}"
+            ));
+            for (q, enq, ta) in [
+                (&tracked, &mut t_enq, &mut t_ta),
+                (untracked, &mut u_enq, &mut u_ta),
+            ] {
+                let t = Instant::now();
+                q.enqueue_many(&tasks).await?;
+                enq.push(t.elapsed());
+                let t = Instant::now();
+                let mut handles = Vec::new();
+                for c in clients.iter().take(2) {
+                    let q = c.queue_with(q.name(), q.limits())?;
+                    handles.push(tokio::spawn(async move { drain(&q, 100).await }));
+                }
+                let mut moved = 0;
+                for h in handles {
+                    moved += h.await??;
+                }
+                ta.push(t.elapsed());
+                anyhow::ensure!(moved == n, "drained {moved} of {n}");
+                q.delete_all().await?;
+            }
+        }
+        let (record_bytes, index_bytes_per_task) = record_memory(&tracked).await?;
+        Ok(RecordCost {
+            enqueue: throughput(n, median(t_enq), median(u_enq)),
+            take_ack: throughput(n, median(t_ta), median(u_ta)),
+            record_bytes,
+            index_bytes_per_task,
+        })
+    }
+    .await;
+    let _ = tracked.delete_all().await;
+    result
+}
+
+/// Memory of a finished task's record (empty payload, three history entries: waiting,
+/// running, done) and of its index entry, over 1,000 such tasks.
+async fn record_memory(q: &Queue) -> anyhow::Result<(u64, f64)> {
+    const N: usize = 1000;
+    let tasks: Vec<NewTask> = (0..N).map(|_| NewTask::new(Vec::new())).collect();
+    let made = q.enqueue_many(&tasks).await?;
+    loop {
+        let b = q.take(N, Duration::from_secs(30)).await?;
+        if b.tasks.is_empty() {
+            break;
+        }
+        q.ack(&b.tasks).await?;
+    }
+    let m = q.record_memory(&made[N / 2].id).await?;
+    anyhow::ensure!(m.record_bytes > 0, "the finished task has no record");
+    q.delete_all().await?;
+    Ok((
+        m.record_bytes,
+        m.index_bytes as f64 / m.index_entries.max(1) as f64,
+    ))
 }
 
 async fn wake_latency(
@@ -448,6 +548,29 @@ impl BenchReport {
             out,
             "idle wake-up (enqueue to start)    p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} samples)",
             self.wakeup.p50_ms, self.wakeup.p99_ms, self.wakeup.max_ms, self.wakeup.samples
+        );
+        let _ = writeln!(
+            out,
+            "{:<34} {:>12} {:>12} {:>7}",
+            "task records", "tracked/s", "untracked/s", "ratio"
+        );
+        let r = &self.records;
+        let mut row = |name: String, t: &Throughput| {
+            let _ = writeln!(
+                out,
+                "{:<34} {:>12.0} {:>12.0} {:>7.2}",
+                name, t.gaffer_per_s, t.bare_per_s, t.ratio
+            );
+        };
+        row(
+            format!("bulk enqueue ({} tasks)", r.enqueue.tasks),
+            &r.enqueue,
+        );
+        row("take+ack batch 100, 2 taker(s)".into(), &r.take_ack);
+        let _ = writeln!(
+            out,
+            "record of a finished task          {} bytes, index {:.0} bytes per task (MEMORY USAGE)",
+            r.record_bytes, r.index_bytes_per_task
         );
         out
     }

@@ -28,8 +28,8 @@ use conn::Target;
 pub use conn::{ConnectOptions, RedisConn, Waiter, pubsub, redacted};
 pub use outage::OutageLog;
 pub use record::{
-    FreezeResult, HistoryEntry, ListPage, ListQuery, MAX_LIST_LIMIT, RecordState, TaskRecord,
-    rfc3339,
+    FreezeResult, HistoryEntry, ListPage, ListQuery, MAX_LIST_LIMIT, RecordMemory, RecordState,
+    TaskRecord, rfc3339,
 };
 use scripts::{Keys, SCRIPTS};
 

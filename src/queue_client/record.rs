@@ -156,6 +156,17 @@ pub struct ListPage {
     pub next_cursor: Option<String>,
 }
 
+/// What records take in Redis, from [`Queue::record_memory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RecordMemory {
+    /// One record (0 when it has none).
+    pub record_bytes: u64,
+    /// The whole listing index of the queue.
+    pub index_bytes: u64,
+    /// Entries in the listing index.
+    pub index_entries: u64,
+}
+
 /// Largest page a listing returns.
 pub const MAX_LIST_LIMIT: usize = 1000;
 /// Index entries one listing call looks at, at most: a filter that matches rarely returns
@@ -258,6 +269,33 @@ impl Queue {
         reply
             .map(|f| from_fields(&self.name, id.to_string(), &f))
             .transpose()
+    }
+
+    /// Redis memory (`MEMORY USAGE`) of a task's record, and of the listing index with
+    /// its entry count: what records cost, for `gaffer bench` and capacity planning.
+    pub async fn record_memory(&self, id: &str) -> Result<RecordMemory, QueueError> {
+        let mut conn = self.conn.clone();
+        let record: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(format!("{}{id}", self.keys.all[12]))
+            .query_async(&mut conn)
+            .await?;
+        let index: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&self.keys.all[13])
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await?;
+        let entries: u64 = redis::cmd("ZCARD")
+            .arg(&self.keys.all[13])
+            .query_async(&mut conn)
+            .await?;
+        Ok(RecordMemory {
+            record_bytes: record.unwrap_or(0),
+            index_bytes: index.unwrap_or(0),
+            index_entries: entries,
+        })
     }
 
     /// The channel on which the ids of watched tasks are published when they end.

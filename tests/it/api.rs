@@ -398,7 +398,14 @@ async fn a_non_admin_key_sees_only_what_it_submitted() {
 }
 
 /// method, path, token, body, the status and the error expected.
-type Refusal<'a> = (&'a str, &'a str, Option<&'a str>, Option<&'a str>, u16, &'a str);
+type Refusal<'a> = (
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    Option<&'a str>,
+    u16,
+    &'a str,
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_names_what_and_changes_nothing() {
@@ -617,13 +624,16 @@ async fn a_sync_submit_is_woken_by_the_end_not_by_polling() {
     // The record is watched once the request waits.
     eventually(Duration::from_secs(10), "the request waits", || async {
         let mut c = s.redis.raw().await;
-        let w: Option<String> = redis::cmd("HGET")
+        let rec: Option<String> = redis::cmd("GET")
             .arg("test:{emails}:r:sync")
-            .arg("w")
             .query_async(&mut c)
             .await
             .unwrap();
-        w.is_some()
+        // The record's eleventh field, `w`, is set while someone waits (prelude.lua).
+        rec.is_some_and(|r| {
+            let head = r.split('\x1e').next().unwrap_or_default();
+            head.split('\x1f').nth(10) == Some("1")
+        })
     })
     .await;
     // While it waits, the api sends Redis nothing: count what the server processes over

@@ -25,11 +25,8 @@ else
   bulk('HDEL', K_ATT, ids)
   bulk('HDEL', K_ERR, ids)
   for _, id in ipairs(ids) do
-    -- back in the queue: its record lives again as long as the task
-    if record(id, 'waiting', now, 0, '', '', ARGV[3]) then
-      redis.call('PERSIST', rec_key(id))
-      redis.call('HSET', rec_key(id), 'd', now)
-    end
+    -- back in the queue: its record lives again as long as the task (stored without TTL)
+    record(id, 'waiting', now, 0, '', '', ARGV[3], {d = now})
   end
   redis.call('HINCRBY', K_STATS, 'requeued', #ids)
   wake(#ids)

@@ -81,7 +81,7 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      'cancelled on arrival: the intake of the queue is cancel', ttl, ARGV[6] ~= 'p')
+      'cancelled on arrival: the intake of the queue is cancel', ttl)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -97,7 +97,7 @@ elseif created > 0 then
   else
     push_ready(pri, ids, false)
   end
-  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, '', 0, ARGV[6] ~= 'p') end
+  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, '', 0) end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
 end

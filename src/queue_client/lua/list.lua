@@ -22,12 +22,13 @@ while found < limit and looked < cap do
     local id = rows[i]
     used = used + 1
     last = rows[i + 1]
-    local r = redis.call('HMGET', rec_key(id), 's', 'p', 'a', 'm', 'c', 'd', 'u', 'b', 'e', 'r')
-    if not r[1] then
+    local v = redis.call('GET', rec_key(id))
+    local r = v and rec_parse(v)
+    if not r then
       gone[#gone + 1] = id
-    elseif want == '' or r[1] == want then
+    elseif want == '' or r[F.s] == want then
       out[#out + 1] = id
-      for j = 1, #r do out[#out + 1] = r[j] or '' end
+      for j = 1, 10 do out[#out + 1] = r[j] end
       found = found + 1
       if found == limit then break end
     end

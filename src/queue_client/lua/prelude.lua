@@ -22,7 +22,11 @@ local function bulk(cmd, key, items)
   local i = 1
   while i <= n do
     local j = math.min(i + CHUNK - 1, n)
-    redis.call(cmd, key, unpack(items, i, j))
+    if key then
+      redis.call(cmd, key, unpack(items, i, j))
+    else
+      redis.call(cmd, unpack(items, i, j))
+    end
     i = j + 1
   end
 end
@@ -159,16 +163,21 @@ local function locate(id, now)
 end
 
 -- ---------------------------------------------------------------------------------------
--- Task records (see record.rs). A tracked task has a hash `K_REC .. id` beside the queue:
---   s state, p priority, a attempt, m max_attempts, c created ms, d due ms, u updated ms,
---   b submitted_by, e last error, r result (JSON text), h history, w '1' while an api
---   instance waits for its end.
--- History entries are separated by \30, their fields by \31:
---   state, at ms, attempt, host, slot, note[, count when folded].
+-- Task records (see record.rs). A tracked task has a string `K_REC .. id` beside the
+-- queue: its fields joined by \31, then \30 and its history. A string, not a hash: a hash
+-- with a value over 64 bytes (a history soon is) leaves Redis's compact encoding and
+-- costs several times the memory.
+--   fields: s state, p priority, a attempt, m max_attempts, c created ms, d due ms,
+--           u updated ms, b submitted_by, e last error, r result (JSON text), w '1' while
+--           an api instance waits for the task's end
+--   history entries, separated by \30, fields by \31:
+--           state, at ms, attempt, host, slot, note[, count when folded]
 -- A record is written only where one exists (take and settle need no flag: an untracked
 -- task simply has none); enqueue creates it when the queue tracks. It gets a TTL when the
 -- task ends (done, failed, cancelled), so it goes by itself, without a reaper.
 local RS, FS = '\30', '\31'
+local F = {s = 1, p = 2, a = 3, m = 4, c = 5, d = 6, u = 7, b = 8, e = 9, r = 10, w = 11}
+local NF = 11
 -- Where the end of a task someone waits for is announced: `ns:{Q}:ended` (a channel, not
 -- a key).
 local ENDED_CHANNEL = string.sub(K_REC, 1, -3) .. 'ended'
@@ -178,72 +187,148 @@ local function rec_key(id)
 end
 
 -- Separators cannot appear inside a field; a note loses them rather than corrupting the
--- history.
+-- record.
 local function clean(s)
   if not s or s == '' then return '' end
   return (string.gsub(s, '[\30\31]', ' '))
 end
 
+-- A stored record as its fields (a table of NF strings) and its history string.
+local function rec_parse(v)
+  local cut = string.find(v, RS, 1, true)
+  local head, hist = v, ''
+  if cut then head, hist = string.sub(v, 1, cut - 1), string.sub(v, cut + 1) end
+  local f, pos = {}, 1
+  for i = 1, NF do
+    local j = string.find(head, FS, pos, true)
+    if j then
+      f[i] = string.sub(head, pos, j - 1)
+      pos = j + 1
+    else
+      f[i] = string.sub(head, pos)
+      pos = #head + 2
+    end
+  end
+  return f, hist
+end
+
+local function rec_pack(f, hist)
+  return table.concat(f, FS, 1, NF) .. RS .. hist
+end
+
 -- The history with one transition added: folded into the last entry (its count goes up)
 -- when state, attempt, host, slot and note are all the same.
 local function history_add(h, state, now, attempt, host, slot, note)
-  local ident = state .. FS .. attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
-  if h and h ~= '' then
-    local head, last = string.match(h, '^(.*)\30([^\30]*)$')
-    if not last then head, last = nil, h end
-    local st, at, rest = string.match(last, '^([^\31]*)\31([^\31]*)\31(.*)$')
-    if st then
-      local body, count = string.match(rest, '^(.*)\31(%d+)$')
-      if not body then body, count = rest, '1' end
-      if st .. FS .. body == ident then
-        local folded = st .. FS .. at .. FS .. body .. FS .. (tonumber(count) + 1)
-        if head then return head .. RS .. folded end
-        return folded
-      end
-    end
-    return h .. RS .. state .. FS .. now .. FS .. attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
+  local body = attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
+  local entry = state .. FS .. now .. FS .. body
+  if h == '' then return entry end
+  local start = 1
+  local i = string.find(h, RS, 1, true)
+  while i do
+    start = i + 1
+    i = string.find(h, RS, start, true)
   end
-  return state .. FS .. now .. FS .. attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
+  local last = string.sub(h, start)
+  local st, at, rest = string.match(last, '^([^\31]*)\31([^\31]*)\31(.*)$')
+  if st == state then
+    local lbody, count = string.match(rest, '^(.*)\31(%d+)$')
+    if not lbody then lbody, count = rest, '1' end
+    if lbody == body then
+      return string.sub(h, 1, start - 1) .. st .. FS .. at .. FS .. body .. FS .. (tonumber(count) + 1)
+    end
+  end
+  return h .. RS .. entry
 end
 
--- Records one transition of a tracked task: new state, history entry, and any extra
--- fields (a flat list of field, value). Returns false when the task has no record. A nil
--- `attempt` keeps the record's; a nil `host` takes host and slot from the last entry.
--- `ttl_ms` > 0 ends the record's life that long from now (the task ended); the waiters of
--- an ended task are told on the queue's channel.
-local function record(id, state, now, attempt, host, slot, note, extra, ttl_ms)
-  local key = rec_key(id)
-  local cur = redis.call('HMGET', key, 'h', 'w', 'a')
-  if not cur[1] then return false end
-  if attempt == nil then attempt = tonumber(cur[3]) or 0 end
+-- The record `v` after one transition: new state, history entry and the fields in `set`
+-- (a table field name → value). A nil `attempt` keeps the record's; a nil `host` takes
+-- host and slot from the last entry (a lease that expired names the slot that lost it).
+-- Returns the new string and whether an api instance waits for the task.
+local function rec_step(v, state, now, attempt, host, slot, note, set)
+  local f, hist = rec_parse(v)
+  if attempt == nil then attempt = tonumber(f[F.a]) or 0 end
   if host == nil then
-    -- The slot that held the lease (a lease that expired names the slot that lost it).
-    local last = string.match(cur[1], '([^\30]*)$')
+    local last = string.match(hist, '([^\30]*)$')
     host, slot = string.match(last, '^[^\31]*\31[^\31]*\31[^\31]*\31([^\31]*)\31([^\31]*)')
     host, slot = host or '', slot or ''
   end
-  local args = {'s', state, 'u', now, 'a', attempt,
-    'h', history_add(cur[1], state, now, attempt, host, slot, note)}
-  if extra then
-    for i = 1, #extra do args[#args + 1] = extra[i] end
+  f[F.s], f[F.u], f[F.a] = state, now, attempt
+  if set then
+    for k, val in pairs(set) do f[F[k]] = (k == 'e') and clean(val) or val end
   end
-  redis.call('HSET', key, unpack(args))
+  local watched = f[F.w] == '1'
+  return rec_pack(f, history_add(hist, state, now, attempt, host, slot, note)), watched
+end
+
+-- Stores a record; `ttl_ms` > 0 ends its life that long from now (the task ended), and
+-- tells the api instances waiting for it.
+local function rec_store(id, v, watched, ttl_ms)
   if ttl_ms and ttl_ms > 0 then
-    redis.call('PEXPIRE', key, ttl_ms)
-    if cur[2] then
-      redis.call('HDEL', key, 'w')
-      redis.call('PUBLISH', ENDED_CHANNEL, id)
+    if watched then
+      local f, hist = rec_parse(v)
+      f[F.w] = ''
+      v = rec_pack(f, hist)
     end
+    redis.call('SET', rec_key(id), v, 'PX', ttl_ms)
+    if watched then redis.call('PUBLISH', ENDED_CHANNEL, id) end
+  else
+    redis.call('SET', rec_key(id), v)
   end
+end
+
+-- Records one transition of a tracked task (see rec_step). Returns false when the task
+-- has no record.
+local function record(id, state, now, attempt, host, slot, note, set, ttl_ms)
+  local v = redis.call('GET', rec_key(id))
+  if not v then return false end
+  local nv, watched = rec_step(v, state, now, attempt, host, slot, note, set)
+  rec_store(id, nv, watched, ttl_ms)
   return true
 end
 
+-- The same transition for many tasks at once: one MGET, then one MSET (no TTL) or a SET
+-- each (TTL). `attempts` may be nil (keep each record's) or a table by position.
+local function record_many(ids, state, now, attempts, host, slot, ttl_ms)
+  if #ids == 0 then return end
+  local keys = {}
+  for i, id in ipairs(ids) do keys[i] = rec_key(id) end
+  local vals = {}
+  local i = 1
+  while i <= #keys do
+    local j = math.min(i + CHUNK - 1, #keys)
+    local part = redis.call('MGET', unpack(keys, i, j))
+    for x = 1, #part do vals[#vals + 1] = part[x] end
+    i = j + 1
+  end
+  local pairs_out = {}
+  for k, id in ipairs(ids) do
+    local v = vals[k]
+    if v then
+      local nv, watched = rec_step(v, state, now, attempts and attempts[k], host, slot, '')
+      if ttl_ms and ttl_ms > 0 then
+        rec_store(id, nv, watched, ttl_ms)
+      else
+        pairs_out[#pairs_out + 1] = keys[k]
+        pairs_out[#pairs_out + 1] = nv
+      end
+    end
+  end
+  if #pairs_out > 0 then
+    local x = 1
+    while x <= #pairs_out do
+      local y = math.min(x + CHUNK - 1, #pairs_out)
+      redis.call('MSET', unpack(pairs_out, x, y))
+      x = y + 1
+    end
+  end
+end
+
 -- The configured record TTL of the queue's tasks; the client passes it with every call
--- that can end a task, and keeps it here for admin paths that cannot know the config.
+-- that can end a task.
 local function history_ttl(arg)
   local t = tonumber(arg)
   if t and t > 0 then return t end
-  return tonumber(redis.call('HGET', K_CONF, 'ttl')) or 604800000
+  return 604800000
 end
 
 -- The index of a queue's records for listing: K_IDX (every record) and K_IDX .. ':' ..
@@ -270,20 +355,23 @@ local function submitter_index(by)
   return K_IDX .. ':' .. by
 end
 
--- Creates the records of new tasks (all with the same options) and indexes them.
--- `replace`: ids were given, so an old finished record with the same id may be there.
-local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, replace)
-  local first = history_add(nil, state, now, 0, '', '', note)
-  local scored = {}
+-- Creates the records of new tasks (all with the same options) and indexes them. An old
+-- finished record with the same id is replaced.
+local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms)
+  local f = {state, pri, 0, ma, now, due, now, by, '', '', ''}
+  local v = rec_pack(f, history_add('', state, now, 0, '', '', note))
+  local scored, kv = {}, {}
   for i, id in ipairs(ids) do
-    local key = rec_key(id)
-    if replace then redis.call('DEL', key) end
-    redis.call('HSET', key, 's', state, 'p', pri, 'a', 0, 'm', ma, 'c', now, 'd', due,
-      'u', now, 'b', by, 'h', first)
-    if ttl_ms and ttl_ms > 0 then redis.call('PEXPIRE', key, ttl_ms) end
+    if ttl_ms and ttl_ms > 0 then
+      redis.call('SET', rec_key(id), v, 'PX', ttl_ms)
+    else
+      kv[#kv + 1] = rec_key(id)
+      kv[#kv + 1] = v
+    end
     scored[2 * i - 1] = seqs[i]
     scored[2 * i] = id
   end
+  if #kv > 0 then bulk('MSET', nil, kv) end
   bulk('ZADD', K_IDX, scored)
   if by ~= '' then bulk('ZADD', submitter_index(by), scored) end
 end

@@ -2,7 +2,11 @@
 -- ended already). Returns nil when the task has no record, else the fields
 -- {s, p, a, m, c, d, u, b, e, r, h} (see prelude.lua).
 local key = rec_key(ARGV[1])
-local r = redis.call('HMGET', key, 's', 'p', 'a', 'm', 'c', 'd', 'u', 'b', 'e', 'r', 'h')
-if not r[1] then return nil end
-if ARGV[2] == '1' and redis.call('TTL', key) < 0 then redis.call('HSET', key, 'w', '1') end
-return r
+local v = redis.call('GET', key)
+if not v then return nil end
+local f, hist = rec_parse(v)
+if ARGV[2] == '1' and f[F.w] ~= '1' and redis.call('PTTL', key) < 0 then
+  f[F.w] = '1'
+  redis.call('SET', key, rec_pack(f, hist))
+end
+return {f[F.s], f[F.p], f[F.a], f[F.m], f[F.c], f[F.d], f[F.u], f[F.b], f[F.e], f[F.r], hist}

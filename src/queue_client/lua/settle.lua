@@ -35,10 +35,12 @@ end
 local function dead_letter(id, attempt, err)
   redis.call('ZADD', K_DEAD, now, id)
   redis.call('HSET', K_ERR, id, err)
-  if tracked then record(id, 'failed', now, attempt, host, slot, err, {'e', err}, ttl) end
+  if tracked then record(id, 'failed', now, attempt, host, slot, err, {e = err}, ttl) end
 end
 
 local res, acked, acked_members, later, settled = {}, {}, {}, {}, {}
+-- Acks of the fast path, recorded together; attempts known only for first attempts.
+local fast_done, fast_att = {}, {}
 local n_stale, n_retried, n_dead, n_woken = 0, 0, 0, 0
 for i = 1, k do
   local id = ids[i]
@@ -50,7 +52,8 @@ for i = 1, k do
     acked[#acked + 1] = id
     acked_members[#acked_members + 1] = members[i]
     if i > k1 then later[#later + 1] = id end
-    if tracked then record(id, 'done', now, i <= k1 and 1 or nil, host, slot, '', nil, ttl) end
+    fast_done[#fast_done + 1] = id
+    fast_att[#fast_done] = i <= k1 and 1 or nil
     res[i] = 1
   end
 end
@@ -68,7 +71,7 @@ for i = k + 1, k + m do
     acked[#acked + 1] = id
     acked_members[#acked_members + 1] = members[i]
     later[#later + 1] = id
-    if tracked then record(id, 'done', now, attempt, host, slot, '', {'r', ARGV[o + 5]}, ttl) end
+    if tracked then record(id, 'done', now, attempt, host, slot, '', {r = ARGV[o + 5]}, ttl) end
     res[i] = 1
   else
     settled[id] = true
@@ -88,16 +91,15 @@ for i = k + 1, k + m do
         n_dead = n_dead + 1
         res[i] = 2
       else
-        local extra = {}
+        local set = {}
         if ARGV[o + 6] ~= '' then
           pri = tonumber(ARGV[o + 6])
           redis.call('HSET', K_META, id, pack_meta(pri, ma, enq))
-          extra = {'p', pri}
+          set.p = pri
         end
         if reason ~= '' then
           redis.call('HSET', K_ERR, id, reason)
-          extra[#extra + 1] = 'e'
-          extra[#extra + 1] = reason
+          set.e = reason
         end
         local delay = tonumber(ARGV[o + 5])
         if delay > 0 then
@@ -107,9 +109,8 @@ for i = k + 1, k + m do
           n_woken = n_woken + 1
         end
         if tracked then
-          extra[#extra + 1] = 'd'
-          extra[#extra + 1] = now + delay
-          record(id, 'waiting', now, attempt, host, slot, reason ~= '' and reason or 'retry requested', extra)
+          set.d = now + delay
+          record(id, 'waiting', now, attempt, host, slot, reason ~= '' and reason or 'retry requested', set)
         end
         n_retried = n_retried + 1
         res[i] = 1
@@ -117,6 +118,7 @@ for i = k + 1, k + m do
     end
   end
 end
+if tracked then record_many(fast_done, 'done', now, fast_att, host, slot, ttl) end
 if #acked > 0 then
   bulk('ZREM', K_LEASED, acked_members)
   bulk('HDEL', K_PAYLOAD, acked)

@@ -28,13 +28,13 @@ if #expired > 0 then
         redis.call('ZADD', K_DEAD, now, id)
         redis.call('HSET', K_ERR, id, err)
         n_dead = n_dead + 1
-        if tracked then record(id, 'failed', now, a, nil, nil, err, {'e', err}, history_ttl(ARGV[6])) end
+        if tracked then record(id, 'failed', now, a, nil, nil, err, {e = err}, history_ttl(ARGV[6])) end
       else
         local err = string.format('lease expired on attempt %d', a)
         back[#back + 1] = id
         back_pris[#back_pris + 1] = pri
         redis.call('HSET', K_ERR, id, err)
-        if tracked then record(id, 'waiting', now, a, nil, nil, err, {'e', err, 'd', now}) end
+        if tracked then record(id, 'waiting', now, a, nil, nil, err, {e = err, d = now}) end
       end
     end
   end
@@ -98,9 +98,7 @@ for i, id in ipairs(ids) do
   leased[2 * i] = prefix .. id
 end
 bulk('ZADD', K_LEASED, leased)
-if tracked then
-  for i, id in ipairs(ids) do record(id, 'running', now, atts[i], host, slot, '') end
-end
+if tracked then record_many(ids, 'running', now, atts, host, slot, 0) end
 local payloads = hmget(K_PAYLOAD, ids)
 local out = {now, tok, exp}
 for i, id in ipairs(ids) do
