@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use gaffer::queue_client::QueueClient;
+use gaffer::queue_client::{Queue, QueueClient, Worker};
 use serde_json::Value;
 
 use crate::harness::TestRedis;
@@ -31,8 +31,12 @@ struct Env {
 
 impl Env {
     fn new() -> Self {
+        Self::with_config(CONFIG)
+    }
+
+    fn with_config(config: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("config.toml"), CONFIG).unwrap();
+        std::fs::write(dir.path().join("config.toml"), config).unwrap();
         Env {
             redis: TestRedis::start(),
             dir,
@@ -355,4 +359,298 @@ fn log_format_json_writes_one_object_per_line() {
     assert_eq!(v["level"], "INFO", "{v}");
     assert!(v["id"].as_str().is_some_and(|id| id.contains(':')), "{v}");
     assert!(v["timestamp"].is_string(), "{v}");
+}
+
+/// Pushes one task with this id through the CLI (so its record says `cli`).
+fn push_id(env: &Env, queue: &str, id: &str) {
+    let o = env.gaffer(&["push", queue, "--payload", r#"{"to":"a@b"}"#, "--id", id]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// A slot's view of a queue: takes are recorded as on host h1, slot 3.
+async fn slot_queue(env: &Env, queue: &str) -> Queue {
+    env.client()
+        .await
+        .queue(queue)
+        .unwrap()
+        .with_worker(Worker {
+            host: "h1".into(),
+            slot: 3,
+        })
+}
+
+/// The lines of a table after its header (the line starting with `header`).
+fn rows_after<'a>(out: &'a str, header: &str) -> Vec<&'a str> {
+    out.lines()
+        .skip_while(|l| !l.starts_with(header))
+        .skip(1)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_show_prints_the_record_with_its_history() {
+    let env = Env::new();
+    push_id(&env, "emails", "m1");
+    let q = slot_queue(&env, "emails").await;
+    let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(b.tasks.len(), 1);
+    q.ack(&b.tasks).await.unwrap();
+
+    let o = env.gaffer(&["tasks", "show", "emails", "m1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let record = q.record("m1").await.unwrap().expect("a record");
+    assert_eq!(
+        stdout(&o).trim_end(),
+        serde_json::to_string_pretty(&record).unwrap(),
+        "--json prints the API's record"
+    );
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (v["state"].as_str(), v["submitted_by"].as_str()),
+        (Some("done"), Some("cli"))
+    );
+    let states: Vec<&str> = v["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["waiting", "running", "done"]);
+
+    let o = env.gaffer(&["tasks", "show", "emails", "m1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for (field, value) in [("id", "m1"), ("state", "done"), ("submitted_by", "cli")] {
+        let line = format!("{field:<13} {value}");
+        assert!(out.lines().any(|l| l == line), "no {line:?} in:\n{out}");
+    }
+    let rows = rows_after(&out, "at ");
+    assert_eq!(rows.len(), 3, "one row per history entry:\n{out}");
+    assert!(rows[0].contains("waiting"), "{out}");
+    assert!(
+        rows[1].contains("running") && rows[1].contains("h1/3"),
+        "{out}"
+    );
+    assert!(rows[2].contains("done"), "{out}");
+
+    let o = env.gaffer(&["tasks", "show", "emails", "nosuch"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains(r#"no task "nosuch" in queue emails"#),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_show_of_an_untracked_queue_shows_what_the_queue_holds() {
+    let env = Env::with_config(
+        "[cluster]\nnamespace = \"clitest\"\n\n[queues.bulk]\nhandler = \"noop\"\ntrack = false\n",
+    );
+    push_id(&env, "bulk", "b1");
+    let o = env.gaffer(&["tasks", "show", "bulk", "b1", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["state"], "ready");
+    assert_eq!(v["payload"]["to"], "a@b");
+    assert!(v.get("history").is_none(), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_list_filters_by_state_and_pages_by_cursor() {
+    let env = Env::new();
+    for id in ["a1", "a2", "a3", "a4", "a5"] {
+        push_id(&env, "emails", id);
+    }
+    let q = slot_queue(&env, "emails").await;
+    let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(b.tasks[0].id, "a1");
+    q.ack(&b.tasks).await.unwrap();
+
+    let page = |args: &[&str]| -> Value {
+        let mut all = vec!["tasks", "list", "emails", "--json"];
+        all.extend_from_slice(args);
+        let o = env.gaffer(&all);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let ids = |v: &Value| -> Vec<String> {
+        v["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let first = page(&["--state", "waiting", "--limit", "3"]);
+    assert_eq!(ids(&first), ["a5", "a4", "a3"], "newest first");
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_string();
+    let second = page(&["--state", "waiting", "--limit", "3", "--cursor", &cursor]);
+    assert_eq!(ids(&second), ["a2"]);
+    assert!(second["next_cursor"].is_null(), "{second}");
+    assert_eq!(ids(&page(&["--state", "done"])), ["a1"]);
+
+    // The table ends with the cursor to pass for the next page.
+    let o = env.gaffer(&[
+        "tasks", "list", "emails", "--state", "waiting", "--limit", "3",
+    ]);
+    let out = stdout(&o);
+    let rows = rows_after(&out, "id ");
+    assert_eq!(rows.len(), 4, "three rows and the cursor line:\n{out}");
+    assert!(
+        rows[0].starts_with("a5 ") && rows[0].contains("waiting"),
+        "{out}"
+    );
+    assert_eq!(
+        rows[0].split_whitespace().nth(5),
+        Some("cli"),
+        "submitted_by column:\n{out}"
+    );
+    let cursor = rows[3]
+        .strip_prefix("more: pass --cursor ")
+        .and_then(|r| r.strip_suffix(" for the next page"))
+        .unwrap_or_else(|| panic!("no cursor line:\n{out}"));
+    let o = env.gaffer(&[
+        "tasks", "list", "emails", "--state", "waiting", "--cursor", cursor,
+    ]);
+    let out = stdout(&o);
+    let rows = rows_after(&out, "id ");
+    assert_eq!(rows.len(), 1, "the last page has no cursor line:\n{out}");
+    assert!(rows[0].starts_with("a2 "), "{out}");
+}
+
+#[test]
+fn tasks_list_refuses_an_unknown_state() {
+    let env = Env::new();
+    let o = env.gaffer(&["tasks", "list", "emails", "--state", "sleeping"]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("sleeping"), "{err}");
+    assert!(
+        err.contains("waiting, running, done, failed, cancelled, frozen, cancelling"),
+        "names the states: {err}"
+    );
+    let o = env.gaffer(&["tasks", "list", "emails", "--limit", "1001"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_freeze_thaw_and_cancel_note_the_cli() {
+    let env = Env::new();
+    push_id(&env, "emails", "f1");
+    let o = env.gaffer(&["tasks", "freeze", "emails", "f1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "frozen emails task f1");
+    let s = stats_json(&env);
+    assert_eq!(
+        (
+            s["queues"]["emails"]["frozen"].as_u64(),
+            s["queues"]["emails"]["ready"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
+    let q = slot_queue(&env, "emails").await;
+    let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+    assert!(b.tasks.is_empty(), "a frozen task is not taken");
+
+    let o = env.gaffer(&["tasks", "thaw", "emails", "f1"]);
+    assert_eq!(stdout(&o).trim(), "thawed emails task f1", "{}", stderr(&o));
+    assert_eq!(stats_json(&env)["queues"]["emails"]["frozen"], 0);
+    let notes: Vec<Value> = q
+        .record("f1")
+        .await
+        .unwrap()
+        .unwrap()
+        .history
+        .unwrap()
+        .iter()
+        .map(|e| serde_json::json!([e.state.as_str(), e.note]))
+        .collect();
+    assert_eq!(
+        notes[1..],
+        [
+            serde_json::json!(["frozen", "frozen by cli"]),
+            serde_json::json!(["waiting", "thawed by cli"])
+        ]
+    );
+
+    let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(b.tasks.len(), 1);
+    let o = env.gaffer(&["tasks", "freeze", "emails", "f1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("it is running"), "{}", stderr(&o));
+    let o = env.gaffer(&["tasks", "freeze", "emails", "nosuch"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains(r#"no task "nosuch""#), "{}", stderr(&o));
+
+    let o = env.gaffer(&["tasks", "cancel", "emails", "f1"]);
+    assert_eq!(stdout(&o).trim(), "cancelled emails task f1 (was leased)");
+    let r = q.record("f1").await.unwrap().unwrap();
+    let last = r.history.unwrap().pop().unwrap();
+    assert_eq!(
+        (last.state.as_str(), last.note.as_deref()),
+        ("cancelled", Some("cancelled by cli"))
+    );
+    let o = env.gaffer(&["tasks", "thaw", "emails", "f1"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("it is cancelled"), "{}", stderr(&o));
+}
+
+#[test]
+fn intake_switches_shows_and_resets() {
+    let env = Env::new();
+    let intake = |args: &[&str]| -> String {
+        let mut all = vec!["intake", "emails"];
+        all.extend_from_slice(args);
+        let o = env.gaffer(&all);
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o).trim().to_string()
+    };
+    assert_eq!(intake(&[]), "emails: intake open (the config's value)");
+    assert_eq!(
+        intake(&["closed"]),
+        "emails: intake closed (run-time switch; the config says open)"
+    );
+    assert_eq!(
+        intake(&[]),
+        "emails: intake closed (run-time switch; the config says open)"
+    );
+
+    let o = env.gaffer(&["push", "emails", "--payload", "{}"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("the intake of queue emails is closed"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stats_json(&env)["queues"]["emails"]["enqueued_total"], 0);
+
+    assert_eq!(
+        intake(&["--reset"]),
+        "emails: intake open (no run-time switch: the config's value)"
+    );
+    let o = env.gaffer(&["push", "emails", "--payload", "{}"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    let o = env.gaffer(&["intake", "nosuch"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not in the config"), "{}", stderr(&o));
+}
+
+#[test]
+fn api_hash_token_hashes_stdin_and_refuses_nothing() {
+    let env = Env::new();
+    let o = env.gaffer_stdin(&["api", "hash-token"], Some("test\n"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o).trim(),
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    );
+    let o = env.gaffer_stdin(&["api", "hash-token"], Some("\n"));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stdout(&o).is_empty());
+    assert!(stderr(&o).contains("no token"), "{}", stderr(&o));
 }

@@ -1,0 +1,35 @@
+//! `gaffer manager`: the cluster's role.
+
+use std::net::SocketAddr;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{CliError, Global};
+
+/// Arguments of `gaffer manager`.
+#[derive(Args)]
+pub struct ManagerArgs {
+    /// Address for /metrics and /status, overriding [manager].http
+    #[arg(long, env = "GAFFER_MANAGER_HTTP", value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+}
+
+/// `gaffer manager`: runs the cluster's manager until SIGTERM or Ctrl-C.
+pub async fn run(global: &Global, args: ManagerArgs) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let (url, connect) = global.redis_target(&cfg)?;
+    let id = format!(
+        "{}:{}",
+        crate::master::sysinfo::host_name(),
+        std::process::id()
+    );
+    let http = args.http.unwrap_or(cfg.manager.http);
+    let mut opts = crate::manager::ManagerOptions::new(cfg, url, id);
+    opts.connect = connect;
+    opts.http = Some(http);
+    opts.custom_handlers = global.registry.custom_names();
+    crate::manager::run(opts, CancellationToken::new())
+        .await
+        .map_err(CliError::Runtime)
+}

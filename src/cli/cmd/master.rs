@@ -1,0 +1,37 @@
+//! `gaffer master`: this host's role.
+
+use std::net::SocketAddr;
+
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{CliError, Global};
+
+/// Arguments of `gaffer master`.
+#[derive(Args)]
+pub struct MasterArgs {
+    /// Host name to register as [default: the system's host name]
+    #[arg(long, env = "GAFFER_HOST")]
+    pub host: Option<String>,
+    /// Address for /metrics and /status, overriding [master].http
+    #[arg(long, env = "GAFFER_MASTER_HTTP", value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+}
+
+/// `gaffer master`: runs this host's master until SIGTERM or Ctrl-C, then drains.
+pub async fn run(global: &Global, args: MasterArgs) -> Result<(), CliError> {
+    let (mut cfg, source) = global.load_source()?;
+    if let Some(http) = args.http {
+        cfg.master.http = http;
+    }
+    let (url, connect) = global.redis_target(&cfg)?;
+    let host = args.host.unwrap_or_else(crate::master::sysinfo::host_name);
+    let mut opts =
+        crate::master::MasterOptions::new(cfg, source, url, host, global.registry.clone())
+            .map_err(|e| CliError::Runtime(e.into()))?;
+    opts.connect = connect;
+    opts.config_path = Some(global.config_path());
+    crate::master::run(opts, CancellationToken::new())
+        .await
+        .map_err(CliError::Runtime)
+}

@@ -1,0 +1,200 @@
+//! `gaffer push QUEUE`: enqueue one payload, a file of them, or synthetic ones.
+
+use std::io::{BufRead, IsTerminal};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::json;
+
+use crate::cli::common::queue_handle;
+use crate::cli::{CliError, Global};
+use crate::queue_client::{NewTask, RecordState};
+
+/// Arguments of `gaffer push`.
+#[derive(Args)]
+pub struct PushArgs {
+    /// Queue to enqueue to (must be in the config)
+    pub queue: String,
+    /// One JSON payload
+    #[arg(long, group = "source")]
+    pub payload: Option<String>,
+    /// One JSON payload per line; '-' reads stdin. Every line is checked before any is sent
+    #[arg(long, group = "source", value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// Number of tasks: synthetic payloads {"n": i}, or copies of --payload
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Dedup id: while a task with this id is pending or leased, it is not enqueued again
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Higher is taken first
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// Not due before this long from now (e.g. 30s, 5m, 2h)
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "0s")]
+    pub delay: Duration,
+    /// Attempts before dead letters, overriding the queue's max_attempts
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// Print the result as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where the payloads come from, as the flags combine.
+enum Source<'a> {
+    /// One JSON payload, this many times.
+    Payload(&'a str, usize),
+    /// One JSON payload per line; `-` is stdin.
+    File(&'a Path),
+    /// Synthetic payloads `{"n": i}`.
+    Count(usize),
+}
+
+impl PushArgs {
+    /// The source the flags name: exactly one of --payload, --file, --count (which also
+    /// repeats --payload).
+    fn source(&self) -> Result<Source<'_>, CliError> {
+        match (&self.payload, &self.file, self.count) {
+            (Some(p), None, n) => Ok(Source::Payload(p, n.unwrap_or(1))),
+            (None, Some(f), None) => Ok(Source::File(f)),
+            (None, None, Some(n)) => Ok(Source::Count(n)),
+            (None, Some(_), Some(_)) => {
+                Err(CliError::Usage("--count cannot be used with --file".into()))
+            }
+            _ => Err(CliError::Usage(
+                "push needs one of --payload JSON, --file PATH or --count N".into(),
+            )),
+        }
+    }
+}
+
+const PUSH_CHUNK: usize = 10_000;
+
+fn read_payloads(source: &Source<'_>) -> Result<Vec<Vec<u8>>, CliError> {
+    match source {
+        Source::Payload(p, n) => {
+            serde_json::from_str::<serde_json::Value>(p)
+                .map_err(|e| CliError::Usage(format!("--payload is not valid JSON: {e}")))?;
+            Ok(vec![p.as_bytes().to_vec(); *n])
+        }
+        Source::Count(n) => Ok((0..*n)
+            .map(|i| format!("{{\"n\":{i}}}").into_bytes())
+            .collect()),
+        Source::File(path) => read_lines(path),
+    }
+}
+
+/// Every line of a file (or stdin) checked as JSON before anything is sent, so a bad
+/// line enqueues nothing.
+fn read_lines(path: &Path) -> Result<Vec<Vec<u8>>, CliError> {
+    let stdin = path.as_os_str() == "-";
+    let reader: Box<dyn BufRead> = if stdin {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let f = std::fs::File::open(path)
+            .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))?;
+        Box::new(std::io::BufReader::new(f))
+    };
+    let name = if stdin {
+        "stdin".to_string()
+    } else {
+        path.display().to_string()
+    };
+    let mut out = Vec::new();
+    for (i, line) in reader.lines().enumerate() {
+        let line = line.map_err(|e| CliError::Runtime(anyhow::anyhow!("{name}: {e}")))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        serde_json::from_str::<serde_json::Value>(&line)
+            .map_err(|e| CliError::Usage(format!("{name}:{}: not a JSON payload: {e}", i + 1)))?;
+        out.push(line.into_bytes());
+    }
+    Ok(out)
+}
+
+/// `gaffer push`: enqueue one payload, a file of them, or synthetic ones, in bulk, as
+/// submitted by `cli`. A closed intake refuses them all (exit 1).
+pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
+    let source = args.source()?;
+    let cfg = global.load()?;
+    let payloads = read_payloads(&source)?;
+    if args.id.is_some() && payloads.len() != 1 {
+        return Err(CliError::Usage(
+            "--id names one task; it cannot be used with several payloads".into(),
+        ));
+    }
+    let client = global.connect(&cfg).await?;
+    let q = queue_handle(&client, &cfg, &args.queue)?;
+    let tasks: Vec<NewTask> = payloads
+        .into_iter()
+        .map(|p| NewTask {
+            payload: p,
+            id: args.id.clone(),
+            priority: args.priority,
+            delay: args.delay,
+            at: None,
+            max_attempts: args.max_attempts,
+            submitted_by: Some("cli".into()),
+        })
+        .collect();
+    let total = tasks.len();
+    let show_progress = total > PUSH_CHUNK && std::io::stderr().is_terminal();
+    let (mut created, mut cancelled) = (0usize, 0usize);
+    let mut ids = Vec::new();
+    for (i, chunk) in tasks.chunks(PUSH_CHUNK).enumerate() {
+        let done = q.enqueue_many(chunk).await?;
+        created += done.iter().filter(|e| e.created).count();
+        cancelled += done
+            .iter()
+            .filter(|e| e.state == Some(RecordState::Cancelled))
+            .count();
+        if total == 1 {
+            ids = done.into_iter().map(|e| e.id).collect();
+        }
+        if show_progress {
+            eprint!("\rpush: {}/{total}", ((i + 1) * PUSH_CHUNK).min(total));
+        }
+    }
+    if show_progress {
+        eprintln!();
+    }
+    if cancelled > 0 {
+        eprintln!(
+            "warning: the intake of queue {} is cancel: {cancelled} of these tasks were \
+             recorded as cancelled and will not run",
+            args.queue
+        );
+    }
+    report(&args, total, created, &ids);
+    Ok(())
+}
+
+fn report(args: &PushArgs, total: usize, created: usize, ids: &[String]) {
+    if args.json {
+        println!(
+            "{}",
+            json!({"queue": args.queue, "tasks": total, "created": created,
+                   "existing": total - created, "ids": ids})
+        );
+    } else if total == 1 {
+        let what = if created == 1 {
+            "enqueued"
+        } else {
+            "already pending"
+        };
+        println!(
+            "{what}: {} task {}",
+            args.queue,
+            ids.first().map(String::as_str).unwrap_or("")
+        );
+    } else {
+        println!(
+            "enqueued {created} tasks to {} ({} already pending)",
+            args.queue,
+            total - created
+        );
+    }
+}

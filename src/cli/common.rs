@@ -1,0 +1,204 @@
+//! What every command shares: the global options, the failure type with its exit code,
+//! loading the config, connecting, and a few output helpers.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::config::{self, Config, ConfigError};
+use crate::queue_client::{ConnectOptions, Queue, QueueClient, QueueError, QueueLimits};
+use crate::slot::Registry;
+
+/// A command's failure, sorted by exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad usage or bad config: exit 2.
+    #[error("{0}")]
+    Usage(String),
+    /// Anything that went wrong while running: exit 1.
+    #[error(transparent)]
+    Runtime(#[from] anyhow::Error),
+}
+
+impl From<QueueError> for CliError {
+    fn from(e: QueueError) -> Self {
+        match e {
+            QueueError::Invalid(_) | QueueError::PayloadTooLarge { .. } => {
+                CliError::Usage(e.to_string())
+            }
+            other => CliError::Runtime(other.into()),
+        }
+    }
+}
+
+impl From<redis::RedisError> for CliError {
+    fn from(e: redis::RedisError) -> Self {
+        QueueError::from(e).into()
+    }
+}
+
+impl From<serde_json::Error> for CliError {
+    fn from(e: serde_json::Error) -> Self {
+        CliError::Runtime(e.into())
+    }
+}
+
+impl CliError {
+    /// The exit code this failure maps to.
+    pub fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::Usage(_) => ExitCode::from(2),
+            CliError::Runtime(_) => ExitCode::from(1),
+        }
+    }
+
+    /// A runtime failure (exit 1) with this message.
+    pub fn runtime(message: impl std::fmt::Display) -> Self {
+        CliError::Runtime(anyhow::anyhow!("{message}"))
+    }
+}
+
+/// Settings every command shares.
+#[derive(Debug, Clone)]
+pub struct Global {
+    /// `--config`, when given.
+    pub config: Option<PathBuf>,
+    /// `--redis`: overrides `[cluster].redis`.
+    pub redis: Option<String>,
+    /// `--state-dir`: where `gaffer up` keeps its Redis and state.
+    pub state_dir: Option<PathBuf>,
+    /// The handlers this binary can run; the config may name these.
+    pub registry: Registry,
+}
+
+impl Global {
+    /// The config file: `--config`, else ./config.toml, else /etc/gaffer/config.toml.
+    pub fn config_path(&self) -> PathBuf {
+        if let Some(p) = &self.config {
+            return p.clone();
+        }
+        let local = PathBuf::from("config.toml");
+        if local.exists() {
+            return local;
+        }
+        PathBuf::from("/etc/gaffer/config.toml")
+    }
+
+    /// `--state-dir`, else `.gaffer` beside the config file.
+    pub fn state_dir(&self) -> PathBuf {
+        self.state_dir
+            .clone()
+            .unwrap_or_else(|| crate::up::default_state_dir(&self.config_path()))
+    }
+
+    /// Loads and validates the config; every error is printed, exit 2.
+    pub fn load(&self) -> Result<Config, CliError> {
+        self.load_source().map(|(cfg, _)| cfg)
+    }
+
+    /// Loads the config and keeps its text, for roles that hand it on (to the zygote).
+    pub fn load_source(&self) -> Result<(Config, String), CliError> {
+        let path = self.config_path();
+        let usage = |e: ConfigError| CliError::Usage(e.to_string());
+        let source = std::fs::read_to_string(&path).map_err(|source| {
+            usage(ConfigError::Io {
+                path: path.clone(),
+                source,
+            })
+        })?;
+        let origin = path.display().to_string();
+        let cfg =
+            config::parse_with(&source, &origin, &self.registry.custom_names()).map_err(usage)?;
+        Ok((cfg, source))
+    }
+
+    /// Connects to the Redis of the config (or `--redis`).
+    pub async fn connect(&self, cfg: &Config) -> Result<QueueClient, CliError> {
+        let (url, opts) = self.redis_target(cfg)?;
+        QueueClient::connect(&url, &cfg.cluster.namespace, &opts)
+            .await
+            .map_err(|e| CliError::Runtime(e.into()))
+    }
+
+    /// The Redis URL and connect options: `--redis` over `[cluster].redis`, the password
+    /// from `redis_password_file` when set.
+    pub fn redis_target(&self, cfg: &Config) -> Result<(String, ConnectOptions), CliError> {
+        let url = self
+            .redis
+            .clone()
+            .or_else(|| cfg.cluster.redis.clone())
+            .or_else(|| crate::up::running_redis(&self.state_dir()))
+            .ok_or_else(|| {
+                CliError::Usage(format!(
+                    "{}: [cluster].redis is not set, no --redis was given, and no `gaffer up` \
+                     runs with state directory {} (start one, or name a Redis)",
+                    self.config_path().display(),
+                    self.state_dir().display()
+                ))
+            })?;
+        let mut opts = ConnectOptions::default();
+        if let Some(file) = &cfg.cluster.redis_password_file {
+            let pw = std::fs::read_to_string(file).map_err(|e| {
+                CliError::Usage(format!(
+                    "cannot read [cluster].redis_password_file {}: {e}",
+                    file.display()
+                ))
+            })?;
+            opts.password = Some(pw.trim_end_matches(['\n', '\r']).to_string());
+        }
+        Ok((url, opts))
+    }
+}
+
+/// A handle on a queue of the config, with the config's limits; a queue the config does
+/// not name is bad usage (exit 2).
+pub fn queue_handle(client: &QueueClient, cfg: &Config, name: &str) -> Result<Queue, CliError> {
+    let q = cfg.queues.get(name).ok_or_else(|| {
+        let known: Vec<&str> = cfg.queues.keys().map(String::as_str).collect();
+        CliError::Usage(format!(
+            "queue {name:?} is not in the config (known: {})",
+            if known.is_empty() {
+                "none".to_string()
+            } else {
+                known.join(", ")
+            }
+        ))
+    })?;
+    Ok(client.queue_with(name, QueueLimits::from(q))?)
+}
+
+/// Loads the config, connects, and opens one of its queues: what most commands on a
+/// queue start with.
+pub async fn open_queue(global: &Global, name: &str) -> Result<(Config, Queue), CliError> {
+    let cfg = global.load()?;
+    let client = global.connect(&cfg).await?;
+    let q = queue_handle(&client, &cfg, name)?;
+    Ok((cfg, q))
+}
+
+/// The failure of a lookup that found nothing (exit 1).
+pub fn no_task(queue: &str, id: &str) -> CliError {
+    CliError::runtime(format!("no task {id:?} in queue {queue}"))
+}
+
+/// At most `max` characters of `payload` as text, with `…` when cut.
+pub fn preview(payload: &[u8], max: usize) -> String {
+    let s = String::from_utf8_lossy(payload);
+    if s.chars().count() > max {
+        format!("{}…", s.chars().take(max).collect::<String>())
+    } else {
+        s.into_owned()
+    }
+}
+
+/// A payload as JSON: parsed when it is JSON, else as a string.
+pub fn payload_json(payload: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(payload)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(payload).into()))
+}
+
+/// Milliseconds since the epoch as RFC 3339 with milliseconds.
+pub fn format_ms(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
