@@ -1,5 +1,5 @@
 //! One consistent-enough read of everything an operator looks at: every queue's counters,
-//! limits and last decision, every host's report, the slot map and the manager's lease.
+//! limits, intake and last decision, every host's report, the slot map and the manager's lease.
 //! `gaffer stats` prints one; `gaffer top` keeps a short history of them. It reads only
 //! Redis, so it works while the manager is down (the lease then shows as absent).
 
@@ -9,7 +9,7 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use super::{HostReport, Keys, SlotMap, now_ms};
-use crate::config::Config;
+use crate::config::{Config, Intake};
 use crate::queue_client::{QueueClient, QueueError, QueueLimits, QueueStats};
 
 /// The manager's last verdict on a queue, as written to `NS:{cluster}:decisions`
@@ -83,6 +83,12 @@ pub struct QueueView {
     pub decision: Option<DecisionView>,
     /// Paused by an operator.
     pub paused: bool,
+    /// Whether it accepts new tasks now: the run-time switch (`gaffer intake`) when one
+    /// is set, else the config's `intake`.
+    #[serde(serialize_with = "intake_name")]
+    pub intake: Intake,
+    /// `track` from the config: each task keeps a record with its history.
+    pub track: bool,
     /// Summed over live hosts: tasks handled by slots (monotonic per master).
     pub processed_total: u64,
     /// Summed over live hosts: tasks that failed in a handler.
@@ -93,6 +99,10 @@ pub struct QueueView {
     pub recycles_total: u64,
     /// Summed over live hosts: slots that crashed.
     pub crashes_total: u64,
+}
+
+fn intake_name<S: serde::Serializer>(intake: &Intake, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(intake.as_str())
 }
 
 /// A host's state as the dashboard shows it.
@@ -220,10 +230,9 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
 
     let mut queues = BTreeMap::new();
     for (name, qc) in &cfg.queues {
-        let stats = client
-            .queue_with(name, QueueLimits::from(qc))?
-            .stats()
-            .await?;
+        let queue = client.queue_with(name, QueueLimits::from(qc))?;
+        // Both requests go out together on the multiplexed connection: one round trip.
+        let (stats, intake) = futures::try_join!(queue.stats(), queue.intake())?;
         let mut view = QueueView {
             priority: qc.priority,
             min_slots: qc.min_slots,
@@ -235,6 +244,8 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
                 .map_or(0, |m| m.hosts.values().filter_map(|q| q.get(name)).sum()),
             decision: decisions.get(name).cloned(),
             paused: paused.contains(name),
+            intake,
+            track: qc.track,
             processed_total: 0,
             failed_total: 0,
             busy_seconds_total: 0.0,

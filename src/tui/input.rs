@@ -1,5 +1,6 @@
-//! Keys to actions. The mapping knows nothing of the state: `update` decides what a key
-//! means in a dialog, in help or in a view.
+//! Keys to actions. The mappings know nothing of the state: `update` decides what a key
+//! means in a dialog, in help or in a view. There are two: [`action_for`] for commands,
+//! and [`typing_action_for`] while the task lookup line is open, where letters are text.
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
@@ -34,6 +35,27 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
         KeyCode::Char('y') | KeyCode::Char('Y') => Action::Confirm,
         KeyCode::Char('n') | KeyCode::Char('N') => Action::Cancel,
         KeyCode::Char('?') => Action::Help,
+        KeyCode::Char('/') => Action::Find,
+        _ => return None,
+    })
+}
+
+/// The action for a key press while the lookup line is open: characters are typed,
+/// Backspace erases, ↑ ↓ Tab choose the queue, Enter looks up, Esc closes, Ctrl-C quits.
+pub fn typing_action_for(key: KeyEvent) -> Option<Action> {
+    if key.kind != KeyEventKind::Press {
+        return None;
+    }
+    if key.modifiers.contains(KeyModifiers::CONTROL) {
+        return matches!(key.code, KeyCode::Char('c')).then_some(Action::Quit);
+    }
+    Some(match key.code {
+        KeyCode::Char(c) => Action::Type(c),
+        KeyCode::Backspace => Action::Erase,
+        KeyCode::Tab | KeyCode::Down => Action::Down,
+        KeyCode::BackTab | KeyCode::Up => Action::Up,
+        KeyCode::Enter => Action::Open,
+        KeyCode::Esc => Action::Back,
         _ => return None,
     })
 }
@@ -43,12 +65,13 @@ pub const KEYS: &[(&str, &str)] = &[
     ("Tab  1  2", "switch view: queues, slot map"),
     ("Enter", "detail of the selected queue or host"),
     ("Esc", "back, close a dialog"),
-    ("j k  ↓ ↑", "move the selection"),
+    ("j k  ↓ ↑", "move the selection; scroll a task's history"),
     ("h l  ← →", "scroll the slot map's queue columns"),
     ("s  S", "next sort column, reverse the sort (queues)"),
     ("p", "pause / resume the selected queue"),
     ("r", "requeue the selected queue's dead letters"),
     ("d", "drain / undrain the selected host (slot map)"),
+    ("/", "look up a task by id (Tab ↑ ↓ choose the queue)"),
     ("y  n", "confirm / cancel"),
     ("?", "this help"),
     ("q  Ctrl-C", "quit"),

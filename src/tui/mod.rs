@@ -4,9 +4,9 @@
 //! then says the lease is stale. The shape is input → [`Action`] → [`update`] → draw:
 //! `update` is pure and returns an [`Effect`] for anything that touches the cluster, and
 //! drawing is `impl Widget for &State`. One task owns the Redis connection: it reads a
-//! snapshot every `refresh` and performs effects, reporting both back as events; the UI
-//! loop never waits on Redis, so an unreachable server shows in the status line while
-//! keys still work.
+//! snapshot every `refresh` and performs effects (a task lookup is one), reporting both
+//! back as events; the UI loop never waits on Redis, so an unreachable server shows in
+//! the status line while keys still work.
 
 mod input;
 mod state;
@@ -27,12 +27,12 @@ use tokio::sync::mpsc;
 use crate::cluster::snapshot::Snapshot;
 use crate::cluster::{self, Keys, now_ms};
 use crate::config::Config;
-use crate::queue_client::{ConnectOptions, QueueClient, QueueError, QueueLimits};
+use crate::queue_client::{ConnectOptions, QueueClient, QueueError, QueueLimits, TaskRecord};
 
-pub use input::{KEYS, action_for};
+pub use input::{KEYS, action_for, typing_action_for};
 pub use state::{
-    Action, Effect, HISTORY, History, Note, Pending, QueueRow, RATE_WINDOW_MS, Rates, SortKey,
-    State, View, rates, update,
+    Action, Effect, Finder, Found, HISTORY, History, Note, Pending, QueueRow, RATE_WINDOW_MS,
+    Rates, SortKey, State, TaskLookup, View, rates, update,
 };
 
 /// How long one read or one effect may take before it counts as failed: past this the
@@ -64,8 +64,8 @@ enum Event {
     Input(crossterm::event::Event),
     /// A read of the cluster with the label of the config used, or why it failed.
     Snapshot(Result<(Snapshot, String), String>),
-    /// An effect finished.
-    EffectDone(Result<String, String>),
+    /// An effect finished: its answer, as the action that reports it.
+    EffectDone(Action),
     /// SIGTERM, SIGINT, or the terminal went away.
     Terminate,
 }
@@ -132,6 +132,9 @@ async fn ui_loop(
         };
         let action = match event {
             Event::Tick => Some(Action::Tick { now_ms: now_ms() }),
+            Event::Input(crossterm::event::Event::Key(key)) if state.typing() => {
+                typing_action_for(key)
+            }
             Event::Input(crossterm::event::Event::Key(key)) => action_for(key),
             // A resize only needs the redraw at the top of the loop.
             Event::Input(_) => None,
@@ -140,7 +143,7 @@ async fn ui_loop(
                 config,
             }),
             Event::Snapshot(Err(error)) => Some(Action::ReadFailed { error }),
-            Event::EffectDone(result) => Some(Action::EffectDone(result)),
+            Event::EffectDone(action) => Some(action),
             Event::Terminate => Some(Action::Quit),
         };
         let Some(action) = action else { continue };
@@ -151,9 +154,9 @@ async fn ui_loop(
             return Ok(());
         }
         // One effect at a time: a full channel means the last one still runs.
-        if effects.try_send(effect).is_err() {
-            let busy = Err("still busy with the previous action; try again".into());
-            update(&mut state, Action::EffectDone(busy));
+        if let Err(e) = effects.try_send(effect) {
+            let busy = "still busy with the previous action; try again".to_string();
+            update(&mut state, e.into_inner().failed(busy));
         }
     }
 }
@@ -207,10 +210,10 @@ async fn redis_side(
                 let Some(effect) = effect else { return };
                 let done = tokio::time::timeout(
                     REDIS_LIMIT,
-                    perform(&mut client, &opts, &cfg, &keys, effect),
+                    perform(&mut client, &opts, &cfg, &keys, effect.clone()),
                 )
                 .await
-                .unwrap_or_else(|_| Err(late()));
+                .unwrap_or_else(|_| effect.failed(late()));
                 if events.send(Event::EffectDone(done)).await.is_err() {
                     return;
                 }
@@ -232,7 +235,44 @@ async fn connected<'a>(
     Ok(client.insert(c))
 }
 
+/// Performs an effect; the answer comes back as the action that reports it.
 async fn perform(
+    client: &mut Option<QueueClient>,
+    opts: &TopOptions,
+    cfg: &Config,
+    keys: &Keys,
+    effect: Effect,
+) -> Action {
+    match effect {
+        Effect::Lookup { queue, id } => {
+            let result = lookup(client, opts, cfg, &queue, &id)
+                .await
+                .map_err(|e| e.to_string());
+            Action::LookedUp { queue, id, result }
+        }
+        other => Action::EffectDone(change(client, opts, cfg, keys, other).await),
+    }
+}
+
+/// One task's record with its history; None when it has none.
+async fn lookup(
+    client: &mut Option<QueueClient>,
+    opts: &TopOptions,
+    cfg: &Config,
+    queue: &str,
+    id: &str,
+) -> Result<Option<Box<TaskRecord>>, QueueError> {
+    let c = connected(client, opts).await?;
+    let limits = cfg
+        .queues
+        .get(queue)
+        .map(QueueLimits::from)
+        .unwrap_or_default();
+    Ok(c.queue_with(queue, limits)?.record(id).await?.map(Box::new))
+}
+
+/// Performs an effect that changes the cluster: what it did, or why it failed.
+async fn change(
     client: &mut Option<QueueClient>,
     opts: &TopOptions,
     cfg: &Config,
@@ -266,7 +306,8 @@ async fn perform(
                 let n = c.queue_with(&queue, limits)?.requeue_dead(None).await?;
                 format!("requeued {n} dead letters of {queue}")
             }
-            Effect::Quit => String::new(),
+            // Answered by `perform` itself.
+            Effect::Lookup { .. } | Effect::Quit => String::new(),
         })
     };
     run.await.map_err(|e| e.to_string())

@@ -6,6 +6,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::cluster::snapshot::{HostView, QueueView, Snapshot};
+use crate::queue_client::{MAX_ID_LEN, TaskRecord};
 
 /// Snapshots kept for rates, averages and sparklines.
 pub const HISTORY: usize = 120;
@@ -25,6 +26,8 @@ pub enum View {
     QueueDetail,
     /// The selected host, with history.
     HostDetail,
+    /// One task's record, looked up by id ([`State::task`]).
+    Task,
 }
 
 /// Columns the queues table sorts by.
@@ -104,6 +107,15 @@ pub enum Action {
     },
     /// An effect finished: what it did, or why it failed.
     EffectDone(Result<String, String>),
+    /// A task lookup answered: the record (None: no record), or why it failed.
+    LookedUp {
+        /// The queue looked in.
+        queue: String,
+        /// The id looked up.
+        id: String,
+        /// What Redis said.
+        result: Result<Option<Box<TaskRecord>>, String>,
+    },
     /// Tab: the other list view.
     NextView,
     /// 1: the queues table.
@@ -138,6 +150,12 @@ pub enum Action {
     Cancel,
     /// ?: show or hide the keys.
     Help,
+    /// /: open the task lookup line.
+    Find,
+    /// A character typed into the lookup line.
+    Type(char),
+    /// Backspace in the lookup line.
+    Erase,
     /// q / Ctrl-C.
     Quit,
 }
@@ -164,8 +182,72 @@ pub enum Effect {
         /// The queue.
         queue: String,
     },
+    /// Read one task's record (it changes nothing, so it asks no confirmation).
+    Lookup {
+        /// The queue.
+        queue: String,
+        /// The task id.
+        id: String,
+    },
     /// Leave the dashboard.
     Quit,
+}
+
+impl Effect {
+    /// The action that reports this effect as failed with `error`: how the loop answers
+    /// an effect it could not perform (still busy with the last one, or no answer in
+    /// time).
+    pub fn failed(self, error: String) -> Action {
+        match self {
+            Effect::Lookup { queue, id } => Action::LookedUp {
+                queue,
+                id,
+                result: Err(error),
+            },
+            Effect::Pause { .. }
+            | Effect::Drain { .. }
+            | Effect::RequeueDead { .. }
+            | Effect::Quit => Action::EffectDone(Err(error)),
+        }
+    }
+}
+
+/// The task lookup's input line, open while an id is typed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finder {
+    /// The queue to look in: the selected one at first, ↑ ↓ Tab choose another.
+    pub queue: String,
+    /// The id typed so far.
+    pub id: String,
+}
+
+/// What a task lookup found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Found {
+    /// Asked; no answer yet.
+    Waiting,
+    /// The record, with its history.
+    Record(Box<TaskRecord>),
+    /// No record: an unknown id, a record past its `history_ttl`, or a queue that does
+    /// not track.
+    Nothing,
+    /// Redis failed; the error (free of secrets).
+    Failed(String),
+}
+
+/// The task view: one lookup and its answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskLookup {
+    /// The queue looked in.
+    pub queue: String,
+    /// The id looked up.
+    pub id: String,
+    /// The answer, once there is one.
+    pub found: Found,
+    /// The first history entry shown.
+    pub scroll: usize,
+    /// The view Esc goes back to.
+    pub back: View,
 }
 
 /// An effect waiting for y / n.
@@ -313,6 +395,10 @@ pub struct State {
     pub help: bool,
     /// A dialog waiting for y / n.
     pub pending: Option<Pending>,
+    /// The task lookup line, while it is open: keys type into it.
+    pub finder: Option<Finder>,
+    /// The last task looked up, shown by [`View::Task`].
+    pub task: Option<TaskLookup>,
     /// The last read failed with this; cleared by a good read.
     pub read_error: Option<String>,
     /// The outcome of the last action.
@@ -335,6 +421,8 @@ impl State {
             map_column: 0,
             help: false,
             pending: None,
+            finder: None,
+            task: None,
             read_error: None,
             note: None,
         }
@@ -445,6 +533,47 @@ impl State {
             .unwrap_or_default()
     }
 
+    /// Whether keys type into the lookup line (the loop then maps them with
+    /// `input::typing_action_for`).
+    pub fn typing(&self) -> bool {
+        self.finder.is_some()
+    }
+
+    /// The queue a new lookup starts in: the task view's, else the selected one.
+    fn lookup_queue(&self) -> Option<String> {
+        if self.view == View::Task
+            && let Some(t) = &self.task
+        {
+            return Some(t.queue.clone());
+        }
+        self.selected_queue().map(|(name, _)| name.to_string())
+    }
+
+    /// The queue before or after `queue` in the queues table's order, wrapping round.
+    fn other_queue(&self, queue: &str, down: bool) -> Option<String> {
+        let rows = self.queue_rows();
+        let n = rows.len();
+        if n == 0 {
+            return None;
+        }
+        let i = rows.iter().position(|r| r.name == queue);
+        let j = match (i, down) {
+            (None, _) => 0,
+            (Some(i), true) => (i + 1) % n,
+            (Some(i), false) => (i + n - 1) % n,
+        };
+        Some(rows[j].name.to_string())
+    }
+
+    /// The view the task view goes back to, or the view itself.
+    pub fn base_view(&self) -> View {
+        match (self.view, &self.task) {
+            (View::Task, Some(t)) => t.back,
+            (View::Task, None) => View::Queues,
+            (v, _) => v,
+        }
+    }
+
     fn move_selection(&mut self, down: bool) {
         let step = |i: usize, n: usize| {
             if down {
@@ -470,6 +599,15 @@ impl State {
                 let i = step(self.host_index(&hosts), hosts.len());
                 self.host = Some(hosts[i].to_string());
             }
+            View::Task => {
+                if let Some(t) = &mut self.task {
+                    let n = match &t.found {
+                        Found::Record(r) => r.history.as_ref().map_or(0, Vec::len),
+                        _ => 0,
+                    };
+                    t.scroll = step(t.scroll, n);
+                }
+            }
         }
     }
 
@@ -486,7 +624,8 @@ impl State {
 }
 
 /// Applies one action; returns the side effect to perform, if any. Effects that change
-/// the cluster are only returned by [`Action::Confirm`] of a dialog opened earlier.
+/// the cluster are only returned by [`Action::Confirm`] of a dialog opened earlier; a
+/// lookup, which only reads, by Enter in the lookup line or the task view.
 pub fn update(state: &mut State, action: Action) -> Option<Effect> {
     match action {
         Action::Tick { now_ms } => {
@@ -511,6 +650,10 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
             });
             return None;
         }
+        Action::LookedUp { queue, id, result } => {
+            looked_up(state, queue, id, result);
+            return None;
+        }
         Action::Quit => return Some(Effect::Quit),
         _ => {}
     }
@@ -531,12 +674,15 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
         return None;
     }
     state.note = None;
+    if let Some(finder) = state.finder.take() {
+        return type_into(state, finder, action);
+    }
 
     match action {
         Action::NextView => {
-            state.view = match state.view {
+            state.view = match state.base_view() {
                 View::Queues | View::QueueDetail => View::SlotMap,
-                View::SlotMap | View::HostDetail => View::Queues,
+                View::SlotMap | View::HostDetail | View::Task => View::Queues,
             };
         }
         Action::ShowQueues => state.view = View::Queues,
@@ -562,10 +708,20 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
                 }
             }
             View::QueueDetail | View::HostDetail => {}
+            // Enter again: read the record anew.
+            View::Task => {
+                if let Some(t) = &state.task {
+                    return Some(Effect::Lookup {
+                        queue: t.queue.clone(),
+                        id: t.id.clone(),
+                    });
+                }
+            }
         },
         Action::Back => match state.view {
             View::QueueDetail => state.view = View::Queues,
             View::HostDetail => state.view = View::SlotMap,
+            View::Task => state.view = state.base_view(),
             View::Queues | View::SlotMap => {}
         },
         Action::Sort => state.sort = state.sort.next(),
@@ -588,7 +744,7 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
                     );
                 }
             }
-            View::SlotMap | View::HostDetail => {
+            View::SlotMap | View::HostDetail | View::Task => {
                 state.say("p pauses a queue: switch to the queues view (1)");
             }
         },
@@ -610,7 +766,7 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
                     );
                 }
             }
-            View::Queues | View::QueueDetail => {
+            View::Queues | View::QueueDetail | View::Task => {
                 state.say("d drains a host: switch to the slot map (2)");
             }
         },
@@ -628,11 +784,22 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
                     }
                 }
             }
-            View::SlotMap | View::HostDetail => {
+            View::SlotMap | View::HostDetail | View::Task => {
                 state.say("r requeues a queue's dead letters: switch to the queues view (1)");
             }
         },
         Action::Help => state.help = true,
+        Action::Find => match state.lookup_queue() {
+            Some(queue) => {
+                state.finder = Some(Finder {
+                    queue,
+                    id: String::new(),
+                })
+            }
+            None => state.say("no queue to look in yet: waiting for the first read"),
+        },
+        // Only the lookup line takes text.
+        Action::Type(_) | Action::Erase => {}
         // Without a dialog there is nothing to answer.
         Action::Confirm | Action::Cancel => {}
         // Handled before the dialog and help checks.
@@ -640,7 +807,86 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
         | Action::Snapshot { .. }
         | Action::ReadFailed { .. }
         | Action::EffectDone(_)
+        | Action::LookedUp { .. }
         | Action::Quit => {}
     }
     None
+}
+
+/// An action while the lookup line is open: text edits it, ↑ ↓ choose the queue, Enter
+/// looks up, Esc closes it; anything else leaves it as it is.
+fn type_into(state: &mut State, mut finder: Finder, action: Action) -> Option<Effect> {
+    match action {
+        Action::Type(c) if !c.is_control() => {
+            if finder.id.len() + c.len_utf8() <= MAX_ID_LEN {
+                finder.id.push(c);
+            } else {
+                state.say(format!("a task id has at most {MAX_ID_LEN} bytes"));
+            }
+        }
+        Action::Erase => {
+            finder.id.pop();
+        }
+        Action::Up | Action::Down => {
+            let down = action == Action::Down;
+            if let Some(q) = state.other_queue(&finder.queue, down) {
+                finder.queue = q;
+            }
+        }
+        Action::Back => return None,
+        Action::Open => {
+            if finder.id.is_empty() {
+                state.say("type a task id, then Enter");
+            } else {
+                let Finder { queue, id } = finder;
+                state.task = Some(TaskLookup {
+                    queue: queue.clone(),
+                    id: id.clone(),
+                    found: Found::Waiting,
+                    scroll: 0,
+                    back: state.base_view(),
+                });
+                state.view = View::Task;
+                return Some(Effect::Lookup { queue, id });
+            }
+        }
+        _ => {}
+    }
+    state.finder = Some(finder);
+    None
+}
+
+/// The answer to a lookup, shown if the task view still waits for that task; an answer
+/// that comes after the operator left or asked for another task is dropped.
+fn looked_up(
+    state: &mut State,
+    queue: String,
+    id: String,
+    result: Result<Option<Box<TaskRecord>>, String>,
+) {
+    let Some(t) = state.task.as_mut() else {
+        return;
+    };
+    if state.view != View::Task || t.queue != queue || t.id != id {
+        return;
+    }
+    t.found = match result {
+        Ok(Some(record)) => {
+            let n = record.history.as_ref().map_or(0, Vec::len);
+            t.scroll = t.scroll.min(n.saturating_sub(1));
+            Found::Record(record)
+        }
+        Ok(None) => Found::Nothing,
+        Err(error) => {
+            state.note = Some(Note {
+                text: format!("looking up task {id} in {queue}: {error}"),
+                error: true,
+            });
+            // Like a failed read, a failed lookup again keeps the last answer on screen.
+            match std::mem::replace(&mut t.found, Found::Waiting) {
+                shown @ (Found::Record(_) | Found::Nothing) => shown,
+                Found::Waiting | Found::Failed(_) => Found::Failed(error),
+            }
+        }
+    };
 }

@@ -9,12 +9,13 @@ use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
 use ratatui::style::Color;
 
-use super::state::{Action, Effect, HISTORY, SortKey, State, View, update};
+use super::state::{Action, Effect, Finder, Found, HISTORY, SortKey, State, View, update};
 use crate::cluster::snapshot::{
     DecisionView, HostState, HostView, ManagerView, QueueView, Snapshot,
 };
 use crate::cluster::{HostReport, QueueReport, SlotMap};
-use crate::queue_client::QueueStats;
+use crate::config::Intake;
+use crate::queue_client::{HistoryEntry, QueueStats, RecordState, TaskRecord, rfc3339};
 
 /// 2023-11-14 22:13:20 UTC: far from any clock the tests run under.
 const T0: u64 = 1_700_000_000_000;
@@ -36,6 +37,8 @@ struct QueueSpec {
     /// Retries per read interval.
     retries: u64,
     dead: u64,
+    intake: Intake,
+    track: bool,
 }
 
 const QUEUES: [QueueSpec; 4] = [
@@ -51,6 +54,8 @@ const QUEUES: [QueueSpec; 4] = [
         acks: 240,
         retries: 2,
         dead: 0,
+        intake: Intake::Open,
+        track: true,
     },
     QueueSpec {
         name: "reports",
@@ -64,6 +69,8 @@ const QUEUES: [QueueSpec; 4] = [
         acks: 0,
         retries: 0,
         dead: 0,
+        intake: Intake::Open,
+        track: false,
     },
     QueueSpec {
         name: "resize_photo",
@@ -77,6 +84,8 @@ const QUEUES: [QueueSpec; 4] = [
         acks: 60,
         retries: 0,
         dead: 3,
+        intake: Intake::Closed,
+        track: true,
     },
     QueueSpec {
         name: "webhooks",
@@ -90,6 +99,8 @@ const QUEUES: [QueueSpec; 4] = [
         acks: 20,
         retries: 6,
         dead: 1,
+        intake: Intake::Cancel,
+        track: true,
     },
 ];
 
@@ -167,6 +178,7 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
                 acked_total: 900 + i * q.acks,
                 retried_total: 10 + i * q.retries,
                 dead_total: q.dead,
+                frozen: if q.name == "emails" { 2 } else { 0 },
                 ..QueueStats::default()
             },
             slots,
@@ -180,6 +192,8 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
                 reasons,
             }),
             paused: q.paused,
+            intake: q.intake,
+            track: q.track,
             processed_total: processed,
             failed_total: i * q.retries,
             // 40 ms per task.
@@ -366,7 +380,7 @@ fn host_detail_view() {
 fn help_view() {
     let mut s = state(true);
     update(&mut s, Action::Help);
-    let t = draw(&s, 100, 20);
+    let t = draw(&s, 100, 22);
     insta::assert_snapshot!(t.backend());
 }
 
@@ -700,6 +714,417 @@ fn every_view_fits_any_terminal_size() {
                 "{w}x{h} {:?}",
                 s.view
             );
+        }
+    }
+}
+
+#[test]
+fn closed_and_cancel_intakes_stand_out() {
+    let s = state(true);
+    let t = draw(&s, 160, 14);
+    let buf = t.backend().buffer();
+    let (x, y) = find(buf, "closed").expect("resize_photo's intake");
+    assert_eq!(buf[(x, y)].fg, Color::Yellow);
+    assert!(find(buf, "│resize_photo").is_some_and(|(_, row)| row == y));
+    let (x, y) = find(buf, "cancel").expect("webhooks' intake");
+    assert_eq!(buf[(x, y)].fg, Color::Red);
+    assert!(find(buf, "│webhooks").is_some_and(|(_, row)| row == y));
+    let (x, y) = find(buf, "open ").expect("an open intake");
+    assert_eq!(buf[(x, y)].fg, Color::Reset, "open is the quiet normal");
+}
+
+/// A failed task: retried, held while its system was paused (four identical transitions
+/// folded into one entry), then failed for good with a long error.
+fn failed_record() -> TaskRecord {
+    let at = |s: u64| rfc3339((T0 + s * 1000) as i64);
+    let entry = |state, s, attempt, place: Option<(&str, u32)>, note: Option<&str>| HistoryEntry {
+        state,
+        at: at(s),
+        attempt,
+        host: place.map(|(h, _)| h.to_string()),
+        slot: place.map(|(_, n)| n),
+        note: note.map(str::to_string),
+        count: None,
+    };
+    let error = "partner api answered 502 Bad Gateway after 30s: upstream connect error or \
+                 disconnect/reset before headers, reset reason: connection termination; \
+                 the request was POST /v2/invoices/8812/sync with 14 line items, retried by \
+                 policy with exponential backoff from 10s, and every attempt met the same \
+                 answer from the load balancer in front of the partner's invoice service";
+    let mut held = entry(
+        RecordState::Waiting,
+        40,
+        1,
+        None,
+        Some("system partner_api is paused"),
+    );
+    held.count = Some(4);
+    TaskRecord {
+        id: "invoice-8812".into(),
+        queue: "webhooks".into(),
+        state: RecordState::Failed,
+        priority: 2,
+        attempt: 3,
+        max_attempts: 3,
+        created_at: at(0),
+        due_at: at(200),
+        updated_at: at(260),
+        submitted_by: Some("shop".into()),
+        error: Some(error.into()),
+        result: None,
+        chain: None,
+        history: Some(vec![
+            entry(RecordState::Waiting, 0, 0, None, None),
+            entry(RecordState::Running, 1, 1, Some(("h1", 3)), None),
+            entry(
+                RecordState::Waiting,
+                31,
+                1,
+                Some(("h1", 3)),
+                Some("partner api answered 502 Bad Gateway after 30s"),
+            ),
+            held,
+            entry(RecordState::Running, 100, 2, Some(("h2", 1)), None),
+            entry(
+                RecordState::Waiting,
+                130,
+                2,
+                Some(("h2", 1)),
+                Some("partner api answered 502 Bad Gateway after 30s"),
+            ),
+            entry(RecordState::Running, 230, 3, Some(("h1", 12)), None),
+            entry(RecordState::Failed, 260, 3, Some(("h1", 12)), Some(error)),
+        ]),
+    }
+}
+
+/// Opens the lookup line, types `id` into it and presses Enter: the effect Enter asked.
+fn look_up(s: &mut State, id: &str) -> Option<Effect> {
+    update(s, Action::Find);
+    for c in id.chars() {
+        update(s, Action::Type(c));
+    }
+    update(s, Action::Open)
+}
+
+fn answer(s: &mut State, queue: &str, id: &str, result: Result<Option<TaskRecord>, &str>) {
+    update(
+        s,
+        Action::LookedUp {
+            queue: queue.into(),
+            id: id.into(),
+            result: result.map(|r| r.map(Box::new)).map_err(str::to_string),
+        },
+    );
+}
+
+#[test]
+fn lookup_input_line() {
+    let mut s = state(true);
+    // The line starts in the selected queue; ↓ (or Tab) takes the next one of the table.
+    press(&mut s, &[Action::Down, Action::Find]);
+    assert_eq!(s.finder.as_ref().unwrap().queue, "reports");
+    for c in "invoice-88".chars() {
+        update(&mut s, Action::Type(c));
+    }
+    press(&mut s, &[Action::Down, Action::Down]);
+    let t = draw(&s, 160, 14);
+    insta::assert_snapshot!(t.backend());
+    assert_eq!(
+        s.finder,
+        Some(Finder {
+            queue: "webhooks".into(),
+            id: "invoice-88".into()
+        })
+    );
+    // Narrow: the id's tail stays in sight.
+    let t = draw(&s, 40, 8);
+    assert!(find(t.backend().buffer(), "…ice-88").is_some());
+}
+
+#[test]
+fn a_failed_record_with_a_folded_entry_and_a_long_error() {
+    let mut s = state(true);
+    press(&mut s, &[Action::Down, Action::Down, Action::Down]);
+    assert_eq!(
+        look_up(&mut s, "invoice-8812"),
+        Some(Effect::Lookup {
+            queue: "webhooks".into(),
+            id: "invoice-8812".into()
+        })
+    );
+    answer(
+        &mut s,
+        "webhooks",
+        "invoice-8812",
+        Ok(Some(failed_record())),
+    );
+    let t = draw(&s, 160, 30);
+    insta::assert_snapshot!(t.backend());
+    let buf = t.backend().buffer();
+    let (x, y) = find(buf, "failed   attempt 3/3").expect("the state");
+    assert_eq!(buf[(x, y)].fg, Color::Red);
+    let (x, y) = find(buf, "×4").expect("the folded entry's count");
+    assert!(
+        find(buf, "system partner_api is paused").is_some_and(|(_, row)| row == y),
+        "on the folded entry's row"
+    );
+    assert_eq!(buf[(x, y)].fg, Color::Reset);
+    let (x, y) = find(buf, "running").expect("a running entry");
+    assert_eq!(buf[(x, y)].fg, Color::Yellow);
+}
+
+#[test]
+fn the_history_scrolls_and_a_small_screen_says_which_entries_it_shows() {
+    let mut s = state(true);
+    look_up(&mut s, "invoice-8812");
+    answer(&mut s, "emails", "invoice-8812", Ok(Some(failed_record())));
+    // Three lines of header, tabs and status, ten of the record's fields in their frame:
+    // a screen of 18 lines leaves two history entries below the history's frame and header.
+    let t = draw(&s, 160, 28);
+    assert!(find(t.backend().buffer(), "history · 8 entries, oldest first").is_some());
+    let t = draw(&s, 160, 18);
+    let buf = t.backend().buffer();
+    assert!(find(buf, "entries 1-2 of 8, oldest first · j/k scroll").is_some());
+    press(&mut s, &[Action::Down, Action::Down, Action::Down]);
+    assert_eq!(s.task.as_ref().unwrap().scroll, 3);
+    let t = draw(&s, 160, 18);
+    assert!(find(t.backend().buffer(), "entries 4-5 of 8").is_some());
+    for _ in 0..20 {
+        update(&mut s, Action::Down);
+    }
+    assert_eq!(
+        s.task.as_ref().unwrap().scroll,
+        7,
+        "stops at the last entry"
+    );
+    for _ in 0..20 {
+        update(&mut s, Action::Up);
+    }
+    assert_eq!(s.task.as_ref().unwrap().scroll, 0);
+}
+
+#[test]
+fn a_done_record_is_green_and_its_result_is_compact_json_cut_to_the_width() {
+    let mut s = state(true);
+    look_up(&mut s, "thumb-1");
+    let mut r = failed_record();
+    r.id = "thumb-1".into();
+    r.queue = "emails".into();
+    r.state = RecordState::Done;
+    r.error = None;
+    r.max_attempts = 0;
+    let items: Vec<serde_json::Value> = (0..40)
+        .map(|i| serde_json::json!({"sku": format!("A-{i}"), "ok": true}))
+        .collect();
+    r.result = Some(serde_json::json!({ "items": items }));
+    answer(&mut s, "emails", "thumb-1", Ok(Some(r)));
+    let t = draw(&s, 100, 30);
+    let buf = t.backend().buffer();
+    let (x, y) = find(buf, "done   attempt 3 (no limit)").expect("the state");
+    assert_eq!(buf[(x, y)].fg, Color::Green);
+    let (x, y) = find(buf, r#"result     {"items":[{"ok":true,"sku":"A-0"},"#).expect("result");
+    let row: String = (x..99).map(|x| buf[(x, y)].symbol()).collect();
+    assert!(row.ends_with("…"), "{row}");
+}
+
+#[test]
+fn no_record() {
+    let mut s = state(true);
+    look_up(&mut s, "nope-1");
+    assert_eq!(s.task.as_ref().unwrap().found, Found::Waiting);
+    let t = draw(&s, 100, 8);
+    assert!(find(t.backend().buffer(), "looking up nope-1 in emails…").is_some());
+    answer(&mut s, "emails", "nope-1", Ok(None));
+    let t = draw(&s, 100, 10);
+    insta::assert_snapshot!(t.backend());
+
+    // An untracked queue keeps no records, and says so.
+    update(&mut s, Action::Back);
+    press(&mut s, &[Action::Down]);
+    look_up(&mut s, "r-1");
+    answer(&mut s, "reports", "r-1", Ok(None));
+    let t = draw(&s, 120, 10);
+    assert!(find(t.backend().buffer(), "no record of task r-1 in reports").is_some());
+    assert!(
+        find(
+            t.backend().buffer(),
+            "does not track its tasks (track = false)"
+        )
+        .is_some()
+    );
+}
+
+#[test]
+fn a_failed_lookup_shows_like_other_errors_and_keeps_what_was_shown() {
+    let mut s = state(true);
+    look_up(&mut s, "x1");
+    answer(
+        &mut s,
+        "emails",
+        "x1",
+        Err("redis: Connection refused (os error 111)"),
+    );
+    assert!(matches!(&s.task.as_ref().unwrap().found, Found::Failed(e) if e.contains("refused")));
+    let t = draw(&s, 120, 10);
+    let buf = t.backend().buffer();
+    let (x, y) = find(
+        buf,
+        "looking up task x1 in emails: redis: Connection refused",
+    )
+    .expect("the error in the status line");
+    assert_eq!((y, buf[(x, y)].fg), (9, Color::Red));
+
+    // A record on screen stays there when looking again fails.
+    let mut r = failed_record();
+    r.id = "x1".into();
+    answer(&mut s, "emails", "x1", Ok(Some(r)));
+    assert_eq!(
+        update(&mut s, Action::Open),
+        Some(Effect::Lookup {
+            queue: "emails".into(),
+            id: "x1".into()
+        }),
+        "Enter in the task view reads the record again"
+    );
+    answer(&mut s, "emails", "x1", Err("redis: no answer within 10s"));
+    assert!(matches!(s.task.as_ref().unwrap().found, Found::Record(_)));
+    assert!(s.note.as_ref().is_some_and(|n| n.error));
+}
+
+#[test]
+fn the_lookup_steps_are_pure() {
+    use super::input::{action_for, typing_action_for};
+    use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    let key = |c: KeyCode| KeyEvent::new(c, KeyModifiers::NONE);
+    assert_eq!(action_for(key(KeyCode::Char('/'))), Some(Action::Find));
+    // In the line, letters are text: q types a q, it does not quit.
+    assert_eq!(
+        typing_action_for(key(KeyCode::Char('q'))),
+        Some(Action::Type('q'))
+    );
+    assert_eq!(
+        typing_action_for(key(KeyCode::Backspace)),
+        Some(Action::Erase)
+    );
+    assert_eq!(typing_action_for(key(KeyCode::Tab)), Some(Action::Down));
+    assert_eq!(typing_action_for(key(KeyCode::BackTab)), Some(Action::Up));
+    assert_eq!(typing_action_for(key(KeyCode::Enter)), Some(Action::Open));
+    assert_eq!(typing_action_for(key(KeyCode::Esc)), Some(Action::Back));
+    let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
+    assert_eq!(typing_action_for(ctrl_c), Some(Action::Quit));
+
+    let mut s = state(true);
+    press(&mut s, &[Action::ShowSlotMap]);
+    assert_eq!(update(&mut s, Action::Find), None);
+    assert!(s.typing());
+    // Keys that act elsewhere do nothing here but what the line makes of them.
+    assert_eq!(
+        press(
+            &mut s,
+            &[
+                Action::Type('q'),
+                Action::Type('1'),
+                Action::Type('x'),
+                Action::Erase,
+                Action::Pause,
+                Action::Help,
+                Action::Up,
+            ]
+        ),
+        [None, None, None, None, None, None, None]
+    );
+    assert_eq!(
+        s.finder,
+        Some(Finder {
+            queue: "webhooks".into(),
+            id: "q1".into()
+        }),
+        "↑ from the first queue wraps round to the last"
+    );
+    assert!(!s.help && s.pending.is_none());
+    assert_eq!(s.view, View::SlotMap);
+
+    // Esc closes the line and asks nothing.
+    assert_eq!(update(&mut s, Action::Back), None);
+    assert!(!s.typing());
+    assert_eq!(s.view, View::SlotMap);
+
+    // Enter with no id asks for one.
+    update(&mut s, Action::Find);
+    assert_eq!(update(&mut s, Action::Open), None);
+    assert!(s.typing());
+    assert!(s.note.as_ref().unwrap().text.contains("type a task id"));
+    update(&mut s, Action::Back);
+
+    // Enter looks up, and the task view waits; Esc goes back where the lookup began.
+    let effect = look_up(&mut s, "q1");
+    let lookup = Effect::Lookup {
+        queue: "emails".into(),
+        id: "q1".into(),
+    };
+    assert_eq!(effect, Some(lookup.clone()));
+    assert_eq!(s.view, View::Task);
+    assert!(!s.typing());
+    // The loop answers an effect it could not run with the lookup's own failure.
+    assert_eq!(
+        lookup.failed("busy".into()),
+        Action::LookedUp {
+            queue: "emails".into(),
+            id: "q1".into(),
+            result: Err("busy".into())
+        }
+    );
+    // An answer for another task (an earlier lookup) is dropped.
+    answer(&mut s, "emails", "other", Ok(Some(failed_record())));
+    assert_eq!(s.task.as_ref().unwrap().found, Found::Waiting);
+    answer(&mut s, "emails", "q1", Ok(None));
+    assert_eq!(s.task.as_ref().unwrap().found, Found::Nothing);
+    // Tab leaves for the other list view; Esc from the task view goes back.
+    update(&mut s, Action::Back);
+    assert_eq!(s.view, View::SlotMap);
+    look_up(&mut s, "q1");
+    update(&mut s, Action::NextView);
+    assert_eq!(s.view, View::Queues);
+    // An answer after the operator left changes nothing.
+    answer(&mut s, "emails", "q1", Ok(Some(failed_record())));
+    assert_eq!(s.task.as_ref().unwrap().found, Found::Waiting);
+
+    // A lookup from the task view starts in its queue and comes back to the same place.
+    press(&mut s, &[Action::Down]);
+    look_up(&mut s, "a");
+    assert_eq!(s.task.as_ref().unwrap().queue, "reports");
+    assert_eq!(update(&mut s, Action::Find), None);
+    assert_eq!(s.finder.as_ref().unwrap().queue, "reports");
+    update(&mut s, Action::Type('b'));
+    update(&mut s, Action::Open);
+    update(&mut s, Action::Back);
+    assert_eq!(s.view, View::Queues);
+}
+
+#[test]
+fn lookup_views_fit_any_terminal_size() {
+    let mut typing = state(false);
+    update(&mut typing, Action::Find);
+    for c in "a-very-long-task-id-that-does-not-fit".chars() {
+        update(&mut typing, Action::Type(c));
+    }
+    let mut record = state(false);
+    look_up(&mut record, "invoice-8812");
+    answer(
+        &mut record,
+        "emails",
+        "invoice-8812",
+        Ok(Some(failed_record())),
+    );
+    let mut nothing = state(false);
+    look_up(&mut nothing, "z");
+    answer(&mut nothing, "emails", "z", Ok(None));
+    for s in [&typing, &record, &nothing] {
+        for (w, h) in [(1, 1), (12, 3), (40, 8), (80, 4), (200, 60)] {
+            let t = draw(s, w, h);
+            let buf = t.backend().buffer();
+            assert_eq!((buf.area.width, buf.area.height), (w, h));
         }
     }
 }

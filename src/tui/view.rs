@@ -1,5 +1,8 @@
 //! Drawing: `impl Widget for &State`. Reads the state only; every figure shown is either
-//! in the latest snapshot or computed from the history, never from the clock.
+//! in the latest snapshot or computed from the history, never from the clock. One file
+//! per screen that outgrows this one: `view/lookup.rs` draws the task lookup.
+
+mod lookup;
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -13,6 +16,7 @@ use ratatui::widgets::{
 use super::input::KEYS;
 use super::state::{QueueRow, SortKey, State, View, rates};
 use crate::cluster::snapshot::{HostState, Snapshot};
+use crate::config::Intake;
 
 const RED: Style = Style::new().fg(Color::Red);
 const RED_BOLD: Style = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
@@ -25,10 +29,11 @@ const SELECTED: Style = Style::new().add_modifier(Modifier::REVERSED);
 
 impl Widget for &State {
     fn render(self, area: Rect, buf: &mut Buffer) {
-        let [head, tabs, main, status] = area.layout(&Layout::vertical([
+        let [head, tabs, main, finder, status] = area.layout(&Layout::vertical([
             Constraint::Length(1),
             Constraint::Length(1),
             Constraint::Min(0),
+            Constraint::Length(u16::from(self.finder.is_some())),
             Constraint::Length(1),
         ]));
         header(self).render(head, buf);
@@ -42,7 +47,11 @@ impl Widget for &State {
                 View::SlotMap => slot_map(self, latest, main, buf),
                 View::QueueDetail => queue_detail(self, main, buf),
                 View::HostDetail => host_detail(self, latest, main, buf),
+                View::Task => lookup::task(self, main, buf),
             },
+        }
+        if let Some(f) = &self.finder {
+            lookup::finder_line(f, finder.width).render(finder, buf);
         }
         status_line(self).render(status, buf);
         if self.help {
@@ -114,7 +123,7 @@ fn tab_line(state: &State) -> Line<'static> {
     let tab = |label: &'static str, on: bool| {
         Span::styled(label, if on { SELECTED.patch(BOLD) } else { DIM })
     };
-    let on_queues = matches!(state.view, View::Queues | View::QueueDetail);
+    let on_queues = matches!(state.base_view(), View::Queues | View::QueueDetail);
     let mut spans = vec![
         Span::raw(" "),
         tab(" 1 Queues ", on_queues),
@@ -130,6 +139,12 @@ fn tab_line(state: &State) -> Line<'static> {
         View::HostDetail => {
             if let Some((name, _)) = state.selected_host() {
                 spans.push(Span::styled(format!("  › host {name}"), BOLD));
+            }
+        }
+        View::Task => {
+            if let Some(t) = &state.task {
+                let id = truncate(&t.id, 40);
+                spans.push(Span::styled(format!("  › task {id} in {}", t.queue), BOLD));
             }
         }
         View::Queues | View::SlotMap => {}
@@ -165,13 +180,20 @@ fn status_line(state: &State) -> Line<'static> {
             if n.error { RED_BOLD } else { GREEN },
         );
     }
+    if state.typing() {
+        return Line::styled(
+            " Enter look up  Tab ↑ ↓ other queue  Backspace erase  Esc cancel",
+            DIM,
+        );
+    }
     let hints = match state.view {
         View::Queues => "Enter detail  s/S sort  p pause/resume  r requeue dead  j/k move",
         View::QueueDetail => "Esc back  j/k next queue  p pause/resume  r requeue dead",
         View::SlotMap => "Enter detail  d drain/undrain  j/k move  h/l scroll queues",
         View::HostDetail => "Esc back  j/k next host  d drain/undrain",
+        View::Task => "Esc back  j/k scroll history  Enter read again",
     };
-    Line::styled(format!(" {hints}  Tab view  ? help  q quit"), DIM)
+    Line::styled(format!(" {hints}  / task  Tab view  ? help  q quit"), DIM)
 }
 
 fn right(text: String) -> Cell<'static> {
@@ -206,6 +228,7 @@ fn queues(state: &State, area: Rect, buf: &mut Buffer) {
         head("task", None),
         head("err/s", Some(SortKey::Errors)),
         head("recycl", None),
+        Cell::from("intake"),
         Cell::from("state"),
     ])
     .style(HEADER);
@@ -224,6 +247,7 @@ fn queues(state: &State, area: Rect, buf: &mut Buffer) {
         Constraint::Length(7),
         Constraint::Length(7),
         Constraint::Length(7),
+        Constraint::Length(6),
         Constraint::Length(6),
     ];
     let title = format!(
@@ -278,9 +302,21 @@ fn queue_row<'a>(r: &QueueRow<'a>) -> Row<'a> {
         right(secs(r.rates.mean_task_s)),
         right(rate(r.rates.errors_per_s)),
         right(count(q.recycles_total)),
+        Cell::from(intake(q.intake)),
         state,
     ]);
     if q.paused { row.style(DIM) } else { row }
+}
+
+/// A queue's intake: closed (new tasks refused) and cancel (new tasks cancelled on
+/// arrival) stand out, open is the quiet normal.
+fn intake(intake: Intake) -> Span<'static> {
+    let style = match intake {
+        Intake::Open => Style::new(),
+        Intake::Closed => YELLOW.patch(BOLD),
+        Intake::Cancel => RED_BOLD,
+    };
+    Span::styled(intake.as_str(), style)
 }
 
 fn host_state(state: HostState, drain_requested: bool) -> Span<'static> {
@@ -546,10 +582,27 @@ fn queue_detail(state: &State, area: Rect, buf: &mut Buffer) {
             Span::raw(d.map(|d| d.reason_text()).unwrap_or_default()),
         ]),
         Line::from(vec![
+            key("intake"),
+            intake(q.intake),
+            Span::raw(match q.intake {
+                Intake::Open => "  new tasks are enqueued",
+                Intake::Closed => "  new tasks are refused",
+                Intake::Cancel => "  new tasks are cancelled on arrival",
+            }),
+            Span::styled(
+                if q.track {
+                    ""
+                } else {
+                    "  (track = false: no task records)"
+                },
+                DIM,
+            ),
+        ]),
+        Line::from(vec![
             key("tasks"),
             Span::raw(format!(
-                "ready {}  delayed {}  leased {}  dead {}",
-                s.ready, s.delayed, s.leased, s.dead
+                "ready {}  delayed {}  leased {}  dead {}  frozen {}",
+                s.ready, s.delayed, s.leased, s.dead, s.frozen
             )),
         ]),
         Line::from(vec![

@@ -57,6 +57,11 @@ impl Tmux {
         self.run(&["send-keys", "-t", "top", keys]);
     }
 
+    /// Types `text` as it is, no key names.
+    fn text(&self, text: &str) {
+        self.run(&["send-keys", "-t", "top", "-l", text]);
+    }
+
     /// Polls the screen until `cond` holds; fails with the last screen otherwise.
     async fn wait_screen(
         &self,
@@ -89,12 +94,37 @@ impl Drop for Tmux {
     }
 }
 
+/// `gaffer push QUEUE --payload {} --id ID`, as an operator would in a second terminal.
+fn push(up: &Up, queue: &str, id: &str) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .current_dir(repo())
+        .args([
+            "--config",
+            "config.toml",
+            "push",
+            queue,
+            "--payload",
+            "{}",
+            "--id",
+            id,
+        ])
+        .env("GAFFER_STATE_DIR", up.state.path())
+        .env_remove("GAFFER_REDIS")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "push {queue} --id {id}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn quote(p: &Path) -> String {
     format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn top_shows_the_cluster_in_tmux_pauses_a_queue_and_restores_the_terminal() {
+async fn top_shows_the_cluster_in_tmux_looks_up_a_task_pauses_a_queue_and_restores_the_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let tmux = Tmux::new(dir.path());
     // The newcomer's cluster: `gaffer up --demo-load` on the repo's config.toml.
@@ -153,8 +183,56 @@ async fn top_shows_the_cluster_in_tmux_pauses_a_queue_and_restores_the_terminal(
     })
     .await;
 
-    // Pausing takes a confirmation; the pause lands in Redis and on screen.
+    // A task pushed with an id, looked up by it: / opens the line in the selected queue,
+    // Tab moves to the task's queue, Enter looks it up.
+    push(&up, "thumbnails", "top-lookup-1");
     tmux.keys("1");
+    tmux.keys("/");
+    tmux.wait_screen("the lookup line", Duration::from_secs(10), |s| {
+        s.contains("look up task") && s.contains("id:")
+    })
+    .await;
+    let mut tabs = 0;
+    while !tmux.screen().contains(" in thumbnails  id:") {
+        assert!(tabs <= cfg.queues.len(), "no thumbnails in the lookup line");
+        tmux.keys("Tab");
+        tabs += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tmux.text("top-lookup-1");
+    tmux.keys("Enter");
+    // A noop slot is idle, so the task is done within moments; Enter reads it again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let screen = loop {
+        let screen = tmux.screen();
+        if screen.contains("task top-lookup-1 in thumbnails") && screen.contains("state      done")
+        {
+            break screen;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the task's record, done\nscreen:\n{screen}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tmux.keys("Enter");
+    };
+    assert!(screen.contains("submitted  cli"), "{screen}");
+    assert!(screen.contains("history · "), "{screen}");
+    // An id nobody pushed: no record. The line starts in the task view's queue.
+    tmux.keys("/");
+    tmux.wait_screen("the lookup line again", Duration::from_secs(10), |s| {
+        s.contains(" in thumbnails  id:")
+    })
+    .await;
+    tmux.text("no-such-task");
+    tmux.keys("Enter");
+    tmux.wait_screen("no record", Duration::from_secs(10), |s| {
+        s.contains("no record of task no-such-task in thumbnails")
+    })
+    .await;
+
+    // Pausing takes a confirmation; the pause lands in Redis and on screen.
+    tmux.keys("Escape");
     tmux.wait_screen("the queues view again", Duration::from_secs(10), |s| {
         s.contains("slots now/want/avg")
     })
