@@ -1,8 +1,10 @@
 //! `gaffer up`: the whole cluster on one host. A local redis-server child (unless the
-//! config or `--redis` names one), then `gaffer manager` and `gaffer master` as child
-//! processes of the same binary, their logs prefixed on our stderr; optionally a demo
-//! load that moves slots between the queues. Ctrl-C drains the master, stops the
-//! manager, then Redis, and leaves no process behind.
+//! config or `--redis` names one), then `gaffer manager`, `gaffer master` and `gaffer
+//! api` as child processes of the same binary, their logs prefixed on our stderr;
+//! optionally a demo load that moves slots between the queues. The api gets an admin key
+//! whose token `up` makes once and keeps in the state directory (printed at start, for
+//! the demo). Ctrl-C stops the api, drains the master, stops the manager, then Redis, and
+//! leaves no process behind.
 //!
 //! The roles run as separate processes, exactly as in production: the master's zygote
 //! must be forked from a single-threaded process, and a crash of one role must not take
@@ -39,6 +41,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const REDIS_STOP: Duration = Duration::from_secs(10);
 /// The file in the state directory that tells other commands where `up`'s Redis is.
 const STATE_FILE: &str = "up.json";
+/// The demo's admin token for the api, kept between runs (mode 0600).
+const TOKEN_FILE: &str = "api-token";
 
 /// Everything `gaffer up` needs; built by the CLI.
 #[derive(Debug, Clone)]
@@ -91,6 +95,7 @@ pub fn default_state_dir(config_path: &Path) -> PathBuf {
 struct Role {
     name: &'static str,
     args: Vec<String>,
+    env: Vec<(&'static str, String)>,
     child: Option<Child>,
     started: Instant,
     starts: u32,
@@ -150,6 +155,34 @@ pub async fn run(opts: UpOptions, shutdown: CancellationToken) -> anyhow::Result
     result
 }
 
+/// The demo's admin token: the one kept in the state directory, or a new one written
+/// there (readable by its owner only), so a restarted `up` keeps the same token.
+fn demo_token(state_dir: &Path) -> anyhow::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = state_dir.join(TOKEN_FILE);
+    if let Ok(t) = std::fs::read_to_string(&path)
+        && !t.trim().is_empty()
+    {
+        return Ok(t.trim().to_string());
+    }
+    let token = crate::api::new_token().context("making an api token")?;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::io::Write::write_all(&mut file, token.as_bytes())?;
+    Ok(token)
+}
+
+/// Where the api child listens: `GAFFER_API_LISTEN` when set (as the child reads it),
+/// else the config's.
+fn api_listen(opts: &UpOptions) -> String {
+    std::env::var("GAFFER_API_LISTEN").unwrap_or_else(|_| opts.config.api.listen.to_string())
+}
+
 /// One `up` per state directory: a second would start a second Redis on the same files.
 fn lock_state_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
     let path = dir.join("up.lock");
@@ -172,9 +205,14 @@ async fn supervise(
     redis_url: &str,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let token = demo_token(&opts.state_dir)?;
+    let mut api = Role::new("api", vec!["api".into()]);
+    api.env
+        .push(("GAFFER_API_ADMIN_SHA256", crate::api::hash_token(&token)));
     let mut roles = [
         Role::new("manager", vec!["manager".into()]),
         Role::new("master", vec!["master".into()]),
+        api,
     ];
     for role in &mut roles {
         role.start(opts, redis_url)?;
@@ -183,6 +221,11 @@ async fn supervise(
         "gaffer up: manager on http://{} , master on http://{} ; watch with `gaffer top`, \
          stop with Ctrl-C",
         opts.config.manager.http, opts.config.master.http
+    );
+    eprintln!(
+        "gaffer up: task service on http://{} ; admin token for this demo: {token} (kept in {})",
+        api_listen(opts),
+        opts.state_dir.join(TOKEN_FILE).display()
     );
 
     let mut demo = if opts.demo_load {
@@ -199,9 +242,9 @@ async fn supervise(
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    let [manager, master] = &mut roles;
+    let [manager, master, api] = &mut roles;
     let failure = loop {
-        let restart_at = [manager.restart_at, master.restart_at]
+        let restart_at = [manager.restart_at, master.restart_at, api.restart_at]
             .into_iter()
             .flatten()
             .min();
@@ -215,8 +258,11 @@ async fn supervise(
             status = wait(&mut master.child) => {
                 if let Some(e) = master.exited(status) { break Some(e) }
             }
+            status = wait(&mut api.child) => {
+                if let Some(e) = api.exited(status) { break Some(e) }
+            }
             () = sleep_until(restart_at) => {
-                for role in [&mut *manager, &mut *master] {
+                for role in [&mut *manager, &mut *master, &mut *api] {
                     if role.restart_at.is_some_and(|at| at <= Instant::now()) {
                         role.start(opts, redis_url)?;
                     }
@@ -236,9 +282,11 @@ async fn supervise(
          Ctrl-C again to kill",
         humantime::format_duration(drain)
     );
-    // The master drains first; the manager keeps deciding until then, so nothing is
-    // placed on a host that is leaving without the map saying so.
+    // The api stops taking requests first; the master drains next, and the manager keeps
+    // deciding until then, so nothing is placed on a host that is leaving without the map
+    // saying so.
     let mut killing = false;
+    stop(api, Duration::from_secs(15), &mut sigint, &mut killing).await;
     stop(
         master,
         drain + Duration::from_secs(15),
@@ -304,6 +352,7 @@ impl Role {
         Role {
             name,
             args,
+            env: Vec::new(),
             child: None,
             started: Instant::now(),
             starts: 0,
@@ -319,6 +368,7 @@ impl Role {
             .args(&opts.role_args)
             .args(&self.args)
             .env("GAFFER_REDIS", redis_url)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

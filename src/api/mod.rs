@@ -57,6 +57,34 @@ pub fn hash_token(token: &str) -> String {
     hex(&Sha256::digest(token.trim().as_bytes()))
 }
 
+/// An admin key for every queue with the token whose SHA-256 is `sha256_hex`: the key
+/// `gaffer up` makes for its demo (the token itself stays with `up`).
+pub fn admin_key(name: &str, sha256_hex: &str) -> anyhow::Result<ApiKey> {
+    let hex = sha256_hex.trim();
+    anyhow::ensure!(
+        hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        "an admin key's SHA-256 must be 64 hex digits"
+    );
+    let mut token_sha256 = [0u8; 32];
+    for (i, byte) in token_sha256.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)?;
+    }
+    Ok(ApiKey {
+        name: name.to_string(),
+        token_sha256,
+        queues: crate::config::KeyQueues::All,
+        admin: true,
+    })
+}
+
+/// A fresh random token (32 bytes from the kernel, as hex).
+pub fn new_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(hex(&bytes))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

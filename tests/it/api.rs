@@ -147,7 +147,7 @@ impl Service {
 }
 
 /// One HTTP/1.1 exchange on a fresh connection; returns status and body.
-async fn request(
+pub(crate) async fn request(
     addr: SocketAddr,
     method: &str,
     path: &str,

@@ -27,12 +27,14 @@ pub(crate) struct Up {
     pub state: tempfile::TempDir,
     pub manager_http: u16,
     pub master_http: u16,
+    pub api_http: u16,
 }
 
 impl Up {
     pub fn start() -> Self {
         let state = tempfile::tempdir().unwrap();
         let (manager_http, master_http) = (free_port().unwrap(), free_port().unwrap());
+        let api_http = free_port().unwrap();
         let log = std::fs::File::create(state.path().join("up.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
             .current_dir(repo())
@@ -40,6 +42,7 @@ impl Up {
             .env("GAFFER_STATE_DIR", state.path())
             .env("GAFFER_MANAGER_HTTP", format!("127.0.0.1:{manager_http}"))
             .env("GAFFER_MASTER_HTTP", format!("127.0.0.1:{master_http}"))
+            .env("GAFFER_API_LISTEN", format!("127.0.0.1:{api_http}"))
             .env("GAFFER_HOST", "up-test")
             .env_remove("GAFFER_REDIS")
             .stdin(Stdio::null())
@@ -54,6 +57,7 @@ impl Up {
             state,
             manager_http,
             master_http,
+            api_http,
         }
     }
 
@@ -200,6 +204,33 @@ async fn up_runs_the_demo_and_ctrl_c_leaves_nothing_behind() {
     })
     .await;
     assert_eq!(first["hosts"]["up-test"]["state"], "alive", "{first}");
+
+    // The task service answers with the demo's admin token, and a sync submit comes back
+    // with the task done by a real slot.
+    let token = std::fs::read_to_string(up.state.path().join("api-token")).unwrap();
+    assert!(
+        up.log()
+            .contains(&format!("admin token for this demo: {token}")),
+        "{}",
+        up.log()
+    );
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", up.api_http).parse().unwrap();
+    let (status, body) = crate::api::request(
+        addr,
+        "POST",
+        "/v1/queues/thumbnails/tasks",
+        Some(&token),
+        Some(br#"{"payload": {"ms": 1}, "id": "via-api", "wait": "30s"}"#),
+    )
+    .await;
+    let rec: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        (status, rec["state"].clone()),
+        (200, serde_json::json!("done")),
+        "{rec}"
+    );
+    assert_eq!(rec["submitted_by"], "up-admin");
+    assert_eq!(rec["history"][1]["host"], "up-test");
     assert!(first["manager"]["leader"].is_string(), "{first}");
 
     // The dashboards use only metrics that exist: the union of a real scrape of the
@@ -242,7 +273,7 @@ async fn up_runs_the_demo_and_ctrl_c_leaves_nothing_behind() {
     let tree = descendants(up.child.id());
     assert!(
         tree.len() >= 4,
-        "expected redis, manager, master, zygote and slots under up, found {tree:?}"
+        "expected redis, manager, master, api, zygote and slots under up, found {tree:?}"
     );
     kill(Pid::from_raw(up.child.id() as i32), Signal::SIGINT).unwrap();
     let mut up = up;

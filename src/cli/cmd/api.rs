@@ -9,6 +9,9 @@ use tokio_util::sync::CancellationToken;
 use crate::api::ApiOptions;
 use crate::cli::{CliError, Global};
 
+/// The name of the demo's admin key, as records show who submitted.
+const UP_ADMIN: &str = "up-admin";
+
 /// Arguments of `gaffer api`: alone it runs the server; a subcommand does something else.
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -19,6 +22,9 @@ pub struct ApiArgs {
     /// Address to listen on, overriding [api].listen
     #[arg(long, env = "GAFFER_API_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
+    /// SHA-256 of an extra admin token (`gaffer up` passes the demo's)
+    #[arg(long, env = "GAFFER_API_ADMIN_SHA256", value_name = "HEX", hide = true)]
+    pub admin_sha256: Option<String>,
 }
 
 /// `gaffer api …`.
@@ -38,6 +44,11 @@ pub async fn serve(global: &Global, args: ApiArgs) -> Result<(), CliError> {
     let mut opts = ApiOptions::new(config, redis_url);
     opts.connect = connect;
     opts.listen = args.listen;
+    if let Some(hex) = &args.admin_sha256 {
+        let key =
+            crate::api::admin_key(UP_ADMIN, hex).map_err(|e| CliError::Usage(e.to_string()))?;
+        opts.extra_keys.push(key);
+    }
     crate::api::run(opts, CancellationToken::new(), None)
         .await
         .map_err(CliError::Runtime)
