@@ -629,10 +629,10 @@ async fn a_sync_submit_is_woken_by_the_end_not_by_polling() {
             .query_async(&mut c)
             .await
             .unwrap();
-        // The record's eleventh field, `w`, is set while someone waits (prelude.lua).
+        // The record's fourth field, `w`, is set while someone waits (prelude.lua).
         rec.is_some_and(|r| {
             let head = r.split('\x1e').next().unwrap_or_default();
-            head.split('\x1f').nth(10) == Some("1")
+            head.split('\x1f').nth(3) == Some("1")
         })
     })
     .await;

@@ -10,6 +10,8 @@ local idx = K_IDX
 if by ~= '' then idx = submitter_index(by) end
 local top = '+inf'
 if cursor ~= '' then top = '(' .. cursor end
+-- The fields in the order the client reads them.
+local LISTED = {'s', 'p', 'a', 'm', 'c', 'd', 'u', 'b', 'e', 'r'}
 local out = {''}
 local found, looked = 0, 0
 local gone = {}
@@ -28,7 +30,7 @@ while found < limit and looked < cap do
       gone[#gone + 1] = id
     elseif want == '' or r[F.s] == want then
       out[#out + 1] = id
-      for j = 1, 10 do out[#out + 1] = r[j] end
+      for _, k in ipairs(LISTED) do out[#out + 1] = r[F[k]] end
       found = found + 1
       if found == limit then break end
     end
