@@ -35,6 +35,8 @@ pub struct ApiOptions {
     pub listen: Option<SocketAddr>,
     /// Keys beyond the config's: the admin key `gaffer up` makes for its demo.
     pub extra_keys: Vec<ApiKey>,
+    /// Handler names beyond the built-in ones, to read published configs.
+    pub custom_handlers: Vec<String>,
 }
 
 impl ApiOptions {
@@ -46,6 +48,7 @@ impl ApiOptions {
             connect: ConnectOptions::default(),
             listen: None,
             extra_keys: Vec::new(),
+            custom_handlers: Vec::new(),
         }
     }
 }
@@ -89,36 +92,33 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// How often an instance looks for a config published with `gaffer config apply`.
+const CONFIG_TICK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What wakes the instance's own loop (the requests are served by their own tasks).
+enum Event {
+    /// SIGTERM, SIGINT or the caller's shutdown.
+    Stop,
+    /// Time to look for a newer published config.
+    ConfigTick,
+}
+
+/// The state every request reads; replaced whole when a newer config is adopted, so a
+/// request sees one config from start to end.
+type Current = Arc<std::sync::RwLock<Arc<Api>>>;
+
 /// Runs an api instance until `shutdown` is cancelled or SIGTERM/SIGINT arrives. Binds
 /// before anything else, so an address in use fails the start; refuses a non-loopback
 /// address without keys. `bound` (if given) learns the address actually bound (port 0 in
-/// tests).
+/// tests). Adopts configs published with `gaffer config apply` (keys, queues, limits)
+/// without a restart; the listen address stays as bound.
 pub async fn run(
     opts: ApiOptions,
     shutdown: CancellationToken,
     bound: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 ) -> anyhow::Result<()> {
-    let addr = opts.listen.unwrap_or(opts.config.api.listen);
-    let keys = auth::Keys::new(
-        opts.config
-            .api
-            .keys
-            .values()
-            .cloned()
-            .chain(opts.extra_keys.iter().cloned()),
-    );
-    if keys.is_empty() && !addr.ip().is_loopback() {
-        anyhow::bail!(
-            "api address {addr} is not a loopback address; declare at least one [api.keys.NAME] to serve it"
-        );
-    }
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding [api].listen {addr}"))?;
+    let listener = bind(&opts).await?;
     let local = listener.local_addr()?;
-    if keys.is_empty() {
-        tracing::warn!(listen = %local, "no [api.keys]: every request but /healthz is refused");
-    }
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let connect = QueueClient::connect_patiently(
@@ -139,25 +139,116 @@ pub async fn run(
         opts.connect.clone(),
         stop.clone(),
     );
-    let api = Arc::new(Api::new(opts.config, client, keys, ended, stop.clone())?);
+    let api = Api::new(
+        opts.config.clone(),
+        client.clone(),
+        keys_of(&opts.config, &opts.extra_keys),
+        ended.clone(),
+        stop.clone(),
+    )?;
+    let current: Current = Arc::new(std::sync::RwLock::new(Arc::new(api)));
     tracing::info!(listen = %local, "api serving");
     if let Some(tx) = bound {
         let _ = tx.send(local);
     }
+    let serving = current.clone();
     let server = tokio::spawn(crate::http::serve_with(
         listener,
-        move |request| api.clone().handle(request),
+        move |request| {
+            let api = serving.read().expect("api state lock").clone();
+            api.handle(request)
+        },
         stop.clone(),
     ));
-    tokio::select! {
-        _ = sigterm.recv() => {}
-        _ = sigint.recv() => {}
-        () = shutdown.cancelled() => {}
+    let mut config_tick = tokio::time::interval(CONFIG_TICK);
+    config_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = 0u64;
+    loop {
+        let event = tokio::select! {
+            _ = sigterm.recv() => Event::Stop,
+            _ = sigint.recv() => Event::Stop,
+            () = shutdown.cancelled() => Event::Stop,
+            _ = config_tick.tick() => Event::ConfigTick,
+        };
+        match event {
+            Event::Stop => break,
+            Event::ConfigTick => {
+                adopt_published(&opts, &client, &ended, &stop, &current, &mut seen).await
+            }
+        }
     }
     tracing::info!("api stopping");
     stop.cancel();
     server.await??;
     Ok(())
+}
+
+/// Binds the listen address, refusing a non-loopback one without keys.
+async fn bind(opts: &ApiOptions) -> anyhow::Result<tokio::net::TcpListener> {
+    let addr = opts.listen.unwrap_or(opts.config.api.listen);
+    let keys = keys_of(&opts.config, &opts.extra_keys);
+    if keys.is_empty() && !addr.ip().is_loopback() {
+        anyhow::bail!(
+            "api address {addr} is not a loopback address; declare at least one [api.keys.NAME] to serve it"
+        );
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding [api].listen {addr}"))?;
+    if keys.is_empty() {
+        tracing::warn!(listen = %addr, "no [api.keys]: every request but /healthz is refused");
+    }
+    Ok(listener)
+}
+
+fn keys_of(config: &Config, extra: &[ApiKey]) -> auth::Keys {
+    auth::Keys::new(
+        config
+            .api
+            .keys
+            .values()
+            .cloned()
+            .chain(extra.iter().cloned()),
+    )
+}
+
+/// Adopts a config published since `seen`: requests that start after it use its keys,
+/// queues and limits; requests under way finish with the old one.
+async fn adopt_published(
+    opts: &ApiOptions,
+    client: &QueueClient,
+    ended: &Arc<Ended>,
+    stop: &CancellationToken,
+    current: &Current,
+    seen: &mut u64,
+) {
+    let keys = crate::cluster::Keys::new(&opts.config.cluster.namespace);
+    let mut conn = client.connection();
+    match crate::cluster::newer_config(&mut conn, &keys, *seen, &opts.custom_handlers).await {
+        Ok(Some((version, parsed))) => {
+            // Marked seen either way: a config this binary refuses stays refused.
+            *seen = version;
+            let adopted = parsed.map_err(anyhow::Error::from).and_then(|(config, _)| {
+                let api_keys = keys_of(&config, &opts.extra_keys);
+                Api::new(
+                    config,
+                    client.clone(),
+                    api_keys,
+                    ended.clone(),
+                    stop.clone(),
+                )
+            });
+            match adopted {
+                Ok(api) => {
+                    tracing::info!(version, "adopting the published config");
+                    *current.write().expect("api state lock") = Arc::new(api);
+                }
+                Err(e) => tracing::error!(version, error = %e, "cannot adopt the published config"),
+            }
+        }
+        Ok(None) => {}
+        Err(e) => tracing::debug!(error = %e, "reading the published config failed"),
+    }
 }
 
 #[cfg(test)]

@@ -768,3 +768,60 @@ async fn a_non_loopback_address_without_keys_is_refused() {
         "api address 0.0.0.0:0 is not a loopback address; declare at least one [api.keys.NAME] to serve it"
     );
 }
+
+/// Keys rotate without a restart: a config published with `gaffer config apply` is
+/// adopted within a few seconds, the new token works and a removed one stops working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_config_rotates_keys_without_a_restart() {
+    let s = Service::start().await;
+    let new_key = format!(
+        "\n[api.keys.shop2]\ntoken_sha256 = \"{}\"\nqueues = [\"emails\"]\n",
+        hash_token("new-token")
+    );
+    // The published text names namespace "test", like the running instance.
+    let text = format!("[cluster]\nnamespace = \"test\"\n{}", config_text(&new_key));
+    let client = s.redis.client().await;
+    let keys = gaffer::cluster::Keys::new("test");
+    gaffer::cluster::publish_config(&mut client.connection(), &keys, &text)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(15),
+        "the new key is adopted",
+        || async {
+            s.call("GET", "/v1/queues/emails/tasks", Some("new-token"), None)
+                .await
+                .0
+                == 200
+        },
+    )
+    .await;
+    let (st, _) = s
+        .call("GET", "/v1/queues/emails/tasks", Some(SHOP), None)
+        .await;
+    assert_eq!(st, 200, "the old key stays while the config keeps it");
+    // The next config drops shop: its token stops working.
+    let without_shop = text.replace(
+        &format!(
+            "[api.keys.shop]\ntoken_sha256 = \"{}\"\nqueues = [\"emails\", \"bulk\"]\n",
+            hash_token(SHOP)
+        ),
+        "",
+    );
+    assert_ne!(without_shop, text);
+    gaffer::cluster::publish_config(&mut client.connection(), &keys, &without_shop)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(15),
+        "the removed key is refused",
+        || async {
+            s.call("GET", "/v1/queues/emails/tasks", Some(SHOP), None)
+                .await
+                .0
+                == 401
+        },
+    )
+    .await;
+    s.stop().await;
+}

@@ -44,6 +44,7 @@ pub async fn serve(global: &Global, args: ApiArgs) -> Result<(), CliError> {
     let mut opts = ApiOptions::new(config, redis_url);
     opts.connect = connect;
     opts.listen = args.listen;
+    opts.custom_handlers = global.registry.custom_names();
     if let Some(hex) = &args.admin_sha256 {
         let key =
             crate::api::admin_key(UP_ADMIN, hex).map_err(|e| CliError::Usage(e.to_string()))?;
