@@ -256,6 +256,13 @@ impl Api {
                 Ok((StatusCode::ACCEPTED, json!({ "tasks": out })))
             }
             Submit::One { task, wait } => {
+                if wait.is_some() && !queue.limits().track {
+                    // Refused before anything is enqueued: there is no end to wait for.
+                    return Err(ApiError::bad_request(format!(
+                        "wait needs a record to follow, and queue {} keeps none (track = false)",
+                        queue.name()
+                    )));
+                }
                 let made = queue.enqueue(task).await?;
                 if let Some(wait) = wait {
                     let (ended, rec) = self.wait_end(queue, &made.id, wait).await?;

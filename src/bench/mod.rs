@@ -6,6 +6,8 @@
 //! payload hash, no priorities, dedup, attempts or tokens), so the ratio says what
 //! gaffer's guarantees cost.
 
+pub mod api;
+
 use std::time::{Duration, Instant};
 
 use redis::Script;

@@ -558,6 +558,14 @@ async fn every_refusal_names_what_and_changes_nothing() {
             405,
             "PUT is not allowed on /v1/queues/emails/tasks: use GET, POST",
         ),
+        (
+            "POST",
+            "/v1/queues/bulk/tasks",
+            Some(SHOP),
+            Some(r#"{"payload": 1, "wait": "1s"}"#),
+            400,
+            "wait needs a record to follow, and queue bulk keeps none (track = false)",
+        ),
     ];
     for (method, path, token, body, status, error) in cases {
         let (st, got) = s.call(method, path, token, body).await;

@@ -2,14 +2,19 @@
 
 use std::io::IsTerminal;
 
-use clap::Args;
+use clap::{Args, Subcommand};
 
 use crate::bench::BenchOptions;
+use crate::bench::api::ApiBenchOptions;
 use crate::cli::{CliError, Global};
 
 /// Arguments of `gaffer bench`.
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// Another measurement than the queue's
+    #[command(subcommand)]
+    pub command: Option<BenchCmd>,
     /// Tasks per run at batch 100 (batch 10 uses half, batch 1 a tenth)
     #[arg(long, default_value_t = 100_000)]
     pub tasks: usize,
@@ -27,8 +32,45 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+/// `gaffer bench …`.
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// The task service: single and bulk submits, latency at a fixed rate, sync wake-up
+    ///
+    /// Starts an api instance on loopback over the configured Redis, with a bench queue and
+    /// a key of its own (both gone afterwards), and measures it beside the library's own
+    /// enqueue at the same concurrency.
+    Api(ApiBenchArgs),
+}
+
+/// Arguments of `gaffer bench api`.
+#[derive(Args)]
+pub struct ApiBenchArgs {
+    /// How long each throughput figure runs
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub duration: std::time::Duration,
+    /// Keep-alive connections sending at once
+    #[arg(long, default_value_t = 32)]
+    pub connections: usize,
+    /// Tasks per bulk submit
+    #[arg(long, default_value_t = 1000)]
+    pub bulk: usize,
+    /// Requests per second of the fixed-rate latency figure
+    #[arg(long, default_value_t = 1000.0)]
+    pub rate: f64,
+    /// Sync submits whose wake-up is timed
+    #[arg(long, default_value_t = 300)]
+    pub samples: usize,
+    /// Print the report as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `gaffer bench`: the queue's figures beside the bare Lua loop's, same run, same Redis.
 pub async fn run(global: &Global, args: BenchArgs) -> Result<(), CliError> {
+    if let Some(BenchCmd::Api(api)) = args.command {
+        return run_api(global, api).await;
+    }
     let cfg = global.load()?;
     let (url, connect) = global.redis_target(&cfg)?;
     // The library's input, built here and only here.
@@ -54,6 +96,29 @@ pub async fn run(global: &Global, args: BenchArgs) -> Result<(), CliError> {
     if tty {
         eprintln!();
     }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+/// `gaffer bench api`.
+async fn run_api(global: &Global, args: ApiBenchArgs) -> Result<(), CliError> {
+    let cfg = global.load()?;
+    let (url, connect) = global.redis_target(&cfg)?;
+    let opts = ApiBenchOptions {
+        url,
+        connect,
+        namespace: cfg.cluster.namespace.clone(),
+        seconds: args.duration.as_secs_f64(),
+        connections: args.connections.max(1),
+        bulk: args.bulk.clamp(1, crate::queue_client::MAX_BATCH),
+        rate: args.rate.max(1.0),
+        wait_samples: args.samples,
+    };
+    let report = crate::bench::api::run(&opts, |what| eprintln!("bench api: {what}")).await?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
