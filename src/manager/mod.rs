@@ -408,7 +408,12 @@ impl Manager {
                 }
                 let id = format!("schedule:{i}:{ms}");
                 let payload = serde_json::to_vec(&s.payload)?;
-                queue.enqueue(NewTask::new(payload).id(id.clone())).await?;
+                // Records name the schedule by its expression, as the config writes it
+                // ([[schedules]] have no names).
+                let by = format!("schedule:{}", s.cron_source);
+                queue
+                    .enqueue(NewTask::new(payload).id(id.clone()).submitted_by(by))
+                    .await?;
                 telemetry::schedule_fired(&s.queue, &s.cron_source, ms, &id);
             }
         }

@@ -392,6 +392,9 @@ async fn schedules_fire_once_per_second_across_a_failover() {
         "a fire time was skipped: {seconds:?}"
     );
     assert!(seconds.len() >= 10, "{seconds:?}");
+    // Their records say which schedule submitted them.
+    let rec = q.record(&ids[0]).await.unwrap().expect("a record");
+    assert_eq!(rec.submitted_by.as_deref(), Some("schedule:* * * * * *"));
 }
 
 #[tokio::test]
