@@ -105,7 +105,7 @@ pub struct RecordCost {
     /// Redis memory of one finished task's record (`MEMORY USAGE`, no payload, a
     /// three-entry history), bytes.
     pub record_bytes: u64,
-    /// The record's share of the listing index (`MEMORY USAGE` of the index / entries).
+    /// The record's share of the listing and expiry indexes (`MEMORY USAGE` / entries).
     pub index_bytes_per_task: f64,
 }
 
@@ -448,9 +448,10 @@ async fn record_memory(q: &Queue) -> anyhow::Result<(u64, f64)> {
     let m = q.record_memory(&made[N / 2].id).await?;
     anyhow::ensure!(m.record_bytes > 0, "the finished task has no record");
     q.delete_all().await?;
+    let per = |bytes: u64, n: u64| bytes as f64 / n.max(1) as f64;
     Ok((
         m.record_bytes,
-        m.index_bytes as f64 / m.index_entries.max(1) as f64,
+        per(m.index_bytes, m.index_entries) + per(m.expiry_bytes, m.expiry_entries),
     ))
 }
 
@@ -571,7 +572,7 @@ impl BenchReport {
         row("take+ack batch 100, 2 taker(s)".into(), &r.take_ack);
         let _ = writeln!(
             out,
-            "record of a finished task          {} bytes, index {:.0} bytes per task (MEMORY USAGE)",
+            "record of a finished task          {} bytes, indexes {:.0} bytes per task (MEMORY USAGE)",
             r.record_bytes, r.index_bytes_per_task
         );
         out

@@ -27,6 +27,9 @@ use crate::queue_client::{
 pub use lease::Leadership;
 pub use window::Windows;
 
+/// Expired task records deleted per queue and tick, at most: bounds one script's time.
+const HOUSEKEEP_PER_TICK: usize = 1000;
+
 /// Everything a manager needs; built by `gaffer manager` or by a test.
 #[derive(Debug, Clone)]
 pub struct ManagerOptions {
@@ -323,6 +326,8 @@ impl Manager {
         for (name, q) in &cfg.queues {
             let queue = self.client.queue_with(name, QueueLimits::from(q))?;
             queue_stats.insert(name.clone(), queue.stats().await?);
+            // Records whose history_ttl ran out go even where no slot takes.
+            queue.housekeep(HOUSEKEEP_PER_TICK).await?;
         }
         self.windows
             .record(tokio::time::Instant::now(), &queue_stats, &reports);

@@ -920,8 +920,12 @@ impl Queue {
             .arg(host)
             .arg(slot)
             .arg(self.ttl_arg());
-        for &i in first.iter().chain(&later) {
+        for &i in &first {
             inv.arg(&ops[i].id).arg(ops[i].token);
+        }
+        // Later attempts carry their attempt: the record's done entry names it.
+        for &i in &later {
+            inv.arg(&ops[i].id).arg(ops[i].token).arg(ops[i].attempt);
         }
         for &i in &others {
             let op = &ops[i];

@@ -165,6 +165,10 @@ pub struct RecordMemory {
     pub index_bytes: u64,
     /// Entries in the listing index.
     pub index_entries: u64,
+    /// The whole expiry index (ended tasks by when their record goes).
+    pub expiry_bytes: u64,
+    /// Entries in the expiry index.
+    pub expiry_entries: u64,
 }
 
 /// Largest page a listing returns.
@@ -271,8 +275,19 @@ impl Queue {
             .transpose()
     }
 
-    /// Redis memory (`MEMORY USAGE`) of a task's record, and of the listing index with
-    /// its entry count: what records cost, for `gaffer bench` and capacity planning.
+    /// Deletes up to `limit` records whose `history_ttl` has run out since their task
+    /// ended; returns how many. Takes do it too; the manager calls it for every queue each
+    /// tick, so a queue without takes sheds its old records on time as well.
+    pub async fn housekeep(&self, limit: usize) -> Result<u64, QueueError> {
+        let mut inv = self.invocation(&SCRIPTS.housekeep);
+        inv.arg(limit);
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// Redis memory (`MEMORY USAGE`) of a task's record, and of the listing index and the
+    /// expiry index with their entry counts: what records cost, for `gaffer bench` and
+    /// capacity planning.
     pub async fn record_memory(&self, id: &str) -> Result<RecordMemory, QueueError> {
         let mut conn = self.conn.clone();
         let record: Option<u64> = redis::cmd("MEMORY")
@@ -291,10 +306,23 @@ impl Queue {
             .arg(&self.keys.all[13])
             .query_async(&mut conn)
             .await?;
+        let expiry: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&self.keys.all[16])
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await?;
+        let expiry_entries: u64 = redis::cmd("ZCARD")
+            .arg(&self.keys.all[16])
+            .query_async(&mut conn)
+            .await?;
         Ok(RecordMemory {
             record_bytes: record.unwrap_or(0),
             index_bytes: index.unwrap_or(0),
             index_entries: entries,
+            expiry_bytes: expiry.unwrap_or(0),
+            expiry_entries,
         })
     }
 

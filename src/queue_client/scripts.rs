@@ -18,6 +18,7 @@ pub(crate) struct Scripts {
     pub record_get: Script,
     pub list: Script,
     pub freeze: Script,
+    pub housekeep: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -38,16 +39,18 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     record_get: with_prelude(include_str!("lua/record_get.lua")),
     list: with_prelude(include_str!("lua/list.lua")),
     freeze: with_prelude(include_str!("lua/freeze.lua")),
+    housekeep: with_prelude(include_str!("lua/housekeep.lua")),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag
 /// `{QUEUE}`, so one queue lives in one Redis Cluster slot; so do the per-priority ready
 /// lists (`…:ready:PRIORITY`) that the scripts derive from the `ready` key, the task
-/// records (`…:r:ID`) derived from the `r:` prefix, and the per-submitter indexes
+/// records (`…:r:ID`) derived from the `r:` prefix (`exp` and `watch` hold which records
+/// expire when and which ended tasks someone waits for), and the per-submitter indexes
 /// (`…:idx:NAME`) derived from `idx`.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
-    pub all: [String; 16],
+    pub all: [String; 18],
 }
 
 impl Keys {
@@ -71,6 +74,8 @@ impl Keys {
                 k("idx"),
                 k("conf"),
                 k("frozen"),
+                k("exp"),
+                k("watch"),
             ],
         }
     }

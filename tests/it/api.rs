@@ -632,16 +632,14 @@ async fn a_sync_submit_is_woken_by_the_end_not_by_polling() {
     // The record is watched once the request waits.
     eventually(Duration::from_secs(10), "the request waits", || async {
         let mut c = s.redis.raw().await;
-        let rec: Option<String> = redis::cmd("GET")
-            .arg("test:{emails}:r:sync")
+        // Who waits for a task is in the queue's watch set (prelude.lua).
+        let watched: bool = redis::cmd("SISMEMBER")
+            .arg("test:{emails}:watch")
+            .arg("sync")
             .query_async(&mut c)
             .await
             .unwrap();
-        // The record's fourth field, `w`, is set while someone waits (prelude.lua).
-        rec.is_some_and(|r| {
-            let head = r.split('\x1e').next().unwrap_or_default();
-            head.split('\x1f').nth(3) == Some("1")
-        })
+        watched
     })
     .await;
     // While it waits, the api sends Redis nothing: count what the server processes over

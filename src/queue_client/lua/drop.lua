@@ -5,8 +5,9 @@ for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
 end
 local ids = redis.call('ZRANGE', K_IDX, 0, -1)
 for _, id in ipairs(ids) do redis.call('DEL', rec_key(id)) end
+for _, id in ipairs(redis.call('ZRANGE', K_EXP, 0, -1)) do redis.call('DEL', rec_key(id)) end
 for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
-  local by = string.match(f, '^gc:(.*)$')
+  local by = string.match(f, '^by:(.*)$')
   if by then redis.call('DEL', submitter_index(by)) end
 end
 for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end

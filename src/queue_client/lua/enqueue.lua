@@ -58,7 +58,7 @@ else
       else
         fresh = false
       end
-    elseif dedup_record and redis.call('EXISTS', rec_key(id)) == 1 then
+    elseif dedup_record and rec_live(id, now) then
       -- the finished task's record still lives, and the queue dedups against it
       fresh = false
     end
@@ -81,7 +81,7 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      'cancelled on arrival: the intake of the queue is cancel', ttl)
+      'cancelled on arrival: the intake of the queue is cancel', ttl, ARGV[6] ~= 'p')
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -97,13 +97,8 @@ elseif created > 0 then
   else
     push_ready(pri, ids, false)
   end
-  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, '', 0) end
+  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, '', 0, ARGV[6] ~= 'p') end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
-end
-if track and created > 0 then
-  local k = created + 8
-  sweep_index(K_IDX, 'gc', k)
-  if by ~= '' then sweep_index(submitter_index(by), 'gc:' .. by, k) end
 end
 return {base, flags}

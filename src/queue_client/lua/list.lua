@@ -10,8 +10,7 @@ local idx = K_IDX
 if by ~= '' then idx = submitter_index(by) end
 local top = '+inf'
 if cursor ~= '' then top = '(' .. cursor end
--- The fields in the order the client reads them.
-local LISTED = {'s', 'p', 'a', 'm', 'c', 'd', 'u', 'b', 'e', 'r'}
+local now = now_ms()
 local out = {''}
 local found, looked = 0, 0
 local gone = {}
@@ -24,13 +23,13 @@ while found < limit and looked < cap do
     local id = rows[i]
     used = used + 1
     last = rows[i + 1]
-    local v = redis.call('GET', rec_key(id))
-    local r = v and rec_parse(v)
+    local v = rec_live(id, now)
+    local r = v and rec_view(v)
     if not r then
       gone[#gone + 1] = id
-    elseif want == '' or r[F.s] == want then
+    elseif want == '' or r[1] == want then
       out[#out + 1] = id
-      for _, k in ipairs(LISTED) do out[#out + 1] = r[F[k]] end
+      for j = 1, 10 do out[#out + 1] = r[j] end
       found = found + 1
       if found == limit then break end
     end

@@ -4,6 +4,7 @@ local K_READY, K_DELAYED, K_LEASED, K_DEAD = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_PAYLOAD, K_META, K_ATT, K_ERR = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_STATS, K_SEQ, K_TOK, K_WAKE = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local K_REC, K_IDX, K_CONF, K_FROZEN = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local K_EXP, K_WATCH = KEYS[17], KEYS[18]
 
 -- Wake-up tokens kept at most: enough to wake that many idle takers at once.
 local WAKE_CAP = 256
@@ -164,28 +165,36 @@ end
 
 -- ---------------------------------------------------------------------------------------
 -- Task records (see record.rs). A tracked task has a string `K_REC .. id` beside the
--- queue: its fields joined by \31, then \30 and its history. A string, not a hash: a hash
--- with a value over 64 bytes (a history soon is) leaves Redis's compact encoding and
--- costs several times the memory.
---   fields: s state, a attempt, u updated ms, w '1' while an api instance waits for the
---           task's end, p priority, m max_attempts, c created ms, d due ms,
---           b submitted_by, e last error, r result (JSON text)
---   The four that every take and ack change come first, so the hot path rewrites a prefix
---   and appends an entry without splitting the rest (see rec_step_fast).
---   history entries, separated by \30, fields by \31:
---           state, at ms, attempt, host, slot, note[, count when folded]
--- A record is written only where one exists (take and settle need no flag: an untracked
--- task simply has none); enqueue creates it when the queue tracks. It gets a TTL when the
--- task ends (done, failed, cancelled), so it goes by itself, without a reaper.
+-- queue: its fields joined by \31, then \30 and its history, entries separated by \30.
+-- A string, not a hash: a hash with a value over 64 bytes (a history soon is) leaves
+-- Redis's compact encoding and costs several times the memory.
+--   fields:  p priority, m max_attempts, c created ms, d due ms, b submitted_by,
+--            e last error, r result (JSON text)
+--   entries: state, at ms, attempt, host, slot, note[, count when folded]
+-- The task's state, attempt and updated time are those of its last entry, so take and ack,
+-- whose entries never fold (the entry before a running one is never running, the one
+-- before done is running), APPEND their entry without reading the record: the hot path
+-- pays one command per task and no Lua parsing.
+-- A record is written only where one exists (take and settle check once per call that the
+-- queue tracks); enqueue creates it when the queue tracks. When the task ends (done,
+-- failed, cancelled) its id goes into K_EXP scored by the moment its record expires
+-- (`history_ttl` later); take and stats delete the expired ones, a bounded number per
+-- call, like expired leases: no per-key TTL to set task by task, and no reaper.
+-- Who waits for a task's end (an api instance's sync submit) is in the set K_WATCH; the
+-- end is then published on ENDED_CHANNEL.
 local RS, FS = '\30', '\31'
-local F = {s = 1, a = 2, u = 3, w = 4, p = 5, m = 6, c = 7, d = 8, b = 9, e = 10, r = 11}
-local NF = 11
+local F = {p = 1, m = 2, c = 3, d = 4, b = 5, e = 6, r = 7}
+local NF = 7
 -- Where the end of a task someone waits for is announced: `ns:{Q}:ended` (a channel, not
 -- a key).
 local ENDED_CHANNEL = string.sub(K_REC, 1, -3) .. 'ended'
 
 local function rec_key(id)
   return K_REC .. id
+end
+
+local function submitter_index(by)
+  return K_IDX .. ':' .. by
 end
 
 -- Separators cannot appear inside a field; a note loses them rather than corrupting the
@@ -218,12 +227,8 @@ local function rec_pack(f, hist)
   return table.concat(f, FS, 1, NF) .. RS .. hist
 end
 
--- The history with one transition added: folded into the last entry (its count goes up)
--- when state, attempt, host, slot and note are all the same.
-local function history_add(h, state, now, attempt, host, slot, note)
-  local body = attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
-  local entry = state .. FS .. now .. FS .. body
-  if h == '' then return entry end
+-- The last entry of a history: its start, state, at, attempt, host, slot.
+local function last_entry(h)
   local start = 1
   local i = string.find(h, RS, 1, true)
   while i do
@@ -231,84 +236,121 @@ local function history_add(h, state, now, attempt, host, slot, note)
     i = string.find(h, RS, start, true)
   end
   local last = string.sub(h, start)
-  local st, at, rest = string.match(last, '^([^\31]*)\31([^\31]*)\31(.*)$')
+  local st, at, att, host, slot = string.match(last, '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)')
+  return start, st, at, att, host, slot
+end
+
+-- An entry as it is stored.
+local function entry(state, now, attempt, host, slot, note)
+  return state .. FS .. now .. FS .. attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
+end
+
+-- The history with one transition added: folded into the last entry (its count goes up)
+-- when state, attempt, host, slot and note are all the same.
+local function history_add(h, state, now, attempt, host, slot, note)
+  local e = entry(state, now, attempt, host, slot, note)
+  if h == '' then return e end
+  local start, st, at = last_entry(h)
   if st == state then
+    local body = attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
+    local last = string.sub(h, start)
+    local rest = string.sub(last, #st + #at + 3)
     local lbody, count = string.match(rest, '^(.*)\31(%d+)$')
     if not lbody then lbody, count = rest, '1' end
     if lbody == body then
       return string.sub(h, 1, start - 1) .. st .. FS .. at .. FS .. body .. FS .. (tonumber(count) + 1)
     end
   end
-  return h .. RS .. entry
+  return h .. RS .. e
 end
 
--- The record `v` after one transition: new state, history entry and the fields in `set`
--- (a table field name → value). A nil `attempt` keeps the record's; a nil `host` takes
--- host and slot from the last entry (a lease that expired names the slot that lost it).
--- Returns the new string and whether an api instance waits for the task.
-local function rec_step(v, state, now, attempt, host, slot, note, set)
-  local f, hist = rec_parse(v)
-  if attempt == nil then attempt = tonumber(f[F.a]) or 0 end
-  if host == nil then
-    local last = string.match(hist, '([^\30]*)$')
-    host, slot = string.match(last, '^[^\31]*\31[^\31]*\31[^\31]*\31([^\31]*)\31([^\31]*)')
-    host, slot = host or '', slot or ''
+-- A task ended: its record expires `ttl_ms` from now, and whoever waits for it is told.
+local function ended(id, now, ttl_ms)
+  redis.call('ZADD', K_EXP, now + ttl_ms, id)
+  if redis.call('SREM', K_WATCH, id) == 1 then
+    redis.call('PUBLISH', ENDED_CHANNEL, id)
   end
-  f[F.s], f[F.u], f[F.a] = state, now, attempt
+end
+
+-- Records one transition of a tracked task: new history entry and the fields in `set`
+-- (a table field name → value). A nil `attempt` keeps the last entry's; a nil `host`
+-- takes host and slot from the last entry (a lease that expired names the slot that lost
+-- it). `ttl_ms` > 0: the task ended. Returns false when the task has no record.
+local function record(id, state, now, attempt, host, slot, note, set, ttl_ms)
+  local key = rec_key(id)
+  local v = redis.call('GET', key)
+  if not v then return false end
+  local f, hist = rec_parse(v)
+  if attempt == nil or host == nil then
+    local _, _, _, latt, lhost, lslot = last_entry(hist)
+    if attempt == nil then attempt = latt or 0 end
+    if host == nil then host, slot = lhost or '', lslot or '' end
+  end
   if set then
     for k, val in pairs(set) do f[F[k]] = (k == 'e') and clean(val) or val end
   end
-  local watched = f[F.w] == '1'
-  return rec_pack(f, history_add(hist, state, now, attempt, host, slot, note)), watched
-end
-
--- The hot path's transition: take (running) and ack (done) set state, attempt (nil keeps
--- it) and updated time, and append an entry that never folds (the entry before a
--- running one is never running, the one before done is running). Splits only the four
--- leading fields: a full parse costs ten times as much, per task.
-local function rec_step_fast(v, state, now, attempt, host, slot)
-  local p1 = string.find(v, FS, 1, true)
-  local p2 = string.find(v, FS, p1 + 1, true)
-  local p3 = string.find(v, FS, p2 + 1, true)
-  local p4 = string.find(v, FS, p3 + 1, true)
-  if attempt == nil then attempt = string.sub(v, p1 + 1, p2 - 1) end
-  local watched = p4 == p3 + 2
-  return state .. FS .. attempt .. FS .. now .. string.sub(v, p3) .. RS .. state .. FS .. now
-    .. FS .. attempt .. FS .. host .. FS .. slot .. FS, watched
-end
-
--- Stores a record; `ttl_ms` > 0 ends its life that long from now (the task ended), and
--- tells the api instances waiting for it.
-local function rec_store(id, v, watched, ttl_ms)
+  redis.call('SET', key, rec_pack(f, history_add(hist, state, now, attempt, host, slot, note)))
   if ttl_ms and ttl_ms > 0 then
-    if watched then
-      local f, hist = rec_parse(v)
-      f[F.w] = ''
-      v = rec_pack(f, hist)
-    end
-    redis.call('SET', rec_key(id), v, 'PX', ttl_ms)
-    if watched then redis.call('PUBLISH', ENDED_CHANNEL, id) end
+    ended(id, now, ttl_ms)
   else
-    redis.call('SET', rec_key(id), v)
+    -- alive again (a requeued dead letter): it must not expire meanwhile
+    redis.call('ZREM', K_EXP, id)
   end
-end
-
--- Records one transition of a tracked task (see rec_step). Returns false when the task
--- has no record.
-local function record(id, state, now, attempt, host, slot, note, set, ttl_ms)
-  local v = redis.call('GET', rec_key(id))
-  if not v then return false end
-  local nv, watched = rec_step(v, state, now, attempt, host, slot, note, set)
-  rec_store(id, nv, watched, ttl_ms)
   return true
 end
 
--- A hot-path transition (rec_step_fast) for many tasks at once: one MGET, then one MSET (no TTL) or a SET
--- each (TTL). `attempts` may be nil (keep each record's) or a table by position.
+-- The hot path's transition for many tasks at once (take: running, ack: done): one APPEND
+-- each, nothing read. `attempts` is a table by position. `ttl_ms` > 0: the tasks ended.
 local function record_many(ids, state, now, attempts, host, slot, ttl_ms)
   if #ids == 0 then return end
+  local tail = FS .. host .. FS .. slot .. FS
+  for k, id in ipairs(ids) do
+    redis.call('APPEND', rec_key(id), RS .. state .. FS .. now .. FS .. attempts[k] .. tail)
+  end
+  if ttl_ms and ttl_ms > 0 then
+    local scored = {}
+    local exp = now + ttl_ms
+    for k, id in ipairs(ids) do
+      scored[2 * k - 1] = exp
+      scored[2 * k] = id
+    end
+    bulk('ZADD', K_EXP, scored)
+    if redis.call('EXISTS', K_WATCH) == 1 then
+      local i = 1
+      while i <= #ids do
+        local j = math.min(i + CHUNK - 1, #ids)
+        local w = redis.call('SMISMEMBER', K_WATCH, unpack(ids, i, j))
+        for x = 1, #w do
+          if w[x] == 1 then
+            redis.call('SREM', K_WATCH, ids[i + x - 1])
+            redis.call('PUBLISH', ENDED_CHANNEL, ids[i + x - 1])
+          end
+        end
+        i = j + 1
+      end
+    end
+  end
+end
+
+-- The submitter field of a stored record, without parsing the rest.
+local function rec_submitter(v)
+  local pos = 1
+  for _ = 1, F.b - 1 do
+    pos = string.find(v, FS, pos, true)
+    if not pos then return '' end
+    pos = pos + 1
+  end
+  local j = string.find(v, FS, pos, true)
+  return string.sub(v, pos, (j or pos) - 1)
+end
+
+-- Deletes up to `limit` records whose time is up, with their index entries, so the
+-- indexes never hold more than the records. Returns how many.
+local function expire_records(now, limit)
+  local gone = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, limit)
+  if #gone == 0 then return 0 end
   local keys = {}
-  for i, id in ipairs(ids) do keys[i] = rec_key(id) end
+  for i, id in ipairs(gone) do keys[i] = rec_key(id) end
   local vals = {}
   local i = 1
   while i <= #keys do
@@ -317,27 +359,44 @@ local function record_many(ids, state, now, attempts, host, slot, ttl_ms)
     for x = 1, #part do vals[#vals + 1] = part[x] end
     i = j + 1
   end
-  local pairs_out = {}
-  for k, id in ipairs(ids) do
-    local v = vals[k]
-    if v then
-      local nv, watched = rec_step_fast(v, state, now, attempts and attempts[k], host, slot)
-      if ttl_ms and ttl_ms > 0 then
-        rec_store(id, nv, watched, ttl_ms)
-      else
-        pairs_out[#pairs_out + 1] = keys[k]
-        pairs_out[#pairs_out + 1] = nv
-      end
+  local by = {}
+  for i, v in ipairs(gone) do
+    local b = vals[i] and rec_submitter(vals[i]) or ''
+    if b ~= '' then
+      by[b] = by[b] or {}
+      table.insert(by[b], v)
     end
   end
-  if #pairs_out > 0 then
-    local x = 1
-    while x <= #pairs_out do
-      local y = math.min(x + CHUNK - 1, #pairs_out)
-      redis.call('MSET', unpack(pairs_out, x, y))
-      x = y + 1
-    end
+  for b, ids in pairs(by) do bulk('ZREM', submitter_index(b), ids) end
+  bulk('ZREM', K_IDX, gone)
+  bulk('DEL', nil, keys)
+  bulk('ZREM', K_EXP, gone)
+  return #gone
+end
+
+-- The record of `id` unless its time is up (then it is deleted now rather than at the
+-- next sweep): what readers see.
+local function rec_live(id, now)
+  local v = redis.call('GET', rec_key(id))
+  if not v then return nil end
+  local exp = redis.call('ZSCORE', K_EXP, id)
+  if exp and tonumber(exp) <= now then
+    local b = rec_submitter(v)
+    if b ~= '' then redis.call('ZREM', submitter_index(b), id) end
+    redis.call('ZREM', K_IDX, id)
+    redis.call('DEL', rec_key(id))
+    redis.call('ZREM', K_EXP, id)
+    return nil
   end
+  return v
+end
+
+-- A record as readers get it: {s, p, a, m, c, d, u, b, e, r} (state, attempt and updated
+-- time from its last entry) and its history.
+local function rec_view(v)
+  local f, hist = rec_parse(v)
+  local _, st, at, att = last_entry(hist)
+  return {st or '', f[F.p], att or '0', f[F.m], f[F.c], f[F.d], at or f[F.c], f[F.b], f[F.e], f[F.r]}, hist
 end
 
 -- The configured record TTL of the queue's tasks; the client passes it with every call
@@ -350,45 +409,35 @@ end
 
 -- The index of a queue's records for listing: K_IDX (every record) and K_IDX .. ':' ..
 -- submitter, zsets of ids scored by a per-queue sequence, so newest first is highest
--- score and a cursor is a score. Records expire by themselves; their index entries are
--- swept here, `k` entries per call from a cursor kept in K_CONF that wraps around, so the
--- sweep keeps pace with what enqueues add and no call does more than its share.
-local function sweep_index(idx, field, k)
-  local from = redis.call('HGET', K_CONF, field) or '0'
-  local rows = redis.call('ZRANGE', idx, '(' .. from, '+inf', 'BYSCORE', 'LIMIT', 0, k, 'WITHSCORES')
-  local gone = {}
-  for i = 1, #rows, 2 do
-    if redis.call('EXISTS', rec_key(rows[i])) == 0 then gone[#gone + 1] = rows[i] end
-  end
-  if #gone > 0 then bulk('ZREM', idx, gone) end
-  if #rows < 2 * k then
-    redis.call('HSET', K_CONF, field, '0')
-  else
-    redis.call('HSET', K_CONF, field, rows[#rows])
-  end
-end
-
-local function submitter_index(by)
-  return K_IDX .. ':' .. by
-end
+-- score and a cursor is a score. Entries leave with their records (expire_records).
 
 -- Creates the records of new tasks (all with the same options) and indexes them. An old
--- finished record with the same id is replaced.
-local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms)
-  local f = {state, 0, now, '', pri, ma, now, due, by, '', ''}
-  local v = rec_pack(f, history_add('', state, now, 0, '', '', note))
+-- finished record with the same id is replaced. `ttl_ms` > 0: they end at once.
+local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given)
+  local v = rec_pack({pri, ma, now, due, by, '', ''}, entry(state, now, 0, '', '', note))
   local scored, kv = {}, {}
   for i, id in ipairs(ids) do
-    if ttl_ms and ttl_ms > 0 then
-      redis.call('SET', rec_key(id), v, 'PX', ttl_ms)
-    else
-      kv[#kv + 1] = rec_key(id)
-      kv[#kv + 1] = v
-    end
+    kv[2 * i - 1] = rec_key(id)
+    kv[2 * i] = v
     scored[2 * i - 1] = seqs[i]
     scored[2 * i] = id
   end
-  if #kv > 0 then bulk('MSET', nil, kv) end
+  bulk('MSET', nil, kv)
+  if ttl_ms and ttl_ms > 0 then
+    local exp = {}
+    for i, id in ipairs(ids) do
+      exp[2 * i - 1] = now + ttl_ms
+      exp[2 * i] = id
+    end
+    bulk('ZADD', K_EXP, exp)
+  elseif given then
+    -- a new task under the id of an ended one must not expire with it
+    bulk('ZREM', K_EXP, ids)
+  end
   bulk('ZADD', K_IDX, scored)
-  if by ~= '' then bulk('ZADD', submitter_index(by), scored) end
+  if by ~= '' then
+    bulk('ZADD', submitter_index(by), scored)
+    -- so that dropping the queue finds every submitter's index
+    redis.call('HSET', K_CONF, 'by:' .. by, 1)
+  end
 end

@@ -1,6 +1,6 @@
--- ARGV: k1, k2, host, slot, history_ttl_ms, then k1 + k2 acks as (id, token): the first k1
--- of first attempts, the next k2 of later ones (only those can have attempts and a last
--- error to clean up); then m other ops as (kind, id, token, attempt, a, b, c):
+-- ARGV: k1, k2, host, slot, history_ttl_ms, then k1 acks of first attempts as (id, token),
+-- k2 acks of later attempts as (id, token, attempt) (only those can have attempts and a
+-- last error to clean up); then m other ops as (kind, id, token, attempt, a, b, c):
 --   'e' extend (a = lease_ms);  'r' retry (a = delay_ms, b = priority or '', c = reason);
 --   'f' fail (a = reason);  'd' done with a result (a = the result, JSON text)
 -- Returns k1 + k2 + m results in that order: 1 done, 0 stale (no lease with this token:
@@ -12,16 +12,26 @@ local k1, k2 = tonumber(ARGV[1]), tonumber(ARGV[2])
 local host, slot, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local tracked = redis.call('EXISTS', K_IDX) == 1
 local k = k1 + k2
-local m = (#ARGV - H - 2 * k) / 7
-local members, ids = {}, {}
+local members, ids, atts = {}, {}, {}
+local o = H
 for i = 1, k do
-  ids[i] = ARGV[H - 1 + 2 * i]
-  members[i] = ARGV[H + 2 * i] .. ':' .. ids[i]
+  ids[i] = ARGV[o + 1]
+  members[i] = ARGV[o + 2] .. ':' .. ids[i]
+  if i <= k1 then
+    atts[i] = 1
+    o = o + 2
+  else
+    atts[i] = tonumber(ARGV[o + 3])
+    o = o + 3
+  end
 end
+-- Where the other ops start.
+local BASE = o
+local m = (#ARGV - BASE) / 7
 for j = 1, m do
-  local o = H + 2 * k + (j - 1) * 7
-  ids[k + j] = ARGV[o + 2]
-  members[k + j] = ARGV[o + 3] .. ':' .. ids[k + j]
+  local oo = BASE + (j - 1) * 7
+  ids[k + j] = ARGV[oo + 2]
+  members[k + j] = ARGV[oo + 3] .. ':' .. ids[k + j]
 end
 local scores = {}
 local i = 1
@@ -53,12 +63,12 @@ for i = 1, k do
     acked_members[#acked_members + 1] = members[i]
     if i > k1 then later[#later + 1] = id end
     fast_done[#fast_done + 1] = id
-    fast_att[#fast_done] = i <= k1 and 1 or nil
+    fast_att[#fast_done] = atts[i]
     res[i] = 1
   end
 end
 for i = k + 1, k + m do
-  local o = H + 2 * k + (i - k - 1) * 7
+  local o = BASE + (i - k - 1) * 7
   local kind, id, attempt = ARGV[o + 1], ids[i], tonumber(ARGV[o + 4])
   if not scores[i] or settled[id] then
     res[i] = 0

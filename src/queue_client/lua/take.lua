@@ -9,6 +9,9 @@ local host, slot = ARGV[4] or '', ARGV[5] or ''
 -- An untracked queue has no index: it pays one EXISTS per take for records.
 local tracked = redis.call('EXISTS', K_IDX) == 1
 
+-- 0. Records whose time is up go (a bounded number, like everything here).
+if tracked then expire_records(now, limit) end
+
 -- 1. Expired leases come back here, so no separate reaper is needed. Each counts as a
 --    failed attempt (the attempt was counted when it was taken). They go to the front:
 --    they were taken before everything now waiting behind them.
