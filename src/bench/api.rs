@@ -221,6 +221,7 @@ async fn closed_loop(
     let runs = senders.into_iter().map(|mut sender| {
         let body = body.clone();
         async move {
+            // The sender is borrowed by each call, so this loop cannot be timed_until's.
             let mut took = Vec::new();
             while Instant::now() < deadline {
                 let t = Instant::now();
@@ -230,11 +231,7 @@ async fn closed_loop(
             Ok::<_, anyhow::Error>(took)
         }
     });
-    let all: Vec<Duration> = futures::future::try_join_all(runs)
-        .await?
-        .into_iter()
-        .flatten()
-        .collect();
+    let all = futures::future::try_join_all(runs).await?.concat();
     Ok(latencies(all, started.elapsed()))
 }
 
@@ -246,21 +243,29 @@ async fn library_loop(
 ) -> anyhow::Result<Latencies> {
     let started = Instant::now();
     let deadline = started + run_for;
-    let runs = (0..callers).map(|_| async move {
-        let mut took = Vec::new();
-        while Instant::now() < deadline {
-            let t = Instant::now();
+    let runs = (0..callers).map(|_| {
+        timed_until(deadline, || async {
             queue.enqueue(NewTask::new(r#"{"n":1}"#)).await?;
-            took.push(t.elapsed());
-        }
-        Ok::<_, anyhow::Error>(took)
+            Ok(())
+        })
     });
-    let all: Vec<Duration> = futures::future::try_join_all(runs)
-        .await?
-        .into_iter()
-        .flatten()
-        .collect();
+    let all = futures::future::try_join_all(runs).await?.concat();
     Ok(latencies(all, started.elapsed()))
+}
+
+/// Calls `call` again and again until `deadline`, timing each call.
+async fn timed_until<F, Fut>(deadline: Instant, mut call: F) -> anyhow::Result<Vec<Duration>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let mut took = Vec::new();
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        call().await?;
+        took.push(t.elapsed());
+    }
+    Ok(took)
 }
 
 /// Requests due at a fixed rate, spread over the connections; each latency counts from

@@ -221,6 +221,25 @@ async fn drain(q: &Queue, batch: usize) -> Result<usize, QueueError> {
     }
 }
 
+/// Drains `q` with one taker per client (each with its own connection, as slots have),
+/// all at once; returns how many tasks they moved.
+async fn drain_with<'a>(
+    clients: impl Iterator<Item = &'a QueueClient>,
+    q: &Queue,
+    batch: usize,
+) -> anyhow::Result<usize> {
+    let mut handles = Vec::new();
+    for c in clients {
+        let q = c.queue_with(q.name(), q.limits())?;
+        handles.push(tokio::spawn(async move { drain(&q, batch).await }));
+    }
+    let mut moved = 0;
+    for h in handles {
+        moved += h.await??;
+    }
+    Ok(moved)
+}
+
 fn median(mut d: Vec<Duration>) -> Duration {
     d.sort();
     d[d.len() / 2]
@@ -320,15 +339,7 @@ async fn measure(
                 ));
                 q.enqueue_many(&count_tasks).await?;
                 let t = Instant::now();
-                let mut handles = Vec::new();
-                for c in clients.iter().take(takers) {
-                    let q = c.queue_with(q.name(), q.limits())?;
-                    handles.push(tokio::spawn(async move { drain(&q, batch).await }));
-                }
-                let mut moved = 0;
-                for h in handles {
-                    moved += h.await??;
-                }
+                let moved = drain_with(clients.iter().take(takers), q, batch).await?;
                 g.push(t.elapsed());
                 anyhow::ensure!(moved == count, "gaffer drained {moved} of {count}");
 
@@ -405,15 +416,7 @@ async fn record_cost(
                 q.enqueue_many(&tasks).await?;
                 enq.push(t.elapsed());
                 let t = Instant::now();
-                let mut handles = Vec::new();
-                for c in clients.iter().take(2) {
-                    let q = c.queue_with(q.name(), q.limits())?;
-                    handles.push(tokio::spawn(async move { drain(&q, 100).await }));
-                }
-                let mut moved = 0;
-                for h in handles {
-                    moved += h.await??;
-                }
+                let moved = drain_with(clients.iter().take(2), q, 100).await?;
                 ta.push(t.elapsed());
                 anyhow::ensure!(moved == n, "drained {moved} of {n}");
                 q.delete_all().await?;

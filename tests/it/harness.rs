@@ -186,3 +186,29 @@ pub async fn fail_all(
         "{results:?}"
     );
 }
+
+/// Runs each case (an `async fn(QueueClient, &str)`) against a fresh single server and
+/// against the shared cluster: the queue's contract holds on both.
+macro_rules! on_both {
+    ($($case:ident),* $(,)?) => {
+        mod single {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let redis = crate::harness::TestRedis::start();
+                    super::$case(redis.client().await, stringify!($case)).await;
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    let client = crate::harness::shared_cluster_client().await;
+                    super::$case(client, concat!("cluster_", stringify!($case))).await;
+                }
+            )*
+        }
+    };
+}
+pub(crate) use on_both;

@@ -12,31 +12,7 @@ use gaffer::queue_client::{
 
 use crate::harness::{self, TestRedis, eventually, poll_some};
 
-/// Runs each case against a fresh single server and against the shared cluster.
-macro_rules! on_both {
-    ($($case:ident),* $(,)?) => {
-        mod single {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let redis = crate::harness::TestRedis::start();
-                    super::$case(redis.client().await, stringify!($case)).await;
-                }
-            )*
-        }
-        mod cluster {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let client = crate::harness::shared_cluster_client().await;
-                    super::$case(client, concat!("cluster_", stringify!($case))).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both!(
+crate::harness::on_both!(
     concurrent_takers_ack_every_task_exactly_once,
     expired_lease_reappears_and_old_token_is_stale,
     priority_first_then_fifo,

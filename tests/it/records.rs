@@ -13,30 +13,7 @@ use gaffer::queue_client::{
 
 use crate::harness::eventually;
 
-macro_rules! on_both {
-    ($($case:ident),* $(,)?) => {
-        mod single {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let redis = crate::harness::TestRedis::start();
-                    super::$case(redis.client().await, stringify!($case)).await;
-                }
-            )*
-        }
-        mod cluster {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    let client = crate::harness::shared_cluster_client().await;
-                    super::$case(client, concat!("cluster_", stringify!($case))).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both!(
+crate::harness::on_both!(
     history_done_first_time,
     history_retried_twice_then_done,
     history_failed_for_good,
