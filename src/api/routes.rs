@@ -155,7 +155,7 @@ impl Api {
         request: Request<Incoming>,
     ) -> Answer {
         match (route, seg) {
-            ("queues", _) => self.queues_stats().await,
+            ("queues", _) => self.queues_stats(key).await,
             ("tasks", [_, _, q, _]) => {
                 let queue = self.queue(q, key)?;
                 if *method == Method::POST {
@@ -230,10 +230,15 @@ impl Api {
         }
     }
 
-    async fn queues_stats(&self) -> Answer {
+    /// What `stats --json` shows under "queues", for the queues the key may use.
+    async fn queues_stats(&self, key: &ApiKey) -> Answer {
         let snap = cluster::snapshot::read(&self.client, &self.config).await?;
         let mut doc = crate::cli::stats_json(&snap);
-        Ok((StatusCode::OK, doc["queues"].take()))
+        let mut queues = doc["queues"].take();
+        if let Some(map) = queues.as_object_mut() {
+            map.retain(|name, _| key.allows(name));
+        }
+        Ok((StatusCode::OK, queues))
     }
 
     async fn submit(&self, queue: &Queue, key: &ApiKey, body: &[u8]) -> Answer {

@@ -714,6 +714,15 @@ async fn admin_endpoints_health_metrics_and_an_outage() {
     let (st, queues) = s.call("GET", "/v1/queues", Some(SHOP), None).await;
     assert_eq!(st, 200);
     assert!(queues["emails"]["ready"].is_number(), "{queues}");
+    assert!(
+        queues.get("reports").is_none(),
+        "shop may not use reports: {queues}"
+    );
+    let (_, all) = s.call("GET", "/v1/queues", Some(OPS), None).await;
+    assert!(
+        all["reports"].is_object(),
+        "an admin key sees every queue: {all}"
+    );
     let (st, _) = s.call("GET", "/metrics", None, None).await;
     assert_eq!(st, 401, "metrics need a token too");
     let (st, body) = request(s.addr, "GET", "/metrics", Some(OPS), None).await;
