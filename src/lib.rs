@@ -5,11 +5,13 @@
 //! ([`slot::Handler`], [`slot::Registry`]).
 
 pub mod api;
+mod backoff;
 pub mod balancer;
 pub mod bench;
 pub mod cli;
 pub mod cluster;
 pub mod config;
+mod host;
 pub mod http;
 pub mod manager;
 pub mod master;

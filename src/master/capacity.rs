@@ -1,7 +1,7 @@
 //! How many slots this host can hold, from memory, load and `max_slots`.
 //!
-//! Pure arithmetic on readings taken elsewhere ([`super::sysinfo`]), so every case can be
-//! tested as data and the master's tick stays the only place that touches `/proc`.
+//! Pure arithmetic on readings taken elsewhere ([`crate::host::sysinfo`]), so every case
+//! can be tested as data and the master's tick stays the only place that touches `/proc`.
 //!
 //! The memory budget counts what the master, zygote and slots use now (Σ PSS) as part of
 //! what they may use, so the answer does not swing as slots start and stop: a slot moving
@@ -126,6 +126,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::host::sysinfo;
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
@@ -333,5 +334,27 @@ mod tests {
             prop_assert!(u64::from(output.slots) <= output.budget / output.avg_slot);
             prop_assert!(output.available <= input.mem_available);
         }
+    }
+
+    #[test]
+    fn live_capacity_of_this_process() {
+        let pss = sysinfo::pss(std::process::id()).unwrap();
+        let cgroup = sysinfo::cgroup_memory().unwrap();
+        let input = CapacityInput {
+            pss_total: pss,
+            slots: 1,
+            mem_available: sysinfo::mem_available().unwrap(),
+            cgroup_limit: cgroup.map(|(limit, _)| limit),
+            cgroup_usage: cgroup.map(|(_, usage)| usage),
+            reserve: 512 * MIB,
+            slot_estimate: 64 * MIB,
+            load1: sysinfo::load1().unwrap(),
+            cpus: sysinfo::cpus().unwrap(),
+            max_load_per_cpu: f64::INFINITY,
+            max_slots: None,
+        };
+        let output = capacity(&input);
+        assert!(output.slots >= 1, "{input:?} → {output:?}");
+        assert_eq!(output.budget, pss + output.available - 512 * MIB);
     }
 }

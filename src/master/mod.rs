@@ -1,15 +1,24 @@
 //! The host daemon: starts the zygote, reconciles running slots to this host's part of the
 //! slot map, sizes the host from measured memory, supervises and reports.
 //!
-//! One loop owns all state and `select!`s over [`Event`]s: the tick (measure, reconcile,
+//! One loop owns all state and `select!`s over events: the tick (measure, reconcile,
 //! watchdog, report), the zygote's events, the slots' datagrams, signals. Nothing here
-//! forks: the zygote does, on request.
+//! forks: the zygote does, on request. Which slots to stop and start is decided by the
+//! pure `plan::plan`; the loop gathers its input and applies it.
 
 pub mod capacity;
+mod plan;
+mod report;
+mod slots;
 mod supervisor;
-pub mod sysinfo;
 mod telemetry;
 pub mod zygote;
+mod zygotes;
+
+/// The host readings, at their old path: `gaffer master`, `gaffer manager` and the tests
+/// name the host and read PSS through it. They live in the neutral `crate::host`, which
+/// the slots use too.
+pub use crate::host::sysinfo;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,8 +27,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::host::handler::Registry;
 use crate::queue_client::ConnectOptions;
-use crate::slot::Registry;
 
 pub use supervisor::run;
 

@@ -54,17 +54,37 @@ pub(crate) fn slot_started(queue: &str, slot: u32, pid: u32) {
     counter!("gaffer_slot_starts_total", "queue" => queue.to_owned()).increment(1);
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn slot_exited(
-    queue: &str,
-    slot: u32,
-    pid: u32,
-    code: Option<i32>,
-    signal: Option<i32>,
-    exit: Exit,
-    lived: Duration,
-    reason: Option<&str>,
-) {
+/// One slot's end, as logged and counted.
+pub(crate) struct SlotExit<'a> {
+    /// The queue it served.
+    pub(crate) queue: &'a str,
+    /// The master's number for it.
+    pub(crate) slot: u32,
+    /// Its pid.
+    pub(crate) pid: u32,
+    /// Exit code, when it exited.
+    pub(crate) code: Option<i32>,
+    /// Signal number, when a signal killed it.
+    pub(crate) signal: Option<i32>,
+    /// How the master reads its end.
+    pub(crate) exit: Exit,
+    /// From the spawn request to the exit.
+    pub(crate) lived: Duration,
+    /// The reason the slot gave before exiting, if it could.
+    pub(crate) reason: Option<&'a str>,
+}
+
+pub(crate) fn slot_exited(e: &SlotExit) {
+    let SlotExit {
+        queue,
+        slot,
+        pid,
+        code,
+        signal,
+        exit,
+        lived,
+        reason,
+    } = *e;
     let reason = reason.unwrap_or("");
     match exit {
         Exit::Stopped | Exit::Recycled => tracing::info!(queue, slot, pid, ?code, ?signal,

@@ -23,8 +23,11 @@ use nix::unistd::{ForkResult, Pid, fork, getpid};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{self, Config};
+use crate::host::handler::{Handler, Registry};
+use crate::host::proto::{EXIT_FATAL, SlotSpec};
 use crate::queue_client::ConnectOptions;
-use crate::slot::{self, Handler, Registry, SlotSpec};
+// The one place the master's side names `slot`: the forked child becomes a slot.
+use crate::slot::slot_main;
 
 /// The environment variable carrying the slot report socket's descriptor number.
 pub const REPORT_FD_ENV: &str = "GAFFER_ZYGOTE_REPORT_FD";
@@ -143,26 +146,7 @@ fn run(registry: &Registry) -> anyhow::Result<()> {
     let init: ZygoteInit = serde_json::from_slice(&init_line)?;
     let cfg = config::parse_with(&init.config, &init.origin, &registry.custom_names())?;
 
-    let mut preloaded: BTreeMap<String, Box<dyn Handler>> = BTreeMap::new();
-    let mut failed = BTreeMap::new();
-    for name in &init.queues {
-        let Some(q) = cfg.queues.get(name) else {
-            failed.insert(name.clone(), "not in the config".to_string());
-            continue;
-        };
-        let started = std::time::Instant::now();
-        match registry.preload(q) {
-            Ok(h) => {
-                tracing::info!(queue = %name, handler = q.handler.name(),
-                    ms = started.elapsed().as_millis() as u64, "preloaded");
-                preloaded.insert(name.clone(), h);
-            }
-            Err(e) => {
-                tracing::error!(queue = %name, error = %e, "preload failed");
-                failed.insert(name.clone(), e.to_string());
-            }
-        }
-    }
+    let (mut preloaded, failed) = preload_all(registry, &cfg, &init.queues);
     emit(&ZygoteEvent::Ready {
         pid: std::process::id(),
         preloaded: preloaded.keys().cloned().collect(),
@@ -181,13 +165,52 @@ fn run(registry: &Registry) -> anyhow::Result<()> {
         report_fd,
         sigfd: sigfd.as_fd().as_raw_fd(),
     };
+    serve(&ctx, &mut preloaded, &mut input, &sigfd)
+}
+
+/// Handlers preloaded by queue, and the queues whose preload failed with the error.
+type Preloaded = (BTreeMap<String, Box<dyn Handler>>, BTreeMap<String, String>);
+
+/// Preloads the handler of each of `queues`.
+fn preload_all(registry: &Registry, cfg: &Config, queues: &[String]) -> Preloaded {
+    let mut preloaded: BTreeMap<String, Box<dyn Handler>> = BTreeMap::new();
+    let mut failed = BTreeMap::new();
+    for name in queues {
+        let Some(q) = cfg.queues.get(name) else {
+            failed.insert(name.clone(), "not in the config".to_string());
+            continue;
+        };
+        let started = std::time::Instant::now();
+        match registry.preload(q) {
+            Ok(h) => {
+                tracing::info!(queue = %name, handler = q.handler.name(),
+                    ms = started.elapsed().as_millis() as u64, "preloaded");
+                preloaded.insert(name.clone(), h);
+            }
+            Err(e) => {
+                tracing::error!(queue = %name, error = %e, "preload failed");
+                failed.insert(name.clone(), e.to_string());
+            }
+        }
+    }
+    (preloaded, failed)
+}
+
+/// Forks slots on request and reaps them until stdin ends and the last child is gone.
+fn serve(
+    ctx: &ForkCtx,
+    preloaded: &mut BTreeMap<String, Box<dyn Handler>>,
+    input: &mut Input,
+    sigfd: &SignalFd,
+) -> anyhow::Result<()> {
+    let stdin = std::io::stdin();
     let mut children: BTreeMap<i32, u32> = BTreeMap::new();
     let mut retiring = false;
     loop {
         while let Some(line) = input.next_line() {
             match serde_json::from_slice::<ZygoteRequest>(&line) {
                 Ok(ZygoteRequest::Spawn { queue, slot }) => {
-                    let ev = spawn(&ctx, &mut preloaded, &queue, slot);
+                    let ev = spawn(ctx, preloaded, &queue, slot);
                     if let ZygoteEvent::Spawned { pid, .. } = ev {
                         children.insert(pid as i32, slot);
                     }
@@ -282,19 +305,19 @@ fn child_main(
         && let Err(e) = switch_user(user)
     {
         eprintln!("slot {slot}: switching to user {user}: {e}");
-        return slot::EXIT_FATAL;
+        return EXIT_FATAL;
     }
     // After the user switch: a change of credentials clears PDEATHSIG.
     if let Err(e) = set_pdeathsig() {
         eprintln!("slot {slot}: prctl(PR_SET_PDEATHSIG): {e}");
-        return slot::EXIT_FATAL;
+        return EXIT_FATAL;
     }
     // The zygote may have died between fork and prctl; then nobody would kill us.
     if nix::unistd::getppid() != zygote {
-        return slot::EXIT_FATAL;
+        return EXIT_FATAL;
     }
     let Some(handler) = preloaded.remove(&queue.name) else {
-        return slot::EXIT_FATAL;
+        return EXIT_FATAL;
     };
     // The other queues' handlers stay untouched: freeing them would only dirty pages.
     std::mem::forget(std::mem::take(preloaded));
@@ -307,7 +330,7 @@ fn child_main(
         password: ctx.init.password.clone(),
         ..ConnectOptions::default()
     };
-    slot::slot_main(
+    slot_main(
         SlotSpec {
             queue,
             slot,

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use super::handler::{Handler, HandlerError, Outcome, SlotContext, Task};
 use crate::config::{Handler as HandlerConfig, QueueConfig};
+use crate::host::handler::{Handler, HandlerError, Outcome, SlotContext, Task};
 
 /// Acknowledges every task: measures the queue and slot machinery alone.
 #[derive(Debug)]

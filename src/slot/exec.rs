@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::handler::{
+use crate::config::{Handler as HandlerConfig, QueueConfig};
+use crate::host::handler::{
     Handler, HandlerError, Outcome, PayloadError, SlotContext, Task, check_payload_size,
 };
-use crate::config::{Handler as HandlerConfig, QueueConfig};
 
 /// Longest reply line accepted from the child; a longer one is malformed, so a runaway
 /// child cannot make the slot buffer without bound.

@@ -2,17 +2,19 @@
 //! a batch of leased tasks, hands it to the queue's [`Handler`], settles the outcomes, and
 //! tells its master how it goes.
 //!
-//! This module knows nothing of the manager or the balancer; it meets the rest of gaffer
-//! only through `queue_client` and the [`SlotEvent`]s it sends its master.
+//! This module knows nothing of the manager, the balancer or the master; it meets the rest
+//! of gaffer only through `queue_client` and the neutral `crate::host`: the handler API,
+//! the [`SlotEvent`]s it sends its master and the exit codes it ends with (re-exported
+//! here, their public home).
 
 pub mod builtin;
 pub mod exec;
-mod handler;
+mod registry;
+mod run;
 
-pub use handler::{
+pub use crate::host::handler::{
     Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, Registry, SlotContext, Task,
     check_json_depth, check_payload_size,
 };
-mod run;
-
-pub use run::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec, run_slot, slot_main};
+pub use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
+pub use run::{run_slot, slot_main};

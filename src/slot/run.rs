@@ -7,26 +7,23 @@ use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::handler::{Handler, Outcome, SlotContext, Task, check_payload_size};
+use crate::backoff::Backoff;
 use crate::config::QueueConfig;
+use crate::host::handler::{Handler, Outcome, SlotContext, Task, check_payload_size};
+use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
+use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
 use crate::queue_client::{
-    ConnectOptions, LeasedTask, Queue, QueueClient, QueueLimits, Settle, SettleOp, SettleResult,
+    Batch, ConnectOptions, LeasedTask, Queue, QueueClient, QueueLimits, Settle, SettleOp,
+    SettleResult, Waiter,
 };
 
-/// Exit code of a slot that was asked to stop (SIGTERM) and did.
-pub const EXIT_STOPPED: i32 = 0;
-/// Exit code of a slot that recycled itself because its Private_Dirty passed the limit;
-/// the master restarts it at once (EX_TEMPFAIL).
-pub const EXIT_RECYCLE: i32 = 75;
-/// Exit code of a slot that could not start or hit an unrecoverable error (EX_SOFTWARE).
-pub const EXIT_FATAL: i32 = 70;
-
+/// First pause after a failed attempt to reach Redis (or to settle).
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest pause between attempts to reach Redis.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// Longest pause between attempts to settle a handled batch: once Redis is back, every
@@ -35,93 +32,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest an idle slot waits for a wake-up before taking again anyway.
 const IDLE_WAIT: Duration = Duration::from_secs(30);
-
-/// What a slot needs to run, handed over by the zygote in the forked child.
-#[derive(Debug)]
-pub struct SlotSpec {
-    /// The queue it serves.
-    pub queue: QueueConfig,
-    /// The master's number for it.
-    pub slot: u32,
-    /// Redis to connect to (after the fork: never a connection inherited from the parent).
-    pub redis_url: String,
-    /// Key namespace.
-    pub namespace: String,
-    /// Password and timeouts.
-    pub connect: ConnectOptions,
-    /// Where to send [`SlotEvent`]s for the master; none outside a master.
-    pub report: Option<UnixDatagram>,
-    /// The host's name, as task records show where an attempt ran.
-    pub host: String,
-}
-
-/// What a slot tells its master, one datagram each (JSON).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "ev", rename_all = "snake_case")]
-pub enum SlotEvent {
-    /// Connected and initialised; about to take its first batch.
-    Ready {
-        /// The master's number for the slot.
-        slot: u32,
-        /// Its pid.
-        pid: u32,
-    },
-    /// A batch was taken and handed to the handler.
-    BatchStarted {
-        /// The master's number for the slot.
-        slot: u32,
-        /// Its pid.
-        pid: u32,
-        /// Tasks in the batch.
-        tasks: u32,
-    },
-    /// The handler says it is still working (a long batch).
-    Progress {
-        /// The master's number for the slot.
-        slot: u32,
-        /// Its pid.
-        pid: u32,
-    },
-    /// A batch was handled and settled.
-    BatchDone {
-        /// The master's number for the slot.
-        slot: u32,
-        /// Its pid.
-        pid: u32,
-        /// Tasks in the batch.
-        tasks: u32,
-        /// Tasks whose outcome was not done.
-        failed: u32,
-        /// Time inside the handler, in ms.
-        busy_ms: u64,
-        /// Settles refused because the lease had moved on.
-        stale: u32,
-    },
-    /// About to exit, and why.
-    Exiting {
-        /// The master's number for the slot.
-        slot: u32,
-        /// Its pid.
-        pid: u32,
-        /// The exit code it is about to return.
-        code: i32,
-        /// Why, for the master's log.
-        reason: String,
-    },
-}
-
-impl SlotEvent {
-    /// The pid of the slot that sent it.
-    pub fn pid(&self) -> u32 {
-        match self {
-            SlotEvent::Ready { pid, .. }
-            | SlotEvent::BatchStarted { pid, .. }
-            | SlotEvent::Progress { pid, .. }
-            | SlotEvent::BatchDone { pid, .. }
-            | SlotEvent::Exiting { pid, .. } => *pid,
-        }
-    }
-}
 
 #[derive(Clone)]
 struct Reporter {
@@ -234,14 +144,17 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "non-string panic".into())
 }
 
+/// How a slot's life ends: its exit code and why.
+type End = (i32, String);
+
 async fn run(
     stop: Option<CancellationToken>,
     spec: SlotSpec,
     reporter: Reporter,
     handler: Box<dyn Handler>,
-) -> (i32, String) {
+) -> End {
     let SlotSpec {
-        queue: queue_cfg,
+        queue: cfg,
         slot,
         redis_url,
         namespace,
@@ -252,48 +165,25 @@ async fn run(
     let pid = std::process::id();
     let stop = match stop {
         Some(token) => token,
-        None => {
-            let mut sigterm = match signal(SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => return (EXIT_FATAL, format!("installing the SIGTERM handler: {e}")),
-            };
-            let token = CancellationToken::new();
-            let cancel = token.clone();
-            tokio::spawn(async move {
-                sigterm.recv().await;
-                cancel.cancel();
-            });
-            token
-        }
+        None => match stop_on_sigterm() {
+            Ok(token) => token,
+            Err(e) => return (EXIT_FATAL, format!("installing the SIGTERM handler: {e}")),
+        },
     };
-    let mut stopping = false;
-
-    // Connecting may take a while when Redis is down; SIGTERM still stops us promptly.
-    let mut backoff = Backoff::default();
-    let client = loop {
-        tokio::select! {
-            r = QueueClient::connect(&redis_url, &namespace, &connect) => match r {
-                Ok(c) => break c,
-                Err(e) => {
-                    tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "slot cannot reach redis, retrying");
-                }
-            },
-            () = stop.cancelled() => return (EXIT_STOPPED, "stopped before connecting".into()),
-        }
-        tokio::select! {
-            () = backoff.pause() => {}
-            () = stop.cancelled() => return (EXIT_STOPPED, "stopped before connecting".into()),
-        }
+    let Some(client) =
+        connect_until_stopped(&redis_url, &namespace, &connect, &cfg, slot, &stop).await
+    else {
+        return (EXIT_STOPPED, "stopped before connecting".into());
     };
-    let queue = match client.queue_with(&queue_cfg.name, QueueLimits::from(&queue_cfg)) {
+    let queue = match client.queue_with(&cfg.name, QueueLimits::from(&cfg)) {
         Ok(q) => q.with_worker(RecordWorker { host, slot }),
         Err(e) => return (EXIT_FATAL, format!("queue: {e}")),
     };
-    let mut waiter = client.waiter();
+    let waiter = client.waiter();
 
     let progress_reporter = reporter.clone();
     let ctx = SlotContext {
-        queue: queue_cfg.clone(),
+        queue: cfg.clone(),
         slot,
         progress: Some(Arc::new(move || {
             progress_reporter.send(&SlotEvent::Progress { slot, pid });
@@ -304,88 +194,168 @@ async fn run(
         Err(e) => return (EXIT_FATAL, e),
     };
     reporter.send(&SlotEvent::Ready { slot, pid });
+    Serving {
+        cfg,
+        slot,
+        pid,
+        queue,
+        waiter,
+        worker,
+        reporter,
+        stop,
+        stopping: false,
+        backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
+    }
+    .serve()
+    .await
+}
 
-    let batch_size = queue_cfg.batch_size as usize;
-    let mut backoff = Backoff::default();
+/// A token cancelled by SIGTERM.
+fn stop_on_sigterm() -> std::io::Result<CancellationToken> {
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        sigterm.recv().await;
+        cancel.cancel();
+    });
+    Ok(token)
+}
+
+/// Connects, backing off while Redis is down; `None` once `stop` is cancelled, which
+/// stops the wait promptly.
+async fn connect_until_stopped(
+    url: &str,
+    namespace: &str,
+    connect: &ConnectOptions,
+    cfg: &QueueConfig,
+    slot: u32,
+    stop: &CancellationToken,
+) -> Option<QueueClient> {
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     loop {
-        if stopping {
-            return (EXIT_STOPPED, "asked to stop".into());
+        tokio::select! {
+            r = QueueClient::connect(url, namespace, connect) => match r {
+                Ok(c) => return Some(c),
+                Err(e) => {
+                    tracing::warn!(queue = %cfg.name, slot, error = %e, "slot cannot reach redis, retrying");
+                }
+            },
+            () = stop.cancelled() => return None,
         }
+        tokio::select! {
+            () = backoff.pause() => {}
+            () = stop.cancelled() => return None,
+        }
+    }
+}
+
+/// A connected, initialised slot: the loop take → handle → settle and what it keeps.
+struct Serving {
+    /// The queue it serves.
+    cfg: QueueConfig,
+    /// The master's number for it.
+    slot: u32,
+    /// This process.
+    pid: u32,
+    /// The queue's handle, recording this slot as the worker.
+    queue: Queue,
+    /// The blocking connection an idle slot waits for wake-ups on.
+    waiter: Waiter,
+    /// The handler's thread.
+    worker: Worker,
+    /// Datagrams to the master.
+    reporter: Reporter,
+    /// Cancelled by SIGTERM (or the caller).
+    stop: CancellationToken,
+    /// Asked to stop: the batch in hand is finished and settled, then the slot exits.
+    stopping: bool,
+    /// Pauses after failed takes and wake-up waits.
+    backoff: Backoff,
+}
+
+impl Serving {
+    async fn serve(mut self) -> End {
+        loop {
+            if self.stopping {
+                return (EXIT_STOPPED, "asked to stop".into());
+            }
+            let batch = match self.next_batch().await {
+                Ok(Some(batch)) => batch,
+                Ok(None) => continue,
+                Err(end) => return end,
+            };
+            self.handle(batch).await;
+            if let Some(end) = self.over_memory_limit() {
+                return end;
+            }
+        }
+    }
+
+    /// Takes a batch; `None` after an empty take (having waited for work) or a failed one
+    /// (having backed off).
+    async fn next_batch(&mut self) -> Result<Option<Batch>, End> {
+        let name = &self.cfg.name;
+        let slot = self.slot;
         // take is not cancelled by SIGTERM: a cancelled take could have leased tasks
         // that nobody would handle until their lease ran out.
-        let batch = match queue.take(batch_size, queue_cfg.lease).await {
+        let batch = match self
+            .queue
+            .take(self.cfg.batch_size as usize, self.cfg.lease)
+            .await
+        {
             Ok(b) => {
-                backoff.reset();
+                self.backoff.reset();
                 b
             }
             Err(e) if e.is_transient() => {
-                tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "take failed, backing off");
+                tracing::warn!(queue = %name, slot, error = %e, "take failed, backing off");
                 tokio::select! {
-                    () = backoff.pause() => {}
-                    () = stop.cancelled() => stopping = true,
+                    () = self.backoff.pause() => {}
+                    () = self.stop.cancelled() => self.stopping = true,
                 }
-                continue;
+                return Ok(None);
             }
-            Err(e) => return (EXIT_FATAL, format!("take: {e}")),
+            Err(e) => return Err((EXIT_FATAL, format!("take: {e}"))),
         };
-        if batch.tasks.is_empty() {
-            let wait = batch
-                .next_hint
-                .map_or(IDLE_WAIT, |h| (h + Duration::from_millis(1)).min(IDLE_WAIT));
-            tokio::select! {
-                r = queue.wait(&mut waiter, wait) => if let Err(e) = r {
-                    tracing::debug!(queue = %queue_cfg.name, slot, error = %e, "wake-up wait failed");
-                    tokio::select! {
-                        () = backoff.pause() => {}
-                        () = stop.cancelled() => stopping = true,
-                    }
-                },
-                () = stop.cancelled() => stopping = true,
-            }
-            continue;
+        if !batch.tasks.is_empty() {
+            return Ok(Some(batch));
         }
+        let wait = batch
+            .next_hint
+            .map_or(IDLE_WAIT, |h| (h + Duration::from_millis(1)).min(IDLE_WAIT));
+        tokio::select! {
+            r = self.queue.wait(&mut self.waiter, wait) => if let Err(e) = r {
+                tracing::debug!(queue = %name, slot, error = %e, "wake-up wait failed");
+                tokio::select! {
+                    () = self.backoff.pause() => {}
+                    () = self.stop.cancelled() => self.stopping = true,
+                }
+            },
+            () = self.stop.cancelled() => self.stopping = true,
+        }
+        Ok(None)
+    }
 
+    /// Hands the batch to the handler, extends its leases while it runs, settles the
+    /// outcomes and reports the batch.
+    async fn handle(&mut self, batch: Batch) {
+        let (slot, pid) = (self.slot, self.pid);
         let n = batch.tasks.len() as u32;
-        reporter.send(&SlotEvent::BatchStarted {
+        self.reporter.send(&SlotEvent::BatchStarted {
             slot,
             pid,
             tasks: n,
         });
         let started = Instant::now();
-        let (refused, tasks) = screen(&queue_cfg, slot, &batch.tasks);
+        let (refused, tasks) = screen(&self.cfg, slot, &batch.tasks);
         let handled = tasks.len();
-        // A batch refused whole never reaches the handler: handlers are not asked to
-        // cope with empty batches.
-        let mut reply = if tasks.is_empty() {
-            let (tx, rx) = oneshot::channel();
-            let _ = tx.send(Ok(Vec::new()));
-            rx
-        } else {
-            worker.handle(tasks)
-        };
-        let mut extend_every = tokio::time::interval_at(
-            tokio::time::Instant::now() + queue_cfg.lease / 3,
-            (queue_cfg.lease / 3).max(Duration::from_millis(10)),
-        );
-        extend_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut lease_until = started + queue_cfg.lease;
-        let result = loop {
-            tokio::select! {
-                r = &mut reply => break r.unwrap_or_else(|_| Err("handler thread ended".into())),
-                _ = extend_every.tick() => {
-                    if extend(&queue, &batch.tasks, queue_cfg.lease).await {
-                        lease_until = Instant::now() + queue_cfg.lease;
-                    }
-                }
-                // The batch is finished and settled first; then the loop sees `stopping`.
-                () = stop.cancelled(), if !stopping => stopping = true,
-            }
-        };
+        let (result, lease_until) = self.run_handler(&batch, tasks, started).await;
         let busy = started.elapsed();
         let outcomes = match result {
             Ok(o) => o,
             Err(panic) => {
-                tracing::error!(queue = %queue_cfg.name, slot, panic = %panic, "handler panicked; failing the batch");
+                tracing::error!(queue = %self.cfg.name, slot, panic = %panic, "handler panicked; failing the batch");
                 vec![
                     Outcome::Fail {
                         reason: format!("handler panicked: {panic}"),
@@ -395,13 +365,20 @@ async fn run(
             }
         };
         let outcomes = merge_outcomes(refused, handled, outcomes);
-        let ops = settle_ops(&queue_cfg, &batch.tasks, outcomes);
+        let ops = settle_ops(&self.cfg, &batch.tasks, outcomes);
         let failed = ops
             .iter()
             .filter(|op| !matches!(op.action, Settle::Ack))
             .count() as u32;
-        let stale = settle(&queue, &ops, lease_until, &stop, &mut stopping).await;
-        reporter.send(&SlotEvent::BatchDone {
+        let stale = settle(
+            &self.queue,
+            &ops,
+            lease_until,
+            &self.stop,
+            &mut self.stopping,
+        )
+        .await;
+        self.reporter.send(&SlotEvent::BatchDone {
             slot,
             pid,
             tasks: n,
@@ -409,22 +386,64 @@ async fn run(
             busy_ms: busy.as_millis() as u64,
             stale,
         });
-        if let Some(limit) = queue_cfg.private_dirty_limit {
-            match crate::master::sysinfo::self_private_dirty() {
-                Ok(dirty) if dirty > limit => {
-                    return (
-                        EXIT_RECYCLE,
-                        format!(
-                            "private dirty memory {} over the limit of {}",
-                            bytesize::ByteSize(dirty),
-                            bytesize::ByteSize(limit)
-                        ),
-                    );
+    }
+
+    /// Runs the handler on `tasks` (those of `batch` that passed [`screen`]), extending
+    /// the whole batch's leases every lease/3 meanwhile. Returns the handler's result and
+    /// when the leases run out.
+    async fn run_handler(
+        &mut self,
+        batch: &Batch,
+        tasks: Vec<Task>,
+        started: Instant,
+    ) -> (HandleResult, Instant) {
+        let lease = self.cfg.lease;
+        // A batch refused whole never reaches the handler: handlers are not asked to
+        // cope with empty batches.
+        let mut reply = if tasks.is_empty() {
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(Ok(Vec::new()));
+            rx
+        } else {
+            self.worker.handle(tasks)
+        };
+        let mut extend_every = tokio::time::interval_at(
+            tokio::time::Instant::now() + lease / 3,
+            (lease / 3).max(Duration::from_millis(10)),
+        );
+        extend_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut lease_until = started + lease;
+        let result = loop {
+            tokio::select! {
+                r = &mut reply => break r.unwrap_or_else(|_| Err("handler thread ended".into())),
+                _ = extend_every.tick() => {
+                    if extend(&self.queue, &batch.tasks, lease).await {
+                        lease_until = Instant::now() + lease;
+                    }
                 }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(queue = %queue_cfg.name, slot, error = %e, "cannot read own memory")
-                }
+                // The batch is finished and settled first; then the loop sees `stopping`.
+                () = self.stop.cancelled(), if !self.stopping => self.stopping = true,
+            }
+        };
+        (result, lease_until)
+    }
+
+    /// Recycles the slot when its Private_Dirty passed the queue's limit.
+    fn over_memory_limit(&self) -> Option<End> {
+        let limit = self.cfg.private_dirty_limit?;
+        match sysinfo::self_private_dirty() {
+            Ok(dirty) if dirty > limit => Some((
+                EXIT_RECYCLE,
+                format!(
+                    "private dirty memory {} over the limit of {}",
+                    bytesize::ByteSize(dirty),
+                    bytesize::ByteSize(limit)
+                ),
+            )),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e, "cannot read own memory");
+                None
             }
         }
     }
@@ -536,7 +555,7 @@ async fn settle(
     stop: &CancellationToken,
     stopping: &mut bool,
 ) -> u32 {
-    let mut backoff = Backoff::up_to(MAX_SETTLE_BACKOFF);
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_SETTLE_BACKOFF);
     loop {
         match queue.settle(ops).await {
             Ok(results) => {
@@ -561,51 +580,16 @@ async fn settle(
     }
 }
 
-/// Exponential back-off for Redis outages: 50 ms doubling to [`MAX_BACKOFF`], or to the
-/// cap given to [`Backoff::up_to`].
-struct Backoff {
-    next: Option<Duration>,
-    max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff::up_to(MAX_BACKOFF)
-    }
-}
-
-impl Backoff {
-    fn up_to(max: Duration) -> Self {
-        Backoff { next: None, max }
-    }
-
-    /// The next pause, and the one after it doubled up to the cap.
-    fn step(&mut self) -> Duration {
-        let d = self.next.unwrap_or(Duration::from_millis(50)).min(self.max);
-        self.next = Some((d * 2).min(self.max));
-        d
-    }
-
-    async fn pause(&mut self) {
-        let d = self.step();
-        tokio::time::sleep(d).await;
-    }
-
-    fn reset(&mut self) {
-        self.next = None;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn settles_are_retried_at_least_every_second() {
-        let mut b = Backoff::up_to(MAX_SETTLE_BACKOFF);
-        let pauses: Vec<u128> = (0..8).map(|_| b.step().as_millis()).collect();
+        let mut b = Backoff::new(FIRST_BACKOFF, MAX_SETTLE_BACKOFF);
+        let pauses: Vec<u128> = (0..8).map(|_| b.next().as_millis()).collect();
         assert_eq!(pauses, [50, 100, 200, 400, 800, 1000, 1000, 1000]);
-        let mut b = Backoff::default();
-        assert_eq!((0..10).map(|_| b.step()).max(), Some(MAX_BACKOFF));
+        let mut b = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
+        assert_eq!((0..10).map(|_| b.next()).max(), Some(MAX_BACKOFF));
     }
 }

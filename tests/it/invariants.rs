@@ -54,6 +54,81 @@ fn host_side_never_imports_manager_or_balancer() {
     }
 }
 
+/// Invariant 13: slot and master meet only on neutral ground, `src/host/` (host readings,
+/// the slot protocol, the handler API). No slot source names the master; no master source
+/// names `slot` except the zygote, whose forked child becomes a slot through
+/// `slot::slot_main` and nothing else; the neutral modules name neither role.
+#[test]
+fn slot_and_master_meet_only_on_neutral_ground() {
+    for (path, text) in sources("src/slot") {
+        assert!(!text.contains("crate::master"), "{path} uses crate::master");
+    }
+    for (path, text) in sources("src/master") {
+        let zygote = path.ends_with("src/master/zygote.rs");
+        for (at, _) in text.match_indices("crate::slot") {
+            assert!(
+                zygote && text[at..].starts_with("crate::slot::slot_main"),
+                "{path} uses {}: only the zygote may, for slot_main",
+                text[at..]
+                    .split([';', ',', '}', '\n'])
+                    .next()
+                    .unwrap_or_default()
+            );
+        }
+    }
+    let mut neutral = sources("src/host");
+    let backoff = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/backoff.rs");
+    neutral.push((
+        backoff.display().to_string(),
+        std::fs::read_to_string(&backoff).unwrap(),
+    ));
+    for (path, text) in neutral {
+        for forbidden in [
+            "crate::master",
+            "crate::slot",
+            "crate::manager",
+            "crate::balancer",
+        ] {
+            assert!(!text.contains(forbidden), "{path} uses {forbidden}");
+        }
+    }
+}
+
+/// Invariant 16: the master's plan is pure: no clock, no I/O, no Redis, no signals.
+#[test]
+fn master_plan_does_no_io() {
+    let plan: Vec<_> = sources("src/master")
+        .into_iter()
+        .filter(|(p, _)| p.ends_with("src/master/plan.rs") || p.contains("src/master/plan/"))
+        .collect();
+    assert!(
+        plan.iter().any(|(p, _)| p.ends_with("src/master/plan.rs")),
+        "{plan:?}"
+    );
+    for (path, text) in plan {
+        for forbidden in [
+            "redis",
+            "tokio",
+            "SystemTime",
+            "Instant::now",
+            "now_ms()",
+            "std::fs",
+            "std::net",
+            "std::process",
+            "nix::",
+            "libc::",
+            "queue_client",
+            "sysinfo",
+        ] {
+            // The tests build their times from one reading of the clock.
+            if path.ends_with("tests.rs") && forbidden == "Instant::now" {
+                continue;
+            }
+            assert!(!text.contains(forbidden), "{path} uses {forbidden}");
+        }
+    }
+}
+
 /// Invariant 17: the balancer is pure: no Redis, no clock, no randomness, no I/O.
 #[test]
 fn balancer_does_no_io() {

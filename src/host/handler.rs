@@ -1,4 +1,8 @@
 //! The handler API: what a team implements to run its own code in gaffer's slots.
+//!
+//! Neutral ground between the roles of a host: the zygote preloads handlers through the
+//! [`Registry`], the master asks it which queues this host can serve, and a slot runs
+//! [`Handler::init`] and [`Handler::handle`]. Public as `gaffer::slot::{Handler, …}`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -217,7 +221,7 @@ fn preload_boxed<H: Handler>(queue: &QueueConfig) -> Result<Box<dyn Handler>, Ha
 
 /// Handler implementations by the name `handler = "…"` uses. [`Registry::builtin`] has
 /// gaffer's own; a team's binary adds its handlers and passes the registry to
-/// [`crate::run_cli`].
+/// [`crate::cli::run`].
 #[derive(Clone)]
 pub struct Registry {
     handlers: BTreeMap<String, Preload>,
@@ -230,23 +234,6 @@ impl fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// The built-in handlers: `exec`, `noop`, `sleep`, `flaky`, `memhog`, `preload_demo`.
-    pub fn builtin() -> Self {
-        use super::builtin::{Flaky, Memhog, Noop, PreloadDemo, Sleep};
-        use super::exec::Exec;
-        let mut r = Self {
-            handlers: BTreeMap::new(),
-        };
-        r.handlers.insert("exec".into(), preload_boxed::<Exec>);
-        r.handlers.insert("noop".into(), preload_boxed::<Noop>);
-        r.handlers.insert("sleep".into(), preload_boxed::<Sleep>);
-        r.handlers.insert("flaky".into(), preload_boxed::<Flaky>);
-        r.handlers.insert("memhog".into(), preload_boxed::<Memhog>);
-        r.handlers
-            .insert("preload_demo".into(), preload_boxed::<PreloadDemo>);
-        r
-    }
-
     /// Adds a handler under `name`, used as `handler = "name"` in the config with its
     /// settings in the queue's `options` table.
     ///
@@ -260,6 +247,20 @@ impl Registry {
         );
         self.handlers.insert(name.to_owned(), preload_boxed::<H>);
         self
+    }
+
+    /// Adds a handler under one of the built-in names, which [`Registry::register`]
+    /// refuses to a team: for [`Registry::builtin`], written beside the built-in handlers.
+    pub(crate) fn with_builtin<H: Handler>(mut self, name: &str) -> Self {
+        self.handlers.insert(name.to_owned(), preload_boxed::<H>);
+        self
+    }
+
+    /// A registry with no handler at all.
+    pub(crate) fn empty() -> Self {
+        Self {
+            handlers: BTreeMap::new(),
+        }
     }
 
     /// Every name this registry can run, as the host advertises them.

@@ -1,6 +1,8 @@
 //! Readings from `/proc` and the cgroup v2 filesystem that size the host and watch slots.
 //!
-//! Each reading is a plain function so the master's tick decides how often to pay for it.
+//! Each reading is a plain function so the master's tick decides how often to pay for it,
+//! and a slot reads its own memory with the same code. Neutral ground: the master and the
+//! slots both use it, and it uses neither.
 //! The text formats are parsed here rather than through `procfs`, whose smaps parser yields
 //! a map of untyped fields: the handful of `Key: N kB` lines needed are simpler to read
 //! directly, and the pure parsers can be tested on fixtures.
@@ -279,7 +281,6 @@ pub fn host_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::master::capacity::{CapacityInput, capacity};
 
     const MIB: u64 = 1 << 20;
 
@@ -428,27 +429,5 @@ Locked:                0 kB
         }
         assert!(open_fds(std::process::id()).unwrap() >= 3);
         assert!(!host_name().is_empty());
-    }
-
-    #[test]
-    fn live_capacity_of_this_process() {
-        let pss = pss(std::process::id()).unwrap();
-        let cgroup = cgroup_memory().unwrap();
-        let input = CapacityInput {
-            pss_total: pss,
-            slots: 1,
-            mem_available: mem_available().unwrap(),
-            cgroup_limit: cgroup.map(|(limit, _)| limit),
-            cgroup_usage: cgroup.map(|(_, usage)| usage),
-            reserve: 512 * MIB,
-            slot_estimate: 64 * MIB,
-            load1: load1().unwrap(),
-            cpus: cpus().unwrap(),
-            max_load_per_cpu: f64::INFINITY,
-            max_slots: None,
-        };
-        let output = capacity(&input);
-        assert!(output.slots >= 1, "{input:?} → {output:?}");
-        assert_eq!(output.budget, pss + output.available - 512 * MIB);
     }
 }

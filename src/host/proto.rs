@@ -1,0 +1,108 @@
+//! What a slot and its master say to each other: the [`SlotSpec`] the zygote hands a
+//! forked slot, the [`SlotEvent`] datagrams a slot sends its master, and the exit codes
+//! the master reads its end by.
+//!
+//! Neutral ground: the master (and its zygote) and the slots import it, and it imports
+//! neither. Public as `gaffer::slot::{SlotSpec, SlotEvent, EXIT_…}`.
+
+use std::os::unix::net::UnixDatagram;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::QueueConfig;
+use crate::queue_client::ConnectOptions;
+
+/// Exit code of a slot that was asked to stop (SIGTERM) and did.
+pub const EXIT_STOPPED: i32 = 0;
+/// Exit code of a slot that recycled itself because its Private_Dirty passed the limit;
+/// the master restarts it at once (EX_TEMPFAIL).
+pub const EXIT_RECYCLE: i32 = 75;
+/// Exit code of a slot that could not start or hit an unrecoverable error (EX_SOFTWARE).
+pub const EXIT_FATAL: i32 = 70;
+
+/// What a slot needs to run, handed over by the zygote in the forked child.
+#[derive(Debug)]
+pub struct SlotSpec {
+    /// The queue it serves.
+    pub queue: QueueConfig,
+    /// The master's number for it.
+    pub slot: u32,
+    /// Redis to connect to (after the fork: never a connection inherited from the parent).
+    pub redis_url: String,
+    /// Key namespace.
+    pub namespace: String,
+    /// Password and timeouts.
+    pub connect: ConnectOptions,
+    /// Where to send [`SlotEvent`]s for the master; none outside a master.
+    pub report: Option<UnixDatagram>,
+    /// The host's name, as task records show where an attempt ran.
+    pub host: String,
+}
+
+/// What a slot tells its master, one datagram each (JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum SlotEvent {
+    /// Connected and initialised; about to take its first batch.
+    Ready {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+    },
+    /// A batch was taken and handed to the handler.
+    BatchStarted {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+        /// Tasks in the batch.
+        tasks: u32,
+    },
+    /// The handler says it is still working (a long batch).
+    Progress {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+    },
+    /// A batch was handled and settled.
+    BatchDone {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+        /// Tasks in the batch.
+        tasks: u32,
+        /// Tasks whose outcome was not done.
+        failed: u32,
+        /// Time inside the handler, in ms.
+        busy_ms: u64,
+        /// Settles refused because the lease had moved on.
+        stale: u32,
+    },
+    /// About to exit, and why.
+    Exiting {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+        /// The exit code it is about to return.
+        code: i32,
+        /// Why, for the master's log.
+        reason: String,
+    },
+}
+
+impl SlotEvent {
+    /// The pid of the slot that sent it.
+    pub fn pid(&self) -> u32 {
+        match self {
+            SlotEvent::Ready { pid, .. }
+            | SlotEvent::BatchStarted { pid, .. }
+            | SlotEvent::Progress { pid, .. }
+            | SlotEvent::BatchDone { pid, .. }
+            | SlotEvent::Exiting { pid, .. } => *pid,
+        }
+    }
+}

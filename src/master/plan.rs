@@ -1,0 +1,183 @@
+//! Which slots to stop and which to start: the master's reconcile decision.
+//!
+//! A pure function of what the master runs, what the map wants of this host, the host's
+//! capacity, the zygote and the queues' crash back-off, with the time as a value, so every
+//! case can be tested as data. The master gathers a [`PlanInput`], calls [`plan`] and
+//! applies the [`Plan`]: signals to the slots it stops, requests to the zygote for the
+//! ones it starts.
+//!
+//! The rules, in order:
+//! - once the current zygote is ready, every slot of an older one stops (rolled over onto
+//!   the new one: stopped gracefully, restarted from it);
+//! - a queue's slots beyond what it wants stop, idle ones first, then those still
+//!   starting, busy ones last, and the youngest first within each;
+//! - slots are started only from a ready zygote that takes requests and preloaded the
+//!   queue, for queues not backing off after crashes, highest priority first, until the
+//!   host holds `capacity` slots (stopping ones not counted); capacity never stops a slot.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// Where a slot is in its life, as the master sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum SlotState {
+    /// Asked of the zygote, no pid yet.
+    Spawning,
+    /// Forked, connecting and initialising.
+    Starting,
+    /// Waiting for tasks.
+    Idle,
+    /// Inside a batch.
+    Busy,
+    /// Sent SIGTERM; finishing its batch.
+    Stopping,
+}
+
+impl SlotState {
+    /// Surplus slots stop in this order: idle ones lose nothing, starting ones lose their
+    /// start, busy ones would finish a batch first.
+    fn stop_rank(self) -> u8 {
+        match self {
+            SlotState::Idle => 0,
+            SlotState::Spawning | SlotState::Starting => 1,
+            SlotState::Busy | SlotState::Stopping => 2,
+        }
+    }
+}
+
+/// One slot the master tracks, as the plan sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SlotView {
+    /// The queue it serves.
+    pub queue: String,
+    /// The generation of the zygote it was forked from.
+    pub generation: u64,
+    /// Where it is in its life.
+    pub state: SlotState,
+    /// When the master asked for it: the youngest surplus slot stops first.
+    pub spawned_at: Instant,
+}
+
+/// What this host is to run of one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Want {
+    /// Slots the map gives this host.
+    pub slots: u32,
+    /// The queue's priority: scarce capacity goes to the highest first.
+    pub priority: i32,
+    /// Crash back-off: no slot of this queue starts before then.
+    pub not_before: Option<Instant>,
+}
+
+/// The current zygote, the one new slots come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct ZygoteView {
+    /// Its generation; slots of any other are rolled over once it is ready.
+    pub generation: u64,
+    /// It has preloaded (false while it starts, and when there is none).
+    pub ready: bool,
+    /// It takes spawn requests (false once retired by a drain).
+    pub accepts: bool,
+    /// Queues whose handler it preloaded: it can start slots for these only.
+    pub preloaded: BTreeSet<String>,
+}
+
+/// Everything one plan is made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PlanInput {
+    /// The time of the decision.
+    pub now: Instant,
+    /// Every slot the master tracks, by its number, stopping ones included.
+    pub slots: BTreeMap<u32, SlotView>,
+    /// What the map wants of this host, by queue; a queue absent here wants no slot.
+    pub wanted: BTreeMap<String, Want>,
+    /// Slots the host can hold; `None` before the first measurement (no limit).
+    pub capacity: Option<u32>,
+    /// The current zygote.
+    pub zygote: ZygoteView,
+}
+
+/// What to do now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Plan {
+    /// Slots to stop (SIGTERM, finish the batch), by number: each queue in name order, its
+    /// older generation first, then its surplus in stop order.
+    pub stop: Vec<u32>,
+    /// Queues to start one slot for each, in the order to ask the zygote.
+    pub spawn: Vec<String>,
+}
+
+/// Decides which slots stop and which start; see the module's rules.
+pub(super) fn plan(input: &PlanInput) -> Plan {
+    let (stop, kept) = surplus(input);
+    // Stopping slots free their place: only those that go on running count.
+    let running = kept.values().sum();
+    let spawn = spawns(input, &kept, running);
+    Plan { stop, spawn }
+}
+
+/// The slots to stop, and how many each queue keeps running.
+fn surplus(input: &PlanInput) -> (Vec<u32>, BTreeMap<&str, usize>) {
+    let mut running: BTreeMap<&str, Vec<(u32, &SlotView)>> = BTreeMap::new();
+    for (&n, s) in &input.slots {
+        if s.state != SlotState::Stopping {
+            running.entry(&s.queue).or_default().push((n, s));
+        }
+    }
+    let roll_over = input.zygote.ready;
+    let current = input.zygote.generation;
+    let mut stop = Vec::new();
+    let mut kept = BTreeMap::new();
+    for (queue, mut slots) in running {
+        if roll_over {
+            stop.extend(
+                slots
+                    .iter()
+                    .filter(|(_, s)| s.generation != current)
+                    .map(|&(n, _)| n),
+            );
+            slots.retain(|(_, s)| s.generation == current);
+        }
+        // Stable: equal ranks and ages keep slot-number order.
+        slots.sort_by_key(|(_, s)| (s.state.stop_rank(), Reverse(s.spawned_at)));
+        let want = input.wanted.get(queue).map_or(0, |w| w.slots) as usize;
+        let surplus = slots.len().saturating_sub(want);
+        stop.extend(slots.drain(..surplus).map(|(n, _)| n));
+        kept.insert(queue, slots.len());
+    }
+    (stop, kept)
+}
+
+/// The slots to start, given how many each queue keeps and the host's total.
+fn spawns(input: &PlanInput, kept: &BTreeMap<&str, usize>, mut total: usize) -> Vec<String> {
+    let zygote = &input.zygote;
+    if !zygote.ready || !zygote.accepts {
+        return Vec::new();
+    }
+    let capacity = input.capacity.unwrap_or(u32::MAX) as usize;
+    let mut order: Vec<(&String, &Want)> = input.wanted.iter().collect();
+    // Stable: equal priorities keep name order.
+    order.sort_by_key(|(_, w)| Reverse(w.priority));
+    let mut spawn = Vec::new();
+    for (queue, want) in order {
+        if !zygote.preloaded.contains(queue) || want.not_before.is_some_and(|t| input.now < t) {
+            continue;
+        }
+        let have = kept.get(queue.as_str()).copied().unwrap_or(0);
+        for _ in have..want.slots as usize {
+            if total >= capacity {
+                break;
+            }
+            total += 1;
+            spawn.push(queue.clone());
+        }
+    }
+    spawn
+}
+
+#[cfg(test)]
+mod tests;

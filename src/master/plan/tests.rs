@@ -1,0 +1,505 @@
+//! The plan as data: each rule has a case whose input and plan are a snapshot, and
+//! proptest checks the invariants on random hosts.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+
+/// A host to plan for, built up by the tests. Times are seconds relative to `now`.
+struct Case {
+    input: PlanInput,
+}
+
+impl Case {
+    /// Zygote generation 2, ready and taking requests, nothing wanted or running, no
+    /// capacity measured yet.
+    fn new() -> Self {
+        Case {
+            input: PlanInput {
+                // Far from the clock's origin, so any age can be subtracted.
+                now: Instant::now() + Duration::from_secs(86_400),
+                slots: BTreeMap::new(),
+                wanted: BTreeMap::new(),
+                capacity: None,
+                zygote: ZygoteView {
+                    generation: 2,
+                    ready: true,
+                    accepts: true,
+                    preloaded: BTreeSet::new(),
+                },
+            },
+        }
+    }
+
+    /// The map gives this host `slots` of `queue`; the zygote preloaded it.
+    fn want(mut self, queue: &str, slots: u32, priority: i32) -> Self {
+        self.input.wanted.insert(
+            queue.into(),
+            Want {
+                slots,
+                priority,
+                not_before: None,
+            },
+        );
+        self.input.zygote.preloaded.insert(queue.into());
+        self
+    }
+
+    /// Slot `n` of `queue` from the current zygote, `age` seconds old.
+    fn slot(self, n: u32, queue: &str, state: SlotState, age: u64) -> Self {
+        let generation = self.input.zygote.generation;
+        self.slot_of(generation, n, queue, state, age)
+    }
+
+    /// Slot `n` of `queue` from the zygote of `generation`, `age` seconds old.
+    fn slot_of(mut self, generation: u64, n: u32, queue: &str, state: SlotState, age: u64) -> Self {
+        let spawned_at = self.input.now - Duration::from_secs(age);
+        self.input.slots.insert(
+            n,
+            SlotView {
+                queue: queue.into(),
+                generation,
+                state,
+                spawned_at,
+            },
+        );
+        self
+    }
+
+    fn capacity(mut self, slots: u32) -> Self {
+        self.input.capacity = Some(slots);
+        self
+    }
+
+    /// `queue` backs off after crashes until `secs` from now (negative: it has passed).
+    fn backing_off(mut self, queue: &str, secs: i64) -> Self {
+        let now = self.input.now;
+        let at = if secs >= 0 {
+            now + Duration::from_secs(secs as u64)
+        } else {
+            now - Duration::from_secs(secs.unsigned_abs())
+        };
+        self.input.wanted.get_mut(queue).unwrap().not_before = Some(at);
+        self
+    }
+
+    fn zygote(mut self, f: impl FnOnce(&mut ZygoteView)) -> Self {
+        f(&mut self.input.zygote);
+        self
+    }
+}
+
+/// The input and the plan as text: times as seconds relative to `now`.
+fn render(input: &PlanInput, plan: &Plan) -> String {
+    let secs = |t: Instant| {
+        if t >= input.now {
+            format!("+{}s", (t - input.now).as_secs())
+        } else {
+            format!("-{}s", (input.now - t).as_secs())
+        }
+    };
+    let z = &input.zygote;
+    let mut out = String::new();
+    let preloaded: Vec<&str> = z.preloaded.iter().map(String::as_str).collect();
+    let _ = writeln!(
+        out,
+        "zygote: generation {}, ready {}, accepts {}, preloaded {preloaded:?}",
+        z.generation, z.ready, z.accepts
+    );
+    let capacity = input
+        .capacity
+        .map_or("unmeasured".into(), |c| c.to_string());
+    let _ = writeln!(out, "capacity: {capacity}");
+    out.push_str("wanted:\n");
+    for (q, w) in &input.wanted {
+        let backoff = w
+            .not_before
+            .map_or(String::new(), |t| format!(", not before {}", secs(t)));
+        let _ = writeln!(out, "  {q}: {} (priority {}{backoff})", w.slots, w.priority);
+    }
+    out.push_str("slots:\n");
+    for (n, s) in &input.slots {
+        let _ = writeln!(
+            out,
+            "  #{n} {} gen {} {:?}, spawned {}",
+            s.queue,
+            s.generation,
+            s.state,
+            secs(s.spawned_at)
+        );
+    }
+    let _ = writeln!(out, "stop: {:?}", plan.stop);
+    let _ = writeln!(out, "spawn: {:?}", plan.spawn);
+    out
+}
+
+/// Plans the case, checks the invariants, and snapshots input and plan.
+fn check(name: &str, case: Case) {
+    let plan = plan(&case.input);
+    assert_invariants(&case.input, &plan);
+    insta::assert_snapshot!(name, render(&case.input, &plan));
+}
+
+use SlotState::{Busy, Idle, Spawning, Starting, Stopping};
+
+#[test]
+fn nothing_running_starts_what_is_wanted() {
+    check(
+        "nothing_running",
+        Case::new().want("images", 2, 0).want("mail", 1, 0),
+    );
+}
+
+#[test]
+fn scarce_capacity_goes_to_the_highest_priority() {
+    // 4 places for 6 wanted: urgent (priority 9) gets its 3; the last goes to bulk, first
+    // by name of the two at priority 1.
+    check(
+        "scarce_capacity_by_priority",
+        Case::new()
+            .want("bulk", 2, 1)
+            .want("reports", 1, 1)
+            .want("urgent", 3, 9)
+            .capacity(4),
+    );
+}
+
+#[test]
+fn surplus_stops_idle_first_then_starting_then_busy_youngest_first() {
+    // 6 running, 2 wanted: the two idle ones stop (youngest first), then the spawning and
+    // starting ones (youngest first); the two busy ones stay.
+    check(
+        "surplus_stop_order",
+        Case::new()
+            .want("images", 2, 0)
+            .slot(1, "images", Busy, 100)
+            .slot(2, "images", Idle, 50)
+            .slot(3, "images", Idle, 10)
+            .slot(4, "images", Starting, 5)
+            .slot(5, "images", Spawning, 1)
+            .slot(6, "images", Busy, 20),
+    );
+}
+
+#[test]
+fn a_queue_no_longer_wanted_stops_all_its_slots() {
+    check(
+        "unwanted_queue_stops",
+        Case::new()
+            .want("images", 1, 0)
+            .slot(1, "images", Idle, 10)
+            .slot(2, "retired", Busy, 10)
+            .slot(3, "retired", Idle, 10),
+    );
+}
+
+#[test]
+fn stopping_slots_neither_count_nor_stop_again() {
+    // Slot 1 is on its way out: images has 1 running of 2, and the host has room for 1
+    // more only because stopping slots do not count.
+    check(
+        "stopping_slots_do_not_count",
+        Case::new()
+            .want("images", 2, 0)
+            .slot(1, "images", Stopping, 30)
+            .slot(2, "images", Busy, 20)
+            .capacity(2),
+    );
+}
+
+#[test]
+fn a_ready_new_zygote_rolls_every_old_slot_over() {
+    // Generation 2 is ready: generation 1's slots all stop, busy or not, and generation 2
+    // is filled up to what is wanted.
+    check(
+        "roll_over_to_new_zygote",
+        Case::new()
+            .want("images", 2, 0)
+            .slot_of(1, 1, "images", Busy, 100)
+            .slot_of(1, 2, "images", Idle, 90)
+            .slot(3, "images", Idle, 5),
+    );
+}
+
+#[test]
+fn a_new_zygote_not_ready_yet_keeps_the_old_slots() {
+    // Generation 2 is still preloading: the old slots keep serving, only the surplus
+    // stops, and nothing starts.
+    check(
+        "new_zygote_not_ready",
+        Case::new()
+            .want("images", 1, 0)
+            .slot_of(1, 1, "images", Busy, 100)
+            .slot_of(1, 2, "images", Idle, 90)
+            .zygote(|z| z.ready = false),
+    );
+}
+
+#[test]
+fn a_retired_zygote_stops_surplus_but_starts_nothing() {
+    check(
+        "retired_zygote",
+        Case::new()
+            .want("images", 3, 0)
+            .want("mail", 1, 0)
+            .slot(1, "mail", Idle, 5)
+            .slot(2, "mail", Idle, 3)
+            .zygote(|z| z.accepts = false),
+    );
+}
+
+#[test]
+fn crash_back_off_holds_a_queue_until_its_time() {
+    // flaky backs off for 3 s more: nothing starts for it; mail's back-off has passed.
+    check(
+        "crash_back_off",
+        Case::new()
+            .want("flaky", 2, 5)
+            .want("mail", 1, 0)
+            .backing_off("flaky", 3)
+            .backing_off("mail", -1),
+    );
+}
+
+#[test]
+fn a_queue_the_zygote_did_not_preload_gets_no_slot() {
+    check(
+        "not_preloaded",
+        Case::new()
+            .want("broken", 2, 9)
+            .want("mail", 1, 0)
+            .zygote(|z| {
+                z.preloaded.remove("broken");
+            }),
+    );
+}
+
+#[test]
+fn capacity_below_what_runs_stops_nothing() {
+    // The host shrank to 1 but runs 3 wanted slots: capacity never stops a slot (the
+    // manager moves them), it only keeps new ones from starting.
+    check(
+        "over_capacity_keeps_running",
+        Case::new()
+            .want("images", 4, 0)
+            .slot(1, "images", Busy, 10)
+            .slot(2, "images", Idle, 10)
+            .slot(3, "images", Idle, 10)
+            .capacity(1),
+    );
+}
+
+/// Whether slot `s` is among those that go on running (not stopping) before the plan.
+fn running(s: &SlotView) -> bool {
+    s.state != Stopping
+}
+
+/// Whether `queue` may start slots at all: the zygote preloaded it and it is not backing
+/// off.
+fn eligible(input: &PlanInput, queue: &str) -> bool {
+    let z = &input.zygote;
+    z.ready
+        && z.accepts
+        && z.preloaded.contains(queue)
+        && input.wanted[queue]
+            .not_before
+            .is_none_or(|t| input.now >= t)
+}
+
+fn assert_invariants(input: &PlanInput, plan: &Plan) {
+    // Same input, same plan.
+    assert_eq!(&super::plan(input), plan);
+
+    // Stops only running slots, each once.
+    let stopped: BTreeSet<u32> = plan.stop.iter().copied().collect();
+    assert_eq!(stopped.len(), plan.stop.len(), "a slot stopped twice");
+    for n in &stopped {
+        assert!(running(&input.slots[n]), "#{n} stopped again");
+    }
+
+    // Never over capacity: what keeps running plus what starts fits, unless nothing
+    // starts (capacity never stops a slot).
+    let kept: Vec<&SlotView> = input
+        .slots
+        .iter()
+        .filter(|(n, s)| running(s) && !stopped.contains(n))
+        .map(|(_, s)| s)
+        .collect();
+    let capacity = input.capacity.map_or(usize::MAX, |c| c as usize);
+    if !plan.spawn.is_empty() {
+        assert!(kept.len() + plan.spawn.len() <= capacity, "over capacity");
+    }
+
+    for queue in &plan.spawn {
+        assert!(eligible(input, queue), "{queue} started while not eligible");
+    }
+
+    let queues: BTreeSet<&str> = input
+        .slots
+        .values()
+        .map(|s| s.queue.as_str())
+        .chain(input.wanted.keys().map(String::as_str))
+        .collect();
+    for queue in queues {
+        assert_queue(input, plan, &stopped, queue, capacity, kept.len());
+    }
+}
+
+/// The invariants of one queue: roll-over, surplus order, no more than wanted, priority.
+fn assert_queue(
+    input: &PlanInput,
+    plan: &Plan,
+    stopped: &BTreeSet<u32>,
+    queue: &str,
+    capacity: usize,
+    kept_total: usize,
+) {
+    let want = input.wanted.get(queue).map_or(0, |w| w.slots) as usize;
+    let current = input.zygote.generation;
+    let roll_over = input.zygote.ready;
+    let mine: Vec<(u32, &SlotView)> = input
+        .slots
+        .iter()
+        .filter(|(_, s)| s.queue == queue && running(s))
+        .map(|(&n, s)| (n, s))
+        .collect();
+    // Once the new zygote is ready, no old slot keeps running.
+    if roll_over {
+        for (n, s) in &mine {
+            if s.generation != current {
+                assert!(stopped.contains(n), "#{n} of an old zygote kept");
+            }
+        }
+    }
+    let candidates: Vec<(u32, &SlotView)> = mine
+        .into_iter()
+        .filter(|(_, s)| !roll_over || s.generation == current)
+        .collect();
+    let (gone, stay): (Vec<_>, Vec<_>) = candidates.iter().partition(|(n, _)| stopped.contains(n));
+    // Exactly the surplus stops, and it stops first: idle before starting before busy,
+    // the youngest first.
+    assert_eq!(gone.len(), candidates.len().saturating_sub(want), "{queue}");
+    let key = |s: &SlotView| (s.state.stop_rank(), Reverse(s.spawned_at));
+    for (g, gs) in &gone {
+        for (k, ks) in &stay {
+            assert!(key(gs) <= key(ks), "{queue}: #{g} stopped before #{k}");
+        }
+    }
+    // Never more than wanted.
+    let started = plan.spawn.iter().filter(|q| *q == queue).count();
+    assert!(stay.len() + started <= want, "{queue} over-started");
+    // A queue left short while it could start slots is short of capacity, and no queue
+    // of lower priority started any.
+    if input.wanted.contains_key(queue) && eligible(input, queue) && stay.len() + started < want {
+        assert!(
+            kept_total + plan.spawn.len() >= capacity,
+            "{queue} short with room"
+        );
+        let priority = input.wanted[queue].priority;
+        for other in &plan.spawn {
+            assert!(
+                input.wanted[other].priority >= priority,
+                "{other} started before higher-priority {queue}"
+            );
+        }
+    }
+}
+
+fn any_state() -> impl Strategy<Value = SlotState> {
+    prop_oneof![
+        Just(Spawning),
+        Just(Starting),
+        Just(Idle),
+        Just(Busy),
+        Just(Stopping)
+    ]
+}
+
+const QUEUES: [&str; 4] = ["a", "b", "c", "d"];
+
+fn any_input() -> impl Strategy<Value = PlanInput> {
+    let wanted = proptest::collection::btree_map(
+        proptest::sample::select(&QUEUES[..]).prop_map(String::from),
+        (0u32..6, 0i32..3, proptest::option::of(-5i64..5)),
+        0..4,
+    );
+    let slots = proptest::collection::btree_map(
+        1u32..40,
+        (
+            proptest::sample::select(&QUEUES[..]),
+            1u64..=2,
+            any_state(),
+            0u64..100,
+        ),
+        0..16,
+    );
+    let zygote = (
+        1u64..=2,
+        any::<bool>(),
+        any::<bool>(),
+        proptest::sample::subsequence(&QUEUES[..], 0..=4),
+    );
+    (wanted, slots, zygote, proptest::option::of(0u32..20)).prop_map(
+        |(wanted, slots, (generation, ready, accepts, preloaded), capacity)| {
+            let now = Instant::now() + Duration::from_secs(86_400);
+            let at = |secs: i64| {
+                if secs >= 0 {
+                    now + Duration::from_secs(secs as u64)
+                } else {
+                    now - Duration::from_secs(secs.unsigned_abs())
+                }
+            };
+            PlanInput {
+                now,
+                wanted: wanted
+                    .into_iter()
+                    .map(|(q, (slots, priority, back_off))| {
+                        let not_before = back_off.map(at);
+                        (
+                            q,
+                            Want {
+                                slots,
+                                priority,
+                                not_before,
+                            },
+                        )
+                    })
+                    .collect(),
+                slots: slots
+                    .into_iter()
+                    .map(|(n, (queue, generation, state, age))| {
+                        let spawned_at = now - Duration::from_secs(age);
+                        let queue = queue.to_string();
+                        (
+                            n,
+                            SlotView {
+                                queue,
+                                generation,
+                                state,
+                                spawned_at,
+                            },
+                        )
+                    })
+                    .collect(),
+                capacity,
+                zygote: ZygoteView {
+                    generation,
+                    ready,
+                    accepts,
+                    preloaded: preloaded.into_iter().map(String::from).collect(),
+                },
+            }
+        },
+    )
+}
+
+proptest! {
+    #[test]
+    fn every_plan_keeps_the_invariants(input in any_input()) {
+        let plan = plan(&input);
+        assert_invariants(&input, &plan);
+    }
+}

@@ -1,0 +1,214 @@
+//! What the master measures and reports: the host's capacity from its readings, the host
+//! report it publishes every tick, and the `/status` document.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::capacity::{self, Capacity, CapacityInput};
+use super::plan::SlotState;
+use super::supervisor::Master;
+use super::telemetry;
+use crate::cluster::{self, HostReport, QueueReport};
+use crate::host::sysinfo;
+
+/// What is measured and reported.
+pub(super) struct Reporting {
+    /// The latest capacity decision, with the numbers behind it; none before the first
+    /// tick.
+    pub(super) capacity: Option<Capacity>,
+    /// The host report last published; its readings are the next one's until measured
+    /// again.
+    pub(super) last: HostReport,
+    /// When the master started, in ms since the epoch, as its reports say.
+    pub(super) started_ms: u64,
+    /// The `/status` document, shared with the HTTP server.
+    pub(super) status: Arc<Mutex<serde_json::Value>>,
+}
+
+impl Reporting {
+    pub(super) fn new(status: Arc<Mutex<serde_json::Value>>) -> Self {
+        Reporting {
+            capacity: None,
+            last: HostReport::default(),
+            started_ms: cluster::now_ms(),
+            status,
+        }
+    }
+}
+
+/// The status document `/status` serves.
+#[derive(Serialize)]
+struct Status<'a> {
+    host: &'a HostReport,
+    capacity: &'a Option<Capacity>,
+    zygote_pids: Vec<u32>,
+    slots: Vec<SlotStatus<'a>>,
+}
+
+#[derive(Serialize)]
+struct SlotStatus<'a> {
+    slot: u32,
+    queue: &'a str,
+    pid: Option<u32>,
+    state: SlotState,
+    generation: u64,
+    batches: u64,
+    age_seconds: f64,
+    /// Spawn request to first take, in ms; null until the slot is ready.
+    ready_ms: Option<f64>,
+}
+
+/// Σ PSS of `pids`, leaving out those that cannot be read.
+fn pss_total(pids: Vec<u32>) -> u64 {
+    pids.into_iter()
+        .filter_map(|pid| match sysinfo::pss(pid) {
+            Ok(pss) => Some(pss),
+            // A slot that just exited has no smaps_rollup: normal, and gone next tick.
+            Err(sysinfo::SysinfoError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => {
+                // Anything else (no CAP_SYS_PTRACE over a slot of another user) leaves
+                // that slot out of the budget for as long as it lasts: say so, once.
+                static WARNED: AtomicBool = AtomicBool::new(false);
+                if !WARNED.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(pid, error = %e, "cannot measure a slot's PSS; the memory budget leaves it out");
+                }
+                None
+            }
+        })
+        .sum()
+}
+
+impl Master {
+    /// The master, its zygotes and its forked slots.
+    fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![std::process::id()];
+        pids.extend(
+            self.zygotes
+                .procs
+                .values()
+                .map(|z| z.pid)
+                .filter(|&p| p != 0),
+        );
+        pids.extend(self.slots.procs.values().filter_map(|s| s.pid));
+        pids
+    }
+
+    /// Reads the host and sizes it ([`capacity::capacity`]).
+    pub(super) fn measure(&mut self) {
+        let pss_total = pss_total(self.pids());
+        let (limit, usage) = sysinfo::cgroup_memory()
+            .ok()
+            .flatten()
+            .map_or((None, None), |(l, u)| (Some(l), Some(u)));
+        let master = &self.opts.config.master;
+        let input = CapacityInput {
+            pss_total,
+            slots: self
+                .slots
+                .procs
+                .values()
+                .filter(|s| s.pid.is_some())
+                .count() as u32,
+            mem_available: sysinfo::mem_available().unwrap_or(0),
+            cgroup_limit: limit,
+            cgroup_usage: usage,
+            reserve: master.memory_reserve,
+            slot_estimate: master.slot_estimate,
+            load1: sysinfo::load1().unwrap_or(0.0),
+            cpus: sysinfo::cpus().unwrap_or(1),
+            max_load_per_cpu: self.opts.max_load_per_cpu,
+            max_slots: master.max_slots,
+        };
+        let cap = capacity::capacity(&input);
+        let last = &mut self.reporting.last;
+        last.pss_bytes = pss_total;
+        last.mem_available_bytes = cap.available;
+        last.memory_budget_bytes = cap.budget;
+        last.load1 = input.load1;
+        last.cpus = input.cpus;
+        last.capacity = cap.slots;
+        self.reporting.capacity = Some(cap);
+    }
+
+    /// The host report as things stand: the last readings, the slots and counters now.
+    pub(super) fn host_report(&self) -> HostReport {
+        let now = Instant::now();
+        let wanted = self.wanted();
+        let mut queues: BTreeMap<String, QueueReport> = BTreeMap::new();
+        for (name, q) in &self.slots.queues {
+            queues.insert(name.clone(), q.report.clone());
+        }
+        for s in self.slots.procs.values() {
+            let r = queues.entry(s.queue.clone()).or_default();
+            if s.state != SlotState::Stopping {
+                r.slots += 1;
+            }
+            // Running slots count their life so far, so load is right before they exit.
+            r.slot_lifetime_seconds_total += (now - s.spawned_at).as_secs_f64();
+        }
+        for (name, &n) in &wanted {
+            queues.entry(name.clone()).or_default().wanted = n;
+        }
+        let mut r = self.reporting.last.clone();
+        r.host = self.opts.host.clone();
+        r.pid = std::process::id();
+        r.started_ms = self.reporting.started_ms;
+        r.ts_ms = cluster::now_ms();
+        r.draining = self.draining || self.orders.drained;
+        r.slots = self.slots.procs.len() as u32;
+        r.handlers = self.opts.registry.names();
+        r.map_version = self.orders.map.as_ref().map_or(0, |m| m.version);
+        r.queues = queues;
+        r
+    }
+
+    /// Publishes the host report (Redis, gauges, `/status`).
+    pub(super) async fn report(&mut self) {
+        let report = self.host_report();
+        telemetry::host_gauges(&report);
+        self.publish_status(&report);
+        let redis = &mut self.redis;
+        match cluster::publish_host(&mut redis.conn, &redis.keys, &report).await {
+            Ok(()) => redis.outage.answered(),
+            Err(e) => redis.outage.failed("publishing the host report failed", &e),
+        }
+        self.reporting.last = report;
+    }
+
+    /// Rebuilds the `/status` document.
+    pub(super) fn publish_status(&self, report: &HostReport) {
+        let now = Instant::now();
+        let status = Status {
+            host: report,
+            capacity: &self.reporting.capacity,
+            zygote_pids: self.zygotes.procs.values().map(|z| z.pid).collect(),
+            slots: self
+                .slots
+                .procs
+                .iter()
+                .map(|(&slot, s)| SlotStatus {
+                    slot,
+                    queue: &s.queue,
+                    pid: s.pid,
+                    state: s.state,
+                    generation: s.generation,
+                    batches: s.batches,
+                    age_seconds: (now - s.spawned_at).as_secs_f64(),
+                    ready_ms: s.ready_after.map(|d| d.as_secs_f64() * 1000.0),
+                })
+                .collect(),
+        };
+        if let (Ok(v), Ok(mut slot)) = (serde_json::to_value(&status), self.reporting.status.lock())
+        {
+            *slot = v;
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! The master's slots: reconciling them to the map (the pure [`plan`] decides, this
+//! applies), their events and exits, crash back-off per queue, the watchdog.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt;
+
+use super::plan::{self, PlanInput, SlotState, SlotView, Want};
+use super::supervisor::Master;
+use super::telemetry::{self, Exit, SlotExit};
+use super::zygote::ZygoteRequest;
+use crate::backoff::Backoff;
+use crate::cluster::QueueReport;
+use crate::config::Config;
+use crate::host::proto::{EXIT_RECYCLE, EXIT_STOPPED, SlotEvent};
+
+/// The pause after a queue's second crash in a row; it doubles with every further one.
+const CRASH_BACKOFF: Duration = Duration::from_millis(500);
+/// Longest pause before restarting a queue's slots after repeated crashes.
+const MAX_CRASH_BACKOFF: Duration = Duration::from_secs(60);
+
+/// One slot, from the spawn request to its reaped exit.
+pub(super) struct SlotProc {
+    /// The queue it serves.
+    pub(super) queue: String,
+    /// The generation of the zygote it was asked of.
+    pub(super) generation: u64,
+    /// Its pid, once the zygote forked it.
+    pub(super) pid: Option<u32>,
+    /// Where it is in its life.
+    pub(super) state: SlotState,
+    /// When it was asked of the zygote.
+    pub(super) spawned_at: Instant,
+    /// Its last event: the watchdog's clock.
+    pub(super) last_progress: Instant,
+    /// Stopping: when it is killed if it has not exited.
+    pub(super) stop_deadline: Option<Instant>,
+    /// The watchdog killed it.
+    pub(super) hung: bool,
+    /// Batches it finished.
+    pub(super) batches: u64,
+    /// The reason it gave before exiting.
+    pub(super) exit_reason: Option<String>,
+    /// From the spawn request to the slot's first take (fork, runtime, Redis, init).
+    pub(super) ready_after: Option<Duration>,
+}
+
+impl SlotProc {
+    fn new(queue: String, generation: u64, now: Instant) -> Self {
+        SlotProc {
+            queue,
+            generation,
+            pid: None,
+            state: SlotState::Spawning,
+            spawned_at: now,
+            last_progress: now,
+            stop_deadline: None,
+            hung: false,
+            batches: 0,
+            exit_reason: None,
+            ready_after: None,
+        }
+    }
+}
+
+/// What the master keeps per queue.
+pub(super) struct QueueState {
+    /// What is reported for the queue: counters since the master started.
+    pub(super) report: QueueReport,
+    /// Crashes since the queue's last finished batch.
+    pub(super) crashes: u32,
+    /// The pause after the next repeated crash; reset by a finished batch.
+    pub(super) backoff: Backoff,
+    /// Crash back-off: no slot of the queue starts before then.
+    pub(super) not_before: Option<Instant>,
+}
+
+impl Default for QueueState {
+    fn default() -> Self {
+        QueueState {
+            report: QueueReport::default(),
+            crashes: 0,
+            backoff: Backoff::new(CRASH_BACKOFF, MAX_CRASH_BACKOFF),
+            not_before: None,
+        }
+    }
+}
+
+/// The slots, and what is kept per queue.
+pub(super) struct Slots {
+    /// Every slot from its spawn request to its reaped exit, by number.
+    pub(super) procs: BTreeMap<u32, SlotProc>,
+    /// The number the next slot gets (never 0).
+    next: u32,
+    /// Counters and crash back-off per queue.
+    pub(super) queues: BTreeMap<String, QueueState>,
+}
+
+impl Slots {
+    pub(super) fn new() -> Self {
+        Slots {
+            procs: BTreeMap::new(),
+            next: 1,
+            queues: BTreeMap::new(),
+        }
+    }
+
+    fn take_number(&mut self) -> u32 {
+        let n = self.next;
+        self.next = self.next.wrapping_add(1).max(1);
+        n
+    }
+
+    /// A slot of `queue` crashed: the first restarts at once, repeats back off, doubling.
+    pub(super) fn crashed(&mut self, queue: &str) {
+        let q = self.queues.entry(queue.to_owned()).or_default();
+        q.report.crashes_total += 1;
+        q.crashes += 1;
+        if q.crashes > 1 {
+            let delay = q.backoff.next();
+            q.not_before = Some(Instant::now() + delay);
+            tracing::warn!(queue, crashes = q.crashes, delay = ?delay, "slots keep crashing; backing off");
+        }
+    }
+
+    /// The zygote of `generation` is gone, and its slots with it: forget them, counting
+    /// those not asked to stop as crashed.
+    pub(super) fn orphaned(&mut self, generation: u64) {
+        let orphans: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, s)| s.generation == generation)
+            .map(|(&n, _)| n)
+            .collect();
+        for n in orphans {
+            if let Some(s) = self.procs.remove(&n) {
+                // Normally gone already; make sure, since nobody will reap it otherwise.
+                if let Some(pid) = s.pid {
+                    signal_pid(pid, Signal::SIGKILL);
+                }
+                if s.state != SlotState::Stopping {
+                    self.crashed(&s.queue);
+                }
+            }
+        }
+    }
+
+    /// Kills slots silent for longer than their queue's `max_batch_time`, and stopping
+    /// ones past their deadline.
+    pub(super) fn watchdog(&mut self, cfg: &Config, now: Instant) {
+        for (&n, s) in &mut self.procs {
+            let Some(pid) = s.pid else { continue };
+            let limit = cfg
+                .queues
+                .get(&s.queue)
+                .map_or(Duration::from_secs(600), |q| q.max_batch_time);
+            match s.state {
+                SlotState::Busy | SlotState::Starting
+                    if !s.hung && now - s.last_progress > limit =>
+                {
+                    s.hung = true;
+                    let q = self.queues.entry(s.queue.clone()).or_default();
+                    q.report.hung_total += 1;
+                    tracing::warn!(queue = %s.queue, slot = n, pid, state = ?s.state,
+                        silent = ?(now - s.last_progress), max_batch_time = ?limit,
+                        "slot hung; killing it");
+                    signal_pid(pid, Signal::SIGKILL);
+                }
+                SlotState::Stopping if s.stop_deadline.is_some_and(|d| now >= d) => {
+                    tracing::warn!(queue = %s.queue, slot = n, pid, "slot did not stop in time; killing it");
+                    s.stop_deadline = None;
+                    signal_pid(pid, Signal::SIGKILL);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The second stop request: every slot is killed now.
+    pub(super) fn kill_all(&mut self) {
+        for s in self.procs.values_mut() {
+            if let Some(pid) = s.pid {
+                signal_pid(pid, Signal::SIGKILL);
+            }
+            s.state = SlotState::Stopping;
+        }
+    }
+}
+
+impl Master {
+    /// This host's wanted slots per queue: the map's part, limited to queues this host
+    /// can run.
+    pub(super) fn wanted(&self) -> BTreeMap<String, u32> {
+        if self.draining || self.orders.drained {
+            return BTreeMap::new();
+        }
+        let Some(map) = &self.orders.map else {
+            return BTreeMap::new();
+        };
+        let cfg = &self.opts.config;
+        map.for_host(&self.opts.host)
+            .into_iter()
+            .filter(|(q, n)| {
+                *n > 0
+                    && cfg
+                        .queues
+                        .get(q)
+                        .is_some_and(|c| self.opts.registry.supports(c))
+            })
+            .collect()
+    }
+
+    /// Everything the plan is made from, as things stand at `now`.
+    fn plan_input(&self, now: Instant) -> PlanInput {
+        let cfg = &self.opts.config;
+        let wanted = self
+            .wanted()
+            .into_iter()
+            .map(|(queue, slots)| {
+                let want = Want {
+                    slots,
+                    priority: cfg.queues.get(&queue).map_or(0, |c| c.priority),
+                    not_before: self.slots.queues.get(&queue).and_then(|q| q.not_before),
+                };
+                (queue, want)
+            })
+            .collect();
+        let slots = self
+            .slots
+            .procs
+            .iter()
+            .map(|(&n, s)| {
+                let view = SlotView {
+                    queue: s.queue.clone(),
+                    generation: s.generation,
+                    state: s.state,
+                    spawned_at: s.spawned_at,
+                };
+                (n, view)
+            })
+            .collect();
+        PlanInput {
+            now,
+            slots,
+            wanted,
+            capacity: self.reporting.capacity.as_ref().map(|c| c.slots),
+            zygote: self.zygotes.view(),
+        }
+    }
+
+    /// Brings the slots to this host's part of the map: plans, then stops and spawns.
+    pub(super) async fn reconcile(&mut self) {
+        let now = Instant::now();
+        let plan = plan::plan(&self.plan_input(now));
+        self.stop_slots(&plan.stop, now);
+        self.spawn_slots(plan.spawn, now).await;
+    }
+
+    /// Asks the slots to stop (SIGTERM: they finish their batch), within `drain_timeout`.
+    fn stop_slots(&mut self, stop: &[u32], now: Instant) {
+        let drain_timeout = self.opts.config.master.drain_timeout;
+        for n in stop {
+            if let Some(s) = self.slots.procs.get_mut(n) {
+                s.state = SlotState::Stopping;
+                s.stop_deadline = Some(now + drain_timeout);
+                if let Some(pid) = s.pid {
+                    signal_pid(pid, Signal::SIGTERM);
+                }
+            }
+        }
+    }
+
+    /// Asks the current zygote for one slot of each queue; stops at the first failed
+    /// write (the zygote is going, its end will be seen).
+    async fn spawn_slots(&mut self, queues: Vec<String>, now: Instant) {
+        let generation = self.zygotes.generation;
+        for queue in queues {
+            let slot = self.slots.take_number();
+            let req = ZygoteRequest::Spawn {
+                queue: queue.clone(),
+                slot,
+            };
+            let Ok(mut line) = serde_json::to_vec(&req) else {
+                continue;
+            };
+            line.push(b'\n');
+            let Some(stdin) = self
+                .zygotes
+                .procs
+                .get_mut(&generation)
+                .and_then(|z| z.stdin.as_mut())
+            else {
+                return;
+            };
+            if let Err(e) = stdin.write_all(&line).await {
+                tracing::error!(error = %e, "writing to the zygote failed");
+                return;
+            }
+            self.slots
+                .procs
+                .insert(slot, SlotProc::new(queue, generation, now));
+        }
+    }
+
+    /// The zygote reaped a slot: count its life and how it ended, then reconcile.
+    pub(super) async fn slot_exited(
+        &mut self,
+        slot: u32,
+        pid: u32,
+        code: Option<i32>,
+        signal: Option<i32>,
+    ) {
+        let Some(s) = self.slots.procs.remove(&slot) else {
+            return;
+        };
+        let lived = s.spawned_at.elapsed();
+        let q = self.slots.queues.entry(s.queue.clone()).or_default();
+        q.report.slot_lifetime_seconds_total += lived.as_secs_f64();
+        let exit = if s.hung {
+            Exit::Hung
+        } else if code == Some(EXIT_RECYCLE) {
+            q.report.recycles_total += 1;
+            Exit::Recycled
+        } else if s.state == SlotState::Stopping || code == Some(EXIT_STOPPED) {
+            Exit::Stopped
+        } else {
+            Exit::Crashed
+        };
+        telemetry::slot_exited(&SlotExit {
+            queue: &s.queue,
+            slot,
+            pid,
+            code,
+            signal,
+            exit,
+            lived,
+            reason: s.exit_reason.as_deref(),
+        });
+        if exit == Exit::Crashed {
+            self.slots.crashed(&s.queue);
+        }
+        self.retire_idle_zygotes();
+        self.reconcile().await;
+    }
+
+    /// A slot's datagram: its state, progress and batch counters.
+    pub(super) fn slot_event(&mut self, ev: SlotEvent) {
+        let pid = ev.pid();
+        let (slot, now) = match &ev {
+            SlotEvent::Ready { slot, .. }
+            | SlotEvent::BatchStarted { slot, .. }
+            | SlotEvent::Progress { slot, .. }
+            | SlotEvent::BatchDone { slot, .. }
+            | SlotEvent::Exiting { slot, .. } => (*slot, Instant::now()),
+        };
+        let Some(s) = self.slots.procs.get_mut(&slot) else {
+            return;
+        };
+        if s.pid.is_some_and(|p| p != pid) {
+            return;
+        }
+        s.last_progress = now;
+        let stopping = s.state == SlotState::Stopping;
+        match ev {
+            SlotEvent::Ready { .. } => {
+                s.ready_after = Some(now - s.spawned_at);
+                if !stopping {
+                    s.state = SlotState::Idle;
+                }
+            }
+            SlotEvent::BatchStarted { .. } if !stopping => s.state = SlotState::Busy,
+            SlotEvent::BatchDone {
+                tasks,
+                failed,
+                busy_ms,
+                stale,
+                ..
+            } => {
+                if !stopping {
+                    s.state = SlotState::Idle;
+                }
+                s.batches += 1;
+                let queue = s.queue.clone();
+                let q = self.slots.queues.entry(queue.clone()).or_default();
+                q.report.processed_total += u64::from(tasks);
+                q.report.failed_total += u64::from(failed);
+                q.report.batches_total += 1;
+                q.report.busy_seconds_total += busy_ms as f64 / 1000.0;
+                q.crashes = 0;
+                q.backoff.reset();
+                q.not_before = None;
+                telemetry::batch_done(&queue, tasks, failed, busy_ms, stale);
+            }
+            SlotEvent::Exiting { reason, .. } => s.exit_reason = Some(reason),
+            _ => {}
+        }
+    }
+}
+
+pub(super) fn signal_pid(pid: u32, sig: Signal) {
+    if pid > 1 {
+        match kill(Pid::from_raw(pid as i32), sig) {
+            // Already gone: its exit is on its way to us.
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            // EPERM: a slot of another user without CAP_KILL; it will not stop.
+            Err(e) => tracing::warn!(pid, signal = %sig, error = %e, "cannot signal a slot"),
+        }
+    }
+}
