@@ -26,6 +26,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::config::{Config, Handler};
 use crate::queue_client::{ConnectOptions, NewTask, QueueClient, QueueLimits};
 use crate::redis_server::{RedisServer, RedisServerOptions};
@@ -34,9 +35,8 @@ use crate::redis_server::{RedisServer, RedisServerOptions};
 /// wrong password; an unreachable Redis it waits for): `up` stops with its log rather than
 /// restarting it forever.
 const STARTUP_WINDOW: Duration = Duration::from_secs(5);
-/// Restarts after a later crash back off from this, doubling, up to [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// Restarts after a later crash back off from 1 s, doubling, up to 30 s.
+const RESTART_BACKOFF: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
 /// How long Redis may take to flush its AOF and exit once everything else has stopped.
 const REDIS_STOP: Duration = Duration::from_secs(10);
 /// The file in the state directory that tells other commands where `up`'s Redis is.
@@ -99,7 +99,7 @@ struct Role {
     child: Option<Child>,
     started: Instant,
     starts: u32,
-    backoff: Duration,
+    backoff: Backoff,
     restart_at: Option<Instant>,
 }
 
@@ -356,7 +356,7 @@ impl Role {
             child: None,
             started: Instant::now(),
             starts: 0,
-            backoff: FIRST_BACKOFF,
+            backoff: RESTART_BACKOFF,
             restart_at: None,
         }
     }
@@ -409,12 +409,12 @@ impl Role {
                 self.name
             ));
         }
+        let pause = self.backoff.next();
         eprintln!(
-            "gaffer up: the {} exited ({what}); restarting in {:?}",
-            self.name, self.backoff
+            "gaffer up: the {} exited ({what}); restarting in {pause:?}",
+            self.name
         );
-        self.restart_at = Some(Instant::now() + self.backoff);
-        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.restart_at = Some(Instant::now() + pause);
         None
     }
 

@@ -125,7 +125,8 @@ async fn listen(
     connect: ConnectOptions,
     shutdown: CancellationToken,
 ) {
-    let mut pause = Duration::from_millis(100);
+    let mut backoff =
+        crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     loop {
         let subscribed = async {
             let mut ps = pubsub(&url, &connect).await?;
@@ -138,7 +139,7 @@ async fn listen(
         };
         match ps {
             Ok(ps) => {
-                pause = Duration::from_millis(100);
+                backoff.reset();
                 ended.connected.send_replace(true);
                 tracing::debug!(redis = %redacted(&url), "listening for the end of watched tasks");
                 let mut messages = ps.into_on_message();
@@ -167,9 +168,8 @@ async fn listen(
         ended.wake_all();
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(pause) => {}
+            () = backoff.pause() => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(5));
     }
 }
 

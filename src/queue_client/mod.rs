@@ -195,7 +195,8 @@ impl QueueClient {
         namespace: &str,
         opts: &ConnectOptions,
     ) -> Result<Self, QueueError> {
-        let mut pause = Duration::from_millis(100);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         let mut warned: Option<std::time::Instant> = None;
         loop {
             match Self::connect(url, namespace, opts).await {
@@ -211,8 +212,7 @@ impl QueueClient {
                             "redis unreachable; waiting for it");
                         warned = Some(std::time::Instant::now());
                     }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
+                    backoff.pause().await;
                 }
                 Err(e) => return Err(e),
             }
