@@ -840,3 +840,50 @@ async fn a_published_config_rotates_keys_without_a_restart() {
     .await;
     s.stop().await;
 }
+
+/// On a Redis Cluster the end of a task is published by the script on the queue's node
+/// and reaches the api's subscription on another: a sync submit is woken there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_submit_is_woken_on_a_redis_cluster() {
+    let url = crate::harness::shared_cluster_url();
+    let text = format!(
+        "[queues.cluster_api_sync]\nhandler = \"noop\"\n\n[api.keys.ops]\ntoken_sha256 = \"{}\"\nadmin = true\n",
+        hash_token(OPS)
+    );
+    let mut config = gaffer::config::parse(&text, "cluster.toml").unwrap();
+    config.cluster.namespace = "test".into();
+    let mut opts = ApiOptions::new(config, url.clone());
+    opts.listen = Some("127.0.0.1:0".parse().unwrap());
+    let stop = CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
+    let addr = rx.await.unwrap();
+    let waiting = tokio::spawn(async move {
+        request(
+            addr,
+            "POST",
+            "/v1/queues/cluster_api_sync/tasks",
+            Some(OPS),
+            Some(br#"{"payload": 1, "id": "sync", "wait": "20s"}"#),
+        )
+        .await
+    });
+    let client = crate::harness::shared_cluster_client().await;
+    let q = client.queue("cluster_api_sync").unwrap();
+    eventually(Duration::from_secs(10), "the request waits", || async {
+        redis::cmd("SISMEMBER")
+            .arg("test:{cluster_api_sync}:watch")
+            .arg("sync")
+            .query_async::<bool>(&mut client.connection())
+            .await
+            .unwrap()
+    })
+    .await;
+    let b = q.take(1, Duration::from_secs(30)).await.unwrap();
+    q.ack(&b.tasks).await.unwrap();
+    let (st, body) = waiting.await.unwrap();
+    let rec: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((st, rec["state"].clone()), (200, json!("done")), "{rec}");
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}

@@ -132,23 +132,26 @@ pub fn queue(client: &QueueClient, name: &str) -> Queue {
 /// A cluster shared by every cluster test of this process (creating one takes seconds).
 /// Started from a thread that never exits, because PDEATHSIG follows the spawning thread.
 pub async fn shared_cluster_client() -> QueueClient {
-    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let url = URL
-        .get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let cluster = TestCluster::start();
-                tx.send(cluster.nodes[0].url()).unwrap();
-                loop {
-                    std::thread::park();
-                }
-            });
-            rx.recv().expect("cluster thread")
-        })
-        .clone();
-    QueueClient::connect(&url, "test", &ConnectOptions::default())
+    QueueClient::connect(&shared_cluster_url(), "test", &ConnectOptions::default())
         .await
         .expect("connect to cluster")
+}
+
+/// The URL of one node of the shared cluster (see [`shared_cluster_client`]).
+pub fn shared_cluster_url() -> String {
+    static URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    URL.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let cluster = TestCluster::start();
+            tx.send(cluster.nodes[0].url()).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("cluster thread")
+    })
+    .clone()
 }
 
 /// Polls `f` until it yields a value or `limit` passes; the test fails with `what` otherwise.
