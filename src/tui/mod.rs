@@ -297,6 +297,17 @@ async fn change(
                 };
                 format!("{host} {what}{}", already(changed))
             }
+            Effect::SetIntake { queue, intake } => {
+                let limits = cfg
+                    .queues
+                    .get(&queue)
+                    .map(QueueLimits::from)
+                    .unwrap_or_default();
+                c.queue_with(&queue, limits)?
+                    .set_intake(Some(intake))
+                    .await?;
+                format!("intake of {queue}: {}", intake.as_str())
+            }
             Effect::RequeueDead { queue } => {
                 let limits = cfg
                     .queues

@@ -144,6 +144,9 @@ pub enum Action {
     Drain,
     /// r: requeue the selected queue's dead letters (asks first).
     Requeue,
+    /// i: switch the selected queue's intake to the next of open, closed, cancel (asks
+    /// first).
+    Intake,
     /// y: do what the dialog asks.
     Confirm,
     /// n: don't.
@@ -177,6 +180,13 @@ pub enum Effect {
         /// Drain or undrain.
         draining: bool,
     },
+    /// Switch a queue's intake at run time.
+    SetIntake {
+        /// The queue.
+        queue: String,
+        /// What it becomes.
+        intake: crate::config::Intake,
+    },
     /// Requeue every dead letter of a queue.
     RequeueDead {
         /// The queue.
@@ -205,6 +215,7 @@ impl Effect {
                 result: Err(error),
             },
             Effect::Pause { .. }
+            | Effect::SetIntake { .. }
             | Effect::Drain { .. }
             | Effect::RequeueDead { .. }
             | Effect::Quit => Action::EffectDone(Err(error)),
@@ -786,6 +797,29 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
             }
             View::SlotMap | View::HostDetail | View::Task => {
                 state.say("r requeues a queue's dead letters: switch to the queues view (1)");
+            }
+        },
+        Action::Intake => match state.view {
+            View::Queues | View::QueueDetail => {
+                if let Some((name, q)) = state.selected_queue() {
+                    use crate::config::Intake;
+                    let name = name.to_string();
+                    let (next, what) = match q.intake {
+                        Intake::Open => (Intake::Closed, "new tasks are refused"),
+                        Intake::Closed => (Intake::Cancel, "new tasks are cancelled on arrival"),
+                        Intake::Cancel => (Intake::Open, "new tasks are enqueued again"),
+                    };
+                    state.ask(
+                        format!("Switch the intake of {name} to {}? {what}.", next.as_str()),
+                        Effect::SetIntake {
+                            queue: name,
+                            intake: next,
+                        },
+                    );
+                }
+            }
+            View::SlotMap | View::HostDetail | View::Task => {
+                state.say("i switches a queue's intake: switch to the queues view (1)");
             }
         },
         Action::Help => state.help = true,

@@ -380,7 +380,7 @@ fn host_detail_view() {
 fn help_view() {
     let mut s = state(true);
     update(&mut s, Action::Help);
-    let t = draw(&s, 100, 22);
+    let t = draw(&s, 100, 23);
     insta::assert_snapshot!(t.backend());
 }
 
@@ -1127,4 +1127,27 @@ fn lookup_views_fit_any_terminal_size() {
             assert_eq!((buf.area.width, buf.area.height), (w, h));
         }
     }
+}
+
+#[test]
+fn i_cycles_a_queues_intake_after_a_confirmation() {
+    let mut s = state(true);
+    // emails is selected and open: i asks to close it, y does.
+    assert_eq!(update(&mut s, Action::Intake), None);
+    let pending = s.pending.clone().expect("a question");
+    assert_eq!(
+        pending.question,
+        "Switch the intake of emails to closed? new tasks are refused."
+    );
+    assert_eq!(
+        update(&mut s, Action::Confirm),
+        Some(Effect::SetIntake {
+            queue: "emails".into(),
+            intake: Intake::Closed
+        })
+    );
+    // Not from the slot map.
+    press(&mut s, &[Action::ShowSlotMap]);
+    assert_eq!(update(&mut s, Action::Intake), None);
+    assert!(s.pending.is_none());
 }

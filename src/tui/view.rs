@@ -187,8 +187,8 @@ fn status_line(state: &State) -> Line<'static> {
         );
     }
     let hints = match state.view {
-        View::Queues => "Enter detail  s/S sort  p pause/resume  r requeue dead  j/k move",
-        View::QueueDetail => "Esc back  j/k next queue  p pause/resume  r requeue dead",
+        View::Queues => "Enter detail  s/S sort  p pause/resume  i intake  r requeue dead",
+        View::QueueDetail => "Esc back  j/k next queue  p pause/resume  i intake  r requeue dead",
         View::SlotMap => "Enter detail  d drain/undrain  j/k move  h/l scroll queues",
         View::HostDetail => "Esc back  j/k next host  d drain/undrain",
         View::Task => "Esc back  j/k scroll history  Enter read again",
