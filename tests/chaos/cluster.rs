@@ -6,9 +6,11 @@
 //! harness even if it is killed; and every one inherits the run's marker variable, so the
 //! final scan finds whatever was left behind, however it was reparented.
 
+use std::collections::{BTreeSet, HashMap};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gaffer::cluster::{self, Keys};
@@ -25,6 +27,8 @@ pub const MARKER: &str = "GAFFER_CHAOS_RUN";
 pub const QUEUE: &str = "chaos";
 /// The key namespace.
 pub const NAMESPACE: &str = "chaos";
+/// The queue's `max_attempts`, which the producer gives every task too.
+pub const MAX_ATTEMPTS: u32 = 100;
 
 /// The shape of the cluster and its queue.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -81,6 +85,8 @@ pub struct SlotInfo {
     pub master: usize,
     /// Its pid.
     pub pid: u32,
+    /// Its number on its host (what task records name).
+    pub slot: u32,
     /// idle, busy, starting, stopping, …
     pub state: String,
 }
@@ -109,6 +115,8 @@ pub struct Cluster {
     pub epochs: Vec<u64>,
     /// Failures seen outside any one fault: roles that exited on their own.
     pub problems: Vec<String>,
+    /// Every slot process seen in a master's `/status`: pid to (host, slot number).
+    places: Mutex<HashMap<u32, BTreeSet<(String, u32)>>>,
     /// The cluster's shape.
     pub shape: Shape,
 }
@@ -155,6 +163,7 @@ impl Cluster {
             monitor,
             epochs: Vec::new(),
             problems: Vec::new(),
+            places: Mutex::new(HashMap::new()),
             shape,
         };
         for i in 1..=c.shape.managers {
@@ -250,16 +259,70 @@ impl Cluster {
         for (i, m) in self.masters.iter().enumerate() {
             let Some(status) = m.status() else { continue };
             for s in status["slots"].as_array().map_or(&[][..], Vec::as_slice) {
-                if let Some(pid) = s["pid"].as_u64() {
+                if let (Some(pid), Some(slot)) = (s["pid"].as_u64(), s["slot"].as_u64()) {
                     out.push(SlotInfo {
                         master: i,
                         pid: pid as u32,
+                        slot: slot as u32,
                         state: s["state"].as_str().unwrap_or("?").to_string(),
                     });
                 }
             }
         }
+        if let Ok(mut places) = self.places.lock() {
+            for s in &out {
+                places
+                    .entry(s.pid)
+                    .or_default()
+                    .insert((self.masters[s.master].name.clone(), s.slot));
+            }
+        }
         out
+    }
+
+    /// Every slot process seen so far (every call of [`slots`](Self::slots), which
+    /// [`idle`](Self::idle) makes every 250 ms): pid to host and slot number.
+    pub fn places(&self) -> HashMap<u32, BTreeSet<(String, u32)>> {
+        self.places.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+
+    /// When each task's record is due to go (Unix ms; None: never), pipelined. Records
+    /// have expired two ways: by a TTL on the record's key, or by the record's id in the
+    /// queue's expiry index (a zset scored by the moment), swept by the scripts. Either
+    /// counts. The keys are `NAMESPACE:{QUEUE}:r:ID` and `NAMESPACE:{QUEUE}:exp`, as
+    /// `src/queue_client/scripts.rs` lays a queue out.
+    pub fn record_expiries(&self, ids: &[String]) -> Option<Vec<Option<i64>>> {
+        let mut out = Vec::with_capacity(ids.len());
+        let index = format!("{NAMESPACE}:{{{QUEUE}}}:exp");
+        for chunk in ids.chunks(1000) {
+            let mut conn = self.monitor.connection();
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("PTTL")
+                    .arg(format!("{NAMESPACE}:{{{QUEUE}}}:r:{id}"))
+                    .cmd("ZSCORE")
+                    .arg(&index)
+                    .arg(id);
+            }
+            let sent = crate::oracle::now_ms() as i64;
+            let part: Vec<(i64, Option<f64>)> = self.call(Duration::from_secs(30), async move {
+                let flat: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+                Ok(flat
+                    .chunks(2)
+                    .map(|p| {
+                        let ttl = redis::from_redis_value(p[0].clone()).unwrap_or(-2);
+                        let score = redis::from_redis_value(p[1].clone()).ok().flatten();
+                        (ttl, score)
+                    })
+                    .collect())
+            })?;
+            out.extend(part.into_iter().map(|(ttl, score)| match (ttl, score) {
+                (t, _) if t > 0 => Some(sent + t),
+                (_, Some(s)) => Some(s as i64),
+                _ => None,
+            }));
+        }
+        Some(out)
     }
 
     /// Runs `f` on the harness's runtime, giving up after `limit`.
@@ -350,12 +413,14 @@ impl Cluster {
         }
     }
 
-    /// Waits `d`, watching the roles and the map epoch meanwhile.
+    /// Waits `d`, watching the roles, the map epoch and the slots meanwhile.
     pub fn idle(&mut self, d: Duration) {
         let end = Instant::now() + d;
         loop {
             self.check_roles();
             self.sample_epoch();
+            // Notes every slot process, so the records' host and slot can be checked.
+            self.slots();
             let now = Instant::now();
             if now >= end {
                 return;
@@ -471,7 +536,7 @@ min_slots = {slots}
 max_slots = {slots}
 batch_size = {batch}
 lease = "{lease}ms"
-max_attempts = 100
+max_attempts = {MAX_ATTEMPTS}
 max_batch_time = "60s"
 retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
 "#,

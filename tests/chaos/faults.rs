@@ -80,6 +80,10 @@ pub struct Fault {
     pub end_ms: u64,
     /// What it hit.
     pub target: String,
+    /// The host it hit, for a slot or a master.
+    pub host: Option<String>,
+    /// The slot's number on that host, for a slot.
+    pub slot: Option<u32>,
     /// Every pid it killed or froze.
     pub pids: BTreeSet<u32>,
     /// What was observed.
@@ -92,21 +96,27 @@ pub struct Fault {
     pub injected: bool,
     /// Extra handlings the oracle put down to it.
     pub duplicates: usize,
+    /// Takes it kept from reaching the handler (seen in the records).
+    pub not_run: usize,
 }
 
 impl Fault {
-    fn new(kind: FaultKind) -> Self {
+    /// A fault of `kind` starting now, not yet aimed at anything.
+    pub fn new(kind: FaultKind) -> Self {
         Fault {
             kind,
             start_ms: now_ms(),
             end_ms: now_ms(),
             target: String::new(),
+            host: None,
+            slot: None,
             pids: BTreeSet::new(),
             notes: Vec::new(),
             problems: Vec::new(),
             stale: 0,
             injected: true,
             duplicates: 0,
+            not_run: 0,
         }
     }
 }
@@ -126,18 +136,19 @@ pub fn inject(c: &mut Cluster, kind: FaultKind, rng: &mut Rng) -> Fault {
 }
 
 /// A slot to hit: a busy one if there is one within `wait`, else (when `any`) any slot.
-fn pick_slot(c: &Cluster, rng: &mut Rng, wait: Duration, any: bool) -> Option<(usize, u32)> {
+/// Returns its master's index, its pid and its number.
+fn pick_slot(c: &Cluster, rng: &mut Rng, wait: Duration, any: bool) -> Option<(usize, u32, u32)> {
     let deadline = Instant::now() + wait;
     loop {
         let slots = c.slots();
         let busy: Vec<_> = slots.iter().filter(|s| s.state == "busy").collect();
         if let Some(s) = rng.pick(&busy) {
-            return Some((s.master, s.pid));
+            return Some((s.master, s.pid, s.slot));
         }
         if Instant::now() >= deadline {
             let idle: Vec<_> = slots.iter().filter(|s| s.state == "idle").collect();
             return any
-                .then(|| rng.pick(&idle).map(|s| (s.master, s.pid)))
+                .then(|| rng.pick(&idle).map(|s| (s.master, s.pid, s.slot)))
                 .flatten();
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -157,12 +168,14 @@ fn wait_gone(pids: &BTreeSet<u32>, limit: Duration) -> Vec<u32> {
 }
 
 fn slot_kill(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
-    let Some((master, pid)) = pick_slot(c, rng, Duration::from_secs(3), true) else {
+    let Some((master, pid, slot)) = pick_slot(c, rng, Duration::from_secs(3), true) else {
         f.injected = false;
         f.notes.push("no slot running".into());
         return;
     };
     f.target = format!("slot {pid} on {}", c.masters[master].name);
+    f.host = Some(c.masters[master].name.clone());
+    f.slot = Some(slot);
     // Its exec child must die with it (PDEATHSIG).
     let mut tree = procs::descendants(pid);
     tree.insert(pid);
@@ -181,12 +194,14 @@ fn slot_kill(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
 }
 
 fn slot_stop(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
-    let Some((master, pid)) = pick_slot(c, rng, Duration::from_secs(5), false) else {
+    let Some((master, pid, slot)) = pick_slot(c, rng, Duration::from_secs(5), false) else {
         f.injected = false;
         f.notes.push("no busy slot within 5 s".into());
         return;
     };
     f.target = format!("slot {pid} on {}", c.masters[master].name);
+    f.host = Some(c.masters[master].name.clone());
+    f.slot = Some(slot);
     f.pids.insert(pid);
     let stale_before = c.stats().map(|s| s.stale_total);
     let hold = c.shape.lease() + Duration::from_secs(3);
@@ -221,6 +236,7 @@ fn master_kill(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
         return;
     };
     f.target = format!("master {} ({pid})", c.masters[i].name);
+    f.host = Some(c.masters[i].name.clone());
     let tree = procs::descendants(pid);
     f.pids = tree.clone();
     f.pids.insert(pid);

@@ -1,7 +1,9 @@
 //! gaffer's fault suite: a real cluster on this machine (Redis with AOF, two managers,
 //! three masters with distinct host names, slots running the exec handler), a producer
 //! that records every task it enqueues, faults on a seeded schedule, then a drain and the
-//! no-loss oracle: lost, unexpected and duplicated tasks, each duplicate with its cause.
+//! no-loss oracle: lost, unexpected and duplicated tasks, each duplicate with its cause,
+//! and every task's record in Redis (state and history) against the handler's record and
+//! the fault log, take by take.
 //!
 //! Run it with `scripts/chaos short` (CI, under 3 minutes) or `scripts/chaos long` (30
 //! minutes, by hand). It is a test target with `test = false` and its own `main`, so a
@@ -11,13 +13,18 @@
 //! cargo test --test chaos -- short [--seed N] [--report PATH]
 //! ```
 //!
+//! `cargo test --test chaos -- selftest` only checks the record oracle against histories
+//! built to break it (every run does that first too).
+//!
 //! Exit status 0 when nothing was lost, nothing unexpected was handled, every duplicate
-//! has a cause, no role crashed or spun and no process was left behind; 1 otherwise.
+//! has a cause, every record agrees, no role crashed or spun and no process was left
+//! behind; 1 otherwise.
 
 mod cluster;
 mod faults;
 mod oracle;
 mod procs;
+mod records;
 mod report;
 mod rng;
 
@@ -28,9 +35,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gaffer::queue_client::{ConnectOptions, QueueClient, TaskState};
+use gaffer::queue_client::{ConnectOptions, QueueClient, QueueLimits, TaskRecord, TaskState};
 
-use cluster::{Cluster, MARKER, NAMESPACE, QUEUE, Shape};
+use cluster::{Cluster, MARKER, MAX_ATTEMPTS, NAMESPACE, QUEUE, Shape};
 use faults::{Fault, FaultKind};
 use rng::Rng;
 
@@ -105,6 +112,22 @@ fn args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
+    // `selftest`: only check the record oracle against histories built to break it.
+    if std::env::args().skip(1).any(|a| a == "selftest") {
+        let failed = records::selftest();
+        for f in &failed {
+            eprintln!("chaos: record oracle self-test: {f}");
+        }
+        println!(
+            "record oracle self-test: {}",
+            if failed.is_empty() { "ok" } else { "FAILED" }
+        );
+        return if failed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let args = match args() {
         Ok(a) => a,
         Err(e) => {
@@ -154,6 +177,12 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
         lease_ms: 5000,
     };
     let mut report = report::Report::new(&args.profile, args.seed, shape.clone());
+    // The record oracle must catch what it claims to before its verdict counts.
+    for f in records::selftest() {
+        report
+            .problems
+            .push(format!("the record oracle's self-test: {f}"));
+    }
     eprintln!(
         "chaos: profile {} seed {} in {}",
         args.profile.name,
@@ -190,7 +219,15 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
                 let client = QueueClient::connect(&url, NAMESPACE, &ConnectOptions::default())
                     .await
                     .map_err(|e| e.to_string())?;
-                let queue = client.queue(QUEUE).map_err(|e| e.to_string())?;
+                // The queue's limits as its config sets them: tracked, with the default
+                // history_ttl, and max_attempts (which enqueue stores with each task).
+                let limits = QueueLimits {
+                    max_attempts: MAX_ATTEMPTS,
+                    ..QueueLimits::default()
+                };
+                let queue = client
+                    .queue_with(QUEUE, limits)
+                    .map_err(|e| e.to_string())?;
                 Ok::<_, String>(oracle::produce(queue, rate, seed ^ 0x5eed, stop).await)
             })
         })
@@ -276,6 +313,32 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
             .push("could not read the tasks' final states from Redis".into()),
     }
 
+    // Every task's record: done, and its history telling the handler's and the fault
+    // log's story, take by take.
+    let read = Instant::now();
+    match final_records(&c, &enqueued) {
+        Some((recs, expiries)) => {
+            let places = c.places();
+            let hosts = c.masters.iter().map(|m| m.name.clone()).collect();
+            report.verdict.records = records::check(&records::Inputs {
+                enqueued: &enqueued,
+                handled: &handled,
+                records: &recs,
+                expiries: &expiries,
+                faults: &faults,
+                places: &places,
+                hosts: &hosts,
+                max_attempts: MAX_ATTEMPTS,
+                history_ttl: QueueLimits::default().history_ttl,
+            });
+            report.records_seconds = read.elapsed().as_secs_f64();
+            dump_records(&dir.join("records.txt"), &enqueued, &recs);
+        }
+        None => report
+            .problems
+            .push("could not read the tasks' records from Redis".into()),
+    }
+
     // Redis's own counters must tell the same story: one creation and one ack per task
     // (plus the re-creations an unanswered enqueue can cause).
     if let Some(q) = &report.queue_stats {
@@ -291,6 +354,22 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
                 "the queue's counters disagree with the oracle: enqueued {} acked {} for {} \
                  tasks enqueued and {} acked ({recreated} created twice)",
                 q.enqueued_total, q.acked_total, v.enqueued, v.acked
+            ));
+        }
+        // Every reclaimed lease is in a record (a re-created task's record holds only its
+        // last life), and so is every retry.
+        let r = &v.records;
+        let all_read = r.checked == v.enqueued;
+        if all_read
+            && (r.lease_expiries > q.expired_total
+                || r.retries > q.retried_total
+                || (recreated == 0
+                    && (r.lease_expiries != q.expired_total || r.retries != q.retried_total)))
+        {
+            report.problems.push(format!(
+                "the records disagree with the queue's counters: {} lease expiries and {} \
+                 retries in the records, {} and {} counted ({recreated} created twice)",
+                r.lease_expiries, r.retries, q.expired_total, q.retried_total
             ));
         }
     }
@@ -387,6 +466,57 @@ fn schedule(c: &mut Cluster, profile: &Profile, rng: &mut Rng) -> Vec<Fault> {
     }
     c.idle(Duration::from_secs(1));
     out
+}
+
+/// Each task's record, by id (None: it has none).
+type Records = HashMap<String, Option<TaskRecord>>;
+/// When each task's record is due to go, by id (Unix ms; None: never).
+type Expiries = HashMap<String, Option<i64>>;
+
+/// Every enqueued task's record (None: it has none) and when it is due to go, read in
+/// concurrent chunks (the records) and pipelines (the expiries).
+fn final_records(c: &Cluster, enqueued: &[oracle::Enqueued]) -> Option<(Records, Expiries)> {
+    let mut recs = HashMap::with_capacity(enqueued.len());
+    for chunk in enqueued.chunks(500) {
+        let found = c.call(Duration::from_secs(30), async {
+            let reads = chunk.iter().map(|e| c.queue.record(&e.id));
+            futures::future::try_join_all(reads).await
+        })?;
+        for (e, r) in chunk.iter().zip(found) {
+            recs.insert(e.id.clone(), r);
+        }
+    }
+    let ids: Vec<String> = enqueued.iter().map(|e| e.id.clone()).collect();
+    let expiries = c.record_expiries(&ids)?;
+    Some((recs, ids.into_iter().zip(expiries).collect()))
+}
+
+/// Writes the histories of the tasks taken more than once, for reading after a run.
+fn dump_records(path: &std::path::Path, enqueued: &[oracle::Enqueued], recs: &Records) {
+    let mut out = String::new();
+    for e in enqueued {
+        let Some(Some(r)) = recs.get(&e.id) else {
+            continue;
+        };
+        let h = r.history.as_deref().unwrap_or_default();
+        if h.len() <= 3 {
+            continue;
+        }
+        out.push_str(&format!("{} {} attempt {}\n", r.id, r.state, r.attempt));
+        for en in h {
+            out.push_str(&format!(
+                "  {} {} attempt {} {}/{} {}{}\n",
+                en.at,
+                en.state,
+                en.attempt,
+                en.host.as_deref().unwrap_or("-"),
+                en.slot.map_or("-".into(), |s| s.to_string()),
+                en.note.as_deref().unwrap_or(""),
+                en.count.map_or(String::new(), |n| format!(" ×{n}"))
+            ));
+        }
+    }
+    let _ = std::fs::write(path, out);
 }
 
 /// Where every enqueued task is now (None: gone), read in concurrent chunks.

@@ -1,7 +1,8 @@
 //! The no-loss oracle (Jepsen's total-queue check): the producer records every task it
 //! enqueues, the exec handler records every task it receives, Redis says where each task
 //! ended; from the three, every task is counted as acked, lost, dead, unexpected or
-//! duplicated, and every duplicate is explained by a fault or the run fails.
+//! duplicated, and every duplicate is explained by a fault or the run fails. The tasks'
+//! records are checked against the same sources in `records.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -201,6 +202,8 @@ pub struct Verdict {
     pub phantom_existing: Vec<String>,
     /// Handled tasks by the attempt they were handled as.
     pub attempts: BTreeMap<u32, usize>,
+    /// What the tasks' records say, and where they disagree (see `records.rs`).
+    pub records: crate::records::RecordVerdict,
 }
 
 /// Counts outcomes. `states` holds every enqueued id's state in Redis after the drain

@@ -39,13 +39,16 @@ pub struct Report {
     pub epochs: Vec<u64>,
     /// Seconds from the end of the faults until the queue was empty.
     pub drain_seconds: f64,
+    /// Seconds it took to read and check every task's record.
+    pub records_seconds: f64,
     /// Seconds the whole run took.
     pub seconds: f64,
     /// Processes of the run still alive after the shutdown.
     pub leftovers: Vec<String>,
     /// Everything that failed the run.
     pub problems: Vec<String>,
-    /// lost = 0, unexpected = 0, every duplicate explained, no problem, nothing left.
+    /// lost = 0, unexpected = 0, every duplicate explained, every record agrees, no
+    /// problem, nothing left.
     pub passed: bool,
 }
 
@@ -60,6 +63,8 @@ pub struct FaultSummary {
     pub stale: u64,
     /// Extra handlings it caused.
     pub duplicates: usize,
+    /// Takes it kept from reaching the handler.
+    pub not_run: usize,
 }
 
 impl Report {
@@ -78,6 +83,7 @@ impl Report {
             queue_stats: None,
             epochs: Vec::new(),
             drain_seconds: 0.0,
+            records_seconds: 0.0,
             seconds: 0.0,
             leftovers: Vec::new(),
             problems: Vec::new(),
@@ -95,6 +101,11 @@ impl Report {
                 f.duplicates = n;
             }
         }
+        for (&i, &n) in &self.verdict.records.not_run_by_fault {
+            if let Some(f) = self.faults.get_mut(i) {
+                f.not_run = n;
+            }
+        }
         for f in &mut self.faults {
             // A frozen slot whose batch ran elsewhere woke to settle leases it no longer
             // held: Redis must have refused that.
@@ -109,6 +120,7 @@ impl Report {
             row.problems += f.problems.len();
             row.stale += f.stale;
             row.duplicates += f.duplicates;
+            row.not_run += f.not_run;
             for p in &f.problems {
                 self.problems
                     .push(format!("{} ({}): {p}", f.kind.label(), f.target));
@@ -136,10 +148,18 @@ impl Report {
             self.problems
                 .push(format!("never injected: {}", missing.join(", ")));
         }
+        let r = &self.verdict.records;
+        if r.tasks != self.verdict.enqueued {
+            self.problems.push(format!(
+                "the records of {} of {} tasks were checked",
+                r.tasks, self.verdict.enqueued
+            ));
+        }
         self.passed = self.verdict.enqueued > 0
             && self.verdict.lost.is_empty()
             && self.verdict.unexpected.is_empty()
             && self.verdict.unexplained == 0
+            && self.verdict.records.mismatches.is_empty()
             && self.leftovers.is_empty()
             && self.problems.is_empty();
     }
@@ -165,17 +185,18 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "{:<34} {:>8} {:>10} {:>11} {:>8}",
-            "fault", "injected", "duplicates", "stale sett.", "problems"
+            "{:<34} {:>8} {:>10} {:>11} {:>8} {:>8}",
+            "fault", "injected", "duplicates", "stale sett.", "not run", "problems"
         );
         for (kind, row) in &self.fault_table {
             let _ = writeln!(
                 s,
-                "{:<34} {:>8} {:>10} {:>11} {:>8}",
+                "{:<34} {:>8} {:>10} {:>11} {:>8} {:>8}",
                 kind.label(),
                 row.injected,
                 row.duplicates,
                 row.stale,
+                row.not_run,
                 row.problems
             );
         }
@@ -212,6 +233,33 @@ impl Report {
             );
         }
         let _ = writeln!(s, "attempts handled: {:?}", v.attempts);
+        let r = &v.records;
+        let _ = writeln!(
+            s,
+            "records: {} checked in {:.1} s, {} good, {} mismatched; {} takes: {} handled, {} \
+             never reached the handler, {} handlings of an earlier life",
+            r.checked,
+            self.records_seconds,
+            r.good,
+            r.mismatches.len(),
+            r.starts,
+            r.matched,
+            r.not_run,
+            r.earlier_life
+        );
+        for (cause, n) in &r.not_run_by_cause {
+            let _ = writeln!(s, "  not run: {:<35} {n:>6}", cause.label());
+        }
+        let _ = writeln!(
+            s,
+            "  {} lease expiries, {} retries; slot of {} handlings checked against /status; \
+             take to handler at least {} ms",
+            r.lease_expiries,
+            r.retries,
+            r.places_checked,
+            r.take_to_handler_min_ms
+                .map_or("-".to_string(), |m| m.to_string())
+        );
         let _ = writeln!(
             s,
             "drained in {:.1} s; map epochs seen {:?}; processes left behind: {}",
@@ -239,6 +287,26 @@ impl Report {
             .take(10)
         {
             let _ = writeln!(s, "UNEXPLAINED duplicate {}: {:?}", d.id, d.handled);
+        }
+        for m in r.mismatches.iter().take(10) {
+            let _ = writeln!(s, "RECORD MISMATCH {}: {}", m.id, m.problems.join("; "));
+            for line in &m.record {
+                let _ = writeln!(s, "    {line}");
+            }
+            for h in &m.handled {
+                let _ = writeln!(
+                    s,
+                    "    handled as attempt {} at {} by slot pid {}",
+                    h.attempt, h.t_ms, h.slot_pid
+                );
+            }
+        }
+        if r.mismatches.len() > 10 {
+            let _ = writeln!(
+                s,
+                "… and {} more record mismatches (all in the JSON report)",
+                r.mismatches.len() - 10
+            );
         }
         for p in &self.problems {
             let _ = writeln!(s, "PROBLEM: {p}");
