@@ -7,7 +7,7 @@
 
 mod lease;
 mod telemetry;
-mod window;
+pub mod window;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -25,7 +25,7 @@ use crate::queue_client::{
 };
 
 pub use lease::Leadership;
-pub use window::Windows;
+pub use window::StatsWindow;
 
 /// Expired task records deleted per queue and tick, at most: bounds one script's time.
 const HOUSEKEEP_PER_TICK: usize = 1000;
@@ -58,7 +58,7 @@ impl ManagerOptions {
             connect: ConnectOptions::default(),
             id,
             custom_handlers: Vec::new(),
-            window: Duration::from_secs(60),
+            window: StatsWindow::DEFAULT_LENGTH,
             http: None,
         }
     }
@@ -123,7 +123,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         status,
         leadership: Leadership::new(keys.clone(), opts.id.clone(), opts.lease_ttl()),
         conn: client.connection(),
-        windows: Windows::new(opts.window),
+        window: StatsWindow::new(opts.window),
         blind: Blind::default(),
         outage: OutageLog::default(),
         clock: Instant::now(),
@@ -165,14 +165,15 @@ struct Manager {
     client: QueueClient,
     conn: RedisConn,
     leadership: Leadership,
-    windows: Windows,
+    /// Statistics of the last [`ManagerOptions::window`], on [`Manager::clock`].
+    window: StatsWindow,
     config_version: u64,
     leading: bool,
     /// When this manager last went without Redis, to judge heartbeats fairly after it.
     blind: Blind,
     /// Redis outages, logged as spells.
     outage: OutageLog,
-    /// Origin of [`Manager::monotonic_ms`].
+    /// Origin of [`Manager::monotonic_ms`] and of the window's time.
     clock: Instant,
 }
 
@@ -329,9 +330,17 @@ impl Manager {
             // Records whose history_ttl ran out go even where no slot takes.
             queue.housekeep(HOUSEKEEP_PER_TICK).await?;
         }
-        self.windows
-            .record(tokio::time::Instant::now(), &queue_stats, &reports);
-        let stats = self.windows.windows(&queue_stats);
+        // In the order of `queue_stats`, which the backlog follows.
+        let names: Arc<[String]> = queue_stats.keys().cloned().collect();
+        let at = self.clock.elapsed();
+        let sample = window::Sample::from_reports(at, names.clone(), &queue_stats, &reports);
+        self.window.record(sample);
+        let backlog: Vec<window::Backlog> = queue_stats.values().map(Into::into).collect();
+        let stats: BTreeMap<String, balancer::QueueWindow> = names
+            .iter()
+            .cloned()
+            .zip(self.window.read(&backlog))
+            .collect();
         let current = cluster::read_map(&mut self.conn, &self.keys)
             .await?
             .unwrap_or_default();
