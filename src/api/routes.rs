@@ -233,7 +233,7 @@ impl Api {
     /// What `stats --json` shows under "queues", for the queues the key may use.
     async fn queues_stats(&self, key: &ApiKey) -> Answer {
         let snap = cluster::snapshot::read(&self.client, &self.config).await?;
-        let mut doc = crate::cli::stats_json(&snap);
+        let mut doc = cluster::snapshot::stats_json(&snap);
         let mut queues = doc["queues"].take();
         if let Some(map) = queues.as_object_mut() {
             map.retain(|name, _| key.allows(name));

@@ -518,6 +518,16 @@ async fn wake_latency(
     })
 }
 
+/// One throughput line of the table: name, both sides per second, their ratio.
+fn row(out: &mut String, name: String, t: &Throughput) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        out,
+        "{:<34} {:>12.0} {:>12.0} {:>7.2}",
+        name, t.gaffer_per_s, t.bare_per_s, t.ratio
+    );
+}
+
 impl BenchReport {
     /// The report as an aligned table.
     pub fn table(&self) -> String {
@@ -533,19 +543,14 @@ impl BenchReport {
             "(each figure: median of {} alternating rounds; payload {} bytes)",
             self.rounds, self.payload_bytes
         );
-        let mut row = |name: String, t: &Throughput| {
-            let _ = writeln!(
-                out,
-                "{:<34} {:>12.0} {:>12.0} {:>7.2}",
-                name, t.gaffer_per_s, t.bare_per_s, t.ratio
-            );
-        };
         row(
+            &mut out,
             format!("bulk enqueue ({} tasks)", self.enqueue.tasks),
             &self.enqueue,
         );
         for r in &self.take_ack {
             row(
+                &mut out,
                 format!("take+ack batch {:>3}, {} taker(s)", r.batch, r.takers),
                 &r.throughput,
             );
@@ -561,18 +566,16 @@ impl BenchReport {
             "task records", "tracked/s", "untracked/s", "ratio"
         );
         let r = &self.records;
-        let mut row = |name: String, t: &Throughput| {
-            let _ = writeln!(
-                out,
-                "{:<34} {:>12.0} {:>12.0} {:>7.2}",
-                name, t.gaffer_per_s, t.bare_per_s, t.ratio
-            );
-        };
         row(
+            &mut out,
             format!("bulk enqueue ({} tasks)", r.enqueue.tasks),
             &r.enqueue,
         );
-        row("take+ack batch 100, 2 taker(s)".into(), &r.take_ack);
+        row(
+            &mut out,
+            "take+ack batch 100, 2 taker(s)".into(),
+            &r.take_ack,
+        );
         let _ = writeln!(
             out,
             "record of a finished task          {} bytes, indexes {:.0} bytes per task (MEMORY USAGE)",

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub use cmd::stats::stats_json;
+pub use crate::cluster::snapshot::stats_json;
 pub use common::{CliError, Global};
 
 use crate::slot::Registry;

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 
 use super::{HostReport, Keys, SlotMap, now_ms};
 use crate::config::{Config, Intake};
@@ -270,5 +271,72 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
         hosts,
         map,
         manager,
+    })
+}
+
+/// The `stats --json` document (a contract: keys are added, never renamed); the api's
+/// `GET /v1/queues` is its `queues` part.
+pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
+    let qs: serde_json::Map<String, serde_json::Value> = snap
+        .queues
+        .iter()
+        .map(|(name, q)| {
+            let s = &q.stats;
+            let d = q.decision.as_ref();
+            (
+                name.clone(),
+                json!({
+                    "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
+                    "frozen": s.frozen,
+                    "slots": q.slots,
+                    "mapped": q.mapped,
+                    "wanted": d.map(|d| d.wanted),
+                    "load": d.and_then(|d| d.load),
+                    "reasons": d.map(|d| d.reasons.clone()),
+                    "paused": q.paused,
+                    "priority": q.priority, "min_slots": q.min_slots, "max_slots": q.max_slots,
+                    "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
+                    "retried_total": s.retried_total, "dead_total": s.dead_total,
+                    "stale_total": s.stale_total, "expired_total": s.expired_total,
+                    "processed_total": q.processed_total, "failed_total": q.failed_total,
+                    "busy_seconds_total": q.busy_seconds_total,
+                    "recycles_total": q.recycles_total, "crashes_total": q.crashes_total,
+                }),
+            )
+        })
+        .collect();
+    let hosts: serde_json::Map<String, serde_json::Value> = snap
+        .hosts
+        .iter()
+        .map(|(name, h)| {
+            let r = &h.report;
+            (
+                name.clone(),
+                json!({
+                    "alive": h.state != HostState::Dead, "state": h.state.as_str(),
+                    "draining": r.draining, "drain_requested": h.drain_requested,
+                    "capacity": r.capacity, "slots": r.slots, "pss_bytes": r.pss_bytes,
+                    "mem_available_bytes": r.mem_available_bytes,
+                    "memory_budget_bytes": r.memory_budget_bytes, "load1": r.load1,
+                    "cpus": r.cpus, "handlers": r.handlers, "map_version": r.map_version,
+                    "last_seen_ms": r.ts_ms,
+                    "queues": r.queues.iter().map(|(q, qr)| (q.clone(), json!(qr.slots)))
+                        .collect::<serde_json::Map<_, _>>(),
+                }),
+            )
+        })
+        .collect();
+    let m = &snap.manager;
+    json!({
+        "queues": qs,
+        "hosts": hosts,
+        "manager": {
+            "epoch": m.map_epoch,
+            "map_version": m.map_version,
+            "leader": m.holder,
+            "lease_epoch": m.epoch,
+            "lease_ttl_ms": m.lease_ttl_ms,
+            "stale": m.stale(),
+        },
     })
 }

@@ -2,8 +2,9 @@
 //!
 //! A tracked queue's enqueue creates a record per task, and every script that changes the
 //! task's state (take, settle, lease expiry, requeue, cancel, freeze, thaw) updates it in
-//! the same atomic step, appending to its history. A record gets a TTL (`history_ttl`)
-//! when its task ends, so records go by themselves. The storage layout is described in
+//! the same atomic step, appending to its history. A record is due `history_ttl` after
+//! its task ends; takes and the manager's housekeeping delete due records, a bounded
+//! number per call, so records go without a reaper. The storage layout is described in
 //! `lua/prelude.lua` and `docs/ARCHITECTURE.md`; this module turns it into
 //! [`TaskRecord`], whose JSON form is the API's record.
 
@@ -290,38 +291,14 @@ impl Queue {
     /// capacity planning.
     pub async fn record_memory(&self, id: &str) -> Result<RecordMemory, QueueError> {
         let mut conn = self.conn.clone();
-        let record: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(format!("{}{id}", self.keys.all[12]))
-            .query_async(&mut conn)
-            .await?;
-        let index: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(&self.keys.all[13])
-            .arg("SAMPLES")
-            .arg(0)
-            .query_async(&mut conn)
-            .await?;
-        let entries: u64 = redis::cmd("ZCARD")
-            .arg(&self.keys.all[13])
-            .query_async(&mut conn)
-            .await?;
-        let expiry: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(&self.keys.all[16])
-            .arg("SAMPLES")
-            .arg(0)
-            .query_async(&mut conn)
-            .await?;
-        let expiry_entries: u64 = redis::cmd("ZCARD")
-            .arg(&self.keys.all[16])
-            .query_async(&mut conn)
-            .await?;
+        let (record_bytes, _) = memory(&mut conn, &self.keys.record(id), false).await?;
+        let (index_bytes, index_entries) = memory(&mut conn, self.keys.index(), true).await?;
+        let (expiry_bytes, expiry_entries) = memory(&mut conn, self.keys.expiry(), true).await?;
         Ok(RecordMemory {
-            record_bytes: record.unwrap_or(0),
-            index_bytes: index.unwrap_or(0),
-            index_entries: entries,
-            expiry_bytes: expiry.unwrap_or(0),
+            record_bytes,
+            index_bytes,
+            index_entries,
+            expiry_bytes,
             expiry_entries,
         })
     }
@@ -432,6 +409,27 @@ impl Queue {
         cmd.query_async::<()>(&mut conn).await?;
         Ok(())
     }
+}
+
+/// `MEMORY USAGE` of a key (0 when absent) and, for a sorted set, its entry count.
+async fn memory(
+    conn: &mut super::RedisConn,
+    key: &str,
+    zset: bool,
+) -> Result<(u64, u64), QueueError> {
+    let mut usage = redis::cmd("MEMORY");
+    usage.arg("USAGE").arg(key);
+    if zset {
+        // Every element, not a sample: the figure is divided by the count.
+        usage.arg("SAMPLES").arg(0);
+    }
+    let bytes: Option<u64> = usage.query_async(conn).await?;
+    let entries: u64 = if zset {
+        redis::cmd("ZCARD").arg(key).query_async(conn).await?
+    } else {
+        0
+    };
+    Ok((bytes.unwrap_or(0), entries))
 }
 
 /// Cursors are opaque to callers: a sequence number, written so nobody builds on its form.

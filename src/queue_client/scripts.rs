@@ -84,6 +84,21 @@ impl Keys {
         &self.all[11]
     }
 
+    /// The key of a task's record.
+    pub fn record(&self, id: &str) -> String {
+        format!("{}{id}", self.all[12])
+    }
+
+    /// The listing index of the queue's records.
+    pub fn index(&self) -> &str {
+        &self.all[13]
+    }
+
+    /// Ended tasks by when their record goes.
+    pub fn expiry(&self) -> &str {
+        &self.all[16]
+    }
+
     /// The hash of run-time switches (`intake`) and record bookkeeping.
     pub fn conf(&self) -> &str {
         &self.all[14]
