@@ -17,6 +17,7 @@ pub mod manager;
 pub mod master;
 pub mod queue_client;
 pub mod redis_server;
+pub mod signals;
 pub mod simulate;
 pub mod slot;
 pub mod tui;

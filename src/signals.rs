@@ -1,0 +1,59 @@
+//! The one place a gaffer process installs its signal handlers. A role's `run` takes a
+//! [`CancellationToken`] (and the master a [`Reload`]) instead of listening for signals
+//! itself, so tests drive roles in-process with tokens and the binary's edge decides what a
+//! signal means.
+
+use std::sync::Arc;
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Asks a role to re-read its config file (SIGHUP for the master). A request made while
+/// none is awaited is kept, so a SIGHUP during a tick is not lost.
+#[derive(Clone, Default)]
+pub struct Reload(Arc<Notify>);
+
+impl Reload {
+    /// Requests one reload.
+    pub fn request(&self) {
+        self.0.notify_one();
+    }
+
+    /// Waits for the next request.
+    pub async fn requested(&self) {
+        self.0.notified().await;
+    }
+}
+
+/// A token cancelled by the first SIGTERM or SIGINT. Installs the handlers at once (so a
+/// signal arriving before the role's loop starts is not the default "terminate"); must be
+/// called inside a Tokio runtime.
+pub fn shutdown_on_term() -> std::io::Result<CancellationToken> {
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+            () = cancel.cancelled() => return,
+        }
+        cancel.cancel();
+    });
+    Ok(token)
+}
+
+/// A [`Reload`] requested by every SIGHUP; installs the handler at once.
+pub fn reload_on_hup() -> std::io::Result<Reload> {
+    let mut hup = signal(SignalKind::hangup())?;
+    let reload = Reload::default();
+    let r = reload.clone();
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            r.request();
+        }
+    });
+    Ok(reload)
+}
