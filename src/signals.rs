@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Asks a role to re-read its config file (SIGHUP for the master). A request made while
 /// none is awaited is kept, so a SIGHUP during a tick is not lost.
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Reload(Arc<Notify>);
 
 impl Reload {
@@ -26,20 +26,51 @@ impl Reload {
     }
 }
 
-/// A token cancelled by the first SIGTERM or SIGINT. Installs the handlers at once (so a
-/// signal arriving before the role's loop starts is not the default "terminate"); must be
-/// called inside a Tokio runtime.
-pub fn shutdown_on_term() -> std::io::Result<CancellationToken> {
+/// Stop requests from the edge: the first SIGTERM or SIGINT asks for a graceful stop, a
+/// second one for an immediate stop (a master kills its slots instead of waiting out
+/// `drain_timeout`).
+#[derive(Clone, Debug, Default)]
+pub struct StopRequests {
+    /// Cancelled by the first request.
+    pub first: CancellationToken,
+    /// Cancelled by the second request.
+    pub second: CancellationToken,
+}
+
+/// [`StopRequests`] made by SIGTERM and SIGINT. Installs the handlers at once (so a signal
+/// arriving before the role's loop starts is not the default "terminate"); must be called
+/// inside a Tokio runtime.
+pub fn stop_on_term() -> std::io::Result<StopRequests> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let stop = StopRequests::default();
+    let requests = stop.clone();
+    tokio::spawn(async move {
+        for token in [&requests.first, &requests.second] {
+            tokio::select! {
+                _ = term.recv() => tracing::info!(signal = "SIGTERM", "stop requested"),
+                _ = int.recv() => tracing::info!(signal = "SIGINT", "stop requested"),
+            }
+            token.cancel();
+        }
+    });
+    Ok(stop)
+}
+
+/// A token cancelled by the first SIGTERM or SIGINT, for roles that stop the same way
+/// however often they are asked; see [`stop_on_term`].
+pub fn shutdown_on_term() -> std::io::Result<CancellationToken> {
+    Ok(stop_on_term()?.first)
+}
+
+/// A token cancelled by SIGTERM alone: a slot's stop. SIGINT is left alone because a
+/// Ctrl-C in a terminal reaches the whole process group, and the slot's master decides.
+pub fn shutdown_on_sigterm() -> std::io::Result<CancellationToken> {
+    let mut term = signal(SignalKind::terminate())?;
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
-            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
-            () = cancel.cancelled() => return,
-        }
+        term.recv().await;
         cancel.cancel();
     });
     Ok(token)

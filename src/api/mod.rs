@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use sha2::{Digest, Sha256};
-use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiKey, Config};
@@ -97,7 +96,7 @@ const CONFIG_TICK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What wakes the instance's own loop (the requests are served by their own tasks).
 enum Event {
-    /// SIGTERM, SIGINT or the caller's shutdown.
+    /// The caller's shutdown token (SIGTERM or SIGINT at the edge).
     Stop,
     /// Time to look for a newer published config.
     ConfigTick,
@@ -107,7 +106,7 @@ enum Event {
 /// request sees one config from start to end.
 type Current = Arc<std::sync::RwLock<Arc<Api>>>;
 
-/// Runs an api instance until `shutdown` is cancelled or SIGTERM/SIGINT arrives. Binds
+/// Runs an api instance until `shutdown` is cancelled. Binds
 /// before anything else, so an address in use fails the start; refuses a non-loopback
 /// address without keys. `bound` (if given) learns the address actually bound (port 0 in
 /// tests). Adopts configs published with `gaffer config apply` (keys, queues, limits)
@@ -119,8 +118,6 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let listener = bind(&opts).await?;
     let local = listener.local_addr()?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
     let connect = QueueClient::connect_patiently(
         &opts.redis_url,
         &opts.config.cluster.namespace,
@@ -128,8 +125,6 @@ pub async fn run(
     );
     let client = tokio::select! {
         r = connect => r.with_context(|| format!("connecting to {}", redacted(&opts.redis_url)))?,
-        _ = sigterm.recv() => return Ok(()),
-        _ = sigint.recv() => return Ok(()),
         () = shutdown.cancelled() => return Ok(()),
     };
     let stop = shutdown.child_token();
@@ -165,8 +160,6 @@ pub async fn run(
     let mut seen = 0u64;
     loop {
         let event = tokio::select! {
-            _ = sigterm.recv() => Event::Stop,
-            _ = sigint.recv() => Event::Stop,
             () = shutdown.cancelled() => Event::Stop,
             _ = config_tick.tick() => Event::ConfigTick,
         };

@@ -21,7 +21,6 @@ mod zygotes;
 pub use crate::host::sysinfo;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -29,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::host::handler::Registry;
 use crate::queue_client::ConnectOptions;
+use crate::signals::Reload;
 
 pub use supervisor::run;
 
@@ -55,6 +55,11 @@ pub struct MasterOptions {
     pub tick: Duration,
     /// Above this one-minute load average per CPU the host takes no more slots.
     pub max_load_per_cpu: f64,
+    /// Requests to re-read `config_path` (SIGHUP at the binary's edge).
+    pub reload: Reload,
+    /// A second stop request: kill the slots now instead of waiting out `drain_timeout`
+    /// (the first is the `shutdown` token given to [`run`]).
+    pub hurry: CancellationToken,
 }
 
 impl MasterOptions {
@@ -77,9 +82,8 @@ impl MasterOptions {
             zygote_exe: std::env::current_exe()?,
             tick: Duration::from_secs(1),
             max_load_per_cpu: 4.0,
+            reload: Reload::default(),
+            hurry: CancellationToken::new(),
         })
     }
 }
-
-/// A handle on the shutdown of a master run in-process: cancel it to drain.
-pub type Shutdown = Arc<CancellationToken>;

@@ -162,7 +162,7 @@ impl Master {
         r.pid = std::process::id();
         r.started_ms = self.reporting.started_ms;
         r.ts_ms = cluster::now_ms();
-        r.draining = self.draining || self.orders.drained;
+        r.draining = self.stopping || self.orders.drain_requested;
         r.slots = self.slots.procs.len() as u32;
         r.handlers = self.opts.registry.names();
         r.map_version = self.orders.map.as_ref().map_or(0, |m| m.version);

@@ -10,7 +10,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::plan::{self, PlanInput, SlotState, SlotView, Want};
 use super::supervisor::Master;
-use super::telemetry::{self, Exit, SlotExit};
+use super::telemetry::{BatchDone, Exit, SlotExit};
 use super::zygote::ZygoteRequest;
 use crate::backoff::Backoff;
 use crate::cluster::QueueReport;
@@ -194,7 +194,7 @@ impl Master {
     /// This host's wanted slots per queue: the map's part, limited to queues this host
     /// can run.
     pub(super) fn wanted(&self) -> BTreeMap<String, u32> {
-        if self.draining || self.orders.drained {
+        if self.stopping || self.orders.drain_requested {
             return BTreeMap::new();
         }
         let Some(map) = &self.orders.map else {
@@ -329,7 +329,7 @@ impl Master {
         } else {
             Exit::Crashed
         };
-        telemetry::slot_exited(&SlotExit {
+        SlotExit {
             queue: &s.queue,
             slot,
             pid,
@@ -338,7 +338,8 @@ impl Master {
             exit,
             lived,
             reason: s.exit_reason.as_deref(),
-        });
+        }
+        .emit();
         if exit == Exit::Crashed {
             self.slots.crashed(&s.queue);
         }
@@ -392,7 +393,14 @@ impl Master {
                 q.crashes = 0;
                 q.backoff.reset();
                 q.not_before = None;
-                telemetry::batch_done(&queue, tasks, failed, busy_ms, stale);
+                BatchDone {
+                    queue: &queue,
+                    tasks,
+                    failed,
+                    busy_ms,
+                    stale,
+                }
+                .emit();
             }
             SlotEvent::Exiting { reason, .. } => s.exit_reason = Some(reason),
             _ => {}

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio::net::UnixDatagram;
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -37,9 +36,11 @@ pub(super) enum Event {
     ZygoteGone(u64),
     /// A datagram from a slot.
     Slot(SlotEvent),
-    /// SIGTERM, SIGINT or the caller's token: drain and stop.
-    Shutdown,
-    /// SIGHUP: re-read the config file.
+    /// The caller's shutdown token: drain and stop.
+    Stop,
+    /// A second stop request: kill the slots now.
+    Hurry,
+    /// A reload request (SIGHUP at the edge): re-read the config file.
     Reload,
     /// Slot or zygote events changed the state since `/status` was last rebuilt.
     RefreshStatus,
@@ -60,9 +61,10 @@ pub(super) struct Master {
     pub(super) slots: Slots,
     /// What is measured and reported.
     pub(super) reporting: Reporting,
-    /// Stopping (SIGTERM, SIGINT or the caller's token): no slot is wanted any more, and
-    /// the loop ends once the last one is gone.
-    pub(super) draining: bool,
+    /// Stopping (the caller's shutdown token): no slot is wanted any more, and the loop
+    /// ends once the last one is gone. Not to be confused with an operator's drain
+    /// ([`Orders::drain_requested`]), after which the master stays up.
+    pub(super) stopping: bool,
 }
 
 /// The master's way into Redis.
@@ -82,7 +84,7 @@ pub(super) struct Orders {
     /// The highest manager epoch seen: a map of a lower one is a stale manager's.
     pub(super) max_epoch: u64,
     /// `gaffer drain HOST`: no slots here, but the master stays up and reporting.
-    pub(super) drained: bool,
+    pub(super) drain_requested: bool,
     /// Version of the config adopted from `gaffer config apply` (0: the file's).
     pub(super) config_version: u64,
 }
@@ -93,45 +95,23 @@ struct LoopState {
     watchdog: bool,
     /// systemd was told the master is ready (once the first zygote is).
     notified_ready: bool,
-    /// Stop requests so far: the first drains, the second kills.
-    shutdowns: u32,
     /// When to rebuild `/status` after events. It follows events within
     /// [`STATUS_REFRESH`] instead of waiting for the next tick, without rebuilding the
     /// document for every datagram of a busy host.
     refresh_at: Option<tokio::time::Instant>,
+    /// The slots were killed on a second stop request; once is enough.
+    hurried: bool,
 }
 
-/// The signals the master answers.
-struct Signals {
-    /// SIGTERM: drain and stop.
-    term: Signal,
-    /// SIGINT: the same.
-    int: Signal,
-    /// SIGHUP: re-read the config file.
-    hup: Signal,
-}
-
-impl Signals {
-    fn install() -> std::io::Result<Signals> {
-        Ok(Signals {
-            term: signal(SignalKind::terminate())?,
-            int: signal(SignalKind::interrupt())?,
-            hup: signal(SignalKind::hangup())?,
-        })
-    }
-}
-
-/// Runs the master until `shutdown` is cancelled or SIGTERM/SIGINT arrives, then drains:
-/// slots finish their batch within `drain_timeout`, the host is deregistered.
+/// Runs the master until `shutdown` is cancelled, then drains: slots finish their batch
+/// within `drain_timeout` (or at once after `opts.hurry`), the host is deregistered.
 pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     // Bind before anything starts, so a port in use fails the start, not a tick later.
     let listener = tokio::net::TcpListener::bind(opts.config.master.http)
         .await
         .with_context(|| format!("binding [master].http {}", opts.config.master.http))?;
     let metrics = crate::http::install_metrics();
-    // Installed before the wait for Redis, so a stop or reload meanwhile is not fatal.
-    let mut signals = Signals::install()?;
-    let Some(client) = connect(&opts, &mut signals, &shutdown).await? else {
+    let Some(client) = connect(&opts, &shutdown).await? else {
         return Ok(());
     };
 
@@ -147,7 +127,7 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
     tracing::info!(host = %m.opts.host, http = %cfg.master.http, queues = cfg.queues.len(), "master starting");
     telemetry::queues_known(cfg.queues.keys());
     m.start_zygote().await?;
-    event_loop(&mut m, signals, rx, report_sock, &shutdown).await;
+    event_loop(&mut m, rx, report_sock, &shutdown).await;
 
     m.finish().await;
     http_shutdown.cancel();
@@ -160,7 +140,6 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
 /// meanwhile.
 async fn connect(
     opts: &MasterOptions,
-    signals: &mut Signals,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Option<QueueClient>> {
     let connect = QueueClient::connect_patiently(
@@ -175,8 +154,6 @@ async fn connect(
                 crate::queue_client::redacted(&opts.redis_url)
             )
         })?),
-        _ = signals.term.recv() => None,
-        _ = signals.int.recv() => None,
         () = shutdown.cancelled() => None,
     })
 }
@@ -202,7 +179,6 @@ fn serve_http(
 /// The loop: one event at a time, until a drain has seen the last slot go.
 async fn event_loop(
     m: &mut Master,
-    mut signals: Signals,
     mut rx: mpsc::UnboundedReceiver<Event>,
     report_sock: UnixDatagram,
     shutdown: &CancellationToken,
@@ -212,9 +188,10 @@ async fn event_loop(
     let mut lp = LoopState {
         watchdog: sd_notify::watchdog_enabled().is_some(),
         notified_ready: false,
-        shutdowns: 0,
         refresh_at: None,
+        hurried: false,
     };
+    let (hurry, reload) = (m.opts.hurry.clone(), m.opts.reload.clone());
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let event = tokio::select! {
@@ -224,14 +201,13 @@ async fn event_loop(
                 Some(ev) => Event::Slot(ev),
                 None => continue,
             },
-            _ = signals.term.recv() => Event::Shutdown,
-            _ = signals.int.recv() => Event::Shutdown,
-            () = shutdown.cancelled(), if !m.draining => Event::Shutdown,
-            _ = signals.hup.recv() => Event::Reload,
+            () = shutdown.cancelled(), if !m.stopping => Event::Stop,
+            () = hurry.cancelled(), if !lp.hurried => Event::Hurry,
+            () = reload.requested() => Event::Reload,
             () = sleep_until(lp.refresh_at), if lp.refresh_at.is_some() => Event::RefreshStatus,
         };
         m.handle(event, &mut lp).await;
-        if m.draining && m.slots.procs.is_empty() {
+        if m.stopping && m.slots.procs.is_empty() {
             break;
         }
     }
@@ -271,13 +247,13 @@ impl Master {
             orders: Orders {
                 map: None,
                 max_epoch: 0,
-                drained: false,
+                drain_requested: false,
                 config_version: 0,
             },
             zygotes: Zygotes::new(events, report_peer),
             slots: Slots::new(),
             reporting: Reporting::new(status),
-            draining: false,
+            stopping: false,
             opts,
         }
     }
@@ -311,15 +287,14 @@ impl Master {
             Event::ZygoteGone(generation) => self.zygote_gone(generation),
             Event::Slot(ev) => self.slot_event(ev),
             Event::Reload => self.reload().await,
-            Event::Shutdown => {
-                lp.shutdowns += 1;
-                if lp.shutdowns == 1 {
-                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
-                    self.start_drain().await;
-                } else {
-                    tracing::warn!("second stop request: killing slots now");
-                    self.slots.kill_all();
-                }
+            Event::Stop => {
+                let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+                self.start_drain().await;
+            }
+            Event::Hurry => {
+                lp.hurried = true;
+                tracing::warn!("second stop request: killing slots now");
+                self.slots.kill_all();
             }
         }
     }
@@ -379,9 +354,9 @@ impl Master {
             .sismember::<_, _, bool>(redis.keys.draining(), &self.opts.host)
             .await
         {
-            Ok(drained) if drained != self.orders.drained => {
+            Ok(drained) if drained != self.orders.drain_requested => {
                 tracing::info!(host = %self.opts.host, drained, "operator drain changed");
-                self.orders.drained = drained;
+                self.orders.drain_requested = drained;
             }
             Ok(_) => {}
             Err(e) => redis
@@ -454,7 +429,7 @@ impl Master {
     }
 
     async fn start_drain(&mut self) {
-        self.draining = true;
+        self.stopping = true;
         tracing::info!(host = %self.opts.host, slots = self.slots.procs.len(),
             drain_timeout = ?self.opts.config.master.drain_timeout, "draining");
         self.reconcile().await;

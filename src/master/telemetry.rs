@@ -49,9 +49,23 @@ pub(crate) fn queues_known<'a>(queues: impl Iterator<Item = &'a String>) {
     }
 }
 
-pub(crate) fn slot_started(queue: &str, slot: u32, pid: u32) {
-    tracing::debug!(queue, slot, pid, "slot started");
-    counter!("gaffer_slot_starts_total", "queue" => queue.to_owned()).increment(1);
+/// A slot forked by the zygote, as logged and counted.
+pub(crate) struct SlotStarted<'a> {
+    /// The queue it serves.
+    pub(crate) queue: &'a str,
+    /// The master's number for it.
+    pub(crate) slot: u32,
+    /// Its pid.
+    pub(crate) pid: u32,
+}
+
+impl SlotStarted<'_> {
+    /// Logs and counts it.
+    pub(crate) fn emit(&self) {
+        let SlotStarted { queue, slot, pid } = *self;
+        tracing::debug!(queue, slot, pid, "slot started");
+        counter!("gaffer_slot_starts_total", "queue" => queue.to_owned()).increment(1);
+    }
 }
 
 /// One slot's end, as logged and counted.
@@ -74,38 +88,66 @@ pub(crate) struct SlotExit<'a> {
     pub(crate) reason: Option<&'a str>,
 }
 
-pub(crate) fn slot_exited(e: &SlotExit) {
-    let SlotExit {
-        queue,
-        slot,
-        pid,
-        code,
-        signal,
-        exit,
-        lived,
-        reason,
-    } = *e;
-    let reason = reason.unwrap_or("");
-    match exit {
-        Exit::Stopped | Exit::Recycled => tracing::info!(queue, slot, pid, ?code, ?signal,
+impl SlotExit<'_> {
+    /// Logs and counts it.
+    pub(crate) fn emit(&self) {
+        let SlotExit {
+            queue,
+            slot,
+            pid,
+            code,
+            signal,
+            exit,
+            lived,
+            reason,
+        } = *self;
+        let reason = reason.unwrap_or("");
+        match exit {
+            Exit::Stopped | Exit::Recycled => tracing::info!(queue, slot, pid, ?code, ?signal,
             exit = exit.label(), lived = ?lived, reason, "slot exited"),
-        Exit::Crashed | Exit::Hung => tracing::warn!(queue, slot, pid, ?code, ?signal,
+            Exit::Crashed | Exit::Hung => tracing::warn!(queue, slot, pid, ?code, ?signal,
             exit = exit.label(), lived = ?lived, reason, "slot exited"),
+        }
+        counter!("gaffer_slot_exits_total", "queue" => queue.to_owned(), "reason" => exit.label())
+            .increment(1);
     }
-    counter!("gaffer_slot_exits_total", "queue" => queue.to_owned(), "reason" => exit.label())
-        .increment(1);
 }
 
-pub(crate) fn batch_done(queue: &str, tasks: u32, failed: u32, busy_ms: u64, stale: u32) {
-    let q = queue.to_owned();
-    counter!("gaffer_tasks_processed_total", "queue" => q.clone()).increment(u64::from(tasks));
-    counter!("gaffer_tasks_failed_total", "queue" => q.clone()).increment(u64::from(failed));
-    counter!("gaffer_batches_total", "queue" => q.clone()).increment(1);
-    counter!("gaffer_settle_stale_total", "queue" => q).increment(u64::from(stale));
-    metrics::histogram!("gaffer_batch_seconds", "queue" => queue.to_owned())
-        .record(busy_ms as f64 / 1000.0);
+/// A batch a slot settled, as counted (not logged: there may be thousands a second).
+pub(crate) struct BatchDone<'a> {
+    /// The queue it came from.
+    pub(crate) queue: &'a str,
+    /// Tasks in it.
+    pub(crate) tasks: u32,
+    /// Of those, failed (retried or dead).
+    pub(crate) failed: u32,
+    /// Time in the handler.
+    pub(crate) busy_ms: u64,
+    /// Settles refused as stale (the lease had passed to another slot).
+    pub(crate) stale: u32,
 }
 
+impl BatchDone<'_> {
+    /// Counts it.
+    pub(crate) fn emit(&self) {
+        let BatchDone {
+            queue,
+            tasks,
+            failed,
+            busy_ms,
+            stale,
+        } = *self;
+        let q = queue.to_owned();
+        counter!("gaffer_tasks_processed_total", "queue" => q.clone()).increment(u64::from(tasks));
+        counter!("gaffer_tasks_failed_total", "queue" => q.clone()).increment(u64::from(failed));
+        counter!("gaffer_batches_total", "queue" => q.clone()).increment(1);
+        counter!("gaffer_settle_stale_total", "queue" => q).increment(u64::from(stale));
+        metrics::histogram!("gaffer_batch_seconds", "queue" => queue.to_owned())
+            .record(busy_ms as f64 / 1000.0);
+    }
+}
+
+/// The host's report as gauges: what `/metrics` shows of it.
 pub(crate) fn host_gauges(r: &HostReport) {
     gauge!("gaffer_master_capacity_slots").set(f64::from(r.capacity));
     gauge!("gaffer_master_slots").set(f64::from(r.slots));

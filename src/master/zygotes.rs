@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use super::plan::{SlotState, ZygoteView};
 use super::slots::signal_pid;
 use super::supervisor::{Event, Master};
-use super::telemetry;
+use super::telemetry::SlotStarted;
 use super::zygote::{MASTER_PID_ENV, REPORT_FD_ENV, ZygoteEvent, ZygoteInit};
 use crate::backoff::Backoff;
 use crate::config::{Config, QueueConfig};
@@ -212,7 +212,7 @@ impl Master {
     pub(super) async fn restart_zygote_if_due(&mut self) {
         if let Some(at) = self.zygotes.restart_at
             && Instant::now() >= at
-            && !self.draining
+            && !self.stopping
         {
             self.zygotes.restart_at = None;
             if let Err(e) = self.start_zygote().await {
@@ -256,7 +256,12 @@ impl Master {
                     } else if s.state == SlotState::Stopping {
                         signal_pid(pid, Signal::SIGTERM);
                     }
-                    telemetry::slot_started(&s.queue, slot, pid);
+                    SlotStarted {
+                        queue: &s.queue,
+                        slot,
+                        pid,
+                    }
+                    .emit();
                 }
             }
             ZygoteEvent::SpawnFailed { slot, error } => {
@@ -283,7 +288,7 @@ impl Master {
         let status = z.child.try_wait().ok().flatten();
         // Its slots died with it (PDEATHSIG); they will never be reported.
         self.slots.orphaned(generation);
-        if generation == self.zygotes.generation && !self.draining {
+        if generation == self.zygotes.generation && !self.stopping {
             let delay = self.zygotes.restart_backoff.next();
             tracing::error!(generation, ?status, restart_in = ?delay, "zygote exited");
             self.zygotes.restart_at = Some(Instant::now() + delay);
@@ -302,7 +307,7 @@ impl Master {
                 .procs
                 .values()
                 .any(|s| s.generation == generation);
-            if (generation != current || self.draining) && !busy && z.stdin.is_some() {
+            if (generation != current || self.stopping) && !busy && z.stdin.is_some() {
                 z.stdin = None;
             }
         }

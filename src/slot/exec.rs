@@ -110,6 +110,49 @@ pub enum ReplyError {
     },
 }
 
+/// Why a batch could not be exchanged with the child: after any of these the child is no
+/// longer trusted to be in step and is restarted.
+#[derive(Debug, thiserror::Error)]
+enum ChildError {
+    /// The configured command is empty (config validation forbids it; kept for safety).
+    #[error("the command is empty")]
+    EmptyCommand,
+    /// The program could not be started.
+    #[error("cannot start {command:?}: {source}")]
+    Start {
+        /// The command as configured.
+        command: Vec<String>,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The thread that forwards the child's stderr could not be started.
+    #[error("cannot start the stderr thread for {pid}: {source}")]
+    StderrThread {
+        /// The child, killed again.
+        pid: u32,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The request could not be encoded.
+    #[error("cannot encode: {0}")]
+    Encode(serde_json::Error),
+    /// Writing the request failed.
+    #[error("cannot write to the child: {0}")]
+    Write(io::Error),
+    /// Reading the reply failed.
+    #[error("cannot read from the child: {0}")]
+    Read(io::Error),
+    /// Stdout closed before a reply.
+    #[error("the child closed its stdout without replying")]
+    ClosedBeforeReply,
+    /// Stdout closed inside a reply.
+    #[error("the child closed its stdout in the middle of a reply")]
+    ClosedInReply,
+    /// The reply was too long or not a reply.
+    #[error(transparent)]
+    Reply(#[from] ReplyError),
+}
+
 /// Parses one reply line of the child (newline included or not) for a batch whose task ids
 /// are `batch_ids`, and returns each task's status in batch order: `None` for a task the
 /// reply does not mention. Results for ids not in the batch are ignored; of two results for
@@ -176,11 +219,8 @@ impl Exec {
     /// slot keeps for its handler all its life: PDEATHSIG fires when the spawning *thread*
     /// exits, not the process, so a child started from a short-lived thread would be
     /// killed with that thread.
-    fn spawn(&self, ctx: &SlotContext) -> Result<Running, String> {
-        let (program, args) = self
-            .command
-            .split_first()
-            .ok_or_else(|| "the command is empty".to_owned())?;
+    fn spawn(&self, ctx: &SlotContext) -> Result<Running, ChildError> {
+        let (program, args) = self.command.split_first().ok_or(ChildError::EmptyCommand)?;
         let parent = std::process::id();
         let mut cmd = Command::new(program);
         cmd.args(args)
@@ -206,9 +246,10 @@ impl Exec {
                 Ok(())
             });
         }
-        let mut process = cmd
-            .spawn()
-            .map_err(|e| format!("cannot start {:?}: {e}", self.command))?;
+        let mut process = cmd.spawn().map_err(|source| ChildError::Start {
+            command: self.command.clone(),
+            source,
+        })?;
         let pid = process.id();
         let (Some(stdin), Some(stdout), Some(stderr)) = (
             process.stdin.take(),
@@ -221,10 +262,10 @@ impl Exec {
         let forwarder = std::thread::Builder::new()
             .name(format!("exec-stderr-{pid}"))
             .spawn(move || forward_stderr(stderr, &queue, slot, pid));
-        if let Err(e) = forwarder {
+        if let Err(source) = forwarder {
             let _ = process.kill();
             let _ = process.wait();
-            return Err(format!("cannot start the stderr thread for {pid}: {e}"));
+            return Err(ChildError::StderrThread { pid, source });
         }
         tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
             command = ?self.command, "exec child started");
@@ -252,7 +293,7 @@ impl Exec {
     }
 
     /// The running child, started anew if there is none or the last one has exited.
-    fn running(&mut self, ctx: &SlotContext) -> Result<&mut Running, String> {
+    fn running(&mut self, ctx: &SlotContext) -> Result<&mut Running, ChildError> {
         if let Some(running) = &mut self.child {
             match running.process.try_wait() {
                 Ok(None) => {}
@@ -281,17 +322,17 @@ impl Exec {
         &mut self,
         ctx: &SlotContext,
         request: &Request<'_>,
-    ) -> Result<Vec<Option<ReplyStatus>>, String> {
+    ) -> Result<Vec<Option<ReplyStatus>>, ChildError> {
         let max_reply = self.max_reply;
         let running = self.running(ctx)?;
         // Compact JSON escapes control characters inside strings, so this is one line.
-        let mut line = serde_json::to_vec(request).map_err(|e| format!("cannot encode: {e}"))?;
+        let mut line = serde_json::to_vec(request).map_err(ChildError::Encode)?;
         line.push(b'\n');
         running
             .stdin
             .write_all(&line)
             .and_then(|()| running.stdin.flush())
-            .map_err(|e| format!("cannot write to the child: {e}"))?;
+            .map_err(ChildError::Write)?;
 
         // Bounded, so a child that writes without end (no newline) costs at most
         // `max_reply` bytes before it is called out of step and restarted.
@@ -299,18 +340,18 @@ impl Exec {
         (&mut running.stdout)
             .take(max_reply as u64 + 1)
             .read_until(b'\n', &mut reply)
-            .map_err(|e| format!("cannot read from the child: {e}"))?;
+            .map_err(ChildError::Read)?;
         if reply.last() != Some(&b'\n') {
             return Err(if reply.len() > max_reply {
-                ReplyError::TooLong(max_reply).to_string()
+                ReplyError::TooLong(max_reply).into()
             } else if reply.is_empty() {
-                "the child closed its stdout without replying".to_owned()
+                ChildError::ClosedBeforeReply
             } else {
-                "the child closed its stdout in the middle of a reply".to_owned()
+                ChildError::ClosedInReply
             });
         }
         let ids: Vec<&str> = request.batch.iter().map(|t| t.id).collect();
-        parse_reply(&reply, &ids).map_err(|e| e.to_string())
+        Ok(parse_reply(&reply, &ids)?)
     }
 
     /// The child's pid, to watch it being replaced and reaped.

@@ -7,19 +7,18 @@ use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::config::QueueConfig;
-use crate::host::handler::{Handler, Outcome, SlotContext, Task, check_payload_size};
+use crate::host::handler::{Handler, HandlerError, Outcome, SlotContext, Task, check_payload_size};
 use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
 use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
 use crate::queue_client::{
-    Batch, ConnectOptions, LeasedTask, Queue, QueueClient, QueueLimits, Settle, SettleOp,
-    SettleResult, Waiter,
+    Batch, ConnectOptions, LeasedTask, Queue, QueueClient, QueueError, QueueLimits, Settle,
+    SettleOp, SettleResult, Waiter,
 };
 
 /// First pause after a failed attempt to reach Redis (or to settle).
@@ -89,7 +88,35 @@ pub fn run_slot(spec: SlotSpec, handler: Box<dyn Handler>, stop: Option<Cancella
     code
 }
 
-type HandleResult = Result<Vec<Outcome>, String>;
+/// A batch's outcomes, or what its `handle` panicked with.
+type HandleResult = Result<Vec<Outcome>, Panicked>;
+
+/// The text of a handler's panic, caught on the handler thread.
+#[derive(Debug)]
+struct Panicked(String);
+
+impl std::fmt::Display for Panicked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Why the handler thread could not be started: the slot exits with a crash code.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    /// `init` returned an error.
+    #[error("handler init failed: {0}")]
+    Init(HandlerError),
+    /// `init` panicked.
+    #[error("handler init panicked: {0}")]
+    InitPanicked(Panicked),
+    /// The OS refused the thread.
+    #[error("starting the handler thread: {0}")]
+    Thread(std::io::Error),
+    /// The thread ended without a word about `init`.
+    #[error("handler thread ended during init")]
+    ThreadEnded,
+}
 
 /// The handler lives on its own thread so a blocking `handle` never stops lease
 /// extension, and a panic is caught there without taking the slot down.
@@ -98,7 +125,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(mut handler: Box<dyn Handler>, ctx: SlotContext) -> Result<Worker, String> {
+    fn start(mut handler: Box<dyn Handler>, ctx: SlotContext) -> Result<Worker, StartError> {
         let (tx, rx) = std_mpsc::channel::<(Vec<Task>, oneshot::Sender<HandleResult>)>();
         let (init_tx, init_rx) = std_mpsc::channel();
         std::thread::Builder::new()
@@ -110,8 +137,8 @@ impl Worker {
                 let ok = matches!(init, Ok(Ok(())));
                 let _ = init_tx.send(match init {
                     Ok(Ok(())) => Ok(()),
-                    Ok(Err(e)) => Err(format!("handler init failed: {e}")),
-                    Err(p) => Err(format!("handler init panicked: {}", panic_text(&p))),
+                    Ok(Err(e)) => Err(StartError::Init(e)),
+                    Err(p) => Err(StartError::InitPanicked(panicked(&p))),
                 });
                 if !ok {
                     return;
@@ -119,14 +146,12 @@ impl Worker {
                 while let Ok((batch, reply)) = rx.recv() {
                     let r =
                         std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(&ctx, &batch)))
-                            .map_err(|p| panic_text(&p));
+                            .map_err(|p| panicked(&p));
                     let _ = reply.send(r);
                 }
             })
-            .map_err(|e| format!("starting the handler thread: {e}"))?;
-        init_rx
-            .recv()
-            .map_err(|_| "handler thread ended during init".to_string())??;
+            .map_err(StartError::Thread)?;
+        init_rx.recv().map_err(|_| StartError::ThreadEnded)??;
         Ok(Worker { tx })
     }
 
@@ -137,11 +162,13 @@ impl Worker {
     }
 }
 
-fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic".into())
+fn panicked(p: &Box<dyn std::any::Any + Send>) -> Panicked {
+    Panicked(
+        p.downcast_ref::<&str>()
+            .map(|s| (*s).to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "non-string panic".into()),
+    )
 }
 
 /// How a slot's life ends: its exit code and why.
@@ -165,15 +192,15 @@ async fn run(
     let pid = std::process::id();
     let stop = match stop {
         Some(token) => token,
-        None => match stop_on_sigterm() {
+        None => match crate::signals::shutdown_on_sigterm() {
             Ok(token) => token,
             Err(e) => return (EXIT_FATAL, format!("installing the SIGTERM handler: {e}")),
         },
     };
-    let Some(client) =
-        connect_until_stopped(&redis_url, &namespace, &connect, &cfg, slot, &stop).await
-    else {
-        return (EXIT_STOPPED, "stopped before connecting".into());
+    let client = match connect_until_stopped(&redis_url, &namespace, &connect, &stop).await {
+        Some(Ok(client)) => client,
+        Some(Err(e)) => return (EXIT_FATAL, format!("connecting to redis: {e}")),
+        None => return (EXIT_STOPPED, "stopped before connecting".into()),
     };
     let queue = match client.queue_with(&cfg.name, QueueLimits::from(&cfg)) {
         Ok(q) => q.with_worker(RecordWorker { host, slot }),
@@ -191,7 +218,7 @@ async fn run(
     };
     let worker = match Worker::start(handler, ctx) {
         Ok(w) => w,
-        Err(e) => return (EXIT_FATAL, e),
+        Err(e) => return (EXIT_FATAL, e.to_string()),
     };
     reporter.send(&SlotEvent::Ready { slot, pid });
     Serving {
@@ -210,43 +237,18 @@ async fn run(
     .await
 }
 
-/// A token cancelled by SIGTERM.
-fn stop_on_sigterm() -> std::io::Result<CancellationToken> {
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        sigterm.recv().await;
-        cancel.cancel();
-    });
-    Ok(token)
-}
-
-/// Connects, backing off while Redis is down; `None` once `stop` is cancelled, which
-/// stops the wait promptly.
+/// Connects, waiting out a Redis outage like every daemon does
+/// ([`QueueClient::connect_patiently`]); `None` once `stop` is cancelled, which stops the
+/// wait promptly. An error that waiting cannot fix (a wrong password) ends the slot.
 async fn connect_until_stopped(
     url: &str,
     namespace: &str,
     connect: &ConnectOptions,
-    cfg: &QueueConfig,
-    slot: u32,
     stop: &CancellationToken,
-) -> Option<QueueClient> {
-    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
-    loop {
-        tokio::select! {
-            r = QueueClient::connect(url, namespace, connect) => match r {
-                Ok(c) => return Some(c),
-                Err(e) => {
-                    tracing::warn!(queue = %cfg.name, slot, error = %e, "slot cannot reach redis, retrying");
-                }
-            },
-            () = stop.cancelled() => return None,
-        }
-        tokio::select! {
-            () = backoff.pause() => {}
-            () = stop.cancelled() => return None,
-        }
+) -> Option<Result<QueueClient, QueueError>> {
+    tokio::select! {
+        r = QueueClient::connect_patiently(url, namespace, connect) => Some(r),
+        () = stop.cancelled() => None,
     }
 }
 
@@ -415,7 +417,7 @@ impl Serving {
         let mut lease_until = started + lease;
         let result = loop {
             tokio::select! {
-                r = &mut reply => break r.unwrap_or_else(|_| Err("handler thread ended".into())),
+                r = &mut reply => break r.unwrap_or_else(|_| Err(Panicked("handler thread ended".into()))),
                 _ = extend_every.tick() => {
                     if extend(&self.queue, &batch.tasks, lease).await {
                         lease_until = Instant::now() + lease;

@@ -392,6 +392,46 @@ async fn sigterm_drains_the_running_batch_and_deregisters() {
     );
 }
 
+/// The first SIGTERM drains (slots finish their batch within `drain_timeout`, 10 s here);
+/// a second one kills the slots at once, as an operator in a hurry expects.
+#[tokio::test]
+async fn a_second_sigterm_kills_the_slots_without_waiting_out_the_drain() {
+    let mut m = TestMaster::start(
+        "[queues.slow]\nhandler = \"sleep\"\nbatch_size = 1\n",
+        &[("slow", 1)],
+    )
+    .await;
+    let q = m.queue("slow");
+    enqueue(&q, [r#"{"ms":3600000}"#.to_string()]).await;
+    m.wait_status("the batch to start", Duration::from_secs(10), |s| {
+        slots(s).iter().any(|s| s["state"] == "busy")
+    })
+    .await;
+    kill(m.pid(), nix::sys::signal::Signal::SIGTERM);
+    poll_some(Duration::from_secs(10), "the drain to start", || async {
+        m.log().contains("draining").then_some(())
+    })
+    .await;
+    assert!(m.child.try_wait().unwrap().is_none(), "{}", m.log());
+    kill(m.pid(), nix::sys::signal::Signal::SIGTERM);
+    // Well inside the 10 s drain_timeout: only the second request can end it this soon.
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    let status = loop {
+        if let Some(status) = m.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "master still running after the second SIGTERM\n{}",
+            m.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "master exited with {status}\n{}", m.log());
+    assert!(m.log().contains("second stop request"), "{}", m.log());
+    assert_eq!(q.stats().await.unwrap().acked_total, 0);
+}
+
 #[tokio::test]
 async fn hung_handler_is_killed_and_its_tasks_return() {
     let m = TestMaster::start(

@@ -4,7 +4,6 @@ use std::io::{IsTerminal, Read};
 use std::net::SocketAddr;
 
 use clap::{Args, Subcommand};
-use tokio_util::sync::CancellationToken;
 
 use crate::api::ApiOptions;
 use crate::cli::{CliError, Global};
@@ -50,7 +49,8 @@ pub async fn serve(global: &Global, args: ApiArgs) -> Result<(), CliError> {
             crate::api::admin_key(UP_ADMIN, hex).map_err(|e| CliError::Usage(e.to_string()))?;
         opts.extra_keys.push(key);
     }
-    crate::api::run(opts, CancellationToken::new(), None)
+    let shutdown = crate::signals::shutdown_on_term().map_err(|e| CliError::Runtime(e.into()))?;
+    crate::api::run(opts, shutdown, None)
         .await
         .map_err(CliError::Runtime)
 }

@@ -2,10 +2,8 @@
 
 use std::net::SocketAddr;
 
-use clap::Args;
-use tokio_util::sync::CancellationToken;
-
 use crate::cli::{CliError, Global};
+use clap::Args;
 
 /// Arguments of `gaffer master`.
 #[derive(Args)]
@@ -31,7 +29,10 @@ pub async fn run(global: &Global, args: MasterArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::Runtime(e.into()))?;
     opts.connect = connect;
     opts.config_path = Some(global.config_path());
-    crate::master::run(opts, CancellationToken::new())
+    let stop = crate::signals::stop_on_term().map_err(|e| CliError::Runtime(e.into()))?;
+    opts.hurry = stop.second;
+    opts.reload = crate::signals::reload_on_hup().map_err(|e| CliError::Runtime(e.into()))?;
+    crate::master::run(opts, stop.first)
         .await
         .map_err(CliError::Runtime)
 }
