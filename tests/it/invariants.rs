@@ -179,3 +179,29 @@ fn dashboard_update_and_views_are_pure() {
         }
     }
 }
+
+/// Invariant 13, in general: a role's folder imports no other role's folder (the roles
+/// meet in Redis or on neutral ground: `host`, `queue_client`, `cluster`, `config`). The
+/// one exception is the zygote's `slot::slot_main`, checked above.
+#[test]
+fn no_role_imports_another_roles_folder() {
+    let roles = ["manager", "master", "slot", "api"];
+    for role in roles {
+        for (path, text) in sources(&format!("src/{role}")) {
+            for other in roles.iter().filter(|o| **o != role) {
+                let forbidden = format!("crate::{other}");
+                for (at, _) in text.match_indices(&forbidden) {
+                    let next = text[at + forbidden.len()..].chars().next();
+                    if next.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                        continue; // another name that starts the same, like `crate::slots`
+                    }
+                    assert!(
+                        path.ends_with("src/master/zygote.rs")
+                            && text[at..].starts_with("crate::slot::slot_main"),
+                        "{path} uses crate::{other}: roles meet only in Redis or on neutral ground"
+                    );
+                }
+            }
+        }
+    }
+}
