@@ -91,24 +91,17 @@ pub(crate) struct SlotExit<'a> {
 impl SlotExit<'_> {
     /// Logs and counts it.
     pub(crate) fn emit(&self) {
-        let SlotExit {
-            queue,
-            slot,
-            pid,
-            code,
-            signal,
-            exit,
-            lived,
-            reason,
-        } = *self;
-        let reason = reason.unwrap_or("");
-        match exit {
-            Exit::Stopped | Exit::Recycled => tracing::info!(queue, slot, pid, ?code, ?signal,
-            exit = exit.label(), lived = ?lived, reason, "slot exited"),
-            Exit::Crashed | Exit::Hung => tracing::warn!(queue, slot, pid, ?code, ?signal,
-            exit = exit.label(), lived = ?lived, reason, "slot exited"),
+        let e = self;
+        let (reason, exit) = (e.reason.unwrap_or(""), e.exit.label());
+        match e.exit {
+            Exit::Stopped | Exit::Recycled => tracing::info!(queue = e.queue, slot = e.slot,
+                pid = e.pid, code = ?e.code, signal = ?e.signal, exit, lived = ?e.lived, reason,
+                "slot exited"),
+            Exit::Crashed | Exit::Hung => tracing::warn!(queue = e.queue, slot = e.slot,
+                pid = e.pid, code = ?e.code, signal = ?e.signal, exit, lived = ?e.lived, reason,
+                "slot exited"),
         }
-        counter!("gaffer_slot_exits_total", "queue" => queue.to_owned(), "reason" => exit.label())
+        counter!("gaffer_slot_exits_total", "queue" => e.queue.to_owned(), "reason" => exit)
             .increment(1);
     }
 }

@@ -504,6 +504,28 @@ mod tests {
         SlotContext::detached(QueueConfig::new("q", HandlerConfig::Exec { command }), slot)
     }
 
+    /// A child that echoes each payload back as the task's error, so a test sees what the
+    /// child got.
+    const ECHO: &str = r#"
+import json, sys
+for line in sys.stdin:
+    batch = json.loads(line)["batch"]
+    out = [{"id": t["id"], "status": "fail", "error": json.dumps(t["payload"])} for t in batch]
+    print(json.dumps({"results": out}), flush=True)
+"#;
+
+    /// The context of slot 0 whose exec command is `python3 -c script`.
+    fn python(script: &str) -> SlotContext {
+        ctx_for(vec!["python3".into(), "-c".into(), script.into()], 0)
+    }
+
+    /// The handler preloaded and initialised (its child started) for `ctx`.
+    fn started(ctx: &SlotContext) -> Exec {
+        let mut exec = Exec::preload(&ctx.queue).unwrap();
+        exec.init(ctx).unwrap();
+        exec
+    }
+
     /// A started handler running the example script.
     fn example() -> (Exec, SlotContext) {
         let ctx = ctx_for(vec!["python3".into(), script()], 0);
@@ -573,17 +595,8 @@ mod tests {
 
     #[test]
     fn a_payload_that_is_not_json_is_sent_as_a_string() {
-        // Echoes each payload back as the error, so the test sees what the child got.
-        let echo = r#"
-import json, sys
-for line in sys.stdin:
-    batch = json.loads(line)["batch"]
-    out = [{"id": t["id"], "status": "fail", "error": json.dumps(t["payload"])} for t in batch]
-    print(json.dumps({"results": out}), flush=True)
-"#;
-        let ctx = ctx_for(vec!["python3".into(), "-c".into(), echo.into()], 0);
-        let mut exec = Exec::preload(&ctx.queue).unwrap();
-        exec.init(&ctx).unwrap();
+        let ctx = python(ECHO);
+        let mut exec = started(&ctx);
         let deep = "[".repeat(1000);
         let batch = vec![
             task("json", 1, r#"{"k": [1, 2]}"#),
@@ -637,9 +650,8 @@ for line in sys.stdin:
         let reply = r#"{"results":[{"id":"x","status":"ok"},{"id":"b","status":"fail","error":"one"},{"id":"a","status":"ok"},{"id":"b","status":"ok"}]}"#;
         let script =
             format!("import sys\nfor line in sys.stdin:\n    print({reply:?}, flush=True)\n");
-        let ctx = ctx_for(vec!["python3".into(), "-c".into(), script], 0);
-        let mut exec = Exec::preload(&ctx.queue).unwrap();
-        exec.init(&ctx).unwrap();
+        let ctx = python(&script);
+        let mut exec = started(&ctx);
         let batch = vec![task("b", 1, "{}"), task("a", 1, "{}")];
         assert_eq!(
             exec.handle(&ctx, &batch),
@@ -683,9 +695,8 @@ for line in sys.stdin:
         ] {
             let script =
                 format!("import sys\nfor line in sys.stdin:\n    print({reply:?}, flush=True)\n");
-            let ctx = ctx_for(vec!["python3".into(), "-c".into(), script], 0);
-            let mut exec = Exec::preload(&ctx.queue).unwrap();
-            exec.init(&ctx).unwrap();
+            let ctx = python(&script);
+            let mut exec = started(&ctx);
             let outcomes = exec.handle(&ctx, &[task("a", 1, "{}")]);
             assert!(
                 matches!(&outcomes[..], [Outcome::Fail { reason }] if reason.starts_with("exec: malformed reply")),
@@ -697,10 +708,9 @@ for line in sys.stdin:
     #[test]
     fn an_overlong_reply_is_malformed() {
         let script = "import sys\nfor line in sys.stdin:\n    print('x' * 5000, flush=True)\n";
-        let ctx = ctx_for(vec!["python3".into(), "-c".into(), script.into()], 0);
-        let mut exec = Exec::preload(&ctx.queue).unwrap();
+        let ctx = python(script);
+        let mut exec = started(&ctx);
         exec.max_reply = 1000;
-        exec.init(&ctx).unwrap();
         let outcomes = exec.handle(&ctx, &[task("a", 1, "{}")]);
         assert_eq!(
             outcomes,
@@ -724,10 +734,9 @@ for line in sys.stdin:
             sys.stdout.write(chunk)
     print(json.dumps({"results": [{"id": t["id"], "status": "ok"} for t in batch]}), flush=True)
 "#;
-        let ctx = ctx_for(vec!["python3".into(), "-c".into(), script.into()], 0);
-        let mut exec = Exec::preload(&ctx.queue).unwrap();
+        let ctx = python(script);
+        let mut exec = started(&ctx);
         exec.max_reply = 1 << 20;
-        exec.init(&ctx).unwrap();
         let first = exec.child_pid().unwrap();
         let outcomes = exec.handle(&ctx, &[task("a", 1, "flood"), task("b", 1, "{}")]);
         let reason = "exec: reply longer than 1048576 bytes".to_owned();
@@ -739,18 +748,9 @@ for line in sys.stdin:
 
     #[test]
     fn oversized_and_deep_payloads_are_rejected_and_the_rest_is_sent() {
-        // Echoes each payload back as the error, so the test sees what the child got.
-        let echo = r#"
-import json, sys
-for line in sys.stdin:
-    batch = json.loads(line)["batch"]
-    out = [{"id": t["id"], "status": "fail", "error": json.dumps(t["payload"])} for t in batch]
-    print(json.dumps({"results": out}), flush=True)
-"#;
-        let mut ctx = ctx_for(vec!["python3".into(), "-c".into(), echo.into()], 0);
+        let mut ctx = python(ECHO);
         ctx.queue.max_payload = 200;
-        let mut exec = Exec::preload(&ctx.queue).unwrap();
-        exec.init(&ctx).unwrap();
+        let mut exec = started(&ctx);
         let child = exec.child_pid().unwrap();
         let deep_json = format!("{}{}", "[".repeat(65), "]".repeat(65));
         let deep_text = format!("{}not json", "[".repeat(65));
