@@ -55,6 +55,44 @@ admin = true
     )
 }
 
+/// `text` parsed, in the tests' namespace.
+fn test_config(text: &str) -> Config {
+    let mut config = gaffer::config::parse(text, "api-test.toml").unwrap();
+    config.cluster.namespace = "test".into();
+    config
+}
+
+/// An api instance on a free port of 127.0.0.1: its address, its stop, its task.
+async fn start_api(
+    config: Config,
+    redis_url: String,
+) -> (
+    SocketAddr,
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let mut opts = ApiOptions::new(config, redis_url);
+    opts.listen = Some("127.0.0.1:0".parse().unwrap());
+    let stop = CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
+    let addr = rx.await.expect("the api binds");
+    (addr, stop, task)
+}
+
+/// A submit to `queue` that may wait, sent from its own task: its status and body.
+fn submit_in_background(
+    addr: SocketAddr,
+    queue: &str,
+    token: &'static str,
+    body: &'static str,
+) -> tokio::task::JoinHandle<(u16, Vec<u8>)> {
+    let path = format!("/v1/queues/{queue}/tasks");
+    tokio::spawn(
+        async move { request(addr, "POST", &path, Some(token), Some(body.as_bytes())).await },
+    )
+}
+
 /// A running api instance over a fresh Redis.
 struct Service {
     redis: TestRedis,
@@ -67,14 +105,8 @@ struct Service {
 impl Service {
     async fn start() -> Service {
         let redis = TestRedis::start();
-        let mut config = gaffer::config::parse(&config_text(""), "api-test.toml").unwrap();
-        config.cluster.namespace = "test".into();
-        let mut opts = ApiOptions::new(config.clone(), redis.url());
-        opts.listen = Some("127.0.0.1:0".parse().unwrap());
-        let stop = CancellationToken::new();
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let task = tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
-        let addr = rx.await.expect("the api binds");
+        let config = test_config(&config_text(""));
+        let (addr, stop, task) = start_api(config.clone(), redis.url()).await;
         Service {
             redis,
             addr,
@@ -82,6 +114,32 @@ impl Service {
             stop,
             task,
         }
+    }
+
+    /// POSTs `body` to queue emails' tasks with `token`.
+    async fn submit(&self, token: &str, body: &str) -> (u16, Value) {
+        self.call("POST", "/v1/queues/emails/tasks", Some(token), Some(body))
+            .await
+    }
+
+    /// POSTs an empty body to `path` with `token`: the control endpoints.
+    async fn post(&self, path: &str, token: &str) -> (u16, Value) {
+        self.call("POST", path, Some(token), Some("")).await
+    }
+
+    /// GETs `path` with `token`.
+    async fn get(&self, path: &str, token: &str) -> (u16, Value) {
+        self.call("GET", path, Some(token), None).await
+    }
+
+    /// Whether `member` is in the Redis set `key`.
+    async fn is_member(&self, key: &str, member: &str) -> bool {
+        redis::cmd("SISMEMBER")
+            .arg(key)
+            .arg(member)
+            .query_async(&mut self.redis.raw().await)
+            .await
+            .unwrap()
     }
 
     async fn call(
@@ -205,11 +263,9 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
 async fn submit_view_list_cancel_freeze_and_thaw() {
     let s = Service::start().await;
     let (st, body) = s
-        .call(
-            "POST",
-            "/v1/queues/emails/tasks",
-            Some(SHOP),
-            Some(r#"{"payload": {"to": "a@b"}, "id": "m1", "delay": "1h"}"#),
+        .submit(
+            SHOP,
+            r#"{"payload": {"to": "a@b"}, "id": "m1", "delay": "1h"}"#,
         )
         .await;
     assert_eq!(
@@ -220,14 +276,7 @@ async fn submit_view_list_cancel_freeze_and_thaw() {
         )
     );
     // The same id again: a dedup hit names the existing task.
-    let (st, body) = s
-        .call(
-            "POST",
-            "/v1/queues/emails/tasks",
-            Some(SHOP),
-            Some(r#"{"payload": 1, "id": "m1"}"#),
-        )
-        .await;
+    let (st, body) = s.submit(SHOP, r#"{"payload": 1, "id": "m1"}"#).await;
     assert_eq!(
         (st, body),
         (
@@ -236,9 +285,7 @@ async fn submit_view_list_cancel_freeze_and_thaw() {
         )
     );
 
-    let (st, rec) = s
-        .call("GET", "/v1/queues/emails/tasks/m1", Some(SHOP), None)
-        .await;
+    let (st, rec) = s.get("/v1/queues/emails/tasks/m1", SHOP).await;
     assert_eq!(st, 200);
     assert_eq!(
         (rec["state"].clone(), rec["submitted_by"].clone()),
@@ -246,24 +293,10 @@ async fn submit_view_list_cancel_freeze_and_thaw() {
     );
     assert_eq!(rec["history"].as_array().unwrap().len(), 1);
 
-    let (st, rec) = s
-        .call(
-            "POST",
-            "/v1/queues/emails/tasks/m1/freeze",
-            Some(SHOP),
-            Some(""),
-        )
-        .await;
+    let (st, rec) = s.post("/v1/queues/emails/tasks/m1/freeze", SHOP).await;
     assert_eq!((st, rec["state"].clone()), (200, json!("frozen")));
     assert_eq!(rec["history"][1]["note"], json!("frozen by key shop"));
-    let (st, rec) = s
-        .call(
-            "POST",
-            "/v1/queues/emails/tasks/m1/thaw",
-            Some(SHOP),
-            Some(""),
-        )
-        .await;
+    let (st, rec) = s.post("/v1/queues/emails/tasks/m1/thaw", SHOP).await;
     assert_eq!((st, rec["state"].clone()), (200, json!("waiting")));
 
     let (st, rec) = s
@@ -280,14 +313,7 @@ async fn submit_view_list_cancel_freeze_and_thaw() {
         .await;
     assert_eq!((st, rec["state"].clone()), (200, json!("cancelled")));
     // Thawing a cancelled task is a conflict.
-    let (st, body) = s
-        .call(
-            "POST",
-            "/v1/queues/emails/tasks/m1/thaw",
-            Some(SHOP),
-            Some(""),
-        )
-        .await;
+    let (st, body) = s.post("/v1/queues/emails/tasks/m1/thaw", SHOP).await;
     assert_eq!(
         (st, body),
         (
@@ -297,57 +323,26 @@ async fn submit_view_list_cancel_freeze_and_thaw() {
     );
 
     // Bulk, then list newest first, by page, and by state.
-    let (st, body) = s.call("POST", "/v1/queues/emails/tasks", Some(SHOP), Some(r#"{"tasks": [{"payload": 1, "id": "b1"}, {"payload": 2, "id": "b2"}, {"payload": 3, "id": "b3"}]}"#)).await;
+    let (st, body) = s.submit(SHOP, r#"{"tasks": [{"payload": 1, "id": "b1"}, {"payload": 2, "id": "b2"}, {"payload": 3, "id": "b3"}]}"#).await;
     assert_eq!(st, 202);
-    assert_eq!(
-        body["tasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["id"].clone())
-            .collect::<Vec<_>>(),
-        [json!("b1"), json!("b2"), json!("b3")]
-    );
-    let (st, page) = s
-        .call("GET", "/v1/queues/emails/tasks?limit=2", Some(SHOP), None)
-        .await;
+    assert_eq!(task_ids(&body), ["b1", "b2", "b3"]);
+    let (st, page) = s.get("/v1/queues/emails/tasks?limit=2", SHOP).await;
     assert_eq!(st, 200);
-    let ids: Vec<_> = page["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(ids, ["b3", "b2"]);
+    assert_eq!(task_ids(&page), ["b3", "b2"]);
     assert!(
         page["tasks"][0].get("history").is_none(),
         "listings carry no history"
     );
     let cursor = page["next_cursor"].as_str().unwrap();
     let (_, page) = s
-        .call(
-            "GET",
+        .get(
             &format!("/v1/queues/emails/tasks?limit=2&cursor={cursor}"),
-            Some(SHOP),
-            None,
+            SHOP,
         )
         .await;
-    let ids: Vec<_> = page["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(ids, ["b1", "m1"]);
+    assert_eq!(task_ids(&page), ["b1", "m1"]);
     assert_eq!(page["next_cursor"], Value::Null);
-    let (_, page) = s
-        .call(
-            "GET",
-            "/v1/queues/emails/tasks?state=cancelled",
-            Some(SHOP),
-            None,
-        )
-        .await;
+    let (_, page) = s.get("/v1/queues/emails/tasks?state=cancelled", SHOP).await;
     assert_eq!(page["tasks"].as_array().unwrap().len(), 1);
     s.stop().await;
 }
@@ -355,46 +350,32 @@ async fn submit_view_list_cancel_freeze_and_thaw() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_admin_key_sees_only_what_it_submitted() {
     let s = Service::start().await;
-    s.call(
-        "POST",
-        "/v1/queues/emails/tasks",
-        Some(OPS),
-        Some(r#"{"payload": 1, "id": "theirs"}"#),
-    )
-    .await;
-    s.call(
-        "POST",
-        "/v1/queues/emails/tasks",
-        Some(SHOP),
-        Some(r#"{"payload": 1, "id": "mine"}"#),
-    )
-    .await;
-    let (_, page) = s
-        .call("GET", "/v1/queues/emails/tasks", Some(SHOP), None)
-        .await;
-    let ids: Vec<_> = page["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].clone())
-        .collect();
-    assert_eq!(ids, [json!("mine")]);
-    let (st, body) = s
-        .call("GET", "/v1/queues/emails/tasks/theirs", Some(SHOP), None)
-        .await;
+    s.submit(OPS, r#"{"payload": 1, "id": "theirs"}"#).await;
+    s.submit(SHOP, r#"{"payload": 1, "id": "mine"}"#).await;
+    let (_, page) = s.get("/v1/queues/emails/tasks", SHOP).await;
+    assert_eq!(task_ids(&page), ["mine"]);
+    let (st, body) = s.get("/v1/queues/emails/tasks/theirs", SHOP).await;
     assert_eq!(
         (st, body),
         (404, json!({"error": "no task theirs in queue emails"}))
     );
-    let (_, page) = s
-        .call("GET", "/v1/queues/emails/tasks", Some(OPS), None)
-        .await;
+    let (_, page) = s.get("/v1/queues/emails/tasks", OPS).await;
     assert_eq!(
         page["tasks"].as_array().unwrap().len(),
         2,
         "an admin key sees every task"
     );
     s.stop().await;
+}
+
+/// The ids of a listing or a bulk submit's answer, in order.
+fn task_ids(page: &Value) -> Vec<&str> {
+    page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect()
 }
 
 /// method, path, token, body, the status and the error expected.
@@ -410,13 +391,7 @@ type Refusal<'a> = (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_names_what_and_changes_nothing() {
     let s = Service::start().await;
-    s.call(
-        "POST",
-        "/v1/queues/emails/tasks",
-        Some(SHOP),
-        Some(r#"{"payload": 1, "id": "x"}"#),
-    )
-    .await;
+    s.submit(SHOP, r#"{"payload": 1, "id": "x"}"#).await;
     let before = s.dump().await;
     let big_payload = format!(r#"{{"payload": "{}"}}"#, "x".repeat(1500));
     let big_body = format!(r#"{{"payload": "{}"}}"#, "x".repeat(3000));
@@ -594,14 +569,7 @@ async fn every_refusal_names_what_and_changes_nothing() {
         )
     );
     let before = s.dump().await;
-    let (st, body) = s
-        .call(
-            "POST",
-            "/v1/queues/emails/tasks",
-            Some(SHOP),
-            Some(r#"{"payload": 1}"#),
-        )
-        .await;
+    let (st, body) = s.submit(SHOP, r#"{"payload": 1}"#).await;
     assert_eq!(
         (st, body),
         (
@@ -616,30 +584,16 @@ async fn every_refusal_names_what_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_submit_is_woken_by_the_end_not_by_polling() {
     let s = Service::start().await;
-    let waiting = {
-        let addr = s.addr;
-        tokio::spawn(async move {
-            request(
-                addr,
-                "POST",
-                "/v1/queues/emails/tasks",
-                Some(SHOP),
-                Some(br#"{"payload": 1, "id": "sync", "wait": "10s"}"#),
-            )
-            .await
-        })
-    };
+    let waiting = submit_in_background(
+        s.addr,
+        "emails",
+        SHOP,
+        r#"{"payload": 1, "id": "sync", "wait": "10s"}"#,
+    );
     // The record is watched once the request waits.
     eventually(Duration::from_secs(10), "the request waits", || async {
-        let mut c = s.redis.raw().await;
         // Who waits for a task is in the queue's watch set (prelude.lua).
-        let watched: bool = redis::cmd("SISMEMBER")
-            .arg("test:{emails}:watch")
-            .arg("sync")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        watched
+        s.is_member("test:{emails}:watch", "sync").await
     })
     .await;
     // While it waits, the api sends Redis nothing: count what the server processes over
@@ -663,12 +617,7 @@ async fn a_sync_submit_is_woken_by_the_end_not_by_polling() {
 async fn a_wait_that_runs_out_answers_202_and_the_task_goes_on() {
     let s = Service::start().await;
     let (st, rec) = s
-        .call(
-            "POST",
-            "/v1/queues/emails/tasks",
-            Some(SHOP),
-            Some(r#"{"payload": 1, "id": "slow", "wait": "200ms"}"#),
-        )
+        .submit(SHOP, r#"{"payload": 1, "id": "slow", "wait": "200ms"}"#)
         .await;
     assert_eq!(
         (st, rec["state"].clone(), rec["id"].clone()),
@@ -676,10 +625,7 @@ async fn a_wait_that_runs_out_answers_202_and_the_task_goes_on() {
     );
     let (stop, slot) = s.slot("emails");
     eventually(Duration::from_secs(10), "the task ends anyway", || async {
-        s.call("GET", "/v1/queues/emails/tasks/slow", Some(SHOP), None)
-            .await
-            .1["state"]
-            == json!("done")
+        s.get("/v1/queues/emails/tasks/slow", SHOP).await.1["state"] == json!("done")
     })
     .await;
     stop.cancel();
@@ -692,33 +638,22 @@ async fn admin_endpoints_health_metrics_and_an_outage() {
     let mut s = Service::start().await;
     let (st, body) = s.call("GET", "/healthz", None, None).await;
     assert_eq!((st, body), (200, json!({"status": "ok"})));
-    let (st, body) = s
-        .call("POST", "/v1/queues/emails/pause", Some(OPS), Some(""))
-        .await;
+    let (st, body) = s.post("/v1/queues/emails/pause", OPS).await;
     assert_eq!(
         (st, body),
         (200, json!({"queue": "emails", "paused": true}))
     );
-    let (st, body) = s
-        .call("POST", "/v1/hosts/h9/drain", Some(OPS), Some(""))
-        .await;
+    let (st, body) = s.post("/v1/hosts/h9/drain", OPS).await;
     assert_eq!((st, body), (200, json!({"host": "h9", "draining": true})));
-    let mut c = s.redis.raw().await;
-    let paused: bool = redis::cmd("SISMEMBER")
-        .arg("test:{cluster}:paused")
-        .arg("emails")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    assert!(paused);
-    let (st, queues) = s.call("GET", "/v1/queues", Some(SHOP), None).await;
+    assert!(s.is_member("test:{cluster}:paused", "emails").await);
+    let (st, queues) = s.get("/v1/queues", SHOP).await;
     assert_eq!(st, 200);
     assert!(queues["emails"]["ready"].is_number(), "{queues}");
     assert!(
         queues.get("reports").is_none(),
         "shop may not use reports: {queues}"
     );
-    let (_, all) = s.call("GET", "/v1/queues", Some(OPS), None).await;
+    let (_, all) = s.get("/v1/queues", OPS).await;
     assert!(
         all["reports"].is_object(),
         "an admin key sees every queue: {all}"
@@ -736,31 +671,19 @@ async fn admin_endpoints_health_metrics_and_an_outage() {
 
     // Redis gone: 503 with the reason, and the api stays up.
     s.redis.server.kill();
-    let (st, body) = s.call("GET", "/healthz", None, None).await;
-    assert_eq!(st, 503);
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .starts_with("redis unreachable"),
-        "{body}"
-    );
-    let (st, body) = s
-        .call(
-            "POST",
-            "/v1/queues/emails/tasks",
-            Some(SHOP),
-            Some(r#"{"payload": 1}"#),
-        )
-        .await;
-    assert_eq!(st, 503, "{body}");
-    assert!(
-        body["error"]
-            .as_str()
-            .unwrap()
-            .starts_with("redis unreachable"),
-        "{body}"
-    );
+    for (st, body) in [
+        s.call("GET", "/healthz", None, None).await,
+        s.submit(SHOP, r#"{"payload": 1}"#).await,
+    ] {
+        assert_eq!(st, 503, "{body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("redis unreachable"),
+            "{body}"
+        );
+    }
     s.redis.server.restart().unwrap();
     eventually(Duration::from_secs(20), "healthy again", || async {
         s.call("GET", "/healthz", None, None).await.0 == 200
@@ -811,9 +734,7 @@ async fn a_published_config_rotates_keys_without_a_restart() {
         },
     )
     .await;
-    let (st, _) = s
-        .call("GET", "/v1/queues/emails/tasks", Some(SHOP), None)
-        .await;
+    let (st, _) = s.get("/v1/queues/emails/tasks", SHOP).await;
     assert_eq!(st, 200, "the old key stays while the config keeps it");
     // The next config drops shop: its token stops working.
     let without_shop = text.replace(
@@ -830,12 +751,7 @@ async fn a_published_config_rotates_keys_without_a_restart() {
     eventually(
         Duration::from_secs(15),
         "the removed key is refused",
-        || async {
-            s.call("GET", "/v1/queues/emails/tasks", Some(SHOP), None)
-                .await
-                .0
-                == 401
-        },
+        || async { s.get("/v1/queues/emails/tasks", SHOP).await.0 == 401 },
     )
     .await;
     s.stop().await;
@@ -850,24 +766,13 @@ async fn a_sync_submit_is_woken_on_a_redis_cluster() {
         "[queues.cluster_api_sync]\nhandler = \"noop\"\n\n[api.keys.ops]\ntoken_sha256 = \"{}\"\nadmin = true\n",
         hash_token(OPS)
     );
-    let mut config = gaffer::config::parse(&text, "cluster.toml").unwrap();
-    config.cluster.namespace = "test".into();
-    let mut opts = ApiOptions::new(config, url.clone());
-    opts.listen = Some("127.0.0.1:0".parse().unwrap());
-    let stop = CancellationToken::new();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
-    let addr = rx.await.unwrap();
-    let waiting = tokio::spawn(async move {
-        request(
-            addr,
-            "POST",
-            "/v1/queues/cluster_api_sync/tasks",
-            Some(OPS),
-            Some(br#"{"payload": 1, "id": "sync", "wait": "20s"}"#),
-        )
-        .await
-    });
+    let (addr, stop, task) = start_api(test_config(&text), url.clone()).await;
+    let waiting = submit_in_background(
+        addr,
+        "cluster_api_sync",
+        OPS,
+        r#"{"payload": 1, "id": "sync", "wait": "20s"}"#,
+    );
     let client = crate::harness::shared_cluster_client().await;
     let q = client.queue("cluster_api_sync").unwrap();
     eventually(Duration::from_secs(10), "the request waits", || async {
