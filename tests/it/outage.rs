@@ -330,35 +330,52 @@ async fn an_outage_longer_than_the_heartbeat_timeout_moves_no_slot() {
     outage_moves_no_slot().await;
 }
 
+/// A config in `dir` for a manager that ticks every 200 ms and judges heartbeats after 1 s,
+/// with one queue `a` of at least two slots.
+fn quick_manager_config(dir: &std::path::Path, redis_url: &str) -> std::path::PathBuf {
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nredis = \"{redis_url}\"\nnamespace = \"test\"\n\n\
+             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"1s\"\n\n\
+             [queues.a]\nhandler = \"noop\"\nmin_slots = 2\n"
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// `gaffer --config CONFIG ARGS` as a daemon with one more variable in its environment,
+/// logging at info into `log`.
+fn daemon(
+    config: &std::path::Path,
+    args: &[&str],
+    env: (&str, String),
+    log: &std::path::Path,
+) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env(env.0, env.1)
+        .env("GAFFER_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
 /// Runs a manager and a master with two slots, kills Redis for 4 s and restarts it from
 /// its AOF, and checks that the map and the slots stay put.
 async fn outage_moves_no_slot() {
     let mut redis = TestRedis::with_aof();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
-             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"1s\"\n\n\
-             [queues.a]\nhandler = \"noop\"\nmin_slots = 2\n",
-            redis.url()
-        ),
-    )
-    .unwrap();
+    let config = quick_manager_config(dir.path(), &redis.url());
     let master_http = free_port().unwrap();
     let start = |args: &[&str], env: (&str, String), name: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(&config)
-            .args(args)
-            .env(env.0, env.1)
-            .env("GAFFER_LOG", "info")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join(name)).unwrap())
-            .spawn()
-            .unwrap()
+        daemon(&config, args, env, &dir.path().join(name))
     };
     let _d = Daemons(vec![
         start(
@@ -468,33 +485,16 @@ async fn outage_moves_no_slot() {
 async fn a_freeze_longer_than_the_heartbeat_timeout_moves_no_slot() {
     let redis = TestRedis::start();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("config.toml");
-    std::fs::write(
+    let config = quick_manager_config(dir.path(), &redis.url());
+    let _d = Daemons(vec![daemon(
         &config,
-        format!(
-            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
-             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"1s\"\n\n\
-             [queues.a]\nhandler = \"noop\"\nmin_slots = 2\n",
-            redis.url()
+        &["manager"],
+        (
+            "GAFFER_MANAGER_HTTP",
+            format!("127.0.0.1:{}", free_port().unwrap()),
         ),
-    )
-    .unwrap();
-    let _d = Daemons(vec![
-        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(&config)
-            .arg("manager")
-            .env(
-                "GAFFER_MANAGER_HTTP",
-                format!("127.0.0.1:{}", free_port().unwrap()),
-            )
-            .env("GAFFER_LOG", "info")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("manager.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    ]);
+        &dir.path().join("manager.log"),
+    )]);
     let client = redis.client().await;
     let keys = Keys::new("test");
     let beating = Arc::new(AtomicBool::new(true));
