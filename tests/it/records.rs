@@ -92,17 +92,22 @@ async fn history_done_first_time(client: QueueClient, name: &str) {
     insta::assert_json_snapshot!("done_first_time", masked(&record(&q, "t1").await));
 }
 
+/// A retry due at once, at the same priority, for `reason`.
+fn retry_now(reason: String) -> Settle {
+    Settle::Retry {
+        delay: Duration::ZERO,
+        priority: None,
+        reason,
+    }
+}
+
 async fn history_retried_twice_then_done(client: QueueClient, name: &str) {
     let q = client.queue_with(name, limits()).unwrap();
     q.enqueue(NewTask::new("{}").id("t1")).await.unwrap();
     let w = on(&q, "h1", 1);
     for n in 1..=2 {
         let t = take_one(&w).await;
-        let retry = Settle::Retry {
-            delay: Duration::ZERO,
-            priority: None,
-            reason: format!("partner answered 503 (try {n})"),
-        };
+        let retry = retry_now(format!("partner answered 503 (try {n})"));
         assert_eq!(settle_one(&w, &t, retry).await, SettleResult::Done);
     }
     let t = take_one(&w).await;
@@ -117,11 +122,7 @@ async fn history_failed_for_good(client: QueueClient, name: &str) {
     let w = on(&q, "h2", 7);
     for n in 1..=3 {
         let t = take_one(&w).await;
-        let retry = Settle::Retry {
-            delay: Duration::ZERO,
-            priority: None,
-            reason: format!("error {n}"),
-        };
+        let retry = retry_now(format!("error {n}"));
         let want = if n < 3 {
             SettleResult::Done
         } else {
@@ -201,28 +202,21 @@ async fn history_frozen_then_thawed(client: QueueClient, name: &str) {
     let b = q.take(10, Duration::from_secs(30)).await.unwrap();
     assert!(b.tasks.is_empty(), "a frozen task is not taken");
     assert_eq!(q.freeze("nope", "x").await.unwrap(), FreezeResult::Unknown);
-    assert_eq!(
-        q.thaw("t1", "thawed by cli").await.unwrap(),
-        FreezeResult::Done
-    );
-    assert_eq!(
-        q.thaw("t1", "again").await.unwrap(),
-        FreezeResult::Done,
-        "already waiting"
-    );
-    assert_eq!(
-        q.freeze("t1", "frozen by cli").await.unwrap(),
-        FreezeResult::Done
-    );
-    assert_eq!(
-        q.freeze("t1", "again").await.unwrap(),
-        FreezeResult::Done,
-        "already frozen"
-    );
-    assert_eq!(
-        q.thaw("t1", "thawed by cli").await.unwrap(),
-        FreezeResult::Done
-    );
+    // Each step: freeze (true) or thaw, its note; a repeat is done and changes nothing.
+    for (freeze, note) in [
+        (false, "thawed by cli"),
+        (false, "again"),
+        (true, "frozen by cli"),
+        (true, "again"),
+        (false, "thawed by cli"),
+    ] {
+        let result = if freeze {
+            q.freeze("t1", note).await
+        } else {
+            q.thaw("t1", note).await
+        };
+        assert_eq!(result.unwrap(), FreezeResult::Done, "{freeze} {note}");
+    }
     let w = on(&q, "h1", 2);
     let t = take_one(&w).await;
     assert_eq!(
