@@ -188,11 +188,7 @@ impl Cluster {
         }
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let running = c
-                .slots()
-                .iter()
-                .filter(|s| s.state == "idle" || s.state == "busy")
-                .count();
+            let running = c.running_slots();
             if running >= c.shape.slots as usize {
                 return Ok(c);
             }
@@ -251,6 +247,14 @@ impl Cluster {
         };
         role.child = Some(child);
         Ok(())
+    }
+
+    /// How many slots are up (idle or busy).
+    pub fn running_slots(&self) -> usize {
+        self.slots()
+            .iter()
+            .filter(|s| s.state == "idle" || s.state == "busy")
+            .count()
     }
 
     /// Every slot the masters report.

@@ -255,11 +255,7 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
     // The cluster heals by itself: every slot the map asks for runs again.
     let healing = Instant::now();
     loop {
-        let running = c
-            .slots()
-            .iter()
-            .filter(|s| s.state == "idle" || s.state == "busy")
-            .count();
+        let running = c.running_slots();
         if running >= c.shape.slots as usize {
             break;
         }
