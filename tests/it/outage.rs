@@ -30,25 +30,23 @@ fn loading(port: u16) -> bool {
         && matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"-LOADING"))
 }
 
-/// Finishes a task whose payload is `during-load` only once Redis answers LOADING, so its
-/// settle reaches a server that is still reading its AOF; anything else at once.
-struct DoneWhileLoading {
-    port: u16,
+/// Finishes a batch once `ready(batch)` holds (looked at every 5 ms, for at most 30 s),
+/// counting the tasks it was handed.
+struct DoneWhen {
+    ready: Box<dyn Fn(&[Task]) -> bool + Send>,
     handled: Arc<AtomicU32>,
 }
 
-impl Handler for DoneWhileLoading {
+impl Handler for DoneWhen {
     fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
         unreachable!("built by the test")
     }
 
     fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
         self.handled.fetch_add(batch.len() as u32, Ordering::SeqCst);
-        if batch.iter().any(|t| t.payload == b"during-load") {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while !loading(self.port) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(self.ready)(batch) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
         vec![Outcome::done(); batch.len()]
     }
@@ -109,8 +107,13 @@ async fn a_slot_rides_out_a_redis_loading_its_aof() {
     q.enqueue(NewTask::new("during-load")).await.unwrap();
 
     let handled = Arc::new(AtomicU32::new(0));
-    let handler = DoneWhileLoading {
-        port: redis.server.port(),
+    // A task whose payload is `during-load` finishes only once Redis answers LOADING, so
+    // its settle reaches a server that is still reading its AOF.
+    let port = redis.server.port();
+    let handler = DoneWhen {
+        ready: Box::new(move |batch| {
+            !batch.iter().any(|t| t.payload == b"during-load") || loading(port)
+        }),
         handled: handled.clone(),
     };
     let (stop, slot) = start_slot(&redis, cfg, handler);
@@ -141,27 +144,6 @@ async fn a_slot_rides_out_a_redis_loading_its_aof() {
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
 
-/// Finishes a batch once `release` is set.
-struct DoneWhenReleased {
-    release: Arc<AtomicBool>,
-    handled: Arc<AtomicU32>,
-}
-
-impl Handler for DoneWhenReleased {
-    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
-        unreachable!("built by the test")
-    }
-
-    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
-        self.handled.fetch_add(batch.len() as u32, Ordering::SeqCst);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.release.load(Ordering::SeqCst) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        vec![Outcome::done(); batch.len()]
-    }
-}
-
 /// Redis gone for longer than the lease: the slot used to give its settle up when the
 /// lease ran out locally, so the task ran a second time once Redis was back, although no
 /// other taker had reclaimed it and the late settle would have been taken.
@@ -177,8 +159,11 @@ async fn a_settle_outlives_an_outage_longer_than_the_lease() {
 
     let release = Arc::new(AtomicBool::new(false));
     let handled = Arc::new(AtomicU32::new(0));
-    let handler = DoneWhenReleased {
-        release: release.clone(),
+    let handler = DoneWhen {
+        ready: {
+            let release = release.clone();
+            Box::new(move |_| release.load(Ordering::SeqCst))
+        },
         handled: handled.clone(),
     };
     let (stop, slot) = start_slot(&redis, cfg.clone(), handler);
