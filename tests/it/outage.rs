@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use gaffer::config::{Handler as HandlerConfig, QueueConfig};
-use gaffer::queue_client::{ConnectOptions, NewTask};
+use gaffer::queue_client::{ConnectOptions, NewTask, QueueClient};
 use gaffer::redis_server::RedisServerOptions;
 use gaffer::slot::{
     EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotSpec, Task, run_slot,
@@ -30,10 +30,13 @@ fn loading(port: u16) -> bool {
         && matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"-LOADING"))
 }
 
+/// Whether a batch may be finished.
+type Ready = dyn Fn(&[Task]) -> bool + Send;
+
 /// Finishes a batch once `ready(batch)` holds (looked at every 5 ms, for at most 30 s),
 /// counting the tasks it was handed.
 struct DoneWhen {
-    ready: Box<dyn Fn(&[Task]) -> bool + Send>,
+    ready: Box<Ready>,
     handled: Arc<AtomicU32>,
 }
 
@@ -315,6 +318,15 @@ async fn an_outage_longer_than_the_heartbeat_timeout_moves_no_slot() {
     outage_moves_no_slot().await;
 }
 
+/// Slots of queue `a` on host `h1` in the current map; `None` without a map (or Redis).
+async fn slots_of_a_on_h1(client: &QueueClient, keys: &Keys) -> Option<u32> {
+    cluster::read_map(&mut client.connection(), keys)
+        .await
+        .ok()
+        .flatten()
+        .map(|m| m.for_host("h1").get("a").copied().unwrap_or(0))
+}
+
 /// A config in `dir` for a manager that ticks every 200 ms and judges heartbeats after 1 s,
 /// with one queue `a` of at least two slots.
 fn quick_manager_config(dir: &std::path::Path, redis_url: &str) -> std::path::PathBuf {
@@ -392,13 +404,7 @@ async fn outage_moves_no_slot() {
     };
     let client = redis.client().await;
     let keys = Keys::new("test");
-    let placed = || async {
-        cluster::read_map(&mut client.connection(), &keys)
-            .await
-            .ok()
-            .flatten()
-            .map(|m| m.for_host("h1").get("a").copied().unwrap_or(0))
-    };
+    let placed = || slots_of_a_on_h1(&client, &keys);
     eventually(
         Duration::from_secs(30),
         "two slots placed and running",
@@ -501,13 +507,7 @@ async fn a_freeze_longer_than_the_heartbeat_timeout_moves_no_slot() {
             }
         })
     };
-    let placed = || async {
-        cluster::read_map(&mut client.connection(), &keys)
-            .await
-            .ok()
-            .flatten()
-            .map(|m| m.for_host("h1").get("a").copied().unwrap_or(0))
-    };
+    let placed = || slots_of_a_on_h1(&client, &keys);
     eventually(
         Duration::from_secs(30),
         "two slots placed on h1",
