@@ -8,6 +8,9 @@ pub mod api;
 mod backoff;
 pub mod balancer;
 pub mod bench;
+// clap shows the argument docs as `--help`, where `[table].key` names a config key, not a
+// Rust item for rustdoc to link.
+#[allow(rustdoc::broken_intra_doc_links)]
 pub mod cli;
 pub mod cluster;
 pub mod config;

@@ -17,7 +17,7 @@ pub struct LoadFigures {
     /// Mean handling time per task, seconds (None before anything was handled).
     pub mean_task_seconds: Option<f64>,
     /// Slots the queue needs: slot-seconds of work per second with headroom for bursts
-    /// (at [`TARGET_UTILISATION`]), backlog included, and at least one per batch in flight.
+    /// (at `TARGET_UTILISATION`), backlog included, and at least one per batch in flight.
     pub demand_slots: f64,
     /// (busy + backlog × mean task time) / slot lifetime.
     pub load: Option<f64>,
