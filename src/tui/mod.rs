@@ -21,8 +21,8 @@ use std::time::Duration;
 use anyhow::Context;
 use crossterm::event::EventStream;
 use futures::StreamExt;
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use crate::cluster::snapshot::Snapshot;
 use crate::cluster::{self, Keys, now_ms};
@@ -56,6 +56,19 @@ pub struct TopOptions {
     pub custom_handlers: Vec<String>,
 }
 
+/// Why the Redis side has no answer for the UI: Redis (or the client) failed, or did not
+/// answer in time. Its message is what the dashboard shows, free of secrets (the client's
+/// errors show the URL redacted).
+#[derive(Debug, thiserror::Error)]
+enum RedisSideError {
+    /// Redis or the queue client failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// No answer within [`REDIS_LIMIT`].
+    #[error("redis: no answer within {}s", REDIS_LIMIT.as_secs())]
+    Late,
+}
+
 /// Everything the UI loop waits for.
 enum Event {
     /// A second passed: ages on screen move on.
@@ -63,16 +76,18 @@ enum Event {
     /// A terminal event (key, resize).
     Input(crossterm::event::Event),
     /// A read of the cluster with the label of the config used, or why it failed.
-    Snapshot(Result<(Snapshot, String), String>),
+    Snapshot(Result<(Snapshot, String), RedisSideError>),
     /// An effect finished: its answer, as the action that reports it.
     EffectDone(Action),
-    /// SIGTERM, SIGINT, or the terminal went away.
+    /// Shutdown was asked for (the binary's edge cancels the token on SIGTERM or SIGINT),
+    /// or the terminal went away.
     Terminate,
 }
 
-/// Runs the dashboard until q, Ctrl-C or SIGTERM; the terminal is restored on every exit,
-/// a panic included.
-pub async fn run(opts: TopOptions) -> anyhow::Result<()> {
+/// Runs the dashboard until q, Ctrl-C or `shutdown` is cancelled; the terminal is restored
+/// on every exit, a panic included. The caller owns the signal handlers: the binary hands
+/// a token that SIGTERM and SIGINT cancel.
+pub async fn run(opts: TopOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     if !std::io::stdout().is_terminal() {
         anyhow::bail!(
             "gaffer top needs a terminal on stdout; `gaffer stats` (or `stats --json`) reads once"
@@ -97,7 +112,7 @@ pub async fn run(opts: TopOptions) -> anyhow::Result<()> {
     if let Some(q) = &quiet {
         q.restore_on_panic();
     }
-    let result = ui_loop(&mut terminal, refresh, effects_tx, events_rx).await;
+    let result = ui_loop(&mut terminal, refresh, effects_tx, events_rx, shutdown).await;
     ratatui::restore();
     drop(quiet);
     redis.abort();
@@ -109,14 +124,13 @@ async fn ui_loop(
     refresh: Duration,
     effects: mpsc::Sender<Effect>,
     mut events: mpsc::Receiver<Event>,
+    shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut state = State::new(refresh);
     state.now_ms = now_ms();
     let mut input = EventStream::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
     loop {
         terminal.draw(|frame| frame.render_widget(&state, frame.area()))?;
         let event = tokio::select! {
@@ -127,8 +141,7 @@ async fn ui_loop(
                 None => Event::Terminate,
             },
             Some(ev) = events.recv() => ev,
-            _ = sigterm.recv() => Event::Terminate,
-            _ = sigint.recv() => Event::Terminate,
+            () = shutdown.cancelled() => Event::Terminate,
         };
         let action = match event {
             Event::Tick => Some(Action::Tick { now_ms: now_ms() }),
@@ -142,7 +155,9 @@ async fn ui_loop(
                 snapshot: Box::new(snapshot),
                 config,
             }),
-            Event::Snapshot(Err(error)) => Some(Action::ReadFailed { error }),
+            Event::Snapshot(Err(error)) => Some(Action::ReadFailed {
+                error: error.to_string(),
+            }),
             Event::EffectDone(action) => Some(action),
             Event::Terminate => Some(Action::Quit),
         };
@@ -174,7 +189,6 @@ async fn redis_side(
     let mut label = opts.config_label.clone();
     let mut seen = 0u64;
     let keys = Keys::new(&opts.cfg.cluster.namespace);
-    let late = || format!("redis: no answer within {}s", REDIS_LIMIT.as_secs());
     loop {
         let read = tokio::time::timeout(REDIS_LIMIT, async {
             let c = connected(&mut client, &opts).await?;
@@ -196,11 +210,10 @@ async fn redis_side(
                 None => {}
             }
             let snap = cluster::snapshot::read(c, &cfg).await?;
-            Ok::<_, QueueError>((snap, label.clone()))
+            Ok::<_, RedisSideError>((snap, label.clone()))
         })
         .await
-        .map_err(|_| late())
-        .and_then(|r| r.map_err(|e| e.to_string()));
+        .unwrap_or(Err(RedisSideError::Late));
         if events.send(Event::Snapshot(read)).await.is_err() {
             return;
         }
@@ -213,7 +226,7 @@ async fn redis_side(
                     perform(&mut client, &opts, &cfg, &keys, effect.clone()),
                 )
                 .await
-                .unwrap_or_else(|_| effect.failed(late()));
+                .unwrap_or_else(|_| effect.failed(RedisSideError::Late.to_string()));
                 if events.send(Event::EffectDone(done)).await.is_err() {
                     return;
                 }
@@ -250,7 +263,11 @@ async fn perform(
                 .map_err(|e| e.to_string());
             Action::LookedUp { queue, id, result }
         }
-        other => Action::EffectDone(change(client, opts, cfg, keys, other).await),
+        other => Action::EffectDone(
+            change(client, opts, cfg, keys, other)
+                .await
+                .map_err(|e| e.to_string()),
+        ),
     }
 }
 
@@ -278,52 +295,50 @@ async fn change(
     cfg: &Config,
     keys: &Keys,
     effect: Effect,
-) -> Result<String, String> {
-    let run = async {
-        let c = connected(client, opts).await?;
-        let mut conn = c.connection();
-        Ok::<_, QueueError>(match effect {
-            Effect::Pause { queue, paused } => {
-                let changed = cluster::set_paused(&mut conn, keys, &queue, paused).await?;
-                let what = if paused { "paused" } else { "resumed" };
-                format!("{queue} {what}{}", already(changed))
-            }
-            Effect::Drain { host, draining } => {
-                let changed = cluster::set_draining(&mut conn, keys, &host, draining).await?;
-                let what = if draining {
-                    "is draining"
-                } else {
-                    "takes slots again"
-                };
-                format!("{host} {what}{}", already(changed))
-            }
-            Effect::SetIntake { queue, intake } => {
-                let limits = cfg
-                    .queues
-                    .get(&queue)
-                    .map(QueueLimits::from)
-                    .unwrap_or_default();
-                c.queue_with(&queue, limits)?
-                    .set_intake(Some(intake))
-                    .await?;
-                format!("intake of {queue}: {}", intake.as_str())
-            }
-            Effect::RequeueDead { queue } => {
-                let limits = cfg
-                    .queues
-                    .get(&queue)
-                    .map(QueueLimits::from)
-                    .unwrap_or_default();
-                let n = c.queue_with(&queue, limits)?.requeue_dead(None).await?;
-                format!("requeued {n} dead letters of {queue}")
-            }
-            // Answered by `perform` itself.
-            Effect::Lookup { .. } | Effect::Quit => String::new(),
-        })
-    };
-    run.await.map_err(|e| e.to_string())
+) -> Result<String, QueueError> {
+    let c = connected(client, opts).await?;
+    let mut conn = c.connection();
+    Ok(match effect {
+        Effect::Pause { queue, paused } => {
+            let changed = cluster::set_paused(&mut conn, keys, &queue, paused).await?;
+            let what = if paused { "paused" } else { "resumed" };
+            format!("{queue} {what}{}", already(changed))
+        }
+        Effect::Drain { host, draining } => {
+            let changed = cluster::set_draining(&mut conn, keys, &host, draining).await?;
+            let what = if draining {
+                "is draining"
+            } else {
+                "takes slots again"
+            };
+            format!("{host} {what}{}", already(changed))
+        }
+        Effect::SetIntake { queue, intake } => {
+            let limits = cfg
+                .queues
+                .get(&queue)
+                .map(QueueLimits::from)
+                .unwrap_or_default();
+            c.queue_with(&queue, limits)?
+                .set_intake(Some(intake))
+                .await?;
+            format!("intake of {queue}: {}", intake.as_str())
+        }
+        Effect::RequeueDead { queue } => {
+            let limits = cfg
+                .queues
+                .get(&queue)
+                .map(QueueLimits::from)
+                .unwrap_or_default();
+            let n = c.queue_with(&queue, limits)?.requeue_dead(None).await?;
+            format!("requeued {n} dead letters of {queue}")
+        }
+        // Answered by `perform` itself.
+        Effect::Lookup { .. } | Effect::Quit => String::new(),
+    })
 }
 
+/// The note's tail when a pause or drain asked for what already was.
 fn already(changed: bool) -> &'static str {
     if changed { "" } else { " (already)" }
 }

@@ -638,45 +638,41 @@ impl State {
 /// the cluster are only returned by [`Action::Confirm`] of a dialog opened earlier; a
 /// lookup, which only reads, by Enter in the lookup line or the task view.
 pub fn update(state: &mut State, action: Action) -> Option<Effect> {
+    // News from outside (time, reads, answers) and quitting never wait behind a dialog,
+    // the help or the lookup line; keys do.
     match action {
-        Action::Tick { now_ms } => {
-            state.now_ms = now_ms;
-            return None;
-        }
-        Action::Snapshot { snapshot, config } => {
-            state.now_ms = state.now_ms.max(snapshot.at_ms);
-            state.history.push(*snapshot);
-            state.config = config;
-            state.read_error = None;
-            return None;
-        }
-        Action::ReadFailed { error } => {
-            state.read_error = Some(error);
-            return None;
-        }
-        Action::EffectDone(result) => {
-            state.note = Some(match result {
-                Ok(text) => Note { text, error: false },
-                Err(text) => Note { text, error: true },
-            });
-            return None;
-        }
-        Action::LookedUp { queue, id, result } => {
-            looked_up(state, queue, id, result);
-            return None;
-        }
+        Action::Tick { now_ms } => state.now_ms = now_ms,
+        Action::Snapshot { snapshot, config } => record_read(state, *snapshot, config),
+        Action::ReadFailed { error } => state.read_error = Some(error),
+        Action::EffectDone(result) => effect_done(state, result),
+        Action::LookedUp { queue, id, result } => looked_up(state, queue, id, result),
         Action::Quit => return Some(Effect::Quit),
-        _ => {}
+        key => return press(state, key),
     }
+    None
+}
 
+/// A good read: kept in the history, and it clears a read error.
+fn record_read(state: &mut State, snapshot: Snapshot, config: String) {
+    state.now_ms = state.now_ms.max(snapshot.at_ms);
+    state.history.push(snapshot);
+    state.config = config;
+    state.read_error = None;
+}
+
+/// What an effect did, or why it failed, in the status line.
+fn effect_done(state: &mut State, result: Result<String, String>) {
+    state.note = Some(match result {
+        Ok(text) => Note { text, error: false },
+        Err(text) => Note { text, error: true },
+    });
+}
+
+/// A key, in order: it answers an open dialog, or closes the help, or types into the
+/// lookup line, or acts on the view.
+fn press(state: &mut State, action: Action) -> Option<Effect> {
     if let Some(pending) = state.pending.take() {
-        match action {
-            Action::Confirm => return Some(pending.effect),
-            Action::Cancel | Action::Back => state.say("cancelled"),
-            // Anything else leaves the question open: a stray key must not act.
-            _ => state.pending = Some(pending),
-        }
-        return None;
+        return answer(state, pending, action);
     }
     if state.help {
         if matches!(action, Action::Help | Action::Back) {
@@ -688,14 +684,24 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
     if let Some(finder) = state.finder.take() {
         return type_into(state, finder, action);
     }
+    act(state, action)
+}
 
+/// A key while a dialog asks: y performs its effect, n or Esc cancels.
+fn answer(state: &mut State, pending: Pending, action: Action) -> Option<Effect> {
     match action {
-        Action::NextView => {
-            state.view = match state.base_view() {
-                View::Queues | View::QueueDetail => View::SlotMap,
-                View::SlotMap | View::HostDetail | View::Task => View::Queues,
-            };
-        }
+        Action::Confirm => return Some(pending.effect),
+        Action::Cancel | Action::Back => state.say("cancelled"),
+        // Anything else leaves the question open: a stray key must not act.
+        _ => state.pending = Some(pending),
+    }
+    None
+}
+
+/// A key on the view, with no dialog, help or lookup line open.
+fn act(state: &mut State, action: Action) -> Option<Effect> {
+    match action {
+        Action::NextView => next_view(state),
         Action::ShowQueues => state.view = View::Queues,
         Action::ShowSlotMap => state.view = View::SlotMap,
         Action::Up => state.move_selection(false),
@@ -705,138 +711,21 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
             let n = state.map_queue_names().len();
             state.map_column = (state.map_column + 1).min(n.saturating_sub(1));
         }
-        Action::Open => match state.view {
-            View::Queues => {
-                if let Some((name, _)) = state.selected_queue() {
-                    state.queue = Some(name.to_string());
-                    state.view = View::QueueDetail;
-                }
-            }
-            View::SlotMap => {
-                if let Some((name, _)) = state.selected_host() {
-                    state.host = Some(name.to_string());
-                    state.view = View::HostDetail;
-                }
-            }
-            View::QueueDetail | View::HostDetail => {}
-            // Enter again: read the record anew.
-            View::Task => {
-                if let Some(t) = &state.task {
-                    return Some(Effect::Lookup {
-                        queue: t.queue.clone(),
-                        id: t.id.clone(),
-                    });
-                }
-            }
-        },
-        Action::Back => match state.view {
-            View::QueueDetail => state.view = View::Queues,
-            View::HostDetail => state.view = View::SlotMap,
-            View::Task => state.view = state.base_view(),
-            View::Queues | View::SlotMap => {}
-        },
+        Action::Open => return open(state),
+        Action::Back => back(state),
         Action::Sort => state.sort = state.sort.next(),
         Action::ReverseSort => state.reverse = !state.reverse,
-        Action::Pause => match state.view {
-            View::Queues | View::QueueDetail => {
-                if let Some((name, q)) = state.selected_queue() {
-                    let (name, paused) = (name.to_string(), !q.paused);
-                    let question = if paused {
-                        format!("Pause queue {name}? The manager gives it no slots; tasks wait.")
-                    } else {
-                        format!("Resume queue {name}?")
-                    };
-                    state.ask(
-                        question,
-                        Effect::Pause {
-                            queue: name,
-                            paused,
-                        },
-                    );
-                }
-            }
-            View::SlotMap | View::HostDetail | View::Task => {
-                state.say("p pauses a queue: switch to the queues view (1)");
-            }
-        },
-        Action::Drain => match state.view {
-            View::SlotMap | View::HostDetail => {
-                if let Some((name, h)) = state.selected_host() {
-                    let (name, draining) = (name.to_string(), !h.drain_requested);
-                    let question = if draining {
-                        format!("Drain host {name}? Its slots move to other hosts.")
-                    } else {
-                        format!("Stop draining host {name}? It takes slots again.")
-                    };
-                    state.ask(
-                        question,
-                        Effect::Drain {
-                            host: name,
-                            draining,
-                        },
-                    );
-                }
-            }
-            View::Queues | View::QueueDetail | View::Task => {
-                state.say("d drains a host: switch to the slot map (2)");
-            }
-        },
-        Action::Requeue => match state.view {
-            View::Queues | View::QueueDetail => {
-                if let Some((name, q)) = state.selected_queue() {
-                    let (name, dead) = (name.to_string(), q.stats.dead);
-                    if dead == 0 {
-                        state.say(format!("{name} has no dead letters"));
-                    } else {
-                        state.ask(
-                            format!("Requeue all {dead} dead letters of {name}?"),
-                            Effect::RequeueDead { queue: name },
-                        );
-                    }
-                }
-            }
-            View::SlotMap | View::HostDetail | View::Task => {
-                state.say("r requeues a queue's dead letters: switch to the queues view (1)");
-            }
-        },
-        Action::Intake => match state.view {
-            View::Queues | View::QueueDetail => {
-                if let Some((name, q)) = state.selected_queue() {
-                    use crate::config::Intake;
-                    let name = name.to_string();
-                    let (next, what) = match q.intake {
-                        Intake::Open => (Intake::Closed, "new tasks are refused"),
-                        Intake::Closed => (Intake::Cancel, "new tasks are cancelled on arrival"),
-                        Intake::Cancel => (Intake::Open, "new tasks are enqueued again"),
-                    };
-                    state.ask(
-                        format!("Switch the intake of {name} to {}? {what}.", next.as_str()),
-                        Effect::SetIntake {
-                            queue: name,
-                            intake: next,
-                        },
-                    );
-                }
-            }
-            View::SlotMap | View::HostDetail | View::Task => {
-                state.say("i switches a queue's intake: switch to the queues view (1)");
-            }
-        },
+        Action::Pause => ask_pause(state),
+        Action::Drain => ask_drain(state),
+        Action::Requeue => ask_requeue(state),
+        Action::Intake => ask_intake(state),
         Action::Help => state.help = true,
-        Action::Find => match state.lookup_queue() {
-            Some(queue) => {
-                state.finder = Some(Finder {
-                    queue,
-                    id: String::new(),
-                })
-            }
-            None => state.say("no queue to look in yet: waiting for the first read"),
-        },
+        Action::Find => open_finder(state),
         // Only the lookup line takes text.
         Action::Type(_) | Action::Erase => {}
         // Without a dialog there is nothing to answer.
         Action::Confirm | Action::Cancel => {}
-        // Handled before the dialog and help checks.
+        // Handled by `update` before any key.
         Action::Tick { .. }
         | Action::Snapshot { .. }
         | Action::ReadFailed { .. }
@@ -845,6 +734,167 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
         | Action::Quit => {}
     }
     None
+}
+
+/// Tab: the other list view (the task view counts as the one it came from).
+fn next_view(state: &mut State) {
+    state.view = match state.base_view() {
+        View::Queues | View::QueueDetail => View::SlotMap,
+        View::SlotMap | View::HostDetail | View::Task => View::Queues,
+    };
+}
+
+/// Enter: the detail of the selected row, or the task view's record read anew.
+fn open(state: &mut State) -> Option<Effect> {
+    match state.view {
+        View::Queues => {
+            if let Some((name, _)) = state.selected_queue() {
+                state.queue = Some(name.to_string());
+                state.view = View::QueueDetail;
+            }
+        }
+        View::SlotMap => {
+            if let Some((name, _)) = state.selected_host() {
+                state.host = Some(name.to_string());
+                state.view = View::HostDetail;
+            }
+        }
+        View::QueueDetail | View::HostDetail => {}
+        // Enter again: read the record anew.
+        View::Task => {
+            if let Some(t) = &state.task {
+                return Some(Effect::Lookup {
+                    queue: t.queue.clone(),
+                    id: t.id.clone(),
+                });
+            }
+        }
+    }
+    None
+}
+
+/// Esc: from a detail back to its list, from the task view back where the lookup began.
+fn back(state: &mut State) {
+    match state.view {
+        View::QueueDetail => state.view = View::Queues,
+        View::HostDetail => state.view = View::SlotMap,
+        View::Task => state.view = state.base_view(),
+        View::Queues | View::SlotMap => {}
+    }
+}
+
+/// p: asks to pause the selected queue, or to resume it.
+fn ask_pause(state: &mut State) {
+    match state.view {
+        View::Queues | View::QueueDetail => {
+            if let Some((name, q)) = state.selected_queue() {
+                let (name, paused) = (name.to_string(), !q.paused);
+                let question = if paused {
+                    format!("Pause queue {name}? The manager gives it no slots; tasks wait.")
+                } else {
+                    format!("Resume queue {name}?")
+                };
+                state.ask(
+                    question,
+                    Effect::Pause {
+                        queue: name,
+                        paused,
+                    },
+                );
+            }
+        }
+        View::SlotMap | View::HostDetail | View::Task => {
+            state.say("p pauses a queue: switch to the queues view (1)");
+        }
+    }
+}
+
+/// d: asks to drain the selected host, or to stop draining it.
+fn ask_drain(state: &mut State) {
+    match state.view {
+        View::SlotMap | View::HostDetail => {
+            if let Some((name, h)) = state.selected_host() {
+                let (name, draining) = (name.to_string(), !h.drain_requested);
+                let question = if draining {
+                    format!("Drain host {name}? Its slots move to other hosts.")
+                } else {
+                    format!("Stop draining host {name}? It takes slots again.")
+                };
+                state.ask(
+                    question,
+                    Effect::Drain {
+                        host: name,
+                        draining,
+                    },
+                );
+            }
+        }
+        View::Queues | View::QueueDetail | View::Task => {
+            state.say("d drains a host: switch to the slot map (2)");
+        }
+    }
+}
+
+/// r: asks to requeue the selected queue's dead letters, if it has any.
+fn ask_requeue(state: &mut State) {
+    match state.view {
+        View::Queues | View::QueueDetail => {
+            if let Some((name, q)) = state.selected_queue() {
+                let (name, dead) = (name.to_string(), q.stats.dead);
+                if dead == 0 {
+                    state.say(format!("{name} has no dead letters"));
+                } else {
+                    state.ask(
+                        format!("Requeue all {dead} dead letters of {name}?"),
+                        Effect::RequeueDead { queue: name },
+                    );
+                }
+            }
+        }
+        View::SlotMap | View::HostDetail | View::Task => {
+            state.say("r requeues a queue's dead letters: switch to the queues view (1)");
+        }
+    }
+}
+
+/// i: asks to switch the selected queue's intake to the next of open, closed, cancel.
+fn ask_intake(state: &mut State) {
+    match state.view {
+        View::Queues | View::QueueDetail => {
+            if let Some((name, q)) = state.selected_queue() {
+                use crate::config::Intake;
+                let name = name.to_string();
+                let (next, what) = match q.intake {
+                    Intake::Open => (Intake::Closed, "new tasks are refused"),
+                    Intake::Closed => (Intake::Cancel, "new tasks are cancelled on arrival"),
+                    Intake::Cancel => (Intake::Open, "new tasks are enqueued again"),
+                };
+                state.ask(
+                    format!("Switch the intake of {name} to {}? {what}.", next.as_str()),
+                    Effect::SetIntake {
+                        queue: name,
+                        intake: next,
+                    },
+                );
+            }
+        }
+        View::SlotMap | View::HostDetail | View::Task => {
+            state.say("i switches a queue's intake: switch to the queues view (1)");
+        }
+    }
+}
+
+/// /: opens the lookup line in the queue a lookup starts in.
+fn open_finder(state: &mut State) {
+    match state.lookup_queue() {
+        Some(queue) => {
+            state.finder = Some(Finder {
+                queue,
+                id: String::new(),
+            })
+        }
+        None => state.say("no queue to look in yet: waiting for the first read"),
+    }
 }
 
 /// An action while the lookup line is open: text edits it, ↑ ↓ choose the queue, Enter

@@ -19,14 +19,17 @@ pub struct TopArgs {
 pub async fn run(global: &Global, args: TopArgs) -> Result<(), CliError> {
     let cfg = global.load()?;
     let (url, connect) = global.redis_target(&cfg)?;
-    crate::tui::run(crate::tui::TopOptions {
+    let shutdown = crate::signals::shutdown_on_term().map_err(|e| {
+        CliError::Runtime(anyhow::anyhow!("cannot install the signal handlers: {e}"))
+    })?;
+    let opts = crate::tui::TopOptions {
         config_label: global.config_path().display().to_string(),
         cfg,
         url,
         connect,
         refresh: args.refresh,
         custom_handlers: global.registry.custom_names(),
-    })
-    .await?;
+    };
+    crate::tui::run(opts, shutdown).await?;
     Ok(())
 }
