@@ -13,7 +13,7 @@ use gaffer::config::{Config, Handler, QueueConfig};
 fn main() {
     let mut config = Config::default();
     for i in 0..1000 {
-        let mut q = QueueConfig::new(format!("q{i:04}"), Handler::Noop);
+        let mut q = QueueConfig::new(format!("q{i:04}"), Handler::named(Handler::NOOP));
         q.priority = i % 10;
         q.min_slots = 1;
         q.max_slots = 1000;

@@ -27,7 +27,7 @@ struct Geocode {
 
 impl Handler for Geocode {
     fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
-        let HandlerConfig::Custom { options, .. } = &queue.handler else {
+        let HandlerConfig::Named { options, .. } = &queue.handler else {
             return Err(HandlerError::new(
                 "geocode: not configured as a custom handler",
             ));

@@ -486,13 +486,11 @@ impl DemoLoad {
             .map(|(i, q)| {
                 // Slow tasks at a rate that asks for a few slots at the crest; fast ones
                 // at a steady trickle that shows throughput.
-                let (peak, payload) = match &q.handler {
-                    Handler::Sleep => (30.0, serde_json::json!({"ms": 100})),
-                    Handler::Exec { .. } => {
-                        (30.0, serde_json::json!({"action": "sleep", "ms": 100}))
-                    }
-                    Handler::Memhog { .. } => (2.0, serde_json::json!({"demo": true})),
-                    Handler::PreloadDemo { .. } => (6.0, serde_json::json!({"demo": true})),
+                let (peak, payload) = match q.handler.name() {
+                    Handler::SLEEP => (30.0, serde_json::json!({"ms": 100})),
+                    Handler::EXEC => (30.0, serde_json::json!({"action": "sleep", "ms": 100})),
+                    Handler::MEMHOG => (2.0, serde_json::json!({"demo": true})),
+                    Handler::PRELOAD_DEMO => (6.0, serde_json::json!({"demo": true})),
                     _ => (20.0, serde_json::json!({"demo": true})),
                 };
                 DemoQueue {

@@ -37,7 +37,7 @@ impl Case {
     }
 
     fn queue(mut self, name: &str, priority: i32, min: u32, max: u32) -> Self {
-        let mut q = QueueConfig::new(name, Handler::Noop);
+        let mut q = QueueConfig::new(name, Handler::named(Handler::NOOP));
         q.priority = priority;
         q.min_slots = min;
         q.max_slots = max;

@@ -100,7 +100,7 @@ pub async fn run(
     config.cluster.namespace = opts.namespace.clone();
     config.queues.insert(
         queue_name.clone(),
-        QueueConfig::new(queue_name.clone(), Handler::Noop),
+        QueueConfig::new(queue_name.clone(), Handler::named(Handler::NOOP)),
     );
     let token = new_token()?;
     let mut api_opts = ApiOptions::new(config.clone(), opts.url.clone());

@@ -7,6 +7,7 @@
 //! naming `file:line:col` and the key, so `gaffer config check` fixes a file in one pass.
 
 mod error;
+mod handler;
 mod raw;
 mod validate;
 mod values;
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{ConfigError, Diagnostic, Diagnostics};
+pub use handler::Handler;
 pub use values::{
     Rate, WorkPeriod, check_redis_url, is_valid_name, parse_cron, parse_duration, parse_size,
 };
@@ -241,7 +243,7 @@ impl QueueConfig {
             max_batch_time: Duration::from_secs(10 * 60),
             work_periods: Vec::new(),
             system: None,
-            max_payload: 1 << 20,
+            max_payload: DEFAULT_MAX_PAYLOAD,
             user: None,
             track: true,
             history_ttl: DEFAULT_HISTORY_TTL,
@@ -265,6 +267,12 @@ impl QueueConfig {
 pub const DEFAULT_HISTORY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Largest result kept in a record, when the queue does not say.
 pub const DEFAULT_MAX_RESULT: u64 = 64 * 1024;
+/// Largest payload accepted at enqueue, when the queue does not say.
+pub const DEFAULT_MAX_PAYLOAD: u64 = 1 << 20;
+/// Largest batch one take or enqueue call accepts, and so the largest `batch_size`.
+/// Defined here, where the queue client reads its other defaults too, because the config
+/// depends on no other part of gaffer.
+pub const MAX_BATCH: usize = 10_000;
 
 /// How long a task id deduplicates: `dedup = "active" | "record"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -367,61 +375,6 @@ impl ApiKey {
                 KeyQueues::All => true,
                 KeyQueues::Only(names) => names.contains(queue),
             }
-    }
-}
-
-/// What handles a queue's tasks; handler-specific keys of the queue table end up here.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Handler {
-    /// A long-lived child per slot speaking JSON lines, for handlers in any language.
-    Exec {
-        /// Program and arguments; never empty, no empty strings.
-        command: Vec<String>,
-    },
-    /// Acknowledges every task; measures the queue machinery itself.
-    Noop,
-    /// Sleeps the payload's `{"ms": N}`; simulates slow work.
-    Sleep,
-    /// Fails that share of tasks, to exercise retries and dead letters.
-    Flaky {
-        /// Between 0 and 1.
-        fail_rate: f64,
-    },
-    /// Keeps this many private bytes per task, to exercise memory recycling.
-    Memhog {
-        /// Bytes kept per task.
-        grow_per_task: u64,
-    },
-    /// Builds this many bytes in the zygote and reads them per task, to show shared pages.
-    PreloadDemo {
-        /// Bytes built once per host.
-        preload: u64,
-    },
-    /// A handler a team built into its own binary (see `slot::Registry`).
-    Custom {
-        /// The name it was registered under.
-        name: String,
-        /// The queue's `options` table, as JSON; `{}` when absent.
-        options: serde_json::Value,
-    },
-}
-
-impl Handler {
-    /// Handler names as written in `handler = "…"`.
-    pub const NAMES: [&'static str; 6] =
-        ["exec", "noop", "sleep", "flaky", "memhog", "preload_demo"];
-
-    /// The name written in the config, as hosts advertise the handlers they can run.
-    pub fn name(&self) -> &str {
-        match self {
-            Handler::Custom { name, .. } => name,
-            Handler::Exec { .. } => "exec",
-            Handler::Noop => "noop",
-            Handler::Sleep => "sleep",
-            Handler::Flaky { .. } => "flaky",
-            Handler::Memhog { .. } => "memhog",
-            Handler::PreloadDemo { .. } => "preload_demo",
-        }
     }
 }
 

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde::de::{self, Visitor};
 use toml::Spanned;
 
+use super::Handler;
 use super::values;
 
 pub(crate) type S<T> = Option<Spanned<T>>;
@@ -76,10 +77,10 @@ pub(crate) struct RawQueue {
 
 /// Keys that belong to one handler only, with that handler's name.
 pub(crate) const HANDLER_KEYS: [(&str, &str); 4] = [
-    ("command", "exec"),
-    ("fail_rate", "flaky"),
-    ("grow_per_task", "memhog"),
-    ("preload", "preload_demo"),
+    ("command", Handler::EXEC),
+    ("fail_rate", Handler::FLAKY),
+    ("grow_per_task", Handler::MEMHOG),
+    ("preload", Handler::PRELOAD_DEMO),
 ];
 
 #[derive(Debug, Clone, Deserialize)]

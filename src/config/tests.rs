@@ -130,19 +130,26 @@ fn queue_defaults_and_builtin_handlers() {
         "t.toml",
     )
     .unwrap();
-    assert_eq!(c.queues["a"], QueueConfig::new("a", Handler::Noop));
-    assert_eq!(c.queues["b"].handler, Handler::Flaky { fail_rate: 0.1 });
+    assert_eq!(
+        c.queues["a"],
+        QueueConfig::new("a", Handler::named(Handler::NOOP))
+    );
+    assert_eq!(
+        c.queues["b"].handler,
+        Handler::with_options("flaky", serde_json::json!({"fail_rate": 0.1}))
+    );
     assert_eq!(
         c.queues["c"].handler,
-        Handler::Memhog {
-            grow_per_task: 4 << 20
-        }
+        Handler::with_options("memhog", serde_json::json!({"grow_per_task": 4 << 20}))
     );
     assert_eq!(
         c.queues["d"].handler,
-        Handler::PreloadDemo { preload: 1 << 30 }
+        Handler::with_options("preload_demo", serde_json::json!({"preload": 1u64 << 30}))
     );
-    assert_eq!(c.queues["e"].handler, Handler::Flaky { fail_rate: 1.0 });
+    assert_eq!(
+        c.queues["e"].handler,
+        Handler::with_options("flaky", serde_json::json!({"fail_rate": 1.0}))
+    );
     assert_eq!(c.schedules[0].payload, serde_json::json!({}));
     assert_eq!(c.queues["a"].handler.name(), "noop");
 }
@@ -289,7 +296,7 @@ fn custom_handlers_are_named_by_the_binary_and_take_options() {
 
     let c = parse_with(src, "t.toml", &["geocode".to_string()]).unwrap();
     match &c.queues["geo"].handler {
-        Handler::Custom { name, options } => {
+        Handler::Named { name, options } => {
             assert_eq!(name, "geocode");
             assert_eq!(options["endpoint"], "http://x");
             assert_eq!(options["n"], 3);

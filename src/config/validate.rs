@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
 use toml::Spanned;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 
@@ -18,7 +19,7 @@ use super::raw::{
 use super::values::{self, Rate, WorkPeriod};
 use super::{
     ApiConfig, ApiKey, Backoff, ClusterConfig, Config, Dedup, Handler, Intake, KeyQueues,
-    ManagerConfig, MasterConfig, QueueConfig, RetryPolicy, Schedule, SystemConfig,
+    MAX_BATCH, ManagerConfig, MasterConfig, QueueConfig, RetryPolicy, Schedule, SystemConfig,
 };
 
 const TOP_KEYS: [&str; 7] = [
@@ -33,131 +34,38 @@ const TOP_KEYS: [&str; 7] = [
 
 const DEDUP_NAMES: [&str; 2] = ["active", "record"];
 
-const MAX_BATCH_SIZE: i64 = 10_000;
+/// Redis refuses larger values: bounds `max_payload`, `max_result` and `[api].max_body`.
 const MAX_PAYLOAD_LIMIT: u64 = 512 << 20;
+/// Smallest `[api].max_body` (docs/API.md: 1KiB to 512MiB).
 const MIN_MAX_BODY: u64 = 1 << 10;
+/// Longest `[api].max_wait` (docs/API.md: at most 1h).
 const MAX_MAX_WAIT: Duration = Duration::from_secs(3600);
 
+/// Checks config text whole: every problem is collected, and a config comes back only
+/// when there is none. `custom` names the handlers the binary registers beside gaffer's own.
 pub(crate) fn parse(source: &str, origin: &str, custom: &[String]) -> Result<Config, Diagnostics> {
     let mut c = Collector::new(source, origin);
-    let root = match DeTable::parse(source) {
-        Ok(root) => root,
-        Err(e) => {
-            let span = e.span().unwrap_or(0..0);
-            c.error(span, "", format!("syntax error: {}", e.message()));
-            return Err(c.finish());
-        }
+    let Some(root) = syntax(&mut c, source) else {
+        return Err(c.finish());
     };
     let root = root.get_ref();
-
-    for (key, _) in root.iter() {
-        if !TOP_KEYS.contains(&key.get_ref().as_ref()) {
-            c.error(
-                key.span(),
-                &join("", key.get_ref()),
-                unknown_key(key.get_ref(), &TOP_KEYS),
-            );
-        }
-    }
+    unknown_top_keys(&mut c, root);
 
     let declared_queues = declared_names(root, "queues");
     let declared_systems = declared_names(root, "systems");
 
-    let cluster = match section::<RawCluster>(&mut c, root, "cluster") {
-        Some(raw) => cluster(&mut c, raw),
-        None => ClusterConfig::default(),
-    };
-    let manager = match section::<RawManager>(&mut c, root, "manager") {
-        Some(raw) => manager(&mut c, raw),
-        None => ManagerConfig::default(),
-    };
-    let master = match section::<RawMaster>(&mut c, root, "master") {
-        Some(raw) => master(&mut c, raw),
-        None => MasterConfig::default(),
-    };
-
-    let mut queues = BTreeMap::new();
-    if let Some(table) = find(root, "queues").and_then(|v| table_of(&mut c, v, "queues")) {
-        for (name, value) in table.iter() {
-            let name_text: &str = name.get_ref();
-            let path = join("queues", name_text);
-            if !values::is_valid_name(name_text) {
-                c.error(
-                    name.span(),
-                    &path,
-                    "invalid queue name, use 1 to 128 characters from A-Z a-z 0-9 _ . - \
-                     (it becomes part of Redis keys)",
-                );
-            }
-            let Some(qtable) = table_of(&mut c, value, &path) else {
-                continue;
-            };
-            if let Some(raw) = deserialize::<RawQueue>(&mut c, value, &path) {
-                let q = queue(
-                    &mut c,
-                    QueueCtx {
-                        name: name_text,
-                        path: &path,
-                        span: value.span(),
-                        table: qtable,
-                        systems: &declared_systems,
-                        custom,
-                    },
-                    raw,
-                );
-                queues.insert(name_text.to_owned(), q);
-            }
-        }
-    }
-
-    let mut systems = BTreeMap::new();
-    if let Some(table) = find(root, "systems").and_then(|v| table_of(&mut c, v, "systems")) {
-        for (name, value) in table.iter() {
-            let name_text: &str = name.get_ref();
-            let path = join("systems", name_text);
-            if !values::is_valid_name(name_text) {
-                c.error(
-                    name.span(),
-                    &path,
-                    "invalid system name, use 1 to 128 characters from A-Z a-z 0-9 _ . -",
-                );
-            }
-            if table_of(&mut c, value, &path).is_none() {
-                continue;
-            }
-            if let Some(raw) = deserialize::<RawSystem>(&mut c, value, &path) {
-                systems.insert(name_text.to_owned(), system(&mut c, name_text, &path, raw));
-            }
-        }
-    }
-
-    let mut schedules = Vec::new();
-    if let Some(value) = find(root, "schedules") {
-        match value.get_ref() {
-            DeValue::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    let path = format!("schedules[{i}]");
-                    if table_of(&mut c, item, &path).is_none() {
-                        continue;
-                    }
-                    if let Some(raw) = deserialize::<RawSchedule>(&mut c, item, &path)
-                        && let Some(s) = schedule(&mut c, &path, item.span(), raw, &declared_queues)
-                    {
-                        schedules.push(s);
-                    }
-                }
-            }
-            other => c.error(
-                value.span(),
-                "schedules",
-                format!(
-                    "expected an array of tables written as [[schedules]], found {}",
-                    other.type_str()
-                ),
-            ),
-        }
-    }
-
+    let cluster = section::<RawCluster>(&mut c, root, "cluster")
+        .map(|raw| cluster(&mut c, raw))
+        .unwrap_or_default();
+    let manager = section::<RawManager>(&mut c, root, "manager")
+        .map(|raw| manager(&mut c, raw))
+        .unwrap_or_default();
+    let master = section::<RawMaster>(&mut c, root, "master")
+        .map(|raw| master(&mut c, raw))
+        .unwrap_or_default();
+    let queues = queues(&mut c, root, &declared_systems, custom);
+    let systems = systems(&mut c, root);
+    let schedules = schedules(&mut c, root, &declared_queues);
     let api = api(&mut c, root, &declared_queues);
 
     if !c.is_empty() {
@@ -173,6 +81,129 @@ pub(crate) fn parse(source: &str, origin: &str, custom: &[String]) -> Result<Con
         schedules,
         api,
     })
+}
+
+/// The document's tree with spans; `None` (with the error collected) when it is not TOML,
+/// since nothing else can be checked then.
+fn syntax<'i>(c: &mut Collector, source: &'i str) -> Option<Spanned<DeTable<'i>>> {
+    match DeTable::parse(source) {
+        Ok(root) => Some(root),
+        Err(e) => {
+            let span = e.span().unwrap_or(0..0);
+            c.error(span, "", format!("syntax error: {}", e.message()));
+            None
+        }
+    }
+}
+
+fn unknown_top_keys(c: &mut Collector, root: &DeTable) {
+    for (key, _) in root.iter() {
+        if !TOP_KEYS.contains(&key.get_ref().as_ref()) {
+            c.error(
+                key.span(),
+                &join("", key.get_ref()),
+                unknown_key(key.get_ref(), &TOP_KEYS),
+            );
+        }
+    }
+}
+
+/// Every `[queues.NAME]`, each checked on its own so one broken queue hides no other.
+fn queues(
+    c: &mut Collector,
+    root: &DeTable,
+    systems: &BTreeSet<String>,
+    custom: &[String],
+) -> BTreeMap<String, QueueConfig> {
+    let mut queues = BTreeMap::new();
+    let Some(table) = find(root, "queues").and_then(|v| table_of(c, v, "queues")) else {
+        return queues;
+    };
+    for (name, value) in table.iter() {
+        let name_text: &str = name.get_ref();
+        let path = join("queues", name_text);
+        if !values::is_valid_name(name_text) {
+            c.error(
+                name.span(),
+                &path,
+                "invalid queue name, use 1 to 128 characters from A-Z a-z 0-9 _ . - \
+                 (it becomes part of Redis keys)",
+            );
+        }
+        let Some(qtable) = table_of(c, value, &path) else {
+            continue;
+        };
+        let Some(raw) = deserialize::<RawQueue>(c, value, &path) else {
+            continue;
+        };
+        let ctx = QueueCtx {
+            name: name_text,
+            path: &path,
+            span: value.span(),
+            table: qtable,
+            systems,
+            custom,
+        };
+        queues.insert(name_text.to_owned(), queue(c, ctx, raw));
+    }
+    queues
+}
+
+/// Every `[systems.NAME]`, each checked on its own.
+fn systems(c: &mut Collector, root: &DeTable) -> BTreeMap<String, SystemConfig> {
+    let mut systems = BTreeMap::new();
+    let Some(table) = find(root, "systems").and_then(|v| table_of(c, v, "systems")) else {
+        return systems;
+    };
+    for (name, value) in table.iter() {
+        let name_text: &str = name.get_ref();
+        let path = join("systems", name_text);
+        if !values::is_valid_name(name_text) {
+            c.error(
+                name.span(),
+                &path,
+                "invalid system name, use 1 to 128 characters from A-Z a-z 0-9 _ . -",
+            );
+        }
+        if table_of(c, value, &path).is_none() {
+            continue;
+        }
+        if let Some(raw) = deserialize::<RawSystem>(c, value, &path) {
+            systems.insert(name_text.to_owned(), system(c, name_text, &path, raw));
+        }
+    }
+    systems
+}
+
+/// Every `[[schedules]]`, in file order.
+fn schedules(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> Vec<Schedule> {
+    let Some(value) = find(root, "schedules") else {
+        return Vec::new();
+    };
+    let DeValue::Array(items) = value.get_ref() else {
+        c.error(
+            value.span(),
+            "schedules",
+            format!(
+                "expected an array of tables written as [[schedules]], found {}",
+                value.get_ref().type_str()
+            ),
+        );
+        return Vec::new();
+    };
+    let mut schedules = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let path = format!("schedules[{i}]");
+        if table_of(c, item, &path).is_none() {
+            continue;
+        }
+        if let Some(raw) = deserialize::<RawSchedule>(c, item, &path)
+            && let Some(s) = schedule(c, &path, item.span(), raw, queues)
+        {
+            schedules.push(s);
+        }
+    }
+    schedules
 }
 
 // ---------------------------------------------------------------------------------------
@@ -233,7 +264,7 @@ fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
     };
     ManagerConfig {
         http: listen_addr(c, "manager.http", raw.http, d.http),
-        tick: duration(c, "manager", "tick", raw.tick, d.tick, true),
+        tick: duration(c, "manager", "tick", raw.tick, d.tick, Zero::Refused),
         timezone,
         heartbeat_timeout: duration(
             c,
@@ -241,7 +272,7 @@ fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
             "heartbeat_timeout",
             raw.heartbeat_timeout,
             d.heartbeat_timeout,
-            true,
+            Zero::Refused,
         ),
     }
 }
@@ -280,7 +311,7 @@ fn master(c: &mut Collector, raw: RawMaster) -> MasterConfig {
             "memory_reserve",
             raw.memory_reserve,
             d.memory_reserve,
-            false,
+            Zero::Allowed,
         ),
         slot_estimate: size(
             c,
@@ -288,7 +319,7 @@ fn master(c: &mut Collector, raw: RawMaster) -> MasterConfig {
             "slot_estimate",
             raw.slot_estimate,
             d.slot_estimate,
-            true,
+            Zero::Refused,
         ),
         drain_timeout: duration(
             c,
@@ -296,7 +327,7 @@ fn master(c: &mut Collector, raw: RawMaster) -> MasterConfig {
             "drain_timeout",
             raw.drain_timeout,
             d.drain_timeout,
-            false,
+            Zero::Allowed,
         ),
         http,
         max_slots: raw
@@ -328,39 +359,37 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
 
 /// `handler` and the keys that belong to one handler: what runs in the queue's slots.
 fn handler(c: &mut Collector, q: &QueueCtx, raw: &RawQueue) -> Handler {
-    let path = q.path;
     let name = handler_name(c, q, raw);
-    let is_custom = name.is_some_and(|h| !Handler::NAMES.contains(&h));
-    misplaced_handler_keys(c, q, raw, name, is_custom);
+    misplaced_handler_keys(c, q, raw, name);
     match name {
-        Some("exec") => Handler::Exec {
-            command: command(c, path, q.span.clone(), raw),
+        Some(Handler::EXEC) => Handler::Exec {
+            command: command(c, q.path, q.span.clone(), raw),
         },
-        Some("sleep") => Handler::Sleep,
-        Some("flaky") => Handler::Flaky {
-            fail_rate: fail_rate(c, path, raw),
-        },
-        Some("memhog") => Handler::Memhog {
-            grow_per_task: size(
-                c,
-                path,
-                "grow_per_task",
-                raw.grow_per_task.clone(),
-                4 << 20,
-                false,
-            ),
-        },
-        Some("preload_demo") => Handler::PreloadDemo {
-            preload: size(c, path, "preload", raw.preload.clone(), 512 << 20, false),
-        },
-        Some(name) if is_custom => Handler::Custom {
-            name: name.to_owned(),
-            options: raw
-                .options
-                .as_ref()
-                .map_or_else(|| serde_json::json!({}), |o| o.get_ref().clone()),
-        },
-        _ => Handler::Noop,
+        Some(name) => Handler::with_options(name, handler_options(c, q.path, name, raw)),
+        // Any handler will do: the queue has an error, so no config is returned.
+        None => Handler::named(Handler::NOOP),
+    }
+}
+
+/// The settings a named handler reads back in `preload`. A built-in one's are queue-level
+/// keys, checked here so that their errors name file:line:col like every other; a
+/// handler of the team's binary gets its `options` table as written.
+fn handler_options(c: &mut Collector, path: &str, name: &str, raw: &RawQueue) -> Value {
+    match name {
+        Handler::FLAKY => json!({ "fail_rate": fail_rate(c, path, raw) }),
+        Handler::MEMHOG => {
+            let grow = raw.grow_per_task.clone();
+            json!({ "grow_per_task": size(c, path, "grow_per_task", grow, 4 << 20, Zero::Allowed) })
+        }
+        Handler::PRELOAD_DEMO => {
+            let preload = raw.preload.clone();
+            json!({ "preload": size(c, path, "preload", preload, 512 << 20, Zero::Allowed) })
+        }
+        name if Handler::is_builtin(name) => json!({}),
+        _ => raw
+            .options
+            .as_ref()
+            .map_or_else(|| json!({}), |o| o.get_ref().clone()),
     }
 }
 
@@ -396,18 +425,20 @@ fn handler_name<'r>(c: &mut Collector, q: &QueueCtx, raw: &'r RawQueue) -> Optio
     }
 }
 
-/// `options` without a custom handler, and keys of another handler than the queue's.
+/// `options` with a built-in handler, and keys of another handler than the queue's. An
+/// unknown or missing handler has its own error, so nothing is misplaced then.
 fn misplaced_handler_keys(
     c: &mut Collector,
     q: &QueueCtx,
     raw: &RawQueue,
     handler_name: Option<&str>,
-    is_custom: bool,
 ) {
+    let Some(hname) = handler_name else {
+        return;
+    };
     let path = q.path;
     if let Some(options) = &raw.options
-        && !is_custom
-        && handler_name.is_some()
+        && Handler::is_builtin(hname)
     {
         let span = key_span(q.table, "options").unwrap_or(options.span());
         c.error(
@@ -417,9 +448,6 @@ fn misplaced_handler_keys(
         );
     }
 
-    let Some(hname) = handler_name else {
-        return;
-    };
     let present = [
         raw.command.as_ref().map(Spanned::span),
         raw.fail_rate.as_ref().map(Spanned::span),
@@ -494,7 +522,7 @@ fn slots(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig)
         raw.batch_size.clone(),
         out.batch_size,
         1,
-        MAX_BATCH_SIZE,
+        MAX_BATCH as i64,
     );
 
     let (min_slots, max_slots) = (out.min_slots, out.max_slots);
@@ -523,7 +551,14 @@ fn slots(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig)
 /// `lease`, `max_attempts`, `retry`, `max_batch_time` and `work_periods`: when tasks run
 /// and how long they may take.
 fn timing(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
-    out.lease = duration(c, path, "lease", raw.lease.clone(), out.lease, true);
+    out.lease = duration(
+        c,
+        path,
+        "lease",
+        raw.lease.clone(),
+        out.lease,
+        Zero::Refused,
+    );
     out.max_attempts = int(
         c,
         path,
@@ -542,7 +577,7 @@ fn timing(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) 
         "max_batch_time",
         raw.max_batch_time.clone(),
         out.max_batch_time,
-        true,
+        Zero::Refused,
     );
     let Some(periods) = &raw.work_periods else {
         return;
@@ -585,7 +620,7 @@ fn limits(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig
         "max_payload",
         raw.max_payload.clone(),
         out.max_payload,
-        true,
+        Zero::Refused,
     );
     if out.max_payload > MAX_PAYLOAD_LIMIT
         && let Some(v) = &raw.max_payload
@@ -600,7 +635,7 @@ fn limits(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig
     out.private_dirty_limit = raw
         .private_dirty_limit
         .clone()
-        .map(|v| size(c, path, "private_dirty_limit", Some(v), 0, true));
+        .map(|v| size(c, path, "private_dirty_limit", Some(v), 0, Zero::Refused));
 
     out.user = raw.user.as_ref().map(|u| {
         let name = u.get_ref();
@@ -631,7 +666,7 @@ fn records(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig)
         "history_ttl",
         raw.history_ttl.clone(),
         out.history_ttl,
-        true,
+        Zero::Refused,
     );
     out.max_result = size(
         c,
@@ -639,7 +674,7 @@ fn records(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig)
         "max_result",
         raw.max_result.clone(),
         out.max_result,
-        true,
+        Zero::Refused,
     );
     if out.max_result > MAX_PAYLOAD_LIMIT
         && let Some(v) = &raw.max_result
@@ -738,8 +773,8 @@ fn retry(c: &mut Collector, path: &str, raw: RawRetry) -> RetryPolicy {
     };
     let base_span = raw.base.as_ref().map(Spanned::span);
     let max_span = raw.max.as_ref().map(Spanned::span);
-    let base = duration(c, path, "base", raw.base, d.base, false);
-    let max = duration(c, path, "max", raw.max, d.max, false);
+    let base = duration(c, path, "base", raw.base, d.base, Zero::Allowed);
+    let max = duration(c, path, "max", raw.max, d.max, Zero::Allowed);
     // The defaults are in order, so a reversed pair always has a written value to blame.
     if max < base
         && let Some((span, key)) = max_span
@@ -886,7 +921,7 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         "max_body",
         raw.max_body.clone(),
         d.max_body,
-        false,
+        Zero::Allowed,
     );
     if !(MIN_MAX_BODY..=MAX_PAYLOAD_LIMIT).contains(&max_body)
         && let Some(v) = &raw.max_body
@@ -894,7 +929,14 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         c.error(v.span(), "api.max_body", "must be between 1KiB and 512MiB");
     }
 
-    let max_wait = duration(c, "api", "max_wait", raw.max_wait.clone(), d.max_wait, true);
+    let max_wait = duration(
+        c,
+        "api",
+        "max_wait",
+        raw.max_wait.clone(),
+        d.max_wait,
+        Zero::Refused,
+    );
     if max_wait > MAX_MAX_WAIT
         && let Some(v) = &raw.max_wait
     {
@@ -1108,13 +1150,23 @@ fn unknown_queue(name: &str) -> String {
 // ---------------------------------------------------------------------------------------
 // Field helpers: each reports its own problem and returns the default so checking goes on.
 
+/// Whether a duration or size may be zero: a tick, lease or limit may not, a reserve or a
+/// retry delay may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Zero {
+    /// Zero is a valid value.
+    Allowed,
+    /// Zero is an error: "must be greater than zero".
+    Refused,
+}
+
 fn duration(
     c: &mut Collector,
     path: &str,
     key: &str,
     value: S<Human<Duration>>,
     default: Duration,
-    positive: bool,
+    zero: Zero,
 ) -> Duration {
     let Some(value) = value else { return default };
     match &value.get_ref().0 {
@@ -1122,7 +1174,7 @@ fn duration(
             c.error(value.span(), &join(path, key), m.clone());
             default
         }
-        Ok(d) if positive && d.is_zero() => {
+        Ok(d) if zero == Zero::Refused && d.is_zero() => {
             c.error(value.span(), &join(path, key), "must be greater than zero");
             default
         }
@@ -1136,7 +1188,7 @@ fn size(
     key: &str,
     value: S<Human<Size>>,
     default: u64,
-    positive: bool,
+    zero: Zero,
 ) -> u64 {
     let Some(value) = value else { return default };
     match &value.get_ref().0 {
@@ -1144,7 +1196,7 @@ fn size(
             c.error(value.span(), &join(path, key), m.clone());
             default
         }
-        Ok(Size(0)) if positive => {
+        Ok(Size(0)) if zero == Zero::Refused => {
             c.error(value.span(), &join(path, key), "must be greater than zero");
             default
         }

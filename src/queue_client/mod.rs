@@ -33,10 +33,7 @@ pub use record::{
 };
 use scripts::{Keys, SCRIPTS};
 
-/// Default payload limit, when the queue's config does not set one.
-pub const DEFAULT_MAX_PAYLOAD: u64 = 1024 * 1024;
-/// Largest batch one take or enqueue call accepts.
-pub const MAX_BATCH: usize = 10_000;
+pub use crate::config::{DEFAULT_MAX_PAYLOAD, MAX_BATCH};
 /// Longest task id accepted, in bytes.
 pub const MAX_ID_LEN: usize = 256;
 /// Longest a task may be put off, by an enqueue's `delay` or `at` or a retry's delay: a

@@ -2,8 +2,23 @@
 
 use std::time::Duration;
 
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
 use crate::config::{Handler as HandlerConfig, QueueConfig};
 use crate::host::handler::{Handler, HandlerError, Outcome, SlotContext, Task};
+
+/// A built-in handler's settings, read from its options like a custom handler reads its
+/// own; config validation wrote them there from the queue's keys, with their defaults.
+fn settings<T: DeserializeOwned>(queue: &QueueConfig, name: &str) -> Result<T, HandlerError> {
+    let not_configured = || HandlerError::new(format!("{name}: queue is not configured as {name}"));
+    if queue.handler.name() != name {
+        return Err(not_configured());
+    }
+    let options = queue.handler.options().ok_or_else(not_configured)?;
+    serde_json::from_value(options.clone())
+        .map_err(|e| HandlerError::new(format!("{name}: bad options: {e}")))
+}
 
 /// Acknowledges every task: measures the queue and slot machinery alone.
 #[derive(Debug)]
@@ -50,6 +65,13 @@ impl Handler for Sleep {
     }
 }
 
+/// [`Flaky`]'s options.
+#[derive(Deserialize)]
+struct FlakySettings {
+    /// Between 0 and 1.
+    fail_rate: f64,
+}
+
 /// Fails `fail_rate` of its tasks (retried by the queue's policy): exercises retries and
 /// dead letters.
 #[derive(Debug)]
@@ -60,9 +82,7 @@ pub struct Flaky {
 
 impl Handler for Flaky {
     fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
-        let HandlerConfig::Flaky { fail_rate } = queue.handler else {
-            return Err(HandlerError::new("flaky: queue is not configured as flaky"));
-        };
+        let FlakySettings { fail_rate } = settings(queue, HandlerConfig::FLAKY)?;
         Ok(Flaky { fail_rate, rng: 0 })
     }
 
@@ -96,6 +116,13 @@ impl Handler for Flaky {
     }
 }
 
+/// [`Memhog`]'s options.
+#[derive(Deserialize)]
+struct MemhogSettings {
+    /// Bytes kept per task.
+    grow_per_task: u64,
+}
+
 /// Keeps `grow_per_task` bytes of private, dirty memory per task for the life of the
 /// slot, so its Private_Dirty climbs until the slot recycles itself.
 #[derive(Debug)]
@@ -106,11 +133,7 @@ pub struct Memhog {
 
 impl Handler for Memhog {
     fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
-        let HandlerConfig::Memhog { grow_per_task } = queue.handler else {
-            return Err(HandlerError::new(
-                "memhog: queue is not configured as memhog",
-            ));
-        };
+        let MemhogSettings { grow_per_task } = settings(queue, HandlerConfig::MEMHOG)?;
         Ok(Memhog {
             grow_per_task: usize::try_from(grow_per_task)
                 .map_err(|_| HandlerError::new("memhog: grow_per_task too large"))?,
@@ -126,6 +149,13 @@ impl Handler for Memhog {
         }
         vec![Outcome::done(); batch.len()]
     }
+}
+
+/// [`PreloadDemo`]'s options.
+#[derive(Deserialize)]
+struct PreloadDemoSettings {
+    /// Bytes built once per host.
+    preload: u64,
 }
 
 /// Builds `preload` bytes in the zygote and reads all of them per task (a checksum), so
@@ -144,11 +174,7 @@ impl PreloadDemo {
 
 impl Handler for PreloadDemo {
     fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
-        let HandlerConfig::PreloadDemo { preload } = queue.handler else {
-            return Err(HandlerError::new(
-                "preload_demo: queue is not configured as preload_demo",
-            ));
-        };
+        let PreloadDemoSettings { preload } = settings(queue, HandlerConfig::PRELOAD_DEMO)?;
         let words = usize::try_from(preload / 8)
             .map_err(|_| HandlerError::new("preload_demo: preload too large"))?;
         let mut data = Vec::with_capacity(words);
@@ -187,9 +213,15 @@ mod tests {
         SlotContext::detached(QueueConfig::new("q", handler), 0)
     }
 
+    /// A context for the queue `q` of a config's text, as validation builds it.
+    fn configured(toml: &str) -> SlotContext {
+        let config = crate::config::parse(toml, "t.toml").unwrap();
+        SlotContext::detached(config.queues["q"].clone(), 0)
+    }
+
     #[test]
     fn sleep_rejects_bad_payloads_and_accepts_ms() {
-        let c = ctx(HandlerConfig::Sleep);
+        let c = ctx(HandlerConfig::named(HandlerConfig::SLEEP));
         let out = Sleep.handle(
             &c,
             &[task(r#"{"ms":1}"#), task("nope"), task(r#"{"ms":-1}"#)],
@@ -201,7 +233,7 @@ mod tests {
 
     #[test]
     fn flaky_fails_about_its_rate() {
-        let c = ctx(HandlerConfig::Flaky { fail_rate: 0.25 });
+        let c = configured("[queues.q]\nhandler = \"flaky\"\nfail_rate = 0.25\n");
         let mut h = Flaky::preload(&c.queue).unwrap();
         h.init(&c).unwrap();
         let batch: Vec<Task> = (0..4000).map(|_| task("{}")).collect();
@@ -215,9 +247,7 @@ mod tests {
 
     #[test]
     fn memhog_keeps_memory_per_task() {
-        let c = ctx(HandlerConfig::Memhog {
-            grow_per_task: 4096,
-        });
+        let c = configured("[queues.q]\nhandler = \"memhog\"\ngrow_per_task = \"4KiB\"\n");
         let mut h = Memhog::preload(&c.queue).unwrap();
         h.handle(&c, &[task("{}"), task("{}")]);
         assert_eq!(h.kept.iter().map(Vec::len).sum::<usize>(), 8192);
@@ -225,9 +255,30 @@ mod tests {
 
     #[test]
     fn preload_demo_builds_its_size() {
-        let c = ctx(HandlerConfig::PreloadDemo { preload: 1 << 16 });
+        let c = configured("[queues.q]\nhandler = \"preload_demo\"\npreload = \"64KiB\"\n");
         let h = PreloadDemo::preload(&c.queue).unwrap();
         assert_eq!(h.data.len() * 8, 1 << 16);
         assert_ne!(h.checksum(), 0);
+    }
+
+    #[test]
+    fn defaults_come_from_the_config() {
+        let c = configured("[queues.q]\nhandler = \"flaky\"\n");
+        assert_eq!(Flaky::preload(&c.queue).unwrap().fail_rate, 0.1);
+        let c = configured("[queues.q]\nhandler = \"memhog\"\n");
+        assert_eq!(Memhog::preload(&c.queue).unwrap().grow_per_task, 4 << 20);
+    }
+
+    #[test]
+    fn a_built_in_refuses_another_handlers_queue() {
+        let c = ctx(HandlerConfig::named(HandlerConfig::NOOP));
+        let e = Flaky::preload(&c.queue).unwrap_err();
+        assert_eq!(e.to_string(), "flaky: queue is not configured as flaky");
+        let c = ctx(HandlerConfig::named(HandlerConfig::FLAKY));
+        let e = Flaky::preload(&c.queue).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("flaky: bad options: missing field `fail_rate`")
+        );
     }
 }

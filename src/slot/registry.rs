@@ -3,25 +3,26 @@
 
 use super::builtin::{Flaky, Memhog, Noop, PreloadDemo, Sleep};
 use super::exec::Exec;
+use crate::config::Handler as HandlerConfig;
 use crate::host::handler::Registry;
 
 impl Registry {
-    /// The built-in handlers: `exec`, `noop`, `sleep`, `flaky`, `memhog`, `preload_demo`.
+    /// The built-in handlers, under the names of [`HandlerConfig::NAMES`]: `exec`, `noop`,
+    /// `sleep`, `flaky`, `memhog`, `preload_demo`.
     pub fn builtin() -> Self {
         Registry::empty()
-            .with_builtin::<Exec>("exec")
-            .with_builtin::<Noop>("noop")
-            .with_builtin::<Sleep>("sleep")
-            .with_builtin::<Flaky>("flaky")
-            .with_builtin::<Memhog>("memhog")
-            .with_builtin::<PreloadDemo>("preload_demo")
+            .with_builtin::<Exec>(HandlerConfig::EXEC)
+            .with_builtin::<Noop>(HandlerConfig::NOOP)
+            .with_builtin::<Sleep>(HandlerConfig::SLEEP)
+            .with_builtin::<Flaky>(HandlerConfig::FLAKY)
+            .with_builtin::<Memhog>(HandlerConfig::MEMHOG)
+            .with_builtin::<PreloadDemo>(HandlerConfig::PRELOAD_DEMO)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Handler as HandlerConfig;
 
     #[test]
     fn builtin_has_every_built_in_name_but_no_custom_one() {

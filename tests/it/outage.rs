@@ -103,7 +103,7 @@ async fn a_slot_rides_out_a_redis_loading_its_aof() {
         .await
         .unwrap();
     let q = client.queue("load").unwrap();
-    let mut cfg = QueueConfig::new("load", HandlerConfig::Noop);
+    let mut cfg = QueueConfig::new("load", HandlerConfig::named(HandlerConfig::NOOP));
     cfg.batch_size = 1;
     // Far longer than the test: an expired lease cannot stand in for a settle.
     cfg.lease = Duration::from_secs(120);
@@ -155,7 +155,7 @@ async fn a_settle_outlives_an_outage_longer_than_the_lease() {
     let mut redis = TestRedis::with_aof();
     let client = redis.client().await;
     let q = client.queue("outage").unwrap();
-    let mut cfg = QueueConfig::new("outage", HandlerConfig::Noop);
+    let mut cfg = QueueConfig::new("outage", HandlerConfig::named(HandlerConfig::NOOP));
     cfg.batch_size = 1;
     cfg.lease = Duration::from_secs(2);
     q.enqueue(NewTask::new("x")).await.unwrap();

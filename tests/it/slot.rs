@@ -50,7 +50,7 @@ async fn a_panic_fails_only_its_batch_and_the_slot_survives() {
     let redis = TestRedis::start();
     let client = redis.client().await;
     let q = client.queue("p").unwrap();
-    let mut cfg = QueueConfig::new("p", HandlerConfig::Noop);
+    let mut cfg = QueueConfig::new("p", HandlerConfig::named(HandlerConfig::NOOP));
     cfg.batch_size = 2;
     cfg.retry = RetryPolicy {
         base: Duration::from_millis(10),
@@ -119,7 +119,7 @@ async fn a_failed_init_exits_fatal_and_takes_nothing() {
     let q = client.queue("i").unwrap();
     q.enqueue(NewTask::new("x")).await.unwrap();
     let (report, _events) = UnixDatagram::pair().unwrap();
-    let cfg = QueueConfig::new("i", HandlerConfig::Noop);
+    let cfg = QueueConfig::new("i", HandlerConfig::named(HandlerConfig::NOOP));
     let spec = spec(&redis, cfg, report);
     let code = tokio::task::spawn_blocking(move || run_slot(spec, Box::new(NoInit), None))
         .await
@@ -162,7 +162,7 @@ async fn an_oversized_payload_is_dead_lettered_before_the_handler_and_the_slot_g
         ..QueueLimits::default()
     };
     let q = client.queue_with("o", limits).unwrap();
-    let mut cfg = QueueConfig::new("o", HandlerConfig::Noop);
+    let mut cfg = QueueConfig::new("o", HandlerConfig::named(HandlerConfig::NOOP));
     cfg.batch_size = 3;
     cfg.max_payload = 1 << 20;
     let big = vec![b'x'; 2 << 20];
@@ -211,7 +211,7 @@ async fn a_deeply_nested_payload_is_dead_lettered_by_a_json_handler_and_the_slot
     let redis = TestRedis::start();
     let client = redis.client().await;
     let q = client.queue("n").unwrap();
-    let mut cfg = QueueConfig::new("n", HandlerConfig::Sleep);
+    let mut cfg = QueueConfig::new("n", HandlerConfig::named(HandlerConfig::SLEEP));
     cfg.batch_size = 3;
     // Deep enough to overflow a recursive parser's stack if it got that far.
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
@@ -302,7 +302,7 @@ async fn a_rust_handlers_result_lands_in_the_record_with_host_and_slot() {
     q.enqueue(NewTask::new(r#"{"n":21}"#).id("t"))
         .await
         .unwrap();
-    let cfg = QueueConfig::new("r", HandlerConfig::Noop);
+    let cfg = QueueConfig::new("r", HandlerConfig::named(HandlerConfig::NOOP));
     let rec = run_until_ended(&redis, cfg, Box::new(Doubles), "t").await;
     assert_eq!(rec.state, gaffer::queue_client::RecordState::Done);
     assert_eq!(rec.result, Some(serde_json::json!({"double": 42})));
