@@ -313,6 +313,7 @@ struct SettleOrder {
 }
 
 impl SettleOrder {
+    /// The ops' indices in the script's three groups, each in the ops' order.
     fn of(ops: &[SettleOp]) -> Self {
         let is_ack = |i: &usize| ops[*i].action == Settle::Ack;
         let first: Vec<usize> = (0..ops.len())
@@ -329,6 +330,7 @@ impl SettleOrder {
         }
     }
 
+    /// How many ops, and so how many codes the script replies.
     fn len(&self) -> usize {
         self.first.len() + self.later.len() + self.others.len()
     }
