@@ -13,7 +13,9 @@ use std::time::Duration;
 use redis::Value;
 use serde::Serialize;
 
-use super::{Queue, QueueError, SCRIPTS, bytes, string};
+use super::reply::{bytes, string};
+use super::scripts::SCRIPTS;
+use super::{MAX_LIST_LIMIT, Queue, QueueError};
 
 /// A task's state as the task service shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -172,22 +174,9 @@ pub struct RecordMemory {
     pub expiry_entries: u64,
 }
 
-/// Largest page a listing returns.
-pub const MAX_LIST_LIMIT: usize = 1000;
 /// Index entries one listing call looks at, at most: a filter that matches rarely returns
 /// a short page with a cursor rather than scanning a whole queue's records in one script.
 const LIST_SCAN_CAP: usize = 5000;
-
-/// What a freeze or thaw found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FreezeResult {
-    /// Applied (or already so).
-    Done,
-    /// The task is not in a state the action applies to (running, failed, or ended).
-    NotApplicable,
-    /// No such task.
-    Unknown,
-}
 
 /// A record's history as stored: entries separated by \x1e, fields by \x1f.
 fn parse_history(text: &str) -> Vec<HistoryEntry> {
@@ -256,19 +245,22 @@ impl Queue {
     /// The task's record with its history; `None` when the task has none (unknown, its
     /// record expired, or the queue does not track).
     pub async fn record(&self, id: &str) -> Result<Option<TaskRecord>, QueueError> {
-        self.record_call(id, false).await
+        self.record_call(id, Watch::No).await
     }
 
     /// Like [`record`](Self::record), and marks that a caller waits for the task's end:
     /// when it ends, its id is published on [`ended_channel`](Self::ended_channel). Call
     /// it after subscribing, so the end cannot slip between the two.
     pub async fn watch(&self, id: &str) -> Result<Option<TaskRecord>, QueueError> {
-        self.record_call(id, true).await
+        self.record_call(id, Watch::Yes).await
     }
 
-    async fn record_call(&self, id: &str, watch: bool) -> Result<Option<TaskRecord>, QueueError> {
+    async fn record_call(&self, id: &str, watch: Watch) -> Result<Option<TaskRecord>, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.record_get);
-        inv.arg(id).arg(if watch { "1" } else { "0" });
+        inv.arg(id).arg(match watch {
+            Watch::No => "0",
+            Watch::Yes => "1",
+        });
         let mut conn = self.conn.clone();
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
         reply
@@ -276,24 +268,16 @@ impl Queue {
             .transpose()
     }
 
-    /// Deletes up to `limit` records whose `history_ttl` has run out since their task
-    /// ended; returns how many. Takes do it too; the manager calls it for every queue each
-    /// tick, so a queue without takes sheds its old records on time as well.
-    pub async fn housekeep(&self, limit: usize) -> Result<u64, QueueError> {
-        let mut inv = self.invocation(&SCRIPTS.housekeep);
-        inv.arg(limit);
-        let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
-    }
-
     /// Redis memory (`MEMORY USAGE`) of a task's record, and of the listing index and the
     /// expiry index with their entry counts: what records cost, for `gaffer bench` and
     /// capacity planning.
     pub async fn record_memory(&self, id: &str) -> Result<RecordMemory, QueueError> {
         let mut conn = self.conn.clone();
-        let (record_bytes, _) = memory(&mut conn, &self.keys.record(id), false).await?;
-        let (index_bytes, index_entries) = memory(&mut conn, self.keys.index(), true).await?;
-        let (expiry_bytes, expiry_entries) = memory(&mut conn, self.keys.expiry(), true).await?;
+        let (record_bytes, _) = memory(&mut conn, &self.keys.record(id), KeyKind::Record).await?;
+        let (index_bytes, index_entries) =
+            memory(&mut conn, self.keys.index(), KeyKind::Index).await?;
+        let (expiry_bytes, expiry_entries) =
+            memory(&mut conn, self.keys.expiry(), KeyKind::Index).await?;
         Ok(RecordMemory {
             record_bytes,
             index_bytes,
@@ -343,80 +327,31 @@ impl Queue {
                 .flatten(),
         })
     }
-
-    /// Holds a waiting task until [`thaw`](Self::thaw): takers do not see it meanwhile.
-    /// `note` goes into its history (who froze it, why).
-    pub async fn freeze(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
-        self.freeze_call(id, "freeze", note).await
-    }
-
-    /// Releases a frozen task: ready at once, or delayed while its due time is ahead.
-    pub async fn thaw(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
-        self.freeze_call(id, "thaw", note).await
-    }
-
-    async fn freeze_call(
-        &self,
-        id: &str,
-        action: &str,
-        note: &str,
-    ) -> Result<FreezeResult, QueueError> {
-        let mut inv = self.invocation(&SCRIPTS.freeze);
-        inv.arg(id).arg(action).arg(note);
-        let mut conn = self.conn.clone();
-        let reply: Option<String> = inv.invoke_async(&mut conn).await?;
-        Ok(match (action, reply.as_deref()) {
-            (_, None) => FreezeResult::Unknown,
-            ("freeze", Some("frozen")) => FreezeResult::Done,
-            ("thaw", Some("ready" | "delayed")) => FreezeResult::Done,
-            _ => FreezeResult::NotApplicable,
-        })
-    }
-
-    /// The queue's intake as it is now: the run-time switch when set, else the config's.
-    pub async fn intake(&self) -> Result<crate::config::Intake, QueueError> {
-        let mut conn = self.conn.clone();
-        let v: Option<String> = redis::cmd("HGET")
-            .arg(self.keys.conf())
-            .arg("intake")
-            .query_async(&mut conn)
-            .await?;
-        Ok(v.as_deref()
-            .and_then(crate::config::Intake::parse)
-            .unwrap_or(self.limits.intake))
-    }
-
-    /// Switches the queue's intake at run time; `None` drops the switch, so the config's
-    /// value applies again. The switch lives beside the queue, so every producer (the
-    /// API, the CLI, the library) honours it in the same script that enqueues.
-    pub async fn set_intake(
-        &self,
-        intake: Option<crate::config::Intake>,
-    ) -> Result<(), QueueError> {
-        let mut conn = self.conn.clone();
-        let cmd = match intake {
-            Some(i) => {
-                let mut c = redis::cmd("HSET");
-                c.arg(self.keys.conf()).arg("intake").arg(i.as_str());
-                c
-            }
-            None => {
-                let mut c = redis::cmd("HDEL");
-                c.arg(self.keys.conf()).arg("intake");
-                c
-            }
-        };
-        cmd.query_async::<()>(&mut conn).await?;
-        Ok(())
-    }
 }
 
-/// `MEMORY USAGE` of a key (0 when absent) and, for a sorted set, its entry count.
+/// Whether a read of a record also marks that a caller waits for the task's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Watch {
+    No,
+    Yes,
+}
+
+/// The kinds of key [`memory`] measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeyKind {
+    /// A task's record: a string.
+    Record,
+    /// A listing or expiry index: a sorted set, with an entry count.
+    Index,
+}
+
+/// `MEMORY USAGE` of a key (0 when absent) and, for an index, its entry count.
 async fn memory(
     conn: &mut super::RedisConn,
     key: &str,
-    zset: bool,
+    kind: KeyKind,
 ) -> Result<(u64, u64), QueueError> {
+    let zset = kind == KeyKind::Index;
     let mut usage = redis::cmd("MEMORY");
     usage.arg("USAGE").arg(key);
     if zset {

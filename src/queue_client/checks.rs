@@ -1,0 +1,50 @@
+//! Checks of untrusted input that other modules share: queue names, which become part of
+//! Redis keys, and JSON nesting, checked before any parser recurses into it.
+
+use super::QueueError;
+
+/// Whether JSON text nests brackets deeper than `limit`, by a scan of brackets outside
+/// strings: cheap, and run before any parser recurses into untrusted input (payloads in a
+/// slot, request bodies in the api).
+pub fn json_deeper_than(bytes: &[u8], limit: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Checks a queue name: it becomes part of Redis keys and their hash tag.
+pub fn validate_queue_name(name: &str) -> Result<(), QueueError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(QueueError::Invalid(format!(
+            "queue name {name:?} is invalid: use 1 to 128 letters, digits, '_', '-' or '.'"
+        )))
+    }
+}

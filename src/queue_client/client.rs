@@ -1,0 +1,101 @@
+//! The client: a connection to the queues of one namespace, connected at once or patiently
+//! (waiting out an outage), and the handles on its queues.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::conn::{self, Target};
+use super::scripts::Keys;
+use super::validate_queue_name;
+use super::{ConnectOptions, Queue, QueueError, QueueLimits, RedisConn, Waiter, redacted};
+
+/// A connection to the queues of one namespace.
+#[derive(Clone)]
+pub struct QueueClient {
+    conn: RedisConn,
+    target: Target,
+    namespace: Arc<str>,
+}
+
+impl QueueClient {
+    /// Connects to the Redis at `url` (a single server or any node of a Redis Cluster).
+    pub async fn connect(
+        url: &str,
+        namespace: &str,
+        opts: &ConnectOptions,
+    ) -> Result<Self, QueueError> {
+        let (conn, target) = conn::connect(url, opts).await?;
+        Ok(QueueClient {
+            conn,
+            target,
+            namespace: namespace.into(),
+        })
+    }
+
+    /// Like [`connect`](Self::connect), but waits out a Redis that is unreachable or not
+    /// ready yet, backing off from 100 ms to 5 s, with a warning on the first failure and
+    /// about every minute after. Errors that waiting cannot fix (a bad URL, a wrong
+    /// password) return at once. For daemons, which must come up in whatever order hosts
+    /// and services start, and ride out an outage that began before they did; drop the
+    /// future to give up.
+    pub async fn connect_patiently(
+        url: &str,
+        namespace: &str,
+        opts: &ConnectOptions,
+    ) -> Result<Self, QueueError> {
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut warned: Option<std::time::Instant> = None;
+        loop {
+            match Self::connect(url, namespace, opts).await {
+                Ok(client) => {
+                    if warned.is_some() {
+                        tracing::info!(redis = %redacted(url), "redis reachable");
+                    }
+                    return Ok(client);
+                }
+                Err(e) if e.is_transient() => {
+                    if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                        tracing::warn!(redis = %redacted(url), error = %e,
+                            "redis unreachable; waiting for it");
+                        warned = Some(std::time::Instant::now());
+                    }
+                    backoff.pause().await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A handle on one queue with default limits.
+    pub fn queue(&self, name: &str) -> Result<Queue, QueueError> {
+        self.queue_with(name, QueueLimits::default())
+    }
+
+    /// A handle on one queue with the limits of its config.
+    pub fn queue_with(&self, name: &str, limits: QueueLimits) -> Result<Queue, QueueError> {
+        validate_queue_name(name)?;
+        Ok(Queue {
+            conn: self.conn.clone(),
+            keys: Arc::new(Keys::new(&self.namespace, name)),
+            name: name.into(),
+            limits,
+            worker: None,
+        })
+    }
+
+    /// A dedicated connection for blocking waits; one per concurrent taker.
+    pub fn waiter(&self) -> Waiter {
+        Waiter::new(self.target.clone())
+    }
+
+    /// The shared connection, for commands outside the queue API.
+    pub fn connection(&self) -> RedisConn {
+        self.conn.clone()
+    }
+
+    /// The key namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+}

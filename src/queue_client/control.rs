@@ -1,0 +1,213 @@
+//! Operator controls on one task or a whole queue: look a task up, cancel it, freeze and
+//! thaw it, switch the queue's intake, delete the queue.
+
+use redis::Value;
+use serde::Serialize;
+
+use super::reply::{Meta, bytes, int, string};
+use super::scripts::SCRIPTS;
+use super::{Queue, QueueError};
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Due, waiting to be taken.
+    Ready,
+    /// Not yet due.
+    Delayed,
+    /// Handed out under a lease.
+    Leased,
+    /// In the dead letters.
+    Dead,
+    /// Held by an operator until thawed.
+    Frozen,
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TaskState::Ready => "ready",
+            TaskState::Delayed => "delayed",
+            TaskState::Leased => "leased",
+            TaskState::Dead => "dead",
+            TaskState::Frozen => "frozen",
+        })
+    }
+}
+
+/// Everything known about one task.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskInfo {
+    /// Task id.
+    pub id: String,
+    /// Where it is.
+    pub state: TaskState,
+    /// Priority.
+    pub priority: i32,
+    /// Attempts so far.
+    pub attempts: u32,
+    /// Its max_attempts (0 = no limit).
+    pub max_attempts: u32,
+    /// When it was enqueued (ms since the epoch).
+    pub enqueued_ms: i64,
+    /// Due time (delayed), lease expiry (leased) or time of death (dead), in ms.
+    pub at_ms: i64,
+    /// Last error, if any.
+    pub last_error: Option<String>,
+    /// Lease token while leased.
+    pub lease_token: Option<u64>,
+    /// The payload.
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+}
+
+/// What a freeze or thaw found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreezeResult {
+    /// Applied (or already so).
+    Done,
+    /// The task is not in a state the action applies to (running, failed, or ended).
+    NotApplicable,
+    /// No such task.
+    Unknown,
+}
+
+impl Queue {
+    /// benchmarks and decommissioning a queue type.
+    pub async fn delete_all(&self) -> Result<(), QueueError> {
+        let mut conn = self.conn.clone();
+        self.invocation(&SCRIPTS.drop)
+            .invoke_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Looks a task up by id.
+    pub async fn find(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, None).await
+    }
+
+    /// Removes a task by id, whatever its state, and returns what it was. A leased task's
+    /// holder will find its settle rejected as stale. Its record says cancelled.
+    pub async fn cancel(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, Some("cancelled")).await
+    }
+
+    /// Like [`cancel`](Self::cancel), with `note` (who cancelled, why) in the record's
+    /// history.
+    pub async fn cancel_with(&self, id: &str, note: &str) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, Some(note)).await
+    }
+
+    async fn find_or_cancel(
+        &self,
+        id: &str,
+        cancel: Option<&str>,
+    ) -> Result<Option<TaskInfo>, QueueError> {
+        let mut inv = self.invocation(&SCRIPTS.find);
+        inv.arg(id)
+            .arg(if cancel.is_some() { "1" } else { "0" })
+            .arg(cancel.unwrap_or(""))
+            .arg(self.ttl_arg());
+        let mut conn = self.conn.clone();
+        let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
+        let Some(r) = reply else { return Ok(None) };
+        if r.len() != 7 {
+            return Err(QueueError::Protocol(format!(
+                "find returned {} values",
+                r.len()
+            )));
+        }
+        let state = match string(&r[0])?.as_str() {
+            "ready" => TaskState::Ready,
+            "delayed" => TaskState::Delayed,
+            "leased" => TaskState::Leased,
+            "dead" => TaskState::Dead,
+            "frozen" => TaskState::Frozen,
+            other => return Err(QueueError::Protocol(format!("unknown state {other:?}"))),
+        };
+        let meta = Meta::parse(&string(&r[2])?)
+            .ok_or_else(|| QueueError::Protocol("malformed task meta".into()))?;
+        let err = string(&r[5])?;
+        let tok = string(&r[6])?;
+        Ok(Some(TaskInfo {
+            id: id.to_string(),
+            state,
+            priority: meta.priority,
+            attempts: int(&r[3])? as u32,
+            max_attempts: meta.max_attempts,
+            enqueued_ms: meta.enqueued_ms,
+            at_ms: int(&r[1])?,
+            last_error: (!err.is_empty()).then_some(err),
+            lease_token: tok.parse().ok(),
+            payload: bytes(&r[4]),
+        }))
+    }
+
+    /// Holds a waiting task until [`thaw`](Self::thaw): takers do not see it meanwhile.
+    /// `note` goes into its history (who froze it, why).
+    pub async fn freeze(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
+        self.freeze_call(id, "freeze", note).await
+    }
+
+    /// Releases a frozen task: ready at once, or delayed while its due time is ahead.
+    pub async fn thaw(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
+        self.freeze_call(id, "thaw", note).await
+    }
+
+    async fn freeze_call(
+        &self,
+        id: &str,
+        action: &str,
+        note: &str,
+    ) -> Result<FreezeResult, QueueError> {
+        let mut inv = self.invocation(&SCRIPTS.freeze);
+        inv.arg(id).arg(action).arg(note);
+        let mut conn = self.conn.clone();
+        let reply: Option<String> = inv.invoke_async(&mut conn).await?;
+        Ok(match (action, reply.as_deref()) {
+            (_, None) => FreezeResult::Unknown,
+            ("freeze", Some("frozen")) => FreezeResult::Done,
+            ("thaw", Some("ready" | "delayed")) => FreezeResult::Done,
+            _ => FreezeResult::NotApplicable,
+        })
+    }
+
+    /// The queue's intake as it is now: the run-time switch when set, else the config's.
+    pub async fn intake(&self) -> Result<crate::config::Intake, QueueError> {
+        let mut conn = self.conn.clone();
+        let v: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.conf())
+            .arg("intake")
+            .query_async(&mut conn)
+            .await?;
+        Ok(v.as_deref()
+            .and_then(crate::config::Intake::parse)
+            .unwrap_or(self.limits.intake))
+    }
+
+    /// Switches the queue's intake at run time; `None` drops the switch, so the config's
+    /// value applies again. The switch lives beside the queue, so every producer (the
+    /// API, the CLI, the library) honours it in the same script that enqueues.
+    pub async fn set_intake(
+        &self,
+        intake: Option<crate::config::Intake>,
+    ) -> Result<(), QueueError> {
+        let mut conn = self.conn.clone();
+        let cmd = match intake {
+            Some(i) => {
+                let mut c = redis::cmd("HSET");
+                c.arg(self.keys.conf()).arg("intake").arg(i.as_str());
+                c
+            }
+            None => {
+                let mut c = redis::cmd("HDEL");
+                c.arg(self.keys.conf()).arg("intake");
+                c
+            }
+        };
+        cmd.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+}

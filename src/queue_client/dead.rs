@@ -1,0 +1,96 @@
+//! Dead letters: listing them, putting them back (requeue) and deleting them (purge), in
+//! bounded chunks so Redis is never blocked for long.
+
+use redis::Value;
+use serde::Serialize;
+
+use super::limits::HOUSEKEEPING_LIMIT;
+use super::reply::{Meta, bytes, int, string};
+use super::scripts::SCRIPTS;
+use super::{Queue, QueueError};
+
+/// The history note of a dead letter put back in the queue.
+const REQUEUE_NOTE: &str = "requeued from the dead letters";
+
+/// A dead letter.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadTask {
+    /// Task id.
+    pub id: String,
+    /// When it died (ms since the epoch).
+    pub died_ms: i64,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Its last error.
+    pub error: String,
+    /// Priority it had.
+    pub priority: i32,
+    /// The payload.
+    #[serde(skip)]
+    pub payload: Vec<u8>,
+}
+
+impl Queue {
+    /// Dead letters, oldest first.
+    pub async fn dead(&self, offset: usize, limit: usize) -> Result<Vec<DeadTask>, QueueError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.invocation(&SCRIPTS.dead_list);
+        inv.arg(offset).arg(limit);
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        reply
+            .chunks(6)
+            .map(|row| {
+                let meta = Meta::parse(&string(&row[5])?);
+                Ok(DeadTask {
+                    id: string(&row[0])?,
+                    died_ms: int(&row[1])?,
+                    attempts: int(&row[2])? as u32,
+                    payload: bytes(&row[3]),
+                    error: string(&row[4])?,
+                    priority: meta.map(|m| m.priority).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+
+    /// Puts dead letters back in the ready set with their attempts reset: the given ids,
+    /// or all of them (in chunks, so Redis is never blocked for long). Returns how many.
+    pub async fn requeue_dead(&self, ids: Option<&[String]>) -> Result<u64, QueueError> {
+        self.dead_move("requeue", ids).await
+    }
+
+    /// Deletes dead letters: the given ids, or all of them. Returns how many.
+    pub async fn purge_dead(&self, ids: Option<&[String]>) -> Result<u64, QueueError> {
+        self.dead_move("purge", ids).await
+    }
+
+    async fn dead_move(&self, action: &str, ids: Option<&[String]>) -> Result<u64, QueueError> {
+        let mut total = 0u64;
+        let mut conn = self.conn.clone();
+        match ids {
+            Some(ids) => {
+                for chunk in ids.chunks(HOUSEKEEPING_LIMIT) {
+                    let mut inv = self.invocation(&SCRIPTS.dead_move);
+                    inv.arg(action).arg(chunk.len()).arg(REQUEUE_NOTE);
+                    for id in chunk {
+                        inv.arg(id);
+                    }
+                    total += inv.invoke_async::<u64>(&mut conn).await?;
+                }
+            }
+            None => loop {
+                let mut inv = self.invocation(&SCRIPTS.dead_move);
+                inv.arg(action).arg(HOUSEKEEPING_LIMIT).arg(REQUEUE_NOTE);
+                let n: u64 = inv.invoke_async(&mut conn).await?;
+                total += n;
+                if n == 0 {
+                    break;
+                }
+            },
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,305 @@
+//! Enqueue: the tasks producers submit, checked whole before any is sent, then sent in
+//! chunks of shared options, pipelined on the connection.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::{StreamExt, TryStreamExt};
+use serde::Serialize;
+
+use super::scripts::SCRIPTS;
+use super::{MAX_DELAY, MAX_ID_LEN, Queue, QueueError, RecordState};
+use crate::config::Dedup;
+
+/// Tasks per enqueue script call, and how many calls are in flight at once.
+const ENQUEUE_CHUNK: usize = 1000;
+const ENQUEUE_CHUNK_BYTES: usize = 8 * 1024 * 1024;
+const ENQUEUE_WINDOW: usize = 8;
+
+/// A task to enqueue.
+#[derive(Debug, Clone, Default)]
+pub struct NewTask {
+    /// Opaque payload; JSON by convention.
+    pub payload: Vec<u8>,
+    /// Dedup key: while a task with this id is pending or leased, enqueueing it again
+    /// returns the existing one. Generated (`#N`) when absent.
+    pub id: Option<String>,
+    /// Higher is taken first.
+    pub priority: i32,
+    /// Not due before this much time from now.
+    pub delay: Duration,
+    /// Not due before this moment; wins over `delay`.
+    pub at: Option<SystemTime>,
+    /// Overrides the queue's max_attempts.
+    pub max_attempts: Option<u32>,
+    /// Who submits it, as its record shows: an API key's name, `cli`, `schedule:NAME`.
+    pub submitted_by: Option<String>,
+}
+
+impl NewTask {
+    /// A task with this payload and every option at its default.
+    pub fn new(payload: impl Into<Vec<u8>>) -> Self {
+        NewTask {
+            payload: payload.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Sets the dedup id.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Sets the priority.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Sets the delay.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Sets the due time.
+    pub fn at(mut self, at: SystemTime) -> Self {
+        self.at = Some(at);
+        self
+    }
+
+    /// Sets max_attempts for this task.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+
+    /// Sets who submits it.
+    pub fn submitted_by(mut self, by: impl Into<String>) -> Self {
+        self.submitted_by = Some(by.into());
+        self
+    }
+}
+
+/// What an enqueue did with one task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Enqueued {
+    /// The task's id (generated or given).
+    pub id: String,
+    /// False when a task with the same id already existed (pending, leased or dead; or
+    /// with `dedup = "record"`, finished while its record lives).
+    pub created: bool,
+    /// The new task's state: waiting, or cancelled when the queue's intake cancels new
+    /// tasks; `None` for an existing task (look its record up).
+    pub state: Option<RecordState>,
+}
+
+impl Queue {
+    /// Refuses a task the queue cannot take: too large, a bad id, due too far ahead.
+    fn check(&self, task: &NewTask) -> Result<(), QueueError> {
+        if task.payload.len() as u64 > self.limits.max_payload {
+            return Err(QueueError::PayloadTooLarge {
+                queue: self.name.to_string(),
+                size: task.payload.len(),
+                limit: self.limits.max_payload,
+            });
+        }
+        if let Some(id) = &task.id {
+            if id.is_empty() || id.len() > MAX_ID_LEN {
+                return Err(QueueError::Invalid(format!(
+                    "task id must be 1 to {MAX_ID_LEN} bytes, got {}",
+                    id.len()
+                )));
+            }
+            if id.starts_with('#') {
+                return Err(QueueError::Invalid(format!(
+                    "task id {id:?} is invalid: ids starting with '#' are reserved for generated ids"
+                )));
+            }
+        }
+        let off = match task.at {
+            Some(at) => at.duration_since(SystemTime::now()).unwrap_or_default(),
+            None => task.delay,
+        };
+        if off > MAX_DELAY {
+            return Err(QueueError::Invalid(format!(
+                "task due in {:.1} days exceeds the limit of {} days",
+                off.as_secs_f64() / 86_400.0,
+                MAX_DELAY.as_secs() / 86_400
+            )));
+        }
+        Ok(())
+    }
+
+    /// Enqueues one task.
+    pub async fn enqueue(&self, task: NewTask) -> Result<Enqueued, QueueError> {
+        let mut out = self.enqueue_many(std::slice::from_ref(&task)).await?;
+        out.pop()
+            .ok_or_else(|| QueueError::Protocol("enqueue returned nothing".into()))
+    }
+
+    /// Enqueues many tasks: one script call per chunk, chunks pipelined on the connection.
+    /// Every task is checked before any is sent, so a refused task enqueues nothing.
+    pub async fn enqueue_many(&self, tasks: &[NewTask]) -> Result<Vec<Enqueued>, QueueError> {
+        for t in tasks {
+            self.check(t)?;
+        }
+        let chunks = chunks(tasks);
+        let Some((first, rest)) = chunks.split_first() else {
+            return Ok(Vec::new());
+        };
+        // The first call goes alone: it loads the script if Redis lacks it. Pipelined calls
+        // that all met NOSCRIPT would retry in any order and break FIFO between chunks.
+        let mut out = self.enqueue_chunk(first).await?;
+        // The futures are built first: a stream that maps borrowed chunks in a closure
+        // makes a future that is not `Send` for every lifetime, which a server that
+        // spawns its handlers cannot use.
+        let calls: Vec<_> = rest.iter().map(|chunk| self.enqueue_chunk(chunk)).collect();
+        let results: Vec<Vec<Enqueued>> = futures::stream::iter(calls)
+            .buffered(ENQUEUE_WINDOW)
+            .try_collect()
+            .await?;
+        out.extend(results.into_iter().flatten());
+        Ok(out)
+    }
+
+    /// One script call: a chunk of tasks that share their options.
+    async fn enqueue_chunk(&self, chunk: &[NewTask]) -> Result<Vec<Enqueued>, QueueError> {
+        let inv = self.enqueue_invocation(chunk);
+        let mut conn = self.conn.clone();
+        let (base, flags): (i64, Vec<u8>) = inv.invoke_async(&mut conn).await?;
+        if base < 0 {
+            return Err(QueueError::IntakeClosed {
+                queue: self.name.to_string(),
+            });
+        }
+        enqueued(chunk, base as u64, flags)
+    }
+
+    /// The enqueue script's call for a chunk: the options of its first task (they are all
+    /// the same), the queue's limits, then the payloads (with their ids when given).
+    fn enqueue_invocation(&self, chunk: &[NewTask]) -> redis::ScriptInvocation<'static> {
+        let first = &chunk[0];
+        let at_ms = first
+            .at
+            .map(|at| millis_since_epoch(at).max(1))
+            .unwrap_or(0);
+        // A delay is passed as such: the script adds Redis's clock, not ours.
+        let delay_ms = if first.at.is_some() {
+            0
+        } else {
+            first.delay.as_millis() as u64
+        };
+        let mut inv = self.invocation(&SCRIPTS.enqueue);
+        inv.arg(chunk.len())
+            .arg(first.priority)
+            .arg(delay_ms)
+            .arg(at_ms)
+            .arg(first.max_attempts.unwrap_or(self.limits.max_attempts));
+        let placeholder = if first.id.is_some() { "ip" } else { "p" };
+        inv.arg(placeholder)
+            .arg(if self.limits.track { "1" } else { "0" })
+            .arg(first.submitted_by.as_deref().unwrap_or(""))
+            .arg(match self.limits.dedup {
+                Dedup::Active => "a",
+                Dedup::Record => "r",
+            })
+            .arg(self.limits.intake.as_str())
+            .arg(self.ttl_arg());
+        match first.id {
+            None => {
+                for t in chunk {
+                    inv.arg(&t.payload[..]);
+                }
+            }
+            Some(_) => {
+                for t in chunk {
+                    inv.arg(t.id.as_deref().unwrap_or_default())
+                        .arg(&t.payload[..]);
+                }
+            }
+        }
+        inv
+    }
+}
+
+/// What the script's reply says of each task of a chunk: the generated ids count on from
+/// `base`, and one flag per task says whether it was created and in which state.
+fn enqueued(chunk: &[NewTask], base: u64, flags: Vec<u8>) -> Result<Vec<Enqueued>, QueueError> {
+    if flags.len() != chunk.len() {
+        return Err(QueueError::Protocol(format!(
+            "enqueue of {} tasks returned {} flags",
+            chunk.len(),
+            flags.len()
+        )));
+    }
+    Ok(chunk
+        .iter()
+        .zip(flags)
+        .enumerate()
+        .map(|(i, (t, flag))| Enqueued {
+            id: t
+                .id
+                .clone()
+                .unwrap_or_else(|| format!("#{}", base + i as u64 + 1)),
+            created: flag != b'0',
+            state: match flag {
+                b'1' => Some(RecordState::Waiting),
+                b'x' => Some(RecordState::Cancelled),
+                _ => None,
+            },
+        })
+        .collect())
+}
+
+/// The tasks in chunks for one script call each: at most `ENQUEUE_CHUNK` tasks and
+/// `ENQUEUE_CHUNK_BYTES` of payload. A script call shares its options, so chunks also end
+/// where the options change.
+fn chunks(tasks: &[NewTask]) -> Vec<&[NewTask]> {
+    let mut chunks: Vec<&[NewTask]> = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, t) in tasks.iter().enumerate() {
+        if i > start
+            && (i - start >= ENQUEUE_CHUNK
+                || bytes + t.payload.len() > ENQUEUE_CHUNK_BYTES
+                || !same_options(&tasks[start], t))
+        {
+            chunks.push(&tasks[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += t.payload.len();
+    }
+    if start < tasks.len() {
+        chunks.push(&tasks[start..]);
+    }
+    chunks
+}
+
+/// Whether two tasks can share one enqueue call: same options, and ids given for both or
+/// for neither (the script has a faster path when every id is generated).
+fn same_options(a: &NewTask, b: &NewTask) -> bool {
+    (
+        a.priority,
+        a.delay,
+        a.at,
+        a.max_attempts,
+        a.id.is_some(),
+        &a.submitted_by,
+    ) == (
+        b.priority,
+        b.delay,
+        b.at,
+        b.max_attempts,
+        b.id.is_some(),
+        &b.submitted_by,
+    )
+}
+
+/// A moment as the scripts take it: ms since the epoch, 0 before it.
+fn millis_since_epoch(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,65 @@
+//! The queue's errors: what every operation returns, with Redis errors kept whole so a
+//! caller can tell an outage (retry later) from a refusal (do not retry).
+
+/// Errors of queue operations. Redis errors keep their kind so callers can tell a
+/// connection problem (retry later) from a refused request (do not retry).
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// Redis could not be reached or failed a command.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Connecting failed (bad URL, refused, timed out).
+    #[error("cannot connect to redis at {0}")]
+    Connect(String),
+    /// The payload is larger than the queue allows.
+    #[error("payload of {size} bytes exceeds the limit of {limit} bytes of queue {queue}")]
+    PayloadTooLarge {
+        /// Queue name.
+        queue: String,
+        /// Payload size in bytes.
+        size: usize,
+        /// The queue's limit in bytes.
+        limit: u64,
+    },
+    /// A request the queue refuses: bad id, batch size, queue name, priority.
+    #[error("{0}")]
+    Invalid(String),
+    /// Redis answered something the scripts never return: a bug or a foreign key.
+    #[error("unexpected reply from redis: {0}")]
+    Protocol(String),
+    /// The queue's intake is closed: nothing was enqueued.
+    #[error("the intake of queue {queue} is closed: it accepts no new tasks")]
+    IntakeClosed {
+        /// Queue name.
+        queue: String,
+    },
+}
+
+impl QueueError {
+    /// True when the error says Redis is unreachable, slow or not ready yet (loading its
+    /// data after a restart, a cluster failing over), so retrying later may work.
+    pub fn is_transient(&self) -> bool {
+        use redis::{ErrorKind, ServerErrorKind};
+        match self {
+            QueueError::Redis(e) => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    // The driver's own word for "wait and retry": a server loading its AOF
+                    // or RDB answers LOADING until it has read every key.
+                    || matches!(
+                        e.kind(),
+                        ErrorKind::Server(
+                            ServerErrorKind::BusyLoading
+                                | ServerErrorKind::TryAgain
+                                | ServerErrorKind::MasterDown
+                                | ServerErrorKind::ClusterDown
+                        )
+                    )
+            }
+            QueueError::Connect(_) => true,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! The hot path: take a leased batch, wait for work, settle (ack, retry, fail, extend).
+//! A settle carries its lease's token, so one that comes too late is rejected as stale.
+
+use std::time::Duration;
+
+use redis::Value;
+use serde::Serialize;
+
+use super::limits::HOUSEKEEPING_LIMIT;
+use super::reply::{int, string};
+use super::scripts::SCRIPTS;
+use super::{MAX_BATCH, MAX_DELAY, Queue, QueueError, Waiter};
+
+/// One leased task.
+#[derive(Debug, Clone)]
+pub struct LeasedTask {
+    /// Task id.
+    pub id: String,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// The payload as enqueued.
+    pub payload: Vec<u8>,
+    /// The lease token every settle of this task must carry.
+    pub token: u64,
+}
+
+/// The result of one take.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Leased tasks, highest priority first.
+    pub tasks: Vec<LeasedTask>,
+    /// Redis's clock when the batch was taken (ms since the epoch).
+    pub now_ms: i64,
+    /// When the leases expire (ms since the epoch, Redis's clock); 0 when empty.
+    pub expires_ms: i64,
+    /// When empty: how soon a delayed task becomes due or a lease expires.
+    pub next_hint: Option<Duration>,
+}
+
+/// How to settle one leased task.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settle {
+    /// Done: delete it.
+    Ack,
+    /// Done with a result (JSON text), kept in the task's record. A result over the
+    /// queue's `max_result` fails the task instead, naming the limit.
+    AckWithResult {
+        /// The handler's result as JSON text.
+        result: String,
+    },
+    /// Try again after `delay`, optionally at another priority; `reason` becomes its last
+    /// error. Past max_attempts it is dead-lettered instead.
+    Retry {
+        /// Delay before it is due again.
+        delay: Duration,
+        /// New priority, if any.
+        priority: Option<i32>,
+        /// Why, kept as the last error.
+        reason: String,
+    },
+    /// Give up: move it to the dead letters with this reason.
+    Fail {
+        /// Why; shown with the dead letter.
+        reason: String,
+    },
+    /// Keep it leased for this long from now.
+    Extend {
+        /// New lease length, counted from now.
+        lease: Duration,
+    },
+}
+
+/// One settle request: which lease, and what to do with it.
+#[derive(Debug, Clone)]
+pub struct SettleOp {
+    /// Task id.
+    pub id: String,
+    /// The attempt the lease was handed out for.
+    pub attempt: u32,
+    /// The token of the lease being settled.
+    pub token: u64,
+    /// What to do.
+    pub action: Settle,
+}
+
+impl SettleOp {
+    /// A settle of `task` with `action`.
+    pub fn new(task: &LeasedTask, action: Settle) -> Self {
+        SettleOp {
+            id: task.id.clone(),
+            attempt: task.attempt,
+            token: task.token,
+            action,
+        }
+    }
+}
+
+/// What happened to one settle request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SettleResult {
+    /// Applied.
+    Done,
+    /// Rejected: the lease expired and the task was reclaimed, re-leased, settled or
+    /// cancelled. Nothing was changed.
+    Stale,
+    /// A retry past max_attempts, or a result over `max_result`: the task went to the
+    /// dead letters.
+    DeadLettered,
+}
+
+impl Queue {
+    /// within a priority. Expired leases and due delayed tasks are brought back first.
+    pub async fn take(&self, n: usize, lease: Duration) -> Result<Batch, QueueError> {
+        if n == 0 || n > MAX_BATCH {
+            return Err(QueueError::Invalid(format!(
+                "batch size must be 1 to {MAX_BATCH}, got {n}"
+            )));
+        }
+        let lease_ms = lease.as_millis();
+        if lease_ms == 0 {
+            return Err(QueueError::Invalid("lease must be at least 1ms".into()));
+        }
+        let mut inv = self.invocation(&SCRIPTS.take);
+        let (host, slot) = self.worker_args();
+        inv.arg(n)
+            .arg(lease_ms as u64)
+            .arg(HOUSEKEEPING_LIMIT.max(n))
+            .arg(host)
+            .arg(slot)
+            .arg(self.ttl_arg());
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(3) {
+            return Err(QueueError::Protocol(format!(
+                "take returned {} values",
+                reply.len()
+            )));
+        }
+        let now_ms = int(&reply[0])?;
+        let token = int(&reply[1])? as u64;
+        if token == 0 {
+            let hint = int(&reply[2])?;
+            return Ok(Batch {
+                tasks: Vec::new(),
+                now_ms,
+                expires_ms: 0,
+                next_hint: (hint >= 0).then(|| Duration::from_millis(hint as u64)),
+            });
+        }
+        let expires_ms = int(&reply[2])?;
+        let mut tasks = Vec::with_capacity((reply.len() - 3) / 3);
+        let mut it = reply.into_iter().skip(3);
+        while let (Some(id), Some(att), Some(payload)) = (it.next(), it.next(), it.next()) {
+            tasks.push(LeasedTask {
+                id: string(&id)?,
+                attempt: int(&att)? as u32,
+                payload: match payload {
+                    Value::BulkString(b) => b,
+                    _ => Vec::new(),
+                },
+                token,
+            });
+        }
+        Ok(Batch {
+            tasks,
+            now_ms,
+            expires_ms,
+            next_hint: None,
+        })
+    }
+
+    /// Like [`take`](Self::take), but when nothing is due waits up to `max_wait` for an
+    /// enqueue (woken through `waiter`, no polling) or for the next delayed task or lease
+    /// expiry. Returns an empty batch when `max_wait` passes.
+    pub async fn take_wait(
+        &self,
+        waiter: &mut Waiter,
+        n: usize,
+        lease: Duration,
+        max_wait: Duration,
+    ) -> Result<Batch, QueueError> {
+        let deadline = tokio::time::Instant::now() + max_wait;
+        loop {
+            let batch = self.take(n, lease).await?;
+            let now = tokio::time::Instant::now();
+            if !batch.tasks.is_empty() || now >= deadline {
+                return Ok(batch);
+            }
+            let mut wait = deadline - now;
+            if let Some(hint) = batch.next_hint {
+                wait = wait.min(hint + Duration::from_millis(1));
+            }
+            if let Err(e) = waiter.wait(self.keys.wake(), wait).await {
+                // The next take reports the outage; pausing here keeps a broken waiter
+                // from turning this loop into a busy one.
+                tracing::debug!(queue = %self.name, error = %e, "wake-up wait failed");
+                tokio::time::sleep(wait.min(Duration::from_millis(500))).await;
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for an enqueue to this queue (or a wake-up from another
+    /// taker's take); true when woken. For takers that run their own loop around
+    /// [`take`](Self::take) and must stay cancellable while idle.
+    pub async fn wait(&self, waiter: &mut Waiter, timeout: Duration) -> Result<bool, QueueError> {
+        waiter.wait(self.keys.wake(), timeout).await
+    }
+
+    /// Settles leased tasks in one round trip. Each result says whether it was applied or
+    /// rejected as stale.
+    pub async fn settle(&self, ops: &[SettleOp]) -> Result<Vec<SettleResult>, QueueError> {
+        if ops.is_empty() {
+            return Ok(Vec::new());
+        }
+        let checked = self.check_results(ops);
+        let ops = checked.as_deref().unwrap_or(ops);
+        let order = SettleOrder::of(ops);
+        let inv = self.settle_invocation(ops, &order);
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = inv.invoke_async(&mut conn).await?;
+        order.results(reply)
+    }
+
+    /// The settle script's call: its header, then the acks of first attempts, those of
+    /// later attempts, and the other ops, in `order`.
+    fn settle_invocation(
+        &self,
+        ops: &[SettleOp],
+        order: &SettleOrder,
+    ) -> redis::ScriptInvocation<'static> {
+        let mut inv = self.invocation(&SCRIPTS.settle);
+        let (host, slot) = self.worker_args();
+        inv.arg(order.first.len())
+            .arg(order.later.len())
+            .arg(host)
+            .arg(slot)
+            .arg(self.ttl_arg());
+        for &i in &order.first {
+            inv.arg(&ops[i].id).arg(ops[i].token);
+        }
+        // Later attempts carry their attempt: the record's done entry names it.
+        for &i in &order.later {
+            inv.arg(&ops[i].id).arg(ops[i].token).arg(ops[i].attempt);
+        }
+        for &i in &order.others {
+            push_other_op(&mut inv, &ops[i]);
+        }
+        inv
+    }
+
+    /// The ops with every result over `max_result` turned into a fail naming the limit
+    /// (never cut: a cut result would be a wrong one); `None` when all fit.
+    fn check_results(&self, ops: &[SettleOp]) -> Option<Vec<SettleOp>> {
+        let limit = self.limits.max_result;
+        let too_big = |op: &SettleOp| matches!(&op.action, Settle::AckWithResult { result } if result.len() as u64 > limit);
+        if !ops.iter().any(too_big) {
+            return None;
+        }
+        Some(
+            ops.iter()
+                .map(|op| match &op.action {
+                    Settle::AckWithResult { result } if too_big(op) => SettleOp {
+                        action: Settle::Fail {
+                            reason: format!(
+                                "result of {} bytes exceeds max_result {} bytes of queue {}",
+                                result.len(),
+                                limit,
+                                self.name
+                            ),
+                        },
+                        ..op.clone()
+                    },
+                    _ => op.clone(),
+                })
+                .collect(),
+        )
+    }
+
+    /// Acks leased tasks (one round trip).
+    pub async fn ack(&self, tasks: &[LeasedTask]) -> Result<Vec<SettleResult>, QueueError> {
+        let ops: Vec<SettleOp> = tasks
+            .iter()
+            .map(|t| SettleOp::new(t, Settle::Ack))
+            .collect();
+        self.settle(&ops).await
+    }
+
+    /// Extends the leases of tasks still being worked on (one round trip).
+    pub async fn extend(
+        &self,
+        tasks: &[LeasedTask],
+        lease: Duration,
+    ) -> Result<Vec<SettleResult>, QueueError> {
+        let ops: Vec<SettleOp> = tasks
+            .iter()
+            .map(|t| SettleOp::new(t, Settle::Extend { lease }))
+            .collect();
+        self.settle(&ops).await
+    }
+}
+
+/// Where each op goes in the settle script's arguments. Acks go first as (id, token)
+/// pairs, those of first attempts before the rest (only later attempts have state to clean
+/// up); other ops follow with all their arguments.
+struct SettleOrder {
+    /// Acks of first attempts (indices into the ops).
+    first: Vec<usize>,
+    /// Acks of later attempts.
+    later: Vec<usize>,
+    /// Everything else: extend, retry, fail, ack with a result.
+    others: Vec<usize>,
+}
+
+impl SettleOrder {
+    /// The ops' indices in the script's three groups, each in the ops' order.
+    fn of(ops: &[SettleOp]) -> Self {
+        let is_ack = |i: &usize| ops[*i].action == Settle::Ack;
+        let first: Vec<usize> = (0..ops.len())
+            .filter(|i| is_ack(i) && ops[*i].attempt <= 1)
+            .collect();
+        let later: Vec<usize> = (0..ops.len())
+            .filter(|i| is_ack(i) && ops[*i].attempt > 1)
+            .collect();
+        let others: Vec<usize> = (0..ops.len()).filter(|i| !is_ack(i)).collect();
+        SettleOrder {
+            first,
+            later,
+            others,
+        }
+    }
+
+    /// How many ops, and so how many codes the script replies.
+    fn len(&self) -> usize {
+        self.first.len() + self.later.len() + self.others.len()
+    }
+
+    /// The script's reply, one code per op in this order, as results in the ops' order.
+    fn results(&self, reply: Vec<i64>) -> Result<Vec<SettleResult>, QueueError> {
+        let n = self.len();
+        if reply.len() != n {
+            return Err(QueueError::Protocol(format!(
+                "settle of {} returned {} results",
+                n,
+                reply.len()
+            )));
+        }
+        let mut out = vec![SettleResult::Stale; n];
+        for (&i, r) in self
+            .first
+            .iter()
+            .chain(&self.later)
+            .chain(&self.others)
+            .zip(reply)
+        {
+            out[i] = match r {
+                1 => SettleResult::Done,
+                2 => SettleResult::DeadLettered,
+                _ => SettleResult::Stale,
+            };
+        }
+        Ok(out)
+    }
+}
+
+/// Adds one op other than a plain ack to the settle script's call: its kind, id, token
+/// and attempt, then three arguments whose meaning depends on the kind.
+fn push_other_op(inv: &mut redis::ScriptInvocation<'_>, op: &SettleOp) {
+    inv.arg(match op.action {
+        Settle::Ack => unreachable!("acks are sent before the other ops"),
+        Settle::Extend { .. } => "e",
+        Settle::Retry { .. } => "r",
+        Settle::Fail { .. } => "f",
+        Settle::AckWithResult { .. } => "d",
+    })
+    .arg(&op.id)
+    .arg(op.token)
+    .arg(op.attempt);
+    match &op.action {
+        Settle::Ack => {}
+        Settle::Extend { lease } => {
+            inv.arg(lease.as_millis().max(1) as u64).arg("").arg("");
+        }
+        Settle::Retry {
+            delay,
+            priority,
+            reason,
+        } => {
+            // Clamped, not refused: refusing would leave the task leased.
+            inv.arg((*delay).min(MAX_DELAY).as_millis() as u64)
+                .arg(priority.map(|p| p.to_string()).unwrap_or_default())
+                .arg(reason);
+        }
+        Settle::Fail { reason } => {
+            inv.arg(reason).arg("").arg("");
+        }
+        Settle::AckWithResult { result } => {
+            inv.arg(result).arg("").arg("");
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The queue's limits (each defined once: here, or in config where config checks it too),
+//! and the per-queue limits a handle carries.
+
+use std::time::Duration;
+
+use crate::config::{Dedup, Intake};
+
+// Defined in config, which validates them too; the queue enforces them on every call.
+pub use crate::config::{DEFAULT_MAX_PAYLOAD, MAX_BATCH};
+/// Longest task id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 256;
+/// Longest a task may be put off, by an enqueue's `delay` or `at` or a retry's delay: a
+/// task parked for centuries is lost in all but name, and millisecond scores past this
+/// stay exact in Redis's doubles.
+pub const MAX_DELAY: Duration = Duration::from_secs(366 * 24 * 3600);
+/// Expired leases and due delayed tasks moved per take; bounds the time one script runs.
+pub(super) const HOUSEKEEPING_LIMIT: usize = 1000;
+
+/// Largest page a listing returns.
+pub const MAX_LIST_LIMIT: usize = 1000;
+
+/// Per-queue limits and defaults, normally from the queue's config.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    /// Largest payload accepted, in bytes.
+    pub max_payload: u64,
+    /// Attempts before a task is dead-lettered, when the task does not say; 0 = no limit.
+    pub max_attempts: u32,
+    /// Whether enqueue creates a record per task.
+    pub track: bool,
+    /// How long a record lives after its task ended.
+    pub history_ttl: Duration,
+    /// Largest result kept, in bytes; a larger one fails the task.
+    pub max_result: u64,
+    /// Whether a finished task's live record deduplicates its id.
+    pub dedup: Dedup,
+    /// The config's intake, which applies while no run-time switch is set.
+    pub intake: Intake,
+}
+
+impl Default for QueueLimits {
+    fn default() -> Self {
+        QueueLimits {
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            max_attempts: 5,
+            track: true,
+            history_ttl: crate::config::DEFAULT_HISTORY_TTL,
+            max_result: crate::config::DEFAULT_MAX_RESULT,
+            dedup: Dedup::Active,
+            intake: Intake::Open,
+        }
+    }
+}
+
+impl From<&crate::config::QueueConfig> for QueueLimits {
+    fn from(q: &crate::config::QueueConfig) -> Self {
+        QueueLimits {
+            max_payload: q.max_payload,
+            max_attempts: q.max_attempts,
+            track: q.track,
+            history_ttl: q.history_ttl,
+            max_result: q.max_result,
+            dedup: q.dedup,
+            intake: q.intake,
+        }
+    }
+}

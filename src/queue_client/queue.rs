@@ -1,0 +1,64 @@
+//! The handle on one queue and what every operation on it shares: the keys, the worker
+//! that records name, and the script invocation.
+
+use std::sync::Arc;
+
+use super::scripts::Keys;
+use super::{QueueLimits, RedisConn, record};
+
+/// A handle on one queue: cheap to clone, safe to share between tasks.
+#[derive(Clone)]
+pub struct Queue {
+    pub(super) conn: RedisConn,
+    pub(super) keys: Arc<Keys>,
+    pub(super) name: Arc<str>,
+    pub(super) limits: QueueLimits,
+    pub(super) worker: Option<Arc<Worker>>,
+}
+
+/// Who takes and settles, as task records show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Worker {
+    /// The host's name.
+    pub host: String,
+    /// The slot's number on its host.
+    pub slot: u32,
+}
+
+impl Queue {
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The queue's limits.
+    pub fn limits(&self) -> QueueLimits {
+        self.limits
+    }
+
+    /// The same queue, taking and settling as `worker`: the records of the tasks it takes
+    /// name its host and slot.
+    pub fn with_worker(mut self, worker: Worker) -> Self {
+        self.worker = Some(Arc::new(worker));
+        self
+    }
+
+    pub(super) fn worker_args(&self) -> (&str, String) {
+        match &self.worker {
+            Some(w) => (&w.host, w.slot.to_string()),
+            None => ("", String::new()),
+        }
+    }
+
+    pub(super) fn ttl_arg(&self) -> u64 {
+        record::ttl_ms(self.limits.history_ttl)
+    }
+
+    pub(super) fn invocation<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        for k in &self.keys.all {
+            inv.key(k);
+        }
+        inv
+    }
+}

@@ -1,0 +1,63 @@
+//! Decoding the scripts' replies: the few shapes they return, and the `meta` field they
+//! pack, with anything else a protocol error rather than a panic.
+
+use redis::Value;
+
+use super::QueueError;
+
+/// The static part of a task's record (`meta` hash), as the scripts pack it.
+pub(super) struct Meta {
+    pub(super) priority: i32,
+    pub(super) max_attempts: u32,
+    pub(super) enqueued_ms: i64,
+}
+
+impl Meta {
+    /// Parses `priority:max_attempts:enqueued_ms`; `None` when malformed.
+    pub(super) fn parse(s: &str) -> Option<Meta> {
+        let mut it = s.split(':');
+        let priority = it.next()?.parse().ok()?;
+        let max_attempts = it.next()?.parse().ok()?;
+        let enqueued_ms = it.next()?.parse().ok()?;
+        Some(Meta {
+            priority,
+            max_attempts,
+            enqueued_ms,
+        })
+    }
+}
+
+/// An integer reply, or one sent as text.
+pub(super) fn int(v: &Value) -> Result<i64, QueueError> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| QueueError::Protocol("expected an integer".into())),
+        other => Err(QueueError::Protocol(format!(
+            "expected an integer, got {other:?}"
+        ))),
+    }
+}
+
+/// A text reply; nil reads as empty.
+pub(super) fn string(v: &Value) -> Result<String, QueueError> {
+    match v {
+        Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Ok(s.clone()),
+        Value::Int(i) => Ok(i.to_string()),
+        Value::Nil => Ok(String::new()),
+        other => Err(QueueError::Protocol(format!(
+            "expected a string, got {other:?}"
+        ))),
+    }
+}
+
+/// A bulk reply's bytes; anything else reads as none.
+pub(super) fn bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        _ => Vec::new(),
+    }
+}
