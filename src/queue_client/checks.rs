@@ -35,12 +35,8 @@ pub fn json_deeper_than(bytes: &[u8], limit: usize) -> bool {
 
 /// Checks a queue name: it becomes part of Redis keys and their hash tag.
 pub fn validate_queue_name(name: &str) -> Result<(), QueueError> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if ok {
+    // The config's rule for every name that becomes part of a key.
+    if crate::config::is_valid_name(name) {
         Ok(())
     } else {
         Err(QueueError::Invalid(format!(
