@@ -237,7 +237,7 @@ impl QueueConfig {
             max_slots: 16,
             batch_size: 10,
             lease: Duration::from_secs(5 * 60),
-            max_attempts: 5,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
             retry: RetryPolicy::default(),
             private_dirty_limit: None,
             max_batch_time: Duration::from_secs(10 * 60),
@@ -267,6 +267,8 @@ impl QueueConfig {
 pub const DEFAULT_HISTORY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Largest result kept in a record, when the queue does not say.
 pub const DEFAULT_MAX_RESULT: u64 = 64 * 1024;
+/// Attempts before a task is dead-lettered, when neither the task nor its queue says.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// Largest payload accepted at enqueue, when the queue does not say.
 pub const DEFAULT_MAX_PAYLOAD: u64 = 1 << 20;
 /// Largest batch one take or enqueue call accepts, and so the largest `batch_size`.

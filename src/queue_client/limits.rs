@@ -42,7 +42,7 @@ impl Default for QueueLimits {
     fn default() -> Self {
         QueueLimits {
             max_payload: DEFAULT_MAX_PAYLOAD,
-            max_attempts: 5,
+            max_attempts: crate::config::DEFAULT_MAX_ATTEMPTS,
             track: true,
             history_ttl: crate::config::DEFAULT_HISTORY_TTL,
             max_result: crate::config::DEFAULT_MAX_RESULT,
