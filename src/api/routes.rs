@@ -17,14 +17,15 @@ use super::ended::Ended;
 use super::error::ApiError;
 use super::submit::{self, Submit};
 use crate::cluster;
+use crate::config::MAX_JSON_DEPTH;
 use crate::config::{ApiKey, Config, Intake};
 use crate::queue_client::{
     FreezeResult, ListQuery, MAX_LIST_LIMIT, Queue, QueueClient, QueueLimits, RecordState,
     TaskRecord, TaskState, json_deeper_than,
 };
 
-/// JSON nesting a request body may have: a payload's 64 levels plus the envelope.
-const MAX_BODY_DEPTH: usize = 64 + 3;
+/// JSON nesting a request body may have: a payload's levels plus the envelope.
+const MAX_BODY_DEPTH: usize = MAX_JSON_DEPTH + 3;
 /// Records per page when a listing does not say.
 const DEFAULT_LIST_LIMIT: usize = 100;
 
@@ -244,7 +245,7 @@ impl Api {
     async fn submit(&self, queue: &Queue, key: &ApiKey, body: &[u8]) -> Answer {
         if json_deeper_than(body, MAX_BODY_DEPTH) {
             return Err(ApiError::bad_request(format!(
-                "body nested deeper than {MAX_BODY_DEPTH} levels (a payload may nest 64)"
+                "body nested deeper than {MAX_BODY_DEPTH} levels (a payload may nest {MAX_JSON_DEPTH})"
             )));
         }
         match submit::parse(body, &key.name, self.config.api.max_wait)? {

@@ -267,6 +267,9 @@ impl QueueConfig {
 pub const DEFAULT_HISTORY_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Largest result kept in a record, when the queue does not say.
 pub const DEFAULT_MAX_RESULT: u64 = 64 * 1024;
+/// Largest JSON nesting of a payload a handler parses (`Task::json`) or the api accepts;
+/// deeper payloads are refused, not parsed.
+pub const MAX_JSON_DEPTH: usize = 64;
 /// Attempts before a task is dead-lettered, when neither the task nor its queue says.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
 /// Largest payload accepted at enqueue, when the queue does not say.

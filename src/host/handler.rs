@@ -12,7 +12,8 @@ use std::time::Duration;
 use crate::config::{Handler as HandlerConfig, QueueConfig};
 
 /// Largest JSON nesting [`Task::json`] accepts; deeper payloads are refused, not parsed.
-pub const MAX_JSON_DEPTH: usize = 64;
+/// Defined in config beside the other limits, since the api checks it too.
+pub use crate::config::MAX_JSON_DEPTH;
 
 /// One leased task as a handler sees it: no lease token, nothing it could settle with.
 #[derive(Debug, Clone, PartialEq, Eq)]
