@@ -8,7 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, Widget, Wrap};
 
 use super::charts::{now_max, series, spark, whole};
-use super::{HEADER, YELLOW, ago, count, host_state, key, memory, right};
+use super::{HEADER, YELLOW, ago, count, field, host_state, key, memory, right};
 use crate::cluster::HostReport;
 use crate::cluster::snapshot::{HostView, Snapshot};
 use crate::tui::state::State;
@@ -52,20 +52,17 @@ fn figures(h: &HostView, latest: &Snapshot) -> Vec<Line<'static>> {
                 ""
             }),
         ]),
-        Line::from(vec![
-            key("master"),
-            Span::raw(format!(
+        field(
+            "master",
+            format!(
                 "pid {}  up {}  reported {} before the read  follows map v{}",
                 r.pid,
                 ago(latest.at_ms.saturating_sub(r.started_ms)),
                 ago(latest.at_ms.saturating_sub(r.ts_ms)),
                 r.map_version
-            )),
-        ]),
-        Line::from(vec![
-            key("slots"),
-            Span::raw(format!("{} of capacity {}", r.slots, r.capacity)),
-        ]),
+            ),
+        ),
+        field("slots", format!("{} of capacity {}", r.slots, r.capacity)),
         Line::from(vec![
             key("memory"),
             memory(r.pss_bytes, r.memory_budget_bytes, 20),
@@ -76,11 +73,8 @@ fn figures(h: &HostView, latest: &Snapshot) -> Vec<Line<'static>> {
                 bytes(r.mem_available_bytes)
             )),
         ]),
-        Line::from(vec![
-            key("load"),
-            Span::raw(format!("{:.2} on {} cpus", r.load1, r.cpus)),
-        ]),
-        Line::from(vec![key("handlers"), Span::raw(r.handlers.join(", "))]),
+        field("load", format!("{:.2} on {} cpus", r.load1, r.cpus)),
+        field("handlers", r.handlers.join(", ")),
     ]
 }
 

@@ -129,6 +129,11 @@ fn key(k: &'static str) -> Span<'static> {
     Span::styled(format!("{k:<KEY_WIDTH$}"), BOLD)
 }
 
+/// A line of the task view: its key, then plain text.
+fn field(k: &'static str, text: impl Into<std::borrow::Cow<'static, str>>) -> Line<'static> {
+    Line::from(vec![key(k), Span::raw(text)])
+}
+
 fn record(t: &TaskLookup, r: &TaskRecord, title: String, area: Rect, buf: &mut Buffer) {
     let value_width = usize::from(area.width.saturating_sub(2)).saturating_sub(KEY_WIDTH);
     let attempts = if r.max_attempts == 0 {
@@ -142,11 +147,11 @@ fn record(t: &TaskLookup, r: &TaskRecord, title: String, area: Rect, buf: &mut B
             Span::styled(r.state.as_str(), state_style(r.state)),
             Span::raw(format!("   attempt {attempts}   priority {}", r.priority)),
         ]),
-        Line::from(vec![
-            key("created"),
-            Span::raw(format!("{}   updated {}", r.created_at, r.updated_at)),
-        ]),
-        Line::from(vec![key("due"), Span::raw(r.due_at.clone())]),
+        field(
+            "created",
+            format!("{}   updated {}", r.created_at, r.updated_at),
+        ),
+        field("due", r.due_at.clone()),
         Line::from(vec![
             key("submitted"),
             Span::raw(r.submitted_by.clone().unwrap_or_else(|| "-".into())),

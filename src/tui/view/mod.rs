@@ -239,6 +239,11 @@ fn key(k: &'static str) -> Span<'static> {
     Span::styled(format!("{k:<11}"), BOLD)
 }
 
+/// A detail line: its key, then plain text.
+fn field(k: &'static str, text: impl Into<std::borrow::Cow<'static, str>>) -> Line<'static> {
+    Line::from(vec![key(k), Span::raw(text)])
+}
+
 /// PSS against the budget, as a bar and a percentage.
 fn memory(pss: u64, budget: u64, width: usize) -> Span<'static> {
     if budget == 0 {

@@ -8,7 +8,9 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Paragraph, Widget, Wrap};
 
 use super::charts::{now_max, series, spark, whole};
-use super::{BOLD, DIM, GREEN, RED, RED_BOLD, YELLOW, host_state, intake, key, pct, rate, secs};
+use super::{
+    BOLD, DIM, GREEN, RED, RED_BOLD, YELLOW, field, host_state, intake, key, pct, rate, secs,
+};
 use crate::cluster::snapshot::Snapshot;
 use crate::config::Intake;
 use crate::tui::state::{QueueRow, State, rates};
@@ -55,16 +57,16 @@ fn settings(r: &QueueRow<'_>) -> Vec<Line<'static>> {
                 Span::raw("")
             },
         ]),
-        Line::from(vec![
-            key("slots"),
-            Span::raw(format!(
+        field(
+            "slots",
+            format!(
                 "running {}  wanted {}  average {:.1}  in map {}",
                 q.slots,
                 r.wanted.map_or_else(|| "-".into(), |w| w.to_string()),
                 r.slots_avg,
                 q.mapped
-            )),
-        ]),
+            ),
+        ),
         Line::from(vec![
             key("load"),
             match r.load {
@@ -80,10 +82,7 @@ fn settings(r: &QueueRow<'_>) -> Vec<Line<'static>> {
                 None => "  (no decision from a manager yet)".into(),
             }),
         ]),
-        Line::from(vec![
-            key("why"),
-            Span::raw(d.map(|d| d.reason_text()).unwrap_or_default()),
-        ]),
+        field("why", d.map(|d| d.reason_text()).unwrap_or_default()),
         Line::from(vec![
             key("intake"),
             intake(q.intake),
@@ -110,50 +109,47 @@ fn counters(r: &QueueRow<'_>) -> Vec<Line<'static>> {
     let q = r.view;
     let s = &q.stats;
     vec![
-        Line::from(vec![
-            key("tasks"),
-            Span::raw(format!(
+        field(
+            "tasks",
+            format!(
                 "ready {}  delayed {}  leased {}  dead {}  frozen {}",
                 s.ready, s.delayed, s.leased, s.dead, s.frozen
-            )),
-        ]),
-        Line::from(vec![
-            key("rates"),
-            Span::raw(format!(
+            ),
+        ),
+        field(
+            "rates",
+            format!(
                 "done {}/s  errors {}/s  mean task {}",
                 rate(r.rates.done_per_s),
                 rate(r.rates.errors_per_s),
                 secs(r.rates.mean_task_s)
-            )),
-        ]),
-        Line::from(vec![
-            key("totals"),
-            Span::raw(format!(
+            ),
+        ),
+        field(
+            "totals",
+            format!(
                 "enqueued {}  acked {}  retried {}  dead {}",
                 s.enqueued_total, s.acked_total, s.retried_total, s.dead_total
-            )),
-        ]),
-        Line::from(vec![
-            key(""),
-            Span::raw(format!(
+            ),
+        ),
+        field(
+            "",
+            format!(
                 "stale {}  expired {}  requeued {}  purged {}  cancelled {}",
                 s.stale_total, s.expired_total, s.requeued_total, s.purged_total, s.cancelled_total
-            )),
-        ]),
-        Line::from(vec![
-            key("handlers"),
-            Span::raw(format!(
+            ),
+        ),
+        field(
+            "handlers",
+            format!(
                 "processed {}  failed {}  busy {:.1}s",
                 q.processed_total, q.failed_total, q.busy_seconds_total,
-            )),
-        ]),
-        Line::from(vec![
-            key(""),
-            Span::raw(format!(
-                "recycles {}  crashes {}",
-                q.recycles_total, q.crashes_total
-            )),
-        ]),
+            ),
+        ),
+        field(
+            "",
+            format!("recycles {}  crashes {}", q.recycles_total, q.crashes_total),
+        ),
     ]
 }
 
