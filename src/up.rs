@@ -103,11 +103,17 @@ struct Role {
     restart_at: Option<Instant>,
 }
 
-/// Runs the cluster until Ctrl-C, SIGTERM or `shutdown`; returns once every child is gone.
+/// Runs the cluster until `shutdown` is cancelled (the edge cancels it on Ctrl-C or
+/// SIGTERM); returns once every child is gone. A deliberate press in `interrupts` while
+/// the roles stop kills them instead of waiting.
 ///
 /// Must run on a current-thread runtime on a thread that outlives it: the children's
 /// PDEATHSIG follows the thread that started them.
-pub async fn run(opts: UpOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    opts: UpOptions,
+    shutdown: CancellationToken,
+    interrupts: Interrupts,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(&opts.state_dir)
         .with_context(|| format!("creating the state directory {}", opts.state_dir.display()))?;
     let _lock = lock_state_dir(&opts.state_dir)?;
@@ -144,7 +150,7 @@ pub async fn run(opts: UpOptions, shutdown: CancellationToken) -> anyhow::Result
     std::fs::write(&state_file, serde_json::to_string(&state)?)
         .with_context(|| format!("writing {}", state_file.display()))?;
 
-    let result = supervise(&opts, &redis_url, shutdown).await;
+    let result = supervise(&opts, &redis_url, shutdown, interrupts).await;
 
     if let Some(mut server) = redis_server {
         eprintln!("gaffer up: stopping redis-server");
@@ -200,21 +206,75 @@ fn lock_state_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>
     })
 }
 
+/// What `up` reads as Ctrl-C presses once it stops its roles: a deliberate one kills the
+/// role it waits for. The first press (or SIGTERM) reaches `up` as its shutdown token; the
+/// edge installs the handler behind both, and hands a stream that sees every press, the
+/// first among them, which falls within the half second a press must wait to count.
+pub struct Interrupts(Option<tokio::signal::unix::Signal>);
+
+impl Interrupts {
+    /// Presses of a SIGINT stream the edge installed.
+    pub fn from_signal(signal: tokio::signal::unix::Signal) -> Self {
+        Interrupts(Some(signal))
+    }
+
+    /// No presses ever: roles are stopped gracefully, killed only after their limits (an
+    /// in-process caller with only a token).
+    pub fn none() -> Self {
+        Interrupts(None)
+    }
+
+    /// The next press, or never.
+    async fn next(&mut self) {
+        match &mut self.0 {
+            Some(signal) => {
+                if signal.recv().await.is_none() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// The three roles `up` runs.
+struct Roles {
+    manager: Role,
+    master: Role,
+    api: Role,
+}
+
+/// Starts the roles, the demo load if asked, runs them until `shutdown` or a role that
+/// must not be restarted, then stops them in order.
 async fn supervise(
     opts: &UpOptions,
     redis_url: &str,
     shutdown: CancellationToken,
+    interrupts: Interrupts,
 ) -> anyhow::Result<()> {
+    let mut roles = start_roles(opts, redis_url)?;
+    let demo = start_demo(opts, redis_url).await?;
+    let failure = run_roles(opts, redis_url, &mut roles, demo, shutdown).await?;
+    stop_roles(opts, roles, interrupts).await;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Starts manager, master and api (the api with the demo's admin key), and says where
+/// they are.
+fn start_roles(opts: &UpOptions, redis_url: &str) -> anyhow::Result<Roles> {
     let token = demo_token(&opts.state_dir)?;
     let mut api = Role::new("api", vec!["api".into()]);
     api.env
         .push(("GAFFER_API_ADMIN_SHA256", crate::api::hash_token(&token)));
-    let mut roles = [
-        Role::new("manager", vec!["manager".into()]),
-        Role::new("master", vec!["master".into()]),
+    let mut roles = Roles {
+        manager: Role::new("manager", vec!["manager".into()]),
+        master: Role::new("master", vec!["master".into()]),
         api,
-    ];
-    for role in &mut roles {
+    };
+    for role in [&mut roles.manager, &mut roles.master, &mut roles.api] {
         role.start(opts, redis_url)?;
     }
     eprintln!(
@@ -227,39 +287,52 @@ async fn supervise(
         api_listen(opts),
         opts.state_dir.join(TOKEN_FILE).display()
     );
+    Ok(roles)
+}
 
-    let mut demo = if opts.demo_load {
-        let client = QueueClient::connect(redis_url, &opts.config.cluster.namespace, &opts.connect)
-            .await
-            .context("connecting the demo load")?;
-        eprintln!("gaffer up: demo load on, a wave per queue, 2 minutes a period");
-        Some(DemoLoad::new(client, &opts.config))
-    } else {
-        None
-    };
+/// The demo load, when `--demo-load` asks for it.
+async fn start_demo(opts: &UpOptions, redis_url: &str) -> anyhow::Result<Option<DemoLoad>> {
+    if !opts.demo_load {
+        return Ok(None);
+    }
+    let client = QueueClient::connect(redis_url, &opts.config.cluster.namespace, &opts.connect)
+        .await
+        .context("connecting the demo load")?;
+    eprintln!("gaffer up: demo load on, a wave per queue, 2 minutes a period");
+    Ok(Some(DemoLoad::new(client, &opts.config)))
+}
+
+/// Runs the roles, restarting them with back-off, and the demo load, until `shutdown`
+/// (`None`) or a role that failed at start-up (`Some`, the error `up` ends with).
+async fn run_roles(
+    opts: &UpOptions,
+    redis_url: &str,
+    roles: &mut Roles,
+    mut demo: Option<DemoLoad>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Option<anyhow::Error>> {
     let mut demo_tick = tokio::time::interval(Duration::from_secs(1));
     demo_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    let [manager, master, api] = &mut roles;
-    let failure = loop {
+    let Roles {
+        manager,
+        master,
+        api,
+    } = roles;
+    loop {
         let restart_at = [manager.restart_at, master.restart_at, api.restart_at]
             .into_iter()
             .flatten()
             .min();
         tokio::select! {
-            _ = sigint.recv() => break None,
-            _ = sigterm.recv() => break None,
-            () = shutdown.cancelled() => break None,
+            () = shutdown.cancelled() => return Ok(None),
             status = wait(&mut manager.child) => {
-                if let Some(e) = manager.exited(status) { break Some(e) }
+                if let Some(e) = manager.exited(status) { return Ok(Some(e)) }
             }
             status = wait(&mut master.child) => {
-                if let Some(e) = master.exited(status) { break Some(e) }
+                if let Some(e) = master.exited(status) { return Ok(Some(e)) }
             }
             status = wait(&mut api.child) => {
-                if let Some(e) = api.exited(status) { break Some(e) }
+                if let Some(e) = api.exited(status) { return Ok(Some(e)) }
             }
             () = sleep_until(restart_at) => {
                 for role in [&mut *manager, &mut *master, &mut *api] {
@@ -274,74 +347,80 @@ async fn supervise(
                 }
             }
         }
-    };
+    }
+}
 
+/// Stops the roles in order: the api stops taking requests first; the master drains
+/// next, and the manager keeps deciding until then, so nothing is placed on a host that
+/// is leaving without the map saying so.
+async fn stop_roles(opts: &UpOptions, roles: Roles, mut interrupts: Interrupts) {
     let drain = opts.config.master.drain_timeout;
     eprintln!(
         "gaffer up: stopping: the master drains its slots (up to drain_timeout {}), \
          Ctrl-C again to kill",
         humantime::format_duration(drain)
     );
-    // The api stops taking requests first; the master drains next, and the manager keeps
-    // deciding until then, so nothing is placed on a host that is leaving without the map
-    // saying so.
-    let mut killing = false;
-    stop(api, Duration::from_secs(15), &mut sigint, &mut killing).await;
-    stop(
-        master,
-        drain + Duration::from_secs(15),
-        &mut sigint,
-        &mut killing,
-    )
-    .await;
-    stop(manager, Duration::from_secs(15), &mut sigint, &mut killing).await;
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    let Roles {
+        mut manager,
+        mut master,
+        mut api,
+    } = roles;
+    let mut stopper = Stopper {
+        interrupts: &mut interrupts,
+        killing: false,
+    };
+    stopper.stop(&mut api, Duration::from_secs(15)).await;
+    stopper
+        .stop(&mut master, drain + Duration::from_secs(15))
+        .await;
+    stopper.stop(&mut manager, Duration::from_secs(15)).await;
 }
 
-/// Sends `role` SIGTERM and waits for it to exit; SIGKILL after `limit`, or on a second
-/// Ctrl-C (which also kills every role stopped after it). Says every few seconds what it
-/// waits for.
-async fn stop(
-    role: &mut Role,
-    limit: Duration,
-    sigint: &mut tokio::signal::unix::Signal,
-    killing: &mut bool,
-) {
-    role.signal(if *killing {
-        Signal::SIGKILL
-    } else {
-        Signal::SIGTERM
-    });
-    let deadline = Instant::now() + limit;
-    // One Ctrl-C can arrive twice (a terminal and a wrapper such as `timeout` both
-    // signalling); only a deliberate second press, a moment later, kills.
-    let deliberate = Instant::now() + Duration::from_millis(500);
-    let mut progress = tokio::time::interval_at(
-        Instant::now() + Duration::from_secs(5),
-        Duration::from_secs(5),
-    );
-    while role.child.is_some() {
-        tokio::select! {
-            status = wait(&mut role.child) => {
-                role.child = None;
-                eprintln!("gaffer up: {} stopped ({})", role.name, describe(status));
-            }
-            _ = sigint.recv() => {
-                if Instant::now() >= deliberate {
-                    *killing = true;
-                    eprintln!("gaffer up: killing the {}", role.name);
+/// Stops roles one after another.
+struct Stopper<'a> {
+    interrupts: &'a mut Interrupts,
+    /// A deliberate Ctrl-C came: every role from then on is killed, not asked.
+    killing: bool,
+}
+
+impl Stopper<'_> {
+    /// Sends `role` SIGTERM and waits for it to exit; SIGKILL after `limit`, or on a
+    /// second Ctrl-C (which also kills every role stopped after it). Says every few
+    /// seconds what it waits for.
+    async fn stop(&mut self, role: &mut Role, limit: Duration) {
+        role.signal(if self.killing {
+            Signal::SIGKILL
+        } else {
+            Signal::SIGTERM
+        });
+        let deadline = Instant::now() + limit;
+        // One Ctrl-C can arrive twice (a terminal and a wrapper such as `timeout` both
+        // signalling); only a deliberate second press, a moment later, kills.
+        let deliberate = Instant::now() + Duration::from_millis(500);
+        let mut progress = tokio::time::interval_at(
+            Instant::now() + Duration::from_secs(5),
+            Duration::from_secs(5),
+        );
+        while role.child.is_some() {
+            tokio::select! {
+                status = wait(&mut role.child) => {
+                    role.child = None;
+                    eprintln!("gaffer up: {} stopped ({})", role.name, describe(status));
+                }
+                () = self.interrupts.next() => {
+                    if Instant::now() >= deliberate {
+                        self.killing = true;
+                        eprintln!("gaffer up: killing the {}", role.name);
+                        role.signal(Signal::SIGKILL);
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    eprintln!("gaffer up: the {} did not stop within {:?}, killing it", role.name, limit);
                     role.signal(Signal::SIGKILL);
                 }
-            }
-            () = tokio::time::sleep_until(deadline) => {
-                eprintln!("gaffer up: the {} did not stop within {:?}, killing it", role.name, limit);
-                role.signal(Signal::SIGKILL);
-            }
-            _ = progress.tick() => {
-                eprintln!("gaffer up: waiting for the {} to stop", role.name);
+                _ = progress.tick() => {
+                    eprintln!("gaffer up: waiting for the {} to stop", role.name);
+                }
             }
         }
     }

@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::Balancer;
+use super::{Balancer, HostTables, QueueInfo};
 
 /// Builds the new map for the balancer's targets from `current` (queue-major, like
 /// [`super::IndexedInput::current`]): slots on hosts that died, drain or lack the
@@ -23,101 +23,191 @@ pub(super) fn place(b: &mut Balancer, current: &[u32]) {
         hosts,
         targets,
         placed,
-        map: count,
+        map,
         scratch: s,
         ..
     } = b;
-    let nq = queues.len();
-    let capacity = &hosts.capacity;
-
-    // count[q * nh + h], kept only where host h is usable and runs q's handler.
-    count.clear();
-    count.resize(nq * nh, 0);
-    for (q, info) in queues.iter().enumerate() {
-        let runs = &hosts.can[info.handler * nh..(info.handler + 1) * nh];
-        let row = q * nh..(q + 1) * nh;
-        for ((n, &c), &r) in count[row.clone()].iter_mut().zip(&current[row]).zip(runs) {
-            if r {
-                *n = c;
-            }
-        }
-    }
-    let used = &mut s.used;
-    used.clear();
-    used.resize(nh, 0);
-    for row in count.chunks_exact(nh.max(1)) {
-        for (u, &n) in used.iter_mut().zip(row) {
-            *u += n;
-        }
-    }
-
-    // A host whose capacity fell sheds its lowest-priority slots first.
-    for h in 0..nh {
-        let mut over = used[h].saturating_sub(capacity[h]);
-        if over == 0 {
-            continue;
-        }
-        let shed = &mut s.shed;
-        shed.clear();
-        shed.extend((0..nq).filter(|&q| count[q * nh + h] > 0));
-        shed.sort_by_key(|&q| (queues[q].config.priority, Reverse(count[q * nh + h]), q));
-        for &q in shed.iter() {
-            let take = count[q * nh + h].min(over);
-            count[q * nh + h] -= take;
-            over -= take;
-            if over == 0 {
-                break;
-            }
-        }
-        used[h] = capacity[h];
-    }
+    let mut grid = Grid::kept(queues, hosts, current, nh, map, &mut s.used);
+    grid.shed_over_capacity(queues, &hosts.capacity, &mut s.shed);
 
     placed.clear();
-    placed.extend((0..nq).map(|q| count[q * nh..(q + 1) * nh].iter().sum::<u32>()));
+    placed.extend((0..queues.len()).map(|q| grid.row(q).iter().sum::<u32>()));
 
-    // Surplus: from the hosts with the most slots of the queue.
-    let mut heap = BinaryHeap::from(std::mem::take(&mut s.surplus));
-    for q in 0..nq {
-        if placed[q] <= targets[q] {
-            continue;
-        }
-        let row = &mut count[q * nh..(q + 1) * nh];
-        heap.clear();
-        heap.extend(
-            row.iter()
-                .enumerate()
-                .filter(|(_, n)| **n > 0)
-                .map(|(h, &n)| (n, Reverse(h))),
-        );
-        while placed[q] > targets[q] {
-            let Some((n, Reverse(h))) = heap.pop() else {
-                break;
-            };
-            row[h] -= 1;
-            used[h] -= 1;
-            placed[q] -= 1;
-            if n > 1 {
-                heap.push((n - 1, Reverse(h)));
-            }
+    grid.take_surplus(placed, targets, &mut s.surplus);
+    // Growth, in the order capacity is granted: minimums by priority, then the rest.
+    for pass in [Pass::Minimums, Pass::Targets] {
+        let goals = Goals {
+            pass,
+            queues,
+            targets,
+        };
+        grid.grow_queues(goals, order, hosts, placed, &mut s.growth);
+    }
+}
+
+/// Which goal a growth pass fills each queue up to.
+#[derive(Clone, Copy)]
+enum Pass {
+    /// Its target, but no more than its `min_slots`.
+    Minimums,
+    /// Its whole target.
+    Targets,
+}
+
+/// What a growth pass grows each queue to.
+#[derive(Clone, Copy)]
+struct Goals<'a, 'c> {
+    pass: Pass,
+    queues: &'a [QueueInfo<'c>],
+    targets: &'a [u32],
+}
+
+impl Goals<'_, '_> {
+    /// The number of slots queue `q` should hold after this pass.
+    fn of(&self, q: usize) -> u32 {
+        match self.pass {
+            Pass::Minimums => self.targets[q].min(self.queues[q].config.min_slots),
+            Pass::Targets => self.targets[q],
         }
     }
-    s.surplus = heap.into_vec();
+}
 
-    // Growth, in the order capacity is granted: minimums by priority, then the rest.
-    let cands = &mut s.growth;
-    for pass_min in [true, false] {
-        for &q in order.iter() {
-            let info = &queues[q];
-            let goal = if pass_min {
-                targets[q].min(info.config.min_slots)
-            } else {
-                targets[q]
-            };
+/// The map being built: slots per queue and host, and the slots each host holds.
+struct Grid<'a> {
+    hosts: usize,
+    /// `count[q * hosts + h]`, queue-major.
+    count: &'a mut Vec<u32>,
+    /// Per host, its slots of every queue.
+    used: &'a mut Vec<u32>,
+}
+
+impl<'a> Grid<'a> {
+    /// The current map, kept only where host h is usable and runs q's handler.
+    fn kept(
+        queues: &[QueueInfo],
+        hosts: &HostTables,
+        current: &[u32],
+        nh: usize,
+        count: &'a mut Vec<u32>,
+        used: &'a mut Vec<u32>,
+    ) -> Self {
+        count.clear();
+        count.resize(queues.len() * nh, 0);
+        for (q, info) in queues.iter().enumerate() {
+            let runs = &hosts.can[info.handler * nh..(info.handler + 1) * nh];
+            let row = q * nh..(q + 1) * nh;
+            for ((n, &c), &r) in count[row.clone()].iter_mut().zip(&current[row]).zip(runs) {
+                if r {
+                    *n = c;
+                }
+            }
+        }
+        used.clear();
+        used.resize(nh, 0);
+        for row in count.chunks_exact(nh.max(1)) {
+            for (u, &n) in used.iter_mut().zip(row) {
+                *u += n;
+            }
+        }
+        Grid {
+            hosts: nh,
+            count,
+            used,
+        }
+    }
+
+    /// Queue `q`'s slots per host.
+    fn row(&self, q: usize) -> &[u32] {
+        &self.count[q * self.hosts..(q + 1) * self.hosts]
+    }
+
+    /// A host whose capacity fell sheds its lowest-priority slots first.
+    fn shed_over_capacity(
+        &mut self,
+        queues: &[QueueInfo],
+        capacity: &[u32],
+        shed: &mut Vec<usize>,
+    ) {
+        let (nh, nq) = (self.hosts, queues.len());
+        let count = &mut *self.count;
+        for h in 0..nh {
+            let mut over = self.used[h].saturating_sub(capacity[h]);
+            if over == 0 {
+                continue;
+            }
+            shed.clear();
+            shed.extend((0..nq).filter(|&q| count[q * nh + h] > 0));
+            shed.sort_by_key(|&q| (queues[q].config.priority, Reverse(count[q * nh + h]), q));
+            for &q in shed.iter() {
+                let take = count[q * nh + h].min(over);
+                count[q * nh + h] -= take;
+                over -= take;
+                if over == 0 {
+                    break;
+                }
+            }
+            self.used[h] = capacity[h];
+        }
+    }
+
+    /// Surplus: from the hosts with the most slots of the queue. `buffer` is the heap's
+    /// storage, kept between decisions.
+    fn take_surplus(
+        &mut self,
+        placed: &mut [u32],
+        targets: &[u32],
+        buffer: &mut Vec<(u32, Reverse<usize>)>,
+    ) {
+        let nh = self.hosts;
+        let mut heap = BinaryHeap::from(std::mem::take(buffer));
+        for q in 0..placed.len() {
+            if placed[q] <= targets[q] {
+                continue;
+            }
+            let row = &mut self.count[q * nh..(q + 1) * nh];
+            heap.clear();
+            heap.extend(
+                row.iter()
+                    .enumerate()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(h, &n)| (n, Reverse(h))),
+            );
+            while placed[q] > targets[q] {
+                let Some((n, Reverse(h))) = heap.pop() else {
+                    break;
+                };
+                row[h] -= 1;
+                self.used[h] -= 1;
+                placed[q] -= 1;
+                if n > 1 {
+                    heap.push((n - 1, Reverse(h)));
+                }
+            }
+        }
+        *buffer = heap.into_vec();
+    }
+
+    /// One growth pass: each queue in `order` grows towards its goal on the hosts that run
+    /// its handler and have room.
+    fn grow_queues(
+        &mut self,
+        goals: Goals,
+        order: &[usize],
+        hosts: &HostTables,
+        placed: &mut [u32],
+        cands: &mut Vec<(u32, u64)>,
+    ) {
+        let nh = self.hosts;
+        let capacity = &hosts.capacity;
+        for &q in order {
+            let goal = goals.of(q);
             if placed[q] >= goal {
                 continue;
             }
-            let runs = &hosts.can[info.handler * nh..(info.handler + 1) * nh];
-            let row = &mut count[q * nh..(q + 1) * nh];
+            let handler = goals.queues[q].handler;
+            let runs = &hosts.can[handler * nh..(handler + 1) * nh];
+            let row = &mut self.count[q * nh..(q + 1) * nh];
+            let used = &mut *self.used;
             cands.clear();
             let mut tier = Tier::default();
             let hosts = row.iter().zip(runs).zip(used.iter().zip(capacity.iter()));

@@ -288,6 +288,7 @@ pub async fn run(
     result
 }
 
+/// Every figure in turn, against `q` and the bare loop.
 async fn measure(
     opts: &BenchOptions,
     q: &Queue,
@@ -295,9 +296,36 @@ async fn measure(
     payload: &[u8],
     progress: &mut impl FnMut(&str),
 ) -> anyhow::Result<BenchReport> {
-    let n = opts.tasks;
     let rounds = opts.rounds.max(1);
-    let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new(payload.to_vec())).collect();
+    let tasks: Vec<NewTask> = (0..opts.tasks)
+        .map(|_| NewTask::new(payload.to_vec()))
+        .collect();
+    let enqueue = bulk_enqueue(opts, q, bare, &tasks, payload, progress).await?;
+    let clients = connect_takers(opts).await?;
+    let take_ack = take_ack_rows(opts, q, bare, &clients, &tasks, payload, progress).await?;
+    let wakeup = wake_latency(opts, q, payload, progress).await?;
+    let records = record_cost(opts, q, &clients, payload, progress).await?;
+    Ok(BenchReport {
+        enqueue,
+        take_ack,
+        wakeup,
+        records,
+        payload_bytes: opts.payload_bytes,
+        rounds,
+    })
+}
+
+/// Bulk enqueue of `tasks`, gaffer beside the bare loop.
+async fn bulk_enqueue(
+    opts: &BenchOptions,
+    q: &Queue,
+    bare: &Bare,
+    tasks: &[NewTask],
+    payload: &[u8],
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<Throughput> {
+    let n = tasks.len();
+    let rounds = opts.rounds.max(1);
     // gaffer and the bare loop alternate, round after round, and each side keeps its
     // median: a burst of noise then hits both sides or neither.
     let (mut g, mut b) = (Vec::new(), Vec::new());
@@ -306,7 +334,7 @@ async fn measure(
             "bulk enqueue of {n} tasks, round {round}/{rounds}"
         ));
         let t = Instant::now();
-        q.enqueue_many(&tasks).await?;
+        q.enqueue_many(tasks).await?;
         g.push(t.elapsed());
         q.delete_all().await?;
         let t = Instant::now();
@@ -314,13 +342,32 @@ async fn measure(
         b.push(t.elapsed());
         bare.delete().await?;
     }
-    let enqueue = throughput(n, median(g), median(b));
+    Ok(throughput(n, median(g), median(b)))
+}
 
-    // Each taker has its own connection, as each slot does.
+/// One client per taker of the largest number measured: each taker has its own
+/// connection, as each slot does.
+async fn connect_takers(opts: &BenchOptions) -> anyhow::Result<Vec<QueueClient>> {
     let mut clients = Vec::new();
     for _ in 0..opts.takers.iter().copied().max().unwrap_or(1) {
         clients.push(QueueClient::connect(&opts.url, &opts.namespace, &opts.connect).await?);
     }
+    Ok(clients)
+}
+
+/// Take+ack for every batch size × number of takers, each row from the tasks of
+/// `tasks` its batch size moves (fewer for small batches, which are slow).
+async fn take_ack_rows(
+    opts: &BenchOptions,
+    q: &Queue,
+    bare: &Bare,
+    clients: &[QueueClient],
+    tasks: &[NewTask],
+    payload: &[u8],
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<Vec<TakeAck>> {
+    let n = tasks.len();
+    let rounds = opts.rounds.max(1);
     let mut take_ack = Vec::new();
     for &batch in &opts.batches {
         let count = match batch {
@@ -329,7 +376,7 @@ async fn measure(
             _ => n,
         }
         .clamp(batch, n.max(batch));
-        let count_tasks: Vec<NewTask> = tasks[..count.min(tasks.len())].to_vec();
+        let count_tasks = &tasks[..count.min(n)];
         let count = count_tasks.len();
         for &takers in &opts.takers {
             let (mut g, mut b) = (Vec::new(), Vec::new());
@@ -337,7 +384,7 @@ async fn measure(
                 progress(&format!(
                     "take+ack, batch {batch}, {takers} taker(s), {count} tasks, round {round}/{rounds}"
                 ));
-                q.enqueue_many(&count_tasks).await?;
+                q.enqueue_many(count_tasks).await?;
                 let t = Instant::now();
                 let moved = drain_with(clients.iter().take(takers), q, batch).await?;
                 g.push(t.elapsed());
@@ -345,21 +392,7 @@ async fn measure(
 
                 bare.fill(count, payload).await?;
                 let t = Instant::now();
-                let mut handles = Vec::new();
-                for c in clients.iter().take(takers) {
-                    let b = Bare {
-                        conn: c.connection(),
-                        ..bare.clone()
-                    };
-                    handles.push(tokio::spawn(async move {
-                        let mut conn = b.conn.clone();
-                        b.drain(&mut conn, batch).await
-                    }));
-                }
-                let mut moved = 0;
-                for h in handles {
-                    moved += h.await??;
-                }
+                let moved = bare_drain_with(clients.iter().take(takers), bare, batch).await?;
                 b.push(t.elapsed());
                 anyhow::ensure!(moved == count, "bare loop drained {moved} of {count}");
                 bare.delete().await?;
@@ -371,17 +404,31 @@ async fn measure(
             });
         }
     }
+    Ok(take_ack)
+}
 
-    let wakeup = wake_latency(opts, q, payload, progress).await?;
-    let records = record_cost(opts, q, &clients, payload, progress).await?;
-    Ok(BenchReport {
-        enqueue,
-        take_ack,
-        wakeup,
-        records,
-        payload_bytes: opts.payload_bytes,
-        rounds,
-    })
+/// [`drain_with`] for the bare loop: one taker per client, all at once.
+async fn bare_drain_with<'a>(
+    clients: impl Iterator<Item = &'a QueueClient>,
+    bare: &Bare,
+    batch: usize,
+) -> anyhow::Result<usize> {
+    let mut handles = Vec::new();
+    for c in clients {
+        let b = Bare {
+            conn: c.connection(),
+            ..bare.clone()
+        };
+        handles.push(tokio::spawn(async move {
+            let mut conn = b.conn.clone();
+            b.drain(&mut conn, batch).await
+        }));
+    }
+    let mut moved = 0;
+    for h in handles {
+        moved += h.await??;
+    }
+    Ok(moved)
 }
 
 /// The same queue work with records and without, alternating rounds; then the memory of

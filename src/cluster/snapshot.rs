@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{HostReport, Keys, SlotMap, now_ms};
-use crate::config::{Config, Intake};
-use crate::queue_client::{QueueClient, QueueError, QueueLimits, QueueStats};
+use crate::config::{Config, Intake, QueueConfig};
+use crate::queue_client::{QueueClient, QueueError, QueueLimits, QueueStats, RedisConn};
 
 /// The manager's last verdict on a queue, as written to `NS:{cluster}:decisions`
 /// (`balancer::Decision`, read back without depending on the balancer).
@@ -184,33 +184,75 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
     let mut conn = client.connection();
     let reports = super::read_hosts(&mut conn, &keys).await?;
     let map = super::read_map(&mut conn, &keys).await?;
-    let decisions: BTreeMap<String, DecisionView> = {
-        let raw: Option<String> = conn.get(keys.decisions()).await?;
-        raw.and_then(|r| serde_json::from_str(&r).ok())
-            .unwrap_or_default()
-    };
+    let decisions = read_decisions(&mut conn, &keys).await?;
     let paused: BTreeSet<String> = conn.smembers(keys.paused()).await?;
     let draining: BTreeSet<String> = conn.smembers(keys.draining()).await?;
+    let manager = read_manager(&mut conn, &keys, map.as_ref()).await?;
+    let timeout_ms = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
+    let hosts = host_views(reports, &draining, at_ms, timeout_ms);
+    let cluster = ClusterView {
+        map: map.as_ref(),
+        decisions: &decisions,
+        paused: &paused,
+        hosts: &hosts,
+    };
+    let mut queues = BTreeMap::new();
+    for (name, qc) in &cfg.queues {
+        queues.insert(name.clone(), read_queue(client, name, qc, &cluster).await?);
+    }
+    Ok(Snapshot {
+        at_ms,
+        queues,
+        hosts,
+        map,
+        manager,
+    })
+}
+
+/// The manager's last decisions; none when it wrote none or they do not parse.
+async fn read_decisions(
+    conn: &mut RedisConn,
+    keys: &Keys,
+) -> Result<BTreeMap<String, DecisionView>, QueueError> {
+    let raw: Option<String> = conn.get(keys.decisions()).await?;
+    Ok(raw
+        .and_then(|r| serde_json::from_str(&r).ok())
+        .unwrap_or_default())
+}
+
+/// Who holds the lease, for how long yet, and who wrote `map`.
+async fn read_manager(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    map: Option<&SlotMap>,
+) -> Result<ManagerView, QueueError> {
     let (lease, ttl): (Option<String>, i64) = redis::pipe()
         .get(keys.lease())
         .cmd("PTTL")
         .arg(keys.lease())
-        .query_async(&mut conn)
+        .query_async(conn)
         .await?;
     let (holder, epoch) = match lease.as_deref().and_then(|l| l.rsplit_once(':')) {
         Some((id, epoch)) => (Some(id.to_string()), epoch.parse().ok()),
         None => (None, None),
     };
-    let manager = ManagerView {
+    Ok(ManagerView {
         holder,
         epoch,
         lease_ttl_ms: u64::try_from(ttl).ok(),
-        map_epoch: map.as_ref().map(|m| m.epoch),
-        map_version: map.as_ref().map(|m| m.version),
-    };
+        map_epoch: map.map(|m| m.epoch),
+        map_version: map.map(|m| m.version),
+    })
+}
 
-    let timeout_ms = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
-    let hosts: BTreeMap<String, HostView> = reports
+/// Every host's report and what it means at `at_ms`: dead once older than `timeout_ms`.
+fn host_views(
+    reports: BTreeMap<String, HostReport>,
+    draining: &BTreeSet<String>,
+    at_ms: u64,
+    timeout_ms: u64,
+) -> BTreeMap<String, HostView> {
+    reports
         .into_iter()
         .map(|(name, report)| {
             let state = if at_ms.saturating_sub(report.ts_ms) > timeout_ms {
@@ -227,51 +269,62 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
             };
             (name, view)
         })
-        .collect();
+        .collect()
+}
 
-    let mut queues = BTreeMap::new();
-    for (name, qc) in &cfg.queues {
-        let queue = client.queue_with(name, QueueLimits::from(qc))?;
-        // Both requests go out together on the multiplexed connection: one round trip.
-        let (stats, intake) = futures::try_join!(queue.stats(), queue.intake())?;
-        let mut view = QueueView {
-            priority: qc.priority,
-            min_slots: qc.min_slots,
-            max_slots: qc.max_slots,
-            stats,
-            slots: 0,
-            mapped: map
-                .as_ref()
-                .map_or(0, |m| m.hosts.values().filter_map(|q| q.get(name)).sum()),
-            decision: decisions.get(name).cloned(),
-            paused: paused.contains(name),
-            intake,
-            track: qc.track,
-            processed_total: 0,
-            failed_total: 0,
-            busy_seconds_total: 0.0,
-            recycles_total: 0,
-            crashes_total: 0,
-        };
-        for h in hosts.values().filter(|h| h.state != HostState::Dead) {
-            if let Some(r) = h.report.queues.get(name) {
-                view.slots += r.slots;
-                view.processed_total += r.processed_total;
-                view.failed_total += r.failed_total;
-                view.busy_seconds_total += r.busy_seconds_total;
-                view.recycles_total += r.recycles_total;
-                view.crashes_total += r.crashes_total;
-            }
+/// What a queue's view takes from the cluster beside its own keys.
+struct ClusterView<'a> {
+    map: Option<&'a SlotMap>,
+    decisions: &'a BTreeMap<String, DecisionView>,
+    paused: &'a BTreeSet<String>,
+    hosts: &'a BTreeMap<String, HostView>,
+}
+
+/// One queue: its config, its counters and intake from Redis, and the cluster's view of
+/// it, with the figures of live hosts summed.
+async fn read_queue(
+    client: &QueueClient,
+    name: &str,
+    qc: &QueueConfig,
+    cluster: &ClusterView<'_>,
+) -> Result<QueueView, QueueError> {
+    let queue = client.queue_with(name, QueueLimits::from(qc))?;
+    // Both requests go out together on the multiplexed connection: one round trip.
+    let (stats, intake) = futures::try_join!(queue.stats(), queue.intake())?;
+    let mut view = QueueView {
+        priority: qc.priority,
+        min_slots: qc.min_slots,
+        max_slots: qc.max_slots,
+        stats,
+        slots: 0,
+        mapped: cluster
+            .map
+            .map_or(0, |m| m.hosts.values().filter_map(|q| q.get(name)).sum()),
+        decision: cluster.decisions.get(name).cloned(),
+        paused: cluster.paused.contains(name),
+        intake,
+        track: qc.track,
+        processed_total: 0,
+        failed_total: 0,
+        busy_seconds_total: 0.0,
+        recycles_total: 0,
+        crashes_total: 0,
+    };
+    for h in cluster
+        .hosts
+        .values()
+        .filter(|h| h.state != HostState::Dead)
+    {
+        if let Some(r) = h.report.queues.get(name) {
+            view.slots += r.slots;
+            view.processed_total += r.processed_total;
+            view.failed_total += r.failed_total;
+            view.busy_seconds_total += r.busy_seconds_total;
+            view.recycles_total += r.recycles_total;
+            view.crashes_total += r.crashes_total;
         }
-        queues.insert(name.clone(), view);
     }
-    Ok(Snapshot {
-        at_ms,
-        queues,
-        hosts,
-        map,
-        manager,
-    })
+    Ok(view)
 }
 
 /// The `stats --json` document (a contract: keys are added, never renamed); the api's

@@ -18,13 +18,14 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::balancer::{self, HostState, Input};
-use crate::cluster::{self, Keys, SlotMap};
+use crate::cluster::{self, HostReport, Keys, SlotMap};
 use crate::config::Config;
 use crate::queue_client::{
-    ConnectOptions, NewTask, OutageLog, QueueClient, QueueLimits, RedisConn,
+    ConnectOptions, NewTask, OutageLog, QueueClient, QueueLimits, QueueStats, RedisConn,
 };
 
 pub use lease::Leadership;
+use telemetry::{Step, TickFailed};
 pub use window::StatsWindow;
 
 /// Expired task records deleted per queue and tick, at most: bounds one script's time.
@@ -70,55 +71,19 @@ impl ManagerOptions {
     }
 }
 
-/// Runs the manager until `shutdown` is cancelled or SIGTERM/SIGINT arrives; then it
-/// releases the lease so a standby takes over at once.
+/// Runs the manager until `shutdown` is cancelled (the binary's edge cancels it on SIGTERM
+/// or SIGINT); then it releases the lease so a standby takes over at once.
 pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     // Bind before anything starts, so a port in use fails the start, not a tick later.
-    let listener = match opts.http {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding [manager].http {addr}"))?,
-        ),
-        None => None,
-    };
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    // Redis may be down when pacemaker starts us: wait for it rather than exit, which
-    // would only count as a failure of the resource on this node.
-    let connect = QueueClient::connect_patiently(
-        &opts.redis_url,
-        &opts.config.cluster.namespace,
-        &opts.connect,
-    );
-    let client = tokio::select! {
-        r = connect => r.with_context(|| {
-            format!(
-                "connecting to {}",
-                crate::queue_client::redacted(&opts.redis_url)
-            )
-        })?,
-        _ = sigterm.recv() => return Ok(()),
-        _ = sigint.recv() => return Ok(()),
-        () = shutdown.cancelled() => return Ok(()),
+    let listener = bind_http(opts.http).await?;
+    let Some(client) = connect(&opts, &shutdown).await? else {
+        return Ok(());
     };
     let keys = Keys::new(&opts.config.cluster.namespace);
     let status = Arc::new(Mutex::new(
         serde_json::json!({"id": opts.id, "leading": false}),
     ));
-    let http_shutdown = CancellationToken::new();
-    let http = listener.map(|listener| {
-        let metrics = crate::http::install_metrics();
-        let status = status.clone();
-        tokio::spawn(crate::http::serve(
-            listener,
-            crate::http::Routes {
-                metrics: Some(metrics),
-                status: Arc::new(move || status.lock().map(|s| s.clone()).unwrap_or_default()),
-            },
-            http_shutdown.clone(),
-        ))
-    });
+    let http = listener.map(|listener| HttpServer::start(listener, status.clone()));
     let mut m = Manager {
         status,
         leadership: Leadership::new(keys.clone(), opts.id.clone(), opts.lease_ttl()),
@@ -133,28 +98,78 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         client,
         opts,
     };
-    let mut tick = tokio::time::interval(m.opts.config.manager.tick);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    telemetry::started(&m.opts.id);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => m.tick().await,
-            () = shutdown.cancelled() => break,
-            _ = sigterm.recv() => break,
-            _ = sigint.recv() => break,
-        }
-    }
-    if m.leading
-        && let Err(e) = m.leadership.release(&mut m.conn).await
-    {
-        tracing::warn!(error = %e, "releasing the lease failed");
-    }
-    http_shutdown.cancel();
+    m.tick_until(&shutdown).await;
+    m.step_down().await;
     if let Some(http) = http {
-        let _ = http.await;
+        http.stop().await;
     }
     tracing::info!(id = %m.opts.id, "manager stopped");
     Ok(())
+}
+
+/// The listener for `/metrics` and `/status`, when the options name an address.
+async fn bind_http(
+    addr: Option<std::net::SocketAddr>,
+) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding [manager].http {addr}"))?;
+    Ok(Some(listener))
+}
+
+/// The manager's client, or `None` when `shutdown` comes first. Redis may be down when
+/// pacemaker starts us: wait for it rather than exit, which would only count as a failure
+/// of the resource on this node.
+async fn connect(
+    opts: &ManagerOptions,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<QueueClient>> {
+    let connect = QueueClient::connect_patiently(
+        &opts.redis_url,
+        &opts.config.cluster.namespace,
+        &opts.connect,
+    );
+    tokio::select! {
+        r = connect => r.map(Some).with_context(|| {
+            format!(
+                "connecting to {}",
+                crate::queue_client::redacted(&opts.redis_url)
+            )
+        }),
+        () = shutdown.cancelled() => Ok(None),
+    }
+}
+
+/// The manager's `/metrics` and `/status`, served until [`HttpServer::stop`].
+struct HttpServer {
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    shutdown: CancellationToken,
+}
+
+impl HttpServer {
+    /// Serves on `listener`; `/status` shows the document the ticks rewrite.
+    fn start(listener: tokio::net::TcpListener, status: Arc<Mutex<serde_json::Value>>) -> Self {
+        let shutdown = CancellationToken::new();
+        let metrics = crate::http::install_metrics();
+        let task = tokio::spawn(crate::http::serve(
+            listener,
+            crate::http::Routes {
+                metrics: Some(metrics),
+                status: Arc::new(move || status.lock().map(|s| s.clone()).unwrap_or_default()),
+            },
+            shutdown.clone(),
+        ));
+        HttpServer { task, shutdown }
+    }
+
+    /// Stops serving and waits until the server is gone.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
 }
 
 struct Manager {
@@ -221,6 +236,29 @@ impl Blind {
 }
 
 impl Manager {
+    /// Ticks every `[manager].tick` until `shutdown`.
+    async fn tick_until(&mut self, shutdown: &CancellationToken) {
+        let mut tick = tokio::time::interval(self.opts.config.manager.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        telemetry::started(&self.opts.id);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.tick().await,
+                () = shutdown.cancelled() => break,
+            }
+        }
+    }
+
+    /// Releases the lease if this manager leads, so a standby takes over at once rather
+    /// than after the lease runs out.
+    async fn step_down(&mut self) {
+        if self.leading
+            && let Err(e) = self.leadership.release(&mut self.conn).await
+        {
+            tracing::warn!(error = %e, "releasing the lease failed");
+        }
+    }
+
     /// Milliseconds since the manager started, on a clock no one can set.
     fn monotonic_ms(&self) -> u64 {
         u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -244,15 +282,28 @@ impl Manager {
             }
         };
         if self.leading != was {
-            telemetry::leadership(&self.opts.id, self.leading, self.leadership.epoch());
+            telemetry::LeadershipChanged {
+                id: &self.opts.id,
+                leading: self.leading,
+                epoch: self.leadership.epoch(),
+            }
+            .emit();
         }
         self.adopt_published_config().await;
         if self.leading {
-            if let Err(e) = self.decide().await {
-                telemetry::tick_failed("decide", &e);
+            if let Err(error) = self.decide().await {
+                TickFailed {
+                    step: Step::Decide,
+                    error: &error,
+                }
+                .emit();
             }
-            if let Err(e) = self.fire_schedules().await {
-                telemetry::tick_failed("schedules", &e);
+            if let Err(error) = self.fire_schedules().await {
+                TickFailed {
+                    step: Step::Schedules,
+                    error: &error,
+                }
+                .emit();
             }
         }
         telemetry::tick_done(started.elapsed());
@@ -300,16 +351,50 @@ impl Manager {
         }
     }
 
+    /// Reads the cluster, asks the balancer, and publishes its decisions and (when it
+    /// changed, or this epoch has not written it yet) the new map.
     async fn decide(&mut self) -> anyhow::Result<()> {
         let now_ms = cluster::now_ms();
-        let cfg = &self.opts.config;
         let reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
-        let timeout = u64::try_from(cfg.manager.heartbeat_timeout.as_millis())
+        let hosts = self.host_states(&reports, &draining, now_ms);
+        let queue_stats = self.queue_stats().await?;
+        let stats = self.windows(&queue_stats, &reports);
+        let current = cluster::read_map(&mut self.conn, &self.keys)
+            .await?
+            .unwrap_or_default();
+        let now = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
+        let out = balancer::decide(&Input {
+            config: &self.opts.config,
+            stats: &stats,
+            current: &current.hosts,
+            hosts: &hosts,
+            now,
+            paused: &paused,
+        });
+        telemetry::queues(&queue_stats, &out.decisions);
+        telemetry::HostCounts::of(&hosts).emit();
+        let decisions = serde_json::to_string(&out.decisions)?;
+        let () = self.conn.set(self.keys.decisions(), decisions).await?;
+        if out.map != current.hosts || current.epoch != self.leadership.epoch() {
+            self.write_map(out.map).await?;
+        }
+        Ok(())
+    }
+
+    /// The balancer's view of each reporting host at `now_ms`: alive while its report is
+    /// younger than the heartbeat timeout (plus the grace after an outage of our own).
+    fn host_states(
+        &self,
+        reports: &BTreeMap<String, HostReport>,
+        draining: &BTreeSet<String>,
+        now_ms: u64,
+    ) -> BTreeMap<String, HostState> {
+        let timeout = u64::try_from(self.opts.config.manager.heartbeat_timeout.as_millis())
             .unwrap_or(u64::MAX)
             .saturating_add(self.blind.tolerance_ms(self.monotonic_ms()));
-        let hosts: BTreeMap<String, HostState> = reports
+        reports
             .iter()
             .map(|(name, r)| {
                 (
@@ -322,60 +407,64 @@ impl Manager {
                     },
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    /// Every configured queue's statistics; each queue's expired records go on the way.
+    async fn queue_stats(&self) -> anyhow::Result<BTreeMap<String, QueueStats>> {
         let mut queue_stats = BTreeMap::new();
-        for (name, q) in &cfg.queues {
+        for (name, q) in &self.opts.config.queues {
             let queue = self.client.queue_with(name, QueueLimits::from(q))?;
             queue_stats.insert(name.clone(), queue.stats().await?);
             // Records whose history_ttl ran out go even where no slot takes.
             queue.housekeep(HOUSEKEEP_PER_TICK).await?;
         }
+        Ok(queue_stats)
+    }
+
+    /// Records this tick's counters in the window and reads each queue's window back.
+    fn windows(
+        &mut self,
+        queue_stats: &BTreeMap<String, QueueStats>,
+        reports: &BTreeMap<String, HostReport>,
+    ) -> BTreeMap<String, balancer::QueueWindow> {
         // In the order of `queue_stats`, which the backlog follows.
         let names: Arc<[String]> = queue_stats.keys().cloned().collect();
         let at = self.clock.elapsed();
-        let sample = window::Sample::from_reports(at, names.clone(), &queue_stats, &reports);
+        let sample = window::Sample::from_reports(at, names.clone(), queue_stats, reports);
         self.window.record(sample);
         let backlog: Vec<window::Backlog> = queue_stats.values().map(Into::into).collect();
-        let stats: BTreeMap<String, balancer::QueueWindow> = names
+        names
             .iter()
             .cloned()
             .zip(self.window.read(&backlog))
-            .collect();
-        let current = cluster::read_map(&mut self.conn, &self.keys)
-            .await?
-            .unwrap_or_default();
-        let now = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
-        let out = balancer::decide(&Input {
-            config: cfg,
-            stats: &stats,
-            current: &current.hosts,
-            hosts: &hosts,
-            now,
-            paused: &paused,
-        });
-        telemetry::queues(&queue_stats, &out.decisions);
-        telemetry::hosts(
-            hosts.values().filter(|h| h.alive && !h.draining).count(),
-            hosts.values().filter(|h| h.alive && h.draining).count(),
-            hosts.values().filter(|h| !h.alive).count(),
-        );
-        let decisions = serde_json::to_string(&out.decisions)?;
-        let () = self.conn.set(self.keys.decisions(), decisions).await?;
-        if out.map != current.hosts || current.epoch != self.leadership.epoch() {
-            let map = SlotMap {
-                epoch: self.leadership.epoch(),
-                version: 0,
-                hosts: out.map,
-            };
-            match self.leadership.write_map(&mut self.conn, &map).await? {
-                Some(version) => {
-                    let slots: u32 = map.hosts.values().flat_map(|q| q.values()).sum();
-                    telemetry::map_written(version, map.epoch, slots);
+            .collect()
+    }
+
+    /// Writes `hosts` as the new map under this manager's epoch; a fenced write means
+    /// another manager leads now.
+    async fn write_map(
+        &mut self,
+        hosts: BTreeMap<String, BTreeMap<String, u32>>,
+    ) -> anyhow::Result<()> {
+        let map = SlotMap {
+            epoch: self.leadership.epoch(),
+            version: 0,
+            hosts,
+        };
+        match self.leadership.write_map(&mut self.conn, &map).await? {
+            Some(version) => {
+                let slots: u32 = map.hosts.values().flat_map(|q| q.values()).sum();
+                telemetry::MapWritten {
+                    version,
+                    epoch: map.epoch,
+                    slots,
                 }
-                None => {
-                    telemetry::fenced(&self.opts.id);
-                    self.leading = false;
-                }
+                .emit();
+            }
+            None => {
+                telemetry::fenced(&self.opts.id);
+                self.leading = false;
             }
         }
         Ok(())
@@ -428,7 +517,13 @@ impl Manager {
                 queue
                     .enqueue(NewTask::new(payload).id(id.clone()).submitted_by(by))
                     .await?;
-                telemetry::schedule_fired(&s.queue, &s.cron_source, ms, &id);
+                telemetry::ScheduleFired {
+                    queue: &s.queue,
+                    cron: &s.cron_source,
+                    fire_ms: ms,
+                    id: &id,
+                }
+                .emit();
             }
         }
         Ok(())

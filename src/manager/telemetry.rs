@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 
-use crate::balancer::Decision;
+use crate::balancer::{Decision, HostState};
 use crate::queue_client::QueueStats;
 
 /// Registers the manager's series at zero, so dashboards show 0 rather than "no data"
@@ -26,11 +26,25 @@ pub(crate) fn started(id: &str) {
     gauge!("gaffer_cluster_slots_mapped").set(0.0);
 }
 
-pub(crate) fn leadership(id: &str, leading: bool, epoch: u64) {
-    tracing::info!(id, leading, epoch, "leadership changed");
-    counter!("gaffer_manager_leadership_changes_total").increment(1);
-    gauge!("gaffer_manager_leader").set(if leading { 1.0 } else { 0.0 });
-    gauge!("gaffer_manager_epoch").set(epoch as f64);
+/// This manager took or lost leadership.
+pub(crate) struct LeadershipChanged<'a> {
+    /// The manager's id.
+    pub(crate) id: &'a str,
+    /// Whether it leads now.
+    pub(crate) leading: bool,
+    /// The lease's fencing epoch.
+    pub(crate) epoch: u64,
+}
+
+impl LeadershipChanged<'_> {
+    /// Logs and counts the change.
+    pub(crate) fn emit(&self) {
+        let Self { id, leading, epoch } = *self;
+        tracing::info!(id, leading, epoch, "leadership changed");
+        counter!("gaffer_manager_leadership_changes_total").increment(1);
+        gauge!("gaffer_manager_leader").set(if leading { 1.0 } else { 0.0 });
+        gauge!("gaffer_manager_epoch").set(epoch as f64);
+    }
 }
 
 pub(crate) fn tick_done(took: Duration) {
@@ -38,16 +52,65 @@ pub(crate) fn tick_done(took: Duration) {
     histogram!("gaffer_manager_tick_seconds").record(took.as_secs_f64());
 }
 
-pub(crate) fn tick_failed(what: &'static str, error: &anyhow::Error) {
-    tracing::warn!(what, error = %format!("{error:#}"), "tick failed");
-    counter!("gaffer_manager_tick_errors_total", "step" => what).increment(1);
+/// The step of a tick that can fail on its own, as counted in
+/// `gaffer_manager_tick_errors_total{step}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Reading the cluster, deciding and writing the map.
+    Decide,
+    /// Firing the schedules.
+    Schedules,
 }
 
-pub(crate) fn map_written(version: u64, epoch: u64, slots: u32) {
-    tracing::info!(version, epoch, slots, "published a new slot map");
-    counter!("gaffer_manager_map_writes_total").increment(1);
-    gauge!("gaffer_manager_map_version").set(version as f64);
-    gauge!("gaffer_cluster_slots_mapped").set(f64::from(slots));
+impl Step {
+    fn label(self) -> &'static str {
+        match self {
+            Step::Decide => "decide",
+            Step::Schedules => "schedules",
+        }
+    }
+}
+
+/// A step of a tick failed; the next tick tries again.
+pub(crate) struct TickFailed<'a> {
+    /// Which step.
+    pub(crate) step: Step,
+    /// Why.
+    pub(crate) error: &'a anyhow::Error,
+}
+
+impl TickFailed<'_> {
+    /// Logs and counts the failure.
+    pub(crate) fn emit(&self) {
+        let what = self.step.label();
+        tracing::warn!(what, error = %format!("{:#}", self.error), "tick failed");
+        counter!("gaffer_manager_tick_errors_total", "step" => what).increment(1);
+    }
+}
+
+/// A new slot map went out under this manager's epoch.
+pub(crate) struct MapWritten {
+    /// The map's version.
+    pub(crate) version: u64,
+    /// The fencing epoch it was written under.
+    pub(crate) epoch: u64,
+    /// Slots it places, over every host and queue.
+    pub(crate) slots: u32,
+}
+
+impl MapWritten {
+    /// Logs the write and sets the map's gauges.
+    pub(crate) fn emit(&self) {
+        let Self {
+            version,
+            epoch,
+            slots,
+        } = *self;
+        tracing::info!(version, epoch, slots, "published a new slot map");
+        counter!("gaffer_manager_map_writes_total").increment(1);
+        gauge!("gaffer_manager_map_version").set(version as f64);
+        gauge!("gaffer_cluster_slots_mapped").set(f64::from(slots));
+    }
 }
 
 pub(crate) fn fenced(id: &str) {
@@ -61,16 +124,59 @@ pub(crate) fn schedule_known(queue: &str) {
     counter!("gaffer_schedule_fires_total", "queue" => queue.to_owned()).increment(0);
 }
 
-pub(crate) fn schedule_fired(queue: &str, cron: &str, fire_ms: i64, id: &str) {
-    tracing::info!(queue, cron, fire_ms, id, "schedule fired");
-    counter!("gaffer_schedule_fires_total", "queue" => queue.to_owned()).increment(1);
+/// A schedule enqueued its task for one fire time.
+pub(crate) struct ScheduleFired<'a> {
+    /// The queue it fills.
+    pub(crate) queue: &'a str,
+    /// Its cron expression, as the config writes it.
+    pub(crate) cron: &'a str,
+    /// The fire time, ms since the epoch.
+    pub(crate) fire_ms: i64,
+    /// The task's id.
+    pub(crate) id: &'a str,
+}
+
+impl ScheduleFired<'_> {
+    /// Logs and counts the fire.
+    pub(crate) fn emit(&self) {
+        let Self {
+            queue,
+            cron,
+            fire_ms,
+            id,
+        } = *self;
+        tracing::info!(queue, cron, fire_ms, id, "schedule fired");
+        counter!("gaffer_schedule_fires_total", "queue" => queue.to_owned()).increment(1);
+    }
 }
 
 /// Hosts by state, as the manager sees them this tick.
-pub(crate) fn hosts(alive: usize, draining: usize, dead: usize) {
-    gauge!("gaffer_cluster_hosts", "state" => "alive").set(alive as f64);
-    gauge!("gaffer_cluster_hosts", "state" => "draining").set(draining as f64);
-    gauge!("gaffer_cluster_hosts", "state" => "dead").set(dead as f64);
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostCounts {
+    /// Alive and taking slots.
+    pub(crate) alive: usize,
+    /// Alive and draining.
+    pub(crate) draining: usize,
+    /// Silent past the heartbeat timeout.
+    pub(crate) dead: usize,
+}
+
+impl HostCounts {
+    /// Counts `hosts` by state.
+    pub(crate) fn of(hosts: &BTreeMap<String, HostState>) -> Self {
+        HostCounts {
+            alive: hosts.values().filter(|h| h.alive && !h.draining).count(),
+            draining: hosts.values().filter(|h| h.alive && h.draining).count(),
+            dead: hosts.values().filter(|h| !h.alive).count(),
+        }
+    }
+
+    /// Sets the host gauges.
+    pub(crate) fn emit(&self) {
+        gauge!("gaffer_cluster_hosts", "state" => "alive").set(self.alive as f64);
+        gauge!("gaffer_cluster_hosts", "state" => "draining").set(self.draining as f64);
+        gauge!("gaffer_cluster_hosts", "state" => "dead").set(self.dead as f64);
+    }
 }
 
 /// Every queue's backlog, counters and the balancer's verdict.

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use cluster::SimCluster;
-pub use trace::Trace;
+pub use trace::{Trace, TraceError};
 
 /// Simulated time per step.
 pub const STEP: Duration = Duration::from_millis(100);
@@ -85,14 +85,24 @@ pub struct Report {
     pub mean_utilisation: f64,
 }
 
+/// Why a trace cannot run against a config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimulateError {
+    /// A load segment names a queue the config does not have.
+    #[error("the trace loads queue `{queue}`, which is not in the config")]
+    UnknownQueue {
+        /// The queue the trace names.
+        queue: String,
+    },
+}
+
 /// Runs `trace` against the queues of `config` under `policy`.
-pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, String> {
+pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, SimulateError> {
     for l in &trace.load {
         if !config.queues.contains_key(&l.queue) {
-            return Err(format!(
-                "the trace loads queue `{}`, which is not in the config",
-                l.queue
-            ));
+            return Err(SimulateError::UnknownQueue {
+                queue: l.queue.clone(),
+            });
         }
     }
     Ok(SimCluster::new(config, trace, policy).run())

@@ -123,14 +123,63 @@ struct RawEvent {
     kill_hosts: u32,
 }
 
+/// Why a trace cannot be used; every message starts with the trace's origin (its path),
+/// then the key at fault. The underlying parser's message is part of the text rather than
+/// a `source`, so a report that prints the chain does not say it twice.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TraceError {
+    /// Not TOML, or not the trace's shape.
+    #[error("{origin}: {reason}")]
+    Syntax {
+        /// The trace's path.
+        origin: String,
+        /// The TOML parser's message.
+        reason: String,
+    },
+    /// A duration or size that does not parse.
+    #[error("{origin}: {key}: {reason}")]
+    Value {
+        /// The trace's path.
+        origin: String,
+        /// The key, e.g. `load[0].from`.
+        key: String,
+        /// The value parser's message.
+        reason: String,
+    },
+    /// A size or time that must be above zero is zero.
+    #[error("{origin}: {key}: must be greater than zero")]
+    Zero {
+        /// The trace's path.
+        origin: String,
+        /// The key, e.g. `hosts.slot_memory`.
+        key: String,
+    },
+    /// A load rate that is negative, infinite or NaN.
+    #[error("{origin}: {key}: rates must be finite and not negative")]
+    Rate {
+        /// The trace's path.
+        origin: String,
+        /// The key, e.g. `load[0].rate`.
+        key: String,
+    },
+}
+
 /// Parses a trace; errors name the file and what is wrong.
-pub fn parse(text: &str, origin: &str) -> Result<Trace, String> {
-    let raw: RawTrace = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
-    let dur = |key: &str, v: &str| {
-        crate::config::parse_duration(v).map_err(|e| format!("{origin}: {key}: {e}"))
+pub fn parse(text: &str, origin: &str) -> Result<Trace, TraceError> {
+    let raw: RawTrace = toml::from_str(text).map_err(|e| TraceError::Syntax {
+        origin: origin.to_string(),
+        reason: e.to_string(),
+    })?;
+    let value = |key: &str, reason: String| TraceError::Value {
+        origin: origin.to_string(),
+        key: key.to_string(),
+        reason,
     };
-    let size = |key: &str, v: &str| {
-        crate::config::parse_size(v).map_err(|e| format!("{origin}: {key}: {e}"))
+    let dur = |key: &str, v: &str| crate::config::parse_duration(v).map_err(|e| value(key, e));
+    let size = |key: &str, v: &str| crate::config::parse_size(v).map_err(|e| value(key, e));
+    let zero = |key: String| TraceError::Zero {
+        origin: origin.to_string(),
+        key,
     };
     let duration = dur("duration", &raw.duration)?;
     let hosts = Hosts {
@@ -143,9 +192,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Trace, String> {
         },
     };
     if hosts.slot_memory == 0 {
-        return Err(format!(
-            "{origin}: hosts.slot_memory: must be greater than zero"
-        ));
+        return Err(zero("hosts.slot_memory".to_string()));
     }
     let mut load = Vec::new();
     for (i, l) in raw.load.iter().enumerate() {
@@ -160,16 +207,13 @@ pub fn parse(text: &str, origin: &str) -> Result<Trace, String> {
         };
         if seg.rate < 0.0 || seg.rate_to < 0.0 || !seg.rate.is_finite() || !seg.rate_to.is_finite()
         {
-            return Err(format!(
-                "{origin}: {}: rates must be finite and not negative",
-                key("rate")
-            ));
+            return Err(TraceError::Rate {
+                origin: origin.to_string(),
+                key: key("rate"),
+            });
         }
         if seg.task_time.is_zero() {
-            return Err(format!(
-                "{origin}: {}: must be greater than zero",
-                key("task_time")
-            ));
+            return Err(zero(key("task_time")));
         }
         load.push(seg);
     }

@@ -69,8 +69,12 @@ fn a_trace_naming_an_unknown_queue_is_refused() {
         "t.toml",
     )
     .unwrap();
-    let err = simulate::run(&config, &trace, Policy::Gaffer).unwrap_err();
+    let err = simulate::run(&config, &trace, Policy::Gaffer)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("`nope`"), "{err}");
-    let err = simulate::trace::parse("duration = \"1m\"\n", "t.toml").unwrap_err();
+    let err = simulate::trace::parse("duration = \"1m\"\n", "t.toml")
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("t.toml: "), "{err}");
 }

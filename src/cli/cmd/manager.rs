@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 
 use clap::Args;
-use tokio_util::sync::CancellationToken;
 
 use crate::cli::{CliError, Global};
 
@@ -29,7 +28,9 @@ pub async fn run(global: &Global, args: ManagerArgs) -> Result<(), CliError> {
     opts.connect = connect;
     opts.http = Some(http);
     opts.custom_handlers = global.registry.custom_names();
-    crate::manager::run(opts, CancellationToken::new())
+    let shutdown = crate::signals::shutdown_on_term()
+        .map_err(|e| CliError::Runtime(anyhow::anyhow!("installing signal handlers: {e}")))?;
+    crate::manager::run(opts, shutdown)
         .await
         .map_err(CliError::Runtime)
 }

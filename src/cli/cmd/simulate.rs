@@ -26,8 +26,9 @@ pub fn run(global: &Global, args: SimulateArgs) -> Result<(), CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", path.display())))?;
     let trace = crate::simulate::trace::parse(&text, &path.display().to_string())
-        .map_err(CliError::Usage)?;
-    let report = crate::simulate::run(&cfg, &trace, args.policy).map_err(CliError::Usage)?;
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    let report = crate::simulate::run(&cfg, &trace, args.policy)
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
