@@ -76,6 +76,12 @@ pub fn shutdown_on_sigterm() -> std::io::Result<CancellationToken> {
     Ok(token)
 }
 
+/// Every SIGINT as a stream, for an edge that gives a repeated Ctrl-C a meaning of its own
+/// (`gaffer up`: a second press kills the role it is stopping).
+pub fn interrupts() -> std::io::Result<tokio::signal::unix::Signal> {
+    signal(SignalKind::interrupt())
+}
+
 /// A [`Reload`] requested by every SIGHUP; installs the handler at once.
 pub fn reload_on_hup() -> std::io::Result<Reload> {
     let mut hup = signal(SignalKind::hangup())?;

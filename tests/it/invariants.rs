@@ -195,3 +195,13 @@ fn no_role_imports_another_roles_folder() {
         }
     }
 }
+
+/// Invariant 29: signal handlers are installed in one place, `src/signals.rs`.
+#[test]
+fn signal_handlers_are_installed_only_in_signals_rs() {
+    for (path, text) in sources("src") {
+        if !path.ends_with("src/signals.rs") {
+            assert_names_none(&path, &text, &["SignalKind"]);
+        }
+    }
+}

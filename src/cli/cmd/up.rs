@@ -1,7 +1,6 @@
 //! `gaffer up`: the whole cluster on this host.
 
 use clap::Args;
-use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::{CliError, Global, LogFormat};
 use crate::queue_client::ConnectOptions;
@@ -45,7 +44,7 @@ pub async fn run(global: &Global, args: UpArgs, log_format: LogFormat) -> Result
     let signals =
         |e: std::io::Error| CliError::Runtime(anyhow::anyhow!("installing signal handlers: {e}"));
     let shutdown = crate::signals::shutdown_on_term().map_err(signals)?;
-    let presses = signal(SignalKind::interrupt()).map_err(signals)?;
+    let presses = crate::signals::interrupts().map_err(signals)?;
     crate::up::run(opts, shutdown, crate::up::Interrupts::from_signal(presses))
         .await
         .map_err(CliError::Runtime)
