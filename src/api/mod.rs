@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ApiKey, Config};
-use crate::queue_client::{ConnectOptions, QueueClient, redacted};
+use crate::queue_client::{ConnectOptions, QueueClient};
 use ended::Ended;
 pub use error::ApiError;
 use routes::Api;
@@ -118,14 +118,15 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let listener = bind(&opts).await?;
     let local = listener.local_addr()?;
-    let connect = QueueClient::connect_patiently(
+    let Some(client) = QueueClient::connect_or_stop(
         &opts.redis_url,
         &opts.config.cluster.namespace,
         &opts.connect,
-    );
-    let client = tokio::select! {
-        r = connect => r.with_context(|| format!("connecting to {}", redacted(&opts.redis_url)))?,
-        () = shutdown.cancelled() => return Ok(()),
+        &shutdown,
+    )
+    .await?
+    else {
+        return Ok(());
     };
     let stop = shutdown.child_token();
     let ended = Ended::start(

@@ -76,7 +76,16 @@ impl ManagerOptions {
 pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     // Bind before anything starts, so a port in use fails the start, not a tick later.
     let listener = bind_http(opts.http).await?;
-    let Some(client) = connect(&opts, &shutdown).await? else {
+    // Redis may be down when pacemaker starts us: wait for it rather than exit, which would
+    // only count as a failure of the resource on this node.
+    let Some(client) = QueueClient::connect_or_stop(
+        &opts.redis_url,
+        &opts.config.cluster.namespace,
+        &opts.connect,
+        &shutdown,
+    )
+    .await?
+    else {
         return Ok(());
     };
     let keys = Keys::new(&opts.config.cluster.namespace);
@@ -118,29 +127,6 @@ async fn bind_http(
         .await
         .with_context(|| format!("binding [manager].http {addr}"))?;
     Ok(Some(listener))
-}
-
-/// The manager's client, or `None` when `shutdown` comes first. Redis may be down when
-/// pacemaker starts us: wait for it rather than exit, which would only count as a failure
-/// of the resource on this node.
-async fn connect(
-    opts: &ManagerOptions,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<Option<QueueClient>> {
-    let connect = QueueClient::connect_patiently(
-        &opts.redis_url,
-        &opts.config.cluster.namespace,
-        &opts.connect,
-    );
-    tokio::select! {
-        r = connect => r.map(Some).with_context(|| {
-            format!(
-                "connecting to {}",
-                crate::queue_client::redacted(&opts.redis_url)
-            )
-        }),
-        () = shutdown.cancelled() => Ok(None),
-    }
 }
 
 /// The manager's `/metrics` and `/status`, served until [`HttpServer::stop`].

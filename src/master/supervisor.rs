@@ -111,7 +111,15 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
         .await
         .with_context(|| format!("binding [master].http {}", opts.config.master.http))?;
     let metrics = crate::http::install_metrics();
-    let Some(client) = connect(&opts, &shutdown).await? else {
+    // A host may boot before Redis is back: wait for it.
+    let Some(client) = QueueClient::connect_or_stop(
+        &opts.redis_url,
+        &opts.config.cluster.namespace,
+        &opts.connect,
+        &shutdown,
+    )
+    .await?
+    else {
         return Ok(());
     };
 
@@ -134,28 +142,6 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
     let _ = http.await;
     tracing::info!(host = %m.opts.host, "master stopped");
     Ok(())
-}
-
-/// Waits for Redis (a host may boot before Redis is back); `None` if asked to stop
-/// meanwhile.
-async fn connect(
-    opts: &MasterOptions,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<Option<QueueClient>> {
-    let connect = QueueClient::connect_patiently(
-        &opts.redis_url,
-        &opts.config.cluster.namespace,
-        &opts.connect,
-    );
-    Ok(tokio::select! {
-        r = connect => Some(r.with_context(|| {
-            format!(
-                "connecting to {}",
-                crate::queue_client::redacted(&opts.redis_url)
-            )
-        })?),
-        () = shutdown.cancelled() => None,
-    })
 }
 
 /// Serves `/metrics` and `/status` until the returned token is cancelled.

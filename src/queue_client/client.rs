@@ -7,7 +7,9 @@ use std::time::Duration;
 use super::conn::{self, Target};
 use super::scripts::Keys;
 use super::validate_queue_name;
-use super::{ConnectOptions, Queue, QueueError, QueueLimits, RedisConn, Waiter, redacted};
+use super::{
+    ConnectError, ConnectOptions, Queue, QueueError, QueueLimits, RedisConn, Waiter, redacted,
+};
 
 /// A connection to the queues of one namespace.
 #[derive(Clone)]
@@ -64,6 +66,23 @@ impl QueueClient {
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// A daemon's start: [`connect_patiently`](Self::connect_patiently), but `None` as soon
+    /// as `stop` is cancelled, so a role asked to stop while Redis is down exits at once.
+    /// The error names the (redacted) URL.
+    pub async fn connect_or_stop(
+        url: &str,
+        namespace: &str,
+        opts: &ConnectOptions,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Result<Option<Self>, ConnectError> {
+        tokio::select! {
+            r = Self::connect_patiently(url, namespace, opts) => r.map(Some).map_err(|source| {
+                ConnectError { url: redacted(url), source }
+            }),
+            () = stop.cancelled() => Ok(None),
         }
     }
 

@@ -63,3 +63,14 @@ impl QueueError {
         }
     }
 }
+
+/// Redis could not be reached for a reason waiting cannot fix (a bad URL, a wrong
+/// password), as a daemon reports it at its start.
+#[derive(Debug, thiserror::Error)]
+#[error("connecting to {url}")]
+pub struct ConnectError {
+    /// The URL, password redacted.
+    pub url: String,
+    /// What went wrong.
+    pub source: QueueError,
+}

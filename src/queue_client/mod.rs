@@ -40,7 +40,7 @@ pub use conn::{ConnectOptions, RedisConn, Waiter, pubsub, redacted};
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
 pub use enqueue::{Enqueued, NewTask};
-pub use error::QueueError;
+pub use error::{ConnectError, QueueError};
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
 pub use limits::{
     DEFAULT_MAX_PAYLOAD, MAX_BATCH, MAX_DELAY, MAX_ID_LEN, MAX_LIST_LIMIT, QueueLimits,

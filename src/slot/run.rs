@@ -17,8 +17,7 @@ use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, Slot
 use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
 use crate::queue_client::{
-    Batch, ConnectOptions, LeasedTask, Queue, QueueClient, QueueError, QueueLimits, Settle,
-    SettleOp, SettleResult, Waiter,
+    Batch, LeasedTask, Queue, QueueClient, QueueLimits, Settle, SettleOp, SettleResult, Waiter,
 };
 
 /// First pause after a failed attempt to reach Redis (or to settle).
@@ -197,10 +196,12 @@ async fn run(
             Err(e) => return (EXIT_FATAL, format!("installing the SIGTERM handler: {e}")),
         },
     };
-    let client = match connect_until_stopped(&redis_url, &namespace, &connect, &stop).await {
-        Some(Ok(client)) => client,
-        Some(Err(e)) => return (EXIT_FATAL, format!("connecting to redis: {e}")),
-        None => return (EXIT_STOPPED, "stopped before connecting".into()),
+    // Waits out a Redis outage like every daemon; an error waiting cannot fix (a wrong
+    // password) ends the slot.
+    let client = match QueueClient::connect_or_stop(&redis_url, &namespace, &connect, &stop).await {
+        Ok(Some(client)) => client,
+        Ok(None) => return (EXIT_STOPPED, "stopped before connecting".into()),
+        Err(e) => return (EXIT_FATAL, format!("{e}: {}", e.source)),
     };
     let queue = match client.queue_with(&cfg.name, QueueLimits::from(&cfg)) {
         Ok(q) => q.with_worker(RecordWorker { host, slot }),
@@ -235,21 +236,6 @@ async fn run(
     }
     .serve()
     .await
-}
-
-/// Connects, waiting out a Redis outage like every daemon does
-/// ([`QueueClient::connect_patiently`]); `None` once `stop` is cancelled, which stops the
-/// wait promptly. An error that waiting cannot fix (a wrong password) ends the slot.
-async fn connect_until_stopped(
-    url: &str,
-    namespace: &str,
-    connect: &ConnectOptions,
-    stop: &CancellationToken,
-) -> Option<Result<QueueClient, QueueError>> {
-    tokio::select! {
-        r = QueueClient::connect_patiently(url, namespace, connect) => Some(r),
-        () = stop.cancelled() => None,
-    }
 }
 
 /// A connected, initialised slot: the loop take → handle → settle and what it keeps.
