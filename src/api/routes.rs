@@ -24,6 +24,15 @@ use crate::queue_client::{
     TaskRecord, TaskState, json_deeper_than,
 };
 
+/// What `POST …/tasks/{id}/freeze|thaw` asks.
+#[derive(Debug, Clone, Copy)]
+enum Hold {
+    /// Hold a waiting task where it is.
+    Freeze,
+    /// Put a frozen task back.
+    Thaw,
+}
+
 /// JSON nesting a request body may have: a payload's levels plus the envelope.
 const MAX_BODY_DEPTH: usize = MAX_JSON_DEPTH + 3;
 /// Records per page when a listing does not say.
@@ -179,7 +188,12 @@ impl Api {
             }
             ("freeze", [_, _, q, _, id, action]) => {
                 let queue = self.queue(q, key)?;
-                self.freeze(queue, key, id, action == &"freeze").await
+                let op = if *action == "freeze" {
+                    Hold::Freeze
+                } else {
+                    Hold::Thaw
+                };
+                self.freeze(queue, key, id, op).await
             }
             ("queue_admin", [_, _, q, action]) => {
                 auth::check_admin(key)?;
@@ -415,17 +429,17 @@ impl Api {
         Ok((StatusCode::OK, json!(rec)))
     }
 
-    async fn freeze(&self, queue: &Queue, key: &ApiKey, id: &str, freeze: bool) -> Answer {
+    async fn freeze(&self, queue: &Queue, key: &ApiKey, id: &str, op: Hold) -> Answer {
         let rec = self.own_record(queue, key, id).await?;
-        let note = format!(
-            "{} by key {}",
-            if freeze { "frozen" } else { "thawed" },
-            key.name
-        );
-        let result = if freeze {
-            queue.freeze(id, &note).await?
-        } else {
-            queue.thaw(id, &note).await?
+        let result = match op {
+            Hold::Freeze => {
+                let note = format!("frozen by key {}", key.name);
+                queue.freeze(id, &note).await?
+            }
+            Hold::Thaw => {
+                let note = format!("thawed by key {}", key.name);
+                queue.thaw(id, &note).await?
+            }
         };
         match result {
             FreezeResult::Done => {

@@ -128,12 +128,13 @@ enum Command {
 }
 
 impl Command {
-    /// Long-running roles log what they do at info; one-shot commands only problems.
-    fn is_daemon(&self) -> bool {
+    /// The log filter when GAFFER_LOG does not set one: long-running roles log what they
+    /// do at info; one-shot commands only problems.
+    fn default_log_filter(&self) -> &'static str {
         match self {
-            Command::Master(_) | Command::Manager(_) | Command::Zygote | Command::Up(_) => true,
-            Command::Api(a) => a.command.is_none(),
-            _ => false,
+            Command::Master(_) | Command::Manager(_) | Command::Zygote | Command::Up(_) => "info",
+            Command::Api(a) if a.command.is_none() => "info",
+            _ => "warn",
         }
     }
 }
@@ -142,7 +143,7 @@ impl Command {
 /// a team's own binary calls this from its `main`.
 pub fn run(registry: Registry) -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format, cli.command.is_daemon());
+    init_logging(cli.log_format, cli.command.default_log_filter());
     let global = Global {
         config: cli.config,
         redis: cli.redis,
@@ -215,10 +216,9 @@ impl Runtime {
 }
 
 /// Installs the global subscriber: stderr, the GAFFER_LOG filter, text or JSON lines.
-fn init_logging(format: LogFormat, daemon: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GAFFER_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(if daemon { "info" } else { "warn" })
-    });
+fn init_logging(format: LogFormat, default_filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GAFFER_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -15,6 +15,15 @@ pub const HISTORY: usize = 120;
 /// between two reads alone a rate jumps with every batch boundary.
 pub const RATE_WINDOW_MS: u64 = 10_000;
 
+/// Which way ↑ and ↓ move a selection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// Towards the top (↑).
+    Up,
+    /// Towards the bottom (↓).
+    Down,
+}
+
 /// The screens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum View {
@@ -561,17 +570,17 @@ impl State {
     }
 
     /// The queue before or after `queue` in the queues table's order, wrapping round.
-    fn other_queue(&self, queue: &str, down: bool) -> Option<String> {
+    fn other_queue(&self, queue: &str, way: Direction) -> Option<String> {
         let rows = self.queue_rows();
         let n = rows.len();
         if n == 0 {
             return None;
         }
         let i = rows.iter().position(|r| r.name == queue);
-        let j = match (i, down) {
+        let j = match (i, way) {
             (None, _) => 0,
-            (Some(i), true) => (i + 1) % n,
-            (Some(i), false) => (i + n - 1) % n,
+            (Some(i), Direction::Down) => (i + 1) % n,
+            (Some(i), Direction::Up) => (i + n - 1) % n,
         };
         Some(rows[j].name.to_string())
     }
@@ -585,13 +594,10 @@ impl State {
         }
     }
 
-    fn move_selection(&mut self, down: bool) {
-        let step = |i: usize, n: usize| {
-            if down {
-                (i + 1).min(n.saturating_sub(1))
-            } else {
-                i.saturating_sub(1)
-            }
+    fn move_selection(&mut self, way: Direction) {
+        let step = |i: usize, n: usize| match way {
+            Direction::Down => (i + 1).min(n.saturating_sub(1)),
+            Direction::Up => i.saturating_sub(1),
         };
         match self.view {
             View::Queues | View::QueueDetail => {
@@ -704,8 +710,8 @@ fn act(state: &mut State, action: Action) -> Option<Effect> {
         Action::NextView => next_view(state),
         Action::ShowQueues => state.view = View::Queues,
         Action::ShowSlotMap => state.view = View::SlotMap,
-        Action::Up => state.move_selection(false),
-        Action::Down => state.move_selection(true),
+        Action::Up => state.move_selection(Direction::Up),
+        Action::Down => state.move_selection(Direction::Down),
         Action::Left => state.map_column = state.map_column.saturating_sub(1),
         Action::Right => {
             let n = state.map_queue_names().len();
@@ -912,8 +918,12 @@ fn type_into(state: &mut State, mut finder: Finder, action: Action) -> Option<Ef
             finder.id.pop();
         }
         Action::Up | Action::Down => {
-            let down = action == Action::Down;
-            if let Some(q) = state.other_queue(&finder.queue, down) {
+            let way = if action == Action::Down {
+                Direction::Down
+            } else {
+                Direction::Up
+            };
+            if let Some(q) = state.other_queue(&finder.queue, way) {
                 finder.queue = q;
             }
         }
