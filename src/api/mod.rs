@@ -219,19 +219,22 @@ async fn adopt_published(
     let keys = crate::cluster::Keys::new(&opts.config.cluster.namespace);
     let mut conn = client.connection();
     match crate::cluster::newer_config(&mut conn, &keys, *seen, &opts.custom_handlers).await {
-        Ok(Some((version, parsed))) => {
-            // Marked seen either way: a config this binary refuses stays refused.
+        Ok(Some(published)) => {
+            let version = published.version;
             *seen = version;
-            let adopted = parsed.map_err(anyhow::Error::from).and_then(|(config, _)| {
-                let api_keys = keys_of(&config, &opts.extra_keys);
-                Api::new(
-                    config,
-                    client.clone(),
-                    api_keys,
-                    ended.clone(),
-                    stop.clone(),
-                )
-            });
+            let adopted = published
+                .config
+                .map_err(anyhow::Error::from)
+                .and_then(|config| {
+                    let api_keys = keys_of(&config, &opts.extra_keys);
+                    Api::new(
+                        config,
+                        client.clone(),
+                        api_keys,
+                        ended.clone(),
+                        stop.clone(),
+                    )
+                });
             match adopted {
                 Ok(api) => {
                     tracing::info!(version, "adopting the published config");

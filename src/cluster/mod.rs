@@ -240,15 +240,27 @@ pub async fn publish_config(
     Ok(version)
 }
 
-/// A config published after version `seen`, parsed with the binary's custom handler
-/// names: None when there is nothing newer, else its version and the parse result (a
-/// binary lacking some custom handler may refuse a config `config apply` accepted).
+/// A config published with `gaffer config apply`, newer than the one a role holds.
+#[derive(Debug)]
+pub struct Published {
+    /// Its version. A role marks it seen whether or not it parses, so a config this binary
+    /// refuses stays refused rather than being read again every tick.
+    pub version: u64,
+    /// Its text, as published.
+    pub source: String,
+    /// The text parsed with this binary's custom handler names: a binary lacking one may
+    /// refuse a config `config apply` accepted.
+    pub config: Result<Config, ConfigError>,
+}
+
+/// The config published after version `seen`, parsed with the binary's custom handler
+/// names; `None` when there is nothing newer.
 pub async fn newer_config(
     conn: &mut RedisConn,
     keys: &Keys,
     seen: u64,
     custom_handlers: &[String],
-) -> Result<Option<(u64, Result<(Config, String), ConfigError>)>, QueueError> {
+) -> Result<Option<Published>, QueueError> {
     let (version, source): (Option<u64>, Option<String>) = redis::cmd("HMGET")
         .arg(keys.config())
         .arg("version")
@@ -262,8 +274,12 @@ pub async fn newer_config(
         return Ok(None);
     }
     let origin = format!("redis config v{version}");
-    let parsed = crate::config::parse_with(&source, &origin, custom_handlers).map(|c| (c, source));
-    Ok(Some((version, parsed)))
+    let config = crate::config::parse_with(&source, &origin, custom_handlers);
+    Ok(Some(Published {
+        version,
+        source,
+        config,
+    }))
 }
 
 /// Pauses (`true`) or resumes a queue for the manager. Returns whether anything changed.

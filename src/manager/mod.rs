@@ -314,10 +314,11 @@ impl Manager {
         )
         .await;
         match newer {
-            Ok(Some((version, parsed))) => {
+            Ok(Some(published)) => {
+                let version = published.version;
                 self.config_version = version;
-                match parsed {
-                    Ok((cfg, _)) => {
+                match published.config {
+                    Ok(cfg) => {
                         tracing::info!(
                             version,
                             queues = cfg.queues.len(),

@@ -352,13 +352,13 @@ impl Master {
         let custom = self.opts.registry.custom_names();
         let version = self.orders.config_version;
         match cluster::newer_config(&mut redis.conn, &redis.keys, version, &custom).await {
-            Ok(Some((version, parsed))) => {
-                // Marked seen either way: a config this binary refuses stays refused.
+            Ok(Some(published)) => {
+                let version = published.version;
                 self.orders.config_version = version;
-                match parsed {
-                    Ok((cfg, source)) => {
+                match published.config {
+                    Ok(cfg) => {
                         tracing::info!(version, "adopting the published config");
-                        self.adopt(cfg, source).await;
+                        self.adopt(cfg, published.source).await;
                     }
                     Err(e) => {
                         tracing::error!(version, error = %e, "cannot adopt the published config");

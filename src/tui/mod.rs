@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::snapshot::Snapshot;
-use crate::cluster::{self, Keys, now_ms};
+use crate::cluster::{self, Keys, Published, now_ms};
 use crate::config::Config;
 use crate::queue_client::{ConnectOptions, QueueClient, QueueError, QueueLimits, TaskRecord};
 
@@ -195,12 +195,16 @@ async fn redis_side(
             let mut conn = c.connection();
             // A config published with `config apply` may name queues the file lacks.
             match cluster::newer_config(&mut conn, &keys, seen, &opts.custom_handlers).await? {
-                Some((version, Ok((newer, _)))) => {
+                Some(Published {
+                    version,
+                    config: Ok(newer),
+                    ..
+                }) => {
                     seen = version;
                     cfg = newer;
                     label = format!("published v{version}");
                 }
-                Some((version, Err(_))) => {
+                Some(Published { version, .. }) => {
                     seen = version;
                     label = format!(
                         "{} (published v{version} does not parse in this binary)",
