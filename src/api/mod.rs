@@ -118,14 +118,9 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let listener = bind(&opts).await?;
     let local = listener.local_addr()?;
-    let Some(client) = QueueClient::connect_or_stop(
-        &opts.redis_url,
-        &opts.config.cluster.namespace,
-        &opts.connect,
-        &shutdown,
-    )
-    .await?
-    else {
+    let ns = &opts.config.cluster.namespace;
+    let connect = QueueClient::connect_or_stop(&opts.redis_url, ns, &opts.connect, &shutdown);
+    let Some(client) = connect.await? else {
         return Ok(());
     };
     let stop = shutdown.child_token();

@@ -78,14 +78,9 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
     let listener = bind_http(opts.http).await?;
     // Redis may be down when pacemaker starts us: wait for it rather than exit, which would
     // only count as a failure of the resource on this node.
-    let Some(client) = QueueClient::connect_or_stop(
-        &opts.redis_url,
-        &opts.config.cluster.namespace,
-        &opts.connect,
-        &shutdown,
-    )
-    .await?
-    else {
+    let ns = &opts.config.cluster.namespace;
+    let connect = QueueClient::connect_or_stop(&opts.redis_url, ns, &opts.connect, &shutdown);
+    let Some(client) = connect.await? else {
         return Ok(());
     };
     let keys = Keys::new(&opts.config.cluster.namespace);

@@ -112,14 +112,9 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
         .with_context(|| format!("binding [master].http {}", opts.config.master.http))?;
     let metrics = crate::http::install_metrics();
     // A host may boot before Redis is back: wait for it.
-    let Some(client) = QueueClient::connect_or_stop(
-        &opts.redis_url,
-        &opts.config.cluster.namespace,
-        &opts.connect,
-        &shutdown,
-    )
-    .await?
-    else {
+    let ns = &opts.config.cluster.namespace;
+    let connect = QueueClient::connect_or_stop(&opts.redis_url, ns, &opts.connect, &shutdown);
+    let Some(client) = connect.await? else {
         return Ok(());
     };
 
