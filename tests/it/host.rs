@@ -12,7 +12,7 @@ use gaffer::queue_client::{NewTask, Queue, QueueClient};
 use gaffer::redis_server::free_port;
 use serde_json::Value;
 
-use crate::harness::{TestRedis, eventually, poll_some};
+use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some};
 
 const HOST: &str = "h1";
 
@@ -67,6 +67,7 @@ impl TestMaster {
             .arg(&config)
             .args(["master", "--host", HOST])
             .env("GAFFER_LOG", "info")
+            .env(ANY_LOAD.0, ANY_LOAD.1)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -12,7 +12,7 @@ use gaffer::queue_client::QueueClient;
 use gaffer::redis_server::free_port;
 use nix::sys::signal::Signal;
 
-use crate::harness::{TestRedis, eventually, poll_some};
+use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some};
 use crate::host::{gone, http_get};
 
 /// Processes killed on drop.
@@ -68,6 +68,7 @@ impl Cluster {
             .arg(&self.config)
             .args(args)
             .env("GAFFER_LOG", "info")
+            .env(ANY_LOAD.0, ANY_LOAD.1)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.dir.path().join(log)).unwrap());

@@ -15,7 +15,7 @@ use gaffer::slot::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{TestRedis, eventually, poll_some};
+use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some};
 use gaffer::cluster::{self, Keys};
 use gaffer::redis_server::{RedisServer, free_port};
 
@@ -231,6 +231,7 @@ async fn daemons_started_before_redis_wait_for_it() {
             .args(args)
             .env(env.0, env.1)
             .env("GAFFER_LOG", "info")
+            .env(ANY_LOAD.0, ANY_LOAD.1)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(log(name)).unwrap())
@@ -357,6 +358,7 @@ fn daemon(
         .args(args)
         .env(env.0, env.1)
         .env("GAFFER_LOG", "info")
+        .env(ANY_LOAD.0, ANY_LOAD.1)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(log).unwrap())

@@ -86,10 +86,18 @@ async fn concurrent_takers_ack_every_task_exactly_once(client: QueueClient, name
                         });
                     }
                 }
-                // Now and then a taker stalls past its lease, so others reclaim its tasks
-                // and its late acks must be refused.
-                if batches % 40 == 7 {
-                    tokio::time::sleep(Duration::from_millis(400)).await;
+                // Now and then an even taker stalls past its lease until another has
+                // reclaimed some leased task, so late acks must be refused. The odd takers
+                // never stall: they keep taking (and so reclaiming) while anything is
+                // leased, which makes the lapse certain rather than a matter of timing.
+                if taker % 2 == 0 && batches % 40 == 7 {
+                    let expired = q.stats().await.unwrap().expired_total;
+                    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                    while q.stats().await.unwrap().expired_total == expired
+                        && std::time::Instant::now() < deadline
+                    {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
                 }
                 let results = q.ack(&batch.tasks).await.unwrap();
                 let mut a = acks.lock().unwrap();

@@ -13,7 +13,7 @@ use gaffer::redis_server::free_port;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::harness::poll_some;
+use crate::harness::{ANY_LOAD, poll_some};
 use crate::host::{gone, http_get};
 
 pub(crate) fn repo() -> PathBuf {
@@ -44,6 +44,7 @@ impl Up {
             .env("GAFFER_MASTER_HTTP", format!("127.0.0.1:{master_http}"))
             .env("GAFFER_API_LISTEN", format!("127.0.0.1:{api_http}"))
             .env("GAFFER_HOST", "up-test")
+            .env(ANY_LOAD.0, ANY_LOAD.1)
             .env_remove("GAFFER_REDIS")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -14,6 +14,22 @@ pub struct MasterArgs {
     /// Address for /metrics and /status, overriding [master].http
     #[arg(long, env = "GAFFER_MASTER_HTTP", value_name = "ADDR")]
     pub http: Option<SocketAddr>,
+    /// Above this one-minute load average per CPU the host takes no more slots; raise it
+    /// where other work shares the host and its load says nothing of gaffer's (a test or
+    /// build machine)
+    #[arg(long, env = "GAFFER_MAX_LOAD_PER_CPU", value_name = "LOAD", default_value_t = 4.0,
+        value_parser = positive_load)]
+    pub max_load_per_cpu: f64,
+}
+
+/// A load ceiling: a number greater than zero.
+fn positive_load(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!(
+            "expected a number greater than zero, found {text:?}"
+        )),
+    }
 }
 
 /// `gaffer master`: runs this host's master until SIGTERM or Ctrl-C, then drains.
@@ -28,6 +44,7 @@ pub async fn run(global: &Global, args: MasterArgs) -> Result<(), CliError> {
         crate::master::MasterOptions::new(cfg, source, url, host, global.registry.clone())
             .map_err(|e| CliError::Runtime(e.into()))?;
     opts.connect = connect;
+    opts.max_load_per_cpu = args.max_load_per_cpu;
     opts.config_path = Some(global.config_path());
     let stop = crate::signals::stop_on_term().map_err(|e| CliError::Runtime(e.into()))?;
     opts.hurry = stop.second;
