@@ -224,20 +224,8 @@ async fn daemons_started_before_redis_wait_for_it() {
     )
     .unwrap();
     let log = |name: &str| dir.path().join(name);
-    let start = |args: &[&str], env: (&str, String), name: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(&config)
-            .args(args)
-            .env(env.0, env.1)
-            .env("GAFFER_LOG", "info")
-            .env(ANY_LOAD.0, ANY_LOAD.1)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(log(name)).unwrap())
-            .spawn()
-            .unwrap()
-    };
+    let start =
+        |args: &[&str], env: (&str, String), name: &str| daemon(&config, args, env, &log(name));
     let http = |()| format!("127.0.0.1:{}", free_port().unwrap());
     let mut d = Daemons(vec![
         start(
