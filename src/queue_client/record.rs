@@ -276,8 +276,11 @@ impl Queue {
         let (record_bytes, _) = memory(&mut conn, &self.keys.record(id), KeyKind::Record).await?;
         let (index_bytes, index_entries) =
             memory(&mut conn, self.keys.index(), KeyKind::Index).await?;
-        let (expiry_bytes, expiry_entries) =
+        let (mut expiry_bytes, mut expiry_entries) =
             memory(&mut conn, self.keys.expiry(), KeyKind::Index).await?;
+        let (ends_bytes, ends_entries) = self.ended_lists_memory(&mut conn).await?;
+        expiry_bytes += ends_bytes;
+        expiry_entries += ends_entries;
         Ok(RecordMemory {
             record_bytes,
             index_bytes,
@@ -285,6 +288,31 @@ impl Queue {
             expiry_bytes,
             expiry_entries,
         })
+    }
+
+    /// `MEMORY USAGE` of the lists of tasks ended together and of the zset that lists
+    /// them, and how many tasks they hold (see `lua/prelude.lua`).
+    async fn ended_lists_memory(
+        &self,
+        conn: &mut super::RedisConn,
+    ) -> Result<(u64, u64), QueueError> {
+        let zset = format!("{}:b", self.keys.expiry());
+        let (mut bytes, _) = memory(conn, &zset, KeyKind::Index).await?;
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&zset)
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await?;
+        let mut entries = 0;
+        for m in members {
+            let list = format!("{zset}:{m}");
+            let (b, _) = memory(conn, &list, KeyKind::Record).await?;
+            let n: u64 = redis::cmd("LLEN").arg(&list).query_async(conn).await?;
+            bytes += b;
+            entries += n;
+        }
+        Ok((bytes, entries))
     }
 
     /// The channel on which the ids of watched tasks are published when they end.
@@ -339,7 +367,7 @@ enum Watch {
 /// The kinds of key [`memory`] measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum KeyKind {
-    /// A task's record: a string.
+    /// A task's record (a string), or a list measured whole.
     Record,
     /// A listing or expiry index: a sorted set, with an entry count.
     Index,

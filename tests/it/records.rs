@@ -22,6 +22,7 @@ crate::harness::on_both!(
     history_frozen_then_thawed,
     results_are_kept_and_oversized_ones_fail,
     records_expire_after_history_ttl,
+    an_id_enqueued_again_outlives_its_old_records_expiry,
     untracked_queue_writes_no_record,
     intake_closed_refuses_and_cancel_records,
     dedup_record_keeps_a_finished_id,
@@ -87,7 +88,27 @@ async fn history_done_first_time(client: QueueClient, name: &str) {
     assert_eq!(record(&q, "t1").await.state, RecordState::Waiting);
     let w = on(&q, "h1", 3);
     let t = take_one(&w).await;
-    assert_eq!(record(&q, "t1").await.state, RecordState::Running);
+    // While the slot holds it, readers see the running entry the take wrote beside the
+    // record: state, attempt, update time and the slot that runs it.
+    let running = record(&q, "t1").await;
+    assert_eq!(running.state, RecordState::Running);
+    assert_eq!(running.attempt, 1);
+    let last = running.history.as_ref().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (last.state, last.attempt, last.host.as_deref(), last.slot),
+        (RecordState::Running, 1, Some("h1"), Some(3))
+    );
+    assert_eq!(running.updated_at, last.at);
+    let page = q
+        .list(&ListQuery {
+            state: Some(RecordState::Running),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = page.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["t1"]);
     assert_eq!(settle_one(&w, &t, Settle::Ack).await, SettleResult::Done);
     insta::assert_json_snapshot!("done_first_time", masked(&record(&q, "t1").await));
 }
@@ -301,6 +322,41 @@ async fn records_expire_after_history_ttl(client: QueueClient, name: &str) {
         .unwrap();
     let ids: Vec<_> = page.tasks.iter().map(|t| t.id.as_str()).collect();
     assert_eq!(ids, ["waits"]);
+}
+
+/// A task acked in a batch is expired through its batch's list, not an entry of its own:
+/// a new task under the same id must outlive that list's moment.
+async fn an_id_enqueued_again_outlives_its_old_records_expiry(client: QueueClient, name: &str) {
+    let q = client
+        .queue_with(
+            name,
+            QueueLimits {
+                history_ttl: Duration::from_millis(300),
+                ..limits()
+            },
+        )
+        .unwrap();
+    q.enqueue_many(&[
+        NewTask::new("{}").id("again"),
+        NewTask::new("{}").id("other"),
+    ])
+    .await
+    .unwrap();
+    let b = q.take(2, Duration::from_secs(30)).await.unwrap();
+    q.ack(&b.tasks).await.unwrap();
+    q.enqueue(NewTask::new("{}").id("again")).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the other ended record expires",
+        || {
+            let q = q.clone();
+            async move { q.record("other").await.unwrap().is_none() }
+        },
+    )
+    .await;
+    let again = record(&q, "again").await;
+    assert_eq!(again.state, RecordState::Waiting);
+    assert_eq!(again.history.unwrap().len(), 1);
 }
 
 async fn untracked_queue_writes_no_record(client: QueueClient, name: &str) {

@@ -6,6 +6,12 @@ end
 local ids = redis.call('ZRANGE', K_IDX, 0, -1)
 for _, id in ipairs(ids) do redis.call('DEL', rec_key(id)) end
 for _, id in ipairs(redis.call('ZRANGE', K_EXP, 0, -1)) do redis.call('DEL', rec_key(id)) end
+for _, member in ipairs(redis.call('ZRANGE', K_ENDS, 0, -1)) do
+  for _, id in ipairs(redis.call('LRANGE', ends_list(member), 0, -1)) do redis.call('DEL', rec_key(id)) end
+  redis.call('DEL', ends_list(member))
+end
+redis.call('DEL', K_ENDS)
+redis.call('DEL', K_RUN)
 for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
   local by = string.match(f, '^by:(.*)$')
   if by then redis.call('DEL', submitter_index(by)) end

@@ -42,6 +42,8 @@ if ARGV[6] == 'p' then
   created = n
   flags = string.rep(cancel and 'x' or '1', n)
 else
+  -- Dedup against records: one whose time is up must not count (see record_get.lua).
+  if dedup_record then expire_records(now, 100) end
   local seen, fl = {}, {}
   for i = 1, n do
     local o = H - 1 + 2 * i

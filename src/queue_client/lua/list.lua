@@ -11,6 +11,8 @@ if by ~= '' then idx = submitter_index(by) end
 local top = '+inf'
 if cursor ~= '' then top = '(' .. cursor end
 local now = now_ms()
+-- As in record_get.lua: records ended together whose time is up go before the page is read.
+expire_records(now, 100)
 local out = {''}
 local found, looked = 0, 0
 local gone = {}
@@ -24,7 +26,7 @@ while found < limit and looked < cap do
     used = used + 1
     last = rows[i + 1]
     local v = rec_live(id, now)
-    local r = v and rec_view(v)
+    local r = v and rec_current(id, v)
     if not r then
       gone[#gone + 1] = id
     elseif want == '' or r[1] == want then

@@ -171,15 +171,22 @@ end
 --   fields:  p priority, m max_attempts, c created ms, d due ms, b submitted_by,
 --            e last error, r result (JSON text)
 --   entries: state, at ms, attempt, host, slot, note[, count when folded]
--- The task's state, attempt and updated time are those of its last entry, so take and ack,
--- whose entries never fold (the entry before a running one is never running, the one
--- before done is running), APPEND their entry without reading the record: the hot path
--- pays one command per task and no Lua parsing.
+-- The task's state, attempt and updated time are those of its last entry, except while a
+-- slot holds the task: a take writes the running entries of its whole batch into the hash
+-- K_RUN (id -> the entry without its state) in one command, and the attempt's end (ack,
+-- retry, failure, lease expiry, cancel) moves the entry into the record before its own;
+-- readers add it meanwhile (rec_current). An ack APPENDs both entries at once (they never
+-- fold: the entry before a running one is never running, the one before done is running),
+-- without reading the record: the hot path pays one APPEND per task, no Lua parsing.
 -- A record is written only where one exists (take and settle check once per call that the
 -- queue tracks); enqueue creates it when the queue tracks. When the task ends (done,
--- failed, cancelled) its id goes into K_EXP scored by the moment its record expires
--- (`history_ttl` later); take and stats delete the expired ones, a bounded number per
--- call, like expired leases: no per-key TTL to set task by task, and no reaper.
+-- failed, cancelled) one at a time, its id goes into K_EXP scored by the moment its record
+-- expires (`history_ttl` later). Tasks the hot path ends together (an ack of a batch) go
+-- into one list per moment instead, `K_EXP .. ':b:' .. expiry .. ':' .. ttl`, listed in
+-- the zset K_ENDS scored by that expiry: one RPUSH per batch, where a zset entry per task
+-- cost as much as the record's own APPEND. Takes, stats and reads delete the expired ones,
+-- a bounded number per call, like expired leases: no per-key TTL to set task by task, and
+-- no reaper.
 -- Who waits for a task's end (an api instance's sync submit) is in the set K_WATCH; the
 -- end is then published on ENDED_CHANNEL.
 local RS, FS = '\30', '\31'
@@ -191,6 +198,19 @@ local ENDED_CHANNEL = string.sub(K_REC, 1, -3) .. 'ended'
 
 local function rec_key(id)
   return K_REC .. id
+end
+
+-- Running entries of leased tasks (see above): id -> "at FS attempt FS host FS slot FS".
+local K_RUN = K_LEASED .. ':run'
+
+-- The zset of the lists of ended tasks (see above), and one of those lists.
+local K_ENDS = K_EXP .. ':b'
+local function ends_list(member)
+  return K_ENDS .. ':' .. member
+end
+
+local function is_end_state(st)
+  return st == 'done' or st == 'failed' or st == 'cancelled'
 end
 
 local function submitter_index(by)
@@ -277,10 +297,13 @@ end
 -- takes host and slot from the last entry (a lease that expired names the slot that lost
 -- it). `ttl_ms` > 0: the task ended. Returns false when the task has no record.
 local function record(id, state, now, attempt, host, slot, note, set, ttl_ms)
+  local run = redis.call('HGET', K_RUN, id)
+  if run then redis.call('HDEL', K_RUN, id) end
   local key = rec_key(id)
   local v = redis.call('GET', key)
   if not v then return false end
   local f, hist = rec_parse(v)
+  if run then hist = hist .. RS .. 'running' .. FS .. run end
   if attempt == nil or host == nil then
     local _, _, _, latt, lhost, lslot = last_entry(hist)
     if attempt == nil then attempt = latt or 0 end
@@ -299,37 +322,68 @@ local function record(id, state, now, attempt, host, slot, note, set, ttl_ms)
   return true
 end
 
--- The hot path's transition for many tasks at once (take: running, ack: done): one APPEND
--- each, nothing read. `attempts` is a table by position. `ttl_ms` > 0: the tasks ended.
-local function record_many(ids, state, now, attempts, host, slot, ttl_ms)
+-- A take's running entries for its batch, kept in K_RUN until each attempt ends: one
+-- command for the batch. `attempts` is a table by position.
+local function run_begin(ids, now, attempts, host, slot)
   if #ids == 0 then return end
+  -- One value per attempt number, built once: turning a number into text costs Lua a
+  -- printf, which per task was a good part of the records' cost.
   local tail = FS .. host .. FS .. slot .. FS
+  local by_attempt, kv = {}, {}
   for k, id in ipairs(ids) do
-    redis.call('APPEND', rec_key(id), RS .. state .. FS .. now .. FS .. attempts[k] .. tail)
-  end
-  if ttl_ms and ttl_ms > 0 then
-    local scored = {}
-    local exp = now + ttl_ms
-    for k, id in ipairs(ids) do
-      scored[2 * k - 1] = exp
-      scored[2 * k] = id
+    local a = attempts[k]
+    local v = by_attempt[a]
+    if not v then
+      v = now .. FS .. a .. tail
+      by_attempt[a] = v
     end
-    bulk('ZADD', K_EXP, scored)
-    if redis.call('EXISTS', K_WATCH) == 1 then
-      local i = 1
-      while i <= #ids do
-        local j = math.min(i + CHUNK - 1, #ids)
-        local w = redis.call('SMISMEMBER', K_WATCH, unpack(ids, i, j))
-        for x = 1, #w do
-          if w[x] == 1 then
-            redis.call('SREM', K_WATCH, ids[i + x - 1])
-            redis.call('PUBLISH', ENDED_CHANNEL, ids[i + x - 1])
-          end
+    kv[2 * k - 1] = id
+    kv[2 * k] = v
+  end
+  bulk('HSET', K_RUN, kv)
+end
+
+-- The ack's transition for many tasks at once: their running entries (from K_RUN) and
+-- done entries, one APPEND each, nothing read but K_RUN; the records then expire `ttl_ms`
+-- from now. The caller removes the ids from K_RUN. `attempts` is a table by position.
+local function record_done_many(ids, now, attempts, host, slot, ttl_ms)
+  if #ids == 0 then return end
+  local runs = hmget(K_RUN, ids)
+  local head, tail = RS .. 'done' .. FS .. now .. FS, FS .. host .. FS .. slot .. FS
+  local by_attempt = {}
+  for k, id in ipairs(ids) do
+    local a = attempts[k]
+    local e = by_attempt[a]
+    if not e then
+      e = head .. a .. tail
+      by_attempt[a] = e
+    end
+    local r = runs[k]
+    if r then e = RS .. 'running' .. FS .. r .. e end
+    redis.call('APPEND', rec_key(id), e)
+  end
+  local member = (now + ttl_ms) .. ':' .. ttl_ms
+  bulk('RPUSH', ends_list(member), ids)
+  redis.call('ZADD', K_ENDS, now + ttl_ms, member)
+  if redis.call('EXISTS', K_WATCH) == 1 then
+    local i = 1
+    while i <= #ids do
+      local j = math.min(i + CHUNK - 1, #ids)
+      local w = redis.call('SMISMEMBER', K_WATCH, unpack(ids, i, j))
+      for x = 1, #w do
+        if w[x] == 1 then
+          redis.call('SREM', K_WATCH, ids[i + x - 1])
+          redis.call('PUBLISH', ENDED_CHANNEL, ids[i + x - 1])
         end
-        i = j + 1
       end
+      i = j + 1
     end
   end
+end
+
+-- Removes the running entries of tasks whose attempt ended, where the queue has any.
+local function run_end(ids)
+  if #ids > 0 and redis.call('EXISTS', K_RUN) == 1 then bulk('HDEL', K_RUN, ids) end
 end
 
 -- The submitter field of a stored record, without parsing the rest.
@@ -344,34 +398,87 @@ local function rec_submitter(v)
   return string.sub(v, pos, (j or pos) - 1)
 end
 
--- Deletes up to `limit` records whose time is up, with their index entries, so the
--- indexes never hold more than the records. Returns how many.
-local function expire_records(now, limit)
-  local gone = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, limit)
-  if #gone == 0 then return 0 end
-  local keys = {}
-  for i, id in ipairs(gone) do keys[i] = rec_key(id) end
+-- The stored values of records, nil where there is none.
+local function rec_values(keys)
   local vals = {}
   local i = 1
   while i <= #keys do
     local j = math.min(i + CHUNK - 1, #keys)
     local part = redis.call('MGET', unpack(keys, i, j))
-    for x = 1, #part do vals[#vals + 1] = part[x] end
+    for x = 1, #part do vals[i + x - 1] = part[x] end
     i = j + 1
   end
-  local by = {}
-  for i, v in ipairs(gone) do
+  return vals
+end
+
+-- Deletes the records of `ids` (their stored values in `vals`) with their index entries,
+-- so the indexes never hold more than the records.
+local function rec_delete(ids, vals)
+  local by, keys = {}, {}
+  for i, id in ipairs(ids) do
+    keys[i] = rec_key(id)
     local b = vals[i] and rec_submitter(vals[i]) or ''
     if b ~= '' then
       by[b] = by[b] or {}
-      table.insert(by[b], v)
+      table.insert(by[b], id)
     end
   end
-  for b, ids in pairs(by) do bulk('ZREM', submitter_index(b), ids) end
-  bulk('ZREM', K_IDX, gone)
+  for b, bids in pairs(by) do bulk('ZREM', submitter_index(b), bids) end
+  bulk('ZREM', K_IDX, ids)
   bulk('DEL', nil, keys)
+end
+
+-- Expires up to `limit` records ended one at a time (K_EXP). Returns how many.
+local function expire_single(now, limit)
+  local gone = redis.call('ZRANGEBYSCORE', K_EXP, '-inf', now, 'LIMIT', 0, limit)
+  if #gone == 0 then return 0 end
+  local keys = {}
+  for i, id in ipairs(gone) do keys[i] = rec_key(id) end
+  rec_delete(gone, rec_values(keys))
   bulk('ZREM', K_EXP, gone)
   return #gone
+end
+
+-- Expires up to `limit` records ended together (the lists of K_ENDS), oldest list first.
+-- A list's entry is stale when its task came back to life since (a requeued dead letter, a
+-- new task under the id): its record has not ended, or ended after the list's moment, and
+-- stays. Returns how many entries were used.
+local function expire_batched(now, limit)
+  local used = 0
+  local due = redis.call('ZRANGEBYSCORE', K_ENDS, '-inf', now, 'LIMIT', 0, limit)
+  for _, member in ipairs(due) do
+    if used >= limit then break end
+    local exp, ttl = string.match(member, '^(%d+):(%d+)$')
+    local ended_at = tonumber(exp) - tonumber(ttl)
+    local want = limit - used
+    local ids = redis.call('LPOP', ends_list(member), want) or {}
+    if #ids < want then redis.call('ZREM', K_ENDS, member) end
+    used = used + #ids
+    local keys = {}
+    for i, id in ipairs(ids) do keys[i] = rec_key(id) end
+    local vals = rec_values(keys)
+    local gone, gone_vals = {}, {}
+    for i, id in ipairs(ids) do
+      local v = vals[i]
+      if v then
+        local _, st, at = last_entry(v)
+        if is_end_state(st) and tonumber(at) <= ended_at then
+          gone[#gone + 1] = id
+          gone_vals[#gone] = v
+        end
+      end
+    end
+    if #gone > 0 then rec_delete(gone, gone_vals) end
+  end
+  return used
+end
+
+-- Deletes up to `limit` records whose time is up, with their index entries. Returns how
+-- many entries of the expiry indexes were used.
+local function expire_records(now, limit)
+  local n = expire_single(now, limit)
+  if n < limit then n = n + expire_batched(now, limit - n) end
+  return n
 end
 
 -- The record of `id` unless its time is up (then it is deleted now rather than at the
@@ -397,6 +504,19 @@ local function rec_view(v)
   local f, hist = rec_parse(v)
   local _, st, at, att = last_entry(hist)
   return {st or '', f[F.p], att or '0', f[F.m], f[F.c], f[F.d], at or f[F.c], f[F.b], f[F.e], f[F.r]}, hist
+end
+
+-- A live record as readers see it (rec_view), with the running entry of a task a slot
+-- holds now added from K_RUN.
+local function rec_current(id, v)
+  local out, hist = rec_view(v)
+  local run = redis.call('HGET', K_RUN, id)
+  if run then
+    local at, att = string.match(run, '^([^\31]*)\31([^\31]*)\31')
+    out[1], out[3], out[7] = 'running', att, at
+    hist = hist .. RS .. 'running' .. FS .. run
+  end
+  return out, hist
 end
 
 -- The configured record TTL of the queue's tasks; the client passes it with every call

@@ -3,10 +3,13 @@
 -- {s, p, a, m, c, d, u, b, e, r, h} (see prelude.lua).
 local now = now_ms()
 local id = ARGV[1]
+-- Records ended together carry no expiry of their own (see prelude.lua): a read first
+-- deletes those whose time is up, so it never shows one.
+expire_records(now, 100)
 local v = rec_live(id, now)
 if not v then return nil end
-local out, hist = rec_view(v)
-if ARGV[2] == '1' and not redis.call('ZSCORE', K_EXP, id) then
+local out, hist = rec_current(id, v)
+if ARGV[2] == '1' and not is_end_state(out[1]) then
   redis.call('SADD', K_WATCH, id)
 end
 out[#out + 1] = hist

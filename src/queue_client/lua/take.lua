@@ -19,8 +19,10 @@ local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, l
 if #expired > 0 then
   local n_dead = 0
   local back, back_pris = {}, {}
+  local expired_ids = {}
   for _, member in ipairs(expired) do
     local id = lease_parts(member)
+    expired_ids[#expired_ids + 1] = id
     local a = attempts_of(redis.call('HGET', K_ATT, id)) + 1
     redis.call('HSET', K_ATT, id, a)
     local m = redis.call('HGET', K_META, id)
@@ -42,6 +44,7 @@ if #expired > 0 then
     end
   end
   bulk('ZREM', K_LEASED, expired)
+  run_end(expired_ids)
   push_ready_grouped(back_pris, back, true)
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
@@ -101,7 +104,7 @@ for i, id in ipairs(ids) do
   leased[2 * i] = prefix .. id
 end
 bulk('ZADD', K_LEASED, leased)
-if tracked then record_many(ids, 'running', now, atts, host, slot, 0) end
+if tracked then run_begin(ids, now, atts, host, slot) end
 local payloads = hmget(K_PAYLOAD, ids)
 local out = {now, tok, exp}
 for i, id in ipairs(ids) do
