@@ -19,6 +19,7 @@ use std::time::Duration;
 
 pub use error::{ConfigError, Diagnostic, Diagnostics};
 pub use handler::Handler;
+pub use validate::RESERVED_SUBMITTER;
 pub use values::{
     Rate, WorkPeriod, check_redis_url, is_valid_name, parse_cron, parse_duration, parse_size,
 };

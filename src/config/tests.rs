@@ -597,6 +597,18 @@ fn api_key_name_must_be_valid() {
 }
 
 #[test]
+fn api_key_cannot_be_named_cli() {
+    assert_eq!(
+        errors(&format!(
+            "[api.keys.cli]\ntoken_sha256 = \"{TEST_SHA}\"\nadmin = true\n"
+        )),
+        [
+            "t.toml:1:11: api.keys.cli: key name `cli` is reserved: records show it for tasks submitted with the CLI"
+        ]
+    );
+}
+
+#[test]
 fn api_key_token_is_required() {
     assert_eq!(
         errors("[api.keys.shop]\nadmin = true\n"),

@@ -961,6 +961,10 @@ fn declares_keys(api: &DeTable) -> bool {
     }
 }
 
+/// What records show as `submitted_by` for tasks the CLI submitted, so no API key may be
+/// named so.
+pub const RESERVED_SUBMITTER: &str = "cli";
+
 /// Every `[api.keys.NAME]`, read in file order so a repeated token is blamed on the later
 /// key.
 fn api_keys(
@@ -983,6 +987,14 @@ fn api_keys(
                 name.span(),
                 &path,
                 "invalid key name, use 1 to 128 characters from A-Z a-z 0-9 _ . -",
+            );
+        } else if name_text == RESERVED_SUBMITTER {
+            // A key's name is what records show as submitted_by: this one would pass the
+            // key's tasks off as the operator's.
+            c.error(
+                name.span(),
+                &path,
+                "key name `cli` is reserved: records show it for tasks submitted with the CLI",
             );
         }
         if table_of(c, value, &path).is_none() {

@@ -137,7 +137,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
             delay: args.delay,
             at: None,
             max_attempts: args.max_attempts,
-            submitted_by: Some("cli".into()),
+            submitted_by: Some(crate::config::RESERVED_SUBMITTER.into()),
         })
         .collect();
     let total = tasks.len();
