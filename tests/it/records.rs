@@ -24,6 +24,7 @@ crate::harness::on_both!(
     records_expire_after_history_ttl,
     an_id_enqueued_again_outlives_its_old_records_expiry,
     untracked_queue_writes_no_record,
+    tasks_from_before_tracking_get_no_record,
     intake_closed_refuses_and_cancel_records,
     dedup_record_keeps_a_finished_id,
     listing_pages_by_cursor_filters_and_submitters,
@@ -357,6 +358,30 @@ async fn an_id_enqueued_again_outlives_its_old_records_expiry(client: QueueClien
     let again = record(&q, "again").await;
     assert_eq!(again.state, RecordState::Waiting);
     assert_eq!(again.history.unwrap().len(), 1);
+}
+
+/// A queue that starts tracking keeps no half records of the tasks enqueued before.
+async fn tasks_from_before_tracking_get_no_record(client: QueueClient, name: &str) {
+    let untracked = client
+        .queue_with(
+            name,
+            QueueLimits {
+                track: false,
+                ..limits()
+            },
+        )
+        .unwrap();
+    untracked
+        .enqueue(NewTask::new("{}").id("old"))
+        .await
+        .unwrap();
+    let q = client.queue_with(name, limits()).unwrap();
+    q.enqueue(NewTask::new("{}").id("new")).await.unwrap();
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), 2);
+    q.ack(&b.tasks).await.unwrap();
+    assert_eq!(q.record("old").await.unwrap(), None);
+    assert_eq!(record(&q, "new").await.state, RecordState::Done);
 }
 
 async fn untracked_queue_writes_no_record(client: QueueClient, name: &str) {

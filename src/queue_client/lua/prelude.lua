@@ -360,7 +360,10 @@ local function record_done_many(ids, now, attempts, host, slot, ttl_ms)
     end
     local r = runs[k]
     if r then e = RS .. 'running' .. FS .. r .. e end
-    redis.call('APPEND', rec_key(id), e)
+    -- A task enqueued before its queue tracked has no record, and must not get half of
+    -- one: APPEND has created the key exactly when the result is only what it appended.
+    local key = rec_key(id)
+    if redis.call('APPEND', key, e) == #e then redis.call('DEL', key) end
   end
   local member = (now + ttl_ms) .. ':' .. ttl_ms
   bulk('RPUSH', ends_list(member), ids)
