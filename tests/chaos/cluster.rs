@@ -286,6 +286,40 @@ impl Cluster {
         out
     }
 
+    /// The moment each task in the lists of tasks acked together is due to go (the latest
+    /// list's, when a task is in several).
+    fn batch_expiries(&self, index: &str) -> Option<HashMap<String, i64>> {
+        let lists = format!("{index}:b");
+        let mut conn = self.monitor.connection();
+        self.call(Duration::from_secs(30), async move {
+            let members: Vec<String> = redis::cmd("ZRANGE")
+                .arg(&lists)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await?;
+            let mut due = HashMap::new();
+            for m in members {
+                let moment: i64 = m
+                    .split(':')
+                    .next()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0);
+                let ids: Vec<String> = redis::cmd("LRANGE")
+                    .arg(format!("{lists}:{m}"))
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut conn)
+                    .await?;
+                for id in ids {
+                    let at = due.entry(id).or_insert(moment);
+                    *at = (*at).max(moment);
+                }
+            }
+            Ok(due)
+        })
+    }
+
     /// Every slot process seen so far (every call of [`slots`](Self::slots), which
     /// [`idle`](Self::idle) makes every 250 ms): pid to host and slot number.
     pub fn places(&self) -> HashMap<u32, BTreeSet<(String, u32)>> {
@@ -293,13 +327,16 @@ impl Cluster {
     }
 
     /// When each task's record is due to go (Unix ms; None: never), pipelined. Records
-    /// have expired two ways: by a TTL on the record's key, or by the record's id in the
-    /// queue's expiry index (a zset scored by the moment), swept by the scripts. Either
-    /// counts. The keys are `NAMESPACE:{QUEUE}:r:ID` and `NAMESPACE:{QUEUE}:exp`, as
-    /// `src/queue_client/scripts.rs` lays a queue out.
+    /// have expired three ways: by a TTL on the record's key, by the record's id in the
+    /// queue's expiry index (a zset scored by the moment), or by its id in one of the
+    /// lists of tasks acked together (`exp:b:MOMENT:TTL`, listed in the zset `exp:b`),
+    /// swept by the scripts. Any counts; of several lists, the latest. The keys are
+    /// `NAMESPACE:{QUEUE}:r:ID` and `NAMESPACE:{QUEUE}:exp…`, as
+    /// `src/queue_client/scripts.rs` and `lua/prelude.lua` lay a queue out.
     pub fn record_expiries(&self, ids: &[String]) -> Option<Vec<Option<i64>>> {
         let mut out = Vec::with_capacity(ids.len());
         let index = format!("{NAMESPACE}:{{{QUEUE}}}:exp");
+        let listed = self.batch_expiries(&index)?;
         for chunk in ids.chunks(1000) {
             let mut conn = self.monitor.connection();
             let mut pipe = redis::pipe();
@@ -322,11 +359,15 @@ impl Cluster {
                     })
                     .collect())
             })?;
-            out.extend(part.into_iter().map(|(ttl, score)| match (ttl, score) {
-                (t, _) if t > 0 => Some(sent + t),
-                (_, Some(s)) => Some(s as i64),
-                _ => None,
-            }));
+            out.extend(
+                part.into_iter()
+                    .zip(chunk)
+                    .map(|((ttl, score), id)| match (ttl, score) {
+                        (t, _) if t > 0 => Some(sent + t),
+                        (_, Some(s)) => Some(s as i64),
+                        _ => listed.get(id).copied(),
+                    }),
+            );
         }
         Some(out)
     }
