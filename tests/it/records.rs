@@ -288,7 +288,9 @@ async fn results_are_kept_and_oversized_ones_fail(client: QueueClient, name: &st
     );
 }
 
-async fn records_expire_after_history_ttl(client: QueueClient, name: &str) {
+/// A queue whose records go 300 ms after their task ended, with tasks `ids` enqueued
+/// and the first `done` of them taken and acked together.
+async fn short_lived_records(client: QueueClient, name: &str, ids: &[&str], done: usize) -> Queue {
     let q = client
         .queue_with(
             name,
@@ -298,14 +300,16 @@ async fn records_expire_after_history_ttl(client: QueueClient, name: &str) {
             },
         )
         .unwrap();
-    q.enqueue_many(&[
-        NewTask::new("{}").id("done"),
-        NewTask::new("{}").id("waits"),
-    ])
-    .await
-    .unwrap();
-    let b = q.take(1, Duration::from_secs(30)).await.unwrap();
+    let tasks: Vec<_> = ids.iter().map(|id| NewTask::new("{}").id(*id)).collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let b = q.take(done, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), done);
     q.ack(&b.tasks).await.unwrap();
+    q
+}
+
+async fn records_expire_after_history_ttl(client: QueueClient, name: &str) {
+    let q = short_lived_records(client, name, &["done", "waits"], 1).await;
     eventually(Duration::from_secs(10), "the ended record expires", || {
         let q = q.clone();
         async move { q.record("done").await.unwrap().is_none() }
@@ -328,23 +332,7 @@ async fn records_expire_after_history_ttl(client: QueueClient, name: &str) {
 /// A task acked in a batch is expired through its batch's list, not an entry of its own:
 /// a new task under the same id must outlive that list's moment.
 async fn an_id_enqueued_again_outlives_its_old_records_expiry(client: QueueClient, name: &str) {
-    let q = client
-        .queue_with(
-            name,
-            QueueLimits {
-                history_ttl: Duration::from_millis(300),
-                ..limits()
-            },
-        )
-        .unwrap();
-    q.enqueue_many(&[
-        NewTask::new("{}").id("again"),
-        NewTask::new("{}").id("other"),
-    ])
-    .await
-    .unwrap();
-    let b = q.take(2, Duration::from_secs(30)).await.unwrap();
-    q.ack(&b.tasks).await.unwrap();
+    let q = short_lived_records(client, name, &["again", "other"], 2).await;
     q.enqueue(NewTask::new("{}").id("again")).await.unwrap();
     eventually(
         Duration::from_secs(10),
@@ -360,9 +348,8 @@ async fn an_id_enqueued_again_outlives_its_old_records_expiry(client: QueueClien
     assert_eq!(again.history.unwrap().len(), 1);
 }
 
-/// A queue that starts tracking keeps no half records of the tasks enqueued before.
-async fn tasks_from_before_tracking_get_no_record(client: QueueClient, name: &str) {
-    let untracked = client
+fn untracked_queue(client: &QueueClient, name: &str) -> Queue {
+    client
         .queue_with(
             name,
             QueueLimits {
@@ -370,7 +357,12 @@ async fn tasks_from_before_tracking_get_no_record(client: QueueClient, name: &st
                 ..limits()
             },
         )
-        .unwrap();
+        .unwrap()
+}
+
+/// A queue that starts tracking keeps no half records of the tasks enqueued before.
+async fn tasks_from_before_tracking_get_no_record(client: QueueClient, name: &str) {
+    let untracked = untracked_queue(&client, name);
     untracked
         .enqueue(NewTask::new("{}").id("old"))
         .await
@@ -385,15 +377,7 @@ async fn tasks_from_before_tracking_get_no_record(client: QueueClient, name: &st
 }
 
 async fn untracked_queue_writes_no_record(client: QueueClient, name: &str) {
-    let q = client
-        .queue_with(
-            name,
-            QueueLimits {
-                track: false,
-                ..limits()
-            },
-        )
-        .unwrap();
+    let q = untracked_queue(&client, name);
     let made = q.enqueue(NewTask::new("{}").id("t1")).await.unwrap();
     assert!(made.created);
     assert!(q.record("t1").await.unwrap().is_none());
