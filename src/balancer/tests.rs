@@ -308,7 +308,7 @@ fn after_a_surge_the_window_guards_the_way_down() {
 
 #[test]
 fn noise_on_a_quiet_queue_is_no_surge() {
-    // 1 task/s on average, 3 in the latest 2 s tick: 1.5 × the average, but within three
+    // 1 task/s on average, 5 in the latest 2 s tick: 2.5 × the average, but within four
     // standard deviations of a Poisson count of 2: the average decides.
     check(
         "quiet_noise",
@@ -317,7 +317,7 @@ fn noise_on_a_quiet_queue_is_no_surge() {
             .host("h1", 100)
             .at("h1", "a", 1)
             .load("a", 1.0, 0.4, 0)
-            .latest_tick("a", 1.5),
+            .latest_tick("a", 2.5),
     );
 }
 
