@@ -12,11 +12,12 @@
 //! ([`crate::manager::window`]), fed the simulated counters.
 //!
 //! `cluster.rs` is the simulated cluster and its steps, `queue.rs` one queue (backlog,
-//! slots and their batches, work, waits), `rng.rs` the seeded
-//! randomness.
+//! slots and their batches, work, waits), `recorded.rs` a trace from the manager's load
+//! rings (`gaffer trace record`), `rng.rs` the seeded randomness.
 
 mod cluster;
 mod queue;
+pub mod recorded;
 mod rng;
 pub mod trace;
 
