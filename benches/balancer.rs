@@ -49,6 +49,7 @@ fn main() {
                     processed: 96_000,
                     busy_seconds: 4_800.0,
                     slot_lifetime_seconds: 6_000.0,
+                    ..QueueWindow::default()
                 },
             )
         })

@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use crate::config::{Config, QueueConfig, SystemConfig};
 
-pub use want::{LoadFigures, load_figures};
+pub use want::{LoadFigures, arrival_rate, drain_seconds, load_figures};
 
 /// Slots per host and queue: host → queue → slots.
 pub type Placement = BTreeMap<String, BTreeMap<String, u32>>;
@@ -54,6 +54,11 @@ pub struct QueueWindow {
     pub busy_seconds: f64,
     /// Seconds slots of this queue lived during the window.
     pub slot_lifetime_seconds: f64,
+    /// Length of the latest tick (the window's last interval), seconds; 0 when unknown.
+    pub recent_seconds: f64,
+    /// Tasks enqueued during the latest tick: a surge shows here a window before the
+    /// average catches up.
+    pub recent_arrived: u64,
 }
 
 /// What the balancer knows of a host.
@@ -217,6 +222,8 @@ struct QueueInfo<'c> {
     cap: Option<usize>,
     /// The hysteresis band of its priority.
     band: (f64, f64),
+    /// Seconds its priority gives a backlog to drain.
+    drain_seconds: f64,
 }
 
 /// The hosts of the index form, from [`Balancer::set_hosts`].
@@ -282,6 +289,7 @@ impl<'c> Balancer<'c> {
                     .as_deref()
                     .and_then(|s| capped.iter().position(|(name, _)| *name == s)),
                 band: want::band(rank(q.priority)),
+                drain_seconds: want::drain_seconds(rank(q.priority)),
             })
             .collect();
         let mut order: Vec<usize> = (0..queues.len()).collect();
@@ -497,19 +505,7 @@ impl<'c> Balancer<'c> {
                 d.wanted = 0;
             }
         }
-        // Hysteresis must not hold idle slots while other queues are short of capacity:
-        // under scarcity, a queue held above its demand falls back to it.
-        let total_wanted: u64 = decisions.iter().map(|d| u64::from(d.wanted)).sum();
-        if total_wanted > pool {
-            for (d, info) in decisions.iter_mut().zip(queues.iter()) {
-                let c = info.config;
-                let floor = d.demand.clamp(c.min_slots, c.max_slots);
-                if d.reasons.contains(&Reason::HysteresisHold) && d.wanted > floor {
-                    d.wanted = floor;
-                    d.reasons.push(Reason::Released);
-                }
-            }
-        }
+        release_holds(queues, order, decisions, pool);
         // A queue is granted only room that hosts running its handler still have.
         // Queues sharing an external system share its concurrency, in the same order.
         s.left.clear();
@@ -579,6 +575,28 @@ impl<'c> Balancer<'c> {
                     short: d.wanted - t,
                 });
             }
+        }
+    }
+}
+
+/// Hysteresis must not hold idle slots while other queues are short of capacity: under
+/// scarcity, queues held above their demand fall back towards it, the lowest priorities
+/// first, until what all queues want fits `pool` (a higher priority keeps its hold while
+/// lower ones can give).
+fn release_holds(queues: &[QueueInfo], order: &[usize], decisions: &mut [Decision], pool: u64) {
+    let total_wanted: u64 = decisions.iter().map(|d| u64::from(d.wanted)).sum();
+    let mut excess = total_wanted.saturating_sub(pool);
+    for &q in order.iter().rev() {
+        if excess == 0 {
+            break;
+        }
+        let (d, c) = (&mut decisions[q], queues[q].config);
+        let floor = d.demand.clamp(c.min_slots, c.max_slots);
+        if d.reasons.contains(&Reason::HysteresisHold) && d.wanted > floor {
+            let give = u64::from(d.wanted - floor).min(excess);
+            d.wanted -= give as u32;
+            excess -= give;
+            d.reasons.push(Reason::Released);
         }
     }
 }

@@ -10,6 +10,9 @@ use proptest::prelude::*;
 use super::*;
 use crate::config::{Handler, QueueConfig, SystemConfig};
 
+/// The manager's tick in the cases: the latest interval of their 60 s windows.
+const TICK: f64 = 2.0;
+
 /// A cluster to decide on, built up by the tests.
 #[derive(Debug)]
 struct Case {
@@ -88,8 +91,17 @@ impl Case {
                 processed,
                 busy_seconds: processed as f64 * task,
                 slot_lifetime_seconds: f64::from(slots) * 60.0,
+                recent_seconds: TICK,
+                recent_arrived: (rate * TICK) as u64,
             },
         );
+        self
+    }
+
+    /// `queue`'s latest tick brought `rate` tasks/s (its window's average stays as
+    /// [`Case::load`] set it, this tick included).
+    fn latest_tick(mut self, queue: &str, rate: f64) -> Self {
+        self.stats.entry(queue.into()).or_default().recent_arrived = (rate * TICK) as u64;
         self
     }
 
@@ -261,6 +273,88 @@ fn scarcity_serves_minimums_then_priority() {
             .load("high", 20.0, 0.4, 100)
             .load("mid", 20.0, 0.4, 100)
             .load("low", 20.0, 0.4, 100),
+    );
+}
+
+#[test]
+fn a_surge_is_met_within_one_tick() {
+    // 10 tasks/s of 0.4 s on average, but 150/s in the latest tick: demand from the tick
+    // (150 × 0.4 / 0.8 = 75, held at max 60), not from the average (5).
+    check(
+        "surge_within_one_tick",
+        &Case::new()
+            .queue("a", 0, 0, 60)
+            .host("h1", 100)
+            .at("h1", "a", 5)
+            .load("a", 10.0, 0.4, 0)
+            .latest_tick("a", 150.0),
+    );
+}
+
+#[test]
+fn after_a_surge_the_window_guards_the_way_down() {
+    // The latest tick brought nothing, but the window still averages 20 tasks/s of 0.4 s:
+    // demand stays at the average's 10 slots.
+    check(
+        "surge_way_down",
+        &Case::new()
+            .queue("a", 0, 0, 60)
+            .host("h1", 100)
+            .at("h1", "a", 10)
+            .load("a", 20.0, 0.4, 0)
+            .latest_tick("a", 0.0),
+    );
+}
+
+#[test]
+fn noise_on_a_quiet_queue_is_no_surge() {
+    // 1 task/s on average, 5 in the latest 2 s tick: 2.5 × the average, but within four
+    // standard deviations of a Poisson count of 2: the average decides.
+    check(
+        "quiet_noise",
+        &Case::new()
+            .queue("a", 0, 0, 60)
+            .host("h1", 100)
+            .at("h1", "a", 1)
+            .load("a", 1.0, 0.4, 0)
+            .latest_tick("a", 2.5),
+    );
+}
+
+#[test]
+fn the_drain_horizon_follows_priority() {
+    // The same 600 tasks of 0.4 s wait in three queues: the highest priority drains them
+    // in 5 s (60 slots), the middle in about 39 s, the lowest in 5 min.
+    check(
+        "drain_by_priority",
+        &Case::new()
+            .queue("high", 10, 0, 100)
+            .queue("mid", 5, 0, 100)
+            .queue("low", 0, 0, 100)
+            .host("h1", 300)
+            .load("high", 1.0, 0.4, 600)
+            .load("mid", 1.0, 0.4, 600)
+            .load("low", 1.0, 0.4, 600),
+    );
+}
+
+#[test]
+fn scarcity_releases_holds_from_the_lowest_priority_first() {
+    // Both held queues hold 10 slots for a demand of 8; the newcomer wants 12 where 10
+    // are free: the lowest priority gives the 2, the highest keeps its hold (before, every
+    // hold fell back, and 2 slots stood idle).
+    check(
+        "release_lowest_first",
+        &Case::new()
+            .queue("high", 10, 0, 50)
+            .queue("mid", 5, 0, 50)
+            .queue("low", 0, 0, 50)
+            .host("h1", 30)
+            .at("h1", "high", 10)
+            .at("h1", "low", 10)
+            .load("high", 15.5, 0.4, 0)
+            .load("low", 15.5, 0.4, 0)
+            .load("mid", 23.5, 0.4, 0),
     );
 }
 

@@ -19,7 +19,7 @@ pub use common::{CliError, Global};
 
 use crate::slot::Registry;
 use cmd::{api, bench, config, drain, intake, manager, master, pause, push, simulate, stats};
-use cmd::{tasks, top, up};
+use cmd::{tasks, top, trace, up};
 
 /// gaffer supervises clusters of queue workers on Redis.
 ///
@@ -106,6 +106,13 @@ enum Command {
     /// The queues come from the config, the hosts and the load from TRACE (see
     /// docs/SIMULATION.md). Deterministic: the same trace and seed give the same report.
     Simulate(simulate::SimulateArgs),
+    /// Record the cluster's own load as a trace for `simulate`
+    ///
+    /// The leading manager keeps, per queue, arrivals and mean task time per minute for a
+    /// day (and the hosts); `trace record --hours N -o FILE` writes them as a trace, so
+    /// `simulate` answers what a changed config would have done to that load.
+    #[command(subcommand)]
+    Trace(trace::TraceCmd),
     /// Pause a queue: its slots stop after their batch, tasks wait
     Pause(pause::QueueArg),
     /// Resume a paused queue
@@ -187,6 +194,7 @@ fn dispatch(command: Command, global: &Global, log_format: LogFormat) -> Result<
         Command::Pause(args) => Threaded.block_on(pause::run(global, args, true)),
         Command::Resume(args) => Threaded.block_on(pause::run(global, args, false)),
         Command::Intake(args) => Threaded.block_on(intake::run(global, args)),
+        Command::Trace(cmd) => Threaded.block_on(trace::run(global, cmd)),
     }
 }
 

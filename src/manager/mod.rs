@@ -6,6 +6,7 @@
 //! It knows nothing of masters or slots beyond the reports they leave in Redis.
 
 mod lease;
+pub mod ring;
 mod telemetry;
 pub mod window;
 
@@ -48,6 +49,8 @@ pub struct ManagerOptions {
     pub window: Duration,
     /// Where to serve `/metrics` and `/status`; None serves nothing (tests in-process).
     pub http: Option<std::net::SocketAddr>,
+    /// The period of the load rings `gaffer trace record` reads ([`ring`]).
+    pub trace_period: Duration,
 }
 
 impl ManagerOptions {
@@ -61,6 +64,7 @@ impl ManagerOptions {
             custom_handlers: Vec::new(),
             window: StatsWindow::DEFAULT_LENGTH,
             http: None,
+            trace_period: ring::DEFAULT_PERIOD,
         }
     }
 
@@ -93,6 +97,8 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         leadership: Leadership::new(keys.clone(), opts.id.clone(), opts.lease_ttl()),
         conn: client.connection(),
         window: StatsWindow::new(opts.window),
+        recorder: ring::Recorder::new(opts.trace_period),
+        ring_keys: ring::RingKeys::new(&opts.config.cluster.namespace),
         blind: Blind::default(),
         outage: OutageLog::default(),
         clock: Instant::now(),
@@ -163,6 +169,9 @@ struct Manager {
     leadership: Leadership,
     /// Statistics of the last [`ManagerOptions::window`], on [`Manager::clock`].
     window: StatsWindow,
+    /// Cuts the same samples into the periods of the load rings.
+    recorder: ring::Recorder,
+    ring_keys: ring::RingKeys,
     config_version: u64,
     leading: bool,
     /// When this manager last went without Redis, to judge heartbeats fairly after it.
@@ -171,6 +180,15 @@ struct Manager {
     outage: OutageLog,
     /// Origin of [`Manager::monotonic_ms`] and of the window's time.
     clock: Instant,
+}
+
+/// The hosts alive and their capacity, for the load ring.
+fn hosts_now(hosts: &BTreeMap<String, HostState>) -> ring::HostsNow {
+    let alive = hosts.values().filter(|h| h.alive);
+    ring::HostsNow {
+        alive: u32::try_from(alive.clone().count()).unwrap_or(u32::MAX),
+        capacity: alive.map(|h| u64::from(h.capacity)).sum(),
+    }
 }
 
 /// The manager's latest spell without Redis. Masters cannot report while Redis is away,
@@ -342,7 +360,9 @@ impl Manager {
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
         let hosts = self.host_states(&reports, &draining, now_ms);
         let queue_stats = self.queue_stats().await?;
-        let stats = self.windows(&queue_stats, &reports);
+        let sample = self.sample(&queue_stats, &reports);
+        let period = self.recorder.observe(&sample, now_ms, hosts_now(&hosts));
+        let stats = self.windows(sample, &queue_stats);
         let current = cluster::read_map(&mut self.conn, &self.keys)
             .await?
             .unwrap_or_default();
@@ -361,6 +381,9 @@ impl Manager {
         let () = self.conn.set(self.keys.decisions(), decisions).await?;
         if out.map != current.hosts || current.epoch != self.leadership.epoch() {
             self.write_map(out.map).await?;
+        }
+        if let Some(period) = period {
+            ring::write(&mut self.conn, &self.ring_keys, &period).await?;
         }
         Ok(())
     }
@@ -404,16 +427,24 @@ impl Manager {
         Ok(queue_stats)
     }
 
-    /// Records this tick's counters in the window and reads each queue's window back.
-    fn windows(
-        &mut self,
+    /// This tick's counters, in the order of `queue_stats`.
+    fn sample(
+        &self,
         queue_stats: &BTreeMap<String, QueueStats>,
         reports: &BTreeMap<String, HostReport>,
+    ) -> window::Sample {
+        let names: Arc<[String]> = queue_stats.keys().cloned().collect();
+        window::Sample::from_reports(self.clock.elapsed(), names, queue_stats, reports)
+    }
+
+    /// Records this tick's `sample` in the window and reads each queue's window back.
+    fn windows(
+        &mut self,
+        sample: window::Sample,
+        queue_stats: &BTreeMap<String, QueueStats>,
     ) -> BTreeMap<String, balancer::QueueWindow> {
         // In the order of `queue_stats`, which the backlog follows.
-        let names: Arc<[String]> = queue_stats.keys().cloned().collect();
-        let at = self.clock.elapsed();
-        let sample = window::Sample::from_reports(at, names.clone(), queue_stats, reports);
+        let names = sample.queues.clone();
         self.window.record(sample);
         let backlog: Vec<window::Backlog> = queue_stats.values().map(Into::into).collect();
         names

@@ -157,7 +157,8 @@ impl StatsWindow {
     }
 
     /// Per queue of the newest sample: what happened between the oldest and the newest
-    /// sample, with `backlog` (now, same order) as its ready and leased.
+    /// sample (and, as `recent_*`, between the two newest: the latest tick), with
+    /// `backlog` (now, same order) as its ready and leased.
     pub fn read(&self, backlog: &[Backlog]) -> Vec<QueueWindow> {
         let mut out = vec![QueueWindow::default(); backlog.len()];
         self.read_into(backlog, &mut out);
@@ -174,13 +175,20 @@ impl StatsWindow {
         };
         let columns = Columns::between(old, new);
         let window_seconds = new.at.saturating_sub(old.at).as_secs_f64();
+        // The latest tick: the balancer meets a surge from it before the average shows it.
+        let prev = &self.samples[self.samples.len().saturating_sub(2)];
+        let recent = Columns::between(prev, new);
+        let recent_seconds = new.at.saturating_sub(prev.at).as_secs_f64();
         for (k, (w, b)) in out.iter_mut().zip(backlog).enumerate() {
             let before = columns.old(k).map_or(0, |j| old.enqueued[j]);
+            let before_tick = recent.old(k).map_or(0, |j| prev.enqueued[j]);
             *w = QueueWindow {
                 window_seconds,
                 ready: b.ready,
                 leased: b.leased,
                 arrived: new.enqueued[k].saturating_sub(before),
+                recent_seconds,
+                recent_arrived: new.enqueued[k].saturating_sub(before_tick),
                 ..QueueWindow::default()
             };
         }
@@ -326,6 +334,8 @@ mod tests {
                 processed: 35,
                 busy_seconds: 3.5,
                 slot_lifetime_seconds: 60.0,
+                recent_seconds: 30.0,
+                recent_arrived: 60,
             }
         );
         assert_eq!(
@@ -333,9 +343,25 @@ mod tests {
             QueueWindow {
                 window_seconds: 30.0,
                 slot_lifetime_seconds: 30.0,
+                recent_seconds: 30.0,
                 ..QueueWindow::default()
             }
         );
+    }
+
+    #[test]
+    fn the_latest_tick_is_read_beside_the_window() {
+        // 10 tasks per 2 s tick for 20 s, then 150 in the last tick: the window averages
+        // them, the latest tick shows the jump alone.
+        let q = layout(&["a"]);
+        let mut w = StatsWindow::new(Duration::from_secs(60));
+        for t in (0..=20).step_by(2) {
+            w.record(sample(t, &q, &[t * 5], &[]));
+        }
+        w.record(sample(22, &q, &[100 + 150], &[]));
+        let r = &w.read(&idle(1))[0];
+        assert_eq!((r.window_seconds, r.arrived), (22.0, 250));
+        assert_eq!((r.recent_seconds, r.recent_arrived), (2.0, 150));
     }
 
     #[test]

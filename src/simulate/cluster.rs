@@ -265,7 +265,11 @@ impl<'a> SimCluster<'a> {
             hosts,
             next_event: 0,
             rng: Rng(trace.seed ^ 0x6761_6666_6572),
-            queues: (0..nq).map(|_| QueueSim::default()).collect(),
+            queues: config
+                .queues
+                .values()
+                .map(|c| QueueSim::new(c.batch_size))
+                .collect(),
             loads,
             balancer,
             map_changed: true,
@@ -313,8 +317,8 @@ impl<'a> SimCluster<'a> {
             // Slots that finished starting begin to work; all its slots live the step.
             q.start_ready(now_ms);
             self.totals.slot_seconds += q.live(DT);
-            // Handling: its working slots take on its backlog.
-            self.totals.busy_seconds += q.handle(now_ms, DT);
+            // Handling: its working slots take batches and finish them.
+            self.totals.busy_seconds += q.handle(now_ms, STEP_MS);
         }
         self.now_ms += STEP_MS;
     }
@@ -377,13 +381,8 @@ impl<'a> SimCluster<'a> {
             enqueued: self.queues.iter().map(|q| q.arrived).collect(),
             hosts: BTreeMap::from([(REPORTER.to_string(), reporter)]),
         });
-        for ((b, q), c) in s
-            .backlog
-            .iter_mut()
-            .zip(&self.queues)
-            .zip(self.config.queues.values())
-        {
-            *b = q.split_backlog(c.batch_size);
+        for (b, q) in s.backlog.iter_mut().zip(&self.queues) {
+            *b = q.split_backlog();
         }
         s.window.read_into(&s.backlog, &mut s.windows);
     }
@@ -396,7 +395,7 @@ impl<'a> SimCluster<'a> {
             self.wanted.now[k] = match self.policy {
                 Policy::Static => c.min_slots,
                 _ => {
-                    let backlog = self.queues[k].backlog();
+                    let backlog = self.queues[k].ready();
                     let target = self.trace.hpa_target;
                     self.wanted.hpa(k, c, backlog, self.now_ms, target)
                 }
@@ -449,6 +448,7 @@ impl<'a> SimCluster<'a> {
                     max_backlog: q.max_backlog,
                     mean_slots: q.slot_steps as f64 / steps,
                     slot_changes: q.slot_changes,
+                    left_at_end: q.left(),
                 };
                 (name.clone(), report)
             })

@@ -3,18 +3,21 @@
 //! `static`: every queue at its minimum).
 //!
 //! Time advances in steps of [`STEP`]. Arrivals are Poisson per step (seeded); slots
-//! work off their queue's backlog FIFO at the mean task time; a new slot works after the
-//! trace's `slot_start`. Waits (enqueue to start) go into a histogram with 10 ms
-//! resolution. All three policies place slots with the balancer's placement, so they
-//! differ only in how many slots each queue gets, and when. `gaffer` decides on the
-//! manager's own statistics window ([`crate::manager::window`]), fed the simulated
-//! counters.
+//! work as real ones do, under every policy: a whole batch per take, its tasks one after
+//! another at the mean task time (a task waits its turn in the batch), a stopped slot
+//! finishing its batch, a new slot working after the trace's `slot_start`. Waits (enqueue
+//! to start) go into a histogram with 10 ms resolution. All three policies place slots
+//! with the balancer's placement, so they differ only in how many slots each queue gets,
+//! and when. `gaffer` decides on the manager's own statistics window
+//! ([`crate::manager::window`]), fed the simulated counters.
 //!
 //! `cluster.rs` is the simulated cluster and its steps, `queue.rs` one queue (backlog,
-//! slots, work, waits), `rng.rs` the seeded randomness.
+//! slots and their batches, work, waits), `recorded.rs` a trace from the manager's load
+//! rings (`gaffer trace record`), `rng.rs` the seeded randomness.
 
 mod cluster;
 mod queue;
+pub mod recorded;
 mod rng;
 pub mod trace;
 
@@ -64,6 +67,8 @@ pub struct QueueReport {
     pub mean_slots: f64,
     /// Σ |change| of the queue's slots over all decisions.
     pub slot_changes: u64,
+    /// Tasks still ready or in a batch when the trace ends: arrived = done + this.
+    pub left_at_end: u64,
 }
 
 /// The report of one run.

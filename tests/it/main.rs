@@ -14,4 +14,5 @@ mod records;
 mod simulate;
 mod slot;
 mod top;
+mod trace;
 mod up;

@@ -18,16 +18,21 @@ fn changes(r: &Report) -> u64 {
     r.queues.values().map(|q| q.slot_changes).sum()
 }
 
+/// The shipped traces, `surge` the flash crowd of issue 16.
+const TRACES: [&str; 5] = ["steady", "diurnal", "burst", "host_loss", "surge"];
+
 /// The acceptance bar of the balancer: on every shipped trace the highest-priority
-/// queue waits no longer at p99 than under HPA, with at most a third of its slot changes.
+/// queue waits at most half as long at p99 as under HPA (or both under 100 ms), with at
+/// most a third of its slot changes, and it is fully served (only what slots hold when
+/// the trace ends is left).
 #[test]
 fn gaffer_beats_hpa_on_every_shipped_trace() {
-    for trace in ["steady", "diurnal", "burst", "host_loss"] {
+    for trace in TRACES {
         let g = run(trace, Policy::Gaffer);
         let h = run(trace, Policy::Hpa);
         let (ge, he) = (&g.queues["events"], &h.queues["events"]);
         assert!(
-            ge.wait_p99_ms <= he.wait_p99_ms,
+            ge.wait_p99_ms * 2 <= he.wait_p99_ms || ge.wait_p99_ms.max(he.wait_p99_ms) < 100,
             "{trace}: events p99 {} ms under gaffer, {} ms under hpa",
             ge.wait_p99_ms,
             he.wait_p99_ms
@@ -38,7 +43,47 @@ fn gaffer_beats_hpa_on_every_shipped_trace() {
             changes(&g),
             changes(&h)
         );
-        assert_eq!(ge.done, ge.arrived, "{trace}: events fully served");
+        assert_eq!(
+            ge.done + ge.left_at_end,
+            ge.arrived,
+            "{trace}: every task counted"
+        );
+        assert!(
+            ge.left_at_end * 1000 <= ge.arrived,
+            "{trace}: events fully served, {} of {} left at the end",
+            ge.left_at_end,
+            ge.arrived
+        );
+    }
+}
+
+/// The flash crowd: a fifteenfold surge on `events` while `reports`, whose batches run
+/// 100 s, fills the cluster. Capacity exists (the lowest priority gives it), so gaffer
+/// starts the surge's tasks within a second at p99; before, it took 7.35 s.
+#[test]
+fn a_surge_is_served_within_a_second() {
+    let g = run("surge", Policy::Gaffer);
+    let e = &g.queues["events"];
+    assert!(e.wait_p99_ms < 1_000, "events p99 {} ms", e.wait_p99_ms);
+    // The cluster stays full: the low priority keeps what the surge leaves.
+    assert!(
+        g.mean_utilisation > 0.9,
+        "utilisation {}",
+        g.mean_utilisation
+    );
+}
+
+/// Batches are taken whole and a stopped slot finishes its batch, under every policy: no
+/// task is lost or counted twice, whatever the rule moves.
+#[test]
+fn every_policy_accounts_for_every_task() {
+    for trace in TRACES {
+        for policy in [Policy::Gaffer, Policy::Hpa, Policy::Static] {
+            let r = run(trace, policy);
+            for (q, f) in &r.queues {
+                assert_eq!(f.done + f.left_at_end, f.arrived, "{trace} {policy:?} {q}");
+            }
+        }
     }
 }
 

@@ -12,6 +12,10 @@ pub struct ManagerArgs {
     /// Address for /metrics and /status, overriding [manager].http
     #[arg(long, env = "GAFFER_MANAGER_HTTP", value_name = "ADDR")]
     pub http: Option<SocketAddr>,
+    /// Period of the load rings `gaffer trace record` reads (a minute); shorter for tests
+    #[arg(long, env = "GAFFER_TRACE_PERIOD", value_name = "DURATION", hide = true,
+          value_parser = crate::config::parse_duration)]
+    pub trace_period: Option<std::time::Duration>,
 }
 
 /// `gaffer manager`: runs the cluster's manager until SIGTERM or Ctrl-C.
@@ -28,6 +32,9 @@ pub async fn run(global: &Global, args: ManagerArgs) -> Result<(), CliError> {
     opts.connect = connect;
     opts.http = Some(http);
     opts.custom_handlers = global.registry.custom_names();
+    if let Some(period) = args.trace_period {
+        opts.trace_period = period;
+    }
     let shutdown = crate::signals::shutdown_on_term()
         .map_err(|e| CliError::Runtime(anyhow::anyhow!("installing signal handlers: {e}")))?;
     crate::manager::run(opts, shutdown)

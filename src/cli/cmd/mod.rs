@@ -14,4 +14,5 @@ pub mod simulate;
 pub mod stats;
 pub mod tasks;
 pub mod top;
+pub mod trace;
 pub mod up;
