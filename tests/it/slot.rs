@@ -355,19 +355,18 @@ for line in sys.stdin:
     assert_eq!(small.result, Some(serde_json::json!({"s": "xxx"})));
 }
 
+/// The (id, attempt) of every task a handler was handed, in order.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, u32)>>>;
+
 /// Records every task it is handed and holds the batch until the test lets it go, so a
 /// test can act while the slot is busy (and, with `prefetch`, holds a batch ahead).
 struct Gate {
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, u32)>>>,
+    seen: Seen,
     open: std::sync::mpsc::Receiver<()>,
 }
 
 impl Gate {
-    fn new() -> (
-        Gate,
-        std::sync::Arc<std::sync::Mutex<Vec<(String, u32)>>>,
-        std::sync::mpsc::Sender<()>,
-    ) {
+    fn new() -> (Gate, Seen, std::sync::mpsc::Sender<()>) {
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let (tx, open) = std::sync::mpsc::channel();
         (
