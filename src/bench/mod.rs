@@ -18,7 +18,8 @@ use redis::Script;
 use serde::Serialize;
 
 use crate::queue_client::{
-    ConnectOptions, NewTask, Queue, QueueClient, QueueError, QueueLimits, RedisConn,
+    ConnectOptions, NewTask, Queue, QueueClient, QueueError, QueueLimits, RedisConn, Settle,
+    SettleOp,
 };
 
 /// What to measure and how much.
@@ -92,14 +93,19 @@ pub struct StrongRow {
     pub batch: usize,
     /// Takers, each with its own connection.
     pub takers: usize,
-    /// gaffer's take+ack (one loop per taker, as a slot), tasks per second.
+    /// gaffer's take+ack (one loop per taker, two round trips per batch), tasks per second.
     pub gaffer_per_s: f64,
+    /// gaffer's loop as a slot now runs it: settle of one batch and take of the next in
+    /// one call (`Queue::settle_take`), one round trip per batch; tasks per second.
+    pub combined_per_s: f64,
     /// The strong bare loop, tasks per second (median over rounds of each round's best K).
     pub strong_bare_per_s: f64,
     /// The K most rounds found best.
-    k: usize,
-    /// gaffer / strong bare.
+    pub k: usize,
+    /// gaffer's take+ack / strong bare.
     pub ratio: f64,
+    /// gaffer's settle+take / strong bare.
+    pub combined_ratio: f64,
 }
 
 /// Enqueue-to-start latency of an idle taker.
@@ -232,16 +238,38 @@ impl Bare {
     }
 }
 
-async fn drain(q: &Queue, batch: usize) -> Result<usize, QueueError> {
+/// How a gaffer taker loops.
+#[derive(Debug, Clone, Copy)]
+enum Loop {
+    /// take, then ack: two round trips per batch.
+    TakeAck,
+    /// settle of one batch with the take of the next (`settle_take`): one round trip per
+    /// batch, as a slot runs.
+    SettleTake,
+}
+
+async fn drain(q: &Queue, batch: usize, how: Loop) -> Result<usize, QueueError> {
+    let lease = Duration::from_secs(30);
     let mut done = 0;
-    loop {
-        let b = q.take(batch, Duration::from_secs(30)).await?;
-        if b.tasks.is_empty() {
-            return Ok(done);
-        }
+    let mut b = q.take(batch, lease).await?;
+    while !b.tasks.is_empty() {
         done += b.tasks.len();
-        q.ack(&b.tasks).await?;
+        b = match how {
+            Loop::TakeAck => {
+                q.ack(&b.tasks).await?;
+                q.take(batch, lease).await?
+            }
+            Loop::SettleTake => {
+                let ops: Vec<SettleOp> = b
+                    .tasks
+                    .iter()
+                    .map(|t| SettleOp::new(t, Settle::Ack))
+                    .collect();
+                q.settle_take(&ops, batch, lease).await?.1
+            }
+        };
     }
+    Ok(done)
 }
 
 /// Drains `q` with one taker per client (each with its own connection, as slots have),
@@ -250,11 +278,12 @@ async fn drain_with<'a>(
     clients: impl Iterator<Item = &'a QueueClient>,
     q: &Queue,
     batch: usize,
+    how: Loop,
 ) -> anyhow::Result<usize> {
     let mut handles = Vec::new();
     for c in clients {
         let q = c.queue_with(q.name(), q.limits())?;
-        handles.push(tokio::spawn(async move { drain(&q, batch).await }));
+        handles.push(tokio::spawn(async move { drain(&q, batch, how).await }));
     }
     let mut moved = 0;
     for h in handles {
@@ -326,7 +355,7 @@ async fn measure(
     let enqueue = bulk_enqueue(opts, q, bare, &tasks, payload, progress).await?;
     let clients = connect_takers(opts).await?;
     let take_ack = take_ack_rows(opts, q, bare, &clients, &tasks, payload, progress).await?;
-    let strong_bare = strong_rows(opts, &take_ack, bare, &clients, payload, progress).await?;
+    let strong_bare = strong_rows(opts, &take_ack, q, bare, &clients, payload, progress).await?;
     let wakeup = wake_latency(opts, q, payload, progress).await?;
     let records = record_cost(opts, q, &clients, payload, progress).await?;
     Ok(BenchReport {
@@ -411,7 +440,8 @@ async fn take_ack_rows(
                 ));
                 q.enqueue_many(count_tasks).await?;
                 let t = Instant::now();
-                let moved = drain_with(clients.iter().take(takers), q, batch).await?;
+                let moved =
+                    drain_with(clients.iter().take(takers), q, batch, Loop::TakeAck).await?;
                 g.push(t.elapsed());
                 anyhow::ensure!(moved == count, "gaffer drained {moved} of {count}");
 
@@ -438,6 +468,7 @@ async fn take_ack_rows(
 async fn strong_rows(
     opts: &BenchOptions,
     rows: &[TakeAck],
+    q: &Queue,
     bare: &Bare,
     clients: &[QueueClient],
     payload: &[u8],
@@ -447,8 +478,19 @@ async fn strong_rows(
     let most = clients.len();
     let mut out = Vec::new();
     for r in rows.iter().filter(|r| r.batch >= 10 && r.takers == most) {
-        let (mut rates, mut ks) = (Vec::new(), Vec::new());
+        let n = r.throughput.tasks;
+        let (mut rates, mut ks, mut combined) = (Vec::new(), Vec::new(), Vec::new());
         for round in 1..=rounds {
+            progress(&format!(
+                "settle+take in one call, batch {}, {most} takers, round {round}/{rounds}",
+                r.batch
+            ));
+            let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new(payload.to_vec())).collect();
+            q.enqueue_many(&tasks).await?;
+            let t = Instant::now();
+            let moved = drain_with(clients.iter(), q, r.batch, Loop::SettleTake).await?;
+            combined.push(per_s(n, t.elapsed()));
+            anyhow::ensure!(moved == n, "gaffer (settle+take) drained {moved} of {n}");
             progress(&format!(
                 "bare loop, K in flight per taker, batch {}, {most} takers, round {round}/{rounds}",
                 r.batch
@@ -459,13 +501,16 @@ async fn strong_rows(
         }
         ks.sort_unstable();
         let strong = median_f64(&rates);
+        let combined = median_f64(&combined);
         out.push(StrongRow {
             batch: r.batch,
             takers: most,
             gaffer_per_s: r.throughput.gaffer_per_s,
+            combined_per_s: combined,
             strong_bare_per_s: strong,
             k: ks[ks.len() / 2],
             ratio: r.throughput.gaffer_per_s / strong,
+            combined_ratio: combined / strong,
         });
     }
     Ok(out)
@@ -601,7 +646,7 @@ async fn record_cost(
                 q.enqueue_many(&tasks).await?;
                 enq.push(t.elapsed());
                 let t = Instant::now();
-                let moved = drain_with(clients.iter().take(2), q, 100).await?;
+                let moved = drain_with(clients.iter().take(2), q, 100, Loop::TakeAck).await?;
                 ta.push(t.elapsed());
                 anyhow::ensure!(moved == n, "drained {moved} of {n}");
                 q.delete_all().await?;
@@ -744,11 +789,19 @@ impl BenchReport {
             let _ = writeln!(
                 out,
                 "{:<34} {:>12.0} {:>12.0} {:>7.2}  (bare: {} loops in flight per taker)",
-                format!("take+ack batch {:>3} vs strong bare", r.batch),
+                format!("take+ack batch {:>3}, strong bare", r.batch),
                 r.gaffer_per_s,
                 r.strong_bare_per_s,
                 r.ratio,
                 r.k
+            );
+            let _ = writeln!(
+                out,
+                "{:<34} {:>12.0} {:>12.0} {:>7.2}",
+                format!("settle+take batch {:>3}, strong bare", r.batch),
+                r.combined_per_s,
+                r.strong_bare_per_s,
+                r.combined_ratio,
             );
         }
         let _ = writeln!(
