@@ -60,6 +60,11 @@ pub struct E2eRow {
     pub ratio_bare: f64,
     /// e2e / strong bare: the figure issue 15's target is about.
     pub ratio_strong: f64,
+    /// Redis CPU (user + sys, `INFO cpu`) per task while the cluster drained, µs: the
+    /// scripts' work, the slots' idle takes and the bench's own counter reads.
+    pub e2e_redis_us_per_task: f64,
+    /// Redis CPU per task while the single bare loop drained, µs.
+    pub bare_redis_us_per_task: f64,
     /// Each round's end-to-end figure, in order.
     pub e2e_rounds: Vec<f64>,
     /// Each round's strong bare figure, in order.
@@ -289,24 +294,29 @@ async fn rounds(
     let rounds = opts.base.rounds.max(1);
     let (mut e2e, mut single, mut strong) = (Vec::new(), Vec::new(), Vec::new());
     let mut best_k = Vec::new();
+    let (mut e2e_cpu, mut bare_cpu) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         progress(&format!(
             "e2e, batch {batch}, {} slots, {n} tasks, round {round}/{rounds}",
             opts.slots
         ));
         q.enqueue_many(&tasks).await?;
+        let cpu = redis_cpu_s(counter).await?;
         let master = cluster.start_master()?;
         let timed = time_drain(counter, n).await;
+        e2e_cpu.push(per_task_us(redis_cpu_s(counter).await? - cpu, n));
         stop(master).await;
         cluster.check_alive()?;
         e2e.push(timed?);
 
         progress(&format!("bare loop, batch {batch}, round {round}/{rounds}"));
         bare.fill(n, &payload).await?;
+        let cpu = redis_cpu_s(counter).await?;
         let t = Instant::now();
         let moved = super::bare_drain_with(takers.iter(), bare, batch).await?;
         anyhow::ensure!(moved == n, "bare loop drained {moved} of {n}");
         single.push(per_s(n, t.elapsed()));
+        bare_cpu.push(per_task_us(redis_cpu_s(counter).await? - cpu, n));
         bare.delete().await?;
 
         progress(&format!(
@@ -328,6 +338,8 @@ async fn rounds(
         strong_k: best_k[best_k.len() / 2],
         ratio_bare: e / s,
         ratio_strong: e / st,
+        e2e_redis_us_per_task: median_f64(&e2e_cpu),
+        bare_redis_us_per_task: median_f64(&bare_cpu),
         e2e_rounds: e2e,
         strong_rounds: strong,
     })
@@ -375,6 +387,26 @@ async fn acked_total(counter: &Counter) -> anyhow::Result<u64> {
         .query_async(&mut conn)
         .await?;
     Ok(v.unwrap_or(0))
+}
+
+/// Redis's CPU time so far (user + sys), seconds.
+async fn redis_cpu_s(counter: &Counter) -> anyhow::Result<f64> {
+    let mut conn = counter.conn.clone();
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum())
+}
+
+/// CPU seconds spent on `n` tasks, as µs per task.
+fn per_task_us(cpu_s: f64, n: usize) -> f64 {
+    cpu_s * 1e6 / n.max(1) as f64
 }
 
 /// Deletes what the bench's cluster left in its namespace (hosts, map, config).
@@ -425,6 +457,7 @@ impl E2eReport {
             "(each figure: median of {} rounds; payload {} bytes; load average {:.2} at the start)",
             self.rounds, self.payload_bytes, self.load_at_start
         );
+        let mut cpu = String::new();
         for r in &self.rows {
             let _ = writeln!(
                 out,
@@ -437,7 +470,13 @@ impl E2eReport {
                 r.strong_k,
                 r.ratio_strong
             );
+            let _ = writeln!(
+                cpu,
+                "batch {:>3}: Redis CPU per task {:.2} µs end to end, {:.2} µs bare loop",
+                r.batch, r.e2e_redis_us_per_task, r.bare_redis_us_per_task
+            );
         }
+        out.push_str(&cpu);
         out
     }
 }
