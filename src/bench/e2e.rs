@@ -37,6 +37,19 @@ pub struct E2eOptions {
     pub slots: u32,
     /// Batch sizes to measure, one row each.
     pub batches: Vec<usize>,
+    /// Whether the queue's slots prefetch (`prefetch = true`, with `lease` and
+    /// `max_batch_time` of 30 s so the config accepts it).
+    pub prefetch: Prefetch,
+}
+
+/// Whether the bench queue's slots keep a take in flight while the handler runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prefetch {
+    /// The default: one call per batch, settle and next take together.
+    Off,
+    /// `prefetch = true`.
+    On,
 }
 
 /// One batch size's figures, each the median of the rounds.
@@ -82,6 +95,8 @@ pub struct E2eReport {
     pub rounds: usize,
     /// The 1-minute load average when the run started (the machine is shared).
     pub load_at_start: f64,
+    /// Whether the slots prefetched.
+    pub prefetch: Prefetch,
 }
 
 /// The manager (for the run) and the files the roles read and write.
@@ -108,12 +123,16 @@ impl Cluster {
             None => String::new(),
         };
         let slots = opts.slots;
+        let prefetch = match opts.prefetch {
+            Prefetch::Off => "",
+            Prefetch::On => "prefetch = true\nlease = \"30s\"\nmax_batch_time = \"30s\"\n",
+        };
         let text = format!(
             "[cluster]\nnamespace = \"{namespace}\"\n{password_line}\n\
              [manager]\ntick = \"500ms\"\nhttp = \"127.0.0.1:0\"\n\n\
              [master]\nhttp = \"127.0.0.1:0\"\n\n\
              [queues.{QUEUE}]\nhandler = \"noop\"\nmin_slots = {slots}\nmax_slots = {slots}\n\
-             batch_size = {batch}\ntrack = false\nmax_payload = \"1MiB\"\n"
+             batch_size = {batch}\ntrack = false\nmax_payload = \"1MiB\"\n{prefetch}"
         );
         std::fs::write(&config, text).context("writing the bench's config")?;
         let mut cluster = Cluster {
@@ -221,6 +240,7 @@ pub async fn run(opts: &E2eOptions, mut progress: impl FnMut(&str)) -> anyhow::R
         payload_bytes: opts.base.payload_bytes,
         rounds: opts.base.rounds.max(1),
         load_at_start,
+        prefetch: opts.prefetch,
     })
 }
 
@@ -392,10 +412,7 @@ async fn acked_total(counter: &Counter) -> anyhow::Result<u64> {
 /// Redis's CPU time so far (user + sys), seconds.
 async fn redis_cpu_s(counter: &Counter) -> anyhow::Result<f64> {
     let mut conn = counter.conn.clone();
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(&mut conn)
-        .await?;
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut conn).await?;
     Ok(info
         .lines()
         .filter_map(|l| l.split_once(':'))
@@ -454,8 +471,14 @@ impl E2eReport {
         );
         let _ = writeln!(
             out,
-            "(each figure: median of {} rounds; payload {} bytes; load average {:.2} at the start)",
-            self.rounds, self.payload_bytes, self.load_at_start
+            "(each figure: median of {} rounds; payload {} bytes; load average {:.2} at the start; prefetch {})",
+            self.rounds,
+            self.payload_bytes,
+            self.load_at_start,
+            match self.prefetch {
+                Prefetch::Off => "off",
+                Prefetch::On => "on",
+            }
         );
         let mut cpu = String::new();
         for r in &self.rows {

@@ -6,7 +6,7 @@ use clap::{Args, Subcommand};
 
 use crate::bench::BenchOptions;
 use crate::bench::api::ApiBenchOptions;
-use crate::bench::e2e::E2eOptions;
+use crate::bench::e2e::{E2eOptions, Prefetch};
 use crate::cli::{CliError, Global};
 
 /// Arguments of `gaffer bench`.
@@ -41,6 +41,9 @@ pub struct BenchArgs {
     /// Batch sizes of the end-to-end run, comma-separated
     #[arg(long, value_delimiter = ',', default_value = "100", requires = "e2e")]
     pub batch: Vec<usize>,
+    /// The end-to-end queue's slots prefetch (prefetch = true, lease and max_batch_time 30s)
+    #[arg(long, requires = "e2e")]
+    pub prefetch: bool,
 }
 
 /// `gaffer bench …`.
@@ -141,6 +144,11 @@ async fn run_e2e(
             .map_err(|e| anyhow::anyhow!("finding this executable: {e}"))?,
         slots: args.slots.max(1),
         batches: args.batch.clone(),
+        prefetch: if args.prefetch {
+            Prefetch::On
+        } else {
+            Prefetch::Off
+        },
     };
     let report = crate::bench::e2e::run(&opts, progress).await?;
     if tty {
