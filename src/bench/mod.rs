@@ -4,9 +4,13 @@
 //!
 //! The bare loop is the least a leased queue can do (a FIFO list, a lease sorted set, a
 //! payload hash, no priorities, dedup, attempts or tokens), so the ratio says what
-//! gaffer's guarantees cost.
+//! gaffer's guarantees cost. It runs two ways: one loop per taker, each waiting for its
+//! reply before the next call (the shape of a slot's loop), and K loops in flight per
+//! taker's connection, at the K that gives the best figure: the strongest reference this
+//! Redis gives, which end-to-end figures (`--e2e`) are held against.
 
 pub mod api;
+pub mod e2e;
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +18,8 @@ use redis::Script;
 use serde::Serialize;
 
 use crate::queue_client::{
-    ConnectOptions, NewTask, Queue, QueueClient, QueueError, QueueLimits, RedisConn,
+    ConnectOptions, NewTask, Queue, QueueClient, QueueError, QueueLimits, RedisConn, Settle,
+    SettleOp,
 };
 
 /// What to measure and how much.
@@ -81,6 +86,28 @@ pub struct TakeAck {
     pub throughput: Throughput,
 }
 
+/// Take+ack beside the strong bare loop (K loops in flight per taker, best K).
+#[derive(Debug, Clone, Serialize)]
+pub struct StrongRow {
+    /// Tasks per take.
+    pub batch: usize,
+    /// Takers, each with its own connection.
+    pub takers: usize,
+    /// gaffer's take+ack (one loop per taker, two round trips per batch), tasks per second.
+    pub gaffer_per_s: f64,
+    /// gaffer's loop as a slot now runs it: settle of one batch and take of the next in
+    /// one call (`Queue::settle_take`), one round trip per batch; tasks per second.
+    pub combined_per_s: f64,
+    /// The strong bare loop, tasks per second (median over rounds of each round's best K).
+    pub strong_bare_per_s: f64,
+    /// The K most rounds found best.
+    pub k: usize,
+    /// gaffer's take+ack / strong bare.
+    pub ratio: f64,
+    /// gaffer's settle+take / strong bare.
+    pub combined_ratio: f64,
+}
+
 /// Enqueue-to-start latency of an idle taker.
 #[derive(Debug, Clone, Serialize)]
 pub struct WakeLatency {
@@ -116,6 +143,8 @@ pub struct BenchReport {
     pub enqueue: Throughput,
     /// Take+ack, one row per batch size × takers.
     pub take_ack: Vec<TakeAck>,
+    /// Take+ack at batch 10 and over with the most takers, beside the strong bare loop.
+    pub strong_bare: Vec<StrongRow>,
     /// Idle wake-up.
     pub wakeup: WakeLatency,
     /// What task records cost: the same work with `track = true` beside `track = false`.
@@ -209,16 +238,38 @@ impl Bare {
     }
 }
 
-async fn drain(q: &Queue, batch: usize) -> Result<usize, QueueError> {
+/// How a gaffer taker loops.
+#[derive(Debug, Clone, Copy)]
+enum Loop {
+    /// take, then ack: two round trips per batch.
+    TakeAck,
+    /// settle of one batch with the take of the next (`settle_take`): one round trip per
+    /// batch, as a slot runs.
+    SettleTake,
+}
+
+async fn drain(q: &Queue, batch: usize, how: Loop) -> Result<usize, QueueError> {
+    let lease = Duration::from_secs(30);
     let mut done = 0;
-    loop {
-        let b = q.take(batch, Duration::from_secs(30)).await?;
-        if b.tasks.is_empty() {
-            return Ok(done);
-        }
+    let mut b = q.take(batch, lease).await?;
+    while !b.tasks.is_empty() {
         done += b.tasks.len();
-        q.ack(&b.tasks).await?;
+        b = match how {
+            Loop::TakeAck => {
+                q.ack(&b.tasks).await?;
+                q.take(batch, lease).await?
+            }
+            Loop::SettleTake => {
+                let ops: Vec<SettleOp> = b
+                    .tasks
+                    .iter()
+                    .map(|t| SettleOp::new(t, Settle::Ack))
+                    .collect();
+                q.settle_take(&ops, batch, lease).await?.1
+            }
+        };
     }
+    Ok(done)
 }
 
 /// Drains `q` with one taker per client (each with its own connection, as slots have),
@@ -227,11 +278,12 @@ async fn drain_with<'a>(
     clients: impl Iterator<Item = &'a QueueClient>,
     q: &Queue,
     batch: usize,
+    how: Loop,
 ) -> anyhow::Result<usize> {
     let mut handles = Vec::new();
     for c in clients {
         let q = c.queue_with(q.name(), q.limits())?;
-        handles.push(tokio::spawn(async move { drain(&q, batch).await }));
+        handles.push(tokio::spawn(async move { drain(&q, batch, how).await }));
     }
     let mut moved = 0;
     for h in handles {
@@ -303,11 +355,13 @@ async fn measure(
     let enqueue = bulk_enqueue(opts, q, bare, &tasks, payload, progress).await?;
     let clients = connect_takers(opts).await?;
     let take_ack = take_ack_rows(opts, q, bare, &clients, &tasks, payload, progress).await?;
+    let strong_bare = strong_rows(opts, &take_ack, q, bare, &clients, payload, progress).await?;
     let wakeup = wake_latency(opts, q, payload, progress).await?;
     let records = record_cost(opts, q, &clients, payload, progress).await?;
     Ok(BenchReport {
         enqueue,
         take_ack,
+        strong_bare,
         wakeup,
         records,
         payload_bytes: opts.payload_bytes,
@@ -386,7 +440,8 @@ async fn take_ack_rows(
                 ));
                 q.enqueue_many(count_tasks).await?;
                 let t = Instant::now();
-                let moved = drain_with(clients.iter().take(takers), q, batch).await?;
+                let moved =
+                    drain_with(clients.iter().take(takers), q, batch, Loop::TakeAck).await?;
                 g.push(t.elapsed());
                 anyhow::ensure!(moved == count, "gaffer drained {moved} of {count}");
 
@@ -405,6 +460,60 @@ async fn take_ack_rows(
         }
     }
     Ok(take_ack)
+}
+
+/// The strong bare loop for each take+ack row at batch 10 and over with the most takers,
+/// its rounds' median beside the row's gaffer figure (measured minutes before, on the
+/// same Redis: a ratio across a few seconds rather than alternating rounds).
+async fn strong_rows(
+    opts: &BenchOptions,
+    rows: &[TakeAck],
+    q: &Queue,
+    bare: &Bare,
+    clients: &[QueueClient],
+    payload: &[u8],
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<Vec<StrongRow>> {
+    let rounds = opts.rounds.max(1);
+    let most = clients.len();
+    let mut out = Vec::new();
+    for r in rows.iter().filter(|r| r.batch >= 10 && r.takers == most) {
+        let n = r.throughput.tasks;
+        let (mut rates, mut ks, mut combined) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 1..=rounds {
+            progress(&format!(
+                "settle+take in one call, batch {}, {most} takers, round {round}/{rounds}",
+                r.batch
+            ));
+            let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new(payload.to_vec())).collect();
+            q.enqueue_many(&tasks).await?;
+            let t = Instant::now();
+            let moved = drain_with(clients.iter(), q, r.batch, Loop::SettleTake).await?;
+            combined.push(per_s(n, t.elapsed()));
+            anyhow::ensure!(moved == n, "gaffer (settle+take) drained {moved} of {n}");
+            progress(&format!(
+                "bare loop, K in flight per taker, batch {}, {most} takers, round {round}/{rounds}",
+                r.batch
+            ));
+            let s = strong_bare(clients, bare, r.batch, r.throughput.tasks, payload).await?;
+            rates.push(s.per_s);
+            ks.push(s.k);
+        }
+        ks.sort_unstable();
+        let strong = median_f64(&rates);
+        let combined = median_f64(&combined);
+        out.push(StrongRow {
+            batch: r.batch,
+            takers: most,
+            gaffer_per_s: r.throughput.gaffer_per_s,
+            combined_per_s: combined,
+            strong_bare_per_s: strong,
+            k: ks[ks.len() / 2],
+            ratio: r.throughput.gaffer_per_s / strong,
+            combined_ratio: combined / strong,
+        });
+    }
+    Ok(out)
 }
 
 /// [`drain_with`] for the bare loop: one taker per client, all at once.
@@ -429,6 +538,80 @@ async fn bare_drain_with<'a>(
         moved += h.await??;
     }
     Ok(moved)
+}
+
+/// The K values tried for the strong bare loop: loops in flight per taker's connection.
+const STRONG_KS: [usize; 5] = [1, 2, 4, 8, 16];
+
+/// The strong bare loop's best figure and the K that gave it.
+#[derive(Debug, Clone, Copy)]
+struct StrongBare {
+    /// Tasks per second at the best K.
+    per_s: f64,
+    /// Loops in flight per taker at that figure.
+    k: usize,
+}
+
+/// The bare loop with K loops in flight on each taker's connection, for every K of
+/// [`STRONG_KS`] (each draining `n` tasks it filled first); the best.
+async fn strong_bare(
+    clients: &[QueueClient],
+    bare: &Bare,
+    batch: usize,
+    n: usize,
+    payload: &[u8],
+) -> anyhow::Result<StrongBare> {
+    let mut best = StrongBare { per_s: 0.0, k: 1 };
+    for k in STRONG_KS {
+        bare.fill(n, payload).await?;
+        let t = Instant::now();
+        let moved = bare_drain_k(clients, bare, batch, k).await?;
+        let rate = per_s(n, t.elapsed());
+        bare.delete().await?;
+        anyhow::ensure!(
+            moved == n,
+            "bare loop ({k} in flight) drained {moved} of {n}"
+        );
+        if rate > best.per_s {
+            best = StrongBare { per_s: rate, k };
+        }
+    }
+    Ok(best)
+}
+
+/// [`bare_drain_with`] with `k` loops at once on each client's connection (their calls
+/// pipelined on its socket).
+async fn bare_drain_k(
+    clients: &[QueueClient],
+    bare: &Bare,
+    batch: usize,
+    k: usize,
+) -> anyhow::Result<usize> {
+    let mut handles = Vec::new();
+    for c in clients {
+        for _ in 0..k {
+            let b = Bare {
+                conn: c.connection(),
+                ..bare.clone()
+            };
+            handles.push(tokio::spawn(async move {
+                let mut conn = b.conn.clone();
+                b.drain(&mut conn, batch).await
+            }));
+        }
+    }
+    let mut moved = 0;
+    for h in handles {
+        moved += h.await??;
+    }
+    Ok(moved)
+}
+
+/// The median of rates.
+fn median_f64(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The same queue work with records and without, alternating rounds; then the memory of
@@ -463,7 +646,7 @@ async fn record_cost(
                 q.enqueue_many(&tasks).await?;
                 enq.push(t.elapsed());
                 let t = Instant::now();
-                let moved = drain_with(clients.iter().take(2), q, 100).await?;
+                let moved = drain_with(clients.iter().take(2), q, 100, Loop::TakeAck).await?;
                 ta.push(t.elapsed());
                 anyhow::ensure!(moved == n, "drained {moved} of {n}");
                 q.delete_all().await?;
@@ -600,6 +783,25 @@ impl BenchReport {
                 &mut out,
                 format!("take+ack batch {:>3}, {} taker(s)", r.batch, r.takers),
                 &r.throughput,
+            );
+        }
+        for r in &self.strong_bare {
+            let _ = writeln!(
+                out,
+                "{:<34} {:>12.0} {:>12.0} {:>7.2}  (bare: {} loops in flight per taker)",
+                format!("take+ack batch {:>3}, strong bare", r.batch),
+                r.gaffer_per_s,
+                r.strong_bare_per_s,
+                r.ratio,
+                r.k
+            );
+            let _ = writeln!(
+                out,
+                "{:<34} {:>12.0} {:>12.0} {:>7.2}",
+                format!("settle+take batch {:>3}, strong bare", r.batch),
+                r.combined_per_s,
+                r.strong_bare_per_s,
+                r.combined_ratio,
             );
         }
         let _ = writeln!(

@@ -225,6 +225,9 @@ pub struct QueueConfig {
     /// Whether the queue accepts new tasks; the run-time switch (`gaffer intake`) wins
     /// over this while it is set.
     pub intake: Intake,
+    /// Whether a slot keeps one take in flight while its handler runs, so the next batch
+    /// is in hand when the handler finishes. Its lease runs from when it was taken.
+    pub prefetch: bool,
 }
 
 impl QueueConfig {
@@ -251,6 +254,7 @@ impl QueueConfig {
             max_result: DEFAULT_MAX_RESULT,
             dedup: Dedup::Active,
             intake: Intake::Open,
+            prefetch: false,
         }
     }
 

@@ -67,6 +67,7 @@ pub(crate) struct RawQueue {
     pub max_payload: S<Human<Size>>,
     pub user: S<String>,
     pub track: S<bool>,
+    pub prefetch: S<bool>,
     pub history_ttl: S<Human<Duration>>,
     pub max_result: S<Human<Size>>,
     pub dedup: S<String>,

@@ -724,3 +724,30 @@ fn api_key_errors_are_all_reported() {
         ]
     );
 }
+
+#[test]
+fn prefetch_is_off_by_default_and_on_where_a_batch_fits_its_lease() {
+    let c = parse("[queues.a]\nhandler = \"noop\"\n", "t.toml").unwrap();
+    assert!(!c.queues["a"].prefetch);
+    let c = parse(
+        "[queues.a]\nhandler = \"noop\"\nprefetch = true\nlease = \"1m\"\nmax_batch_time = \"1m\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    assert!(c.queues["a"].prefetch);
+}
+
+#[test]
+fn prefetch_is_refused_where_a_batch_may_outlive_its_lease() {
+    assert_eq!(
+        with_queue("prefetch = true\n"),
+        [
+            "t.toml:3:12: queues.a.prefetch: prefetch = true needs max_batch_time (10m) at most lease (5m): a prefetched batch's lease runs while the batch before it is handled"
+        ]
+    );
+    assert!(with_queue("prefetch = false\n").is_empty());
+    assert_eq!(
+        with_queue("prefetch = 1\n"),
+        ["t.toml:3:12: queues.a.prefetch: expected a boolean, found integer `1`"]
+    );
+}

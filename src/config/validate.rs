@@ -354,7 +354,26 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
     timing(c, q.path, &raw, &mut out);
     limits(c, &q, &raw, &mut out);
     records(c, q.path, &raw, &mut out);
+    prefetch(c, q.path, &raw, &mut out);
     out
+}
+
+/// `prefetch`: refused where a batch may run longer than a lease (`max_batch_time` over
+/// `lease`), since the prefetched batch's lease runs while the batch before it is handled.
+fn prefetch(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
+    let Some(p) = &raw.prefetch else { return };
+    out.prefetch = *p.get_ref();
+    if out.prefetch && out.max_batch_time > out.lease {
+        c.error(
+            p.span(),
+            &join(path, "prefetch"),
+            format!(
+                "prefetch = true needs max_batch_time ({}) at most lease ({}): a prefetched batch's lease runs while the batch before it is handled",
+                humantime::format_duration(out.max_batch_time),
+                humantime::format_duration(out.lease)
+            ),
+        );
+    }
 }
 
 /// `handler` and the keys that belong to one handler: what runs in the queue's slots.

@@ -110,8 +110,50 @@ pub enum SettleResult {
 }
 
 impl Queue {
+    /// Takes up to `n` due tasks, each leased for `lease`: highest priority first, FIFO
     /// within a priority. Expired leases and due delayed tasks are brought back first.
     pub async fn take(&self, n: usize, lease: Duration) -> Result<Batch, QueueError> {
+        let mut inv = self.invocation(&SCRIPTS.take);
+        for arg in self.take_args(n, lease)? {
+            inv.arg(arg);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        parse_take(reply)
+    }
+
+    /// Settles a handled batch and takes the next in one round trip: what a slot does in
+    /// its steady state. The settle is applied first, exactly as [`settle`](Self::settle)
+    /// applies it (a stale op is rejected and counted); then up to `n` tasks are taken as
+    /// [`take`](Self::take) takes them. `ops` must not be empty.
+    pub async fn settle_take(
+        &self,
+        ops: &[SettleOp],
+        n: usize,
+        lease: Duration,
+    ) -> Result<(Vec<SettleResult>, Batch), QueueError> {
+        if ops.is_empty() {
+            return Err(QueueError::Invalid(
+                "settle_take needs at least one op to settle".into(),
+            ));
+        }
+        let take_args = self.take_args(n, lease)?;
+        let checked = self.check_results(ops);
+        let ops = checked.as_deref().unwrap_or(ops);
+        let order = SettleOrder::of(ops);
+        let mut inv = self.invocation(&SCRIPTS.settle_take);
+        inv.arg(take_args.len());
+        for arg in take_args {
+            inv.arg(arg);
+        }
+        self.push_settle_args(&mut inv, ops, &order);
+        let mut conn = self.conn.clone();
+        let (settled, taken): (Vec<i64>, Vec<Value>) = inv.invoke_async(&mut conn).await?;
+        Ok((order.results(settled)?, parse_take(taken)?))
+    }
+
+    /// take.lua's arguments: n, lease, housekeeping limit, the worker, the record TTL.
+    fn take_args(&self, n: usize, lease: Duration) -> Result<[String; 6], QueueError> {
         if n == 0 || n > MAX_BATCH {
             return Err(QueueError::Invalid(format!(
                 "batch size must be 1 to {MAX_BATCH}, got {n}"
@@ -121,53 +163,15 @@ impl Queue {
         if lease_ms == 0 {
             return Err(QueueError::Invalid("lease must be at least 1ms".into()));
         }
-        let mut inv = self.invocation(&SCRIPTS.take);
         let (host, slot) = self.worker_args();
-        inv.arg(n)
-            .arg(lease_ms as u64)
-            .arg(HOUSEKEEPING_LIMIT.max(n))
-            .arg(host)
-            .arg(slot)
-            .arg(self.ttl_arg());
-        let mut conn = self.conn.clone();
-        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(3) {
-            return Err(QueueError::Protocol(format!(
-                "take returned {} values",
-                reply.len()
-            )));
-        }
-        let now_ms = int(&reply[0])?;
-        let token = int(&reply[1])? as u64;
-        if token == 0 {
-            let hint = int(&reply[2])?;
-            return Ok(Batch {
-                tasks: Vec::new(),
-                now_ms,
-                expires_ms: 0,
-                next_hint: (hint >= 0).then(|| Duration::from_millis(hint as u64)),
-            });
-        }
-        let expires_ms = int(&reply[2])?;
-        let mut tasks = Vec::with_capacity((reply.len() - 3) / 3);
-        let mut it = reply.into_iter().skip(3);
-        while let (Some(id), Some(att), Some(payload)) = (it.next(), it.next(), it.next()) {
-            tasks.push(LeasedTask {
-                id: string(&id)?,
-                attempt: int(&att)? as u32,
-                payload: match payload {
-                    Value::BulkString(b) => b,
-                    _ => Vec::new(),
-                },
-                token,
-            });
-        }
-        Ok(Batch {
-            tasks,
-            now_ms,
-            expires_ms,
-            next_hint: None,
-        })
+        Ok([
+            n.to_string(),
+            (lease_ms as u64).to_string(),
+            HOUSEKEEPING_LIMIT.max(n).to_string(),
+            host.to_string(),
+            slot,
+            self.ttl_arg().to_string(),
+        ])
     }
 
     /// Like [`take`](Self::take), but when nothing is due waits up to `max_wait` for an
@@ -222,14 +226,25 @@ impl Queue {
         order.results(reply)
     }
 
-    /// The settle script's call: its header, then the acks of first attempts, those of
-    /// later attempts, and the other ops, in `order`.
+    /// The settle script's call.
     fn settle_invocation(
         &self,
         ops: &[SettleOp],
         order: &SettleOrder,
     ) -> redis::ScriptInvocation<'static> {
         let mut inv = self.invocation(&SCRIPTS.settle);
+        self.push_settle_args(&mut inv, ops, order);
+        inv
+    }
+
+    /// settle.lua's arguments: its header, then the acks of first attempts, those of
+    /// later attempts, and the other ops, in `order`.
+    fn push_settle_args(
+        &self,
+        inv: &mut redis::ScriptInvocation<'_>,
+        ops: &[SettleOp],
+        order: &SettleOrder,
+    ) {
         let (host, slot) = self.worker_args();
         inv.arg(order.first.len())
             .arg(order.later.len())
@@ -244,9 +259,8 @@ impl Queue {
             inv.arg(&ops[i].id).arg(ops[i].token).arg(ops[i].attempt);
         }
         for &i in &order.others {
-            push_other_op(&mut inv, &ops[i]);
+            push_other_op(inv, &ops[i]);
         }
-        inv
     }
 
     /// The ops with every result over `max_result` turned into a fail naming the limit
@@ -277,6 +291,37 @@ impl Queue {
         )
     }
 
+    /// Hands leased tasks back unstarted, in one round trip: each goes back to the front
+    /// of its priority's list with no attempt counted, so the next take hands it out at
+    /// the same attempt. For a batch a slot took but will not run (it is stopping, or the
+    /// batch waited past its lease). Fenced like a settle: a lease no longer held is
+    /// left alone and reported stale.
+    pub async fn release(&self, tasks: &[LeasedTask]) -> Result<Vec<SettleResult>, QueueError> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.invocation(&SCRIPTS.release);
+        for t in tasks {
+            inv.arg(&t.id).arg(t.token).arg(t.attempt);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = inv.invoke_async(&mut conn).await?;
+        if reply.len() != tasks.len() {
+            return Err(QueueError::Protocol(format!(
+                "release of {} returned {} results",
+                tasks.len(),
+                reply.len()
+            )));
+        }
+        Ok(reply
+            .into_iter()
+            .map(|r| match r {
+                1 => SettleResult::Done,
+                _ => SettleResult::Stale,
+            })
+            .collect())
+    }
+
     /// Acks leased tasks (one round trip).
     pub async fn ack(&self, tasks: &[LeasedTask]) -> Result<Vec<SettleResult>, QueueError> {
         let ops: Vec<SettleOp> = tasks
@@ -298,6 +343,48 @@ impl Queue {
             .collect();
         self.settle(&ops).await
     }
+}
+
+/// take.lua's reply as a batch: `{now, token, expiry, id, attempt, payload, ...}`, or
+/// `{now, 0, hint}` when nothing was taken.
+fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
+    if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(3) {
+        return Err(QueueError::Protocol(format!(
+            "take returned {} values",
+            reply.len()
+        )));
+    }
+    let now_ms = int(&reply[0])?;
+    let token = int(&reply[1])? as u64;
+    if token == 0 {
+        let hint = int(&reply[2])?;
+        return Ok(Batch {
+            tasks: Vec::new(),
+            now_ms,
+            expires_ms: 0,
+            next_hint: (hint >= 0).then(|| Duration::from_millis(hint as u64)),
+        });
+    }
+    let expires_ms = int(&reply[2])?;
+    let mut tasks = Vec::with_capacity((reply.len() - 3) / 3);
+    let mut it = reply.into_iter().skip(3);
+    while let (Some(id), Some(att), Some(payload)) = (it.next(), it.next(), it.next()) {
+        tasks.push(LeasedTask {
+            id: string(&id)?,
+            attempt: int(&att)? as u32,
+            payload: match payload {
+                Value::BulkString(b) => b,
+                _ => Vec::new(),
+            },
+            token,
+        });
+    }
+    Ok(Batch {
+        tasks,
+        now_ms,
+        expires_ms,
+        next_hint: None,
+    })
 }
 
 /// Where each op goes in the settle script's arguments. Acks go first as (id, token)

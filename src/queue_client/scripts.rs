@@ -10,6 +10,8 @@ pub(crate) struct Scripts {
     pub enqueue: Script,
     pub take: Script,
     pub settle: Script,
+    pub settle_take: Script,
+    pub release: Script,
     pub stats: Script,
     pub dead_list: Script,
     pub dead_move: Script,
@@ -27,10 +29,25 @@ fn with_prelude(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
 }
 
+/// settle.lua and take.lua as two functions of one script, called by settle_take.lua:
+/// each body inside a function whose parameter `ARGV` shadows the script's, so the bodies
+/// are the files as they are (their record lines included) and cannot drift apart from
+/// the scripts that run alone.
+fn settle_then_take() -> Script {
+    Script::new(&format!(
+        "{PRELUDE}\nlocal function settle_part(ARGV)\n{}\nend\nlocal function take_part(ARGV)\n{}\nend\n{}",
+        include_str!("lua/settle.lua"),
+        include_str!("lua/take.lua"),
+        include_str!("lua/settle_take.lua"),
+    ))
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     enqueue: with_prelude(include_str!("lua/enqueue.lua")),
     take: with_prelude(include_str!("lua/take.lua")),
     settle: with_prelude(include_str!("lua/settle.lua")),
+    settle_take: settle_then_take(),
+    release: with_prelude(include_str!("lua/release.lua")),
     stats: with_prelude(include_str!("lua/stats.lua")),
     dead_list: with_prelude(include_str!("lua/dead_list.lua")),
     dead_move: with_prelude(include_str!("lua/dead_move.lua")),

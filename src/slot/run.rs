@@ -17,7 +17,8 @@ use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, Slot
 use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
 use crate::queue_client::{
-    Batch, LeasedTask, Queue, QueueClient, QueueLimits, Settle, SettleOp, SettleResult, Waiter,
+    Batch, LeasedTask, Queue, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult,
+    Waiter,
 };
 
 /// First pause after a failed attempt to reach Redis (or to settle).
@@ -233,6 +234,8 @@ async fn run(
         stop,
         stopping: false,
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
+        ahead: None,
+        recycle: None,
     }
     .serve()
     .await
@@ -260,31 +263,100 @@ struct Serving {
     stopping: bool,
     /// Pauses after failed takes and wake-up waits.
     backoff: Backoff,
+    /// The next batch, taken with the last one's settle or prefetched while the handler
+    /// ran.
+    ahead: Option<Taken>,
+    /// Set when the memory check before a settle said to recycle: the slot ends after
+    /// that settle, which therefore took nothing.
+    recycle: Option<End>,
+}
+
+/// A batch in hand and when its leases run out by this process's clock (counted from
+/// before the take was sent, so never later than Redis's).
+struct Taken {
+    batch: Batch,
+    lease_until: Instant,
+}
+
+impl Taken {
+    /// `batch`, taken by a call sent at `sent`.
+    fn new(batch: Batch, sent: Instant) -> Self {
+        let lease = Duration::from_millis((batch.expires_ms - batch.now_ms).max(0) as u64);
+        Taken {
+            batch,
+            lease_until: sent + lease,
+        }
+    }
 }
 
 impl Serving {
     async fn serve(mut self) -> End {
         loop {
             if self.stopping {
+                self.give_back_ahead().await;
                 return (EXIT_STOPPED, "asked to stop".into());
             }
-            let batch = match self.next_batch().await {
-                Ok(Some(batch)) => batch,
-                Ok(None) => continue,
-                Err(end) => return end,
+            let taken = match self.ahead.take() {
+                Some(taken) => match self.still_ours(taken).await {
+                    Some(taken) => taken,
+                    None => continue,
+                },
+                None => match self.next_batch().await {
+                    Ok(Some(taken)) => taken,
+                    Ok(None) => continue,
+                    Err(end) => return end,
+                },
             };
-            self.handle(batch).await;
-            if let Some(end) = self.over_memory_limit() {
+            self.handle(taken).await;
+            if let Some(end) = self.recycle.take() {
+                self.give_back_ahead().await;
                 return end;
             }
         }
     }
 
+    /// A batch taken ahead, checked before it reaches the handler: a slot asked to stop
+    /// meanwhile keeps it for [`give_back_ahead`](Self::give_back_ahead), and one whose
+    /// leases ran out while it waited (another taker may hold them now) goes back
+    /// unstarted rather than being run twice.
+    async fn still_ours(&mut self, taken: Taken) -> Option<Taken> {
+        if self.stop.is_cancelled() {
+            self.stopping = true;
+            self.ahead = Some(taken);
+            return None;
+        }
+        if Instant::now() >= taken.lease_until {
+            tracing::warn!(queue = %self.cfg.name, slot = self.slot, tasks = taken.batch.tasks.len(),
+                "a batch taken ahead outlived its lease before the handler was free; giving it back");
+            self.give_back(&taken.batch).await;
+            return None;
+        }
+        Some(taken)
+    }
+
+    /// Gives back the batch taken ahead, if any, unstarted: a stopping or recycling slot
+    /// leaves it to others at once, with no attempt counted.
+    async fn give_back_ahead(&mut self) {
+        if let Some(taken) = self.ahead.take() {
+            self.give_back(&taken.batch).await;
+        }
+    }
+
+    /// Hands a batch back to the queue unstarted; on failure its leases expire by
+    /// themselves.
+    async fn give_back(&self, batch: &Batch) {
+        if let Err(e) = self.queue.release(&batch.tasks).await {
+            tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                "giving back a batch failed; its tasks come back when their leases expire");
+        }
+    }
+
     /// Takes a batch; `None` after an empty take (having waited for work) or a failed one
     /// (having backed off).
-    async fn next_batch(&mut self) -> Result<Option<Batch>, End> {
+    async fn next_batch(&mut self) -> Result<Option<Taken>, End> {
         let name = &self.cfg.name;
         let slot = self.slot;
+        let sent = Instant::now();
         // take is not cancelled by SIGTERM: a cancelled take could have leased tasks
         // that nobody would handle until their lease ran out.
         let batch = match self
@@ -307,7 +379,7 @@ impl Serving {
             Err(e) => return Err((EXIT_FATAL, format!("take: {e}"))),
         };
         if !batch.tasks.is_empty() {
-            return Ok(Some(batch));
+            return Ok(Some(Taken::new(batch, sent)));
         }
         let wait = batch
             .next_hint
@@ -327,7 +399,8 @@ impl Serving {
 
     /// Hands the batch to the handler, extends its leases while it runs, settles the
     /// outcomes and reports the batch.
-    async fn handle(&mut self, batch: Batch) {
+    async fn handle(&mut self, taken: Taken) {
+        let Taken { batch, lease_until } = taken;
         let (slot, pid) = (self.slot, self.pid);
         let n = batch.tasks.len() as u32;
         self.reporter.send(&SlotEvent::BatchStarted {
@@ -338,7 +411,7 @@ impl Serving {
         let started = Instant::now();
         let (refused, tasks) = screen(&self.cfg, slot, &batch.tasks);
         let handled = tasks.len();
-        let (result, lease_until) = self.run_handler(&batch, tasks, started).await;
+        let (result, lease_until) = self.run_handler(&batch, tasks, lease_until).await;
         let busy = started.elapsed();
         let outcomes = match result {
             Ok(o) => o,
@@ -358,14 +431,7 @@ impl Serving {
             .iter()
             .filter(|op| !matches!(op.action, Settle::Ack))
             .count() as u32;
-        let stale = settle(
-            &self.queue,
-            &ops,
-            lease_until,
-            &self.stop,
-            &mut self.stopping,
-        )
-        .await;
+        let stale = self.settle_and_take(&ops, lease_until).await;
         self.reporter.send(&SlotEvent::BatchDone {
             slot,
             pid,
@@ -376,14 +442,48 @@ impl Serving {
         });
     }
 
+    /// Settles a handled batch. A slot that goes on (not stopping, not due to recycle)
+    /// and has no batch ahead yet takes its next batch in the same call, into `ahead`:
+    /// one round trip per batch. When that call fails, the settle is retried alone, as
+    /// always, and the next batch is taken the usual way. Returns the count of stale
+    /// settles.
+    async fn settle_and_take(&mut self, ops: &[SettleOp], lease_until: Instant) -> u32 {
+        self.recycle = self.over_memory_limit();
+        if !self.stopping && self.recycle.is_none() && self.ahead.is_none() {
+            let (n, lease) = (self.cfg.batch_size as usize, self.cfg.lease);
+            let sent = Instant::now();
+            match self.queue.settle_take(ops, n, lease).await {
+                Ok((results, next)) => {
+                    self.backoff.reset();
+                    if !next.tasks.is_empty() {
+                        self.ahead = Some(Taken::new(next, sent));
+                    }
+                    return count_stale(&results);
+                }
+                Err(e) => tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                    "settle and take failed; settling alone"),
+            }
+        }
+        settle(
+            &self.queue,
+            ops,
+            lease_until,
+            &self.stop,
+            &mut self.stopping,
+        )
+        .await
+    }
+
     /// Runs the handler on `tasks` (those of `batch` that passed [`screen`]), extending
-    /// the whole batch's leases every lease/3 meanwhile. Returns the handler's result and
-    /// when the leases run out.
+    /// the whole batch's leases every lease/3 of their run meanwhile (the first time
+    /// lease/3 after they were taken, which for a batch taken ahead may be at once), and
+    /// with `prefetch` taking the next batch into `ahead` while the handler works.
+    /// Returns the handler's result and when the leases run out.
     async fn run_handler(
         &mut self,
         batch: &Batch,
         tasks: Vec<Task>,
-        started: Instant,
+        mut lease_until: Instant,
     ) -> (HandleResult, Instant) {
         let lease = self.cfg.lease;
         // A batch refused whole never reaches the handler: handlers are not asked to
@@ -395,15 +495,25 @@ impl Serving {
         } else {
             self.worker.handle(tasks)
         };
+        let first_extension = lease_until
+            .checked_sub(lease - lease / 3)
+            .map_or_else(Instant::now, |t| t.max(Instant::now()));
         let mut extend_every = tokio::time::interval_at(
-            tokio::time::Instant::now() + lease / 3,
+            first_extension.into(),
             (lease / 3).max(Duration::from_millis(10)),
         );
         extend_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut lease_until = started + lease;
+        let mut fetching = self.cfg.prefetch && !self.stopping && self.ahead.is_none();
+        let fetch = prefetch(&self.queue, &self.cfg);
+        tokio::pin!(fetch);
+        let mut fetched = None;
         let result = loop {
             tokio::select! {
                 r = &mut reply => break r.unwrap_or_else(|_| Err(Panicked("handler thread ended".into()))),
+                r = &mut fetch, if fetching => {
+                    fetching = false;
+                    fetched = Some(r);
+                }
                 _ = extend_every.tick() => {
                     if extend(&self.queue, &batch.tasks, lease).await {
                         lease_until = Instant::now() + lease;
@@ -413,6 +523,18 @@ impl Serving {
                 () = self.stop.cancelled(), if !self.stopping => self.stopping = true,
             }
         };
+        // A take in flight is never dropped: it may have leased tasks.
+        if fetching {
+            fetched = Some(fetch.await);
+        }
+        if let Some((sent, r)) = fetched {
+            match r {
+                Ok(next) if !next.tasks.is_empty() => self.ahead = Some(Taken::new(next, sent)),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                    "prefetching the next batch failed"),
+            }
+        }
         (result, lease_until)
     }
 
@@ -517,6 +639,13 @@ fn settle_ops(cfg: &QueueConfig, tasks: &[LeasedTask], outcomes: Vec<Outcome>) -
         .collect()
 }
 
+/// The take a prefetching slot sends while its handler works (lazy: nothing is sent
+/// unless it is polled), with the moment it was sent.
+async fn prefetch(queue: &Queue, cfg: &QueueConfig) -> (Instant, Result<Batch, QueueError>) {
+    let sent = Instant::now();
+    (sent, queue.take(cfg.batch_size as usize, cfg.lease).await)
+}
+
 async fn extend(queue: &Queue, tasks: &[LeasedTask], lease: Duration) -> bool {
     let ops: Vec<SettleOp> = tasks
         .iter()
@@ -546,12 +675,7 @@ async fn settle(
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_SETTLE_BACKOFF);
     loop {
         match queue.settle(ops).await {
-            Ok(results) => {
-                return results
-                    .iter()
-                    .filter(|r| matches!(r, SettleResult::Stale))
-                    .count() as u32;
-            }
+            Ok(results) => return count_stale(&results),
             Err(e) if e.is_transient() && (!*stopping || Instant::now() < lease_until) => {
                 tracing::warn!(queue = queue.name(), error = %e, "settle failed, retrying");
                 tokio::select! {
@@ -566,6 +690,14 @@ async fn settle(
             }
         }
     }
+}
+
+/// How many settles were rejected as stale.
+fn count_stale(results: &[SettleResult]) -> u32 {
+    results
+        .iter()
+        .filter(|r| matches!(r, SettleResult::Stale))
+        .count() as u32
 }
 
 #[cfg(test)]

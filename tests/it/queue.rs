@@ -29,6 +29,8 @@ crate::harness::on_both!(
     bulk_enqueue_keeps_order_and_counts,
     mixed_settle_keeps_result_order,
     leased_tasks_found_by_exact_id,
+    settle_take_rejects_a_stale_token_and_takes_the_next_batch,
+    settle_take_settles_before_it_takes,
 );
 
 fn limits(max_attempts: u32) -> QueueLimits {
@@ -811,4 +813,94 @@ async fn mixed_settle_keeps_result_order(client: QueueClient, name: &str) {
         TaskState::Leased
     );
     assert_eq!(q.stats().await.unwrap().stale_total, 2);
+}
+
+/// The combined call of a slot's steady state fences its settle exactly as a settle alone
+/// does: the late holder's ack is refused, the new lease untouched, and the take half still
+/// hands out the next batch.
+async fn settle_take_rejects_a_stale_token_and_takes_the_next_batch(
+    client: QueueClient,
+    name: &str,
+) {
+    let q = client.queue_with(name, limits(5)).unwrap();
+    q.enqueue(NewTask::new("x").id("t1")).await.unwrap();
+    let first = q.take(10, Duration::from_millis(100)).await.unwrap();
+    assert_eq!(first.tasks.len(), 1);
+    let second = poll_some(Duration::from_secs(5), "task back after its lease", || {
+        let q = q.clone();
+        async move {
+            let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+            (!b.tasks.is_empty()).then_some(b)
+        }
+    })
+    .await;
+    assert_ne!(second.tasks[0].token, first.tasks[0].token);
+    q.enqueue_many(&[NewTask::new("y").id("t2"), NewTask::new("z").id("t3")])
+        .await
+        .unwrap();
+
+    let (results, next) = q
+        .settle_take(
+            &[SettleOp::new(&first.tasks[0], Settle::Ack)],
+            10,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(results, vec![SettleResult::Stale]);
+    let ids: Vec<&str> = next.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["t2", "t3"], "the take half hands out the next batch");
+    assert!(next.tasks.iter().all(|t| t.attempt == 1));
+    assert_ne!(next.tasks[0].token, second.tasks[0].token);
+
+    let info = q.find("t1").await.unwrap().unwrap();
+    assert_eq!(info.state, TaskState::Leased);
+    assert_eq!(info.lease_token, Some(second.tasks[0].token));
+    assert_eq!(info.at_ms, second.expires_ms, "the new lease is untouched");
+    assert_eq!(q.stats().await.unwrap().stale_total, 1);
+
+    // The current holders settle through the same call; nothing is left to take.
+    let mut ops: Vec<SettleOp> = next
+        .tasks
+        .iter()
+        .map(|t| SettleOp::new(t, Settle::Ack))
+        .collect();
+    ops.push(SettleOp::new(&second.tasks[0], Settle::Ack));
+    let (results, empty) = q
+        .settle_take(&ops, 10, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(results, vec![SettleResult::Done; 3]);
+    assert!(empty.tasks.is_empty());
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.acked_total, s.leased, s.ready), (3, 0, 0));
+}
+
+/// The settle half runs first: a task retried without delay is ready again for the take
+/// half of the same call, as its next attempt.
+async fn settle_take_settles_before_it_takes(client: QueueClient, name: &str) {
+    let q = client.queue_with(name, limits(5)).unwrap();
+    q.enqueue(NewTask::new("x").id("again")).await.unwrap();
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    let retry = Settle::Retry {
+        delay: Duration::ZERO,
+        priority: None,
+        reason: "once more".into(),
+    };
+    let (results, next) = q
+        .settle_take(
+            &[SettleOp::new(&b.tasks[0], retry)],
+            10,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert_eq!(results, vec![SettleResult::Done]);
+    assert_eq!(next.tasks.len(), 1);
+    assert_eq!(next.tasks[0].id, "again");
+    assert_eq!(next.tasks[0].attempt, 2);
+    assert!(matches!(
+        q.settle_take(&[], 10, Duration::from_secs(30)).await,
+        Err(QueueError::Invalid(_))
+    ));
 }

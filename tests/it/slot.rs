@@ -354,3 +354,154 @@ for line in sys.stdin:
     let small = q.record("small").await.unwrap().unwrap();
     assert_eq!(small.result, Some(serde_json::json!({"s": "xxx"})));
 }
+
+/// The (id, attempt) of every task a handler was handed, in order.
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, u32)>>>;
+
+/// Records every task it is handed and holds the batch until the test lets it go, so a
+/// test can act while the slot is busy (and, with `prefetch`, holds a batch ahead).
+struct Gate {
+    seen: Seen,
+    open: std::sync::mpsc::Receiver<()>,
+}
+
+impl Gate {
+    fn new() -> (Gate, Seen, std::sync::mpsc::Sender<()>) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, open) = std::sync::mpsc::channel();
+        (
+            Gate {
+                seen: seen.clone(),
+                open,
+            },
+            seen,
+            tx,
+        )
+    }
+}
+
+impl Handler for Gate {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Ok(Gate::new().0)
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        self.seen
+            .lock()
+            .unwrap()
+            .extend(batch.iter().map(|t| (t.id.clone(), t.attempt)));
+        // A test that dropped its sender lets every later batch through.
+        let _ = self.open.recv();
+        vec![Outcome::done(); batch.len()]
+    }
+}
+
+/// A prefetching queue of batch 1 with the given lease.
+fn prefetching(name: &str, lease: Duration) -> QueueConfig {
+    let mut cfg = QueueConfig::new(name, HandlerConfig::named(HandlerConfig::NOOP));
+    cfg.batch_size = 1;
+    cfg.prefetch = true;
+    cfg.lease = lease;
+    cfg.max_batch_time = lease;
+    cfg
+}
+
+#[tokio::test]
+async fn a_prefetched_batch_goes_back_on_sigterm_without_an_attempt_counted() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue("pf").unwrap();
+    q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
+        .await
+        .unwrap();
+    let (gate, seen, open) = Gate::new();
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let slot = {
+        let cfg = prefetching("pf", Duration::from_secs(30));
+        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
+    };
+    eventually(
+        Duration::from_secs(20),
+        "a in the handler, b prefetched",
+        || async { seen.lock().unwrap().len() == 1 && q.stats().await.unwrap().leased == 2 },
+    )
+    .await;
+    stop.cancel();
+    open.send(()).unwrap();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+
+    assert_eq!(*seen.lock().unwrap(), [("a".to_string(), 1)]);
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.acked_total, s.leased, s.ready), (1, 0, 1), "{s:?}");
+    let info = q.find("b").await.unwrap().unwrap();
+    assert_eq!(info.attempts, 0, "giving back counts no attempt");
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), 1);
+    assert_eq!((b.tasks[0].id.as_str(), b.tasks[0].attempt), ("b", 1));
+    let history = q.record("b").await.unwrap().unwrap().history.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| e.note.as_deref() == Some("returned unstarted") && e.attempt == 0),
+        "{history:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_prefetched_batch_whose_lease_ran_out_is_not_handled() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue("pl").unwrap();
+    q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
+        .await
+        .unwrap();
+    let (gate, seen, open) = Gate::new();
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let slot = {
+        // The batch in the handler has its lease extended; the one prefetched has not.
+        let cfg = prefetching("pl", Duration::from_millis(300));
+        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
+    };
+    eventually(
+        Duration::from_secs(20),
+        "a in the handler, b prefetched",
+        || async { seen.lock().unwrap().len() == 1 && q.stats().await.unwrap().leased == 2 },
+    )
+    .await;
+    // b's lease runs out while a is still handled, and another taker reclaims it.
+    let ours = crate::harness::poll_some(Duration::from_secs(10), "b reclaimed", || {
+        let q = q.clone();
+        async move {
+            let b = q.take(1, Duration::from_secs(30)).await.unwrap();
+            (!b.tasks.is_empty()).then_some(b)
+        }
+    })
+    .await;
+    assert_eq!((ours.tasks[0].id.as_str(), ours.tasks[0].attempt), ("b", 2));
+    drop(open);
+    eventually(Duration::from_secs(20), "a acked", || async {
+        q.stats().await.unwrap().acked_total == 1
+    })
+    .await;
+    // The slot goes on with new work; b never reached its handler, and our lease on it
+    // is intact.
+    q.enqueue(NewTask::new("3").id("c")).await.unwrap();
+    eventually(Duration::from_secs(20), "c acked", || async {
+        q.stats().await.unwrap().acked_total == 2
+    })
+    .await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [("a".to_string(), 1), ("c".to_string(), 1)]
+    );
+    assert_eq!(
+        q.ack(&ours.tasks).await.unwrap(),
+        vec![gaffer::queue_client::SettleResult::Done]
+    );
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+}

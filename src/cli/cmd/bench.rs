@@ -6,6 +6,7 @@ use clap::{Args, Subcommand};
 
 use crate::bench::BenchOptions;
 use crate::bench::api::ApiBenchOptions;
+use crate::bench::e2e::{E2eOptions, Prefetch};
 use crate::cli::{CliError, Global};
 
 /// Arguments of `gaffer bench`.
@@ -30,6 +31,19 @@ pub struct BenchArgs {
     /// Print the report as JSON
     #[arg(long)]
     pub json: bool,
+    /// End to end instead: a manager and a master with --slots no-op slots drain the tasks,
+    /// timed from the first ack to the last, beside both bare loops
+    #[arg(long)]
+    pub e2e: bool,
+    /// No-op slots of the end-to-end run (and bare takers beside them)
+    #[arg(long, default_value_t = 2, requires = "e2e")]
+    pub slots: u32,
+    /// Batch sizes of the end-to-end run, comma-separated
+    #[arg(long, value_delimiter = ',', default_value = "100", requires = "e2e")]
+    pub batch: Vec<usize>,
+    /// The end-to-end queue's slots prefetch (prefetch = true, lease and max_batch_time 30s)
+    #[arg(long, requires = "e2e")]
+    pub prefetch: bool,
 }
 
 /// `gaffer bench …`.
@@ -85,14 +99,58 @@ pub async fn run(global: &Global, args: BenchArgs) -> Result<(), CliError> {
         ..Default::default()
     };
     let tty = std::io::stderr().is_terminal();
-    let report = crate::bench::run(&opts, |what| {
+    let progress = |what: &str| {
         if tty {
             eprint!("\r\x1b[2Kbench: {what}");
         } else {
             eprintln!("bench: {what}");
         }
-    })
-    .await?;
+    };
+    if args.e2e {
+        return run_e2e(opts, &args, progress, tty).await;
+    }
+    let report = crate::bench::run(&opts, progress).await?;
+    if tty {
+        eprintln!();
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
+/// `gaffer bench --e2e`.
+async fn run_e2e(
+    base: BenchOptions,
+    args: &BenchArgs,
+    progress: impl FnMut(&str),
+    tty: bool,
+) -> Result<(), CliError> {
+    if let Some(&b) = args
+        .batch
+        .iter()
+        .find(|&&b| b == 0 || b > crate::queue_client::MAX_BATCH)
+    {
+        return Err(CliError::Usage(format!(
+            "--batch {b} is out of range: 1 to {}",
+            crate::queue_client::MAX_BATCH
+        )));
+    }
+    let opts = E2eOptions {
+        base,
+        exe: std::env::current_exe()
+            .map_err(|e| anyhow::anyhow!("finding this executable: {e}"))?,
+        slots: args.slots.max(1),
+        batches: args.batch.clone(),
+        prefetch: if args.prefetch {
+            Prefetch::On
+        } else {
+            Prefetch::Off
+        },
+    };
+    let report = crate::bench::e2e::run(&opts, progress).await?;
     if tty {
         eprintln!();
     }
