@@ -23,5 +23,6 @@ for i = 1, #ARGV, 3 do
   end
 end
 push_ready_grouped(pris, back, true)
+run_end(back)
 wake(#back)
 return res
