@@ -343,7 +343,12 @@ async fn run_roles(
             }
             _ = demo_tick.tick(), if demo.is_some() => {
                 if let Some(d) = demo.as_mut() {
-                    d.tick().await;
+                    // A tick waits on Redis (an outage: seconds per call); Ctrl-C must not
+                    // wait for it. Dropping it half done only pushes less demo load.
+                    tokio::select! {
+                        () = d.tick() => {}
+                        () = shutdown.cancelled() => return Ok(None),
+                    }
                 }
             }
         }
@@ -401,6 +406,9 @@ impl Stopper<'_> {
             Instant::now() + Duration::from_secs(5),
             Duration::from_secs(5),
         );
+        // Killed at the deadline once: a passed deadline stays ready, and without this the
+        // loop would spin sending SIGKILL (and saying so) until the exit is seen.
+        let mut killed = false;
         while role.child.is_some() {
             tokio::select! {
                 status = wait(&mut role.child) => {
@@ -414,7 +422,8 @@ impl Stopper<'_> {
                         role.signal(Signal::SIGKILL);
                     }
                 }
-                () = tokio::time::sleep_until(deadline) => {
+                () = tokio::time::sleep_until(deadline), if !killed => {
+                    killed = true;
                     eprintln!("gaffer up: the {} did not stop within {:?}, killing it", role.name, limit);
                     role.signal(Signal::SIGKILL);
                 }

@@ -75,6 +75,9 @@ impl ManagerOptions {
     }
 }
 
+/// How long a stopping manager waits to release its lease.
+const STEP_DOWN_WAIT: Duration = Duration::from_secs(2);
+
 /// Runs the manager until `shutdown` is cancelled (the binary's edge cancels it on SIGTERM
 /// or SIGINT); then it releases the lease so a standby takes over at once.
 pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -242,7 +245,7 @@ impl Manager {
         telemetry::started(&self.opts.id);
         loop {
             tokio::select! {
-                _ = tick.tick() => self.tick().await,
+                _ = tick.tick() => self.tick(shutdown).await,
                 () = shutdown.cancelled() => break,
             }
         }
@@ -251,10 +254,17 @@ impl Manager {
     /// Releases the lease if this manager leads, so a standby takes over at once rather
     /// than after the lease runs out.
     async fn step_down(&mut self) {
-        if self.leading
-            && let Err(e) = self.leadership.release(&mut self.conn).await
-        {
-            tracing::warn!(error = %e, "releasing the lease failed");
+        if !self.leading {
+            return;
+        }
+        // Bounded: a stop must not wait out an outage; the lease then simply runs out.
+        let release = self.leadership.release(&mut self.conn);
+        match tokio::time::timeout(STEP_DOWN_WAIT, release).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "releasing the lease failed"),
+            Err(_) => {
+                tracing::warn!(waited = ?STEP_DOWN_WAIT, "releasing the lease failed: redis did not answer")
+            }
         }
     }
 
@@ -263,10 +273,17 @@ impl Manager {
         u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    async fn tick(&mut self) {
+    /// One tick; a stop request cuts short its first two steps, the lease renewal and
+    /// the config read, which change nothing until they answer (during an outage they
+    /// wait out the response timeout, and the stop with them).
+    async fn tick(&mut self, shutdown: &CancellationToken) {
         let started = Instant::now();
         let was = self.leading;
-        self.leading = match self.leadership.renew(&mut self.conn).await {
+        let renewed = tokio::select! {
+            r = self.leadership.renew(&mut self.conn) => r,
+            () = shutdown.cancelled() => return,
+        };
+        self.leading = match renewed {
             Ok(l) => {
                 self.outage.answered();
                 let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
@@ -288,7 +305,10 @@ impl Manager {
             }
             .emit();
         }
-        self.adopt_published_config().await;
+        tokio::select! {
+            () = self.adopt_published_config() => {}
+            () = shutdown.cancelled() => return,
+        }
         if self.leading {
             if let Err(error) = self.decide().await {
                 TickFailed {

@@ -10,10 +10,11 @@ use serde::Serialize;
 
 use super::capacity::{self, Capacity, CapacityInput};
 use super::plan::SlotState;
-use super::supervisor::Master;
+use super::supervisor::{Master, STOPPING_REDIS_WAIT};
 use super::telemetry;
 use crate::cluster::{self, HostReport, QueueReport};
 use crate::host::sysinfo;
+use crate::queue_client::QueueError;
 
 /// What is measured and reported.
 pub(super) struct Reporting {
@@ -176,7 +177,16 @@ impl Master {
         telemetry::host_gauges(&report);
         self.publish_status(&report);
         let redis = &mut self.redis;
-        match cluster::publish_host(&mut redis.conn, &redis.keys, &report).await {
+        let publish = cluster::publish_host(&mut redis.conn, &redis.keys, &report);
+        let published = if self.stopping {
+            // Stopping, Redis is best effort: the slots' exits must not wait on it.
+            tokio::time::timeout(STOPPING_REDIS_WAIT, publish)
+                .await
+                .unwrap_or_else(|_| Err(QueueError::Connect("redis did not answer in time".into())))
+        } else {
+            publish.await
+        };
+        match published {
             Ok(()) => redis.outage.answered(),
             Err(e) => redis.outage.failed("publishing the host report failed", &e),
         }

@@ -21,10 +21,15 @@ use super::zygotes::Zygotes;
 use crate::cluster::{self, Keys, SlotMap};
 use crate::config::Config;
 use crate::host::proto::SlotEvent;
-use crate::queue_client::{OutageLog, QueueClient, RedisConn};
+use crate::queue_client::{OutageLog, QueueClient, QueueError, RedisConn};
 
 /// How stale `/status` may get behind slot and zygote events.
 const STATUS_REFRESH: Duration = Duration::from_millis(20);
+/// How long a stopping master waits on one Redis call (the draining report, the
+/// deregistration). One loop owns everything, so a call that waits out an outage holds
+/// back the slots' exits and the kills after `drain_timeout`: stopping, Redis is best
+/// effort.
+pub(super) const STOPPING_REDIS_WAIT: Duration = Duration::from_secs(1);
 
 /// Everything the loop reacts to.
 pub(super) enum Event {
@@ -75,6 +80,42 @@ pub(super) struct RedisLink {
     pub(super) keys: Keys,
     /// Redis outages, logged as spells.
     pub(super) outage: OutageLog,
+}
+
+/// One tick's reads of what the cluster asks, each with its own outcome.
+struct Fetched {
+    /// The slot map.
+    map: Result<Option<SlotMap>, QueueError>,
+    /// Whether an operator drains this host.
+    drained: Result<bool, QueueError>,
+    /// A config published after the adopted one.
+    published: Result<Option<cluster::Published>, QueueError>,
+}
+
+impl RedisLink {
+    /// Reads the map, the operator's drain set and any config published after
+    /// `config_version`; changes nothing, so a caller may drop it half done.
+    async fn fetch_orders(
+        &mut self,
+        host: &str,
+        config_version: u64,
+        custom: &[String],
+    ) -> Fetched {
+        use redis::AsyncCommands;
+        let map = cluster::read_map(&mut self.conn, &self.keys).await;
+        let drained = self
+            .conn
+            .sismember::<_, _, bool>(self.keys.draining(), host)
+            .await
+            .map_err(QueueError::from);
+        let published =
+            cluster::newer_config(&mut self.conn, &self.keys, config_version, custom).await;
+        Fetched {
+            map,
+            drained,
+            published,
+        }
+    }
 }
 
 /// What the cluster asks of this host, as last read from Redis.
@@ -175,19 +216,24 @@ async fn event_loop(
     let (hurry, reload) = (m.opts.hurry.clone(), m.opts.reload.clone());
     let mut buf = vec![0u8; 64 * 1024];
     loop {
+        // In order, not at random: a tick that waited on Redis (up to a second each while
+        // stopping, longer otherwise) finds the next one due at once, and at random it would
+        // win over every branch listed after it, holding slot exits back by many seconds.
+        // The tick is due once a second, so it cannot starve what comes after it.
         let event = tokio::select! {
-            _ = tick.tick() => Event::Tick,
+            biased;
+            () = shutdown.cancelled(), if !m.stopping => Event::Stop,
+            () = hurry.cancelled(), if !lp.hurried => Event::Hurry,
             Some(ev) = rx.recv() => ev,
             r = report_sock.recv(&mut buf) => match slot_datagram(r, &buf) {
                 Some(ev) => Event::Slot(ev),
                 None => continue,
             },
-            () = shutdown.cancelled(), if !m.stopping => Event::Stop,
-            () = hurry.cancelled(), if !lp.hurried => Event::Hurry,
+            _ = tick.tick() => Event::Tick,
             () = reload.requested() => Event::Reload,
             () = sleep_until(lp.refresh_at), if lp.refresh_at.is_some() => Event::RefreshStatus,
         };
-        m.handle(event, &mut lp).await;
+        m.handle(event, &mut lp, shutdown).await;
         if m.stopping && m.slots.procs.is_empty() {
             break;
         }
@@ -239,7 +285,9 @@ impl Master {
         }
     }
 
-    async fn handle(&mut self, event: Event, lp: &mut LoopState) {
+    /// Reacts to one event; `stop` is the caller's shutdown token, which cuts a tick's
+    /// reads of Redis short.
+    async fn handle(&mut self, event: Event, lp: &mut LoopState, stop: &CancellationToken) {
         if matches!(
             event,
             Event::Slot(_) | Event::Zygote(..) | Event::ZygoteGone(_)
@@ -255,7 +303,7 @@ impl Master {
             }
             Event::Tick => {
                 lp.refresh_at = None;
-                self.tick().await;
+                self.tick(stop).await;
                 if !lp.notified_ready && self.zygotes.current().is_some_and(|z| z.ready) {
                     lp.notified_ready = true;
                     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
@@ -280,18 +328,65 @@ impl Master {
         }
     }
 
-    async fn tick(&mut self) {
+    async fn tick(&mut self, stop: &CancellationToken) {
         self.restart_zygote_if_due().await;
-        self.read_map().await;
-        self.read_cluster_state().await;
+        // A stopping master follows no map and adopts no config. A stop request cuts the
+        // reads short: during an outage each call waits out its retries, and the drain must
+        // not start seconds late. Reads only, so dropping them half done loses nothing.
+        if !self.stopping {
+            let custom = self.opts.registry.custom_names();
+            let fetch =
+                self.redis
+                    .fetch_orders(&self.opts.host, self.orders.config_version, &custom);
+            let fetched = tokio::select! {
+                f = fetch => Some(f),
+                () = stop.cancelled() => None,
+            };
+            if let Some(fetched) = fetched {
+                self.apply_orders(fetched).await;
+            }
+        }
         self.measure();
         self.slots.watchdog(&self.opts.config, Instant::now());
         self.reconcile().await;
         self.report().await;
     }
 
-    async fn read_map(&mut self) {
-        let read = cluster::read_map(&mut self.redis.conn, &self.redis.keys).await;
+    /// Takes what [`RedisLink::fetch_orders`] read: the map, an operator's drain, a
+    /// published config.
+    async fn apply_orders(&mut self, fetched: Fetched) {
+        self.apply_map(fetched.map);
+        let redis = &mut self.redis;
+        match fetched.drained {
+            Ok(drained) if drained != self.orders.drain_requested => {
+                tracing::info!(host = %self.opts.host, drained, "operator drain changed");
+                self.orders.drain_requested = drained;
+            }
+            Ok(_) => {}
+            Err(e) => redis.outage.failed("reading the drain set failed", &e),
+        }
+        match fetched.published {
+            Ok(Some(published)) => {
+                let version = published.version;
+                self.orders.config_version = version;
+                match published.config {
+                    Ok(cfg) => {
+                        tracing::info!(version, "adopting the published config");
+                        self.adopt(cfg, published.source).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(version, error = %e, "cannot adopt the published config");
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) => redis
+                .outage
+                .failed("reading the published config failed", &e),
+        }
+    }
+
+    fn apply_map(&mut self, read: Result<Option<SlotMap>, QueueError>) {
         if read.is_ok() {
             self.redis.outage.answered();
         }
@@ -322,48 +417,6 @@ impl Master {
             }
             Ok(None) => {}
             Err(e) => self.redis.outage.failed("reading the slot map failed", &e),
-        }
-    }
-
-    /// Operator requests that reach the master through Redis: a drain of this host, a
-    /// config published with `gaffer config apply`.
-    async fn read_cluster_state(&mut self) {
-        use redis::AsyncCommands;
-        let redis = &mut self.redis;
-        match redis
-            .conn
-            .sismember::<_, _, bool>(redis.keys.draining(), &self.opts.host)
-            .await
-        {
-            Ok(drained) if drained != self.orders.drain_requested => {
-                tracing::info!(host = %self.opts.host, drained, "operator drain changed");
-                self.orders.drain_requested = drained;
-            }
-            Ok(_) => {}
-            Err(e) => redis
-                .outage
-                .failed("reading the drain set failed", &e.into()),
-        }
-        let custom = self.opts.registry.custom_names();
-        let version = self.orders.config_version;
-        match cluster::newer_config(&mut redis.conn, &redis.keys, version, &custom).await {
-            Ok(Some(published)) => {
-                let version = published.version;
-                self.orders.config_version = version;
-                match published.config {
-                    Ok(cfg) => {
-                        tracing::info!(version, "adopting the published config");
-                        self.adopt(cfg, published.source).await;
-                    }
-                    Err(e) => {
-                        tracing::error!(version, error = %e, "cannot adopt the published config");
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(e) => redis
-                .outage
-                .failed("reading the published config failed", &e),
         }
     }
 
@@ -422,10 +475,14 @@ impl Master {
         self.retire_idle_zygotes();
         self.zygotes.wait_all().await;
         let redis = &mut self.redis;
-        if let Err(e) =
-            cluster::deregister_host(&mut redis.conn, &redis.keys, &self.opts.host).await
-        {
-            tracing::warn!(error = %e, "deregistering the host failed");
+        let deregister = cluster::deregister_host(&mut redis.conn, &redis.keys, &self.opts.host);
+        match tokio::time::timeout(STOPPING_REDIS_WAIT, deregister).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "deregistering the host failed"),
+            // The manager judges the host dead by its silent heartbeat instead.
+            Err(_) => {
+                tracing::warn!(waited = ?STOPPING_REDIS_WAIT, "deregistering the host failed: redis did not answer")
+            }
         }
     }
 }

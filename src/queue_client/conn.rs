@@ -75,7 +75,8 @@ impl ConnectionLike for RedisConn {
 /// What it takes to open more connections of the same kind (for blocking waits).
 #[derive(Clone)]
 pub(crate) enum Target {
-    Single(Client),
+    // Boxed like the cluster's: with TLS a client carries its certificates.
+    Single(Box<Client>),
     Cluster(Box<ClusterClient>),
 }
 
@@ -124,7 +125,7 @@ pub(crate) async fn connect(
         .set_min_delay(Duration::from_millis(100))
         .set_max_delay(Duration::from_secs(1));
     let manager = ConnectionManager::new_with_config(client.clone(), cfg).await?;
-    Ok((RedisConn::Single(manager), Target::Single(client)))
+    Ok((RedisConn::Single(manager), Target::Single(Box::new(client))))
 }
 
 /// A client for `url` with the options' password.

@@ -4,6 +4,7 @@
 mod api;
 mod cli;
 mod config;
+mod drain;
 mod harness;
 mod host;
 mod invariants;
