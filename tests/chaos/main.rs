@@ -420,13 +420,18 @@ fn schedule(c: &mut Cluster, profile: &Profile, rng: &mut Rng) -> Vec<Fault> {
     let mut round: Vec<FaultKind> = Vec::new();
     loop {
         if round.is_empty() {
-            round = FaultKind::ALL.to_vec();
-            round.extend([
+            // Faults are taken from the back: every kind once first, each in a random
+            // order, then the extra slot faults, so a short phase cannot run out of time
+            // before a kind was injected at all.
+            let mut every = FaultKind::ALL.to_vec();
+            rng.shuffle(&mut every);
+            round = vec![
                 FaultKind::SlotKill,
                 FaultKind::SlotKill,
                 FaultKind::SlotStop,
-            ]);
+            ];
             rng.shuffle(&mut round);
+            round.extend(every);
         }
         let gap = Duration::from_millis(rng.range(profile.gap_ms.0, profile.gap_ms.1));
         let kind = round[round.len() - 1];

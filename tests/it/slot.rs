@@ -5,7 +5,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
 use gaffer::config::{Handler as HandlerConfig, QueueConfig, RetryPolicy};
-use gaffer::queue_client::{ConnectOptions, NewTask, QueueLimits};
+use gaffer::queue_client::{ConnectOptions, NewTask, QueueLimits, RecordState};
 use gaffer::slot::builtin::Sleep;
 use gaffer::slot::{
     EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotEvent, SlotSpec, Task, run_slot,
@@ -440,11 +440,12 @@ async fn a_prefetched_batch_goes_back_on_sigterm_without_an_attempt_counted() {
     let b = q.take(10, Duration::from_secs(30)).await.unwrap();
     assert_eq!(b.tasks.len(), 1);
     assert_eq!((b.tasks[0].id.as_str(), b.tasks[0].attempt), ("b", 1));
+    // The take handed back never ran: the history shows only the take that did.
     let history = q.record("b").await.unwrap().unwrap().history.unwrap();
-    assert!(
-        history
-            .iter()
-            .any(|e| e.note.as_deref() == Some("returned unstarted") && e.attempt == 0),
+    let entries: Vec<_> = history.iter().map(|e| (e.state, e.attempt)).collect();
+    assert_eq!(
+        entries,
+        [(RecordState::Waiting, 0), (RecordState::Running, 1)],
         "{history:?}"
     );
 }
