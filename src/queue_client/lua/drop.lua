@@ -11,7 +11,9 @@ for _, member in ipairs(redis.call('ZRANGE', K_ENDS, 0, -1)) do
   redis.call('DEL', ends_list(member))
 end
 redis.call('DEL', K_ENDS)
-redis.call('DEL', K_RUN)
+for _, member in ipairs(redis.call('ZRANGE', K_LEASED, 0, -1)) do
+  redis.call('DEL', run_key(lease_parts(member)))
+end
 for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
   local by = string.match(f, '^by:(.*)$')
   if by then redis.call('DEL', submitter_index(by)) end

@@ -18,7 +18,7 @@ for i = 1, #ARGV, 3 do
   end
 end
 push_ready_grouped(pris, back, true)
--- The take's running entries are still only in K_RUN: they go unwritten, so the record
+-- The take's running entries are still beside the records: they go unwritten, so the record
 -- keeps no trace of a take that never ran and counted no attempt.
 run_end(back)
 wake(#back)

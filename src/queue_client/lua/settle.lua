@@ -49,8 +49,6 @@ local function dead_letter(id, attempt, err)
 end
 
 local res, acked, acked_members, later, settled = {}, {}, {}, {}, {}
--- Every task whose attempt ends here, for K_RUN.
-local ended_ids = {}
 -- Acks of the fast path, recorded together; attempts known only for first attempts.
 local fast_done, fast_att = {}, {}
 local n_stale, n_retried, n_dead, n_woken = 0, 0, 0, 0
@@ -61,7 +59,6 @@ for i = 1, k do
     n_stale = n_stale + 1
   else
     settled[id] = true
-    ended_ids[#ended_ids + 1] = id
     acked[#acked + 1] = id
     acked_members[#acked_members + 1] = members[i]
     if i > k1 then later[#later + 1] = id end
@@ -81,7 +78,6 @@ for i = k + 1, k + m do
     res[i] = 1
   elseif kind == 'd' then
     settled[id] = true
-    ended_ids[#ended_ids + 1] = id
     acked[#acked + 1] = id
     acked_members[#acked_members + 1] = members[i]
     later[#later + 1] = id
@@ -89,7 +85,6 @@ for i = k + 1, k + m do
     res[i] = 1
   else
     settled[id] = true
-    ended_ids[#ended_ids + 1] = id
     redis.call('ZREM', K_LEASED, members[i])
     redis.call('HSET', K_ATT, id, attempt)
     if kind == 'f' then
@@ -134,7 +129,6 @@ for i = k + 1, k + m do
   end
 end
 if tracked then record_done_many(fast_done, now, fast_att, host, slot, ttl) end
-run_end(ended_ids)
 if #acked > 0 then
   bulk('ZREM', K_LEASED, acked_members)
   bulk('HDEL', K_PAYLOAD, acked)
