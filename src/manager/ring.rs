@@ -5,7 +5,7 @@
 //!
 //! The leading manager writes it from its tick: [`Recorder`] turns the samples the
 //! statistics window already takes into one [`Period`] each time a period has passed
-//! (pure, time as a value), and [`write`] pushes it to the rings, trimmed to
+//! (pure, time as a value), and [`write()`] pushes it to the rings, trimmed to
 //! [`RING_LEN`] entries. Entries are short text lines, newest first:
 //! `end_ms seconds arrived processed busy_seconds` for a queue, `end_ms seconds hosts
 //! capacity` for the hosts. A manager that takes over starts its own periods; two
