@@ -1,0 +1,115 @@
+//! Redis over TLS: a TLS-only redis-server the harness starts with certificates it makes
+//! with openssl, reached with `rediss://` and `[cluster]`'s CA, certificate and key files.
+
+use std::time::Duration;
+
+use gaffer::queue_client::{
+    ConnectOptions, NewTask, PemFile, PemKind, QueueClient, QueueError, TlsFiles,
+};
+
+use crate::harness::{ClientAuth, TestCerts, TlsRedis};
+
+/// Connect options trusting `ca` of `certs`, with the client certificate when asked.
+fn options(certs: &TestCerts, ca: &str, client_cert: bool) -> ConnectOptions {
+    let pem = |name: &str, kind| PemFile::read(&certs.path(name), kind).unwrap();
+    let client = client_cert.then(|| {
+        (
+            pem("client.crt", PemKind::Certificates),
+            pem("client.key", PemKind::PrivateKey),
+        )
+    });
+    ConnectOptions {
+        tls: Some(TlsFiles {
+            ca: Some(pem(ca, PemKind::Certificates)),
+            client,
+        }),
+        ..ConnectOptions::default()
+    }
+}
+
+async fn connect(server: &TlsRedis, opts: &ConnectOptions) -> Result<QueueClient, QueueError> {
+    QueueClient::connect(&server.url(), "test", opts).await
+}
+
+/// What a refused connection said; a connection that worked fails the test.
+async fn refusal(server: &TlsRedis, opts: &ConnectOptions) -> QueueError {
+    match connect(server, opts).await {
+        Ok(_) => panic!("connected to {} though it should be refused", server.url()),
+        Err(e) => e,
+    }
+}
+
+#[tokio::test]
+async fn a_task_goes_round_over_tls_with_a_private_ca() {
+    let certs = TestCerts::generate();
+    let server = TlsRedis::start(&certs, "server.crt", ClientAuth::Optional);
+    let client = connect(&server, &options(&certs, "ca.crt", false))
+        .await
+        .expect("connect over TLS with the CA file");
+    let q = client.queue("tls").unwrap();
+    q.enqueue(NewTask::new("{}").id("t1")).await.unwrap();
+    let batch = q.take(10, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(batch.tasks.len(), 1);
+    q.ack(&batch.tasks).await.unwrap();
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 1));
+}
+
+#[tokio::test]
+async fn a_server_signed_by_another_ca_is_not_trusted() {
+    let certs = TestCerts::generate();
+    let server = TlsRedis::start(&certs, "server.crt", ClientAuth::Optional);
+    let err = refusal(&server, &options(&certs, "other-ca.crt", false)).await;
+    let text = err.to_string();
+    assert!(matches!(err, QueueError::Certificate(_)), "{text}");
+    assert!(!err.is_transient(), "retrying cannot fix a CA: {text}");
+    assert!(text.contains("certificate is not trusted"), "{text}");
+    assert!(text.contains("redis_ca_file"), "{text}");
+    assert!(text.contains("other-ca.crt"), "{text}");
+}
+
+#[tokio::test]
+async fn an_expired_server_certificate_is_reported_expired() {
+    let certs = TestCerts::generate();
+    let server = TlsRedis::start(&certs, "expired.crt", ClientAuth::Optional);
+    let err = refusal(&server, &options(&certs, "ca.crt", false)).await;
+    let text = err.to_string();
+    assert!(matches!(err, QueueError::Certificate(_)), "{text}");
+    assert!(text.contains("certificate has expired"), "{text}");
+}
+
+#[tokio::test]
+async fn a_server_requiring_client_certificates_takes_ours() {
+    let certs = TestCerts::generate();
+    let server = TlsRedis::start(&certs, "server.crt", ClientAuth::Required);
+    // Without one the server hangs up during or right after the handshake.
+    assert!(
+        connect(&server, &options(&certs, "ca.crt", false))
+            .await
+            .is_err()
+    );
+    let client = connect(&server, &options(&certs, "ca.crt", true))
+        .await
+        .expect("connect with the client certificate");
+    let q = client.queue("mtls").unwrap();
+    q.enqueue(NewTask::new("{}").id("t1")).await.unwrap();
+    assert_eq!(q.stats().await.unwrap().ready, 1);
+}
+
+#[test]
+fn a_file_without_pem_of_its_kind_is_refused_naming_it() {
+    let certs = TestCerts::generate();
+    let err = PemFile::read(&certs.path("ca.crt"), PemKind::PrivateKey)
+        .err()
+        .expect("a certificate is no private key");
+    let text = err.to_string();
+    assert!(
+        text.contains("ca.crt") && text.contains("no PEM private key"),
+        "{text}"
+    );
+    let missing = certs.path("missing.crt");
+    let err = PemFile::read(&missing, PemKind::Certificates)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("cannot read") && err.to_string().contains("missing.crt"));
+}
