@@ -113,3 +113,65 @@ fn a_file_without_pem_of_its_kind_is_refused_naming_it() {
         .unwrap();
     assert!(err.to_string().contains("cannot read") && err.to_string().contains("missing.crt"));
 }
+
+/// Runs `gaffer ARGS` with a config whose `[cluster]` is `cluster` plus one queue.
+fn gaffer(dir: &std::path::Path, cluster: &str, args: &[&str]) -> std::process::Output {
+    let config = dir.join("config.toml");
+    let text =
+        format!("[cluster]\nnamespace = \"tlscli\"\n{cluster}\n[queues.q]\nhandler = \"noop\"\n");
+    std::fs::write(&config, text).unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&config)
+        .args(args)
+        .env_remove("GAFFER_LOG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_cli_reads_the_tls_files_of_the_config() {
+    let certs = TestCerts::generate();
+    let server = TlsRedis::start(&certs, "server.crt", ClientAuth::Required);
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = format!(
+        "redis = {:?}\nredis_ca_file = {:?}\nredis_cert_file = {:?}\nredis_key_file = {:?}",
+        server.url(),
+        certs.path("ca.crt").display().to_string(),
+        certs.path("client.crt").display().to_string(),
+        certs.path("client.key").display().to_string(),
+    );
+    let o = gaffer(dir.path(), &cluster, &["stats", "--json"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(!stderr.contains("verification is off"), "{stderr}");
+    let stats: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(stats.is_object(), "{stats}");
+
+    let missing = certs.path("nowhere.pem").display().to_string();
+    let cluster = format!("redis = {:?}\nredis_ca_file = {missing:?}", server.url());
+    let o = gaffer(dir.path(), &cluster, &["stats", "--json"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("[cluster].redis_ca_file") && stderr.contains(&missing),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn insecure_warns_at_start_naming_the_risk() {
+    let certs = TestCerts::generate();
+    let server = TlsRedis::start(&certs, "server.crt", ClientAuth::Optional);
+    let dir = tempfile::tempdir().unwrap();
+    // No CA file: only #insecure lets the private CA's certificate through.
+    let cluster = format!("redis = \"{}#insecure\"", server.url());
+    let o = gaffer(dir.path(), &cluster, &["stats", "--json"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("tls certificate verification is off"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("risk="), "{stderr}");
+}
