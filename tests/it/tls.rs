@@ -7,7 +7,7 @@ use gaffer::queue_client::{
     ConnectOptions, NewTask, PemFile, PemKind, QueueClient, QueueError, TlsFiles,
 };
 
-use crate::harness::{ClientAuth, TestCerts, TlsRedis};
+use crate::harness::{ANY_LOAD, ClientAuth, TestCerts, TlsRedis, eventually};
 
 /// Connect options trusting `ca` of `certs`, with the client certificate when asked.
 fn options(certs: &TestCerts, ca: &str, client_cert: bool) -> ConnectOptions {
@@ -174,4 +174,82 @@ fn insecure_warns_at_start_naming_the_risk() {
         "{stderr}"
     );
     assert!(stderr.contains("risk="), "{stderr}");
+}
+
+/// Daemons killed on drop.
+struct Daemons(Vec<std::process::Child>);
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_manager_and_a_master_run_tasks_over_tls() {
+    let certs = TestCerts::generate();
+    let server = TlsRedis::start(&certs, "server.crt", ClientAuth::Required);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let text = format!(
+        "[cluster]\nredis = {:?}\nnamespace = \"test\"\nredis_ca_file = {:?}\n\
+         redis_cert_file = {:?}\nredis_key_file = {:?}\n\n\
+         [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"2s\"\n\n\
+         [queues.q]\nhandler = \"noop\"\nmin_slots = 2\n",
+        server.url(),
+        certs.path("ca.crt").display().to_string(),
+        certs.path("client.crt").display().to_string(),
+        certs.path("client.key").display().to_string(),
+    );
+    std::fs::write(&config, text).unwrap();
+    let daemon = |args: &[&str], log: &str, http_env: &str| {
+        let http = gaffer::redis_server::free_port().unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .env("GAFFER_LOG", "info")
+            .env(ANY_LOAD.0, ANY_LOAD.1)
+            .env(http_env, format!("127.0.0.1:{http}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join(log)).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let _daemons = Daemons(vec![
+        daemon(&["manager"], "manager.log", "GAFFER_MANAGER_HTTP"),
+        daemon(
+            &["master", "--host", "h1"],
+            "master.log",
+            "GAFFER_MASTER_HTTP",
+        ),
+    ]);
+    // The slots connect with the files their master read: the zygote hands them over.
+    let client = connect(&server, &options(&certs, "ca.crt", true))
+        .await
+        .unwrap();
+    let q = client.queue("q").unwrap();
+    let tasks: Vec<NewTask> = (0..20)
+        .map(|i| NewTask::new(format!("{{\"n\":{i}}}")))
+        .collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let log = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
+    eventually(
+        Duration::from_secs(60),
+        "slots ack every task over TLS",
+        || {
+            let q = q.clone();
+            async move { q.stats().await.is_ok_and(|s| s.acked_total == 20) }
+        },
+    )
+    .await;
+    assert!(
+        !log("master.log").contains("ERROR"),
+        "{}",
+        log("master.log")
+    );
 }
