@@ -189,7 +189,7 @@ impl Drop for Daemons {
 }
 
 #[tokio::test]
-async fn a_manager_and_a_master_run_tasks_over_tls() {
+async fn a_manager_a_master_and_the_api_run_tasks_over_tls() {
     let certs = TestCerts::generate();
     let server = TlsRedis::start(&certs, "server.crt", ClientAuth::Required);
     let dir = tempfile::tempdir().unwrap();
@@ -198,11 +198,13 @@ async fn a_manager_and_a_master_run_tasks_over_tls() {
         "[cluster]\nredis = {:?}\nnamespace = \"test\"\nredis_ca_file = {:?}\n\
          redis_cert_file = {:?}\nredis_key_file = {:?}\n\n\
          [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"2s\"\n\n\
-         [queues.q]\nhandler = \"noop\"\nmin_slots = 2\n",
+         [queues.q]\nhandler = \"noop\"\nmin_slots = 2\n\n\
+         [api.keys.shop]\ntoken_sha256 = {:?}\nqueues = [\"q\"]\n",
         server.url(),
         certs.path("ca.crt").display().to_string(),
         certs.path("client.crt").display().to_string(),
         certs.path("client.key").display().to_string(),
+        gaffer::api::hash_token(TOKEN),
     );
     std::fs::write(&config, text).unwrap();
     let daemon = |args: &[&str], log: &str, http_env: &str| {
@@ -252,4 +254,37 @@ async fn a_manager_and_a_master_run_tasks_over_tls() {
         "{}",
         log("master.log")
     );
+
+    // The api, connected with the same files, submits a task the slots then run.
+    let cfg = gaffer::config::load(&config).unwrap();
+    let mut api = gaffer::api::ApiOptions::new(cfg, server.url());
+    api.connect = options(&certs, "ca.crt", true);
+    api.listen = Some("127.0.0.1:0".parse().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(gaffer::api::run(api, stop.clone(), Some(tx)));
+    let addr = rx.await.expect("the api binds over TLS");
+    let (status, body) = crate::api::request(
+        addr,
+        "POST",
+        "/v1/queues/q/tasks",
+        Some(TOKEN),
+        Some(br#"{"payload":{}}"#),
+    )
+    .await;
+    assert!(
+        (200..300).contains(&status),
+        "{status} {}",
+        String::from_utf8_lossy(&body)
+    );
+    eventually(Duration::from_secs(60), "slots ack the api's task", || {
+        let q = q.clone();
+        async move { q.stats().await.is_ok_and(|s| s.acked_total == 21) }
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
 }
+
+/// The api token of the end-to-end test.
+const TOKEN: &str = "tls-test-token-0123456789abcdef";
