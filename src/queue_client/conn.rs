@@ -199,19 +199,7 @@ pub(crate) async fn connect(
     let mut probe = client
         .get_multiplexed_async_connection_with_config(&probe_cfg)
         .await
-        .map_err(|e| {
-            if e.kind() == redis::ErrorKind::AuthenticationFailed {
-                QueueError::Redis(e)
-            } else if let Some(cert) = certificate_error(&e) {
-                QueueError::Certificate(format!(
-                    "{}: {}",
-                    redacted(url),
-                    certificate_reason(&cert, opts)
-                ))
-            } else {
-                QueueError::Connect(format!("{}: {e}", redacted(url)))
-            }
-        })?;
+        .map_err(|e| connect_error(url, e, opts))?;
     let cluster_info: String = redis::cmd("INFO")
         .arg("cluster")
         .query_async(&mut probe)
@@ -263,6 +251,22 @@ fn client(url: &str, opts: &ConnectOptions) -> Result<(Client, redis::Connection
     Ok((client, info))
 }
 
+/// A failed connection as callers tell them apart: a refused password or certificate
+/// (waiting cannot fix either) from an outage.
+fn connect_error(url: &str, e: redis::RedisError, opts: &ConnectOptions) -> QueueError {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        QueueError::Redis(e)
+    } else if let Some(cert) = certificate_error(&e) {
+        QueueError::Certificate(format!(
+            "{}: {}",
+            redacted(url),
+            certificate_reason(&cert, opts)
+        ))
+    } else {
+        QueueError::Connect(format!("{}: {e}", redacted(url)))
+    }
+}
+
 /// What rustls said about the server's certificate, if that is what failed the connection.
 /// Read from the message: the redis crate keeps the rustls error behind an `io::Error`
 /// whose `source` skips it, so no downcast reaches it; the TLS tests pin the wording.
@@ -305,7 +309,7 @@ pub async fn pubsub(url: &str, opts: &ConnectOptions) -> Result<redis::aio::PubS
     let pubsub = tokio::time::timeout(opts.connect_timeout, client.get_async_pubsub())
         .await
         .map_err(|_| QueueError::Connect(format!("{}: timed out", redacted(url))))?
-        .map_err(|e| QueueError::Connect(format!("{}: {e}", redacted(url))))?;
+        .map_err(|e| connect_error(url, e, opts))?;
     Ok(pubsub)
 }
 
