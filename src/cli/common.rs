@@ -6,7 +6,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::config::{self, Config, ConfigError};
-use crate::queue_client::{ConnectOptions, Queue, QueueClient, QueueError, QueueLimits};
+use crate::queue_client::{
+    ConnectOptions, PemFile, PemKind, Queue, QueueClient, QueueError, QueueLimits, TlsFiles,
+    redacted,
+};
 use crate::slot::Registry;
 
 /// A command's failure, sorted by exit code.
@@ -146,8 +149,45 @@ impl Global {
             })?;
             opts.password = Some(pw.trim_end_matches(['\n', '\r']).to_string());
         }
+        opts.tls = tls_files(cfg)?;
+        warn_if_insecure(&url);
         Ok((url, opts))
     }
+}
+
+/// `#insecure` turns certificate checks off: said at every start, so it is not forgotten
+/// in production.
+fn warn_if_insecure(url: &str) {
+    if url.starts_with("rediss://") && url.ends_with("#insecure") {
+        tracing::warn!(
+            redis = %redacted(url),
+            risk = "anyone on the path can read and change queue traffic",
+            "tls certificate verification is off (#insecure)"
+        );
+    }
+}
+
+/// The TLS files of `[cluster]`, read once; a file that is missing, unreadable or holds no
+/// PEM of its kind is bad usage naming the key and the file.
+fn tls_files(cfg: &Config) -> Result<Option<TlsFiles>, CliError> {
+    let c = &cfg.cluster;
+    let read = |key: &str, path: &std::path::Path, kind: PemKind| {
+        PemFile::read(path, kind).map_err(|e| CliError::Usage(format!("[cluster].{key}: {e}")))
+    };
+    let ca = c
+        .redis_ca_file
+        .as_deref()
+        .map(|p| read("redis_ca_file", p, PemKind::Certificates))
+        .transpose()?;
+    let client = match (&c.redis_cert_file, &c.redis_key_file) {
+        (Some(cert), Some(key)) => Some((
+            read("redis_cert_file", cert, PemKind::Certificates)?,
+            read("redis_key_file", key, PemKind::PrivateKey)?,
+        )),
+        // Config validation refuses one without the other.
+        _ => None,
+    };
+    Ok((ca.is_some() || client.is_some()).then_some(TlsFiles { ca, client }))
 }
 
 /// A handle on a queue of the config, with the config's limits; a queue the config does

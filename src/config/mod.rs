@@ -116,6 +116,14 @@ pub struct ClusterConfig {
     /// File holding the Redis password, kept out of the config so the config can be shared.
     /// A relative path is taken relative to the working directory.
     pub redis_password_file: Option<PathBuf>,
+    /// PEM bundle of the CAs a `rediss://` server's certificate must chain to, instead of
+    /// the system roots (a private CA).
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for servers that require one; set with
+    /// `redis_key_file` or not at all.
+    pub redis_cert_file: Option<PathBuf>,
+    /// PEM private key of `redis_cert_file`.
+    pub redis_key_file: Option<PathBuf>,
 }
 
 impl Default for ClusterConfig {
@@ -124,6 +132,9 @@ impl Default for ClusterConfig {
             redis: None,
             namespace: String::from("gaffer"),
             redis_password_file: None,
+            redis_ca_file: None,
+            redis_cert_file: None,
+            redis_key_file: None,
         }
     }
 }

@@ -24,6 +24,9 @@ pub(crate) struct RawCluster {
     pub redis: S<String>,
     pub namespace: S<String>,
     pub redis_password_file: S<String>,
+    pub redis_ca_file: S<String>,
+    pub redis_cert_file: S<String>,
+    pub redis_key_file: S<String>,
 }
 
 #[derive(Debug, Deserialize)]

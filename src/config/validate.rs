@@ -240,7 +240,59 @@ fn cluster(c: &mut Collector, raw: RawCluster) -> ClusterConfig {
         }
         out.redis_password_file = Some(PathBuf::from(file.into_inner()));
     }
+    let tls = [raw.redis_ca_file, raw.redis_cert_file, raw.redis_key_file];
+    cluster_tls(c, tls, &mut out);
     out
+}
+
+/// The TLS files of `[cluster]`: paths only (read when connecting, as the password file),
+/// a client certificate with its key or neither, and a URL that can carry TLS.
+fn cluster_tls(c: &mut Collector, files: [S<String>; 3], out: &mut ClusterConfig) {
+    let [ca, cert, key] = files;
+    let keys = [
+        ("cluster.redis_ca_file", &ca),
+        ("cluster.redis_cert_file", &cert),
+        ("cluster.redis_key_file", &key),
+    ];
+    for (key, file) in keys {
+        if let Some(f) = file
+            && f.get_ref().trim().is_empty()
+        {
+            c.error(f.span(), key, "must not be empty");
+        }
+    }
+    match (&cert, &key) {
+        (Some(cert), None) => c.error(
+            cert.span(),
+            "cluster.redis_cert_file",
+            "a client certificate needs its key: set cluster.redis_key_file too, or neither",
+        ),
+        (None, Some(key)) => c.error(
+            key.span(),
+            "cluster.redis_key_file",
+            "a client key needs its certificate: set cluster.redis_cert_file too, or neither",
+        ),
+        _ => {}
+    }
+    let plain_url = out
+        .redis
+        .as_deref()
+        .is_some_and(|u| !u.starts_with("rediss://"));
+    if plain_url
+        && let Some((name, f)) = keys
+            .iter()
+            .find_map(|(name, f)| f.as_ref().map(|f| (*name, f)))
+    {
+        c.error(
+            f.span(),
+            name,
+            "these TLS files need a rediss:// url in cluster.redis",
+        );
+    }
+    let path = |f: S<String>| f.map(|f| PathBuf::from(f.into_inner()));
+    out.redis_ca_file = path(ca);
+    out.redis_cert_file = path(cert);
+    out.redis_key_file = path(key);
 }
 
 fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{self, Config};
 use crate::host::handler::{Handler, Registry};
 use crate::host::proto::{EXIT_FATAL, SlotSpec};
-use crate::queue_client::ConnectOptions;
+use crate::queue_client::{ConnectOptions, TlsFiles};
 // The one place the master's side names `slot`: the forked child becomes a slot.
 use crate::slot::slot_main;
 
@@ -48,6 +48,9 @@ pub struct ZygoteInit {
     pub redis_url: String,
     /// The Redis password, when it comes from a file.
     pub password: Option<String>,
+    /// The `[cluster]` TLS files as the master read them.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
     /// The host's name, as task records show where an attempt ran.
     #[serde(default)]
     pub host: String,
@@ -328,6 +331,7 @@ fn child_main(
         .map(|fd| unsafe { UnixDatagram::from_raw_fd(fd) });
     let connect = ConnectOptions {
         password: ctx.init.password.clone(),
+        tls: ctx.init.tls.clone(),
         ..ConnectOptions::default()
     };
     slot_main(

@@ -184,6 +184,7 @@ impl Master {
             queues: queues.keys().cloned().collect(),
             redis_url: self.opts.redis_url.clone(),
             password: self.opts.connect.password.clone(),
+            tls: self.opts.connect.tls.clone(),
             host: self.opts.host.clone(),
         };
         let mut line = serde_json::to_vec(&init)?;

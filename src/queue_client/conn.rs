@@ -1,6 +1,7 @@
 //! Connections to one Redis server or a Redis Cluster. Which one is decided by asking the
 //! server (`INFO cluster`), so operators give one URL either way.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::aio::{
@@ -8,7 +9,11 @@ use redis::aio::{
 };
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture,
+    TlsCertificates, Value,
+};
+use serde::{Deserialize, Serialize};
 
 use super::QueueError;
 
@@ -22,6 +27,106 @@ pub struct ConnectOptions {
     pub response_timeout: Duration,
     /// How long establishing a connection may take.
     pub connect_timeout: Duration,
+    /// Certificates for `rediss://` beyond the system roots (`[cluster]`'s TLS files).
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files of `[cluster]` for TLS, read once when a role starts (a slot gets them
+/// from its master, never reading files itself). Its `Debug` shows paths only.
+#[derive(Clone, Default, Serialize, Deserialize)]
+pub struct TlsFiles {
+    /// CAs the server's certificate must chain to, instead of the system roots.
+    pub ca: Option<PemFile>,
+    /// Client certificate (chain) and its private key, for servers that require one.
+    pub client: Option<(PemFile, PemFile)>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsFiles")
+            .field("ca", &self.ca.as_ref().map(|p| &p.path))
+            .field("client", &self.client.as_ref().map(|(c, _)| &c.path))
+            .finish()
+    }
+}
+
+/// One PEM file's contents and where they came from, for messages.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct PemFile {
+    /// Where it was read.
+    pub path: PathBuf,
+    /// Its contents.
+    pub pem: Vec<u8>,
+}
+
+/// What a PEM file must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PemKind {
+    /// One or more certificates (a CA bundle, a certificate chain).
+    Certificates,
+    /// A private key.
+    PrivateKey,
+}
+
+/// A TLS file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsFileError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file holds no PEM block of the kind needed.
+    #[error("{path} holds no PEM {what}")]
+    NoPem {
+        /// The file.
+        path: PathBuf,
+        /// What was looked for.
+        what: &'static str,
+    },
+}
+
+impl PemFile {
+    /// Reads `path`, which must hold at least one PEM block of `kind`.
+    pub fn read(path: &Path, kind: PemKind) -> Result<Self, TlsFileError> {
+        let pem = std::fs::read(path).map_err(|source| TlsFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let text = String::from_utf8_lossy(&pem);
+        // rustls would take an empty CA bundle as "trust nothing" and only fail at the
+        // handshake, far from the file at fault.
+        let (found, what) = match kind {
+            PemKind::Certificates => (text.contains("-----BEGIN CERTIFICATE-----"), "certificate"),
+            PemKind::PrivateKey => (text.contains("PRIVATE KEY-----"), "private key"),
+        };
+        if !found {
+            return Err(TlsFileError::NoPem {
+                path: path.to_owned(),
+                what,
+            });
+        }
+        Ok(PemFile {
+            path: path.to_owned(),
+            pem,
+        })
+    }
+}
+
+impl TlsFiles {
+    /// The redis crate's form of the files.
+    fn certificates(&self) -> TlsCertificates {
+        TlsCertificates {
+            client_tls: self.client.as_ref().map(|(cert, key)| ClientTlsConfig {
+                client_cert: cert.pem.clone(),
+                client_key: key.pem.clone(),
+            }),
+            root_cert: self.ca.as_ref().map(|ca| ca.pem.clone()),
+        }
+    }
 }
 
 impl Default for ConnectOptions {
@@ -30,6 +135,7 @@ impl Default for ConnectOptions {
             password: None,
             response_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(2),
+            tls: None,
         }
     }
 }
@@ -93,13 +199,7 @@ pub(crate) async fn connect(
     let mut probe = client
         .get_multiplexed_async_connection_with_config(&probe_cfg)
         .await
-        .map_err(|e| {
-            if e.kind() == redis::ErrorKind::AuthenticationFailed {
-                QueueError::Redis(e)
-            } else {
-                QueueError::Connect(format!("{}: {e}", redacted(url)))
-            }
-        })?;
+        .map_err(|e| connect_error(url, e, opts))?;
     let cluster_info: String = redis::cmd("INFO")
         .arg("cluster")
         .query_async(&mut probe)
@@ -111,6 +211,9 @@ pub(crate) async fn connect(
             .retries(3);
         if let Some(pw) = &opts.password {
             builder = builder.password(pw);
+        }
+        if let Some(tls) = &opts.tls {
+            builder = builder.certs(tls.certificates());
         }
         let cluster = builder.build()?;
         let conn = cluster.get_async_connection().await?;
@@ -139,9 +242,64 @@ fn client(url: &str, opts: &ConnectOptions) -> Result<(Client, redis::Connection
         let settings = info.redis_settings().clone().set_password(pw);
         info = info.set_redis_settings(settings);
     }
-    let client = Client::open(info.clone())
-        .map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?;
+    let client = match &opts.tls {
+        Some(tls) => Client::build_with_tls(info.clone(), tls.certificates())
+            .map_err(|e| QueueError::Invalid(format!("tls files for {}: {e}", redacted(url))))?,
+        None => Client::open(info.clone())
+            .map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?,
+    };
     Ok((client, info))
+}
+
+/// A failed connection as callers tell them apart: a refused password or certificate
+/// (waiting cannot fix either) from an outage.
+fn connect_error(url: &str, e: redis::RedisError, opts: &ConnectOptions) -> QueueError {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        QueueError::Redis(e)
+    } else if let Some(cert) = certificate_error(&e) {
+        QueueError::Certificate(format!(
+            "{}: {}",
+            redacted(url),
+            certificate_reason(&cert, opts)
+        ))
+    } else {
+        QueueError::Connect(format!("{}: {e}", redacted(url)))
+    }
+}
+
+/// What rustls said about the server's certificate, if that is what failed the connection.
+/// Read from the message: the redis crate keeps the rustls error behind an `io::Error`
+/// whose `source` skips it, so no downcast reaches it; the TLS tests pin the wording.
+fn certificate_error(e: &redis::RedisError) -> Option<String> {
+    const PREFIX: &str = "invalid peer certificate: ";
+    let text = e.to_string();
+    let at = text.find(PREFIX)?;
+    Some(text[at + PREFIX.len()..].to_string())
+}
+
+/// A certificate problem in an operator's words: what is wrong and which file to look at.
+fn certificate_reason(detail: &str, opts: &ConnectOptions) -> String {
+    let ca = opts.tls.as_ref().and_then(|t| t.ca.as_ref());
+    let is = |names: &[&str]| names.iter().any(|n| detail.starts_with(n));
+    if is(&["UnknownIssuer"]) {
+        match ca {
+            Some(ca) => format!(
+                "the server's certificate is not trusted: no CA in [cluster].redis_ca_file {} signed it",
+                ca.path.display()
+            ),
+            None => "the server's certificate is not trusted: no system root CA signed it \
+                     (set [cluster].redis_ca_file for a private CA)"
+                .to_string(),
+        }
+    } else if is(&["Expired", "certificate expired"]) {
+        format!("the server's certificate has expired ({detail})")
+    } else if is(&["NotValidYet", "certificate not valid yet"]) {
+        format!("the server's certificate is not valid yet ({detail})")
+    } else if is(&["NotValidForName", "certificate not valid for name"]) {
+        format!("the server's certificate is not valid for this host name ({detail})")
+    } else {
+        format!("the server's certificate was refused: {detail}")
+    }
 }
 
 /// A connection dedicated to pub/sub on the server `url` names. On a Redis Cluster that is
@@ -151,7 +309,7 @@ pub async fn pubsub(url: &str, opts: &ConnectOptions) -> Result<redis::aio::PubS
     let pubsub = tokio::time::timeout(opts.connect_timeout, client.get_async_pubsub())
         .await
         .map_err(|_| QueueError::Connect(format!("{}: timed out", redacted(url))))?
-        .map_err(|e| QueueError::Connect(format!("{}: {e}", redacted(url))))?;
+        .map_err(|e| connect_error(url, e, opts))?;
     Ok(pubsub)
 }
 

@@ -11,6 +11,10 @@ pub enum QueueError {
     /// Connecting failed (bad URL, refused, timed out).
     #[error("cannot connect to redis at {0}")]
     Connect(String),
+    /// The server's TLS certificate was refused (unknown CA, expired, wrong name): no
+    /// outage, so not retried.
+    #[error("tls certificate of redis at {0}")]
+    Certificate(String),
     /// The payload is larger than the queue allows.
     #[error("payload of {size} bytes exceeds the limit of {limit} bytes of queue {queue}")]
     PayloadTooLarge {

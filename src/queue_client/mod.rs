@@ -36,7 +36,9 @@ mod stats;
 
 pub use checks::{json_deeper_than, validate_queue_name};
 pub use client::QueueClient;
-pub use conn::{ConnectOptions, RedisConn, Waiter, pubsub, redacted};
+pub use conn::{
+    ConnectOptions, PemFile, PemKind, RedisConn, TlsFileError, TlsFiles, Waiter, pubsub, redacted,
+};
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
 pub use enqueue::{Enqueued, NewTask};

@@ -220,3 +220,225 @@ pub(crate) use on_both;
 /// load average of a 2-core machine passes the default ceiling (4 per CPU), and a master
 /// then takes no slots at all, which no test means to check.
 pub const ANY_LOAD: (&str, &str) = ("GAFFER_MAX_LOAD_PER_CPU", "1000");
+
+/// Certificates for TLS tests, made with the `openssl` CLI in a temp dir: a CA, a server
+/// certificate for 127.0.0.1/localhost signed by it, the same signed with validity in the
+/// past, a client certificate signed by it, and a second CA that signed nothing used here.
+pub struct TestCerts {
+    dir: tempfile::TempDir,
+}
+
+impl TestCerts {
+    pub fn generate() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let certs = TestCerts { dir };
+        certs.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=gaffer test ca",
+        ]);
+        certs.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "other-ca.key",
+            "-out",
+            "other-ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=gaffer other ca",
+        ]);
+        certs.write("server.ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n");
+        certs.write("client.ext", "extendedKeyUsage=clientAuth\n");
+        // `openssl ca` rather than `x509 -req`: only it sets a start date in the past, which
+        // an expired certificate needs (notAfter before notBefore would be malformed).
+        certs.write(
+            "ca.cnf",
+            "[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\nnew_certs_dir = .\n\
+             serial = serial\ndefault_md = sha256\npolicy = any\n[any]\ncommonName = supplied\n",
+        );
+        certs.write("index.txt", "");
+        certs.write("serial", "01\n");
+        for (name, cn) in [("server", "localhost"), ("client", "gaffer client")] {
+            certs.openssl(&[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={cn}"),
+            ]);
+        }
+        certs.sign("server", "server.crt", &["-days", "1"]);
+        certs.sign("client", "client.crt", &["-days", "1"]);
+        certs.sign(
+            "server",
+            "expired.crt",
+            &[
+                "-startdate",
+                "20200101000000Z",
+                "-enddate",
+                "20200102000000Z",
+            ],
+        );
+        certs
+    }
+
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn write(&self, name: &str, text: &str) {
+        std::fs::write(self.path(name), text).expect("write cert helper file");
+    }
+
+    fn sign(&self, csr: &str, out: &str, validity: &[&str]) {
+        let ext = if csr == "client" {
+            "client.ext"
+        } else {
+            "server.ext"
+        };
+        let mut args = vec![
+            "ca", "-batch", "-notext", "-config", "ca.cnf", "-cert", "ca.crt", "-keyfile",
+            "ca.key", "-extfile", ext, "-out", out,
+        ];
+        let input = format!("{csr}.csr");
+        args.extend(["-in", input.as_str()]);
+        args.extend(validity);
+        // The CA's database refuses a second certificate for the same subject.
+        self.write("index.txt", "");
+        self.openssl(&args);
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(self.dir.path())
+            .output()
+            .expect("run openssl");
+        assert!(
+            out.status.success(),
+            "openssl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A TLS-only redis-server (`--port 0`), with a server certificate of [`TestCerts`] and
+/// their CA for client certificates. Killed on drop.
+pub struct TlsRedis {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+/// Whether a [`TlsRedis`] demands a client certificate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    Optional,
+    Required,
+}
+
+impl TlsRedis {
+    /// Serves with `cert` (a file of `certs`, keyed by server.key).
+    pub fn start(certs: &TestCerts, cert: &str, auth: ClientAuth) -> Self {
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = gaffer::redis_server::free_port().expect("free port");
+        let auth_clients = match auth {
+            ClientAuth::Optional => "optional",
+            ClientAuth::Required => "yes",
+        };
+        let mut cmd = std::process::Command::new("redis-server");
+        cmd.args([
+            "--port",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+        ])
+        .arg("--tls-port")
+        .arg(port.to_string())
+        .arg("--tls-cert-file")
+        .arg(certs.path(cert))
+        .arg("--tls-key-file")
+        .arg(certs.path("server.key"))
+        .arg("--tls-ca-cert-file")
+        .arg(certs.path("ca.crt"))
+        .args(["--tls-auth-clients", auth_clients])
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--logfile", "redis.log"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd.spawn().expect("start redis-server");
+        let server = TlsRedis { child, port, dir };
+        server.wait_ready();
+        server
+    }
+
+    /// Waits for the log's ready line: a plain PING cannot reach a TLS-only port.
+    fn wait_ready(&self) {
+        let log = self.dir.path().join("redis.log");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("Ready to accept connections") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "TLS redis-server not ready:\n{text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `rediss://127.0.0.1:PORT/0`.
+    pub fn url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -14,6 +14,7 @@ mod queue;
 mod records;
 mod simulate;
 mod slot;
+mod tls;
 mod top;
 mod trace;
 mod up;
