@@ -522,22 +522,7 @@ async fn bare_drain_with<'a>(
     bare: &Bare,
     batch: usize,
 ) -> anyhow::Result<usize> {
-    let mut handles = Vec::new();
-    for c in clients {
-        let b = Bare {
-            conn: c.connection(),
-            ..bare.clone()
-        };
-        handles.push(tokio::spawn(async move {
-            let mut conn = b.conn.clone();
-            b.drain(&mut conn, batch).await
-        }));
-    }
-    let mut moved = 0;
-    for h in handles {
-        moved += h.await??;
-    }
-    Ok(moved)
+    bare_drain_k(clients, bare, batch, 1).await
 }
 
 /// The K values tried for the strong bare loop: loops in flight per taker's connection.
@@ -581,8 +566,8 @@ async fn strong_bare(
 
 /// [`bare_drain_with`] with `k` loops at once on each client's connection (their calls
 /// pipelined on its socket).
-async fn bare_drain_k(
-    clients: &[QueueClient],
+async fn bare_drain_k<'a>(
+    clients: impl IntoIterator<Item = &'a QueueClient>,
     bare: &Bare,
     batch: usize,
     k: usize,

@@ -110,15 +110,7 @@ pub async fn run(global: &Global, args: BenchArgs) -> Result<(), CliError> {
         return run_e2e(opts, &args, progress, tty).await;
     }
     let report = crate::bench::run(&opts, progress).await?;
-    if tty {
-        eprintln!();
-    }
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{}", report.table());
-    }
-    Ok(())
+    print_report(tty, args.json, &report, || report.table())
 }
 
 /// `gaffer bench --e2e`.
@@ -151,13 +143,23 @@ async fn run_e2e(
         },
     };
     let report = crate::bench::e2e::run(&opts, progress).await?;
+    print_report(tty, args.json, &report, || report.table())
+}
+
+/// Ends the progress line on a terminal, then prints a report as JSON or as its table.
+fn print_report(
+    tty: bool,
+    json: bool,
+    report: &impl serde::Serialize,
+    table: impl FnOnce() -> String,
+) -> Result<(), CliError> {
     if tty {
         eprintln!();
     }
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+    if json {
+        println!("{}", serde_json::to_string(report)?);
     } else {
-        print!("{}", report.table());
+        print!("{}", table());
     }
     Ok(())
 }
