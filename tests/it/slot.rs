@@ -406,28 +406,59 @@ fn prefetching(name: &str, lease: Duration) -> QueueConfig {
     cfg
 }
 
+/// A prefetching slot (batch 1) on a queue of tasks a and b: a held in the handler by the
+/// gate, b taken ahead.
+struct Prefetched {
+    q: gaffer::queue_client::Queue,
+    seen: Seen,
+    open: std::sync::mpsc::Sender<()>,
+    stop: CancellationToken,
+    slot: std::thread::JoinHandle<i32>,
+    /// The slot's report socket's other end, kept open while the slot runs.
+    _events: UnixDatagram,
+}
+
+impl Prefetched {
+    async fn start(redis: &TestRedis, name: &str, lease: Duration) -> Prefetched {
+        let q = redis.client().await.queue(name).unwrap();
+        q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
+            .await
+            .unwrap();
+        let (gate, seen, open) = Gate::new();
+        let (report, _events) = UnixDatagram::pair().unwrap();
+        let stop = CancellationToken::new();
+        let slot = {
+            let (spec, stop) = (spec(redis, prefetching(name, lease), report), stop.clone());
+            std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
+        };
+        eventually(
+            Duration::from_secs(20),
+            "a in the handler, b prefetched",
+            || async { seen.lock().unwrap().len() == 1 && q.stats().await.unwrap().leased == 2 },
+        )
+        .await;
+        Prefetched {
+            q,
+            seen,
+            open,
+            stop,
+            slot,
+            _events,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_prefetched_batch_goes_back_on_sigterm_without_an_attempt_counted() {
     let redis = TestRedis::start();
-    let client = redis.client().await;
-    let q = client.queue("pf").unwrap();
-    q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
-        .await
-        .unwrap();
-    let (gate, seen, open) = Gate::new();
-    let (report, _events) = UnixDatagram::pair().unwrap();
-    let stop = CancellationToken::new();
-    let slot = {
-        let cfg = prefetching("pf", Duration::from_secs(30));
-        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
-        std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
-    };
-    eventually(
-        Duration::from_secs(20),
-        "a in the handler, b prefetched",
-        || async { seen.lock().unwrap().len() == 1 && q.stats().await.unwrap().leased == 2 },
-    )
-    .await;
+    let Prefetched {
+        q,
+        seen,
+        open,
+        stop,
+        slot,
+        _events,
+    } = Prefetched::start(&redis, "pf", Duration::from_secs(30)).await;
     stop.cancel();
     open.send(()).unwrap();
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
@@ -453,26 +484,15 @@ async fn a_prefetched_batch_goes_back_on_sigterm_without_an_attempt_counted() {
 #[tokio::test]
 async fn a_prefetched_batch_whose_lease_ran_out_is_not_handled() {
     let redis = TestRedis::start();
-    let client = redis.client().await;
-    let q = client.queue("pl").unwrap();
-    q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
-        .await
-        .unwrap();
-    let (gate, seen, open) = Gate::new();
-    let (report, _events) = UnixDatagram::pair().unwrap();
-    let stop = CancellationToken::new();
-    let slot = {
-        // The batch in the handler has its lease extended; the one prefetched has not.
-        let cfg = prefetching("pl", Duration::from_millis(300));
-        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
-        std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
-    };
-    eventually(
-        Duration::from_secs(20),
-        "a in the handler, b prefetched",
-        || async { seen.lock().unwrap().len() == 1 && q.stats().await.unwrap().leased == 2 },
-    )
-    .await;
+    // The batch in the handler has its lease extended; the one prefetched has not.
+    let Prefetched {
+        q,
+        seen,
+        open,
+        stop,
+        slot,
+        _events,
+    } = Prefetched::start(&redis, "pl", Duration::from_millis(300)).await;
     // b's lease runs out while a is still handled, and another taker reclaims it.
     let ours = crate::harness::poll_some(Duration::from_secs(10), "b reclaimed", || {
         let q = q.clone();
