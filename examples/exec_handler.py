@@ -14,6 +14,11 @@ Protocol (DESIGN.md, Handlers): one JSON line in per batch, one JSON line out.
                       {"id": "...", "status": "retry", "delay_ms": 5000},
                       {"id": "...", "status": "fail", "error": "why"}, ...]}
 
+An "ok" entry may carry "result": <JSON> (kept in the task's record, at most the queue's
+max_result) and "next": [{"queue": "...", "payload": <JSON>}, ...], follow-up tasks of the
+task's chain, created before the task is acked (docs/API.md, Chains); a follow-up to a
+queue the config does not name fails the task.
+
 A payload that is not JSON arrives as a JSON string. A task left out of the reply is
 retried by the queue's policy; an unreadable reply or an exit retries the whole batch and
 gaffer starts a new process. stdout belongs to the protocol: log to stderr, which gaffer

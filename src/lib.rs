@@ -8,6 +8,7 @@ pub mod api;
 mod backoff;
 pub mod balancer;
 pub mod bench;
+pub mod chain;
 // clap shows the argument docs as `--help`, where `[table].key` names a config key, not a
 // Rust item for rustdoc to link.
 #[allow(rustdoc::broken_intra_doc_links)]

@@ -3,6 +3,7 @@
 //! load balancer, and everything meets in Redis as for the other roles.
 
 mod auth;
+mod chains;
 mod ended;
 mod error;
 mod routes;

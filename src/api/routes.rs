@@ -180,10 +180,8 @@ impl Api {
                 if *method == Method::DELETE {
                     self.cancel(queue, key, id).await
                 } else {
-                    Ok((
-                        StatusCode::OK,
-                        json!(self.own_record(queue, key, id).await?),
-                    ))
+                    let rec = self.own_record(queue, key, id).await?;
+                    Ok((StatusCode::OK, self.record_answer(rec).await?))
                 }
             }
             ("freeze", [_, _, q, _, id, action]) => {
@@ -210,7 +208,7 @@ impl Api {
                 auth::check_admin(key)?;
                 self.drain(host, *action == "drain").await
             }
-            ("chain", [_, _, id]) => Err(ApiError::not_found(format!("no chain {id}"))),
+            ("chain", [_, _, id]) => self.chain(key, id).await,
             _ => Err(ApiError::not_found("no such endpoint")),
         }
     }
@@ -262,7 +260,13 @@ impl Api {
                 "body nested deeper than {MAX_BODY_DEPTH} levels (a payload may nest {MAX_JSON_DEPTH})"
             )));
         }
-        match submit::parse(body, &key.name, self.config.api.max_wait)? {
+        let mut parsed = submit::parse(body, &key.name, self.config.api.max_wait)?;
+        self.start_chains(queue, &mut parsed).await?;
+        match parsed {
+            Submit::One {
+                task,
+                wait: Some(wait),
+            } if task.chain.is_some() => self.submit_chain_and_wait(queue, task, wait).await,
             Submit::Bulk(tasks) => {
                 let made = queue.enqueue_many(&tasks).await?;
                 let mut out = Vec::with_capacity(made.len());
@@ -411,7 +415,7 @@ impl Api {
     ) -> Result<TaskRecord, ApiError> {
         let unknown = || ApiError::not_found(format!("no task {id} in queue {}", queue.name()));
         let rec = queue.record(id).await?.ok_or_else(unknown)?;
-        if !key.admin && rec.submitted_by.as_deref() != Some(key.name.as_str()) {
+        if !self.owns(key, &rec).await? {
             return Err(unknown());
         }
         Ok(rec)

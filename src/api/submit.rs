@@ -1,12 +1,12 @@
 //! The submit request: `{"payload", "id"?, "priority"?, "delay"? | "at"?, "max_attempts"?,
-//! "wait"?}` or `{"tasks": [ … ]}`, checked whole before anything is enqueued.
+//! "wait"?, "chain"?}` or `{"tasks": [ … ]}`, checked whole before anything is enqueued.
 
 use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::queue_client::{MAX_BATCH, NewTask};
+use crate::queue_client::{MAX_BATCH, NewTask, TaskChain};
 
 /// One task as submitted.
 #[derive(Debug, Deserialize)]
@@ -98,12 +98,10 @@ fn task(
     let payload = raw
         .payload
         .ok_or_else(|| ApiError::bad_request("missing field `payload`"))?;
-    if raw.chain == Some(true) {
-        return Err(ApiError::bad_request(
-            "chain: true is not supported by this version: chains are not built yet",
-        ));
-    }
     let mut task = NewTask::new(payload.to_string()).submitted_by(by);
+    if raw.chain == Some(true) {
+        task.chain = Some(TaskChain::Global);
+    }
     task.id = raw.id;
     task.priority = raw.priority.unwrap_or(0);
     task.max_attempts = raw.max_attempts;

@@ -9,6 +9,7 @@
 mod error;
 mod handler;
 mod raw;
+mod routes;
 mod validate;
 mod values;
 
@@ -239,6 +240,29 @@ pub struct QueueConfig {
     /// Whether a slot keeps one take in flight while its handler runs, so the next batch
     /// is in hand when the handler finishes. Its lease runs from when it was taken.
     pub prefetch: bool,
+    /// Follow-up routes: where a task of this queue leads when it is done or has failed
+    /// for good (`next = [{ queue = "…", on = "done" | "failed" }]`).
+    pub next: Vec<Route>,
+}
+
+/// One follow-up route of a queue: a task that ends `on` this way creates a task on
+/// `queue`, the next step of its chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The queue the follow-up goes to.
+    pub queue: String,
+    /// Which end of the parent leads there.
+    pub on: RouteOn,
+}
+
+/// Which end of a task a [`Route`] follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteOn {
+    /// Done: the follow-up's payload is the parent's result (`null` without one).
+    Done,
+    /// Failed for good (rejected, or its last attempt failed): the follow-up's payload is
+    /// `{"task", "queue", "error", "payload"}` of the parent.
+    Failed,
 }
 
 impl QueueConfig {
@@ -266,6 +290,7 @@ impl QueueConfig {
             dedup: Dedup::Active,
             intake: Intake::Open,
             prefetch: false,
+            next: Vec::new(),
         }
     }
 

@@ -75,6 +75,10 @@ pub(crate) struct RawQueue {
     pub max_result: S<Human<Size>>,
     pub dedup: S<String>,
     pub intake: S<String>,
+    /// Follow-up routes: read from the tree across queues in `routes.rs`; here only so
+    /// that `deny_unknown_fields` knows the key.
+    #[allow(dead_code)]
+    pub next: S<serde::de::IgnoredAny>,
     /// Settings of a handler built into a team's own binary, passed to it as JSON.
     pub options: S<serde_json::Value>,
 }
@@ -93,6 +97,14 @@ pub(crate) struct RawRetry {
     pub backoff: S<String>,
     pub base: S<Human<Duration>>,
     pub max: S<Human<Duration>>,
+}
+
+/// One `next = [{ queue, on }]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRoute {
+    pub queue: S<String>,
+    pub on: S<String>,
 }
 
 #[derive(Debug, Deserialize)]

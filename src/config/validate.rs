@@ -67,6 +67,8 @@ pub(crate) fn parse(source: &str, origin: &str, custom: &[String]) -> Result<Con
     let systems = systems(&mut c, root);
     let schedules = schedules(&mut c, root, &declared_queues);
     let api = api(&mut c, root, &declared_queues);
+    let mut queues = queues;
+    super::routes::routes(&mut c, root, &mut queues);
 
     if !c.is_empty() {
         return Err(c.finish());
@@ -1226,7 +1228,7 @@ fn key_queues(
     ok.then_some(KeyQueues::Only(names))
 }
 
-fn unknown_queue(name: &str) -> String {
+pub(super) fn unknown_queue(name: &str) -> String {
     format!("unknown queue `{name}`, no [queues.{name}] table is defined")
 }
 
@@ -1320,7 +1322,7 @@ fn int<T: TryFrom<i64> + Copy>(
 // ---------------------------------------------------------------------------------------
 // Tree helpers
 
-fn find<'a, 'i>(table: &'a DeTable<'i>, key: &str) -> Option<&'a Spanned<DeValue<'i>>> {
+pub(super) fn find<'a, 'i>(table: &'a DeTable<'i>, key: &str) -> Option<&'a Spanned<DeValue<'i>>> {
     table
         .iter()
         .find(|(k, _)| k.get_ref() == key)
@@ -1343,7 +1345,7 @@ fn declared_names(root: &DeTable, key: &str) -> BTreeSet<String> {
     }
 }
 
-fn table_of<'a, 'i>(
+pub(super) fn table_of<'a, 'i>(
     c: &mut Collector,
     value: &'a Spanned<DeValue<'i>>,
     path: &str,
@@ -1367,7 +1369,7 @@ fn section<T: DeserializeOwned>(c: &mut Collector, root: &DeTable, key: &str) ->
     deserialize(c, value, key)
 }
 
-fn deserialize<T: DeserializeOwned>(
+pub(super) fn deserialize<T: DeserializeOwned>(
     c: &mut Collector,
     value: &Spanned<DeValue>,
     path: &str,

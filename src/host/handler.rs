@@ -127,7 +127,22 @@ impl Outcome {
     pub fn done_with(result: serde_json::Value) -> Outcome {
         Outcome::Done(Done {
             result: Some(result),
+            next: Vec::new(),
         })
+    }
+
+    /// Adds a follow-up task to a finished task: `payload` enqueued on `queue` as the
+    /// next step of its chain, before this task is acked (see [`FollowUp`]). On any
+    /// outcome but [`Outcome::Done`] it does nothing: only a finished task has follow-ups
+    /// of its own (a queue's `on = "failed"` routes come from its config).
+    pub fn then(mut self, queue: impl Into<String>, payload: serde_json::Value) -> Outcome {
+        if let Outcome::Done(done) = &mut self {
+            done.next.push(FollowUp {
+                queue: queue.into(),
+                payload,
+            });
+        }
+        self
     }
 }
 
@@ -137,6 +152,20 @@ impl Outcome {
 pub struct Done {
     /// The result, as JSON; `None` keeps no result.
     pub result: Option<serde_json::Value>,
+    /// Follow-up tasks the handler adds, after those of the queue's `next` routes.
+    pub next: Vec<FollowUp>,
+}
+
+/// A task a finished task creates as the next step of its chain. It is enqueued before
+/// its parent is acked, with an id derived from the parent's, so a slot that dies in
+/// between creates it once (the enqueue of the re-run parent finds it) and loses none.
+/// A queue the config does not name fails the parent, with a reason saying so.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FollowUp {
+    /// The queue it goes to.
+    pub queue: String,
+    /// Its payload (for a queue's `next` route: the parent's result).
+    pub payload: serde_json::Value,
 }
 
 /// An error from `preload` or `init`; the slot logs it and exits with a crash code.

@@ -37,6 +37,8 @@ pub struct SlotSpec {
     pub report: Option<UnixDatagram>,
     /// The host's name, as task records show where an attempt ran.
     pub host: String,
+    /// The queues follow-ups may go to (every queue of the config).
+    pub chains: std::sync::Arc<crate::chain::ChainTargets>,
 }
 
 /// What a slot tells its master, one datagram each (JSON).

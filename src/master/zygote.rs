@@ -343,6 +343,7 @@ fn child_main(
             connect,
             report,
             host: ctx.init.host.clone(),
+            chains: std::sync::Arc::new(crate::chain::ChainTargets::from_config(ctx.cfg)),
         },
         handler,
     )

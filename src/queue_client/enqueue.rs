@@ -33,6 +33,19 @@ pub struct NewTask {
     pub max_attempts: Option<u32>,
     /// Who submits it, as its record shows: an API key's name, `cli`, `schedule:NAME`.
     pub submitted_by: Option<String>,
+    /// Its place in a chain, if any.
+    pub chain: Option<TaskChain>,
+}
+
+/// A task's place in a chain (see `crate::chain`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskChain {
+    /// The global task of a chain of its own: its id is the chain's.
+    Global,
+    /// A follow-up in the chain of this global task. It needs an id (derived from its
+    /// parent's), and deduplicates against records too: a parent run again finds the
+    /// children it made, even finished ones. Its record shows `chain:ID` as submitter.
+    FollowUp(String),
 }
 
 impl NewTask {
@@ -79,6 +92,12 @@ impl NewTask {
         self.submitted_by = Some(by.into());
         self
     }
+
+    /// Sets its place in a chain.
+    pub fn chain(mut self, chain: TaskChain) -> Self {
+        self.chain = Some(chain);
+        self
+    }
 }
 
 /// What an enqueue did with one task.
@@ -103,6 +122,11 @@ impl Queue {
                 size: task.payload.len(),
                 limit: self.limits.max_payload,
             });
+        }
+        if matches!(task.chain, Some(TaskChain::FollowUp(_))) && task.id.is_none() {
+            return Err(QueueError::Invalid(
+                "a chain's follow-up needs an id derived from its parent's".into(),
+            ));
         }
         if let Some(id) = &task.id {
             if id.is_empty() || id.len() > MAX_ID_LEN {
@@ -196,8 +220,12 @@ impl Queue {
             .arg(delay_ms)
             .arg(at_ms)
             .arg(first.max_attempts.unwrap_or(self.limits.max_attempts));
-        let placeholder = if first.id.is_some() { "ip" } else { "p" };
-        inv.arg(placeholder)
+        let mode = match (&first.chain, &first.id) {
+            (Some(TaskChain::FollowUp(_)), _) => "ig",
+            (_, Some(_)) => "ip",
+            (_, None) => "p",
+        };
+        inv.arg(mode)
             .arg(if self.limits.track { "1" } else { "0" })
             .arg(first.submitted_by.as_deref().unwrap_or(""))
             .arg(match self.limits.dedup {
@@ -205,19 +233,23 @@ impl Queue {
                 Dedup::Record => "r",
             })
             .arg(self.limits.intake.as_str())
-            .arg(self.ttl_arg());
-        match first.id {
-            None => {
-                for t in chunk {
-                    inv.arg(&t.payload[..]);
-                }
-            }
-            Some(_) => {
-                for t in chunk {
-                    inv.arg(t.id.as_deref().unwrap_or_default())
-                        .arg(&t.payload[..]);
-                }
-            }
+            .arg(self.ttl_arg())
+            .arg(if first.chain == Some(TaskChain::Global) {
+                "1"
+            } else {
+                "0"
+            });
+        for t in chunk {
+            match (mode, &t.chain) {
+                ("p", _) => inv.arg(&t.payload[..]),
+                ("ig", Some(TaskChain::FollowUp(g))) => inv
+                    .arg(t.id.as_deref().unwrap_or_default())
+                    .arg(&t.payload[..])
+                    .arg(g.as_str()),
+                _ => inv
+                    .arg(t.id.as_deref().unwrap_or_default())
+                    .arg(&t.payload[..]),
+            };
         }
         inv
     }
@@ -287,6 +319,7 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
         a.max_attempts,
         a.id.is_some(),
         &a.submitted_by,
+        chain_kind(&a.chain),
     ) == (
         b.priority,
         b.delay,
@@ -294,7 +327,17 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
         b.max_attempts,
         b.id.is_some(),
         &b.submitted_by,
+        chain_kind(&b.chain),
     )
+}
+
+/// What of a task's chain its enqueue call shares: a follow-up's chain is passed per task.
+fn chain_kind(chain: &Option<TaskChain>) -> u8 {
+    match chain {
+        None => 0,
+        Some(TaskChain::Global) => 1,
+        Some(TaskChain::FollowUp(_)) => 2,
+    }
 }
 
 /// A moment as the scripts take it: ms since the epoch, 0 before it.

@@ -13,11 +13,13 @@
 //!
 //! The module by concern: `client` (connecting, handles on queues), `queue` (the handle
 //! and what its operations share), `enqueue`, `lease` (take and settle: the hot path),
-//! `record` (records, listing, watching), `control` (find, cancel, freeze and thaw,
+//! `record` (records, listing, watching), `chained` (what chains read and set of a
+//! queue's tasks), `control` (find, cancel, freeze and thaw,
 //! intake, delete), `dead` (dead letters), `stats` (counters and housekeeping), `limits`,
 //! `error`, `checks` (input checks other modules share), `reply` (decoding script
 //! replies), `conn` (connections), `outage`, `scripts` (the Lua scripts and keys).
 
+mod chained;
 mod checks;
 mod client;
 mod conn;
@@ -34,6 +36,7 @@ mod reply;
 mod scripts;
 mod stats;
 
+pub use chained::ChainFacts;
 pub use checks::{json_deeper_than, validate_queue_name};
 pub use client::QueueClient;
 pub use conn::{
@@ -41,7 +44,7 @@ pub use conn::{
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
-pub use enqueue::{Enqueued, NewTask};
+pub use enqueue::{Enqueued, NewTask, TaskChain};
 pub use error::{ConnectError, QueueError};
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
 pub use limits::{

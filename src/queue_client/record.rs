@@ -208,7 +208,7 @@ pub fn rfc3339(ms: i64) -> String {
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// Builds a record from the fields `{s, p, a, m, c, d, u, b, e, r[, h]}` the scripts
+/// Builds a record from the fields `{s, p, a, m, c, d, u, b, e, r, g[, h]}` the scripts
 /// return.
 fn from_fields(queue: &str, id: String, f: &[Value]) -> Result<TaskRecord, QueueError> {
     let text =
@@ -236,8 +236,8 @@ fn from_fields(queue: &str, id: String, f: &[Value]) -> Result<TaskRecord, Queue
         submitted_by: opt(7),
         error: opt(8),
         result,
-        chain: None,
-        history: (f.len() > 10).then(|| parse_history(&text(10).unwrap_or_default())),
+        chain: opt(10),
+        history: (f.len() > 11).then(|| parse_history(&text(11).unwrap_or_default())),
     })
 }
 
@@ -345,7 +345,7 @@ impl Queue {
         };
         let next = string(next)?;
         let tasks = rows
-            .chunks(11)
+            .chunks(12)
             .map(|row| from_fields(&self.name, string(&row[0])?, &row[1..]))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(ListPage {

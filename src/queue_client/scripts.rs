@@ -21,6 +21,7 @@ pub(crate) struct Scripts {
     pub list: Script,
     pub freeze: Script,
     pub housekeep: Script,
+    pub chain: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -57,6 +58,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     list: with_prelude(include_str!("lua/list.lua")),
     freeze: with_prelude(include_str!("lua/freeze.lua")),
     housekeep: with_prelude(include_str!("lua/housekeep.lua")),
+    chain: with_prelude(include_str!("lua/chain.lua")),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag

@@ -79,6 +79,9 @@ pub enum ReplyStatus {
         /// What the child returned for the task.
         #[serde(default)]
         result: Option<serde_json::Value>,
+        /// Follow-up tasks: `"next": [{"queue": "…", "payload": …}]`.
+        #[serde(default)]
+        next: Vec<ReplyFollowUp>,
     },
     /// `"retry"`: try again after `delay_ms`, or after the queue's policy delay. The queue
     /// caps a delay at `queue_client::MAX_DELAY`.
@@ -91,6 +94,27 @@ pub enum ReplyStatus {
         /// The child's reason.
         error: Option<String>,
     },
+}
+
+/// One follow-up an `ok` result asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplyFollowUp {
+    /// The queue it goes to.
+    pub queue: String,
+    /// Its payload; `null` when absent.
+    #[serde(default)]
+    pub payload: serde_json::Value,
+}
+
+/// A finished task's outcome from its `ok` entry: its result and follow-ups.
+fn done_outcome(result: Option<serde_json::Value>, next: Vec<ReplyFollowUp>) -> Outcome {
+    let done = match result {
+        Some(result) => Outcome::done_with(result),
+        None => Outcome::done(),
+    };
+    next.into_iter()
+        .fold(done, |o, f| o.then(f.queue, f.payload))
 }
 
 /// Why a reply line cannot be used. Either way the child is out of step with the slot:
@@ -434,10 +458,7 @@ impl Handler for Exec {
                     return outcome;
                 }
                 match statuses.next().flatten() {
-                    Some(ReplyStatus::Ok { result: None }) => Outcome::done(),
-                    Some(ReplyStatus::Ok {
-                        result: Some(result),
-                    }) => Outcome::done_with(result),
+                    Some(ReplyStatus::Ok { result, next }) => done_outcome(result, next),
                     Some(ReplyStatus::Retry { delay_ms }) => Outcome::Retry {
                         delay: delay_ms
                             .map(Duration::from_millis)
@@ -792,7 +813,10 @@ for line in sys.stdin:
         assert_eq!(
             parse_reply(line, &["a", "b", "c"]),
             Ok(vec![
-                Some(ReplyStatus::Ok { result: None }),
+                Some(ReplyStatus::Ok {
+                    result: None,
+                    next: vec![]
+                }),
                 None,
                 Some(ReplyStatus::Retry { delay_ms: Some(5) })
             ])
@@ -835,7 +859,10 @@ for line in sys.stdin:
         let ok = b" \r\n{\"results\":[{\"id\":\"a\",\"status\":\"ok\"}]}\n";
         assert_eq!(
             parse_reply(ok, &["a"]),
-            Ok(vec![Some(ReplyStatus::Ok { result: None })])
+            Ok(vec![Some(ReplyStatus::Ok {
+                result: None,
+                next: vec![]
+            })])
         );
     }
 

@@ -9,12 +9,13 @@
 
 pub mod builtin;
 pub mod exec;
+mod followups;
 mod registry;
 mod run;
 
 pub use crate::host::handler::{
-    Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, Registry, SlotContext, Task,
-    check_json_depth, check_payload_size,
+    Done, FollowUp, Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, Registry,
+    SlotContext, Task, check_json_depth, check_payload_size,
 };
 pub use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
 pub use run::{run_slot, slot_main};

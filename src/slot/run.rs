@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use super::followups::FollowUps;
 use crate::backoff::Backoff;
 use crate::config::QueueConfig;
 use crate::host::handler::{Handler, HandlerError, Outcome, SlotContext, Task, check_payload_size};
@@ -188,6 +189,7 @@ async fn run(
         connect,
         report: _,
         host,
+        chains,
     } = spec;
     let pid = std::process::id();
     let stop = match stop {
@@ -209,6 +211,7 @@ async fn run(
         Err(e) => return (EXIT_FATAL, format!("queue: {e}")),
     };
     let waiter = client.waiter();
+    let follow_ups = FollowUps::new(client.clone(), queue.clone(), cfg.clone(), chains);
 
     let progress_reporter = reporter.clone();
     let ctx = SlotContext {
@@ -236,6 +239,7 @@ async fn run(
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
         ahead: None,
         recycle: None,
+        follow_ups,
     }
     .serve()
     .await
@@ -269,6 +273,8 @@ struct Serving {
     /// Set when the memory check before a settle said to recycle: the slot ends after
     /// that settle, which therefore took nothing.
     recycle: Option<End>,
+    /// Creates a batch's follow-ups before it is settled.
+    follow_ups: FollowUps,
 }
 
 /// A batch in hand and when its leases run out by this process's clock (counted from
@@ -426,6 +432,10 @@ impl Serving {
             }
         };
         let outcomes = merge_outcomes(refused, handled, outcomes);
+        let outcomes = self
+            .follow_ups
+            .before_settle(&batch.tasks, outcomes, lease_until)
+            .await;
         let ops = settle_ops(&self.cfg, &batch.tasks, outcomes);
         let failed = ops
             .iter()

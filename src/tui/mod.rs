@@ -24,6 +24,7 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::chain::ChainView;
 use crate::cluster::snapshot::Snapshot;
 use crate::cluster::{self, Keys, Published, now_ms};
 use crate::config::Config;
@@ -262,10 +263,16 @@ async fn perform(
 ) -> Action {
     match effect {
         Effect::Lookup { queue, id } => {
-            let result = lookup(client, opts, cfg, &queue, &id)
-                .await
-                .map_err(|e| e.to_string());
-            Action::LookedUp { queue, id, result }
+            let (result, chain) = match lookup(client, opts, cfg, &queue, &id).await {
+                Ok((record, chain)) => (Ok(record), chain),
+                Err(e) => (Err(e.to_string()), None),
+            };
+            Action::LookedUp {
+                queue,
+                id,
+                result,
+                chain,
+            }
         }
         other => Action::EffectDone(
             change(client, opts, cfg, keys, other)
@@ -275,21 +282,35 @@ async fn perform(
     }
 }
 
-/// One task's record with its history; None when it has none.
+/// A found record and its chain, when it is in one.
+type Lookup = (Option<Box<TaskRecord>>, Option<Box<ChainView>>);
+
+/// One task's record with its history (None when it has none), and its chain with its
+/// tasks' states when it is in one.
 async fn lookup(
     client: &mut Option<QueueClient>,
     opts: &TopOptions,
     cfg: &Config,
     queue: &str,
     id: &str,
-) -> Result<Option<Box<TaskRecord>>, QueueError> {
+) -> Result<Lookup, QueueError> {
     let c = connected(client, opts).await?;
     let limits = cfg
         .queues
         .get(queue)
         .map(QueueLimits::from)
         .unwrap_or_default();
-    Ok(c.queue_with(queue, limits)?.record(id).await?.map(Box::new))
+    let record = c.queue_with(queue, limits)?.record(id).await?;
+    let chain = match record.as_ref().and_then(|r| r.chain.as_deref()) {
+        Some(g) => {
+            let targets = crate::chain::ChainTargets::from_config(cfg);
+            crate::chain::read(c, &targets.queues, g)
+                .await?
+                .map(Box::new)
+        }
+        None => None,
+    };
+    Ok((record.map(Box::new), chain))
 }
 
 /// Performs an effect that changes the cluster: what it did, or why it failed.

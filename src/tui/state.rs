@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use crate::chain::ChainView;
 use crate::cluster::snapshot::{HostView, QueueView, Snapshot};
 use crate::queue_client::{MAX_ID_LEN, TaskRecord};
 
@@ -124,6 +125,8 @@ pub enum Action {
         id: String,
         /// What Redis said.
         result: Result<Option<Box<TaskRecord>>, String>,
+        /// The task's chain, when it is in one.
+        chain: Option<Box<ChainView>>,
     },
     /// Tab: the other list view.
     NextView,
@@ -222,6 +225,7 @@ impl Effect {
                 queue,
                 id,
                 result: Err(error),
+                chain: None,
             },
             Effect::Pause { .. }
             | Effect::SetIntake { .. }
@@ -266,6 +270,8 @@ pub struct TaskLookup {
     pub found: Found,
     /// The first history entry shown.
     pub scroll: usize,
+    /// The task's chain with its tasks' states, when it is in one.
+    pub chain: Option<Box<ChainView>>,
     /// The view Esc goes back to.
     pub back: View,
 }
@@ -651,7 +657,20 @@ pub fn update(state: &mut State, action: Action) -> Option<Effect> {
         Action::Snapshot { snapshot, config } => record_read(state, *snapshot, config),
         Action::ReadFailed { error } => state.read_error = Some(error),
         Action::EffectDone(result) => effect_done(state, result),
-        Action::LookedUp { queue, id, result } => looked_up(state, queue, id, result),
+        Action::LookedUp {
+            queue,
+            id,
+            result,
+            chain,
+        } => looked_up(
+            state,
+            Looked {
+                queue,
+                id,
+                result,
+                chain,
+            },
+        ),
         Action::Quit => return Some(Effect::Quit),
         key => return press(state, key),
     }
@@ -938,6 +957,7 @@ fn type_into(state: &mut State, mut finder: Finder, action: Action) -> Option<Ef
                     id: id.clone(),
                     found: Found::Waiting,
                     scroll: 0,
+                    chain: None,
                     back: state.base_view(),
                 });
                 state.view = View::Task;
@@ -950,19 +970,31 @@ fn type_into(state: &mut State, mut finder: Finder, action: Action) -> Option<Ef
     None
 }
 
-/// The answer to a lookup, shown if the task view still waits for that task; an answer
-/// that comes after the operator left or asked for another task is dropped.
-fn looked_up(
-    state: &mut State,
+/// What [`Action::LookedUp`] brings.
+struct Looked {
     queue: String,
     id: String,
     result: Result<Option<Box<TaskRecord>>, String>,
-) {
+    chain: Option<Box<ChainView>>,
+}
+
+/// The answer to a lookup, shown if the task view still waits for that task; an answer
+/// that comes after the operator left or asked for another task is dropped.
+fn looked_up(state: &mut State, answer: Looked) {
+    let Looked {
+        queue,
+        id,
+        result,
+        chain,
+    } = answer;
     let Some(t) = state.task.as_mut() else {
         return;
     };
     if state.view != View::Task || t.queue != queue || t.id != id {
         return;
+    }
+    if result.is_ok() {
+        t.chain = chain;
     }
     t.found = match result {
         Ok(Some(record)) => {

@@ -814,6 +814,7 @@ fn answer(s: &mut State, queue: &str, id: &str, result: Result<Option<TaskRecord
             queue: queue.into(),
             id: id.into(),
             result: result.map(|r| r.map(Box::new)).map_err(str::to_string),
+            chain: None,
         },
     );
 }
@@ -872,6 +873,62 @@ fn a_failed_record_with_a_folded_entry_and_a_long_error() {
     assert_eq!(buf[(x, y)].fg, Color::Reset);
     let (x, y) = find(buf, "running").expect("a running entry");
     assert_eq!(buf[(x, y)].fg, Color::Yellow);
+}
+
+#[test]
+fn a_task_of_a_chain_shows_its_chain_with_each_task_state() {
+    use crate::chain::{ChainState, ChainTask, ChainView, Member};
+    let mut s = state(true);
+    press(&mut s, &[Action::Down, Action::Down, Action::Down]);
+    look_up(&mut s, "invoice-8812");
+    let mut record = failed_record();
+    record.chain = Some("import-7".into());
+    let task = |id: &str, parent: Option<&str>, state: Option<RecordState>| ChainTask {
+        member: Member::new("webhooks", id),
+        parent: parent.map(|p| Member::new("webhooks", p)),
+        record: state.map(|state| TaskRecord {
+            id: id.into(),
+            state,
+            history: None,
+            ..record.clone()
+        }),
+    };
+    let mut tasks = vec![
+        task("import-7", None, Some(RecordState::Done)),
+        task("import-7~1", Some("import-7"), Some(RecordState::Done)),
+        task("import-7~2", Some("import-7"), Some(RecordState::Running)),
+        task("import-7~3", Some("import-7"), None),
+    ];
+    tasks.extend((4..=9).map(|n| {
+        task(
+            &format!("import-7~{n}"),
+            Some("import-7"),
+            Some(RecordState::Waiting),
+        )
+    }));
+    let chain = ChainView {
+        id: "import-7".into(),
+        state: ChainState::Running,
+        failed: None,
+        tasks,
+    };
+    update(
+        &mut s,
+        Action::LookedUp {
+            queue: "webhooks".into(),
+            id: "invoice-8812".into(),
+            result: Ok(Some(Box::new(record))),
+            chain: Some(Box::new(chain)),
+        },
+    );
+    let t = draw(&s, 120, 36);
+    insta::assert_snapshot!(t.backend());
+    let buf = t.backend().buffer();
+    assert!(find(buf, "import-7  running   2 of 10 tasks done").is_some());
+    let (x, y) = find(buf, "import-7~2  running").expect("a running task of the chain");
+    assert_eq!(buf[(x + 12, y)].fg, Color::Yellow);
+    assert!(find(buf, "(expired)").is_some());
+    assert!(find(buf, "… 2 more: gaffer tasks chain import-7").is_some());
 }
 
 #[test]
@@ -1072,7 +1129,8 @@ fn the_lookup_steps_are_pure() {
         Action::LookedUp {
             queue: "emails".into(),
             id: "q1".into(),
-            result: Err("busy".into())
+            result: Err("busy".into()),
+            chain: None,
         }
     );
     // An answer for another task (an earlier lookup) is dropped.

@@ -168,6 +168,7 @@ impl Service {
             connect: Default::default(),
             report: Some(report),
             host: "api-test".into(),
+            chains: Default::default(),
         };
         let stop = CancellationToken::new();
         let token = stop.clone();

@@ -2,6 +2,7 @@
 //! harness starts on free ports in temp dirs. No test depends on a Redis at 6379.
 
 mod api;
+mod chains;
 mod cli;
 mod config;
 mod drain;

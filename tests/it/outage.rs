@@ -75,6 +75,7 @@ fn start_slot<H: Handler + Send + 'static>(
         connect: ConnectOptions::default(),
         report: Some(report),
         host: "test-host".into(),
+        chains: Default::default(),
     };
     let stop = CancellationToken::new();
     let token = stop.clone();

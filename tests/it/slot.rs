@@ -42,6 +42,7 @@ fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec
         connect: ConnectOptions::default(),
         report: Some(report),
         host: "test-host".into(),
+        chains: Default::default(),
     }
 }
 

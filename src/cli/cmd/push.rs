@@ -37,6 +37,10 @@ pub struct PushArgs {
     /// Attempts before dead letters, overriding the queue's max_attempts
     #[arg(long)]
     pub max_attempts: Option<u32>,
+    /// Make each task the global task of a chain of its own (its id is the chain's;
+    /// one is made up when --id is not given): `gaffer tasks chain ID` follows it
+    #[arg(long)]
+    pub chain: bool,
     /// Print the result as JSON
     #[arg(long)]
     pub json: bool,
@@ -138,8 +142,16 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
             at: None,
             max_attempts: args.max_attempts,
             submitted_by: Some(crate::config::RESERVED_SUBMITTER.into()),
+            chain: None,
         })
         .collect();
+    let mut tasks = tasks;
+    if args.chain {
+        let ttl = crate::chain::ChainTargets::from_config(&cfg).ttl;
+        crate::chain::start_global(&client, &args.queue, &mut tasks, ttl)
+            .await
+            .map_err(|e| CliError::Runtime(e.into()))?;
+    }
     let total = tasks.len();
     let show_progress = total > PUSH_CHUNK && std::io::stderr().is_terminal();
     let (mut created, mut cancelled) = (0usize, 0usize);

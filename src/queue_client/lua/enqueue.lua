@@ -1,8 +1,12 @@
 -- ARGV: n, priority, delay_ms, at_ms (0: none), max_attempts, mode, track ('1': keep a
 --   record), submitted_by, dedup ('a' active | 'r' record), intake (the config's value,
---   used while no run-time switch is set), history_ttl_ms, then
+--   used while no run-time switch is set), history_ttl_ms, root ('1': each task is the
+--   global task of its own chain), then
 --   mode 'p':  n payloads (ids generated), or
---   mode 'ip': n × (id, payload) (ids given: dedup applies).
+--   mode 'ip': n × (id, payload) (ids given: dedup applies), or
+--   mode 'ig': n × (id, payload, chain): follow-ups of chain G (ids derived from their
+--              parent's; dedup against records too, so a parent run again after its slot
+--              died finds the children it made, even those that already finished).
 -- Options are shared by the call (the client splits calls where they differ), which keeps
 -- per-task arguments, the main cost of a bulk enqueue, to one or two.
 -- Returns {base, flags}: generated ids are '#' .. (base + i) for the i-th task (1-based),
@@ -10,12 +14,15 @@
 -- was kept, 'x' recorded as cancelled at once (the intake is 'cancel'). Returns {-1, ''}
 -- and changes nothing when the intake is closed. Replies stay small, which matters as much
 -- as the work.
-local H = 11
+local H = 12
 local now = now_ms()
 local n = tonumber(ARGV[1])
 local pri, delay, at = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ma = ARGV[5]
-local track, by, dedup_record = ARGV[7] == '1', ARGV[8], ARGV[9] == 'r'
+local mode = ARGV[6]
+local track, by, dedup_record = ARGV[7] == '1', ARGV[8], ARGV[9] == 'r' or mode == 'ig'
+local root = ARGV[12] == '1'
+local per = (mode == 'ig') and 3 or 2
 local intake = redis.call('HGET', K_CONF, 'intake') or ARGV[10]
 local ttl = tonumber(ARGV[11])
 if intake == 'closed' then return {-1, ''} end
@@ -26,9 +33,11 @@ if at > 0 then due = at end
 local is_delayed = due > now
 local base = redis.call('INCRBY', K_SEQ, n) - n
 local payloads, metas, ids, seqs, flags = {}, {}, {}, {}, nil
+-- per created task: its chain's global task ('' none), when any task has one
+local chains = nil
 local created = 0
 
-if ARGV[6] == 'p' then
+if mode == 'p' then
   -- Generated ids cannot clash: no lookups, indices instead of the # operator.
   for i = 1, n do
     local id = '#' .. (base + i)
@@ -41,12 +50,13 @@ if ARGV[6] == 'p' then
   end
   created = n
   flags = string.rep(cancel and 'x' or '1', n)
+  if root then chains = ids end
 else
   -- Dedup against records: one whose time is up must not count (see record_get.lua).
   if dedup_record then expire_records(now, 100) end
   local seen, fl = {}, {}
   for i = 1, n do
-    local o = H - 1 + 2 * i
+    local o = H + per * (i - 1) + 1
     local id = ARGV[o]
     local fresh = true
     if seen[id] then
@@ -74,6 +84,13 @@ else
       metas[2 * created] = meta
       ids[created] = id
       seqs[created] = base + i
+      if per == 3 then
+        chains = chains or {}
+        chains[created] = ARGV[o + 2]
+      elseif root then
+        chains = chains or {}
+        chains[created] = id
+      end
     end
   end
   flags = table.concat(fl)
@@ -83,7 +100,7 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      'cancelled on arrival: the intake of the queue is cancel', ttl, ARGV[6] ~= 'p')
+      'cancelled on arrival: the intake of the queue is cancel', ttl, mode ~= 'p', chains)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -99,7 +116,7 @@ elseif created > 0 then
   else
     push_ready(pri, ids, false)
   end
-  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, '', 0, ARGV[6] ~= 'p') end
+  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, '', 0, mode ~= 'p', chains) end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
 end

@@ -31,7 +31,7 @@ while found < limit and looked < cap do
       gone[#gone + 1] = id
     elseif want == '' or r[1] == want then
       out[#out + 1] = id
-      for j = 1, 10 do out[#out + 1] = r[j] end
+      for j = 1, REC_VIEW_FIELDS do out[#out + 1] = r[j] end
       found = found + 1
       if found == limit then break end
     end

@@ -182,7 +182,8 @@ end
 -- A string, not a hash: a hash with a value over 64 bytes (a history soon is) leaves
 -- Redis's compact encoding and costs several times the memory.
 --   fields:  p priority, m max_attempts, c created ms, d due ms, b submitted_by,
---            e last error, r result (JSON text)
+--            e last error, r result (JSON text), g chain (the global task's id; records
+--            written before chains had no g, which reads as none)
 --   entries: state, at ms, attempt, host, slot, note[, count when folded]
 -- The task's state, attempt and updated time are those of its last entry, except while a
 -- slot holds the task: a take writes the running entries of its whole batch in one MSET,
@@ -205,8 +206,8 @@ end
 -- Who waits for a task's end (an api instance's sync submit) is in the set K_WATCH; the
 -- end is then published on ENDED_CHANNEL.
 local RS, FS = '\30', '\31'
-local F = {p = 1, m = 2, c = 3, d = 4, b = 5, e = 6, r = 7}
-local NF = 7
+local F = {p = 1, m = 2, c = 3, d = 4, b = 5, e = 6, r = 7, g = 8}
+local NF = 8
 -- Where the end of a task someone waits for is announced: `ns:{Q}:ended` (a channel, not
 -- a key).
 local ENDED_CHANNEL = string.sub(K_REC, 1, -3) .. 'ended'
@@ -511,12 +512,13 @@ local function rec_live(id, now)
   return v
 end
 
--- A record as readers get it: {s, p, a, m, c, d, u, b, e, r} (state, attempt and updated
--- time from its last entry) and its history.
+-- A record as readers get it: {s, p, a, m, c, d, u, b, e, r, g} (state, attempt and
+-- updated time from its last entry) and its history.
+local REC_VIEW_FIELDS = 11
 local function rec_view(v)
   local f, hist = rec_parse(v)
   local _, st, at, att = last_entry(hist)
-  return {st or '', f[F.p], att or '0', f[F.m], f[F.c], f[F.d], at or f[F.c], f[F.b], f[F.e], f[F.r]}, hist
+  return {st or '', f[F.p], att or '0', f[F.m], f[F.c], f[F.d], at or f[F.c], f[F.b], f[F.e], f[F.r], f[F.g]}, hist
 end
 
 -- A live record as readers see it (rec_view), with the running entry of a task a slot
@@ -546,12 +548,23 @@ end
 
 -- Creates the records of new tasks (all with the same options) and indexes them. An old
 -- finished record with the same id is replaced. `ttl_ms` > 0: they end at once.
-local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given)
-  local v = rec_pack({pri, ma, now, due, by, '', ''}, entry(state, now, 0, '', '', note))
+-- `chains`: nil, or per task the id of its chain's global task ('' for none); a task of
+-- a chain shows `chain:G` as its submitter and is left out of the submitter indexes
+-- (they would grow by one per chain).
+local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains)
+  local first = entry(state, now, 0, '', '', note)
+  local v = rec_pack({pri, ma, now, due, by, '', '', ''}, first)
   local scored, kv = {}, {}
   for i, id in ipairs(ids) do
     kv[2 * i - 1] = rec_key(id)
-    kv[2 * i] = v
+    local g = chains and chains[i] or ''
+    if g == '' then
+      kv[2 * i] = v
+    elseif g == id then
+      kv[2 * i] = rec_pack({pri, ma, now, due, by, '', '', g}, first)
+    else
+      kv[2 * i] = rec_pack({pri, ma, now, due, 'chain:' .. g, '', '', g}, first)
+    end
     scored[2 * i - 1] = seqs[i]
     scored[2 * i] = id
   end

@@ -1,6 +1,6 @@
 -- ARGV: id, watch ('1': mark that an api instance waits for the task's end, unless it has
 -- ended already). Returns nil when the task has no record, else the fields
--- {s, p, a, m, c, d, u, b, e, r, h} (see prelude.lua).
+-- {s, p, a, m, c, d, u, b, e, r, g, h} (see prelude.lua).
 local now = now_ms()
 local id = ARGV[1]
 -- Records ended together carry no expiry of their own (see prelude.lua): a read first

@@ -1,5 +1,5 @@
 //! The task lookup: the line an id is typed into, and the task view with the record's
-//! fields and its history. Like every view it reads the state only.
+//! fields, its chain (each task with its state) and its history. Like every view it reads the state only.
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -8,6 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, Widget, Wrap};
 
 use super::{BOLD, DIM, GREEN, HEADER, RED, RED_BOLD, SELECTED, YELLOW, right, truncate};
+use crate::chain::ChainView;
 use crate::queue_client::{HistoryEntry, RecordState, TaskRecord};
 use crate::tui::state::{Finder, Found, State, TaskLookup};
 
@@ -15,6 +16,8 @@ use crate::tui::state::{Finder, Found, State, TaskLookup};
 const KEY_WIDTH: usize = 11;
 /// A long error is wrapped over at most this many lines.
 const ERROR_LINES: usize = 4;
+/// A chain's tasks shown at most, the global task first; the rest are counted.
+const CHAIN_LINES: usize = 8;
 
 /// The colour of a task state: failed red, done green, running yellow, the rest apart.
 pub(super) fn state_style(state: RecordState) -> Style {
@@ -179,6 +182,9 @@ fn record(t: &TaskLookup, r: &TaskRecord, title: String, area: Rect, buf: &mut B
             None => Span::styled("-", DIM),
         },
     ]));
+    if let Some(chain) = &t.chain {
+        lines.extend(chain_lines(chain, value_width));
+    }
     let [info, history] = area.layout(&Layout::vertical([
         Constraint::Length(lines.len() as u16 + 2),
         Constraint::Fill(1),
@@ -187,6 +193,55 @@ fn record(t: &TaskLookup, r: &TaskRecord, title: String, area: Rect, buf: &mut B
         .block(Block::bordered().title(title))
         .render(info, buf);
     history_table(t, r.history.as_deref().unwrap_or_default(), history, buf);
+}
+
+/// The task's chain: its state, then its tasks (the global one first) with theirs.
+fn chain_lines(chain: &ChainView, width: usize) -> Vec<Line<'static>> {
+    let done = chain
+        .tasks
+        .iter()
+        .filter(|t| {
+            t.record
+                .as_ref()
+                .is_some_and(|r| r.state == RecordState::Done)
+        })
+        .count();
+    let mut lines = vec![Line::from(vec![
+        key("chain"),
+        Span::raw(format!("{}  ", chain.id)),
+        Span::styled(chain.state.as_str(), BOLD),
+        Span::raw(format!("   {done} of {} tasks done", chain.tasks.len())),
+    ])];
+    for t in chain.tasks.iter().take(CHAIN_LINES) {
+        let name = truncate(
+            &format!("{} {}", t.member.queue, t.member.id),
+            width.saturating_sub(12).max(1),
+        );
+        let state = match &t.record {
+            Some(r) => Span::styled(format!("  {}", r.state.as_str()), state_style(r.state)),
+            None => Span::styled("  (expired)", DIM),
+        };
+        let lead = if t.parent.is_some() { "  └ " } else { "" };
+        lines.push(Line::from(vec![
+            key(""),
+            Span::raw(format!("{lead}{name}")),
+            state,
+        ]));
+    }
+    if chain.tasks.len() > CHAIN_LINES {
+        lines.push(Line::from(vec![
+            key(""),
+            Span::styled(
+                format!(
+                    "… {} more: gaffer tasks chain {}",
+                    chain.tasks.len() - CHAIN_LINES,
+                    chain.id
+                ),
+                DIM,
+            ),
+        ]));
+    }
+    lines
 }
 
 /// The history, oldest first, from the scroll position on.

@@ -1,5 +1,7 @@
-//! `gaffer tasks …`: one task's record, listings, dead letters, freeze, thaw, cancel.
+//! `gaffer tasks …`: one task's record, listings, chains, dead letters, freeze, thaw,
+//! cancel.
 
+mod chain;
 mod control;
 mod dead;
 mod list;
@@ -9,6 +11,7 @@ use clap::Subcommand;
 
 use crate::cli::{CliError, Global};
 
+pub use chain::ChainArgs;
 pub use control::TaskRef;
 pub use dead::{DeadArgs, PurgeArgs, RequeueArgs};
 pub use list::ListArgs;
@@ -32,6 +35,11 @@ pub enum TasksCmd {
     Show(ShowArgs),
     /// List a queue's task records, newest first, a page at a time
     List(ListArgs),
+    /// Show a chain as a tree: its global task and every follow-up, each with its state
+    ///
+    /// ID is the chain's global task's id (a follow-up's record names it as `chain`).
+    /// The chain is done when every task is done, failed as soon as one failed for good.
+    Chain(ChainArgs),
     /// Hold a waiting task: takers do not see it until it is thawed
     Freeze(TaskRef),
     /// Release a frozen task: ready at once, or delayed while its due time is ahead
@@ -47,6 +55,7 @@ pub async fn run(global: &Global, cmd: TasksCmd) -> Result<(), CliError> {
         TasksCmd::Cancel(task) => control::cancel(global, task).await,
         TasksCmd::Show(args) => show::run(global, args).await,
         TasksCmd::List(args) => list::run(global, args).await,
+        TasksCmd::Chain(args) => chain::run(global, args).await,
         TasksCmd::Freeze(task) => control::hold(global, task, control::Hold::Freeze).await,
         TasksCmd::Thaw(task) => control::hold(global, task, control::Hold::Thaw).await,
     }

@@ -1,0 +1,197 @@
+//! The chain endpoints: `GET /v1/chains/{id}`, a submit with `"chain": true` (the task
+//! becomes the global task of a chain of its own), with `"wait"` held until the whole
+//! chain has ended, and the global task's record showing its chain's tasks.
+
+use std::time::Duration;
+
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::routes::Api;
+use super::submit::Submit;
+use crate::chain::{self, ChainError, ChainTargets, ChainView};
+use crate::config::ApiKey;
+use crate::queue_client::{NewTask, Queue, TaskRecord};
+
+type Answer = Result<(StatusCode, Value), ApiError>;
+
+impl Api {
+    fn chain_targets(&self) -> ChainTargets {
+        ChainTargets::from_config(&self.config)
+    }
+
+    /// `GET /v1/chains/{id}`: the chain with every task's record, the global one first.
+    /// A key sees a chain when it may see its global task.
+    pub(super) async fn chain(&self, key: &ApiKey, id: &str) -> Answer {
+        let unknown = || ApiError::not_found(format!("no chain {id}"));
+        let view = chain::read(&self.client, &self.chain_targets().queues, id)
+            .await?
+            .ok_or_else(unknown)?;
+        if !self.may_see(key, &view) {
+            return Err(unknown());
+        }
+        Ok((StatusCode::OK, view.to_json()))
+    }
+
+    fn may_see(&self, key: &ApiKey, view: &ChainView) -> bool {
+        let Some(root) = view.tasks.first() else {
+            return false;
+        };
+        key.allows(&root.member.queue)
+            && (key.admin
+                || root
+                    .record
+                    .as_ref()
+                    .is_some_and(|r| r.submitted_by.as_deref() == Some(key.name.as_str())))
+    }
+
+    /// Whether a key sees a record: its own, or a follow-up in a chain whose global task
+    /// it submitted.
+    pub(super) async fn owns(&self, key: &ApiKey, rec: &TaskRecord) -> Result<bool, ApiError> {
+        if key.admin || rec.submitted_by.as_deref() == Some(key.name.as_str()) {
+            return Ok(true);
+        }
+        let Some(chain) = rec.chain.as_deref().filter(|c| *c != rec.id) else {
+            return Ok(false);
+        };
+        let conn = self.client.connection();
+        let Some((root, _)) = chain::members(&conn, self.client.namespace(), chain).await? else {
+            return Ok(false);
+        };
+        let Some(queue) = self.queues.get(&root.queue) else {
+            return Ok(false);
+        };
+        Ok(queue
+            .record(&root.id)
+            .await?
+            .is_some_and(|r| r.submitted_by.as_deref() == Some(key.name.as_str())))
+    }
+
+    /// A record as `GET …/tasks/{id}` answers it: a global task's shows its chain's state
+    /// and tasks beside (`chain_state`, `chain_tasks`: queue, id, state, parent).
+    pub(super) async fn record_answer(&self, rec: TaskRecord) -> Result<Value, ApiError> {
+        let is_global = rec.chain.as_deref() == Some(rec.id.as_str());
+        let mut out = json!(rec);
+        if !is_global {
+            return Ok(out);
+        }
+        let targets = self.chain_targets();
+        if let Some(view) = chain::read(&self.client, &targets.queues, &rec.id).await? {
+            let tasks: Vec<Value> = view
+                .tasks
+                .iter()
+                .map(|t| {
+                    json!({"queue": t.member.queue, "id": t.member.id,
+                           "state": t.record.as_ref().map(|r| r.state), "parent": t.parent})
+                })
+                .collect();
+            out["chain_state"] = json!(view.state);
+            out["chain_tasks"] = json!(tasks);
+        }
+        Ok(out)
+    }
+
+    /// Before a submit with `"chain": true` is enqueued: the queue must keep records
+    /// (a chain is followed through them), and each task becomes a chain's global task
+    /// (an id already another task's chain is refused, 409).
+    pub(super) async fn start_chains(
+        &self,
+        queue: &Queue,
+        parsed: &mut Submit,
+    ) -> Result<(), ApiError> {
+        let tasks: &mut [NewTask] = match parsed {
+            Submit::One { task, .. } => std::slice::from_mut(task),
+            Submit::Bulk(tasks) => tasks,
+        };
+        if !tasks.iter().any(|t| t.chain.is_some()) {
+            return Ok(());
+        }
+        if !queue.limits().track {
+            return Err(ApiError::bad_request(format!(
+                "chain needs records to follow, and queue {} keeps none (track = false)",
+                queue.name()
+            )));
+        }
+        let ttl = self.chain_targets().ttl;
+        let mut chained: Vec<NewTask> = tasks
+            .iter()
+            .filter(|t| t.chain.is_some())
+            .cloned()
+            .collect();
+        chain::start_global(&self.client, queue.name(), &mut chained, ttl)
+            .await
+            .map_err(|e| match e {
+                ChainError::Taken { .. } => ApiError::conflict(e.to_string()),
+                ChainError::Queue(q) => q.into(),
+            })?;
+        let mut fresh = chained.into_iter();
+        for t in tasks.iter_mut().filter(|t| t.chain.is_some()) {
+            if let Some(f) = fresh.next() {
+                *t = f;
+            }
+        }
+        Ok(())
+    }
+
+    /// `"chain": true` with `"wait"`: enqueues the global task, then holds the request
+    /// until the whole chain has ended (200 with the chain) or `wait` passed (202 with
+    /// the chain as it stands). Woken by each of its tasks' ends, never by polling: it
+    /// watches every task of the chain not yet ended, and looks again at each end (a
+    /// task's follow-ups join the chain before it ends, so none can slip by).
+    pub(super) async fn submit_chain_and_wait(
+        &self,
+        queue: &Queue,
+        task: NewTask,
+        wait: Duration,
+    ) -> Answer {
+        let made = queue.enqueue(task).await?;
+        let deadline = tokio::time::Instant::now() + wait;
+        let targets = self.chain_targets();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let view = chain::read(&self.client, &targets.queues, &made.id).await?;
+            let Some(view) = view else {
+                return Err(ApiError::not_found(format!("no chain {}", made.id)));
+            };
+            if view.state.is_end() {
+                return Ok((StatusCode::OK, view.to_json()));
+            }
+            if left.is_zero() || !self.ended.connected(left).await {
+                return Ok((StatusCode::ACCEPTED, view.to_json()));
+            }
+            let mut registrations = Vec::new();
+            let mut ended_meanwhile = false;
+            for t in view
+                .tasks
+                .iter()
+                .filter(|t| !t.record.as_ref().is_some_and(|r| r.state.is_end()))
+            {
+                registrations.push(self.ended.register(&t.member.queue, &t.member.id));
+                if let Some(q) = self.queues.get(&t.member.queue) {
+                    ended_meanwhile |= q
+                        .watch(&t.member.id)
+                        .await?
+                        .is_none_or(|r| r.state.is_end());
+                }
+            }
+            if ended_meanwhile || registrations.is_empty() {
+                continue;
+            }
+            let woken = futures::future::select_all(registrations.iter_mut().map(|r| &mut r.woken));
+            tokio::select! {
+                _ = woken => continue,
+                () = tokio::time::sleep_until(deadline) => {}
+                () = self.shutdown.cancelled() => {}
+            }
+            let view = chain::read(&self.client, &targets.queues, &made.id).await?;
+            let view = view.ok_or_else(|| ApiError::not_found(format!("no chain {}", made.id)))?;
+            let status = if view.state.is_end() {
+                StatusCode::OK
+            } else {
+                StatusCode::ACCEPTED
+            };
+            return Ok((status, view.to_json()));
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! Chains: a global task and the follow-ups its tasks create, followed as one piece of
+//! work (DESIGN.md "Chains, sync tasks and controls").
+//!
+//! A chain is identified by its global task's id. What it holds is a hash of its members
+//! beside the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (on a Redis
+//! Cluster its keys are in another slot than its tasks' queues): field `^` names the
+//! global task, and each follow-up maps to its parent. Members are added before their
+//! tasks are enqueued, and those before their parent is acked, each step idempotent, so a
+//! slot that dies anywhere in between leaves nothing a re-run parent does not redo
+//! exactly once. The chain's state is not stored: it is read from its members' records
+//! (`view`), which every queue script keeps in the same step as each state change, so no
+//! end of any task (a lease expiry included) can leave the chain out of date.
+//!
+//! Neutral ground: the slot adds members, the api and the CLI read chains; it knows
+//! queues only through `queue_client`.
+
+mod view;
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::queue_client::{QueueError, QueueLimits, RedisConn};
+
+pub use view::{ChainState, ChainTask, ChainView, read};
+
+/// Field of a chain's hash naming its global task.
+const ROOT_FIELD: &str = "^";
+/// Separates a member's queue from its id in the chain's hash (a queue name cannot hold it).
+const SEP: char = '\u{1f}';
+/// Separates a follow-up's id from its parent's: `PARENT~N`, N counting from 1.
+pub const DERIVED_SEP: char = '~';
+
+/// One task of a chain: its queue and id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct Member {
+    /// The task's queue.
+    pub queue: String,
+    /// The task's id.
+    pub id: String,
+}
+
+impl Member {
+    /// A member.
+    pub fn new(queue: impl Into<String>, id: impl Into<String>) -> Self {
+        Member {
+            queue: queue.into(),
+            id: id.into(),
+        }
+    }
+
+    fn field(&self) -> String {
+        format!("{}{SEP}{}", self.queue, self.id)
+    }
+
+    fn parse(field: &str) -> Option<Member> {
+        let (queue, id) = field.split_once(SEP)?;
+        Some(Member::new(queue, id))
+    }
+}
+
+/// The chain hash's key.
+pub fn key(namespace: &str, chain: &str) -> String {
+    format!("{namespace}:{{chain:{chain}}}:tasks")
+}
+
+/// The id of the `n`-th follow-up (from 1) of `parent`: derived, so that a parent run
+/// again makes the same ids and the enqueue finds the children it made before.
+pub fn derived_id(parent: &str, n: usize) -> String {
+    format!("{parent}{DERIVED_SEP}{n}")
+}
+
+/// A fresh id for a global task submitted without one: ids a queue generates (`#N`) are
+/// unique within their queue only, and a chain's id must be unique in the namespace.
+pub fn new_global_id() -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    h.write_u128(now.as_nanos());
+    h.write_u32(std::process::id());
+    format!("chain-{:016x}", h.finish())
+}
+
+/// What the slot needs to know of the queues follow-ups may go to: their limits (payload
+/// size, tracking) by name, and how long a chain's member list is kept.
+#[derive(Debug, Clone, Default)]
+pub struct ChainTargets {
+    /// Every queue of the config.
+    pub queues: BTreeMap<String, QueueLimits>,
+    /// How long a chain's member list lives after its last member was added: twice the
+    /// longest `history_ttl`, so it outlives the records it lists.
+    pub ttl: Duration,
+}
+
+impl ChainTargets {
+    /// The targets of a config.
+    pub fn from_config(cfg: &Config) -> Self {
+        let longest = cfg
+            .queues
+            .values()
+            .map(|q| q.history_ttl)
+            .max()
+            .unwrap_or(crate::config::DEFAULT_HISTORY_TTL);
+        ChainTargets {
+            queues: cfg
+                .queues
+                .values()
+                .map(|q| (q.name.clone(), QueueLimits::from(q)))
+                .collect(),
+            ttl: longest * 2,
+        }
+    }
+}
+
+/// Whether a chain's global task is the task given, or another one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootClaim {
+    /// The chain is this task's (newly, or it already was).
+    Ours,
+    /// Another task is the global task of a chain with that id.
+    Taken(Member),
+}
+
+/// Makes `root` the global task of chain `chain`, unless another task already is.
+pub async fn claim_root(
+    conn: &RedisConn,
+    namespace: &str,
+    chain: &str,
+    root: &Member,
+    ttl: Duration,
+) -> Result<RootClaim, QueueError> {
+    let key = key(namespace, chain);
+    let mut conn = conn.clone();
+    let (_, holder): (i64, String) = redis::pipe()
+        .hset_nx(&key, ROOT_FIELD, root.field())
+        .hget(&key, ROOT_FIELD)
+        .query_async(&mut conn)
+        .await?;
+    match Member::parse(&holder) {
+        Some(m) if &m != root => Ok(RootClaim::Taken(m)),
+        _ => {
+            // Only the chain's own global task sets its lifetime: a refused claim
+            // changes nothing.
+            let _: i64 = redis::cmd("EXPIRE")
+                .arg(&key)
+                .arg(ttl.as_secs().max(1))
+                .query_async(&mut conn)
+                .await?;
+            Ok(RootClaim::Ours)
+        }
+    }
+}
+
+/// The global task of chain `chain`, if it has one.
+pub async fn root_of(
+    conn: &RedisConn,
+    namespace: &str,
+    chain: &str,
+) -> Result<Option<Member>, QueueError> {
+    let mut conn = conn.clone();
+    let holder: Option<String> = redis::cmd("HGET")
+        .arg(key(namespace, chain))
+        .arg(ROOT_FIELD)
+        .query_async(&mut conn)
+        .await?;
+    Ok(holder.as_deref().and_then(Member::parse))
+}
+
+/// Why tasks could not start chains of their own.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    /// The id is already the chain of another task: a chain's id must be unique in the
+    /// namespace, across queues.
+    #[error("chain {chain} already exists, as the chain of task {} of queue {}", .holder.id, .holder.queue)]
+    Taken {
+        /// The chain id asked for.
+        chain: String,
+        /// Its global task.
+        holder: Member,
+    },
+    /// Redis refused or could not be reached.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// Makes each of `tasks` the global task of a chain of its own, before they are enqueued
+/// on `queue`: a task without an id gets a fresh one ([`new_global_id`]); an id that is
+/// already some other task's chain refuses them all before anything is written; then
+/// each chain's global task is claimed.
+pub async fn start_global(
+    client: &crate::queue_client::QueueClient,
+    queue: &str,
+    tasks: &mut [crate::queue_client::NewTask],
+    ttl: Duration,
+) -> Result<(), ChainError> {
+    let conn = client.connection();
+    let ns = client.namespace();
+    for t in tasks.iter_mut() {
+        t.chain = Some(crate::queue_client::TaskChain::Global);
+        let id = t.id.get_or_insert_with(new_global_id).clone();
+        match root_of(&conn, ns, &id).await? {
+            Some(holder) if holder != Member::new(queue, &id) => {
+                return Err(ChainError::Taken { chain: id, holder });
+            }
+            _ => {}
+        }
+    }
+    for t in tasks.iter() {
+        let id = t.id.as_deref().unwrap_or_default();
+        if let RootClaim::Taken(holder) =
+            claim_root(&conn, ns, id, &Member::new(queue, id), ttl).await?
+        {
+            return Err(ChainError::Taken {
+                chain: id.to_string(),
+                holder,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Adds follow-ups to chain `chain`, each with its parent. Idempotent.
+pub async fn add_members(
+    conn: &RedisConn,
+    namespace: &str,
+    chain: &str,
+    members: &[(Member, Member)],
+    ttl: Duration,
+) -> Result<(), QueueError> {
+    if members.is_empty() {
+        return Ok(());
+    }
+    let key = key(namespace, chain);
+    let pairs: Vec<(String, String)> = members
+        .iter()
+        .map(|(child, parent)| (child.field(), parent.field()))
+        .collect();
+    let mut conn = conn.clone();
+    let _: ((), i64) = redis::pipe()
+        .hset_multiple(&key, &pairs)
+        .expire(&key, ttl.as_secs().max(1) as i64)
+        .query_async(&mut conn)
+        .await?;
+    Ok(())
+}
+
+/// A chain's members as stored: its global task, and each follow-up with its parent, in
+/// the order of their ids. `None` when the chain is unknown (or its list expired).
+pub async fn members(
+    conn: &RedisConn,
+    namespace: &str,
+    chain: &str,
+) -> Result<Option<(Member, Vec<(Member, Member)>)>, QueueError> {
+    let mut conn = conn.clone();
+    let all: BTreeMap<String, String> = redis::cmd("HGETALL")
+        .arg(key(namespace, chain))
+        .query_async(&mut conn)
+        .await?;
+    let Some(root) = all.get(ROOT_FIELD).and_then(|f| Member::parse(f)) else {
+        return Ok(None);
+    };
+    let mut follow = Vec::new();
+    for (field, parent) in &all {
+        if field == ROOT_FIELD {
+            continue;
+        }
+        if let (Some(child), Some(parent)) = (Member::parse(field), Member::parse(parent)) {
+            follow.push((child, parent));
+        }
+    }
+    follow.sort_by(|a, b| natural(&a.0.id).cmp(&natural(&b.0.id)).then(a.0.cmp(&b.0)));
+    Ok(Some((root, follow)))
+}
+
+/// A derived id's sort key: its parts, numbers compared as numbers (`a~2` before `a~10`).
+fn natural(id: &str) -> Vec<(u64, String)> {
+    id.split(DERIVED_SEP)
+        .map(|p| match p.parse::<u64>() {
+            Ok(n) => (n, String::new()),
+            Err(_) => (0, p.to_string()),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_fields_round_trip_and_ids_with_the_separator_stay_whole() {
+        let m = Member::new("parse", "a\u{1f}b");
+        assert_eq!(Member::parse(&m.field()), Some(m));
+        assert_eq!(Member::parse("no separator"), None);
+    }
+
+    #[test]
+    fn derived_ids_sort_by_their_numbers() {
+        let mut ids = vec!["g~10", "g~2", "g~1~3", "g~1"];
+        ids.sort_by_key(|a| natural(a));
+        assert_eq!(ids, ["g~1", "g~1~3", "g~2", "g~10"]);
+        assert_eq!(derived_id("g~1", 3), "g~1~3");
+    }
+
+    #[test]
+    fn fresh_global_ids_differ() {
+        let a = new_global_id();
+        let b = new_global_id();
+        assert_ne!(a, b);
+        assert!(a.starts_with("chain-"));
+    }
+}

@@ -1,0 +1,260 @@
+//! A chain as readers see it: every member's record, and the chain's state from them.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::{Member, members};
+use crate::queue_client::{QueueClient, QueueError, QueueLimits, RecordState, TaskRecord};
+
+/// Where a chain is, from its tasks' records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChainState {
+    /// No task of it has started yet.
+    Waiting,
+    /// Some task has started and none failed; not all are done.
+    Running,
+    /// Every task is done.
+    Done,
+    /// A task failed for good (named in [`ChainView::failed`]).
+    Failed,
+    /// A task was cancelled, and none failed.
+    Cancelled,
+}
+
+impl ChainState {
+    /// Whether the chain has ended: nothing of it will run any more.
+    pub fn is_end(self) -> bool {
+        matches!(
+            self,
+            ChainState::Done | ChainState::Failed | ChainState::Cancelled
+        )
+    }
+
+    /// The state's name, as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChainState::Waiting => "waiting",
+            ChainState::Running => "running",
+            ChainState::Done => "done",
+            ChainState::Failed => "failed",
+            ChainState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One task of a chain as read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainTask {
+    /// Which task.
+    pub member: Member,
+    /// The task whose follow-up it is; `None` for the global task.
+    pub parent: Option<Member>,
+    /// Its record; `None` when it has expired (or its queue is no longer configured).
+    pub record: Option<TaskRecord>,
+}
+
+/// A chain: its global task first, then the follow-ups in the order of their ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainView {
+    /// The chain's id (its global task's).
+    pub id: String,
+    /// Its state, from its tasks' records.
+    pub state: ChainState,
+    /// The first task that failed for good, if any.
+    pub failed: Option<Member>,
+    /// Every task.
+    pub tasks: Vec<ChainTask>,
+}
+
+impl ChainView {
+    /// The API's document: `{"id", "state", "failed", "tasks": [records with "parent"]}`.
+    pub fn to_json(&self) -> Value {
+        let tasks: Vec<Value> = self
+            .tasks
+            .iter()
+            .map(|t| {
+                let mut v = match &t.record {
+                    Some(r) => serde_json::to_value(r).unwrap_or(Value::Null),
+                    None => json!({"id": t.member.id, "queue": t.member.queue, "state": null}),
+                };
+                if let Value::Object(map) = &mut v {
+                    map.remove("history");
+                    map.insert("parent".into(), json!(t.parent));
+                }
+                v
+            })
+            .collect();
+        let failed = self.failed.as_ref().map(|m| {
+            let error = self
+                .tasks
+                .iter()
+                .find(|t| &t.member == m)
+                .and_then(|t| t.record.as_ref())
+                .and_then(|r| r.error.clone());
+            json!({"queue": m.queue, "id": m.id, "error": error})
+        });
+        json!({"id": self.id, "state": self.state, "failed": failed, "tasks": tasks})
+    }
+}
+
+/// Reads chain `chain`: its members and their records (each queue's records through
+/// `queues`' limits). `None` when no such chain is known.
+pub async fn read(
+    client: &QueueClient,
+    queues: &BTreeMap<String, QueueLimits>,
+    chain: &str,
+) -> Result<Option<ChainView>, QueueError> {
+    let conn = client.connection();
+    let Some((root, follow)) = members(&conn, client.namespace(), chain).await? else {
+        return Ok(None);
+    };
+    let order: Vec<(Member, Option<Member>)> = std::iter::once((root, None))
+        .chain(follow.into_iter().map(|(c, p)| (c, Some(p))))
+        .collect();
+    let reads = order.iter().map(|(m, _)| record_of(client, queues, m));
+    let records = futures::future::try_join_all(reads).await?;
+    let tasks: Vec<ChainTask> = order
+        .into_iter()
+        .zip(records)
+        .map(|((member, parent), record)| ChainTask {
+            member,
+            parent,
+            record,
+        })
+        .collect();
+    let (state, failed) = state_of(&tasks);
+    Ok(Some(ChainView {
+        id: chain.to_string(),
+        state,
+        failed,
+        tasks,
+    }))
+}
+
+async fn record_of(
+    client: &QueueClient,
+    queues: &BTreeMap<String, QueueLimits>,
+    m: &Member,
+) -> Result<Option<TaskRecord>, QueueError> {
+    let Some(limits) = queues.get(&m.queue) else {
+        return Ok(None);
+    };
+    client.queue_with(&m.queue, *limits)?.record(&m.id).await
+}
+
+/// The chain's state from its tasks' (a task whose record is gone counts for nothing):
+/// failed as soon as one failed, else cancelled when one was, else done when all are,
+/// else running once any has started.
+pub(super) fn state_of(tasks: &[ChainTask]) -> (ChainState, Option<Member>) {
+    let states: Vec<(&Member, RecordState)> = tasks
+        .iter()
+        .filter_map(|t| t.record.as_ref().map(|r| (&t.member, r.state)))
+        .collect();
+    if let Some((m, _)) = states.iter().find(|(_, s)| *s == RecordState::Failed) {
+        return (ChainState::Failed, Some((*m).clone()));
+    }
+    if states.iter().any(|(_, s)| *s == RecordState::Cancelled) {
+        return (ChainState::Cancelled, None);
+    }
+    if states.iter().all(|(_, s)| *s == RecordState::Done) {
+        return (ChainState::Done, None);
+    }
+    let started = states
+        .iter()
+        .any(|(_, s)| !matches!(s, RecordState::Waiting | RecordState::Frozen));
+    let state = if started {
+        ChainState::Running
+    } else {
+        ChainState::Waiting
+    };
+    (state, None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str, state: Option<RecordState>) -> ChainTask {
+        let member = Member::new("q", id);
+        ChainTask {
+            parent: None,
+            record: state.map(|state| TaskRecord {
+                id: id.into(),
+                queue: "q".into(),
+                state,
+                priority: 0,
+                attempt: 0,
+                max_attempts: 1,
+                created_at: String::new(),
+                due_at: String::new(),
+                updated_at: String::new(),
+                submitted_by: None,
+                error: None,
+                result: None,
+                chain: None,
+                history: None,
+            }),
+            member,
+        }
+    }
+
+    fn check(states: &[(&str, Option<RecordState>)], expected: (ChainState, Option<&str>)) {
+        let tasks: Vec<ChainTask> = states.iter().map(|(id, s)| task(id, *s)).collect();
+        let (state, failed) = state_of(&tasks);
+        assert_eq!(
+            (state, failed.map(|m| m.id)),
+            (expected.0, expected.1.map(String::from))
+        );
+    }
+
+    #[test]
+    fn a_chain_is_done_only_when_every_task_is() {
+        use RecordState::*;
+        check(&[("g", Some(Waiting))], (ChainState::Waiting, None));
+        check(
+            &[("g", Some(Done)), ("g~1", Some(Waiting))],
+            (ChainState::Running, None),
+        );
+        check(
+            &[
+                ("g", Some(Done)),
+                ("g~1", Some(Running)),
+                ("g~2", Some(Done)),
+            ],
+            (ChainState::Running, None),
+        );
+        check(
+            &[("g", Some(Done)), ("g~1", Some(Done)), ("g~2", Some(Done))],
+            (ChainState::Done, None),
+        );
+        // an expired record counts for nothing
+        check(
+            &[("g", None), ("g~1", Some(Done))],
+            (ChainState::Done, None),
+        );
+    }
+
+    #[test]
+    fn one_failure_fails_the_chain_and_is_named_before_a_cancel() {
+        use RecordState::*;
+        check(
+            &[
+                ("g", Some(Done)),
+                ("g~1", Some(Cancelled)),
+                ("g~2", Some(Failed)),
+                ("g~3", Some(Running)),
+            ],
+            (ChainState::Failed, Some("g~2")),
+        );
+        check(
+            &[
+                ("g", Some(Done)),
+                ("g~1", Some(Cancelled)),
+                ("g~2", Some(Running)),
+            ],
+            (ChainState::Cancelled, None),
+        );
+    }
+}

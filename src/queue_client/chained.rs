@@ -1,0 +1,71 @@
+//! What chains read and write of a queue's tasks (`lua/chain.lua`), off the hot path: only
+//! a batch whose tasks have follow-ups pays for it. The chains themselves (their member
+//! lists, their state) are `crate::chain`'s.
+
+use redis::Value;
+
+use super::reply::string;
+use super::scripts::SCRIPTS;
+use super::{Queue, QueueError};
+
+/// What a follow-up step needs to know of one parent task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainFacts {
+    /// Whether the task has a record (chains follow tasks through their records).
+    pub has_record: bool,
+    /// The chain it belongs to, if any.
+    pub chain: Option<String>,
+    /// Its max_attempts as enqueued (0: no limit); `None` when the task is gone.
+    pub max_attempts: Option<u32>,
+}
+
+impl Queue {
+    /// Each task's record chain and max_attempts, in the order of `ids`, in one call.
+    pub async fn chain_facts(&self, ids: &[&str]) -> Result<Vec<ChainFacts>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.invocation(&SCRIPTS.chain);
+        inv.arg("get");
+        for id in ids {
+            inv.arg(*id);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        if reply.len() != 2 * ids.len() {
+            return Err(QueueError::Protocol(format!(
+                "chain facts of {} tasks returned {} values",
+                ids.len(),
+                reply.len()
+            )));
+        }
+        reply
+            .chunks(2)
+            .map(|pair| {
+                let has_record = !matches!(pair[0], Value::Nil);
+                let chain = string(&pair[0])?;
+                let ma = string(&pair[1])?;
+                Ok(ChainFacts {
+                    has_record,
+                    chain: (!chain.is_empty()).then_some(chain),
+                    max_attempts: ma.parse().ok(),
+                })
+            })
+            .collect()
+    }
+
+    /// Sets the chain of tasks whose records have none yet (tasks that became the global
+    /// task of their own chain by adding follow-ups). Returns how many it set.
+    pub async fn set_chains(&self, pairs: &[(&str, &str)]) -> Result<u64, QueueError> {
+        if pairs.is_empty() {
+            return Ok(0);
+        }
+        let mut inv = self.invocation(&SCRIPTS.chain);
+        inv.arg("set");
+        for (id, chain) in pairs {
+            inv.arg(*id).arg(*chain);
+        }
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+}

@@ -1,0 +1,418 @@
+//! A batch's follow-ups, created before the batch is settled.
+//!
+//! A task that is done (or has failed for good) may lead to follow-up tasks: its queue's
+//! `next` routes and those its handler adds. They are enqueued with ids derived from
+//! their parent's, after they are added to their chain's member list, and all that
+//! before the parent is settled: a slot that dies anywhere in between leaves its tasks'
+//! leases to expire, and the parents run again, make the same ids, and the enqueue
+//! (deduplicating against records too) finds the children already made. Each step is
+//! idempotent and touches one key or one queue at a time, so it holds on a Redis Cluster,
+//! where a parent, its children and its chain live in different slots. A batch without
+//! follow-ups pays nothing.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::chain::{self, ChainTargets, Member, RootClaim};
+use crate::config::{QueueConfig, RouteOn};
+use crate::host::handler::Outcome;
+use crate::queue_client::{
+    ChainFacts, LeasedTask, MAX_ID_LEN, NewTask, Queue, QueueClient, QueueError, TaskChain,
+};
+
+/// Longest pause between attempts to create a batch's follow-ups while Redis fails.
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+/// What a slot keeps to create follow-ups.
+pub(super) struct FollowUps {
+    client: QueueClient,
+    /// The slot's own queue: its tasks are the parents.
+    own: Queue,
+    cfg: QueueConfig,
+    targets: Arc<ChainTargets>,
+    handles: HashMap<String, Queue>,
+}
+
+/// One follow-up to create.
+struct Child {
+    /// Which task of the batch it follows.
+    parent: usize,
+    queue: String,
+    id: String,
+    payload: Vec<u8>,
+}
+
+impl FollowUps {
+    /// Follow-ups of the tasks of `own` (whose config is `cfg`).
+    pub(super) fn new(
+        client: QueueClient,
+        own: Queue,
+        cfg: QueueConfig,
+        targets: Arc<ChainTargets>,
+    ) -> Self {
+        FollowUps {
+            client,
+            own,
+            cfg,
+            targets,
+            handles: HashMap::new(),
+        }
+    }
+
+    /// Creates the follow-ups of a handled batch, and returns the outcomes to settle: a
+    /// task whose follow-ups cannot be made fails (a queue the config does not name) or
+    /// is retried (Redis failing until `lease_until`, a follow-up queue's intake closed).
+    pub(super) async fn before_settle(
+        &mut self,
+        tasks: &[LeasedTask],
+        mut outcomes: Vec<Outcome>,
+        lease_until: Instant,
+    ) -> Vec<Outcome> {
+        self.refuse_unknown_targets(&mut outcomes);
+        if !self.may_have_follow_ups(&outcomes) {
+            return outcomes;
+        }
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match self.create(tasks, &mut outcomes).await {
+                Ok(()) => return outcomes,
+                Err(e) if Instant::now() + pause >= lease_until => {
+                    tracing::warn!(queue = %self.cfg.name, error = %e,
+                        "follow-ups could not be created before the leases expire; the tasks run again");
+                    return retry_all(outcomes, &format!("follow-ups not created: {e}"));
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %self.cfg.name, error = %e, "creating follow-ups failed, retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_PAUSE);
+                }
+            }
+        }
+    }
+
+    /// A handler's follow-up to a queue the config does not name, or one that keeps no
+    /// records, or with a payload over that queue's limit, fails its task for good.
+    fn refuse_unknown_targets(&self, outcomes: &mut [Outcome]) {
+        for o in outcomes.iter_mut() {
+            let Outcome::Done(done) = o else { continue };
+            let refusal = done.next.iter().find_map(|f| {
+                let Some(limits) = self.targets.queues.get(&f.queue) else {
+                    return Some(format!("follow-up to unknown queue {:?}", f.queue));
+                };
+                if !limits.track {
+                    return Some(format!(
+                        "follow-up to queue {} which has track = false: chains need records",
+                        f.queue
+                    ));
+                }
+                let size = f.payload.to_string().len() as u64;
+                (size > limits.max_payload).then(|| {
+                    format!(
+                        "follow-up payload of {size} bytes to queue {} exceeds its max_payload {}",
+                        f.queue, limits.max_payload
+                    )
+                })
+            });
+            if let Some(reason) = refusal {
+                *o = Outcome::Reject { reason };
+            }
+        }
+    }
+
+    /// Whether any outcome could have follow-ups (before anything is read from Redis).
+    fn may_have_follow_ups(&self, outcomes: &[Outcome]) -> bool {
+        let (on_done, on_failed) = self.route_kinds();
+        outcomes.iter().any(|o| match o {
+            Outcome::Done(d) => on_done || !d.next.is_empty(),
+            Outcome::Fail { .. } | Outcome::Reject { .. } => on_failed,
+            Outcome::Retry { .. } => false,
+        })
+    }
+
+    fn route_kinds(&self) -> (bool, bool) {
+        let has = |on| self.cfg.next.iter().any(|r| r.on == on);
+        (has(RouteOn::Done), has(RouteOn::Failed))
+    }
+
+    /// The steps, each idempotent: what the parents are, their children, their chains,
+    /// the chains' member lists, then the children themselves.
+    async fn create(
+        &mut self,
+        tasks: &[LeasedTask],
+        outcomes: &mut [Outcome],
+    ) -> Result<(), QueueError> {
+        let candidates: Vec<usize> = (0..tasks.len())
+            .filter(|&i| !matches!(outcomes[i], Outcome::Retry { .. }))
+            .collect();
+        let ids: Vec<&str> = candidates.iter().map(|&i| tasks[i].id.as_str()).collect();
+        let facts: BTreeMap<usize, ChainFacts> = candidates
+            .iter()
+            .copied()
+            .zip(self.own.chain_facts(&ids).await?)
+            .collect();
+        let children = self.plan(tasks, outcomes, &facts);
+        let mut failed_parents = self.too_long_ids(&children, outcomes);
+        let children: Vec<Child> = children
+            .into_iter()
+            .filter(|c| !failed_parents.contains(&c.parent))
+            .collect();
+        if children.is_empty() {
+            return Ok(());
+        }
+        let chains = self.chains(tasks, &children, &facts).await?;
+        self.add_members(tasks, &children, &chains).await?;
+        let refused = self.enqueue(&children, &chains).await?;
+        for (parent, reason) in refused {
+            if failed_parents.insert(parent) {
+                outcomes[parent] = Outcome::Retry {
+                    delay: self.cfg.retry.delay(tasks[parent].attempt),
+                    reason,
+                };
+            }
+        }
+        hold_for_tests();
+        Ok(())
+    }
+
+    /// Every child of the batch: the queue's routes for how each task ended, then the
+    /// handler's own follow-ups, numbered from 1 per parent.
+    fn plan(
+        &self,
+        tasks: &[LeasedTask],
+        outcomes: &[Outcome],
+        facts: &BTreeMap<usize, ChainFacts>,
+    ) -> Vec<Child> {
+        let mut out = Vec::new();
+        for (&i, fact) in facts {
+            let task = &tasks[i];
+            let mut next: Vec<(String, serde_json::Value)> = Vec::new();
+            match &outcomes[i] {
+                Outcome::Done(done) => {
+                    let result = done.result.clone().unwrap_or(serde_json::Value::Null);
+                    next.extend(self.routes(RouteOn::Done).map(|q| (q, result.clone())));
+                    next.extend(
+                        done.next
+                            .iter()
+                            .map(|f| (f.queue.clone(), f.payload.clone())),
+                    );
+                }
+                Outcome::Reject { reason } => next.extend(self.failed_routes(task, reason)),
+                Outcome::Fail { reason } if final_attempt(task, fact) => {
+                    next.extend(self.failed_routes(task, reason))
+                }
+                _ => {}
+            }
+            out.extend(
+                next.into_iter()
+                    .enumerate()
+                    .map(|(n, (queue, payload))| Child {
+                        parent: i,
+                        queue,
+                        id: chain::derived_id(&task.id, n + 1),
+                        payload: payload.to_string().into_bytes(),
+                    }),
+            );
+        }
+        out
+    }
+
+    fn routes(&self, on: RouteOn) -> impl Iterator<Item = String> + '_ {
+        self.cfg
+            .next
+            .iter()
+            .filter(move |r| r.on == on)
+            .map(|r| r.queue.clone())
+    }
+
+    /// The `on = "failed"` follow-ups of a task that failed for good: their payload says
+    /// which task failed, why, and what it was given.
+    fn failed_routes(&self, task: &LeasedTask, reason: &str) -> Vec<(String, serde_json::Value)> {
+        let given = serde_json::from_slice(&task.payload).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(&task.payload).into())
+        });
+        let payload =
+            json!({"task": task.id, "queue": self.cfg.name, "error": reason, "payload": given});
+        self.routes(RouteOn::Failed)
+            .map(|q| (q, payload.clone()))
+            .collect()
+    }
+
+    /// Parents whose children's ids would be over the id limit (a chain too deep) fail.
+    fn too_long_ids(
+        &self,
+        children: &[Child],
+        outcomes: &mut [Outcome],
+    ) -> std::collections::BTreeSet<usize> {
+        let mut failed = std::collections::BTreeSet::new();
+        for c in children.iter().filter(|c| c.id.len() > MAX_ID_LEN) {
+            if failed.insert(c.parent) {
+                outcomes[c.parent] = Outcome::Reject {
+                    reason: format!(
+                        "follow-up id {}… is over {MAX_ID_LEN} bytes: the chain is too deep",
+                        &c.id[..32.min(c.id.len())]
+                    ),
+                };
+            }
+        }
+        failed
+    }
+
+    /// The chain of each parent: the one its record names, else a chain of its own (the
+    /// parent becomes a global task), under its id or, when another task's chain already
+    /// has that id, under `QUEUE:ID`.
+    async fn chains(
+        &self,
+        tasks: &[LeasedTask],
+        children: &[Child],
+        facts: &BTreeMap<usize, ChainFacts>,
+    ) -> Result<BTreeMap<usize, String>, QueueError> {
+        let conn = self.client.connection();
+        let ns = self.client.namespace();
+        let mut chains = BTreeMap::new();
+        let mut fresh = Vec::new();
+        for parent in children.iter().map(|c| c.parent) {
+            if chains.contains_key(&parent) {
+                continue;
+            }
+            let id = &tasks[parent].id;
+            let chain = match facts.get(&parent).and_then(|f| f.chain.clone()) {
+                Some(chain) => chain,
+                None => {
+                    let me = Member::new(&self.cfg.name, id);
+                    let mut chain = id.clone();
+                    if let RootClaim::Taken(_) =
+                        chain::claim_root(&conn, ns, &chain, &me, self.targets.ttl).await?
+                    {
+                        chain = format!("{}:{id}", self.cfg.name);
+                        chain::claim_root(&conn, ns, &chain, &me, self.targets.ttl).await?;
+                    }
+                    fresh.push((parent, chain.clone()));
+                    chain
+                }
+            };
+            chains.insert(parent, chain);
+        }
+        let pairs: Vec<(&str, &str)> = fresh
+            .iter()
+            .map(|(p, c)| (tasks[*p].id.as_str(), c.as_str()))
+            .collect();
+        self.own.set_chains(&pairs).await?;
+        Ok(chains)
+    }
+
+    /// Adds the children to their chains' member lists, one call per chain.
+    async fn add_members(
+        &self,
+        tasks: &[LeasedTask],
+        children: &[Child],
+        chains: &BTreeMap<usize, String>,
+    ) -> Result<(), QueueError> {
+        let mut by_chain: BTreeMap<&str, Vec<(Member, Member)>> = BTreeMap::new();
+        for c in children {
+            by_chain.entry(&chains[&c.parent]).or_default().push((
+                Member::new(&c.queue, &c.id),
+                Member::new(&self.cfg.name, &tasks[c.parent].id),
+            ));
+        }
+        let conn = self.client.connection();
+        let ns = self.client.namespace();
+        let calls = by_chain.iter().map(|(chain, members)| {
+            chain::add_members(&conn, ns, chain, members, self.targets.ttl)
+        });
+        futures::future::try_join_all(calls).await?;
+        Ok(())
+    }
+
+    /// Enqueues the children, one call per target queue. Returns the parents whose
+    /// children a queue refused (its intake closed), with the reason.
+    async fn enqueue(
+        &mut self,
+        children: &[Child],
+        chains: &BTreeMap<usize, String>,
+    ) -> Result<Vec<(usize, String)>, QueueError> {
+        let mut by_queue: BTreeMap<&str, Vec<&Child>> = BTreeMap::new();
+        for c in children {
+            by_queue.entry(&c.queue).or_default().push(c);
+        }
+        let mut refused = Vec::new();
+        for (queue, kids) in by_queue {
+            let handle = self.handle(queue)?;
+            let tasks: Vec<NewTask> = kids
+                .iter()
+                .map(|c| {
+                    NewTask::new(c.payload.clone())
+                        .id(&c.id)
+                        .chain(TaskChain::FollowUp(chains[&c.parent].clone()))
+                })
+                .collect();
+            match handle.enqueue_many(&tasks).await {
+                Ok(_) => {}
+                Err(QueueError::IntakeClosed { .. }) => refused.extend(kids.iter().map(|c| {
+                    (
+                        c.parent,
+                        format!("follow-up queue {queue} refuses new tasks: its intake is closed"),
+                    )
+                })),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(refused)
+    }
+
+    fn handle(&mut self, queue: &str) -> Result<Queue, QueueError> {
+        if let Some(q) = self.handles.get(queue) {
+            return Ok(q.clone());
+        }
+        let limits = self.targets.queues.get(queue).cloned().unwrap_or_default();
+        let q = self.client.queue_with(queue, limits)?;
+        self.handles.insert(queue.to_string(), q.clone());
+        Ok(q)
+    }
+}
+
+/// Whether a failed attempt is the task's last: its next failure dead-letters it.
+fn final_attempt(task: &LeasedTask, fact: &ChainFacts) -> bool {
+    match fact.max_attempts {
+        Some(0) | None => false,
+        Some(max) => task.attempt >= max,
+    }
+}
+
+fn retry_all(outcomes: Vec<Outcome>, reason: &str) -> Vec<Outcome> {
+    outcomes
+        .into_iter()
+        .map(|o| match o {
+            Outcome::Retry { .. } => o,
+            _ => Outcome::Retry {
+                delay: Duration::ZERO,
+                reason: reason.to_string(),
+            },
+        })
+        .collect()
+}
+
+/// Test hook: with `GAFFER_TEST_HOLD_AFTER_FOLLOW_UPS=PATH` set, the first slot that has
+/// just created follow-ups writes its pid to PATH and stops there, its batch unsettled, so
+/// a test can kill it at exactly that moment (the window this module's order exists for).
+/// Once PATH exists, slots go on as usual.
+fn hold_for_tests() {
+    let Some(path) = std::env::var_os("GAFFER_TEST_HOLD_AFTER_FOLLOW_UPS") else {
+        return;
+    };
+    let claimed = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, std::process::id().to_string().as_bytes())
+        });
+    if claimed.is_err() {
+        return;
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}

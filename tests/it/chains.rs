@@ -1,0 +1,474 @@
+//! Chains end to end: a real master whose exec slots create follow-ups, the api over real
+//! HTTP, on one Redis and on a three-master Redis Cluster (where a parent, its children
+//! and its chain live in different hash slots).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use gaffer::api::{ApiOptions, hash_token};
+use gaffer::cluster::{self, Keys, SlotMap};
+use gaffer::queue_client::{ConnectOptions, QueueClient, RecordState};
+use gaffer::redis_server::free_port;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::request;
+use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some, shared_cluster_url};
+use crate::host::{gone, http_get};
+
+const TOKEN: &str = "chain-token";
+const HOST: &str = "chain-host";
+
+/// The handler of every queue of these tests, told apart by the queue's name (its last
+/// five letters; the rest is the test's prefix). Each run is logged as "QUEUE ID".
+const HANDLER: &str = r#"
+import json, os, sys
+queue = os.environ["GAFFER_QUEUE"]
+prefix, kind = queue[:-5], queue[-5:]
+log = os.environ["CHAIN_TEST_LOG"]
+for line in sys.stdin:
+    out = []
+    for t in json.loads(line)["batch"]:
+        p = t["payload"] if isinstance(t["payload"], dict) else {}
+        with open(log, "a") as f:
+            f.write(queue + " " + t["id"] + "\n")
+        r = {"id": t["id"], "status": "ok"}
+        if kind == "fetch":
+            r["result"] = {"parts": 3}
+            r["next"] = [{"queue": prefix + "parse", "payload": {"part": i, "fail": p.get("fail_part") == i}}
+                         for i in (1, 2, 3)]
+        elif kind == "parse":
+            if p.get("fail"):
+                r = {"id": t["id"], "status": "fail", "error": "part %d is unreadable" % p["part"]}
+            else:
+                r["result"] = {"rows": p["part"] * 10}
+                if p["part"] == 2:
+                    r["next"] = [{"queue": prefix + "store", "payload": {"rows": 20}}]
+        elif kind == "first":
+            r["result"] = {"from": "first"}
+            r["next"] = [{"queue": prefix + "after", "payload": {"from": "handler"}}]
+        elif kind == "after":
+            r["result"] = {"given": t["payload"]}
+        out.append(r)
+    print(json.dumps({"results": out}), flush=True)
+"#;
+
+/// The queues of a test, named with `prefix`.
+fn queues(prefix: &str, script: &Path) -> String {
+    let exec = |name: &str, extra: &str| {
+        format!(
+            "[queues.{prefix}{name}]\nhandler = \"exec\"\ncommand = [\"python3\", \"{}\"]\n\
+             batch_size = 5\nlease = \"2s\"\n\
+             retry = {{ backoff = \"fixed\", base = \"100ms\", max = \"100ms\" }}\n{extra}\n",
+            script.display()
+        )
+    };
+    [
+        exec("fetch", ""),
+        exec(
+            "parse",
+            &format!("max_attempts = 1\nnext = [{{ queue = \"{prefix}clean\", on = \"failed\" }}]"),
+        ),
+        exec("store", ""),
+        exec("clean", ""),
+        exec(
+            "first",
+            &format!("next = [{{ queue = \"{prefix}after\", on = \"done\" }}]"),
+        ),
+        exec("after", ""),
+    ]
+    .concat()
+}
+
+/// A master process, an api instance and a client, on a Redis the test names.
+struct Rig {
+    prefix: String,
+    master: Child,
+    master_http: u16,
+    api: SocketAddr,
+    api_stop: CancellationToken,
+    client: QueueClient,
+    config_path: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Rig {
+    /// Starts it all on `redis_url` under `namespace`, queues named with `prefix`, one
+    /// slot per queue; `env` goes to the master (and so to its slots).
+    async fn start(redis_url: &str, namespace: &str, prefix: &str, env: &[(&str, String)]) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("handler.py");
+        std::fs::write(&script, HANDLER).unwrap();
+        let master_http = free_port().unwrap();
+        let text = format!(
+            "[cluster]\nredis = \"{redis_url}\"\nnamespace = \"{namespace}\"\n\n\
+             [master]\nhttp = \"127.0.0.1:{master_http}\"\ndrain_timeout = \"5s\"\n\
+             memory_reserve = \"64MiB\"\n\n[api]\nmax_wait = \"60s\"\n\n\
+             [api.keys.shop]\ntoken_sha256 = \"{}\"\nqueues = [\"*\"]\n\n{}",
+            hash_token(TOKEN),
+            queues(prefix, &script)
+        );
+        let config_path = dir.path().join("config.toml");
+        std::fs::write(&config_path, &text).unwrap();
+        let config = gaffer::config::parse(&text, "chains.toml").unwrap();
+        let client = QueueClient::connect(redis_url, namespace, &ConnectOptions::default())
+            .await
+            .unwrap();
+        let names: Vec<String> = config.queues.keys().cloned().collect();
+        publish(&client, namespace, &names).await;
+        let log = std::fs::File::create(dir.path().join("master.log")).unwrap();
+        let master = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&config_path)
+            .args(["master", "--host", HOST])
+            .env("GAFFER_LOG", "info")
+            .env("CHAIN_TEST_LOG", dir.path().join("runs.log"))
+            .env(ANY_LOAD.0, ANY_LOAD.1)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let mut opts = ApiOptions::new(config, redis_url.to_string());
+        opts.listen = Some("127.0.0.1:0".parse().unwrap());
+        let api_stop = CancellationToken::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(gaffer::api::run(opts, api_stop.clone(), Some(tx)));
+        let api = rx.await.expect("the api binds");
+        let rig = Rig {
+            prefix: prefix.to_string(),
+            master,
+            master_http,
+            api,
+            api_stop,
+            client,
+            config_path,
+            dir,
+        };
+        rig.wait_idle_slots(names.len()).await;
+        rig
+    }
+
+    async fn wait_idle_slots(&self, n: usize) {
+        eventually(
+            Duration::from_secs(30),
+            "every queue's slot idle",
+            || async {
+                let idle = http_get(self.master_http, "/status")
+                    .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+                    .map(|s| {
+                        s["slots"]
+                            .as_array()
+                            .map(|a| a.iter().filter(|s| s["state"] == "idle").count())
+                            .unwrap_or(0)
+                    })
+                    .unwrap_or(0);
+                idle >= n
+            },
+        )
+        .await;
+    }
+
+    fn q(&self, kind: &str) -> String {
+        format!("{}{kind}", self.prefix)
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let (status, body) =
+            request(self.api, method, path, Some(TOKEN), body.map(str::as_bytes)).await;
+        let json = serde_json::from_slice(&body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
+        (status, json)
+    }
+
+    /// Every handler run so far, as (queue, id).
+    fn runs(&self) -> Vec<(String, String)> {
+        std::fs::read_to_string(self.dir.path().join("runs.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(q, id)| (q.to_string(), id.to_string()))
+            .collect()
+    }
+
+    fn master_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("master.log")).unwrap_or_default()
+    }
+
+    /// `gaffer tasks chain ID` against this rig's Redis.
+    fn cli_chain(&self, id: &str, json: bool) -> (bool, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gaffer"));
+        cmd.arg("--config")
+            .arg(&self.config_path)
+            .args(["tasks", "chain", id]);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.api_stop.cancel();
+        let _ = self.master.kill();
+        let _ = self.master.wait();
+    }
+}
+
+/// A slot map giving this host one slot of each queue.
+async fn publish(client: &QueueClient, namespace: &str, queues: &[String]) {
+    let mut hosts = BTreeMap::new();
+    hosts.insert(
+        HOST.to_string(),
+        queues.iter().map(|q| (q.clone(), 1)).collect(),
+    );
+    let map = SlotMap {
+        epoch: 1,
+        version: 1,
+        hosts,
+    };
+    cluster::write_map_unfenced(&mut client.connection(), &Keys::new(namespace), &map)
+        .await
+        .unwrap();
+}
+
+/// The states of a chain document's tasks by id.
+fn states(chain: &Value) -> BTreeMap<String, String> {
+    chain["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["id"].as_str().unwrap().to_string(),
+                t["state"].as_str().unwrap_or("none").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Fetch fans out to three parse tasks, the second of which leads to a store task: the
+/// sync submit answers once all five are done, and only then; one part failing for good
+/// fails the chain, naming that task, and its queue's failed route runs.
+async fn fan_out_and_fail(rig: &Rig) {
+    let fetch = rig.q("fetch");
+    let path = format!("/v1/queues/{fetch}/tasks");
+    let (status, chain) = rig
+        .call(
+            "POST",
+            &path,
+            Some(r#"{"payload": {}, "chain": true, "wait": "40s"}"#),
+        )
+        .await;
+    assert_eq!(status, 200, "{chain}\n{}", rig.master_log());
+    let id = chain["id"].as_str().unwrap().to_string();
+    assert_eq!(chain["state"], "done", "{chain}");
+    let st = states(&chain);
+    let parse = |n: usize| format!("{id}~{n}");
+    let want: BTreeMap<String, String> = [
+        id.clone(),
+        parse(1),
+        parse(2),
+        parse(3),
+        format!("{}~1", parse(2)),
+    ]
+    .into_iter()
+    .map(|i| (i, "done".to_string()))
+    .collect();
+    assert_eq!(
+        st, want,
+        "every task of the chain is done when it is: {chain}"
+    );
+    assert_eq!(
+        chain["tasks"][0]["id"],
+        id.as_str(),
+        "the global task first"
+    );
+    assert_eq!(chain["tasks"][1]["parent"]["id"], id.as_str(), "{chain}");
+    assert_eq!(chain["tasks"][1]["submitted_by"], format!("chain:{id}"));
+    assert_eq!(chain["tasks"][1]["chain"], id.as_str());
+
+    // The global task's record shows its chain too, and the chain endpoint agrees.
+    let (status, rec) = rig.call("GET", &format!("{path}/{id}"), None).await;
+    assert_eq!(status, 200, "{rec}");
+    assert_eq!(rec["chain"], id.as_str());
+    assert_eq!(rec["chain_state"], "done");
+    assert_eq!(rec["chain_tasks"].as_array().unwrap().len(), 5, "{rec}");
+    let (status, again) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
+    assert_eq!((status, states(&again)), (200, want.clone()));
+    // The chain's id is taken: the same id as another queue's global task is refused.
+    let body = format!(r#"{{"payload": {{}}, "id": "{id}", "chain": true}}"#);
+    let store = format!("/v1/queues/{}/tasks", rig.q("store"));
+    let (status, refused) = rig.call("POST", &store, Some(&body)).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(
+        refused["error"],
+        format!("chain {id} already exists, as the chain of task {id} of queue {fetch}")
+    );
+    let (ok, tree) = rig.cli_chain(&id, false);
+    assert!(ok, "{tree}");
+    assert!(tree.starts_with(&format!("chain {id}: done")), "{tree}");
+    assert_eq!(tree.lines().count(), 6, "{tree}");
+    assert!(
+        tree.contains(&format!("└─ {} {}~1  done", rig.q("store"), parse(2))),
+        "{tree}"
+    );
+
+    // Part 1 fails for good (parse has max_attempts = 1): the chain fails, naming it.
+    let (status, chain) = rig
+        .call(
+            "POST",
+            &path,
+            Some(r#"{"payload": {"fail_part": 1}, "chain": true, "wait": "40s"}"#),
+        )
+        .await;
+    assert_eq!(status, 200, "{chain}");
+    let id = chain["id"].as_str().unwrap().to_string();
+    assert_eq!(chain["state"], "failed", "{chain}");
+    assert_eq!(chain["failed"]["id"], format!("{id}~1"), "{chain}");
+    assert_eq!(chain["failed"]["queue"], rig.q("parse"));
+    let error = chain["failed"]["error"].as_str().unwrap_or_default();
+    assert!(error.ends_with("part 1 is unreadable"), "{chain}");
+    // parse's failed route made a cleanup task for the failed part, in the same chain.
+    let cleanup = format!("{id}~1~1");
+    let clean = rig.client.queue(&rig.q("clean")).unwrap();
+    let rec = poll_some(Duration::from_secs(20), "the cleanup task", || async {
+        clean.record(&cleanup).await.unwrap()
+    })
+    .await;
+    assert_eq!(rec.chain.as_deref(), Some(id.as_str()));
+    let (_, chain) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
+    assert!(states(&chain).contains_key(&cleanup), "{chain}");
+}
+
+#[tokio::test]
+async fn a_chain_with_a_fan_out_ends_when_all_its_tasks_do() {
+    let redis = TestRedis::start();
+    let rig = Rig::start(&redis.url(), "test", "a", &[]).await;
+    fan_out_and_fail(&rig).await;
+}
+
+#[tokio::test]
+async fn a_chain_with_a_fan_out_on_a_redis_cluster() {
+    let rig = Rig::start(&shared_cluster_url(), "chains1", "cl", &[]).await;
+    fan_out_and_fail(&rig).await;
+}
+
+/// The slot creating `first`'s follow-ups (one from its queue's route, one from its
+/// handler) is killed right after they are enqueued, before its task is acked: the task
+/// runs again, and every follow-up exists and runs exactly once.
+async fn killed_between_follow_ups_and_ack(redis_url: &str, namespace: &str, prefix: &str) {
+    let probe = tempfile::tempdir().unwrap();
+    let hold = probe.path().join("held");
+    let env = [(
+        "GAFFER_TEST_HOLD_AFTER_FOLLOW_UPS",
+        hold.display().to_string(),
+    )];
+    let rig = Rig::start(redis_url, namespace, prefix, &env).await;
+    let first = rig.q("first");
+    let (status, made) = rig
+        .call(
+            "POST",
+            &format!("/v1/queues/{first}/tasks"),
+            Some(r#"{"payload": {}, "id": "job-1"}"#),
+        )
+        .await;
+    assert_eq!(status, 202, "{made}");
+    let pid: u32 = poll_some(
+        Duration::from_secs(30),
+        "the slot held after its follow-ups",
+        || async {
+            std::fs::read_to_string(&hold)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+        },
+    )
+    .await;
+    // (The master may have killed it as hung already: either way it dies right here.)
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    eventually(Duration::from_secs(10), "the held slot gone", || async {
+        gone(pid)
+    })
+    .await;
+
+    let after = rig.client.queue(&rig.q("after")).unwrap();
+    let q_first = rig.client.queue(&first).unwrap();
+    eventually(
+        Duration::from_secs(40),
+        "job-1 done after running again",
+        || async {
+            q_first
+                .record("job-1")
+                .await
+                .unwrap()
+                .is_some_and(|r| r.state == RecordState::Done)
+        },
+    )
+    .await;
+    for child in ["job-1~1", "job-1~2"] {
+        eventually(Duration::from_secs(20), "each follow-up done", || async {
+            after
+                .record(child)
+                .await
+                .unwrap()
+                .is_some_and(|r| r.state == RecordState::Done)
+        })
+        .await;
+    }
+    let runs = rig.runs();
+    let count = |q: &str, id: &str| runs.iter().filter(|(rq, rid)| rq == q && rid == id).count();
+    assert_eq!(count(&first, "job-1"), 2, "the parent ran again: {runs:?}");
+    assert_eq!(count(&rig.q("after"), "job-1~1"), 1, "{runs:?}");
+    assert_eq!(count(&rig.q("after"), "job-1~2"), 1, "{runs:?}");
+    assert_eq!(
+        runs.iter().filter(|(q, _)| *q == rig.q("after")).count(),
+        2,
+        "no other follow-up: {runs:?}"
+    );
+    assert_eq!(
+        after.stats().await.unwrap().enqueued_total,
+        2,
+        "each child enqueued once"
+    );
+    // The route's child got the parent's result; the handler's its own payload.
+    let given = |id: &'static str| {
+        let after = after.clone();
+        async move { after.record(id).await.unwrap().unwrap().result.unwrap()["given"].clone() }
+    };
+    assert_eq!(given("job-1~1").await, serde_json::json!({"from": "first"}));
+    assert_eq!(
+        given("job-1~2").await,
+        serde_json::json!({"from": "handler"})
+    );
+    let (_, chain) = rig.call("GET", "/v1/chains/job-1", None).await;
+    assert_eq!(chain["state"], "done", "{chain}");
+    assert_eq!(chain["tasks"].as_array().unwrap().len(), 3, "{chain}");
+    let (ok, json) = rig.cli_chain("job-1", true);
+    assert!(ok, "{json}");
+    let doc: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["id"], "job-1");
+}
+
+#[tokio::test]
+async fn a_slot_killed_between_follow_ups_and_ack_makes_each_child_once() {
+    let redis = TestRedis::start();
+    killed_between_follow_ups_and_ack(&redis.url(), "test", "k").await;
+}
+
+#[tokio::test]
+async fn a_slot_killed_between_follow_ups_and_ack_on_a_redis_cluster() {
+    killed_between_follow_ups_and_ack(&shared_cluster_url(), "chains2", "ck").await;
+}
