@@ -131,25 +131,27 @@ pub async fn claim_root(
     root: &Member,
     ttl: Duration,
 ) -> Result<RootClaim, QueueError> {
-    let key = key(namespace, chain);
+    // One step: only the chain's own global task sets its lifetime, so a refused claim
+    // changes nothing.
+    static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            "redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) \
+             local holder = redis.call('HGET', KEYS[1], ARGV[1]) \
+             if holder == ARGV[2] then redis.call('EXPIRE', KEYS[1], ARGV[3]) end \
+             return holder",
+        )
+    });
     let mut conn = conn.clone();
-    let (_, holder): (i64, String) = redis::pipe()
-        .hset_nx(&key, ROOT_FIELD, root.field())
-        .hget(&key, ROOT_FIELD)
-        .query_async(&mut conn)
+    let holder: String = CLAIM
+        .key(key(namespace, chain))
+        .arg(ROOT_FIELD)
+        .arg(root.field())
+        .arg(ttl.as_secs().max(1))
+        .invoke_async(&mut conn)
         .await?;
     match Member::parse(&holder) {
         Some(m) if &m != root => Ok(RootClaim::Taken(m)),
-        _ => {
-            // Only the chain's own global task sets its lifetime: a refused claim
-            // changes nothing.
-            let _: i64 = redis::cmd("EXPIRE")
-                .arg(&key)
-                .arg(ttl.as_secs().max(1))
-                .query_async(&mut conn)
-                .await?;
-            Ok(RootClaim::Ours)
-        }
+        _ => Ok(RootClaim::Ours),
     }
 }
 

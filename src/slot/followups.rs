@@ -269,38 +269,49 @@ impl FollowUps {
         children: &[Child],
         facts: &BTreeMap<usize, ChainFacts>,
     ) -> Result<BTreeMap<usize, String>, QueueError> {
-        let conn = self.client.connection();
-        let ns = self.client.namespace();
         let mut chains = BTreeMap::new();
-        let mut fresh = Vec::new();
+        let mut new_roots = Vec::new();
         for parent in children.iter().map(|c| c.parent) {
-            if chains.contains_key(&parent) {
+            if chains.contains_key(&parent) || new_roots.contains(&parent) {
                 continue;
             }
-            let id = &tasks[parent].id;
-            let chain = match facts.get(&parent).and_then(|f| f.chain.clone()) {
-                Some(chain) => chain,
-                None => {
-                    let me = Member::new(&self.cfg.name, id);
-                    let mut chain = id.clone();
-                    if let RootClaim::Taken(_) =
-                        chain::claim_root(&conn, ns, &chain, &me, self.targets.ttl).await?
-                    {
-                        chain = format!("{}:{id}", self.cfg.name);
-                        chain::claim_root(&conn, ns, &chain, &me, self.targets.ttl).await?;
-                    }
-                    fresh.push((parent, chain.clone()));
-                    chain
+            match facts.get(&parent).and_then(|f| f.chain.clone()) {
+                Some(chain) => {
+                    chains.insert(parent, chain);
                 }
-            };
-            chains.insert(parent, chain);
+                None => new_roots.push(parent),
+            }
         }
+        let claims = new_roots
+            .iter()
+            .map(|&p| self.claim_new_chain(&tasks[p].id));
+        let fresh: Vec<(usize, String)> = new_roots
+            .iter()
+            .copied()
+            .zip(futures::future::try_join_all(claims).await?)
+            .collect();
+        chains.extend(fresh.iter().cloned());
         let pairs: Vec<(&str, &str)> = fresh
             .iter()
             .map(|(p, c)| (tasks[*p].id.as_str(), c.as_str()))
             .collect();
         self.own.set_chains(&pairs).await?;
         Ok(chains)
+    }
+
+    /// A chain for a parent that is in none: its id, or `QUEUE:ID` when another task's
+    /// chain already has that id.
+    async fn claim_new_chain(&self, id: &str) -> Result<String, QueueError> {
+        let conn = self.client.connection();
+        let ns = self.client.namespace();
+        let me = Member::new(&self.cfg.name, id);
+        let ttl = self.targets.ttl;
+        if let RootClaim::Ours = chain::claim_root(&conn, ns, id, &me, ttl).await? {
+            return Ok(id.to_string());
+        }
+        let chain = format!("{}:{id}", self.cfg.name);
+        chain::claim_root(&conn, ns, &chain, &me, ttl).await?;
+        Ok(chain)
     }
 
     /// Adds the children to their chains' member lists, one call per chain.
