@@ -239,6 +239,15 @@ pub struct QueueConfig {
     /// Whether a slot keeps one take in flight while its handler runs, so the next batch
     /// is in hand when the handler finishes. Its lease runs from when it was taken.
     pub prefetch: bool,
+    /// One task at a time in creation order, across slots and hosts; a retry keeps its
+    /// place at the head. Needs `batch_size = 1` and no `prefetch`.
+    pub ordered: bool,
+    /// Its system's `rate` (tasks per second, cluster-wide), copied from
+    /// [`Config::systems`] when the config is validated, so a slot enforces it at take time.
+    pub system_rate: Option<Rate>,
+    /// Its system's configured `paused`: the state its takes start from while no run-time
+    /// switch (`gaffer system NAME …`) is set.
+    pub system_paused: bool,
 }
 
 impl QueueConfig {
@@ -266,6 +275,9 @@ impl QueueConfig {
             dedup: Dedup::Active,
             intake: Intake::Open,
             prefetch: false,
+            ordered: false,
+            system_rate: None,
+            system_paused: false,
         }
     }
 

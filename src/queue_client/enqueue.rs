@@ -117,6 +117,12 @@ impl Queue {
                 )));
             }
         }
+        if self.limits.ordered && task.priority != 0 {
+            return Err(QueueError::Invalid(format!(
+                "priority {} refused: queue {} is ordered (tasks run in creation order, priority must be 0)",
+                task.priority, self.name
+            )));
+        }
         let off = match task.at {
             Some(at) => at.duration_since(SystemTime::now()).unwrap_or_default(),
             None => task.delay,

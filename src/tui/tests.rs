@@ -259,6 +259,7 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
             hosts: map,
         }),
         manager,
+        systems: Default::default(),
     }
 }
 
