@@ -562,3 +562,64 @@ proptest! {
         prop_assert_eq!(totals(&out2.map), totals(&out.map), "first:\n{}second:\n{}", render(&out), render(&out2));
     }
 }
+
+#[test]
+fn an_ordered_queue_gets_at_most_one_slot() {
+    let case = Case::new()
+        .queue("ledger", 5, 3, 50)
+        .edit("ledger", |q| {
+            q.ordered = true;
+            q.batch_size = 1;
+        })
+        .host("h1", 100)
+        .host("h2", 100)
+        .load("ledger", 50.0, 0.4, 5_000);
+    let out = decide(&case.input());
+    assert_invariants(&case, &out);
+    let d = &out.decisions["ledger"];
+    assert_eq!(d.placed, 1, "{}", render(&out));
+    assert!(d.demand > 1, "the backlog asks for more: {}", render(&out));
+}
+
+#[test]
+fn a_system_switched_at_run_time_counts_as_paused() {
+    let mut case = Case::new()
+        .queue("sync_a", 5, 1, 50)
+        .edit("sync_a", |q| q.system = Some("partner".into()))
+        .host("h1", 100)
+        .load("sync_a", 20.0, 0.4, 100);
+    case.config.systems.insert(
+        "partner".into(),
+        SystemConfig {
+            name: "partner".into(),
+            max_concurrency: None,
+            rate: None,
+            paused: false,
+        },
+    );
+    let switches = [(
+        "partner".to_string(),
+        crate::queue_client::SystemState::Disabled,
+    )]
+    .into();
+    case.config = crate::queue_client::with_switches(&case.config, &switches).unwrap();
+    let out = decide(&case.input());
+    let d = &out.decisions["sync_a"];
+    assert_eq!(d.placed, 0, "{}", render(&out));
+    assert!(
+        d.reasons
+            .iter()
+            .any(|r| matches!(r, Reason::SystemPaused { system } if system == "partner")),
+        "{}",
+        render(&out)
+    );
+    let active = [(
+        "partner".to_string(),
+        crate::queue_client::SystemState::Active,
+    )]
+    .into();
+    assert!(
+        crate::queue_client::with_switches(&case.config, &active).is_some(),
+        "back to active differs from the switched config"
+    );
+}

@@ -447,3 +447,61 @@ async fn the_admin_api_switches_a_system() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn switches_and_the_rate_bucket_work_on_a_redis_cluster() {
+    // The switch's cluster key, each queue's conf and the bucket are in three hash slots.
+    let client = crate::harness::shared_cluster_client().await;
+    let mut cfg = gaffer::config::parse(
+        "[systems.sys_cluster]\nrate = \"1000/s\"\n\n\
+         [queues.sys_cluster_a]\nhandler = \"noop\"\nsystem = \"sys_cluster\"\n\n\
+         [queues.sys_cluster_b]\nhandler = \"noop\"\nsystem = \"sys_cluster\"\n",
+        "cluster.toml",
+    )
+    .unwrap();
+    cfg.cluster.namespace = "test".into();
+    let queue = |name: &str| {
+        client
+            .queue_with(name, QueueLimits::from(&cfg.queues[name]))
+            .unwrap()
+    };
+    let (a, b) = (queue("sys_cluster_a"), queue("sys_cluster_b"));
+    enqueue(&a, 5).await;
+    enqueue(&b, 5).await;
+    let lease = Duration::from_secs(60);
+    client
+        .set_system(
+            &cfg,
+            "sys_cluster",
+            gaffer::queue_client::SystemState::Paused,
+        )
+        .await
+        .unwrap();
+    assert!(a.take(10, lease).await.unwrap().tasks.is_empty());
+    assert!(b.take(10, lease).await.unwrap().tasks.is_empty());
+    let change = client
+        .set_system(
+            &cfg,
+            "sys_cluster",
+            gaffer::queue_client::SystemState::Disabled,
+        )
+        .await
+        .unwrap();
+    assert_eq!(change.cancelled, 10);
+    client
+        .set_system(
+            &cfg,
+            "sys_cluster",
+            gaffer::queue_client::SystemState::Active,
+        )
+        .await
+        .unwrap();
+    enqueue(&a, 3).await;
+    let taken = a.take(10, lease).await.unwrap();
+    assert_eq!(
+        taken.tasks.len(),
+        3,
+        "tokens from the bucket, then the take"
+    );
+    assert!(client.system_granted("sys_cluster").await.unwrap() >= 3);
+}
