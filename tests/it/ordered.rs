@@ -162,4 +162,48 @@ fn ordered_with_a_batch_or_prefetch_is_a_config_error() {
         ),
         "{err}"
     );
+    std::fs::write(
+        &path,
+        "[queues.steps]\nhandler = \"noop\"\nprefetch = true\nordered = true\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&path)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml:4:11: queues.steps.ordered: ordered = true cannot be combined with prefetch = true"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_expired_lease_keeps_its_place_at_the_head() {
+    let rig =
+        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
+    let q = rig.queue("steps");
+    let tasks: Vec<NewTask> = (0..3).map(|_| NewTask::new(b"{}".to_vec())).collect();
+    let ids: Vec<String> = q
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    // Taken and never settled, as by a slot killed mid-task.
+    let lost = q.take(1, Duration::from_millis(200)).await.unwrap();
+    assert_eq!(lost.tasks[0].id, ids[0]);
+    let again = crate::harness::poll_some(Duration::from_secs(10), "the lease expired", || async {
+        let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+        (!b.tasks.is_empty()).then_some(b)
+    })
+    .await;
+    assert_eq!(
+        (again.tasks[0].id.as_str(), again.tasks[0].attempt),
+        (ids[0].as_str(), 2)
+    );
 }
