@@ -222,6 +222,41 @@ impl QueueClient {
     }
 }
 
+impl QueueClient {
+    /// Brings every queue's copy of its system's switch in line with `switches` and the
+    /// config: a queue that joined a switched system gets the switch, one that left a
+    /// system (or whose system has no switch) loses it. The manager calls this every
+    /// tick, so a config change cannot leave a queue held by a system it left. Returns
+    /// how many queues it changed.
+    pub async fn reconcile_system_switches(
+        &self,
+        cfg: &Config,
+        switches: &BTreeMap<String, SystemState>,
+    ) -> Result<u32, QueueError> {
+        let mut changed = 0;
+        for q in cfg.queues.values() {
+            let want = q.system.as_ref().and_then(|name| {
+                let state = switches.get(name)?;
+                Some(format!("{}:{name}", state.as_str()))
+            });
+            let queue = self.queue_with(&q.name, super::QueueLimits::from(q))?;
+            let mut conn = self.connection();
+            let have: Option<String> = conn.hget(queue.keys.conf(), "system").await?;
+            if have == want {
+                continue;
+            }
+            match &want {
+                Some(value) => queue.set_switch(value).await?,
+                None => {
+                    let () = conn.hdel(queue.keys.conf(), "system").await?;
+                }
+            }
+            changed += 1;
+        }
+        Ok(changed)
+    }
+}
+
 impl Queue {
     /// The config's state of the queue's system, as take.lua's argument.
     pub(super) fn configured_system_state(&self) -> &'static str {
@@ -293,8 +328,14 @@ impl Queue {
 
     /// Sets the queue's copy of its system's switch.
     async fn switch_system(&self, system: &str, state: SystemState) -> Result<(), QueueError> {
+        self.set_switch(&format!("{}:{system}", state.as_str()))
+            .await
+    }
+
+    /// Sets the queue's switch to `value` (`STATE:NAME`); back to active wakes its takers.
+    async fn set_switch(&self, value: &str) -> Result<(), QueueError> {
         let mut inv = self.invocation(&SYSTEM);
-        inv.arg("set").arg(format!("{}:{system}", state.as_str()));
+        inv.arg("set").arg(value);
         let mut conn = self.conn.clone();
         inv.invoke_async::<i64>(&mut conn).await?;
         Ok(())

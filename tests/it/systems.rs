@@ -77,6 +77,34 @@ impl Rig {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Rewrites the config file with `tables` (queues, systems), as an operator edits it.
+    pub fn rewrite(&self, tables: &str) {
+        let text = std::fs::read_to_string(&self.config).unwrap();
+        let head = &text[..text.find("\n\n[master]").unwrap()];
+        let master = "[master]\ndrain_timeout = \"10s\"\nmemory_reserve = \"64MiB\"\n\n";
+        std::fs::write(&self.config, format!("{head}\n\n{master}{tables}")).unwrap();
+    }
+
+    /// Starts a manager on the config file.
+    pub fn manager(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("manager.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("manager")
+            .env("GAFFER_LOG", "info")
+            .env(
+                "GAFFER_MANAGER_HTTP",
+                format!("127.0.0.1:{}", free_port().unwrap()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.masters.push(child);
+    }
+
     /// Publishes a map (host → queue → slots) and starts a master per host in it.
     pub async fn masters(&mut self, map: &[(&str, &str, u32)]) {
         let mut hosts: BTreeMap<String, BTreeMap<String, u32>> = BTreeMap::new();
@@ -504,4 +532,23 @@ async fn switches_and_the_rate_bucket_work_on_a_redis_cluster() {
         "tokens from the bucket, then the take"
     );
     assert!(client.system_granted("sys_cluster").await.unwrap() >= 3);
+}
+
+#[tokio::test]
+async fn a_queue_that_left_a_paused_system_is_released_by_the_manager() {
+    let mut rig = Rig::start(PARTNER).await;
+    let q = rig.queue("calls");
+    enqueue(&q, 3).await;
+    rig.cli(&["system", "partner", "pause"]);
+    let lease = Duration::from_secs(60);
+    assert!(q.take(10, lease).await.unwrap().tasks.is_empty());
+    // The config moves the queue out of the system: the manager's tick drops its switch.
+    rig.rewrite(&PARTNER.replace("system = \"partner\"\n", ""));
+    rig.manager();
+    let got = crate::harness::poll_some(Duration::from_secs(30), "the queue released", || async {
+        let b = q.take(10, lease).await.unwrap();
+        (!b.tasks.is_empty()).then_some(b)
+    })
+    .await;
+    assert_eq!(got.tasks.len(), 3);
 }
