@@ -386,3 +386,38 @@ impl Queue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::{SystemState, states, with_switches};
+
+    const CONFIG: &str = "[systems.partner]\n\n[systems.mailer]\npaused = true\n\n\
+        [queues.calls]\nhandler = \"noop\"\nsystem = \"partner\"\n";
+
+    #[test]
+    fn a_switch_counts_as_paused_for_the_balancer_and_wins_over_the_config() {
+        let cfg = crate::config::parse(CONFIG, "t.toml").unwrap();
+        assert!(
+            with_switches(&cfg, &BTreeMap::new()).is_none(),
+            "no switch, no copy"
+        );
+        let same = BTreeMap::from([("mailer".to_string(), SystemState::Paused)]);
+        assert!(
+            with_switches(&cfg, &same).is_none(),
+            "a switch equal to the config"
+        );
+        let switches = BTreeMap::from([
+            ("partner".to_string(), SystemState::Disabled),
+            ("mailer".to_string(), SystemState::Active),
+        ]);
+        let switched = with_switches(&cfg, &switches).unwrap();
+        assert!(switched.systems["partner"].paused);
+        assert!(!switched.systems["mailer"].paused);
+        let now = states(&cfg, &BTreeMap::new());
+        assert_eq!(now["mailer"], SystemState::Paused, "the config's state");
+        assert_eq!(now["partner"], SystemState::Active);
+        assert_eq!(states(&cfg, &switches)["partner"], SystemState::Disabled);
+    }
+}
