@@ -613,7 +613,7 @@ impl DemoLoad {
             if n < 1.0 {
                 continue;
             }
-            let Ok(queue) = self.client.queue_with(&q.name, q.limits) else {
+            let Ok(queue) = self.client.queue_with(&q.name, q.limits.clone()) else {
                 continue;
             };
             match queue.stats().await {

@@ -208,6 +208,10 @@ impl Api {
                 auth::check_admin(key)?;
                 self.drain(host, *action == "drain").await
             }
+            ("system_admin", [_, _, system, action]) => {
+                auth::check_admin(key)?;
+                self.switch_system(system, action).await
+            }
             ("chain", [_, _, id]) => self.chain(key, id).await,
             _ => Err(ApiError::not_found("no such endpoint")),
         }
@@ -492,6 +496,24 @@ impl Api {
         Ok((StatusCode::OK, json!({"queue": queue, "paused": paused})))
     }
 
+    /// `POST /v1/systems/{system}/pause|resume|disable|enable`: the run-time switch, with
+    /// what it did (tasks cancelled by a disable, records noted by a pause).
+    async fn switch_system(&self, system: &str, action: &str) -> Answer {
+        use crate::queue_client::{SystemError, SystemState};
+        let state = match action {
+            "pause" => SystemState::Paused,
+            "disable" => SystemState::Disabled,
+            _ => SystemState::Active,
+        };
+        match self.client.set_system(&self.config, system, state).await {
+            Ok(change) => Ok((StatusCode::OK, json!(change))),
+            Err(SystemError::Unknown(_)) => {
+                Err(ApiError::not_found(format!("unknown system {system}")))
+            }
+            Err(SystemError::Queue(e)) => Err(e.into()),
+        }
+    }
+
     async fn drain(&self, host: &str, draining: bool) -> Answer {
         let keys = cluster::Keys::new(&self.config.cluster.namespace);
         cluster::set_draining(&mut self.client.connection(), &keys, host, draining).await?;
@@ -524,6 +546,12 @@ fn match_route(seg: &[&str]) -> Option<(&'static str, &'static [Method])> {
         ["v1", "queues", _, "pause" | "resume" | "intake"] => ("queue_admin", POST),
         ["v1", "hosts", _, "drain" | "undrain"] => ("host_admin", POST),
         ["v1", "chains", _] => ("chain", GET),
+        [
+            "v1",
+            "systems",
+            _,
+            "pause" | "resume" | "disable" | "enable",
+        ] => ("system_admin", POST),
         _ => return None,
     })
 }

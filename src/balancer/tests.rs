@@ -562,3 +562,21 @@ proptest! {
         prop_assert_eq!(totals(&out2.map), totals(&out.map), "first:\n{}second:\n{}", render(&out), render(&out2));
     }
 }
+
+#[test]
+fn an_ordered_queue_gets_at_most_one_slot() {
+    let case = Case::new()
+        .queue("ledger", 5, 3, 50)
+        .edit("ledger", |q| {
+            q.ordered = true;
+            q.batch_size = 1;
+        })
+        .host("h1", 100)
+        .host("h2", 100)
+        .load("ledger", 50.0, 0.4, 5_000);
+    let out = decide(&case.input());
+    assert_invariants(&case, &out);
+    let d = &out.decisions["ledger"];
+    assert_eq!(d.placed, 1, "{}", render(&out));
+    assert!(d.demand > 1, "the backlog asks for more: {}", render(&out));
+}

@@ -158,12 +158,13 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
             } else {
                 cur
             };
-            if held < q.min_slots {
+            let (min, max) = slot_bounds(q);
+            if held < min {
                 reasons.push(Reason::AtMin);
-                q.min_slots
-            } else if held > q.max_slots {
+                min
+            } else if held > max {
                 reasons.push(Reason::AtMax);
-                q.max_slots
+                max
             } else {
                 held
             }
@@ -176,5 +177,15 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
             load: figures.load,
             reasons,
         };
+    }
+}
+
+/// A queue's min and max slots: an ordered queue runs one task at a time, so it gets at
+/// most one slot whatever its config says.
+fn slot_bounds(q: &crate::config::QueueConfig) -> (u32, u32) {
+    if q.ordered {
+        (q.min_slots.min(1), q.max_slots.min(1))
+    } else {
+        (q.min_slots, q.max_slots)
     }
 }

@@ -141,7 +141,10 @@ async fn record_of(
     let Some(limits) = queues.get(&m.queue) else {
         return Ok(None);
     };
-    client.queue_with(&m.queue, *limits)?.record(&m.id).await
+    client
+        .queue_with(&m.queue, limits.clone())?
+        .record(&m.id)
+        .await
 }
 
 /// The chain's state from its tasks' (a task whose record is gone counts for nothing):

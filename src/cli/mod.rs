@@ -18,7 +18,9 @@ pub use crate::cluster::snapshot::stats_json;
 pub use common::{CliError, Global};
 
 use crate::slot::Registry;
-use cmd::{api, bench, config, drain, intake, manager, master, pause, push, simulate, stats};
+use cmd::{
+    api, bench, config, drain, intake, manager, master, pause, push, simulate, stats, system,
+};
 use cmd::{tasks, top, trace, up};
 
 /// gaffer supervises clusters of queue workers on Redis.
@@ -123,6 +125,12 @@ enum Command {
     /// the run-time switch, which wins over the config's `intake` until --reset drops it.
     /// closed refuses new tasks; cancel records them as cancelled at once.
     Intake(intake::IntakeArgs),
+    /// Show or switch external systems: pause, resume, disable, enable
+    ///
+    /// Without a name, lists every [systems.NAME] with its state, queues, caps and use.
+    /// pause holds its queues' tasks (they wait, with a note); disable cancels its queues'
+    /// waiting tasks and every new one with the note "system NAME is disabled".
+    System(system::SystemArgs),
     /// Run the task service (HTTP): submit, view, list, cancel, freeze and thaw tasks
     ///
     /// Listens on [api].listen (or --listen). Stateless: run any number behind a load
@@ -194,6 +202,7 @@ fn dispatch(command: Command, global: &Global, log_format: LogFormat) -> Result<
         Command::Pause(args) => Threaded.block_on(pause::run(global, args, true)),
         Command::Resume(args) => Threaded.block_on(pause::run(global, args, false)),
         Command::Intake(args) => Threaded.block_on(intake::run(global, args)),
+        Command::System(args) => Threaded.block_on(system::run(global, args)),
         Command::Trace(cmd) => Threaded.block_on(trace::run(global, cmd)),
     }
 }

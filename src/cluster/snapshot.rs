@@ -11,7 +11,9 @@ use serde_json::json;
 
 use super::{HostReport, Keys, SlotMap, now_ms};
 use crate::config::{Config, Intake, QueueConfig};
-use crate::queue_client::{QueueClient, QueueError, QueueLimits, QueueStats, RedisConn};
+use crate::queue_client::{
+    QueueClient, QueueError, QueueLimits, QueueStats, RedisConn, SystemState, system_states,
+};
 
 /// The manager's last verdict on a queue, as written to `NS:{cluster}:decisions`
 /// (`balancer::Decision`, read back without depending on the balancer).
@@ -175,6 +177,29 @@ pub struct Snapshot {
     pub map: Option<SlotMap>,
     /// The manager's lease.
     pub manager: ManagerView,
+    /// Per external system of the config, by name.
+    pub systems: BTreeMap<String, SystemView>,
+}
+
+/// One external system: its state (run-time switch or config), its queues and caps, and
+/// what of them is in use.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SystemView {
+    /// Active, paused or disabled.
+    pub state: SystemState,
+    /// Whether the state is a run-time switch (`gaffer system`) rather than the config's.
+    pub switched: bool,
+    /// Its queues, by name.
+    pub queues: Vec<String>,
+    /// `max_concurrency` from the config: slots of all its queues together.
+    pub max_concurrency: Option<u32>,
+    /// `rate` from the config, tasks per second.
+    pub rate_per_second: Option<f64>,
+    /// Slots of its queues running now (live hosts' reports).
+    pub slots: u32,
+    /// Tasks its rate bucket let start so far (monotonic; 0 without a rate): the rate in
+    /// use is its change over time.
+    pub started_total: u64,
 }
 
 /// Reads a snapshot of the cluster that `cfg` describes.
@@ -200,13 +225,55 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
     for (name, qc) in &cfg.queues {
         queues.insert(name.clone(), read_queue(client, name, qc, &cluster).await?);
     }
+    let systems = read_systems(client, cfg, &queues).await?;
     Ok(Snapshot {
         at_ms,
         queues,
         hosts,
         map,
         manager,
+        systems,
     })
+}
+
+/// Every system of the config with its switch, its queues' slots and its bucket's count.
+async fn read_systems(
+    client: &QueueClient,
+    cfg: &Config,
+    queues: &BTreeMap<String, QueueView>,
+) -> Result<BTreeMap<String, SystemView>, QueueError> {
+    let switches = client.system_switches().await?;
+    let states = system_states(cfg, &switches);
+    let mut out = BTreeMap::new();
+    for (name, sys) in &cfg.systems {
+        let members: Vec<String> = cfg
+            .queues
+            .values()
+            .filter(|q| q.system.as_deref() == Some(name.as_str()))
+            .map(|q| q.name.clone())
+            .collect();
+        let slots = members
+            .iter()
+            .filter_map(|q| queues.get(q))
+            .map(|q| q.slots)
+            .sum();
+        let started_total = if sys.rate.is_some() {
+            client.system_granted(name).await?
+        } else {
+            0
+        };
+        let view = SystemView {
+            state: states.get(name).copied().unwrap_or(SystemState::Active),
+            switched: switches.contains_key(name),
+            queues: members,
+            max_concurrency: sys.max_concurrency,
+            rate_per_second: sys.rate.map(|r| r.per_second),
+            slots,
+            started_total,
+        };
+        out.insert(name.clone(), view);
+    }
+    Ok(out)
 }
 
 /// The manager's last decisions; none when it wrote none or they do not parse.
@@ -383,6 +450,7 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
     json!({
         "queues": qs,
         "hosts": hosts,
+        "systems": systems_json(snap),
         "manager": {
             "epoch": m.map_epoch,
             "map_version": m.map_version,
@@ -392,4 +460,23 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
             "stale": m.stale(),
         },
     })
+}
+
+/// `stats --json`'s `systems`: per system its state, queues, caps and use.
+fn systems_json(snap: &Snapshot) -> serde_json::Value {
+    let systems: serde_json::Map<String, serde_json::Value> = snap
+        .systems
+        .iter()
+        .map(|(name, s)| {
+            (
+                name.clone(),
+                json!({
+                    "state": s.state.as_str(), "switched": s.switched, "queues": s.queues,
+                    "max_concurrency": s.max_concurrency, "rate": s.rate_per_second,
+                    "slots": s.slots, "started_total": s.started_total,
+                }),
+            )
+        })
+        .collect();
+    serde_json::Value::Object(systems)
 }

@@ -240,6 +240,15 @@ pub struct QueueConfig {
     /// Whether a slot keeps one take in flight while its handler runs, so the next batch
     /// is in hand when the handler finishes. Its lease runs from when it was taken.
     pub prefetch: bool,
+    /// One task at a time in creation order, across slots and hosts; a retry keeps its
+    /// place at the head. Needs `batch_size = 1` and no `prefetch`.
+    pub ordered: bool,
+    /// Its system's `rate` (tasks per second, cluster-wide), copied from
+    /// [`Config::systems`] when the config is validated, so a slot enforces it at take time.
+    pub system_rate: Option<Rate>,
+    /// Its system's configured `paused`: the state its takes start from while no run-time
+    /// switch (`gaffer system NAME …`) is set.
+    pub system_paused: bool,
     /// Follow-up routes: where a task of this queue leads when it is done or has failed
     /// for good (`next = [{ queue = "…", on = "done" | "failed" }]`).
     pub next: Vec<Route>,
@@ -290,6 +299,9 @@ impl QueueConfig {
             dedup: Dedup::Active,
             intake: Intake::Open,
             prefetch: false,
+            ordered: false,
+            system_rate: None,
+            system_paused: false,
             next: Vec::new(),
         }
     }

@@ -71,6 +71,7 @@ pub(crate) struct RawQueue {
     pub user: S<String>,
     pub track: S<bool>,
     pub prefetch: S<bool>,
+    pub ordered: S<bool>,
     pub history_ttl: S<Human<Duration>>,
     pub max_result: S<Human<Size>>,
     pub dedup: S<String>,

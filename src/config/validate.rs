@@ -63,11 +63,11 @@ pub(crate) fn parse(source: &str, origin: &str, custom: &[String]) -> Result<Con
     let master = section::<RawMaster>(&mut c, root, "master")
         .map(|raw| master(&mut c, raw))
         .unwrap_or_default();
-    let queues = queues(&mut c, root, &declared_systems, custom);
+    let mut queues = queues(&mut c, root, &declared_systems, custom);
     let systems = systems(&mut c, root);
+    bind_systems(&mut queues, &systems);
     let schedules = schedules(&mut c, root, &declared_queues);
     let api = api(&mut c, root, &declared_queues);
-    let mut queues = queues;
     super::routes::routes(&mut c, root, &mut queues);
 
     if !c.is_empty() {
@@ -409,7 +409,52 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
     limits(c, &q, &raw, &mut out);
     records(c, q.path, &raw, &mut out);
     prefetch(c, q.path, &raw, &mut out);
+    ordered(c, q.path, &raw, &mut out);
     out
+}
+
+/// `ordered`: one task at a time, so refused with a batch of more than one task or with
+/// `prefetch` (which would lease the next task while the head runs).
+fn ordered(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
+    let Some(o) = &raw.ordered else { return };
+    out.ordered = *o.get_ref();
+    if !out.ordered {
+        return;
+    }
+    if raw.batch_size.is_none() {
+        // One at a time is what an ordered queue means: its default batch.
+        out.batch_size = 1;
+    } else if out.batch_size != 1 {
+        c.error(
+            o.span(),
+            &join(path, "ordered"),
+            format!(
+                "ordered = true needs batch_size = 1, got {}: an ordered queue runs one task at a time",
+                out.batch_size
+            ),
+        );
+    }
+    if out.prefetch {
+        c.error(
+            o.span(),
+            &join(path, "ordered"),
+            "ordered = true cannot be combined with prefetch = true: a prefetched task would be leased while the one before it runs",
+        );
+    }
+}
+
+/// Copies each queue's system settings a slot enforces at take time (its `rate` and
+/// configured `paused`) into the queue, so a slot needs nothing but its queue's config.
+fn bind_systems(
+    queues: &mut BTreeMap<String, QueueConfig>,
+    systems: &BTreeMap<String, SystemConfig>,
+) {
+    for q in queues.values_mut() {
+        if let Some(s) = q.system.as_ref().and_then(|name| systems.get(name)) {
+            q.system_rate = s.rate;
+            q.system_paused = s.paused;
+        }
+    }
 }
 
 /// `prefetch`: refused where a batch may run longer than a lease (`max_batch_time` over

@@ -135,11 +135,19 @@ impl Queue {
                     id.len()
                 )));
             }
-            if id.starts_with('#') {
+            // A follow-up's id is derived from its parent's, which may be generated.
+            let derived = matches!(task.chain, Some(TaskChain::FollowUp(_)));
+            if id.starts_with('#') && !derived {
                 return Err(QueueError::Invalid(format!(
                     "task id {id:?} is invalid: ids starting with '#' are reserved for generated ids"
                 )));
             }
+        }
+        if self.limits.ordered && task.priority != 0 {
+            return Err(QueueError::Invalid(format!(
+                "priority {} refused: queue {} is ordered (tasks run in creation order, priority must be 0)",
+                task.priority, self.name
+            )));
         }
         let off = match task.at {
             Some(at) => at.duration_since(SystemTime::now()).unwrap_or_default(),

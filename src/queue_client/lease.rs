@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::limits::HOUSEKEEPING_LIMIT;
 use super::reply::{int, string};
 use super::scripts::SCRIPTS;
+use super::system::Granted;
 use super::{MAX_BATCH, MAX_DELAY, Queue, QueueError, Waiter};
 
 /// One leased task.
@@ -113,6 +114,17 @@ impl Queue {
     /// Takes up to `n` due tasks, each leased for `lease`: highest priority first, FIFO
     /// within a priority. Expired leases and due delayed tasks are brought back first.
     pub async fn take(&self, n: usize, lease: Duration) -> Result<Batch, QueueError> {
+        let n = match self.acquire_tokens(n).await? {
+            Granted::Tasks(n) => n,
+            Granted::None(wait) => return Ok(Batch::rate_limited(wait)),
+        };
+        let batch = self.take_granted(n, lease).await?;
+        self.refund_tokens(n, batch.tasks.len()).await?;
+        Ok(batch)
+    }
+
+    /// take.lua for `n` tasks whose tokens (if the system has a rate) are in hand.
+    async fn take_granted(&self, n: usize, lease: Duration) -> Result<Batch, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.take);
         for arg in self.take_args(n, lease)? {
             inv.arg(arg);
@@ -137,6 +149,12 @@ impl Queue {
                 "settle_take needs at least one op to settle".into(),
             ));
         }
+        let n = match self.acquire_tokens(n).await? {
+            Granted::Tasks(n) => n,
+            Granted::None(wait) => {
+                return Ok((self.settle(ops).await?, Batch::rate_limited(wait)));
+            }
+        };
         let take_args = self.take_args(n, lease)?;
         let checked = self.check_results(ops);
         let ops = checked.as_deref().unwrap_or(ops);
@@ -149,11 +167,14 @@ impl Queue {
         self.push_settle_args(&mut inv, ops, &order);
         let mut conn = self.conn.clone();
         let (settled, taken): (Vec<i64>, Vec<Value>) = inv.invoke_async(&mut conn).await?;
-        Ok((order.results(settled)?, parse_take(taken)?))
+        let batch = parse_take(taken)?;
+        self.refund_tokens(n, batch.tasks.len()).await?;
+        Ok((order.results(settled)?, batch))
     }
 
-    /// take.lua's arguments: n, lease, housekeeping limit, the worker, the record TTL.
-    fn take_args(&self, n: usize, lease: Duration) -> Result<[String; 6], QueueError> {
+    /// take.lua's arguments: n, lease, housekeeping limit, the worker, the record TTL, the
+    /// config's system state, ordered.
+    fn take_args(&self, n: usize, lease: Duration) -> Result<[String; 8], QueueError> {
         if n == 0 || n > MAX_BATCH {
             return Err(QueueError::Invalid(format!(
                 "batch size must be 1 to {MAX_BATCH}, got {n}"
@@ -171,6 +192,8 @@ impl Queue {
             host.to_string(),
             slot,
             self.ttl_arg().to_string(),
+            self.configured_system_state().to_string(),
+            self.ordered_arg().to_string(),
         ])
     }
 
@@ -250,7 +273,8 @@ impl Queue {
             .arg(order.later.len())
             .arg(host)
             .arg(slot)
-            .arg(self.ttl_arg());
+            .arg(self.ttl_arg())
+            .arg(self.ordered_arg());
         for &i in &order.first {
             inv.arg(&ops[i].id).arg(ops[i].token);
         }
@@ -342,6 +366,18 @@ impl Queue {
             .map(|t| SettleOp::new(t, Settle::Extend { lease }))
             .collect();
         self.settle(&ops).await
+    }
+}
+
+impl Batch {
+    /// The empty batch of a take its system's rate held back: the next token in `wait`.
+    fn rate_limited(wait: Duration) -> Self {
+        Batch {
+            tasks: Vec::new(),
+            now_ms: 0,
+            expires_ms: 0,
+            next_hint: Some(wait),
+        }
     }
 }
 

@@ -20,7 +20,7 @@ pub(super) const HOUSEKEEPING_LIMIT: usize = 1000;
 pub const MAX_LIST_LIMIT: usize = 1000;
 
 /// Per-queue limits and defaults, normally from the queue's config.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct QueueLimits {
     /// Largest payload accepted, in bytes.
     pub max_payload: u64,
@@ -36,6 +36,22 @@ pub struct QueueLimits {
     pub dedup: Dedup,
     /// The config's intake, which applies while no run-time switch is set.
     pub intake: Intake,
+    /// One task at a time in creation order (`ordered = true`).
+    pub ordered: bool,
+    /// The external system the queue's takes answer to, if any.
+    pub system: Option<SystemLimits>,
+}
+
+/// What a queue's takes owe its external system: the run-time switch is read beside the
+/// queue, these are the config's values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SystemLimits {
+    /// The system's name.
+    pub name: std::sync::Arc<str>,
+    /// Tasks per second of all its queues together, cluster-wide.
+    pub rate: Option<f64>,
+    /// The config's `paused`: the state while no run-time switch is set.
+    pub paused: bool,
 }
 
 impl Default for QueueLimits {
@@ -48,6 +64,8 @@ impl Default for QueueLimits {
             max_result: crate::config::DEFAULT_MAX_RESULT,
             dedup: Dedup::Active,
             intake: Intake::Open,
+            ordered: false,
+            system: None,
         }
     }
 }
@@ -62,6 +80,12 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
             max_result: q.max_result,
             dedup: q.dedup,
             intake: q.intake,
+            ordered: q.ordered,
+            system: q.system.as_ref().map(|name| SystemLimits {
+                name: name.as_str().into(),
+                rate: q.system_rate.map(|r| r.per_second),
+                paused: q.system_paused,
+            }),
         }
     }
 }

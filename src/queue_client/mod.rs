@@ -17,7 +17,8 @@
 //! queue's tasks), `control` (find, cancel, freeze and thaw,
 //! intake, delete), `dead` (dead letters), `stats` (counters and housekeeping), `limits`,
 //! `error`, `checks` (input checks other modules share), `reply` (decoding script
-//! replies), `conn` (connections), `outage`, `scripts` (the Lua scripts and keys).
+//! replies), `conn` (connections), `outage`, `scripts` (the Lua scripts and keys),
+//! `system` (external systems: the run-time switch and the rate bucket).
 
 mod chained;
 mod checks;
@@ -35,6 +36,7 @@ mod record;
 mod reply;
 mod scripts;
 mod stats;
+mod system;
 
 pub use chained::ChainFacts;
 pub use checks::{json_deeper_than, validate_queue_name};
@@ -49,6 +51,7 @@ pub use error::{ConnectError, QueueError};
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
 pub use limits::{
     DEFAULT_MAX_PAYLOAD, MAX_BATCH, MAX_DELAY, MAX_ID_LEN, MAX_LIST_LIMIT, QueueLimits,
+    SystemLimits,
 };
 pub use outage::OutageLog;
 pub use queue::{Queue, Worker};
@@ -56,3 +59,7 @@ pub use record::{
     HistoryEntry, ListPage, ListQuery, RecordMemory, RecordState, TaskRecord, rfc3339,
 };
 pub use stats::QueueStats;
+pub use system::{
+    SystemChange, SystemError, SystemState, bucket_key, states as system_states, switches_key,
+    with_switches,
+};

@@ -33,7 +33,7 @@ impl Queue {
 
     /// The queue's limits.
     pub fn limits(&self) -> QueueLimits {
-        self.limits
+        self.limits.clone()
     }
 
     /// The same queue, taking and settling as `worker`: the records of the tasks it takes

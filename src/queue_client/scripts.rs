@@ -26,7 +26,7 @@ pub(crate) struct Scripts {
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
-fn with_prelude(body: &str) -> Script {
+pub(crate) fn with_prelude(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
 }
 
@@ -70,6 +70,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
     pub all: [String; 18],
+    namespace: String,
 }
 
 impl Keys {
@@ -96,7 +97,13 @@ impl Keys {
                 k("exp"),
                 k("watch"),
             ],
+            namespace: namespace.to_string(),
         }
+    }
+
+    /// The namespace the queue's keys live under.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
     }
 
     pub fn wake(&self) -> &str {

@@ -21,6 +21,7 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
         KeyCode::Tab | KeyCode::BackTab => Action::NextView,
         KeyCode::Char('1') => Action::ShowQueues,
         KeyCode::Char('2') => Action::ShowSlotMap,
+        KeyCode::Char('3') => Action::ShowSystems,
         KeyCode::Char('k') | KeyCode::Up => Action::Up,
         KeyCode::Char('j') | KeyCode::Down => Action::Down,
         KeyCode::Char('h') | KeyCode::Left => Action::Left,
@@ -64,6 +65,7 @@ pub fn typing_action_for(key: KeyEvent) -> Option<Action> {
 /// The keys, as the help overlay lists them.
 pub const KEYS: &[(&str, &str)] = &[
     ("Tab  1  2", "switch view: queues, slot map"),
+    ("3", "external systems: state, queues, caps, use"),
     ("Enter", "detail of the selected queue or host"),
     ("Esc", "back, close a dialog"),
     ("j k  ↓ ↑", "move the selection; scroll a task's history"),

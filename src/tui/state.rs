@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::chain::ChainView;
-use crate::cluster::snapshot::{HostView, QueueView, Snapshot};
+use crate::cluster::snapshot::{HostView, QueueView, Snapshot, SystemView};
 use crate::queue_client::{MAX_ID_LEN, TaskRecord};
 
 /// Snapshots kept for rates, averages and sparklines.
@@ -38,6 +38,8 @@ pub enum View {
     HostDetail,
     /// One task's record, looked up by id ([`State::task`]).
     Task,
+    /// One row per external system: its state, queues, caps and use.
+    Systems,
 }
 
 /// Columns the queues table sorts by.
@@ -134,6 +136,8 @@ pub enum Action {
     ShowQueues,
     /// 2: the slot map.
     ShowSlotMap,
+    /// 3: the external systems.
+    ShowSystems,
     /// k / ↑.
     Up,
     /// j / ↓.
@@ -377,6 +381,17 @@ pub fn rates(old: &QueueView, new: &QueueView, dt_ms: u64) -> Rates {
     }
 }
 
+/// One row of the systems table: the latest read and the rate in use over the window.
+#[derive(Debug, Clone)]
+pub struct SystemRow<'a> {
+    /// The system.
+    pub name: &'a str,
+    /// Its latest read.
+    pub view: &'a SystemView,
+    /// Tasks its bucket let start per second over the rate window (systems with a rate).
+    pub started_per_s: Option<f64>,
+}
+
 /// One row of the queues table, everything computed.
 #[derive(Debug, Clone)]
 pub struct QueueRow<'a> {
@@ -452,6 +467,33 @@ impl State {
             read_error: None,
             note: None,
         }
+    }
+
+    /// The systems table, by name.
+    pub fn system_rows(&self) -> Vec<SystemRow<'_>> {
+        let Some(latest) = self.history.latest() else {
+            return Vec::new();
+        };
+        let base = self.history.base();
+        latest
+            .systems
+            .iter()
+            .map(|(name, view)| {
+                let started_per_s = base
+                    .and_then(|b| {
+                        let old = b.systems.get(name)?;
+                        let dt = latest.at_ms.checked_sub(b.at_ms).filter(|d| *d > 0)?;
+                        let d = view.started_total.checked_sub(old.started_total)?;
+                        Some(d as f64 * 1000.0 / dt as f64)
+                    })
+                    .filter(|_| view.rate_per_second.is_some());
+                SystemRow {
+                    name,
+                    view,
+                    started_per_s,
+                }
+            })
+            .collect()
     }
 
     /// The queues table, sorted.
@@ -622,6 +664,7 @@ impl State {
                 let i = step(self.host_index(&hosts), hosts.len());
                 self.host = Some(hosts[i].to_string());
             }
+            View::Systems => {}
             View::Task => {
                 if let Some(t) = &mut self.task {
                     let n = match &t.found {
@@ -729,6 +772,7 @@ fn act(state: &mut State, action: Action) -> Option<Effect> {
         Action::NextView => next_view(state),
         Action::ShowQueues => state.view = View::Queues,
         Action::ShowSlotMap => state.view = View::SlotMap,
+        Action::ShowSystems => state.view = View::Systems,
         Action::Up => state.move_selection(Direction::Up),
         Action::Down => state.move_selection(Direction::Down),
         Action::Left => state.map_column = state.map_column.saturating_sub(1),
@@ -765,8 +809,17 @@ fn act(state: &mut State, action: Action) -> Option<Effect> {
 fn next_view(state: &mut State) {
     state.view = match state.base_view() {
         View::Queues | View::QueueDetail => View::SlotMap,
-        View::SlotMap | View::HostDetail | View::Task => View::Queues,
+        View::SlotMap | View::HostDetail | View::Task if has_systems(state) => View::Systems,
+        View::SlotMap | View::HostDetail | View::Task | View::Systems => View::Queues,
     };
+}
+
+/// Whether the latest read has external systems (the systems view is in the Tab cycle).
+fn has_systems(state: &State) -> bool {
+    state
+        .history
+        .latest()
+        .is_some_and(|s| !s.systems.is_empty())
 }
 
 /// Enter: the detail of the selected row, or the task view's record read anew.
@@ -784,7 +837,7 @@ fn open(state: &mut State) -> Option<Effect> {
                 state.view = View::HostDetail;
             }
         }
-        View::QueueDetail | View::HostDetail => {}
+        View::QueueDetail | View::HostDetail | View::Systems => {}
         // Enter again: read the record anew.
         View::Task => {
             if let Some(t) = &state.task {
@@ -804,7 +857,7 @@ fn back(state: &mut State) {
         View::QueueDetail => state.view = View::Queues,
         View::HostDetail => state.view = View::SlotMap,
         View::Task => state.view = state.base_view(),
-        View::Queues | View::SlotMap => {}
+        View::Queues | View::SlotMap | View::Systems => {}
     }
 }
 
@@ -828,7 +881,7 @@ fn ask_pause(state: &mut State) {
                 );
             }
         }
-        View::SlotMap | View::HostDetail | View::Task => {
+        View::SlotMap | View::HostDetail | View::Task | View::Systems => {
             state.say("p pauses a queue: switch to the queues view (1)");
         }
     }
@@ -854,7 +907,7 @@ fn ask_drain(state: &mut State) {
                 );
             }
         }
-        View::Queues | View::QueueDetail | View::Task => {
+        View::Queues | View::QueueDetail | View::Task | View::Systems => {
             state.say("d drains a host: switch to the slot map (2)");
         }
     }
@@ -876,7 +929,7 @@ fn ask_requeue(state: &mut State) {
                 }
             }
         }
-        View::SlotMap | View::HostDetail | View::Task => {
+        View::SlotMap | View::HostDetail | View::Task | View::Systems => {
             state.say("r requeues a queue's dead letters: switch to the queues view (1)");
         }
     }
@@ -903,7 +956,7 @@ fn ask_intake(state: &mut State) {
                 );
             }
         }
-        View::SlotMap | View::HostDetail | View::Task => {
+        View::SlotMap | View::HostDetail | View::Task | View::Systems => {
             state.say("i switches a queue's intake: switch to the queues view (1)");
         }
     }

@@ -11,11 +11,13 @@ use ratatui::style::Color;
 
 use super::state::{Action, Effect, Finder, Found, HISTORY, SortKey, State, View, update};
 use crate::cluster::snapshot::{
-    DecisionView, HostState, HostView, ManagerView, QueueView, Snapshot,
+    DecisionView, HostState, HostView, ManagerView, QueueView, Snapshot, SystemView,
 };
 use crate::cluster::{HostReport, QueueReport, SlotMap};
 use crate::config::Intake;
-use crate::queue_client::{HistoryEntry, QueueStats, RecordState, TaskRecord, rfc3339};
+use crate::queue_client::{
+    HistoryEntry, QueueStats, RecordState, SystemState, TaskRecord, rfc3339,
+};
 
 /// 2023-11-14 22:13:20 UTC: far from any clock the tests run under.
 const T0: u64 = 1_700_000_000_000;
@@ -259,6 +261,7 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
             hosts: map,
         }),
         manager,
+        systems: Default::default(),
     }
 }
 
@@ -580,6 +583,87 @@ fn each_action_asks_for_its_own_effect() {
     assert_eq!(update(&mut s, Action::Quit), Some(Effect::Quit));
 }
 
+/// Read `i` with three systems: one active under a rate (started 48 per second), one
+/// paused at run time, one disabled.
+fn with_systems(i: u64) -> Snapshot {
+    let mut snap = snapshot(i, true);
+    let system = |state, switched, queues: &[&str], cap, rate, started| SystemView {
+        state,
+        switched,
+        queues: queues.iter().map(|q| q.to_string()).collect(),
+        max_concurrency: cap,
+        rate_per_second: rate,
+        slots: if state == SystemState::Active { 3 } else { 0 },
+        started_total: started,
+    };
+    snap.systems = BTreeMap::from([
+        (
+            "geo_api".to_string(),
+            system(
+                SystemState::Active,
+                false,
+                &["geocode", "reverse"],
+                Some(4),
+                Some(50.0),
+                10_000 + i * 96,
+            ),
+        ),
+        (
+            "mailer".to_string(),
+            system(SystemState::Paused, true, &["emails"], None, None, 0),
+        ),
+        (
+            "partner".to_string(),
+            system(
+                SystemState::Disabled,
+                true,
+                &["partner_sync"],
+                Some(10),
+                Some(5.0),
+                1_234,
+            ),
+        ),
+    ]);
+    snap
+}
+
+#[test]
+fn systems_view() {
+    let mut s = State::new(Duration::from_secs(2));
+    for i in 0..READS {
+        feed(&mut s, with_systems(i));
+    }
+    update(
+        &mut s,
+        Action::Tick {
+            now_ms: T0 + (READS - 1) * STEP_MS + 1_000,
+        },
+    );
+    // Tab goes queues → slot map → systems → queues once the cluster has systems.
+    press(&mut s, &[Action::NextView, Action::NextView]);
+    assert_eq!(s.view, View::Systems);
+    let rows = s.system_rows();
+    let geo = rows.iter().find(|r| r.name == "geo_api").unwrap();
+    assert!(
+        (geo.started_per_s.unwrap() - 48.0).abs() < 1e-9,
+        "{:?}",
+        geo.started_per_s
+    );
+    assert_eq!(
+        rows.iter()
+            .find(|r| r.name == "mailer")
+            .unwrap()
+            .started_per_s,
+        None
+    );
+    let t = draw(&s, 120, 10);
+    insta::assert_snapshot!(t.backend());
+    press(&mut s, &[Action::NextView]);
+    assert_eq!(s.view, View::Queues);
+    press(&mut s, &[Action::ShowSystems]);
+    assert_eq!(s.view, View::Systems);
+}
+
 #[test]
 fn views_switch_and_help_swallows_keys() {
     let mut s = state(true);
@@ -697,6 +781,10 @@ fn every_view_fits_any_terminal_size() {
         views.push(s);
     }
     views.push(State::new(Duration::from_secs(1)));
+    let mut systems = State::new(Duration::from_secs(1));
+    feed(&mut systems, with_systems(0));
+    press(&mut systems, &[Action::ShowSystems]);
+    views.push(systems);
     for s in &views {
         for (w, h) in [(1, 1), (12, 3), (40, 8), (80, 4), (200, 60)] {
             let t = draw(s, w, h);

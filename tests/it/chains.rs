@@ -460,6 +460,39 @@ async fn killed_between_follow_ups_and_ack(redis_url: &str, namespace: &str, pre
     assert!(ok, "{json}");
     let doc: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(doc["id"], "job-1");
+
+    // A parent with a generated id (#N) has follow-ups #N~1, #N~2, in chain #N.
+    let (status, made) = rig
+        .call(
+            "POST",
+            &format!("/v1/queues/{first}/tasks"),
+            Some(r#"{"payload": {}}"#),
+        )
+        .await;
+    assert_eq!(status, 202, "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with('#'), "{made}");
+    let chain = format!("/v1/chains/{}", id.replace('#', "%23"));
+    let doc = poll_some(
+        Duration::from_secs(30),
+        "the generated id's chain done",
+        || async {
+            let (status, doc) = rig.call("GET", &chain, None).await;
+            (status == 200 && doc["state"] == "done").then_some(doc)
+        },
+    )
+    .await;
+    let ids: Vec<&str> = doc["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [id.clone(), format!("{id}~1"), format!("{id}~2")],
+        "{doc}"
+    );
 }
 
 #[tokio::test]

@@ -196,6 +196,26 @@ fn no_role_imports_another_roles_folder() {
     }
 }
 
+/// Invariant 32: chains are neutral ground the slot, the api, the CLI and the dashboard
+/// share; they know queues only through `queue_client` and import no role.
+#[test]
+fn chains_are_neutral_ground() {
+    for (path, text) in sources("src/chain") {
+        assert_names_none(
+            &path,
+            &text,
+            &[
+                "crate::manager",
+                "crate::master",
+                "crate::slot",
+                "crate::api",
+                "crate::tui",
+                "crate::cli",
+            ],
+        );
+    }
+}
+
 /// Invariant 29: signal handlers are installed in one place, `src/signals.rs`.
 #[test]
 fn signal_handlers_are_installed_only_in_signals_rs() {

@@ -12,6 +12,7 @@ pub mod pause;
 pub mod push;
 pub mod simulate;
 pub mod stats;
+pub mod system;
 pub mod tasks;
 pub mod top;
 pub mod trace;

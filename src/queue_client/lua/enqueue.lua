@@ -27,6 +27,15 @@ local intake = redis.call('HGET', K_CONF, 'intake') or ARGV[10]
 local ttl = tonumber(ARGV[11])
 if intake == 'closed' then return {-1, ''} end
 local cancel = intake == 'cancel'
+local cancel_note = 'cancelled on arrival: the intake of the queue is cancel'
+-- A disabled system cancels its queues' new tasks; a paused one holds them, saying why.
+local waiting_note = ''
+local sys_state, sys_name = system_switch()
+if sys_state == 'disabled' then
+  cancel, cancel_note = true, 'system ' .. sys_name .. ' is disabled'
+elseif sys_state == 'paused' then
+  waiting_note = 'held: system ' .. sys_name .. ' is paused'
+end
 local meta = pack_meta(ARGV[2], ma, now)
 local due = now + delay
 if at > 0 then due = at end
@@ -100,7 +109,7 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      'cancelled on arrival: the intake of the queue is cancel', ttl, mode ~= 'p', chains)
+      cancel_note, ttl, mode ~= 'p', chains)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -116,7 +125,7 @@ elseif created > 0 then
   else
     push_ready(pri, ids, false)
   end
-  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, '', 0, mode ~= 'p', chains) end
+  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains) end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
 end

@@ -587,3 +587,41 @@ local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms
     redis.call('HSET', K_CONF, 'by:' .. by, 1)
   end
 end
+
+-- The system switch of the queue: state ('active' | 'paused' | 'disabled') and system
+-- name, set at run time by `gaffer system NAME …` in K_CONF; nil when none was set.
+local function system_switch()
+  local v = redis.call('HGET', K_CONF, 'system')
+  if not v then return nil end
+  return string.match(v, '^(%a+):(.*)$')
+end
+
+-- An ordered queue's retried head (K_CONF 'head', set by settle) back at the front of its
+-- list once due; forgotten once it is no longer delayed (taken, cancelled, ready).
+local function ordered_head_due(now)
+  local head = redis.call('HGET', K_CONF, 'head')
+  if not head then return end
+  local due = redis.call('ZSCORE', K_DELAYED, head)
+  if due and tonumber(due) > now then return end
+  if due then
+    redis.call('ZREM', K_DELAYED, head)
+    local m = redis.call('HGET', K_META, head)
+    if m then push_ready(parse_meta(m), {head}, true) end
+  end
+  redis.call('HDEL', K_CONF, 'head')
+end
+
+-- Whether a take must hand out nothing, and the hint for the idle taker: a paused or
+-- disabled system (hint -1: its resume wakes takers), or, on an ordered queue, a lease in
+-- flight (hint: its expiry) or a retried head not yet due (hint: its due time).
+local function take_hold(now, configured, ordered)
+  local state = system_switch() or configured
+  if state == 'paused' or state == 'disabled' then return true, -1 end
+  if not ordered then return false end
+  local l = redis.call('ZRANGE', K_LEASED, 0, 0, 'WITHSCORES')
+  if l[2] then return true, math.max(0, tonumber(l[2]) - now) end
+  local head = redis.call('HGET', K_CONF, 'head')
+  local due = head and redis.call('ZSCORE', K_DELAYED, head)
+  if due then return true, math.max(0, tonumber(due) - now) end
+  return false
+end

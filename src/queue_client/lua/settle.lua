@@ -1,4 +1,5 @@
--- ARGV: k1, k2, host, slot, history_ttl_ms, then k1 acks of first attempts as (id, token),
+-- ARGV: k1, k2, host, slot, history_ttl_ms, ordered ('1': a retry keeps its place at the
+-- head, see take_hold), then k1 acks of first attempts as (id, token),
 -- k2 acks of later attempts as (id, token, attempt) (only those can have attempts and a
 -- last error to clean up); then m other ops as (kind, id, token, attempt, a, b, c):
 --   'e' extend (a = lease_ms);  'r' retry (a = delay_ms, b = priority or '', c = reason);
@@ -6,10 +7,11 @@
 -- Returns k1 + k2 + m results in that order: 1 done, 0 stale (no lease with this token:
 -- it expired and was reclaimed, or was settled or cancelled), 2 retry turned into a dead
 -- letter because max_attempts is reached.
-local H = 5
+local H = 6
 local now = now_ms()
 local k1, k2 = tonumber(ARGV[1]), tonumber(ARGV[2])
 local host, slot, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
+local ordered = ARGV[6] == '1'
 local tracked = redis.call('EXISTS', K_IDX) == 1
 local k = k1 + k2
 local members, ids, atts = {}, {}, {}
@@ -102,7 +104,8 @@ for i = k + 1, k + m do
         res[i] = 2
       else
         local set = {}
-        if ARGV[o + 6] ~= '' then
+        -- An ordered queue keeps one order: a retry's new priority is ignored there.
+        if ARGV[o + 6] ~= '' and not ordered then
           pri = tonumber(ARGV[o + 6])
           redis.call('HSET', K_META, id, pack_meta(pri, ma, enq))
           set.p = pri
@@ -112,10 +115,14 @@ for i = k + 1, k + m do
           set.e = reason
         end
         local delay = tonumber(ARGV[o + 5])
+        if ordered then
+          -- The head keeps its place: nothing behind it is taken until it is due again.
+          redis.call('HSET', K_CONF, 'head', id)
+        end
         if delay > 0 then
           redis.call('ZADD', K_DELAYED, now + delay, id)
         else
-          push_ready(pri, {id}, false)
+          push_ready(pri, {id}, ordered)
           n_woken = n_woken + 1
         end
         if tracked then

@@ -1,5 +1,6 @@
 -- ARGV: n, lease_ms, housekeeping limit, host, slot, history_ttl_ms (the taker's identity
--- goes into the records of tracked tasks)
+-- goes into the records of tracked tasks), the config's system state ('paused' or ''; the
+-- run-time switch in K_CONF wins), ordered ('1': one task at a time, see take_hold)
 -- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
 -- {now, 0, hint_ms} when none: hint_ms = time until the next delayed task is due or the
 -- next lease expires (-1: nothing scheduled), so an idle taker knows when to look again.
@@ -50,6 +51,10 @@ if #expired > 0 then
   if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
 end
 
+-- 1b. An ordered queue's retried head comes back to the front when due (before step 2,
+--     which would put it at the back).
+if ARGV[8] == '1' then ordered_head_due(now) end
+
 -- 2. Delayed tasks that are due join the back of their priority's list, in due order.
 local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, limit)
 if #due > 0 then
@@ -65,7 +70,11 @@ if #due > 0 then
   push_ready_grouped(pris, ids, false)
 end
 
--- 3. Hand out up to n, highest priority first, FIFO within a priority.
+-- 3. Hand out up to n, highest priority first, FIFO within a priority; nothing while
+--    held (a paused or disabled system; an ordered queue's head running or not yet due).
+local held, held_hint = take_hold(now, ARGV[7] or '', ARGV[8] == '1')
+if held then return {now, 0, held_hint} end
+if ARGV[8] == '1' then n = 1 end
 local ids = {}
 while #ids < n do
   local top = redis.call('ZRANGE', K_READY, 0, 0)[1]

@@ -11,6 +11,7 @@ mod lookup;
 mod queue_detail;
 mod queues;
 mod slot_map;
+mod systems;
 
 use ratatui::buffer::Buffer;
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -53,6 +54,7 @@ impl Widget for &State {
                 View::QueueDetail => queue_detail::queue_detail(self, main, buf),
                 View::HostDetail => host_detail::host_detail(self, latest, main, buf),
                 View::Task => lookup::task(self, main, buf),
+                View::Systems => systems::systems(self, main, buf),
             },
         }
         if let Some(f) = &self.finder {
@@ -129,12 +131,22 @@ fn tab_line(state: &State) -> Line<'static> {
         Span::styled(label, if on { SELECTED.patch(BOLD) } else { DIM })
     };
     let on_queues = matches!(state.base_view(), View::Queues | View::QueueDetail);
+    let on_systems = state.base_view() == View::Systems;
     let mut spans = vec![
         Span::raw(" "),
         tab(" 1 Queues ", on_queues),
         Span::raw(" "),
-        tab(" 2 Slot map ", !on_queues),
+        tab(" 2 Slot map ", !on_queues && !on_systems),
     ];
+    // The systems tab shows only where the config has systems.
+    if state
+        .history
+        .latest()
+        .is_some_and(|s| !s.systems.is_empty())
+    {
+        spans.push(Span::raw(" "));
+        spans.push(tab(" 3 Systems ", on_systems));
+    }
     match state.view {
         View::QueueDetail => {
             if let Some((name, _)) = state.selected_queue() {
@@ -152,7 +164,7 @@ fn tab_line(state: &State) -> Line<'static> {
                 spans.push(Span::styled(format!("  › task {id} in {}", t.queue), BOLD));
             }
         }
-        View::Queues | View::SlotMap => {}
+        View::Queues | View::SlotMap | View::Systems => {}
     }
     if !state.config.is_empty() {
         spans.push(Span::styled(
@@ -197,6 +209,7 @@ fn status_line(state: &State) -> Line<'static> {
         View::SlotMap => "Enter detail  d drain/undrain  j/k move  h/l scroll queues",
         View::HostDetail => "Esc back  j/k next host  d drain/undrain",
         View::Task => "Esc back  j/k scroll history  Enter read again",
+        View::Systems => "1 queues  2 slot map  (switch with gaffer system NAME …)",
     };
     Line::styled(format!(" {hints}  / task  Tab view  ? help  q quit"), DIM)
 }

@@ -1,0 +1,423 @@
+//! External systems at run time: the switch (`gaffer system NAME pause|resume|disable|enable`)
+//! and the token bucket that holds a system's `rate` cluster-wide.
+//!
+//! The switch lives twice: in `NS:{cluster}:systems` (name → state), which listings and
+//! the manager read, and in each of the system's queues' `conf` hash (`system` =
+//! `STATE:NAME`), which take.lua and enqueue.lua read in the same step that takes or
+//! enqueues, on the queue's own hash slot. A system without a switch is in the config's
+//! state (`paused = true` or active). The bucket is `NS:{sys:NAME}:bucket`, in its own
+//! hash slot: a take acquires tokens there first, then takes at most that many, and hands
+//! back the ones it did not use.
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{AsyncCommands, Script};
+use serde::Serialize;
+
+use super::scripts::with_prelude;
+use super::{Queue, QueueClient, QueueError};
+use crate::config::Config;
+
+/// Waiting tasks handled per call while a switch sweeps a queue, so no script runs long.
+const SWEEP_CHUNK: usize = 500;
+
+static SYSTEM: LazyLock<Script> = LazyLock::new(|| with_prelude(include_str!("lua/system.lua")));
+static BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/bucket.lua")));
+
+/// Where an external system stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SystemState {
+    /// Its queues take and accept tasks.
+    Active,
+    /// Its queues take nothing; their tasks wait, with a note saying why.
+    Paused,
+    /// Its queues' waiting tasks and every new one are cancelled.
+    Disabled,
+}
+
+impl SystemState {
+    /// The state's name, as the switch stores it and listings print it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SystemState::Active => "active",
+            SystemState::Paused => "paused",
+            SystemState::Disabled => "disabled",
+        }
+    }
+
+    /// The state of a stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "active" => Some(SystemState::Active),
+            "paused" => Some(SystemState::Paused),
+            "disabled" => Some(SystemState::Disabled),
+            _ => None,
+        }
+    }
+
+    /// The state a system's config starts it in.
+    pub fn configured(paused: bool) -> Self {
+        if paused {
+            SystemState::Paused
+        } else {
+            SystemState::Active
+        }
+    }
+}
+
+/// What a switch did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SystemChange {
+    /// The system.
+    pub system: String,
+    /// Its state now.
+    pub state: SystemState,
+    /// Its state before.
+    pub was: SystemState,
+    /// Waiting tasks cancelled (disable).
+    pub cancelled: u64,
+    /// Waiting tasks whose records got the pause note (pause).
+    pub noted: u64,
+}
+
+/// Tokens a take got from its system's bucket.
+pub(super) enum Granted {
+    /// Take at most this many.
+    Tasks(usize),
+    /// None now: the next token comes in this long.
+    None(Duration),
+}
+
+/// Errors of the switch.
+#[derive(Debug, thiserror::Error)]
+pub enum SystemError {
+    /// The config has no `[systems.NAME]`.
+    #[error("unknown system `{0}`: no [systems.{0}] table in the config")]
+    Unknown(String),
+    /// Redis failed.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// The key of a system's token bucket, in its own hash slot.
+pub fn bucket_key(namespace: &str, system: &str) -> String {
+    format!("{namespace}:{{sys:{system}}}:bucket")
+}
+
+/// The cluster's hash of run-time system switches.
+pub fn switches_key(namespace: &str) -> String {
+    format!("{namespace}:{{cluster}}:systems")
+}
+
+/// The config with each system's run-time switch applied (a paused or disabled system
+/// counts as `paused`, so the balancer gives its queues no slots); `None` when no switch
+/// differs from the config, so a caller clones nothing in the usual case.
+pub fn with_switches(cfg: &Config, switches: &BTreeMap<String, SystemState>) -> Option<Config> {
+    let differs = |name: &str, paused: bool| {
+        switches
+            .get(name)
+            .is_some_and(|s| (*s != SystemState::Active) != paused)
+    };
+    if !cfg.systems.values().any(|s| differs(&s.name, s.paused)) {
+        return None;
+    }
+    let mut out = cfg.clone();
+    for s in out.systems.values_mut() {
+        if let Some(state) = switches.get(&s.name) {
+            s.paused = *state != SystemState::Active;
+        }
+    }
+    Some(out)
+}
+
+/// Every system of the config with the state it is in: its switch, else the config's.
+pub fn states(
+    cfg: &Config,
+    switches: &BTreeMap<String, SystemState>,
+) -> BTreeMap<String, SystemState> {
+    cfg.systems
+        .values()
+        .map(|s| {
+            let state = switches
+                .get(&s.name)
+                .copied()
+                .unwrap_or(SystemState::configured(s.paused));
+            (s.name.clone(), state)
+        })
+        .collect()
+}
+
+impl QueueClient {
+    /// The run-time switches that are set (systems without one are in their config's state).
+    pub async fn system_switches(&self) -> Result<BTreeMap<String, SystemState>, QueueError> {
+        let mut conn = self.connection();
+        let raw: BTreeMap<String, String> = conn.hgetall(switches_key(self.namespace())).await?;
+        Ok(raw
+            .into_iter()
+            .filter_map(|(k, v)| SystemState::parse(&v).map(|s| (k, s)))
+            .collect())
+    }
+
+    /// Tokens granted by a system's bucket so far (net of those handed back): the tasks
+    /// its queues started under its rate; 0 for a system without a rate.
+    pub async fn system_granted(&self, system: &str) -> Result<u64, QueueError> {
+        let mut conn = self.connection();
+        let v: Option<i64> = conn
+            .hget(bucket_key(self.namespace(), system), "granted")
+            .await?;
+        Ok(v.unwrap_or(0).max(0) as u64)
+    }
+
+    /// Switches a system: the cluster's switch, then each of its queues' (so takes and
+    /// enqueues obey at once), then the sweep the new state asks for: a pause notes the
+    /// waiting tasks' records, a disable cancels them (through the cancel path, in
+    /// chunks) with the note "system NAME is disabled".
+    pub async fn set_system(
+        &self,
+        cfg: &Config,
+        system: &str,
+        state: SystemState,
+    ) -> Result<SystemChange, SystemError> {
+        let sys = cfg
+            .systems
+            .get(system)
+            .ok_or_else(|| SystemError::Unknown(system.to_string()))?;
+        let mut conn = self.connection();
+        let key = switches_key(self.namespace());
+        let was: Option<String> = conn.hget(&key, system).await.map_err(QueueError::from)?;
+        let was = was
+            .as_deref()
+            .and_then(SystemState::parse)
+            .unwrap_or(SystemState::configured(sys.paused));
+        let () = conn
+            .hset(&key, system, state.as_str())
+            .await
+            .map_err(QueueError::from)?;
+        let mut change = SystemChange {
+            system: system.to_string(),
+            state,
+            was,
+            cancelled: 0,
+            noted: 0,
+        };
+        for q in cfg
+            .queues
+            .values()
+            .filter(|q| q.system.as_deref() == Some(system))
+        {
+            let queue = self.queue_with(&q.name, super::QueueLimits::from(q))?;
+            queue.switch_system(system, state).await?;
+            match state {
+                SystemState::Disabled => change.cancelled += queue.cancel_waiting(system).await?,
+                SystemState::Paused if was != SystemState::Paused => {
+                    change.noted += queue.note_waiting(system).await?
+                }
+                _ => {}
+            }
+        }
+        Ok(change)
+    }
+}
+
+impl QueueClient {
+    /// Brings every queue's copy of its system's switch in line with `switches` and the
+    /// config: a queue that joined a switched system gets the switch, one that left a
+    /// system (or whose system has no switch) loses it. The manager calls this every
+    /// tick, so a config change cannot leave a queue held by a system it left. Returns
+    /// how many queues it changed.
+    pub async fn reconcile_system_switches(
+        &self,
+        cfg: &Config,
+        switches: &BTreeMap<String, SystemState>,
+    ) -> Result<u32, QueueError> {
+        let mut changed = 0;
+        for q in cfg.queues.values() {
+            let want = q.system.as_ref().and_then(|name| {
+                let state = switches.get(name)?;
+                Some(format!("{}:{name}", state.as_str()))
+            });
+            let queue = self.queue_with(&q.name, super::QueueLimits::from(q))?;
+            let mut conn = self.connection();
+            let have: Option<String> = conn.hget(queue.keys.conf(), "system").await?;
+            if have == want {
+                continue;
+            }
+            match &want {
+                Some(value) => queue.set_switch(value).await?,
+                None => {
+                    let () = conn.hdel(queue.keys.conf(), "system").await?;
+                }
+            }
+            changed += 1;
+        }
+        Ok(changed)
+    }
+}
+
+impl Queue {
+    /// The config's state of the queue's system, as take.lua's argument.
+    pub(super) fn configured_system_state(&self) -> &'static str {
+        match &self.limits.system {
+            Some(s) if s.paused => "paused",
+            _ => "",
+        }
+    }
+
+    /// Whether the queue is ordered, as the scripts' argument.
+    pub(super) fn ordered_arg(&self) -> &'static str {
+        if self.limits.ordered { "1" } else { "" }
+    }
+
+    /// Tokens for a take of up to `n`: all `n` when the queue's system has no rate.
+    pub(super) async fn acquire_tokens(&self, n: usize) -> Result<Granted, QueueError> {
+        let Some((key, rate)) = self.bucket() else {
+            return Ok(Granted::Tasks(n));
+        };
+        // The burst is one batch: over any second, a system starts at most its rate plus
+        // one batch.
+        let (got, wait): (i64, i64) = self.bucket_call(&key, rate, n, n as i64).await?;
+        if got > 0 {
+            Ok(Granted::Tasks(got as usize))
+        } else {
+            Ok(Granted::None(Duration::from_millis(wait.max(1) as u64)))
+        }
+    }
+
+    /// Hands back the tokens of a take that got fewer tasks than it had tokens for.
+    pub(super) async fn refund_tokens(
+        &self,
+        granted: usize,
+        taken: usize,
+    ) -> Result<(), QueueError> {
+        let Some((key, rate)) = self.bucket() else {
+            return Ok(());
+        };
+        if taken < granted {
+            let back = (granted - taken) as i64;
+            let _: (i64, i64) = self.bucket_call(&key, rate, granted, -back).await?;
+        }
+        Ok(())
+    }
+
+    fn bucket(&self) -> Option<(String, f64)> {
+        let sys = self.limits.system.as_ref()?;
+        let rate = sys.rate?;
+        let ns = self.keys.namespace();
+        Some((bucket_key(ns, &sys.name), rate))
+    }
+
+    async fn bucket_call(
+        &self,
+        key: &str,
+        rate: f64,
+        burst: usize,
+        want: i64,
+    ) -> Result<(i64, i64), QueueError> {
+        let mut conn = self.conn.clone();
+        Ok(BUCKET
+            .key(key)
+            .arg(rate)
+            .arg(burst.max(1))
+            .arg(want)
+            .invoke_async(&mut conn)
+            .await?)
+    }
+
+    /// Sets the queue's copy of its system's switch.
+    async fn switch_system(&self, system: &str, state: SystemState) -> Result<(), QueueError> {
+        self.set_switch(&format!("{}:{system}", state.as_str()))
+            .await
+    }
+
+    /// Sets the queue's switch to `value` (`STATE:NAME`); back to active wakes its takers.
+    async fn set_switch(&self, value: &str) -> Result<(), QueueError> {
+        let mut inv = self.invocation(&SYSTEM);
+        inv.arg("set").arg(value);
+        let mut conn = self.conn.clone();
+        inv.invoke_async::<i64>(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Cancels every waiting task, from the head, in chunks; returns how many.
+    async fn cancel_waiting(&self, system: &str) -> Result<u64, QueueError> {
+        let note = format!("system {system} is disabled");
+        let mut total = 0;
+        loop {
+            let ids = self.waiting_ids(SWEEP_CHUNK).await?;
+            if ids.is_empty() {
+                return Ok(total);
+            }
+            let cancels = ids.iter().map(|id| self.cancel_with(id, &note));
+            let done = futures::future::try_join_all(cancels).await?;
+            let n = done.iter().filter(|d| d.is_some()).count() as u64;
+            // A chunk that cancelled nothing is one the takers' races left behind: stop
+            // rather than loop on it.
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+        }
+    }
+
+    /// The first `limit` waiting tasks' ids (ready by priority, then delayed).
+    async fn waiting_ids(&self, limit: usize) -> Result<Vec<String>, QueueError> {
+        let mut inv = self.invocation(&SYSTEM);
+        inv.arg("waiting").arg(0).arg(limit);
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    /// Adds "held: system NAME is paused" to every waiting task's record, in chunks.
+    async fn note_waiting(&self, system: &str) -> Result<u64, QueueError> {
+        let note = format!("held: system {system} is paused");
+        let mut offset = 0u64;
+        loop {
+            let mut inv = self.invocation(&SYSTEM);
+            inv.arg("note").arg(offset).arg(SWEEP_CHUNK).arg(&note);
+            let mut conn = self.conn.clone();
+            let n: u64 = inv.invoke_async(&mut conn).await?;
+            offset += n;
+            if n < SWEEP_CHUNK as u64 {
+                return Ok(offset);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::{SystemState, states, with_switches};
+
+    const CONFIG: &str = "[systems.partner]\n\n[systems.mailer]\npaused = true\n\n\
+        [queues.calls]\nhandler = \"noop\"\nsystem = \"partner\"\n";
+
+    #[test]
+    fn a_switch_counts_as_paused_for_the_balancer_and_wins_over_the_config() {
+        let cfg = crate::config::parse(CONFIG, "t.toml").unwrap();
+        assert!(
+            with_switches(&cfg, &BTreeMap::new()).is_none(),
+            "no switch, no copy"
+        );
+        let same = BTreeMap::from([("mailer".to_string(), SystemState::Paused)]);
+        assert!(
+            with_switches(&cfg, &same).is_none(),
+            "a switch equal to the config"
+        );
+        let switches = BTreeMap::from([
+            ("partner".to_string(), SystemState::Disabled),
+            ("mailer".to_string(), SystemState::Active),
+        ]);
+        let switched = with_switches(&cfg, &switches).unwrap();
+        assert!(switched.systems["partner"].paused);
+        assert!(!switched.systems["mailer"].paused);
+        let now = states(&cfg, &BTreeMap::new());
+        assert_eq!(now["mailer"], SystemState::Paused, "the config's state");
+        assert_eq!(now["partner"], SystemState::Active);
+        assert_eq!(states(&cfg, &switches)["partner"], SystemState::Disabled);
+    }
+}

@@ -1,0 +1,209 @@
+//! Ordered queues: one task at a time in creation order, across slots and hosts, a retry
+//! keeping its place at the head; refused with a batch or prefetch, and priorities refused.
+
+use std::process::Command;
+use std::time::Duration;
+
+use gaffer::queue_client::{NewTask, Settle, SettleOp};
+
+use crate::harness::eventually;
+use crate::systems::Rig;
+
+/// An exec handler: each task (payload `{"n": N}`) is retried at random (with a short
+/// delay, or none) a third of the time; otherwise its N is appended to the file in
+/// `RUN_LOG` and it is acked.
+const RUNS: &str = r#"
+import json, os, random, sys
+log = os.environ["RUN_LOG"]
+for line in sys.stdin:
+    out = []
+    for t in json.loads(line)["batch"]:
+        if random.random() < 0.33:
+            out.append({"id": t["id"], "status": "retry", "delay_ms": random.choice([0, 0, 20, 50])})
+        else:
+            with open(log, "a") as f:
+                f.write("%d\n" % t["payload"]["n"])
+            out.append({"id": t["id"], "status": "ok"})
+    sys.stdout.write(json.dumps({"results": out}) + "\n")
+    sys.stdout.flush()
+"#;
+
+#[tokio::test]
+async fn two_hundred_tasks_run_in_creation_order_across_four_hosts_with_random_retries() {
+    const N: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("runs.py");
+    std::fs::write(&script, RUNS).unwrap();
+    let log = dir.path().join("runs.log");
+    let tables = format!(
+        "[queues.steps]\nhandler = \"exec\"\ncommand = [\"env\", \"RUN_LOG={}\", \"python3\", \"{}\"]\n\
+         ordered = true\nbatch_size = 1\nmax_attempts = 100\n",
+        log.display(),
+        script.display()
+    );
+    let mut rig = Rig::start(&tables).await;
+    let q = rig.queue("steps");
+    let tasks: Vec<NewTask> = (0..N)
+        .map(|n| NewTask::new(format!("{{\"n\":{n}}}").into_bytes()))
+        .collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    // One slot on each of four hosts: the map, not the balancer, gives them, so the queue
+    // alone keeps the order.
+    rig.masters(&[
+        ("h1", "steps", 1),
+        ("h2", "steps", 1),
+        ("h3", "steps", 1),
+        ("h4", "steps", 1),
+    ])
+    .await;
+    eventually(Duration::from_secs(120), "200 tasks acked", || async {
+        q.stats().await.unwrap().acked_total == N as u64
+    })
+    .await;
+    let runs: Vec<usize> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    let mut first = Vec::new();
+    for n in runs {
+        if !first.contains(&n) {
+            first.push(n);
+        }
+    }
+    assert_eq!(first, (0..N).collect::<Vec<_>>());
+    let stats = q.stats().await.unwrap();
+    assert!(
+        stats.retried_total > 0,
+        "some tasks were retried: {stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_with_a_delay_holds_the_queue_until_due_and_stays_at_the_head() {
+    let rig =
+        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
+    let q = rig.queue("steps");
+    let ids: Vec<String> = q
+        .enqueue_many(
+            &(0..3)
+                .map(|_| NewTask::new(b"{}".to_vec()))
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let lease = Duration::from_secs(60);
+    // One at a time, whatever the batch asked for, and nothing while it is leased.
+    let a = q.take(10, lease).await.unwrap();
+    assert_eq!(a.tasks.len(), 1);
+    assert_eq!(a.tasks[0].id, ids[0]);
+    assert!(q.take(10, lease).await.unwrap().tasks.is_empty());
+    // Retried with a delay: nothing behind it is taken until it is due, then it comes first.
+    let retry = Settle::Retry {
+        delay: Duration::from_millis(300),
+        priority: None,
+        reason: "later".into(),
+    };
+    q.settle(&[SettleOp::new(&a.tasks[0], retry)])
+        .await
+        .unwrap();
+    let held = q.take(10, lease).await.unwrap();
+    assert!(held.tasks.is_empty(), "the head is not due yet");
+    assert!(
+        held.next_hint
+            .is_some_and(|h| h <= Duration::from_millis(300))
+    );
+    let again = crate::harness::poll_some(Duration::from_secs(10), "the head due", || async {
+        let b = q.take(10, lease).await.unwrap();
+        (!b.tasks.is_empty()).then_some(b)
+    })
+    .await;
+    assert_eq!(again.tasks[0].id, ids[0]);
+    assert_eq!(again.tasks[0].attempt, 2);
+    q.ack(&again.tasks).await.unwrap();
+    assert_eq!(q.take(10, lease).await.unwrap().tasks[0].id, ids[1]);
+}
+
+#[tokio::test]
+async fn a_priority_is_refused_on_an_ordered_queue() {
+    let rig =
+        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
+    let err = rig
+        .queue("steps")
+        .enqueue_many(&[NewTask::new(b"{}".to_vec()).priority(5)])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("queue steps is ordered"), "{err}");
+}
+
+#[test]
+fn ordered_with_a_batch_or_prefetch_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[queues.steps]\nhandler = \"noop\"\nbatch_size = 5\nordered = true\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&path)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "bad.toml:4:11: queues.steps.ordered: ordered = true needs batch_size = 1, got 5"
+        ),
+        "{err}"
+    );
+    std::fs::write(
+        &path,
+        "[queues.steps]\nhandler = \"noop\"\nprefetch = true\nordered = true\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&path)
+        .args(["config", "check"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml:4:11: queues.steps.ordered: ordered = true cannot be combined with prefetch = true"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_expired_lease_keeps_its_place_at_the_head() {
+    let rig =
+        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
+    let q = rig.queue("steps");
+    let tasks: Vec<NewTask> = (0..3).map(|_| NewTask::new(b"{}".to_vec())).collect();
+    let ids: Vec<String> = q
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    // Taken and never settled, as by a slot killed mid-task.
+    let lost = q.take(1, Duration::from_millis(200)).await.unwrap();
+    assert_eq!(lost.tasks[0].id, ids[0]);
+    let again = crate::harness::poll_some(Duration::from_secs(10), "the lease expired", || async {
+        let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+        (!b.tasks.is_empty()).then_some(b)
+    })
+    .await;
+    assert_eq!(
+        (again.tasks[0].id.as_str(), again.tasks[0].attempt),
+        (ids[0].as_str(), 2)
+    );
+}
