@@ -75,6 +75,9 @@ pub(crate) struct RawQueue {
     pub max_result: S<Human<Size>>,
     pub dedup: S<String>,
     pub intake: S<String>,
+    pub kind: S<String>,
+    pub cancel_grace: S<Human<Duration>>,
+    pub max_per_host: S<i64>,
     /// Settings of a handler built into a team's own binary, passed to it as JSON.
     pub options: S<serde_json::Value>,
 }
