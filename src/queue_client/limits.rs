@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::config::{Dedup, Intake};
+use crate::config::{Dedup, Intake, QueueKind};
 
 // Defined in config, which validates them too; the queue enforces them on every call.
 pub use crate::config::{DEFAULT_MAX_PAYLOAD, MAX_BATCH};
@@ -36,6 +36,8 @@ pub struct QueueLimits {
     pub dedup: Dedup,
     /// The config's intake, which applies while no run-time switch is set.
     pub intake: Intake,
+    /// Batch or long tasks: a running long task is asked to stop when cancelled.
+    pub kind: QueueKind,
 }
 
 impl Default for QueueLimits {
@@ -48,6 +50,7 @@ impl Default for QueueLimits {
             max_result: crate::config::DEFAULT_MAX_RESULT,
             dedup: Dedup::Active,
             intake: Intake::Open,
+            kind: QueueKind::Batch,
         }
     }
 }
@@ -62,6 +65,7 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
             max_result: q.max_result,
             dedup: q.dedup,
             intake: q.intake,
+            kind: q.kind,
         }
     }
 }

@@ -21,6 +21,7 @@ pub(crate) struct Scripts {
     pub list: Script,
     pub freeze: Script,
     pub housekeep: Script,
+    pub long: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -42,6 +43,16 @@ fn settle_then_take() -> Script {
     ))
 }
 
+/// long.lua with settle.lua's body as its function `settle_part`, like
+/// [`settle_then_take`]: a long task that returns is settled by the same code as any.
+fn long_with_settle() -> Script {
+    Script::new(&format!(
+        "{PRELUDE}\nlocal function settle_part(ARGV)\n{}\nend\n{}",
+        include_str!("lua/settle.lua"),
+        include_str!("lua/long.lua"),
+    ))
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     enqueue: with_prelude(include_str!("lua/enqueue.lua")),
     take: with_prelude(include_str!("lua/take.lua")),
@@ -57,6 +68,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     list: with_prelude(include_str!("lua/list.lua")),
     freeze: with_prelude(include_str!("lua/freeze.lua")),
     housekeep: with_prelude(include_str!("lua/housekeep.lua")),
+    long: long_with_settle(),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag

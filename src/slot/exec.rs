@@ -7,16 +7,22 @@
 //! and the child dies with it.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Handler as HandlerConfig, QueueConfig};
+use crate::config::{Handler as HandlerConfig, KILL_AFTER_TERM, QueueConfig};
 use crate::host::handler::{
-    Handler, HandlerError, Outcome, PayloadError, SlotContext, Task, check_payload_size,
+    Handler, HandlerError, Outcome, PayloadError, SlotContext, Stop, Task, check_payload_size,
 };
 
 /// Longest reply line accepted from the child; a longer one is malformed, so a runaway
@@ -354,6 +360,38 @@ impl Exec {
         Ok(parse_reply(&reply, &ids)?)
     }
 
+    /// [`exchange`](Self::exchange) for a long queue's task, while a watcher thread stops
+    /// the child when the slot asks ([`watch_stop`]): the handler thread is blocked
+    /// reading the reply meanwhile, so the cancel line and the signals come from another.
+    fn exchange_long(
+        &mut self,
+        ctx: &SlotContext,
+        request: &Request<'_>,
+    ) -> Result<Vec<Option<ReplyStatus>>, ChildError> {
+        let running = self.running(ctx)?;
+        let pid = running.process.id();
+        let stdin = running.stdin.as_fd().try_clone_to_owned().map(File::from);
+        let id = request.batch.first().map_or("", |t| t.id);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let watcher = match stdin {
+                Ok(stdin) => std::thread::Builder::new()
+                    .name(format!("exec-stop-{pid}"))
+                    .spawn_scoped(scope, || watch_stop(ctx, id, pid, stdin, &done))
+                    .map(drop),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = watcher {
+                tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
+                    "cannot watch the long task for a cancel: {e}; it runs until it returns");
+            }
+            let r = self.exchange(ctx, request);
+            done.store(true, Ordering::Release);
+            ctx.cancel.wake();
+            r
+        })
+    }
+
     /// The child's pid, to watch it being replaced and reaped.
     #[cfg(test)]
     fn child_pid(&self) -> Option<u32> {
@@ -407,7 +445,12 @@ impl Handler for Exec {
         if request.batch.is_empty() {
             return decided.into_iter().flatten().collect();
         }
-        let statuses = match self.exchange(ctx, &request) {
+        let exchanged = if ctx.queue.is_long() {
+            self.exchange_long(ctx, &request)
+        } else {
+            self.exchange(ctx, &request)
+        };
+        let statuses = match exchanged {
             Ok(statuses) => statuses,
             Err(why) => {
                 tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot,
@@ -459,6 +502,53 @@ impl Handler for Exec {
 impl Drop for Exec {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Stops a long task's child when the slot asks, until the exchange is over (`done`): at
+/// once with SIGKILL when the lease could not be kept ([`Stop::Now`]); after a cancel, the
+/// line `{"cancel": "ID"}` first, SIGTERM after the queue's `cancel_grace`, SIGKILL
+/// [`KILL_AFTER_TERM`] later. The child is reaped only after this ends, so its pid cannot
+/// have been reused meanwhile.
+fn watch_stop(ctx: &SlotContext, id: &str, pid: u32, mut stdin: File, done: &AtomicBool) {
+    let c = &ctx.cancel;
+    let over = || done.load(Ordering::Acquire);
+    let stop = c.wait_past(Stop::Run, None, done);
+    if over() {
+        return;
+    }
+    if stop == Stop::Now {
+        return signal(pid, Signal::SIGKILL);
+    }
+    let line = format!("{}\n", serde_json::json!({ "cancel": id }));
+    if let Err(e) = stdin
+        .write_all(line.as_bytes())
+        .and_then(|()| stdin.flush())
+    {
+        tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
+            "cannot write the cancel line: {e}");
+    }
+    for (wait, sig) in [
+        (ctx.queue.cancel_grace, Signal::SIGTERM),
+        (KILL_AFTER_TERM, Signal::SIGKILL),
+    ] {
+        let stop = c.wait_past(Stop::Cancel, Some(Instant::now() + wait), done);
+        if over() {
+            return;
+        }
+        if stop == Stop::Now {
+            return signal(pid, Signal::SIGKILL);
+        }
+        tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
+            task = id, signal = %sig, "the cancelled long task has not stopped");
+        signal(pid, sig);
+    }
+}
+
+/// Sends `sig` to the child; one that is already gone needs nothing.
+fn signal(pid: u32, sig: Signal) {
+    if let Err(e) = kill(Pid::from_raw(pid as i32), sig) {
+        tracing::debug!(target: "gaffer::exec", pid, "cannot send {sig}: {e}");
     }
 }
 

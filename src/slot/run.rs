@@ -12,10 +12,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::config::QueueConfig;
-use crate::host::handler::{Handler, HandlerError, Outcome, SlotContext, Task, check_payload_size};
+use crate::host::handler::{
+    Cancellation, Handler, HandlerError, Outcome, SlotContext, Task, check_payload_size,
+};
 use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
 use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
+
+mod long;
 use crate::queue_client::{
     Batch, LeasedTask, Queue, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult,
     Waiter,
@@ -211,12 +215,14 @@ async fn run(
     let waiter = client.waiter();
 
     let progress_reporter = reporter.clone();
+    let cancel = Cancellation::default();
     let ctx = SlotContext {
         queue: cfg.clone(),
         slot,
         progress: Some(Arc::new(move || {
             progress_reporter.send(&SlotEvent::Progress { slot, pid });
         })),
+        cancel: cancel.clone(),
     };
     let worker = match Worker::start(handler, ctx) {
         Ok(w) => w,
@@ -236,6 +242,7 @@ async fn run(
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
         ahead: None,
         recycle: None,
+        cancel,
     }
     .serve()
     .await
@@ -269,6 +276,8 @@ struct Serving {
     /// Set when the memory check before a settle said to recycle: the slot ends after
     /// that settle, which therefore took nothing.
     recycle: Option<End>,
+    /// The stop of a long task in hand, which its handler sees in its `SlotContext`.
+    cancel: Cancellation,
 }
 
 /// A batch in hand and when its leases run out by this process's clock (counted from
@@ -307,7 +316,11 @@ impl Serving {
                     Err(end) => return end,
                 },
             };
-            self.handle(taken).await;
+            if self.cfg.is_long() {
+                self.run_long(taken).await;
+            } else {
+                self.handle(taken).await;
+            }
             if let Some(end) = self.recycle.take() {
                 self.give_back_ahead().await;
                 return end;

@@ -8,6 +8,7 @@ mod drain;
 mod harness;
 mod host;
 mod invariants;
+mod long;
 mod manager;
 mod outage;
 mod queue;
