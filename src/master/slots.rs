@@ -248,6 +248,12 @@ impl Master {
             wanted,
             capacity: self.reporting.capacity.as_ref().map(|c| c.slots),
             zygote: self.zygotes.view(),
+            long: cfg
+                .queues
+                .values()
+                .filter(|q| q.is_long())
+                .map(|q| q.name.clone())
+                .collect(),
         }
     }
 
