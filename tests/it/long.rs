@@ -172,6 +172,19 @@ impl Hosts {
         pid
     }
 
+    /// Starts the manager.
+    fn manager(&mut self) {
+        let child = self
+            .gaffer(&["manager"], "manager.log")
+            .env(
+                "GAFFER_MANAGER_HTTP",
+                format!("127.0.0.1:{}", free_port().unwrap()),
+            )
+            .spawn()
+            .unwrap();
+        self.procs.0.push(("manager".to_owned(), child));
+    }
+
     fn master_log(&self, host: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("master-{host}.log")))
             .unwrap_or_default()
@@ -546,4 +559,129 @@ async fn a_host_frozen_past_its_lease_stops_its_tasks_at_once_when_woken() {
         log.contains("stopping the long task") || log.contains("stopping it at once"),
         "{log}"
     );
+}
+
+/// Seconds since the epoch, the clock the exec children log with.
+fn wall() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Each task's runs as (host, pid, start, end) from the children's log; a run without a
+/// stop ends at `ended(host)` (its host was killed then) or is still going.
+fn runs(
+    h: &Hosts,
+    ended: impl Fn(&str) -> Option<f64>,
+) -> BTreeMap<String, Vec<(String, u32, f64, f64)>> {
+    let mut out: BTreeMap<String, Vec<(String, u32, f64, f64)>> = BTreeMap::new();
+    let events = h.events();
+    for e in events.iter().filter(|e| e[0] == "start") {
+        let (id, host, pid) = (&e[1], &e[2], &e[3]);
+        let start: f64 = e[4].parse().unwrap();
+        let stop = events
+            .iter()
+            .find(|s| s[0] == "stop" && &s[1] == id && &s[3] == pid)
+            .map(|s| s[4].parse().unwrap());
+        let end = stop.or_else(|| ended(host)).unwrap_or(f64::INFINITY);
+        out.entry(id.clone())
+            .or_default()
+            .push((host.clone(), pid.parse().unwrap(), start, end));
+    }
+    out
+}
+
+#[tokio::test]
+async fn long_tasks_spread_over_hosts_and_a_killed_hosts_tasks_run_again_elsewhere_once() {
+    let mut h = Hosts::start(WATCH).await;
+    h.manager();
+    let m1 = h.master("h1");
+    h.master("h2");
+    h.master("h3");
+    // Every host reports before any task arrives: slots are placed where they are when
+    // demand appears, and a host that joins later is given none of the running tasks.
+    eventually(Duration::from_secs(30), "three hosts report", || async {
+        cluster::read_hosts(&mut h.client.connection(), &Keys::new("test"))
+            .await
+            .is_ok_and(|hosts| hosts.len() == 3)
+    })
+    .await;
+    let q = h.queue("watch");
+    let ids: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+    for id in &ids {
+        enqueue(&q, id, "{}").await;
+    }
+    for id in &ids {
+        running(&h, &q, id).await;
+    }
+    // Spread 4/4/4 (± 1).
+    let first = runs(&h, |_| None);
+    let mut per_host: BTreeMap<String, u32> = BTreeMap::new();
+    for r in first.values() {
+        assert_eq!(r.len(), 1, "{first:?}");
+        *per_host.entry(r[0].0.clone()).or_default() += 1;
+    }
+    assert_eq!(per_host.len(), 3, "{per_host:?}");
+    assert!(
+        per_host.values().all(|n| (3..=5).contains(n)),
+        "{per_host:?}"
+    );
+
+    // kill -9 of h1's master: its slots and their children die with it.
+    let on_h1: Vec<(String, u32)> = first
+        .iter()
+        .filter(|(_, r)| r[0].0 == "h1")
+        .map(|(id, r)| (id.clone(), r[0].1))
+        .collect();
+    signal(&[m1], Signal::SIGKILL);
+    let killed = wall();
+    let killed_at = std::time::Instant::now();
+    for (_, pid) in &on_h1 {
+        eventually(
+            Duration::from_secs(5),
+            "h1's children die with it",
+            || async { gone(*pid) },
+        )
+        .await;
+    }
+    let all_gone = wall();
+    // They run again on h2 and h3, within the lease (5 s), two ticks and a slot start
+    // (generous on a loaded test machine: the bound is correctness, not speed).
+    for (id, _) in &on_h1 {
+        poll_some(Duration::from_secs(30), &format!("{id} again"), || async {
+            h.events()
+                .iter()
+                .any(|e| e[0] == "start" && e[1] == *id && e[2] != "h1")
+                .then_some(())
+        })
+        .await;
+    }
+    let took = killed_at.elapsed();
+    assert!(
+        took < Duration::from_secs(5) + LONG_RENEW_EVERY * 2 + Duration::from_secs(15),
+        "{took:?}"
+    );
+    eprintln!("h1's {} tasks ran again after {took:?}", on_h1.len());
+    // No task ever ran on two hosts at once: h1's runs ended when its processes were gone.
+    let all = runs(&h, |host| (host == "h1").then_some(all_gone));
+    for (id, r) in &all {
+        for (i, a) in r.iter().enumerate() {
+            for b in &r[i + 1..] {
+                assert!(
+                    a.3 <= b.2 || b.3 <= a.2,
+                    "{id} ran twice at once: {a:?} and {b:?} (h1 killed at {killed})"
+                );
+            }
+        }
+        let expected = if on_h1.iter().any(|(t, _)| t == id) {
+            2
+        } else {
+            1
+        };
+        assert_eq!(r.len(), expected, "{id}: {r:?}");
+    }
+    for id in &ids {
+        assert_eq!(record(&q, id).await.state, RecordState::Running);
+    }
 }
