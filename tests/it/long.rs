@@ -355,6 +355,22 @@ async fn exec_long_tasks_run_and_are_cancelled_over_the_api_and_the_cli() {
     assert_eq!(run.state, RecordState::Running);
     assert_eq!(run.host.as_deref(), Some("h1"));
     assert!(run.slot.is_some(), "{run:?}");
+    // The dashboard's snapshot lists both with where they run.
+    let mut config = gaffer::config::load(&h.config).unwrap();
+    config.cluster.namespace = "test".into();
+    let snap = cluster::snapshot::read(&h.client, &config).await.unwrap();
+    let shown: Vec<(String, String)> = snap.queues["watch"]
+        .long_running
+        .iter()
+        .map(|t| (t.id.clone(), t.host.clone()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("b".to_owned(), "h1".to_owned()),
+            ("a".to_owned(), "h1".to_owned())
+        ]
+    );
     // Runs past its lease (5s): the renewals keep it, nobody else takes it. Only the
     // absence of a second start can be checked, so the test looks after that time.
     tokio::time::sleep(Duration::from_secs(7)).await;
