@@ -701,3 +701,103 @@ async fn long_tasks_spread_over_hosts_and_a_killed_hosts_tasks_run_again_elsewhe
         assert_eq!(record(&q, id).await.state, RecordState::Running);
     }
 }
+
+/// The long queue `name` on a fresh Redis, without masters: the scripts alone.
+async fn bare_long_queue(redis: &TestRedis, name: &str) -> Queue {
+    let limits = QueueLimits {
+        kind: QueueKind::Long,
+        ..QueueLimits::default()
+    };
+    redis.client().await.queue_with(name, limits).unwrap()
+}
+
+#[tokio::test]
+async fn a_cancelled_long_task_whose_slot_died_ends_cancelled_when_its_lease_runs_out() {
+    let redis = TestRedis::start();
+    let q = bare_long_queue(&redis, "watch").await;
+    enqueue(&q, "x", "{}").await;
+    let taken = q.take(1, Duration::from_millis(300)).await.unwrap();
+    assert_eq!(taken.tasks.len(), 1);
+    let info = q
+        .cancel_with("x", "cancelled by test")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.state.to_string(), "cancelling");
+    // A second cancel changes nothing more.
+    q.cancel_with("x", "again").await.unwrap();
+    let rec = record(&q, "x").await;
+    assert_eq!(rec.state, RecordState::Cancelling);
+    assert_eq!(
+        states(&rec)
+            .iter()
+            .filter(|s| **s == RecordState::Cancelling)
+            .count(),
+        1
+    );
+    // The slot never renews (it died): once the lease ran out, the next take ends the
+    // task cancelled instead of handing it out again.
+    poll_some(Duration::from_secs(10), "the lease runs out", || async {
+        let b = q.take(1, Duration::from_secs(5)).await.unwrap();
+        assert!(b.tasks.is_empty(), "a cancelled task was handed out again");
+        (record(&q, "x").await.state == RecordState::Cancelled).then_some(())
+    })
+    .await;
+    let rec = record(&q, "x").await;
+    assert_eq!(
+        rec.history.unwrap().last().unwrap().note.as_deref(),
+        Some("cancelled by test")
+    );
+    let stats = q.stats().await.unwrap();
+    assert_eq!(
+        (stats.cancelled_total, stats.leased, stats.ready),
+        (1, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn renewal_reports_a_cancel_and_a_lost_lease_and_a_returned_task_ends_cancelled() {
+    use gaffer::queue_client::{LongSettled, Renewal, Settle, SettleOp};
+    let redis = TestRedis::start();
+    let q = bare_long_queue(&redis, "watch").await;
+    enqueue(&q, "x", "{}").await;
+    let t = q
+        .take(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .tasks
+        .remove(0);
+    let lease = Duration::from_secs(5);
+    assert_eq!(q.renew_long(&t, lease).await.unwrap(), Renewal::Renewed);
+    q.cancel_with("x", "cancelled by test").await.unwrap();
+    assert_eq!(
+        q.renew_long(&t, lease).await.unwrap(),
+        Renewal::CancelAsked {
+            note: "cancelled by test".into()
+        }
+    );
+    // The handler returned done meanwhile: the cancel wins.
+    let op = SettleOp::new(&t, Settle::Ack);
+    assert_eq!(
+        q.settle_long(&t, &op).await.unwrap(),
+        LongSettled::Cancelled
+    );
+    assert_eq!(record(&q, "x").await.state, RecordState::Cancelled);
+    assert_eq!(q.renew_long(&t, lease).await.unwrap(), Renewal::Lost);
+
+    // Without a cancel, a returned task is settled as any: done.
+    enqueue(&q, "y", "{}").await;
+    let t = q
+        .take(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .tasks
+        .remove(0);
+    let op = SettleOp::new(&t, Settle::Ack);
+    assert!(matches!(
+        q.settle_long(&t, &op).await.unwrap(),
+        LongSettled::Settled(_)
+    ));
+    assert_eq!(record(&q, "y").await.state, RecordState::Done);
+    assert!(!q.end_cancelled(&t).await.unwrap(), "no lease left to end");
+}
