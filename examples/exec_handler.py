@@ -14,6 +14,9 @@ Protocol (DESIGN.md, Handlers): one JSON line in per batch, one JSON line out.
                       {"id": "...", "status": "retry", "delay_ms": 5000},
                       {"id": "...", "status": "fail", "error": "why"}, ...]}
 
+A queue of kind "long" also sends {"cancel": "ID"} while its task runs: stop the task and
+answer it, or get SIGTERM after the queue's cancel_grace (then SIGKILL).
+
 A payload that is not JSON arrives as a JSON string. A task left out of the reply is
 retried by the queue's policy; an unreadable reply or an exit retries the whole batch and
 gaffer starts a new process. stdout belongs to the protocol: log to stderr, which gaffer
@@ -94,6 +97,12 @@ def main():
     # Binary stdin: the request is UTF-8 whatever the locale says.
     for line in sys.stdin.buffer:
         request = json.loads(line)
+        if "cancel" in request:
+            # Long queues (kind = "long") send {"cancel": "ID"} while the task runs; a
+            # handler of such a queue watches stdin during its work, stops the task and
+            # answers it. Between tasks there is nothing left to stop.
+            log(f"cancel of {request['cancel']} after it ended: nothing to stop")
+            continue
         results = []
         try:
             for task in request["batch"]:
