@@ -1025,4 +1025,96 @@ for line in sys.stdin:
         drop(exec);
         assert_gone(pid);
     }
+
+    /// A long queue's child that logs the cancel line to stderr and ignores it, and
+    /// SIGTERM too (when `stubborn`): only SIGKILL ends it.
+    fn long_ctx(stubborn: &str) -> SlotContext {
+        let child = format!(
+            r#"
+import json, signal, sys
+if {stubborn}:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+line = sys.stdin.readline()
+print("got a batch", file=sys.stderr, flush=True)
+for line in sys.stdin:
+    print("cancel line: " + line.strip(), file=sys.stderr, flush=True)
+"#
+        );
+        let mut ctx = python(&child);
+        ctx.queue.kind = crate::config::QueueKind::Long;
+        ctx.queue.cancel_grace = Duration::from_millis(200);
+        ctx
+    }
+
+    /// Waits until `pid` ignores SIGTERM (its SigIgn mask in /proc), so a signal sent
+    /// later meets the child's own disposition rather than its start-up.
+    fn wait_ignoring_sigterm(pid: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let mask = status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                .unwrap_or(0);
+            if mask & (1 << (libc::SIGTERM - 1)) != 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{pid} never ignored SIGTERM");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Cancels the long task in `exec` once it runs and returns the outcome and how long
+    /// the handler took after the cancel.
+    fn cancel_running(exec: &mut Exec, ctx: &SlotContext, stop: Stop) -> (Outcome, Duration) {
+        let cancel = ctx.cancel.clone();
+        let asked = std::thread::spawn(move || {
+            // The batch line is written before the handler blocks on the reply; asking
+            // before that only means the watcher sees the stop at once.
+            cancel.ask(stop);
+            Instant::now()
+        });
+        let out = exec.handle(ctx, &[task("w", 1, "{}")]);
+        let asked = asked.join().unwrap();
+        (out.into_iter().next().unwrap(), asked.elapsed())
+    }
+
+    #[test]
+    fn a_cancelled_long_task_gets_sigterm_after_the_grace_then_sigkill() {
+        for (stubborn, at_least) in [
+            ("False", Duration::from_millis(200)),
+            ("True", KILL_AFTER_TERM),
+        ] {
+            let ctx = long_ctx(stubborn);
+            let mut exec = started(&ctx);
+            let pid = exec.child_pid().unwrap();
+            if stubborn == "True" {
+                wait_ignoring_sigterm(pid);
+            }
+            let (outcome, took) = cancel_running(&mut exec, &ctx, Stop::Cancel);
+            assert!(is_exec_failure(&outcome), "{outcome:?}");
+            // SIGTERM waits out the grace; a child that ignores it waits for SIGKILL.
+            assert!(took >= at_least, "{stubborn}: ended after {took:?}");
+            assert_gone(pid);
+            ctx.cancel.reset();
+        }
+    }
+
+    #[test]
+    fn a_long_task_that_must_stop_now_is_killed_at_once() {
+        let mut ctx = long_ctx("True");
+        // A grace no loaded machine could pass for: ending well within it shows none
+        // was waited.
+        ctx.queue.cancel_grace = Duration::from_secs(30);
+        let mut exec = started(&ctx);
+        let pid = exec.child_pid().unwrap();
+        let (outcome, took) = cancel_running(&mut exec, &ctx, Stop::Now);
+        assert!(is_exec_failure(&outcome), "{outcome:?}");
+        assert!(
+            took < ctx.queue.cancel_grace,
+            "no grace when the lease is lost: {took:?}"
+        );
+        assert_gone(pid);
+    }
 }
