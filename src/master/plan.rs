@@ -102,7 +102,8 @@ pub(super) struct PlanInput {
     pub capacity: Option<u32>,
     /// The current zygote.
     pub zygote: ZygoteView,
-    /// Queues of kind long: a busy slot of one holds a task that runs until cancelled.
+    /// Queues of kind long whose busy slots are kept: a busy slot of one holds a task
+    /// that runs until cancelled. Empty while the host drains, so a drain stops them.
     pub long: BTreeSet<String>,
 }
 

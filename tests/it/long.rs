@@ -801,3 +801,43 @@ async fn renewal_reports_a_cancel_and_a_lost_lease_and_a_returned_task_ends_canc
     assert_eq!(record(&q, "y").await.state, RecordState::Done);
     assert!(!q.end_cancelled(&t).await.unwrap(), "no lease left to end");
 }
+
+#[tokio::test]
+async fn a_draining_master_hands_its_long_tasks_back_unfinished() {
+    let mut h = Hosts::start(WATCH).await;
+    h.publish(1, &[("h1", "watch", 1)]).await;
+    let m1 = h.master("h1");
+    h.slots_up("h1", 1).await;
+    let q = h.queue("watch");
+    enqueue(&q, "a", r#"{"on_cancel": "stop"}"#).await;
+    let pid = running(&h, &q, "a").await;
+    signal(&[m1], Signal::SIGTERM);
+    // The child is told to stop (and does), the task waits again for a slot elsewhere,
+    // no attempt counted, nothing settled.
+    let waited = tokio::time::timeout(Duration::from_secs(20), async {
+        while record(&q, "a").await.state != RecordState::Waiting {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "{:?}\n{}\n{:?}",
+        record(&q, "a").await,
+        h.master_log("h1"),
+        h.events()
+    );
+    assert_eq!(h.pids("cancel", "a"), [pid]);
+    assert_eq!(h.pids("stop", "a"), [pid]);
+    let stats = q.stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.ready,
+            stats.leased,
+            stats.acked_total,
+            stats.cancelled_total
+        ),
+        (1, 0, 0, 0)
+    );
+    assert_eq!(record(&q, "a").await.attempt, 0, "no attempt counted");
+}
