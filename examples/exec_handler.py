@@ -19,6 +19,9 @@ max_result) and "next": [{"queue": "...", "payload": <JSON>}, ...], follow-up ta
 task's chain, created before the task is acked (docs/API.md, Chains); a follow-up to a
 queue the config does not name fails the task.
 
+A queue of kind "long" also sends {"cancel": "ID"} while its task runs: stop the task and
+answer it, or get SIGTERM after the queue's cancel_grace (then SIGKILL).
+
 A payload that is not JSON arrives as a JSON string. A task left out of the reply is
 retried by the queue's policy; an unreadable reply or an exit retries the whole batch and
 gaffer starts a new process. stdout belongs to the protocol: log to stderr, which gaffer
@@ -99,6 +102,12 @@ def main():
     # Binary stdin: the request is UTF-8 whatever the locale says.
     for line in sys.stdin.buffer:
         request = json.loads(line)
+        if "cancel" in request:
+            # Long queues (kind = "long") send {"cancel": "ID"} while the task runs; a
+            # handler of such a queue watches stdin during its work, stops the task and
+            # answers it. Between tasks there is nothing left to stop.
+            log(f"cancel of {request['cancel']} after it ended: nothing to stop")
+            continue
         results = []
         try:
             for task in request["batch"]:

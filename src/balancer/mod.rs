@@ -8,8 +8,9 @@
 //! 1. `want::wanted`: per queue, demand from the window's statistics, the hysteresis band
 //!    of its priority, min/max, work periods and pauses;
 //! 2. system caps: queues sharing an external system share its `max_concurrency`;
-//! 3. `Balancer::grant`: under scarcity, minimums first in priority order, then the rest
-//!    by priority;
+//! 3. `Balancer::grant`: under scarcity, long queues' running tasks first (a busy long
+//!    slot is never taken for another queue), then minimums in priority order, then the
+//!    rest by priority;
 //! 4. `place::place`: the new map built from the current one, so slots keep their type; a
 //!    type's slots spread over hosts; dead and draining hosts and hosts without the
 //!    handler get none; no host above its capacity.
@@ -206,6 +207,9 @@ pub struct Balancer<'c> {
     decisions: Vec<Decision>,
     targets: Vec<u32>,
     placed: Vec<u32>,
+    /// Per queue, slots granted and placed before any queue's growth, like `min_slots`:
+    /// a long queue's running tasks on the slots it has (held until the tasks end).
+    floor: Vec<u32>,
     /// The new map, queue-major like [`IndexedInput::current`].
     map: Vec<u32>,
     scratch: Scratch,
@@ -315,6 +319,7 @@ impl<'c> Balancer<'c> {
             decisions,
             targets: vec![0; queues.len()],
             placed: vec![0; queues.len()],
+            floor: vec![0; queues.len()],
             map: Vec::new(),
             scratch: Scratch::default(),
             queues,
@@ -376,6 +381,7 @@ impl<'c> Balancer<'c> {
     pub fn place_wanted(&mut self, current: &[u32], wanted: &[u32]) {
         self.check_map(current);
         let nh = self.host_count();
+        self.floor.iter_mut().for_each(|f| *f = 0);
         for (q, d) in self.decisions.iter_mut().enumerate() {
             let w = wanted[q].min(self.queues[q].config.max_slots);
             d.current = current[q * nh..(q + 1) * nh].iter().sum();
@@ -482,6 +488,7 @@ impl<'c> Balancer<'c> {
             hosts,
             decisions,
             targets,
+            floor,
             scratch: s,
             ..
         } = self;
@@ -517,15 +524,10 @@ impl<'c> Balancer<'c> {
         s.cursor.resize(hosts.eligible.len(), 0);
         targets.clear();
         targets.resize(queues.len(), 0);
-        for pass_min in [true, false] {
+        for pass in Pass::ALL {
             for &q in order.iter() {
                 let info = &queues[q];
-                let wanted = decisions[q].wanted;
-                let goal = if pass_min {
-                    wanted.min(info.config.min_slots)
-                } else {
-                    wanted
-                };
+                let goal = pass.goal(decisions[q].wanted, info.config.min_slots, floor[q]);
                 let k = info.handler;
                 let t = &mut targets[q];
                 let mut add = u64::from(goal.saturating_sub(*t)).min(s.room[k]) as u32;
@@ -575,6 +577,33 @@ impl<'c> Balancer<'c> {
                     short: d.wanted - t,
                 });
             }
+        }
+    }
+}
+
+/// The passes in which capacity is granted and slots placed, each filling every queue
+/// (in priority order) up to its goal for the pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Pass {
+    /// A long queue's running tasks keep their slots before anything else: a busy long
+    /// slot is never taken for another queue (its master would not stop it anyway).
+    Floors,
+    /// Up to `min_slots` (and the floor).
+    Minimums,
+    /// The whole target.
+    Targets,
+}
+
+impl Pass {
+    /// Every pass, in order.
+    pub(super) const ALL: [Pass; 3] = [Pass::Floors, Pass::Minimums, Pass::Targets];
+
+    /// What a queue that wants `full` holds after this pass.
+    pub(super) fn goal(self, full: u32, min_slots: u32, floor: u32) -> u32 {
+        match self {
+            Pass::Floors => full.min(floor),
+            Pass::Minimums => full.min(min_slots.max(floor)),
+            Pass::Targets => full,
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use super::{Balancer, HostTables, QueueInfo};
+use super::{Balancer, HostTables, Pass, QueueInfo};
 
 /// Builds the new map for the balancer's targets from `current` (queue-major, like
 /// [`super::IndexedInput::current`]): slots on hosts that died, drain or lack the
@@ -24,6 +24,7 @@ pub(super) fn place(b: &mut Balancer, current: &[u32]) {
         targets,
         placed,
         map,
+        floor,
         scratch: s,
         ..
     } = b;
@@ -34,24 +35,17 @@ pub(super) fn place(b: &mut Balancer, current: &[u32]) {
     placed.extend((0..queues.len()).map(|q| grid.row(q).iter().sum::<u32>()));
 
     grid.take_surplus(placed, targets, &mut s.surplus);
-    // Growth, in the order capacity is granted: minimums by priority, then the rest.
-    for pass in [Pass::Minimums, Pass::Targets] {
+    // Growth, in the order capacity is granted: long queues' running tasks, minimums by
+    // priority, then the rest.
+    for pass in Pass::ALL {
         let goals = Goals {
             pass,
             queues,
             targets,
+            floor,
         };
         grid.grow_queues(goals, order, hosts, placed, &mut s.growth);
     }
-}
-
-/// Which goal a growth pass fills each queue up to.
-#[derive(Clone, Copy)]
-enum Pass {
-    /// Its target, but no more than its `min_slots`.
-    Minimums,
-    /// Its whole target.
-    Targets,
 }
 
 /// What a growth pass grows each queue to.
@@ -60,15 +54,15 @@ struct Goals<'a, 'c> {
     pass: Pass,
     queues: &'a [QueueInfo<'c>],
     targets: &'a [u32],
+    /// Slots placed first (a long queue's running tasks).
+    floor: &'a [u32],
 }
 
 impl Goals<'_, '_> {
     /// The number of slots queue `q` should hold after this pass.
     fn of(&self, q: usize) -> u32 {
-        match self.pass {
-            Pass::Minimums => self.targets[q].min(self.queues[q].config.min_slots),
-            Pass::Targets => self.targets[q],
-        }
+        let min = self.queues[q].config.min_slots;
+        self.pass.goal(self.targets[q], min, self.floor[q])
     }
 }
 
@@ -137,7 +131,11 @@ impl<'a> Grid<'a> {
             }
             shed.clear();
             shed.extend((0..nq).filter(|&q| count[q * nh + h] > 0));
-            shed.sort_by_key(|&q| (queues[q].config.priority, Reverse(count[q * nh + h]), q));
+            // A long queue's slots go last: they hold tasks that run until cancelled.
+            shed.sort_by_key(|&q| {
+                let c = queues[q].config;
+                (c.is_long(), c.priority, Reverse(count[q * nh + h]), q)
+            });
             for &q in shed.iter() {
                 let take = count[q * nh + h].min(over);
                 count[q * nh + h] -= take;
@@ -211,14 +209,15 @@ impl<'a> Grid<'a> {
             cands.clear();
             let mut tier = Tier::default();
             let hosts = row.iter().zip(runs).zip(used.iter().zip(capacity.iter()));
+            let per_host = goals.queues[q].config.max_per_host.unwrap_or(u32::MAX);
             for (h, ((&n, &runs), (&used, &capacity))) in hosts.enumerate() {
-                if runs && used < capacity {
+                if runs && used < capacity && n < per_host {
                     cands.push((n, rank(capacity - used, h)));
                     tier.see(n);
                 }
             }
             let mut need = goal - placed[q];
-            grow(cands, tier, &mut need, |h| {
+            grow(cands, tier, &mut need, per_host, |h| {
                 row[h] += 1;
                 used[h] += 1;
             });
@@ -260,7 +259,8 @@ fn rank(free: u32, host: usize) -> u64 {
     (u64::from(!free) << 32) | host as u64
 }
 
-/// Adds up to `need` slots one at a time, each to the candidate (slots of the queue,
+/// Adds up to `need` slots one at a time, none to a host holding `per_host` of the queue,
+/// each to the candidate (slots of the queue,
 /// [`rank`]) with the fewest slots of the queue (spreading), then the lowest rank; `add`
 /// is told each host. `first` is the candidates' [`Tier`], seen as they were gathered.
 ///
@@ -268,7 +268,13 @@ fn rank(free: u32, host: usize) -> u64 {
 /// every other host of its tier (one more slot), so a tier is either taken whole, each
 /// host once, or only its best `need` hosts are; whichever order those come in, each
 /// gets one slot.
-fn grow(cands: &mut Vec<(u32, u64)>, first: Tier, need: &mut u32, mut add: impl FnMut(usize)) {
+fn grow(
+    cands: &mut Vec<(u32, u64)>,
+    first: Tier,
+    need: &mut u32,
+    per_host: u32,
+    mut add: impl FnMut(usize),
+) {
     let mut known = Some(first);
     while *need > 0 && !cands.is_empty() {
         let Tier { least, size } = known.take().unwrap_or_else(|| {
@@ -304,7 +310,8 @@ fn grow(cands: &mut Vec<(u32, u64)>, first: Tier, need: &mut u32, mut add: impl 
             c.1 += 1 << 32;
         }
         *need -= tier as u32;
-        // Full hosts leave: free room 0 is rank !0 in the upper half.
-        cands.retain(|c| c.1 >> 32 != u64::from(u32::MAX));
+        // Full hosts leave (free room 0 is rank !0 in the upper half), and so do hosts
+        // at the queue's `max_per_host`.
+        cands.retain(|c| c.1 >> 32 != u64::from(u32::MAX) && c.0 < per_host);
     }
 }

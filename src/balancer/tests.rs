@@ -49,6 +49,16 @@ impl Case {
         self
     }
 
+    /// `name` of kind long with `running` tasks leased and `waiting` ready.
+    fn long(mut self, name: &str, running: u64, waiting: u64) -> Self {
+        self.config.queues.get_mut(name).unwrap().kind = crate::config::QueueKind::Long;
+        let w = self.stats.entry(name.into()).or_default();
+        w.window_seconds = 60.0;
+        w.leased = running;
+        w.ready = waiting;
+        self
+    }
+
     fn edit(mut self, name: &str, f: impl FnOnce(&mut QueueConfig)) -> Self {
         f(self.config.queues.get_mut(name).unwrap());
         self
@@ -199,7 +209,43 @@ fn assert_invariants(case: &Case, out: &Output) {
             assert!(n <= cap, "system {sys}: {n} above {cap}\n{}", render(out));
         }
     }
+    assert_long_floors(case, out);
     assert_eq!(&decide(&input), out, "same input, same output");
+}
+
+/// A long queue keeps a slot per running task (up to its max) wherever it had them on
+/// hosts that stay usable, unless a host is over its capacity already: its busy slots
+/// are never taken for another queue.
+fn assert_long_floors(case: &Case, out: &Output) {
+    let over = case.hosts.iter().any(|(h, st)| {
+        let used: u32 = case.current.get(h).map_or(0, |qs| qs.values().sum());
+        used > st.capacity
+    });
+    if over {
+        return;
+    }
+    let totals = totals(&out.map);
+    for (q, cfg) in case.config.queues.iter().filter(|(_, c)| c.is_long()) {
+        let running = case.stats.get(q).map_or(0, |w| w.leased) as u32;
+        let handler = cfg.handler.name();
+        let had: u32 = case
+            .current
+            .iter()
+            .filter(|(h, _)| {
+                let st = &case.hosts[h.as_str()];
+                st.usable() && st.handlers.contains(handler)
+            })
+            .map(|(_, qs)| qs.get(q).copied().unwrap_or(0))
+            .sum();
+        let floor = running.min(cfg.max_slots).min(had);
+        let n = totals.get(q).copied().unwrap_or(0);
+        let paused = case.paused.contains(q) || out.decisions[q].wanted < floor;
+        assert!(
+            paused || n >= floor,
+            "{q}: {n} slots for {running} running long tasks (had {had})\n{}",
+            render(out)
+        );
+    }
 }
 
 #[test]
@@ -458,6 +504,83 @@ fn a_right_map_comes_back_unchanged() {
     assert_eq!(out.map, case.current);
 }
 
+#[test]
+fn a_long_queue_wants_a_slot_per_task_spread_over_hosts() {
+    // 12 waiting long tasks, nothing measured: a slot each, 4 per host; no hysteresis.
+    check(
+        "long_spread",
+        &Case::new()
+            .queue("watch", 0, 0, 50)
+            .long("watch", 0, 12)
+            .host("h1", 20)
+            .host("h2", 20)
+            .host("h3", 20),
+    );
+}
+
+#[test]
+fn busy_long_slots_are_not_taken_for_another_queue() {
+    // h1 holds 6: watch (low priority) runs 4 long tasks there; urgent wants 10 and gets
+    // the 2 places left, not watch's busy slots.
+    check(
+        "long_busy_slots_stay",
+        &Case::new()
+            .queue("urgent", 10, 0, 50)
+            .queue("watch", 0, 0, 50)
+            .host("h1", 6)
+            .at("h1", "watch", 4)
+            .load("urgent", 20.0, 0.4, 100)
+            .long("watch", 4, 0),
+    );
+}
+
+#[test]
+fn max_per_host_bounds_a_long_queue_on_each_host() {
+    check(
+        "long_max_per_host",
+        &Case::new()
+            .queue("watch", 0, 0, 50)
+            .edit("watch", |q| q.max_per_host = Some(2))
+            .long("watch", 0, 6)
+            .host("h1", 20)
+            .host("h2", 20),
+    );
+}
+
+#[test]
+fn a_joining_host_moves_no_long_task() {
+    let case = Case::new()
+        .queue("watch", 0, 0, 50)
+        .long("watch", 6, 0)
+        .host("h1", 20)
+        .host("h2", 20)
+        .host("h3", 20)
+        .at("h1", "watch", 3)
+        .at("h2", "watch", 3);
+    let out = decide(&case.input());
+    assert_invariants(&case, &out);
+    assert_eq!(out.map, case.current);
+}
+
+#[test]
+fn a_dead_hosts_long_slots_go_to_the_others() {
+    // h1 died with 4 running tasks: they are still leased until their leases run out,
+    // so demand stays 12 and its 4 slots go to h2 and h3 to take them then.
+    check(
+        "long_dead_host",
+        &Case::new()
+            .queue("watch", 0, 0, 50)
+            .long("watch", 12, 0)
+            .host("h1", 20)
+            .host("h2", 20)
+            .host("h3", 20)
+            .host_state("h1", |h| h.alive = false)
+            .at("h1", "watch", 4)
+            .at("h2", "watch", 4)
+            .at("h3", "watch", 4),
+    );
+}
+
 fn arb_case() -> impl Strategy<Value = Case> {
     let queue = (
         0i32..4,
@@ -479,8 +602,9 @@ fn arb_case() -> impl Strategy<Value = Case> {
         proptest::collection::vec(host, 1..5),
         proptest::collection::vec((0usize..5, 0usize..6, 0u32..6), 0..12),
         proptest::option::of(1u32..10),
+        proptest::collection::vec(proptest::option::of((0u64..8, 0u64..4)), 6),
     )
-        .prop_map(|(queues, hosts, current, cap)| {
+        .prop_map(|(queues, hosts, current, cap, long)| {
             let mut case = Case::new();
             for (i, (prio, min, extra, _, _, _, in_sys)) in queues.iter().enumerate() {
                 let name = format!("q{i}");
@@ -506,6 +630,11 @@ fn arb_case() -> impl Strategy<Value = Case> {
             }
             for (i, (_, _, _, rate, task, ready, _)) in queues.iter().enumerate() {
                 case = case.load(&format!("q{i}"), *rate, *task, *ready);
+            }
+            for (i, l) in long.iter().enumerate().take(queues.len()) {
+                if let Some((running, waiting)) = l {
+                    case = case.long(&format!("q{i}"), *running, *waiting);
+                }
             }
             if let Some(cap) = cap {
                 case.config.systems.insert(
@@ -540,11 +669,18 @@ proptest! {
                         prop_assert!(used >= state.capacity, "{q} below min while {h} has room");
                     }
                 }
-                // Every queue of lower priority is at most at its own minimum.
+                // Every queue of lower priority is at most at its own minimum (or a long
+                // queue's running tasks).
                 for (o, ocfg) in &case.config.queues {
                     if ocfg.priority < cfg.priority {
                         let on = totals.get(o).copied().unwrap_or(0);
-                        prop_assert!(on <= ocfg.min_slots, "{o} (lower) above min while {q} starves\n{}\nhosts {:?}\ncurrent {:?}", render(&out), case.hosts, case.current);
+                        let running = if ocfg.is_long() {
+                            let had: u32 = case.current.values().map(|qs| qs.get(o).copied().unwrap_or(0)).sum();
+                            (case.stats.get(o).map_or(0, |w| w.leased) as u32).min(had)
+                        } else {
+                            0
+                        };
+                        prop_assert!(on <= ocfg.min_slots.max(running), "{o} (lower) above min while {q} starves\n{}\nhosts {:?}\ncurrent {:?}", render(&out), case.hosts, case.current);
                     }
                 }
             }

@@ -90,6 +90,12 @@ pub fn load_figures(q: &QueueConfig, w: &QueueWindow, drain_seconds: f64) -> Loa
     }
 }
 
+/// A long queue's demand: a slot per task waiting or running, whatever rates say (its
+/// tasks run until they return or are cancelled).
+fn long_demand(w: &QueueWindow) -> f64 {
+    (w.ready + w.leased) as f64
+}
+
 /// The hysteresis band of a priority rank (0 = lowest priority of the cluster, 1 =
 /// highest): (grow when demand exceeds current by this share, shrink when it is below
 /// by this share). High priority grows eagerly and shrinks reluctantly.
@@ -116,11 +122,25 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
             .map(|(n, _)| *n)
             .sum();
         let figures = load_figures(q, w, info.drain_seconds);
-        let demand = (figures.demand_slots - 1e-9).ceil().max(0.0);
+        let demand = if q.is_long() {
+            long_demand(w)
+        } else {
+            (figures.demand_slots - 1e-9).ceil().max(0.0)
+        };
         let demand = if demand > f64::from(u32::MAX) {
             u32::MAX
         } else {
             demand as u32
+        };
+        // A long queue's running tasks hold their slots (those that still stand): granted
+        // before anything else. Tasks of a dead host have none; they grow like any.
+        b.floor[qi] = if q.is_long() {
+            u32::try_from(w.leased)
+                .unwrap_or(u32::MAX)
+                .min(cur)
+                .min(q.max_slots)
+        } else {
+            0
         };
         let mut reasons = std::mem::take(&mut d.reasons);
         reasons.clear();
@@ -136,7 +156,13 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
             reasons.push(Reason::OutsideWorkPeriod);
             0
         } else {
-            let (up, down) = info.band;
+            let (up, down) = if q.is_long() {
+                // One slot per task, no more and no less: a long task's slot is never
+                // idle surplus, and a waiting one has nothing to wait for.
+                (0.0, 0.0)
+            } else {
+                info.band
+            };
             let held = if demand > cur {
                 if cur == 0 || f64::from(demand) > f64::from(cur) * (1.0 + up) {
                     reasons.push(Reason::Grow);

@@ -10,9 +10,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{HostReport, Keys, SlotMap, now_ms};
-use crate::config::{Config, Intake, QueueConfig};
+use crate::config::{Config, Intake, QueueConfig, QueueKind};
 use crate::queue_client::{
-    QueueClient, QueueError, QueueLimits, QueueStats, RedisConn, SystemState, system_states,
+    ListQuery, Queue, QueueClient, QueueError, QueueLimits, QueueStats, RecordState, RedisConn,
+    SystemState, system_states,
 };
 
 /// The manager's last verdict on a queue, as written to `NS:{cluster}:decisions`
@@ -102,6 +103,29 @@ pub struct QueueView {
     pub recycles_total: u64,
     /// Summed over live hosts: slots that crashed.
     pub crashes_total: u64,
+    /// Batch or long tasks (`kind`), from the config.
+    #[serde(skip)]
+    pub kind: QueueKind,
+    /// A long queue's running tasks, at most [`MAX_LONG_SHOWN`], newest first; empty for
+    /// a batch queue.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub long_running: Vec<LongRunning>,
+}
+
+/// Most running tasks of one long queue the snapshot reads (a record each).
+pub const MAX_LONG_SHOWN: usize = 50;
+
+/// One running task of a long queue, for the dashboard.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LongRunning {
+    /// The task's id.
+    pub id: String,
+    /// The host of the slot that runs it.
+    pub host: String,
+    /// That slot's number on its host.
+    pub slot: Option<u32>,
+    /// When its current attempt started (ms since the epoch).
+    pub since_ms: u64,
 }
 
 fn intake_name<S: serde::Serializer>(intake: &Intake, s: S) -> Result<S::Ok, S::Error> {
@@ -376,7 +400,12 @@ async fn read_queue(
         busy_seconds_total: 0.0,
         recycles_total: 0,
         crashes_total: 0,
+        kind: qc.kind,
+        long_running: Vec::new(),
     };
+    if qc.is_long() && qc.track {
+        view.long_running = read_long_running(&queue).await?;
+    }
     for h in cluster
         .hosts
         .values()
@@ -392,6 +421,35 @@ async fn read_queue(
         }
     }
     Ok(view)
+}
+
+/// A long queue's running tasks from their records: the listing finds them, each record's
+/// running entry says where and since when. The reads go out together.
+async fn read_long_running(queue: &Queue) -> Result<Vec<LongRunning>, QueueError> {
+    let page = queue
+        .list(&ListQuery {
+            state: Some(RecordState::Running),
+            limit: MAX_LONG_SHOWN,
+            ..ListQuery::default()
+        })
+        .await?;
+    let records =
+        futures::future::try_join_all(page.tasks.iter().map(|t| queue.record(&t.id))).await?;
+    Ok(records
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let run = r.history.as_ref()?.last()?.clone();
+            let since_ms = chrono::DateTime::parse_from_rfc3339(&run.at)
+                .map_or(0, |t| t.timestamp_millis().max(0) as u64);
+            Some(LongRunning {
+                id: r.id,
+                host: run.host.unwrap_or_default(),
+                slot: run.slot,
+                since_ms,
+            })
+        })
+        .collect())
 }
 
 /// The `stats --json` document (a contract: keys are added, never renamed); the api's

@@ -249,6 +249,15 @@ pub struct QueueConfig {
     /// Its system's configured `paused`: the state its takes start from while no run-time
     /// switch (`gaffer system NAME …`) is set.
     pub system_paused: bool,
+    /// Batch tasks that end by themselves, or long-running ones (a watcher, a consumer)
+    /// that run until they return or are cancelled, one per slot.
+    pub kind: QueueKind,
+    /// How long an exec child has to stop a cancelled long task after the cancel line
+    /// before it gets SIGTERM (then SIGKILL [`KILL_AFTER_TERM`] later).
+    pub cancel_grace: Duration,
+    /// Most slots of this queue on one host (long queues); `None`: no bound but the
+    /// host's capacity.
+    pub max_per_host: Option<u32>,
     /// Follow-up routes: where a task of this queue leads when it is done or has failed
     /// for good (`next = [{ queue = "…", on = "done" | "failed" }]`).
     pub next: Vec<Route>,
@@ -303,7 +312,15 @@ impl QueueConfig {
             system_rate: None,
             system_paused: false,
             next: Vec::new(),
+            kind: QueueKind::Batch,
+            cancel_grace: DEFAULT_CANCEL_GRACE,
+            max_per_host: None,
         }
+    }
+
+    /// Whether the queue runs long tasks (`kind = "long"`).
+    pub fn is_long(&self) -> bool {
+        self.kind == QueueKind::Long
     }
 
     /// Whether the queue may run at a local time; a queue without work periods always may.
@@ -331,6 +348,59 @@ pub const DEFAULT_MAX_PAYLOAD: u64 = 1 << 20;
 /// Defined here, where the queue client reads its other defaults too, because the config
 /// depends on no other part of gaffer.
 pub const MAX_BATCH: usize = 10_000;
+
+/// What a queue's tasks are: `kind = "batch" | "long"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueKind {
+    /// Tasks that end by themselves, taken in batches (the default).
+    #[default]
+    Batch,
+    /// Tasks that run until they return or are cancelled, one per slot, their lease
+    /// renewed while they run.
+    Long,
+}
+
+impl QueueKind {
+    /// Every value as written in the config.
+    pub const NAMES: [&'static str; 2] = ["batch", "long"];
+
+    /// The value as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueKind::Batch => "batch",
+            QueueKind::Long => "long",
+        }
+    }
+
+    /// Parses a value as written; `None` for anything else.
+    pub fn parse(s: &str) -> Option<QueueKind> {
+        match s {
+            "batch" => Some(QueueKind::Batch),
+            "long" => Some(QueueKind::Long),
+            _ => None,
+        }
+    }
+}
+
+/// How long an exec child has to stop a cancelled long task before SIGTERM, when the
+/// queue does not say.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(10);
+/// How long after SIGTERM a cancelled long task's exec child gets SIGKILL.
+pub const KILL_AFTER_TERM: Duration = Duration::from_secs(2);
+/// Shortest lease of a long queue: its slots renew every [`LONG_RENEW_EVERY`] and stop
+/// their task [`LONG_STOP_MARGIN`] before a lease they could not renew runs out, so a
+/// lease this long leaves three renewals before that.
+pub const MIN_LONG_LEASE: Duration = Duration::from_secs(5);
+/// Longest lease of a long queue: a dead host's tasks start elsewhere only once their
+/// leases ran out, so a longer one would leave them down for more than ten minutes.
+pub const MAX_LONG_LEASE: Duration = Duration::from_secs(600);
+/// A long queue's lease when the queue does not say.
+pub const DEFAULT_LONG_LEASE: Duration = Duration::from_secs(30);
+/// How often a slot renews its long task's lease and looks for a cancel (a tick).
+pub const LONG_RENEW_EVERY: Duration = Duration::from_secs(1);
+/// How long before its lease runs out by its own clock a slot that could not renew
+/// stops its long task, so it is gone before another slot can take it.
+pub const LONG_STOP_MARGIN: Duration = Duration::from_secs(1);
 
 /// How long a task id deduplicates: `dedup = "active" | "record"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

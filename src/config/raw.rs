@@ -80,6 +80,9 @@ pub(crate) struct RawQueue {
     /// that `deny_unknown_fields` knows the key.
     #[allow(dead_code)]
     pub next: S<serde::de::IgnoredAny>,
+    pub kind: S<String>,
+    pub cancel_grace: S<Human<Duration>>,
+    pub max_per_host: S<i64>,
     /// Settings of a handler built into a team's own binary, passed to it as JSON.
     pub options: S<serde_json::Value>,
 }

@@ -18,8 +18,9 @@ use super::raw::{
 };
 use super::values::{self, Rate, WorkPeriod};
 use super::{
-    ApiConfig, ApiKey, Backoff, ClusterConfig, Config, Dedup, Handler, Intake, KeyQueues,
-    MAX_BATCH, ManagerConfig, MasterConfig, QueueConfig, RetryPolicy, Schedule, SystemConfig,
+    ApiConfig, ApiKey, Backoff, ClusterConfig, Config, DEFAULT_LONG_LEASE, Dedup, Handler, Intake,
+    KeyQueues, MAX_BATCH, MAX_LONG_LEASE, MIN_LONG_LEASE, ManagerConfig, MasterConfig, QueueConfig,
+    QueueKind, RetryPolicy, Schedule, SystemConfig,
 };
 
 const TOP_KEYS: [&str; 7] = [
@@ -410,6 +411,7 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
     records(c, q.path, &raw, &mut out);
     prefetch(c, q.path, &raw, &mut out);
     ordered(c, q.path, &raw, &mut out);
+    long_kind(c, &q, &raw, &mut out);
     out
 }
 
@@ -454,6 +456,104 @@ fn bind_systems(
             q.system_rate = s.rate;
             q.system_paused = s.paused;
         }
+    }
+}
+
+/// `kind`, `cancel_grace` and `max_per_host`: a long queue runs one task per slot
+/// (`batch_size` 1, no `prefetch`) under a lease of whole seconds between
+/// [`MIN_LONG_LEASE`] and [`MAX_LONG_LEASE`] that its slots renew every second; the two
+/// other keys only mean something for such a queue.
+fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig) {
+    let path = q.path;
+    if let Some(k) = &raw.kind {
+        match QueueKind::parse(k.get_ref()) {
+            Some(kind) => out.kind = kind,
+            None => c.error(
+                k.span(),
+                &join(path, "kind"),
+                format!(
+                    "unknown kind `{}`, expected {}",
+                    k.get_ref(),
+                    backticked(&QueueKind::NAMES)
+                ),
+            ),
+        }
+    }
+    out.cancel_grace = duration(
+        c,
+        path,
+        "cancel_grace",
+        raw.cancel_grace.clone(),
+        out.cancel_grace,
+        Zero::Allowed,
+    );
+    out.max_per_host = raw
+        .max_per_host
+        .clone()
+        .map(|v| int(c, path, "max_per_host", Some(v), 1, 1, i64::from(u32::MAX)));
+    if !out.is_long() {
+        for (key, span) in [
+            ("cancel_grace", raw.cancel_grace.as_ref().map(Spanned::span)),
+            ("max_per_host", raw.max_per_host.as_ref().map(Spanned::span)),
+        ] {
+            if let Some(span) = span {
+                c.error(
+                    span,
+                    &join(path, key),
+                    format!("{key} only applies to kind = \"long\""),
+                );
+            }
+        }
+        return;
+    }
+    long_batch_and_prefetch(c, path, raw, out);
+    long_lease(c, path, raw, out);
+}
+
+/// A long queue's slot runs one task: `batch_size` is 1 (the default for such a queue),
+/// and `prefetch` would lease a task that waits while another runs for hours.
+fn long_batch_and_prefetch(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
+    match &raw.batch_size {
+        Some(b) if *b.get_ref() != 1 => c.error(
+            b.span(),
+            &join(path, "batch_size"),
+            format!(
+                "kind = \"long\" runs one task per slot: batch_size must be 1, not {}",
+                b.get_ref()
+            ),
+        ),
+        _ => out.batch_size = 1,
+    }
+    if let Some(p) = raw.prefetch.as_ref().filter(|p| *p.get_ref()) {
+        c.error(
+            p.span(),
+            &join(path, "prefetch"),
+            "kind = \"long\" refuses prefetch = true: a prefetched task would wait leased while another runs until cancelled",
+        );
+    }
+}
+
+/// A long queue's lease: whole seconds in [`MIN_LONG_LEASE`]..=[`MAX_LONG_LEASE`],
+/// [`DEFAULT_LONG_LEASE`] when not given.
+fn long_lease(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
+    let Some(l) = &raw.lease else {
+        out.lease = DEFAULT_LONG_LEASE;
+        return;
+    };
+    let Ok(lease) = &l.get_ref().0 else { return };
+    let fmt = |d: Duration| humantime::format_duration(d).to_string();
+    if lease.subsec_nanos() != 0 || *lease < MIN_LONG_LEASE || *lease > MAX_LONG_LEASE {
+        c.error(
+            l.span(),
+            &join(path, "lease"),
+            format!(
+                "kind = \"long\" needs a lease of whole seconds from {} to {}, not {}: its slots renew it every second and stop their task a second before it could run out, and a dead host's tasks wait that long to start elsewhere",
+                fmt(MIN_LONG_LEASE),
+                fmt(MAX_LONG_LEASE),
+                fmt(*lease)
+            ),
+        );
+        out.lease = DEFAULT_LONG_LEASE;
     }
 }
 

@@ -6,8 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::config::{Handler as HandlerConfig, QueueConfig};
 
@@ -187,6 +188,8 @@ pub struct SlotContext {
     /// The slot's number on its host, unique among the master's running slots.
     pub slot: u32,
     pub(crate) progress: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Set by the slot when the long task in hand must stop.
+    pub(crate) cancel: Cancellation,
 }
 
 impl SlotContext {
@@ -196,7 +199,25 @@ impl SlotContext {
             queue,
             slot,
             progress: None,
+            cancel: Cancellation::default(),
         }
+    }
+
+    /// Whether the long task in hand must stop: an operator cancelled it, or the slot
+    /// could not renew its lease (then the slot does not wait for the handler long). A
+    /// handler of a long queue looks at this between steps of its work and returns soon
+    /// after it turns true; its outcome is then unused. Never true in a batch queue.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.stop() != Stop::Run
+    }
+
+    /// Waits up to `timeout` for the task in hand to be cancelled; true when it was.
+    /// A long task's handler can wait here instead of sleeping between steps.
+    pub fn wait_cancelled(&self, timeout: Duration) -> bool {
+        let never = AtomicBool::new(false);
+        self.cancel
+            .wait_past(Stop::Run, Some(Instant::now() + timeout), &never)
+            != Stop::Run
     }
 
     /// Tells the master the slot is alive and working. A batch that legitimately runs
@@ -205,6 +226,88 @@ impl SlotContext {
     pub fn progress(&self) {
         if let Some(p) = &self.progress {
             p();
+        }
+    }
+}
+
+/// How far a long task's stop has gone; later kinds order after earlier ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Stop {
+    /// Running: nothing asked.
+    Run,
+    /// An operator cancelled it: an exec child gets the cancel line, SIGTERM after the
+    /// queue's `cancel_grace`, then SIGKILL.
+    Cancel,
+    /// The slot could not renew its lease: the task must be gone at once, before the
+    /// lease could be handed to another slot.
+    Now,
+}
+
+/// The stop of the long task in hand, shared by the slot (which asks) and the handler
+/// thread (which waits for it, or polls it between steps of its work).
+#[derive(Clone, Default)]
+pub(crate) struct Cancellation {
+    inner: Arc<(Mutex<Option<Stop>>, Condvar)>,
+}
+
+impl Cancellation {
+    fn state(&self) -> MutexGuard<'_, Option<Stop>> {
+        // A poisoned lock still holds a valid stop: nothing panics while holding it.
+        self.inner.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How far the stop has gone.
+    pub(crate) fn stop(&self) -> Stop {
+        self.state().unwrap_or(Stop::Run)
+    }
+
+    /// Asks the task to stop as `stop` says; never goes back to a milder stop.
+    pub(crate) fn ask(&self, stop: Stop) {
+        let mut s = self.state();
+        *s = Some(s.unwrap_or(Stop::Run).max(stop));
+        self.inner.1.notify_all();
+    }
+
+    /// Clears the stop before the next task.
+    pub(crate) fn reset(&self) {
+        *self.state() = None;
+    }
+
+    /// Wakes the waiters of [`wait_past`](Self::wait_past), so they look at their `done`
+    /// flag; whoever sets the flag calls this after setting it.
+    pub(crate) fn wake(&self) {
+        let _s = self.state();
+        self.inner.1.notify_all();
+    }
+
+    /// Waits until the stop goes past `past`, `deadline` passes or `done` is set (and
+    /// [`wake`](Self::wake) called); returns the stop as it then is.
+    pub(crate) fn wait_past(
+        &self,
+        past: Stop,
+        deadline: Option<Instant>,
+        done: &AtomicBool,
+    ) -> Stop {
+        let mut s = self.state();
+        loop {
+            let stop = s.unwrap_or(Stop::Run);
+            if stop > past || done.load(Ordering::Acquire) {
+                return stop;
+            }
+            s = match deadline {
+                None => self.inner.1.wait(s).unwrap_or_else(|p| p.into_inner()),
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return stop;
+                    }
+                    self.inner
+                        .1
+                        .wait_timeout(s, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0
+                }
+            };
         }
     }
 }

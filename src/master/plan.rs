@@ -11,6 +11,9 @@
 //!   the new one: stopped gracefully, restarted from it);
 //! - a queue's slots beyond what it wants stop, idle ones first, then those still
 //!   starting, busy ones last, and the youngest first within each;
+//! - a busy slot of a long queue (`kind = "long"`) never stops, for a roll-over or a
+//!   surplus: its task runs until it returns or is cancelled, and a new map or config
+//!   reaches it once its task ended (a drain still stops it);
 //! - slots are started only from a ready zygote that takes requests and preloaded the
 //!   queue, for queues not backing off after crashes, highest priority first, until the
 //!   host holds `capacity` slots (stopping ones not counted); capacity never stops a slot.
@@ -99,6 +102,9 @@ pub(super) struct PlanInput {
     pub capacity: Option<u32>,
     /// The current zygote.
     pub zygote: ZygoteView,
+    /// Queues of kind long whose busy slots are kept: a busy slot of one holds a task
+    /// that runs until cancelled. Empty while the host drains, so a drain stops them.
+    pub long: BTreeSet<String>,
 }
 
 /// What to do now.
@@ -133,19 +139,23 @@ fn surplus(input: &PlanInput) -> (Vec<u32>, BTreeMap<&str, usize>) {
     let mut stop = Vec::new();
     let mut kept = BTreeMap::new();
     for (queue, mut slots) in running {
+        let long = input.long.contains(queue);
+        let pinned = |s: &SlotView| long && s.state == SlotState::Busy;
         if roll_over {
             stop.extend(
                 slots
                     .iter()
-                    .filter(|(_, s)| s.generation != current)
+                    .filter(|(_, s)| s.generation != current && !pinned(s))
                     .map(|&(n, _)| n),
             );
-            slots.retain(|(_, s)| s.generation == current);
+            slots.retain(|(_, s)| s.generation == current || pinned(s));
         }
-        // Stable: equal ranks and ages keep slot-number order.
+        // Stable: equal ranks and ages keep slot-number order. Pinned slots are busy, so
+        // they sort last and only the others can make up the surplus.
         slots.sort_by_key(|(_, s)| (s.state.stop_rank(), Reverse(s.spawned_at)));
         let want = input.wanted.get(queue).map_or(0, |w| w.slots) as usize;
-        let surplus = slots.len().saturating_sub(want);
+        let stoppable = slots.iter().filter(|(_, s)| !pinned(s)).count();
+        let surplus = slots.len().saturating_sub(want).min(stoppable);
         stop.extend(slots.drain(..surplus).map(|(n, _)| n));
         kept.insert(queue, slots.len());
     }

@@ -1,7 +1,7 @@
 //! The master's slots: reconciling them to the map (the pure [`plan`] decides, this
 //! applies), their events and exits, crash back-off per queue, the watchdog.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -248,7 +248,24 @@ impl Master {
             wanted,
             capacity: self.reporting.capacity.as_ref().map(|c| c.slots),
             zygote: self.zygotes.view(),
+            long: self.long_queues_kept(),
         }
+    }
+
+    /// The long queues whose busy slots the plan keeps: all of them, but none while the
+    /// host drains (a stop, or `gaffer drain`): then their tasks are stopped and handed
+    /// back like a cancel, within `drain_timeout`.
+    fn long_queues_kept(&self) -> BTreeSet<String> {
+        if self.stopping || self.orders.drain_requested {
+            return BTreeSet::new();
+        }
+        self.opts
+            .config
+            .queues
+            .values()
+            .filter(|q| q.is_long())
+            .map(|q| q.name.clone())
+            .collect()
     }
 
     /// Brings the slots to this host's part of the map: plans, then stops and spawns.

@@ -22,6 +22,9 @@ pub enum TaskState {
     Dead,
     /// Held by an operator until thawed.
     Frozen,
+    /// A running long task whose cancel was asked: its slot stops it within a tick (and
+    /// the queue's `cancel_grace`), then it ends cancelled.
+    Cancelling,
 }
 
 impl std::fmt::Display for TaskState {
@@ -32,6 +35,7 @@ impl std::fmt::Display for TaskState {
             TaskState::Leased => "leased",
             TaskState::Dead => "dead",
             TaskState::Frozen => "frozen",
+            TaskState::Cancelling => "cancelling",
         })
     }
 }
@@ -89,7 +93,10 @@ impl Queue {
     }
 
     /// Removes a task by id, whatever its state, and returns what it was. A leased task's
-    /// holder will find its settle rejected as stale. Its record says cancelled.
+    /// holder will find its settle rejected as stale. Its record says cancelled. In a
+    /// long queue a running task is asked to stop instead: it is returned as
+    /// [`TaskState::Cancelling`], its record says cancelling, and its slot ends it
+    /// cancelled once it has stopped it.
     pub async fn cancel(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
         self.find_or_cancel(id, Some("cancelled")).await
     }
@@ -109,7 +116,8 @@ impl Queue {
         inv.arg(id)
             .arg(if cancel.is_some() { "1" } else { "0" })
             .arg(cancel.unwrap_or(""))
-            .arg(self.ttl_arg());
+            .arg(self.ttl_arg())
+            .arg(self.limits.kind.as_str());
         let mut conn = self.conn.clone();
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
         let Some(r) = reply else { return Ok(None) };
@@ -125,6 +133,7 @@ impl Queue {
             "leased" => TaskState::Leased,
             "dead" => TaskState::Dead,
             "frozen" => TaskState::Frozen,
+            "cancelling" => TaskState::Cancelling,
             other => return Err(QueueError::Protocol(format!("unknown state {other:?}"))),
         };
         let meta = Meta::parse(&string(&r[2])?)

@@ -262,7 +262,7 @@ impl Queue {
 
     /// settle.lua's arguments: its header, then the acks of first attempts, those of
     /// later attempts, and the other ops, in `order`.
-    fn push_settle_args(
+    pub(super) fn push_settle_args(
         &self,
         inv: &mut redis::ScriptInvocation<'_>,
         ops: &[SettleOp],
@@ -426,7 +426,7 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
 /// Where each op goes in the settle script's arguments. Acks go first as (id, token)
 /// pairs, those of first attempts before the rest (only later attempts have state to clean
 /// up); other ops follow with all their arguments.
-struct SettleOrder {
+pub(super) struct SettleOrder {
     /// Acks of first attempts (indices into the ops).
     first: Vec<usize>,
     /// Acks of later attempts.
@@ -437,7 +437,7 @@ struct SettleOrder {
 
 impl SettleOrder {
     /// The ops' indices in the script's three groups, each in the ops' order.
-    fn of(ops: &[SettleOp]) -> Self {
+    pub(super) fn of(ops: &[SettleOp]) -> Self {
         let is_ack = |i: &usize| ops[*i].action == Settle::Ack;
         let first: Vec<usize> = (0..ops.len())
             .filter(|i| is_ack(i) && ops[*i].attempt <= 1)
@@ -459,7 +459,7 @@ impl SettleOrder {
     }
 
     /// The script's reply, one code per op in this order, as results in the ops' order.
-    fn results(&self, reply: Vec<i64>) -> Result<Vec<SettleResult>, QueueError> {
+    pub(super) fn results(&self, reply: Vec<i64>) -> Result<Vec<SettleResult>, QueueError> {
         let n = self.len();
         if reply.len() != n {
             return Err(QueueError::Protocol(format!(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::config::{Dedup, Intake};
+use crate::config::{Dedup, Intake, QueueKind};
 
 // Defined in config, which validates them too; the queue enforces them on every call.
 pub use crate::config::{DEFAULT_MAX_PAYLOAD, MAX_BATCH};
@@ -40,6 +40,8 @@ pub struct QueueLimits {
     pub ordered: bool,
     /// The external system the queue's takes answer to, if any.
     pub system: Option<SystemLimits>,
+    /// Batch or long tasks: a running long task is asked to stop when cancelled.
+    pub kind: QueueKind,
 }
 
 /// What a queue's takes owe its external system: the run-time switch is read beside the
@@ -66,6 +68,7 @@ impl Default for QueueLimits {
             intake: Intake::Open,
             ordered: false,
             system: None,
+            kind: QueueKind::Batch,
         }
     }
 }
@@ -86,6 +89,7 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
                 rate: q.system_rate.map(|r| r.per_second),
                 paused: q.system_paused,
             }),
+            kind: q.kind,
         }
     }
 }

@@ -13,8 +13,8 @@
 //!
 //! The module by concern: `client` (connecting, handles on queues), `queue` (the handle
 //! and what its operations share), `enqueue`, `lease` (take and settle: the hot path),
-//! `record` (records, listing, watching), `chained` (what chains read and set of a
-//! queue's tasks), `control` (find, cancel, freeze and thaw,
+//! `long` (renewal and end of long tasks), `record` (records, listing, watching), `chained`
+//! (what chains read and set of a queue's tasks), `control` (find, cancel, freeze and thaw,
 //! intake, delete), `dead` (dead letters), `stats` (counters and housekeeping), `limits`,
 //! `error`, `checks` (input checks other modules share), `reply` (decoding script
 //! replies), `conn` (connections), `outage`, `scripts` (the Lua scripts and keys),
@@ -30,6 +30,7 @@ mod enqueue;
 mod error;
 mod lease;
 mod limits;
+mod long;
 mod outage;
 mod queue;
 mod record;
@@ -53,6 +54,7 @@ pub use limits::{
     DEFAULT_MAX_PAYLOAD, MAX_BATCH, MAX_DELAY, MAX_ID_LEN, MAX_LIST_LIMIT, QueueLimits,
     SystemLimits,
 };
+pub use long::{LongSettled, Renewal};
 pub use outage::OutageLog;
 pub use queue::{Queue, Worker};
 pub use record::{

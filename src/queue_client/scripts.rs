@@ -22,6 +22,7 @@ pub(crate) struct Scripts {
     pub freeze: Script,
     pub housekeep: Script,
     pub chain: Script,
+    pub long: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -43,6 +44,16 @@ fn settle_then_take() -> Script {
     ))
 }
 
+/// long.lua with settle.lua's body as its function `settle_part`, like
+/// [`settle_then_take`]: a long task that returns is settled by the same code as any.
+fn long_with_settle() -> Script {
+    Script::new(&format!(
+        "{PRELUDE}\nlocal function settle_part(ARGV)\n{}\nend\n{}",
+        include_str!("lua/settle.lua"),
+        include_str!("lua/long.lua"),
+    ))
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     enqueue: with_prelude(include_str!("lua/enqueue.lua")),
     take: with_prelude(include_str!("lua/take.lua")),
@@ -59,6 +70,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     freeze: with_prelude(include_str!("lua/freeze.lua")),
     housekeep: with_prelude(include_str!("lua/housekeep.lua")),
     chain: with_prelude(include_str!("lua/chain.lua")),
+    long: long_with_settle(),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag

@@ -43,15 +43,16 @@ impl Handler for Sleep {
         Ok(Sleep)
     }
 
-    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+    /// In a long queue the sleep ends early when the task is cancelled.
+    fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
         batch
             .iter()
             .map(|task| match task.json() {
                 Ok(v) => match v.get("ms").and_then(serde_json::Value::as_u64) {
-                    Some(ms) => {
-                        std::thread::sleep(Duration::from_millis(ms));
-                        Outcome::done()
-                    }
+                    Some(ms) if ctx.wait_cancelled(Duration::from_millis(ms)) => Outcome::Fail {
+                        reason: "sleep: cancelled".into(),
+                    },
+                    Some(_) => Outcome::done(),
                     None if v.get("ms").is_none() => Outcome::done(),
                     None => Outcome::Reject {
                         reason: "sleep: `ms` must be a non-negative integer".into(),

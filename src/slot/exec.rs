@@ -7,16 +7,22 @@
 //! and the child dies with it.
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Handler as HandlerConfig, QueueConfig};
+use crate::config::{Handler as HandlerConfig, KILL_AFTER_TERM, QueueConfig};
 use crate::host::handler::{
-    Handler, HandlerError, Outcome, PayloadError, SlotContext, Task, check_payload_size,
+    Handler, HandlerError, Outcome, PayloadError, SlotContext, Stop, Task, check_payload_size,
 };
 
 /// Longest reply line accepted from the child; a longer one is malformed, so a runaway
@@ -378,6 +384,38 @@ impl Exec {
         Ok(parse_reply(&reply, &ids)?)
     }
 
+    /// [`exchange`](Self::exchange) for a long queue's task, while a watcher thread stops
+    /// the child when the slot asks ([`watch_stop`]): the handler thread is blocked
+    /// reading the reply meanwhile, so the cancel line and the signals come from another.
+    fn exchange_long(
+        &mut self,
+        ctx: &SlotContext,
+        request: &Request<'_>,
+    ) -> Result<Vec<Option<ReplyStatus>>, ChildError> {
+        let running = self.running(ctx)?;
+        let pid = running.process.id();
+        let stdin = running.stdin.as_fd().try_clone_to_owned().map(File::from);
+        let id = request.batch.first().map_or("", |t| t.id);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            let watcher = match stdin {
+                Ok(stdin) => std::thread::Builder::new()
+                    .name(format!("exec-stop-{pid}"))
+                    .spawn_scoped(scope, || watch_stop(ctx, id, pid, stdin, &done))
+                    .map(drop),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = watcher {
+                tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
+                    "cannot watch the long task for a cancel: {e}; it runs until it returns");
+            }
+            let r = self.exchange(ctx, request);
+            done.store(true, Ordering::Release);
+            ctx.cancel.wake();
+            r
+        })
+    }
+
     /// The child's pid, to watch it being replaced and reaped.
     #[cfg(test)]
     fn child_pid(&self) -> Option<u32> {
@@ -431,7 +469,12 @@ impl Handler for Exec {
         if request.batch.is_empty() {
             return decided.into_iter().flatten().collect();
         }
-        let statuses = match self.exchange(ctx, &request) {
+        let exchanged = if ctx.queue.is_long() {
+            self.exchange_long(ctx, &request)
+        } else {
+            self.exchange(ctx, &request)
+        };
+        let statuses = match exchanged {
             Ok(statuses) => statuses,
             Err(why) => {
                 tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot,
@@ -480,6 +523,53 @@ impl Handler for Exec {
 impl Drop for Exec {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Stops a long task's child when the slot asks, until the exchange is over (`done`): at
+/// once with SIGKILL when the lease could not be kept ([`Stop::Now`]); after a cancel, the
+/// line `{"cancel": "ID"}` first, SIGTERM after the queue's `cancel_grace`, SIGKILL
+/// [`KILL_AFTER_TERM`] later. The child is reaped only after this ends, so its pid cannot
+/// have been reused meanwhile.
+fn watch_stop(ctx: &SlotContext, id: &str, pid: u32, mut stdin: File, done: &AtomicBool) {
+    let c = &ctx.cancel;
+    let over = || done.load(Ordering::Acquire);
+    let stop = c.wait_past(Stop::Run, None, done);
+    if over() {
+        return;
+    }
+    if stop == Stop::Now {
+        return signal(pid, Signal::SIGKILL);
+    }
+    let line = format!("{}\n", serde_json::json!({ "cancel": id }));
+    if let Err(e) = stdin
+        .write_all(line.as_bytes())
+        .and_then(|()| stdin.flush())
+    {
+        tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
+            "cannot write the cancel line: {e}");
+    }
+    for (wait, sig) in [
+        (ctx.queue.cancel_grace, Signal::SIGTERM),
+        (KILL_AFTER_TERM, Signal::SIGKILL),
+    ] {
+        let stop = c.wait_past(Stop::Cancel, Some(Instant::now() + wait), done);
+        if over() {
+            return;
+        }
+        if stop == Stop::Now {
+            return signal(pid, Signal::SIGKILL);
+        }
+        tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
+            task = id, signal = %sig, "the cancelled long task has not stopped");
+        signal(pid, sig);
+    }
+}
+
+/// Sends `sig` to the child; one that is already gone needs nothing.
+fn signal(pid: u32, sig: Signal) {
+    if let Err(e) = kill(Pid::from_raw(pid as i32), sig) {
+        tracing::debug!(target: "gaffer::exec", pid, "cannot send {sig}: {e}");
     }
 }
 
@@ -960,6 +1050,98 @@ for line in sys.stdin:
         assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
         let pid = exec.child_pid().unwrap();
         drop(exec);
+        assert_gone(pid);
+    }
+
+    /// A long queue's child that logs the cancel line to stderr and ignores it, and
+    /// SIGTERM too (when `stubborn`): only SIGKILL ends it.
+    fn long_ctx(stubborn: &str) -> SlotContext {
+        let child = format!(
+            r#"
+import json, signal, sys
+if {stubborn}:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+line = sys.stdin.readline()
+print("got a batch", file=sys.stderr, flush=True)
+for line in sys.stdin:
+    print("cancel line: " + line.strip(), file=sys.stderr, flush=True)
+"#
+        );
+        let mut ctx = python(&child);
+        ctx.queue.kind = crate::config::QueueKind::Long;
+        ctx.queue.cancel_grace = Duration::from_millis(200);
+        ctx
+    }
+
+    /// Waits until `pid` ignores SIGTERM (its SigIgn mask in /proc), so a signal sent
+    /// later meets the child's own disposition rather than its start-up.
+    fn wait_ignoring_sigterm(pid: u32) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let mask = status
+                .lines()
+                .find_map(|l| l.strip_prefix("SigIgn:"))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                .unwrap_or(0);
+            if mask & (1 << (libc::SIGTERM - 1)) != 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{pid} never ignored SIGTERM");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Cancels the long task in `exec` once it runs and returns the outcome and how long
+    /// the handler took after the cancel.
+    fn cancel_running(exec: &mut Exec, ctx: &SlotContext, stop: Stop) -> (Outcome, Duration) {
+        let cancel = ctx.cancel.clone();
+        let asked = std::thread::spawn(move || {
+            // The batch line is written before the handler blocks on the reply; asking
+            // before that only means the watcher sees the stop at once.
+            cancel.ask(stop);
+            Instant::now()
+        });
+        let out = exec.handle(ctx, &[task("w", 1, "{}")]);
+        let asked = asked.join().unwrap();
+        (out.into_iter().next().unwrap(), asked.elapsed())
+    }
+
+    #[test]
+    fn a_cancelled_long_task_gets_sigterm_after_the_grace_then_sigkill() {
+        for (stubborn, at_least) in [
+            ("False", Duration::from_millis(200)),
+            ("True", KILL_AFTER_TERM),
+        ] {
+            let ctx = long_ctx(stubborn);
+            let mut exec = started(&ctx);
+            let pid = exec.child_pid().unwrap();
+            if stubborn == "True" {
+                wait_ignoring_sigterm(pid);
+            }
+            let (outcome, took) = cancel_running(&mut exec, &ctx, Stop::Cancel);
+            assert!(is_exec_failure(&outcome), "{outcome:?}");
+            // SIGTERM waits out the grace; a child that ignores it waits for SIGKILL.
+            assert!(took >= at_least, "{stubborn}: ended after {took:?}");
+            assert_gone(pid);
+            ctx.cancel.reset();
+        }
+    }
+
+    #[test]
+    fn a_long_task_that_must_stop_now_is_killed_at_once() {
+        let mut ctx = long_ctx("True");
+        // A grace no loaded machine could pass for: ending well within it shows none
+        // was waited.
+        ctx.queue.cancel_grace = Duration::from_secs(30);
+        let mut exec = started(&ctx);
+        let pid = exec.child_pid().unwrap();
+        let (outcome, took) = cancel_running(&mut exec, &ctx, Stop::Now);
+        assert!(is_exec_failure(&outcome), "{outcome:?}");
+        assert!(
+            took < ctx.queue.cancel_grace,
+            "no grace when the lease is lost: {took:?}"
+        );
         assert_gone(pid);
     }
 }

@@ -13,10 +13,14 @@ use tokio_util::sync::CancellationToken;
 use super::followups::FollowUps;
 use crate::backoff::Backoff;
 use crate::config::QueueConfig;
-use crate::host::handler::{Handler, HandlerError, Outcome, SlotContext, Task, check_payload_size};
+use crate::host::handler::{
+    Cancellation, Handler, HandlerError, Outcome, SlotContext, Task, check_payload_size,
+};
 use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
 use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
+
+mod long;
 use crate::queue_client::{
     Batch, LeasedTask, Queue, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult,
     Waiter,
@@ -214,12 +218,14 @@ async fn run(
     let follow_ups = FollowUps::new(client.clone(), queue.clone(), cfg.clone(), chains);
 
     let progress_reporter = reporter.clone();
+    let cancel = Cancellation::default();
     let ctx = SlotContext {
         queue: cfg.clone(),
         slot,
         progress: Some(Arc::new(move || {
             progress_reporter.send(&SlotEvent::Progress { slot, pid });
         })),
+        cancel: cancel.clone(),
     };
     let worker = match Worker::start(handler, ctx) {
         Ok(w) => w,
@@ -240,6 +246,7 @@ async fn run(
         ahead: None,
         recycle: None,
         follow_ups,
+        cancel,
     }
     .serve()
     .await
@@ -275,6 +282,8 @@ struct Serving {
     recycle: Option<End>,
     /// Creates a batch's follow-ups before it is settled.
     follow_ups: FollowUps,
+    /// The stop of a long task in hand, which its handler sees in its `SlotContext`.
+    cancel: Cancellation,
 }
 
 /// A batch in hand and when its leases run out by this process's clock (counted from
@@ -313,7 +322,11 @@ impl Serving {
                     Err(end) => return end,
                 },
             };
-            self.handle(taken).await;
+            if self.cfg.is_long() {
+                self.run_long(taken).await;
+            } else {
+                self.handle(taken).await;
+            }
             if let Some(end) = self.recycle.take() {
                 self.give_back_ahead().await;
                 return end;

@@ -11,10 +11,10 @@ use ratatui::style::Color;
 
 use super::state::{Action, Effect, Finder, Found, HISTORY, SortKey, State, View, update};
 use crate::cluster::snapshot::{
-    DecisionView, HostState, HostView, ManagerView, QueueView, Snapshot, SystemView,
+    DecisionView, HostState, HostView, LongRunning, ManagerView, QueueView, Snapshot, SystemView,
 };
 use crate::cluster::{HostReport, QueueReport, SlotMap};
-use crate::config::Intake;
+use crate::config::{Intake, QueueKind};
 use crate::queue_client::{
     HistoryEntry, QueueStats, RecordState, SystemState, TaskRecord, rfc3339,
 };
@@ -202,6 +202,8 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
             busy_seconds_total: processed as f64 * 0.04,
             recycles_total: if q.name == "resize_photo" { 3 } else { 0 },
             crashes_total: 0,
+            kind: QueueKind::Batch,
+            long_running: Vec::new(),
         };
         queues.insert(q.name.to_string(), view);
     }
@@ -367,6 +369,42 @@ fn queue_detail_view() {
     press(&mut s, &[Action::Open]);
     assert_eq!(s.view, View::QueueDetail);
     let t = draw(&s, 160, 34);
+    insta::assert_snapshot!(t.backend());
+}
+
+#[test]
+fn long_queue_detail_shows_its_running_tasks() {
+    // emails (the queue the detail opens) as a long queue with three running tasks.
+    let mut s = State::new(Duration::from_secs(2));
+    for i in 0..READS {
+        let mut snap = snapshot(i, true);
+        let at_ms = snap.at_ms;
+        let q = snap.queues.get_mut("emails").unwrap();
+        q.kind = QueueKind::Long;
+        q.stats.leased = 3;
+        q.long_running = [
+            ("btc-usd", "h1", 1, 3_725),
+            ("eth-usd", "h2", 4, 61),
+            ("feed-7", "h1", 2, 5),
+        ]
+        .into_iter()
+        .map(|(id, host, slot, age_s)| LongRunning {
+            id: id.into(),
+            host: host.into(),
+            slot: Some(slot),
+            since_ms: at_ms - age_s * 1000,
+        })
+        .collect();
+        feed(&mut s, snap);
+    }
+    let now_ms = T0 + (READS - 1) * STEP_MS + 1_000;
+    update(&mut s, Action::Tick { now_ms });
+    press(&mut s, &[Action::Open]);
+    assert_eq!(s.view, View::QueueDetail);
+    let t = draw(&s, 160, 40);
+    let buf = t.backend().buffer();
+    assert!(find(buf, "btc-usd").is_some(), "{}", t.backend());
+    assert!(find(buf, "1h 2m 5s").is_some(), "{}", t.backend());
     insta::assert_snapshot!(t.backend());
 }
 

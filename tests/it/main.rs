@@ -9,6 +9,7 @@ mod drain;
 mod harness;
 mod host;
 mod invariants;
+mod long;
 mod manager;
 mod ordered;
 mod outage;

@@ -24,6 +24,7 @@ impl Case {
                 slots: BTreeMap::new(),
                 wanted: BTreeMap::new(),
                 capacity: None,
+                long: BTreeSet::new(),
                 zygote: ZygoteView {
                     generation: 2,
                     ready: true,
@@ -66,6 +67,12 @@ impl Case {
                 spawned_at,
             },
         );
+        self
+    }
+
+    /// `queue` is of kind long.
+    fn long(mut self, queue: &str) -> Self {
+        self.input.long.insert(queue.into());
         self
     }
 
@@ -113,6 +120,9 @@ fn render(input: &PlanInput, plan: &Plan) -> String {
         .capacity
         .map_or("unmeasured".into(), |c| c.to_string());
     let _ = writeln!(out, "capacity: {capacity}");
+    if !input.long.is_empty() {
+        let _ = writeln!(out, "long: {:?}", input.long);
+    }
     out.push_str("wanted:\n");
     for (q, w) in &input.wanted {
         let backoff = w
@@ -144,6 +154,25 @@ fn check(name: &str, case: Case) {
 }
 
 use SlotState::{Busy, Idle, Spawning, Starting, Stopping};
+
+#[test]
+fn a_busy_long_slot_never_stops() {
+    // watch (long) is no longer wanted here and the new zygote is ready: its idle slot
+    // and its old idle one stop, its busy ones (either generation) keep their tasks.
+    // images (batch) shrinks as always, busy last.
+    check(
+        "busy_long_slots_stay",
+        Case::new()
+            .long("watch")
+            .want("images", 1, 0)
+            .slot(1, "watch", Busy, 100)
+            .slot(2, "watch", Idle, 50)
+            .slot_of(1, 3, "watch", Busy, 500)
+            .slot_of(1, 4, "watch", Idle, 500)
+            .slot(5, "images", Busy, 10)
+            .slot(6, "images", Busy, 20),
+    );
+}
 
 #[test]
 fn nothing_running_starts_what_is_wanted() {
@@ -366,22 +395,34 @@ fn assert_queue(
         .filter(|(_, s)| s.queue == queue && running(s))
         .map(|(&n, s)| (n, s))
         .collect();
-    // Once the new zygote is ready, no old slot keeps running.
+    // A busy slot of a long queue never stops.
+    let pinned = |s: &SlotView| input.long.contains(queue) && s.state == Busy;
+    for (n, s) in &mine {
+        if pinned(s) {
+            assert!(!stopped.contains(n), "#{n} busy with a long task stopped");
+        }
+    }
+    // Once the new zygote is ready, no old slot keeps running but those.
     if roll_over {
         for (n, s) in &mine {
-            if s.generation != current {
+            if s.generation != current && !pinned(s) {
                 assert!(stopped.contains(n), "#{n} of an old zygote kept");
             }
         }
     }
     let candidates: Vec<(u32, &SlotView)> = mine
         .into_iter()
-        .filter(|(_, s)| !roll_over || s.generation == current)
+        .filter(|(_, s)| !roll_over || s.generation == current || pinned(s))
         .collect();
     let (gone, stay): (Vec<_>, Vec<_>) = candidates.iter().partition(|(n, _)| stopped.contains(n));
-    // Exactly the surplus stops, and it stops first: idle before starting before busy,
-    // the youngest first.
-    assert_eq!(gone.len(), candidates.len().saturating_sub(want), "{queue}");
+    // Exactly the surplus stops (as far as slots may stop), and it stops first: idle
+    // before starting before busy, the youngest first.
+    let stoppable = candidates.iter().filter(|(_, s)| !pinned(s)).count();
+    assert_eq!(
+        gone.len(),
+        candidates.len().saturating_sub(want).min(stoppable),
+        "{queue}"
+    );
     let key = |s: &SlotView| (s.state.stop_rank(), Reverse(s.spawned_at));
     for (g, gs) in &gone {
         for (k, ks) in &stay {
@@ -390,7 +431,11 @@ fn assert_queue(
     }
     // Never more than wanted.
     let started = plan.spawn.iter().filter(|q| *q == queue).count();
-    assert!(stay.len() + started <= want, "{queue} over-started");
+    let busy_long = stay.iter().filter(|(_, s)| pinned(s)).count();
+    assert!(
+        stay.len() + started <= want.max(busy_long),
+        "{queue} over-started"
+    );
     // A queue left short while it could start slots is short of capacity, and no queue
     // of lower priority started any.
     if input.wanted.contains_key(queue) && eligible(input, queue) && stay.len() + started < want {
@@ -442,8 +487,9 @@ fn any_input() -> impl Strategy<Value = PlanInput> {
         any::<bool>(),
         proptest::sample::subsequence(&QUEUES[..], 0..=4),
     );
-    (wanted, slots, zygote, proptest::option::of(0u32..20)).prop_map(
-        |(wanted, slots, (generation, ready, accepts, preloaded), capacity)| {
+    let long = proptest::sample::subsequence(&QUEUES[..], 0..=2);
+    (wanted, slots, zygote, proptest::option::of(0u32..20), long).prop_map(
+        |(wanted, slots, (generation, ready, accepts, preloaded), capacity, long)| {
             let now = Instant::now() + Duration::from_secs(86_400);
             let at = |secs: i64| {
                 if secs >= 0 {
@@ -491,6 +537,7 @@ fn any_input() -> impl Strategy<Value = PlanInput> {
                     accepts,
                     preloaded: preloaded.into_iter().map(String::from).collect(),
                 },
+                long: long.into_iter().map(String::from).collect(),
             }
         },
     )

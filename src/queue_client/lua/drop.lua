@@ -18,5 +18,6 @@ for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
   local by = string.match(f, '^by:(.*)$')
   if by then redis.call('DEL', submitter_index(by)) end
 end
+redis.call('DEL', K_CANCEL)
 for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1

@@ -1,5 +1,6 @@
 -- ARGV: id, cancel ('1' removes the task), note (the cancelled record's history note),
--- history_ttl_ms. Returns nil when unknown, else
+-- history_ttl_ms, the queue's kind ('long': a running task is asked to stop, state
+-- 'cancelling', rather than removed). Returns nil when unknown, else
 -- {state, score, meta, attempts, payload, error, lease token or ''}; a leased task's
 -- attempts count the one under way.
 local now = now_ms()
@@ -14,7 +15,16 @@ local out = {
   redis.call('HGET', K_ERR, id) or '',
   tok or '',
 }
-if ARGV[2] == '1' then
+if state == 'leased' and redis.call('HEXISTS', K_CANCEL, id) == 1 then out[1] = 'cancelling' end
+if ARGV[2] == '1' and state == 'leased' and ARGV[5] == 'long' then
+  -- A running long task is stopped by its slot, which sees the cancel at its next renewal
+  -- (long.lua) and ends the task cancelled once it has let it go.
+  if redis.call('HSETNX', K_CANCEL, id, ARGV[3] or '') == 1 then
+    record(id, 'cancelling', now, nil, nil, nil, ARGV[3] or '')
+  end
+  out[1] = 'cancelling'
+elseif ARGV[2] == '1' then
+  redis.call('HDEL', K_CANCEL, id)
   if state == 'ready' then
     -- O(length of the list): cancelling is rare, and a ready task must leave no entry
     -- behind that could hand it out after its id is enqueued again.

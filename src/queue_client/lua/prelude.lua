@@ -625,3 +625,36 @@ local function take_hold(now, configured, ordered)
   if due then return true, math.max(0, tonumber(due) - now) end
   return false
 end
+
+-- ---------------------------------------------------------------------------------------
+-- Long tasks (kind = "long", see long.lua). A cancel asked of a running one is kept in
+-- K_CANCEL, id → note (who asked), until the task ends: its slot, which sees it at its
+-- next renewal, stops the task and ends it cancelled, or its lease runs out (take).
+local K_CANCEL = K_LEASED .. ':cancel'
+
+-- Ends a leased long task whose cancel was asked: lease, task and cancel go, the record
+-- says cancelled with the asker's note. A nil attempt or host: the record's last ones.
+local function cancel_end(id, member, now, attempt, host, slot, ttl_ms)
+  local note = redis.call('HGET', K_CANCEL, id) or ''
+  redis.call('HDEL', K_CANCEL, id)
+  redis.call('ZREM', K_LEASED, member)
+  forget({id})
+  redis.call('HINCRBY', K_STATS, 'cancelled', 1)
+  record(id, 'cancelled', now, attempt, host, slot, note, nil, ttl_ms)
+end
+
+-- Of expired lease members, ends those of long tasks whose cancel was asked (their slot
+-- died before it could) and returns the others, which come back as usual.
+local function end_expired_cancels(expired, now, ttl_ms)
+  if redis.call('EXISTS', K_CANCEL) == 0 then return expired end
+  local rest = {}
+  for _, member in ipairs(expired) do
+    local id = lease_parts(member)
+    if redis.call('HEXISTS', K_CANCEL, id) == 1 then
+      cancel_end(id, member, now, nil, nil, nil, ttl_ms)
+    else
+      rest[#rest + 1] = member
+    end
+  end
+  return rest
+end

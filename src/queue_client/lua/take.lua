@@ -17,6 +17,8 @@ if tracked then expire_records(now, limit) end
 --    failed attempt (the attempt was counted when it was taken). They go to the front:
 --    they were taken before everything now waiting behind them.
 local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, limit)
+-- (Long tasks whose cancel was asked end cancelled instead: their slot died first.)
+if #expired > 0 then expired = end_expired_cancels(expired, now, history_ttl(ARGV[6])) end
 if #expired > 0 then
   local n_dead = 0
   local back, back_pris = {}, {}

@@ -3,10 +3,12 @@
 //! draws the frame (header, tabs, status line, help, confirmation) and holds what the
 //! screens share (styles, formatting, the state spans); each screen has its own file:
 //! `queues.rs`, `slot_map.rs`, `queue_detail.rs`, `host_detail.rs`, `lookup.rs` (the task
-//! lookup), with the detail screens' sparklines in `charts.rs`.
+//! lookup), with the detail screens' sparklines in `charts.rs` and a long queue's running
+//! tasks in `long_tasks.rs`.
 
 mod charts;
 mod host_detail;
+mod long_tasks;
 mod lookup;
 mod queue_detail;
 mod queues;

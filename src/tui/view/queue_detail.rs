@@ -32,6 +32,8 @@ pub(super) fn queue_detail(state: &State, area: Rect, buf: &mut Buffer) {
     let mut lines = settings(r);
     lines.extend(counters(r));
     lines.extend(placement(state, &name));
+    let now_ms = state.history.latest().map_or(0, |s| s.at_ms);
+    lines.extend(super::long_tasks::long_tasks(r.view, now_ms));
     Paragraph::new(lines)
         .wrap(Wrap { trim: false })
         .block(Block::bordered().title(format!(" queue {name} ")))

@@ -4,7 +4,7 @@ use clap::Args;
 
 use crate::cli::common::{no_task, open_queue};
 use crate::cli::{CliError, Global};
-use crate::queue_client::{FreezeResult, Queue};
+use crate::queue_client::{FreezeResult, Queue, TaskState};
 
 /// One task: its queue and id.
 #[derive(Args)]
@@ -14,11 +14,17 @@ pub struct TaskRef {
 }
 
 /// `gaffer tasks cancel QUEUE ID`: removes the task whatever its state, noted in its
-/// record as cancelled by the CLI.
+/// record as cancelled by the CLI; a running long task is asked to stop (cancelling).
 pub async fn cancel(global: &Global, task: TaskRef) -> Result<(), CliError> {
     let TaskRef { queue, id } = task;
     let (_, q) = open_queue(global, &queue).await?;
     match q.cancel_with(&id, "cancelled by cli").await? {
+        Some(t) if t.state == TaskState::Cancelling => {
+            println!(
+                "cancelling {queue} task {id}: its slot stops it within a tick (and the queue's cancel_grace), then it is cancelled"
+            );
+            Ok(())
+        }
         Some(t) => {
             println!("cancelled {queue} task {id} (was {})", t.state);
             Ok(())

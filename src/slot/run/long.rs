@@ -1,0 +1,250 @@
+//! A long task (`kind = "long"`) in a slot: one task at a time, its lease renewed every
+//! tick while the handler runs, stopped on a cancel or before a lease it could not keep
+//! could be handed to another slot.
+//!
+//! The timing argument (docs/OPERATIONS.md, "Long tasks"): a renewal sent at `t` by the
+//! slot's monotonic clock is applied by Redis no earlier than `t`, so the lease it sets
+//! runs at least until `t + lease`, and another slot can take the task only after that.
+//! The slot keeps `lease_until = t + lease` of its last successful renewal (of the take
+//! at first) and stops the task at `lease_until - LONG_STOP_MARGIN` if no renewal
+//! succeeded since, SIGKILL for an exec child, without waiting on Redis: no renewal
+//! call, however slow, holds that deadline up.
+
+use std::time::{Duration, Instant};
+
+use super::{HandleResult, Panicked, Serving, Taken, merge_outcomes, screen, settle_ops};
+use crate::backoff::Backoff;
+use crate::config::{LONG_RENEW_EVERY, LONG_STOP_MARGIN};
+use crate::host::handler::{Outcome, Stop, Task};
+use crate::host::proto::{EXIT_RECYCLE, SlotEvent};
+use crate::queue_client::{LeasedTask, LongSettled, Renewal, Settle, SettleOp};
+
+/// How long a slot waits for a handler to return after its long task had to stop at
+/// once; a handler still running then is ended with the slot's process (its master
+/// starts a new slot at once).
+const HANDLER_STOP_WAIT: Duration = Duration::from_millis(500);
+
+/// How a long task's run ended, which decides what is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LongEnd {
+    /// The handler returned on its own or after a cancel: settled by its outcome, or
+    /// ended cancelled when a cancel was asked.
+    Returned,
+    /// The slot was asked to stop (a drain, a smaller map): the task goes back unstarted
+    /// for another slot, no attempt counted.
+    HandedBack,
+    /// The lease is gone or could not be renewed in time: nothing is settled; another
+    /// slot may run the task already.
+    LeaseLost,
+}
+
+/// The state of one long task's run.
+struct LongRun {
+    /// The leased task.
+    task: LeasedTask,
+    /// When its lease runs out at the earliest, by this process's clock.
+    lease_until: Instant,
+    /// What ends the run, once known.
+    end: LongEnd,
+    /// Whether an operator's cancel was seen.
+    cancelled: bool,
+}
+
+impl LongRun {
+    /// When the task must be gone if no renewal succeeds before.
+    fn stop_at(&self) -> Instant {
+        self.lease_until
+            .checked_sub(LONG_STOP_MARGIN)
+            .unwrap_or(self.lease_until)
+    }
+}
+
+impl Serving {
+    /// Runs one long task to its end: handler, renewals every tick, cancel, stop, then
+    /// the settle its end calls for.
+    pub(super) async fn run_long(&mut self, taken: Taken) {
+        let Taken { batch, lease_until } = taken;
+        let Some(task) = batch.tasks.first().cloned() else {
+            return;
+        };
+        let (slot, pid) = (self.slot, self.pid);
+        self.reporter.send(&SlotEvent::BatchStarted {
+            slot,
+            pid,
+            tasks: 1,
+        });
+        tracing::info!(queue = %self.cfg.name, slot, task = %task.id, attempt = task.attempt, "long task started");
+        let started = Instant::now();
+        let mut run = LongRun {
+            task,
+            lease_until,
+            end: LongEnd::Returned,
+            cancelled: false,
+        };
+        let (refused, tasks) = screen(&self.cfg, slot, &batch.tasks);
+        let handled = tasks.len();
+        self.cancel.reset();
+        let result = self.watch_long(&mut run, tasks).await;
+        let busy = started.elapsed();
+        let outcome = match result {
+            Some(Ok(o)) => merge_outcomes(refused, handled, o),
+            Some(Err(panic)) => merge_outcomes(
+                refused,
+                handled,
+                vec![Outcome::Fail {
+                    reason: format!("handler panicked: {panic}"),
+                }],
+            ),
+            None => {
+                self.recycle = Some((
+                    EXIT_RECYCLE,
+                    "a long task's handler did not return after its lease was lost".into(),
+                ));
+                Vec::new()
+            }
+        };
+        let failed = self.end_long(&run, outcome).await;
+        tracing::info!(queue = %self.cfg.name, slot, task = %run.task.id, end = ?run.end,
+            cancelled = run.cancelled, secs = busy.as_secs(), "long task ended");
+        self.reporter.send(&SlotEvent::BatchDone {
+            slot,
+            pid,
+            tasks: 1,
+            failed: u32::from(failed),
+            busy_ms: busy.as_millis() as u64,
+            stale: u32::from(run.end == LongEnd::LeaseLost),
+        });
+    }
+
+    /// Hands the task to the handler and keeps its lease while it runs. Returns the
+    /// handler's result, or `None` when it did not return within [`HANDLER_STOP_WAIT`]
+    /// of a stop at once.
+    async fn watch_long(&mut self, run: &mut LongRun, tasks: Vec<Task>) -> Option<HandleResult> {
+        let mut reply = if tasks.is_empty() {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let _ = tx.send(Ok(Vec::new()));
+            rx
+        } else {
+            self.worker.handle(tasks)
+        };
+        let mut renew_every =
+            tokio::time::interval_at((Instant::now() + LONG_RENEW_EVERY).into(), LONG_RENEW_EVERY);
+        renew_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let stopped_now = run.end == LongEnd::LeaseLost;
+            tokio::select! {
+                biased;
+                r = &mut reply => {
+                    return Some(r.unwrap_or_else(|_| Err(Panicked("handler thread ended".into()))));
+                }
+                () = tokio::time::sleep_until(run.stop_at().into()), if !stopped_now => {
+                    tracing::error!(queue = %self.cfg.name, slot = self.slot, task = %run.task.id,
+                        "no lease renewal succeeded in time; stopping the long task before its lease could pass to another slot");
+                    self.stop_long_now(run);
+                }
+                () = tokio::time::sleep(HANDLER_STOP_WAIT), if stopped_now => return None,
+                _ = renew_every.tick(), if !stopped_now => self.renew_long(run).await,
+                () = self.stop.cancelled(), if !self.stopping => {
+                    self.stopping = true;
+                    if !run.cancelled {
+                        run.end = LongEnd::HandedBack;
+                    }
+                    self.cancel.ask(Stop::Cancel);
+                }
+            }
+        }
+    }
+
+    /// One renewal, bounded by the moment the task must be gone.
+    async fn renew_long(&mut self, run: &mut LongRun) {
+        let sent = Instant::now();
+        let renewal = tokio::time::timeout_at(
+            run.stop_at().into(),
+            self.queue.renew_long(&run.task, self.cfg.lease),
+        )
+        .await;
+        match renewal {
+            Ok(Ok(Renewal::Renewed)) => self.renewed(run, sent),
+            Ok(Ok(Renewal::CancelAsked { note })) => {
+                self.renewed(run, sent);
+                if !run.cancelled {
+                    tracing::info!(queue = %self.cfg.name, slot = self.slot, task = %run.task.id,
+                        note = %note, "long task cancelled; stopping it");
+                    run.cancelled = true;
+                    run.end = LongEnd::Returned;
+                    self.cancel.ask(Stop::Cancel);
+                }
+            }
+            Ok(Ok(Renewal::Lost)) => {
+                tracing::error!(queue = %self.cfg.name, slot = self.slot, task = %run.task.id,
+                    "the long task's lease is gone (another slot may hold it); stopping it at once");
+                self.stop_long_now(run);
+            }
+            Ok(Err(e)) => tracing::warn!(queue = %self.cfg.name, slot = self.slot,
+                task = %run.task.id, error = %e, "renewing the long task's lease failed"),
+            // The deadline branch stops the task on the loop's next turn.
+            Err(_) => {}
+        }
+    }
+
+    fn renewed(&self, run: &mut LongRun, sent: Instant) {
+        run.lease_until = sent + self.cfg.lease;
+        // The master's watchdog sees a live slot, however long the task runs.
+        self.reporter.send(&SlotEvent::Progress {
+            slot: self.slot,
+            pid: self.pid,
+        });
+    }
+
+    fn stop_long_now(&self, run: &mut LongRun) {
+        run.end = LongEnd::LeaseLost;
+        self.cancel.ask(Stop::Now);
+    }
+
+    /// Settles what the run's end calls for; returns whether the task did not end done.
+    async fn end_long(&mut self, run: &LongRun, outcome: Vec<Outcome>) -> bool {
+        match run.end {
+            LongEnd::LeaseLost => true,
+            LongEnd::HandedBack => {
+                if let Err(e) = self.queue.release(std::slice::from_ref(&run.task)).await {
+                    tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                        "handing the long task back failed; it comes back when its lease expires");
+                }
+                true
+            }
+            LongEnd::Returned => {
+                let Some(op) =
+                    settle_ops(&self.cfg, std::slice::from_ref(&run.task), outcome).pop()
+                else {
+                    return true;
+                };
+                let failed = !matches!(op.action, Settle::Ack | Settle::AckWithResult { .. });
+                match self.settle_long(run, &op).await {
+                    Some(LongSettled::Cancelled) => true,
+                    Some(LongSettled::Settled(_)) => failed,
+                    None => true,
+                }
+            }
+        }
+    }
+
+    /// Settles a returned long task, retrying while Redis is unreachable and the lease
+    /// still holds; past it the task comes back by itself.
+    async fn settle_long(&self, run: &LongRun, op: &SettleOp) -> Option<LongSettled> {
+        let mut backoff = Backoff::new(super::FIRST_BACKOFF, super::MAX_SETTLE_BACKOFF);
+        loop {
+            match self.queue.settle_long(&run.task, op).await {
+                Ok(settled) => return Some(settled),
+                Err(e) if e.is_transient() && Instant::now() < run.lease_until => {
+                    tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e, "settling the long task failed, retrying");
+                    backoff.pause().await;
+                }
+                Err(e) => {
+                    tracing::error!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                        "settling the long task failed; it comes back when its lease expires");
+                    return None;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,843 @@
+//! Long-running tasks (`kind = "long"`, DESIGN.md "Long-running tasks") end to end: real
+//! `gaffer master` processes with distinct host names, real exec children that log when
+//! they start and stop, a real api, the real CLI, real signals.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use gaffer::cluster::{self, Keys, SlotMap};
+use gaffer::config::{LONG_RENEW_EVERY, QueueKind};
+use gaffer::queue_client::{NewTask, Queue, QueueClient, QueueLimits, RecordState, TaskRecord};
+use gaffer::redis_server::free_port;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some};
+use crate::host::{gone, http_get, slots};
+
+/// The exec child of the tests' long queues: runs each task until its payload's `run_s`
+/// passes (forever without), then answers its `then` (`ok` by default). A cancel line is
+/// logged and, with `"on_cancel": "stop"`, ends the task; otherwise the child goes on
+/// until SIGTERM. Every start, cancel and stop goes to `$LONG_LOG` with the host
+/// (`$LONG_HOST`), the pid and the time.
+const CHILD: &str = r#"
+import json, os, select, sys, time
+log, host = os.environ["LONG_LOG"], os.environ.get("LONG_HOST", "?")
+def note(*words):
+    with open(log, "a") as f:
+        f.write(" ".join(str(w) for w in words) + "\n")
+def line():
+    out = b""
+    while True:
+        c = os.read(0, 1)
+        if not c:
+            sys.exit(0)
+        if c == b"\n":
+            return json.loads(out)
+        out += c
+while True:
+    msg = line()
+    if "cancel" in msg:
+        note("late-cancel", msg["cancel"], host, os.getpid(), time.time())
+        continue
+    task = msg["batch"][0]
+    tid, p = task["id"], task["payload"]
+    note("start", tid, host, os.getpid(), time.time())
+    end = time.time() + p.get("run_s", 1e9)
+    status = None
+    while status is None:
+        left = end - time.time()
+        if left <= 0:
+            status = p.get("then", "ok")
+            break
+        r, _, _ = select.select([0], [], [], left)
+        if r:
+            m = line()
+            if "cancel" in m:
+                note("cancel", m["cancel"], host, os.getpid(), time.time())
+                if p.get("on_cancel") == "stop":
+                    status = "ok"
+    note("stop", tid, host, os.getpid(), time.time())
+    print(json.dumps({"results": [{"id": tid, "status": status}]}), flush=True)
+"#;
+
+const ADMIN: &str = "long-admin-token";
+
+/// Processes killed on drop, with the host each master serves.
+struct Procs(Vec<(String, Child)>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One Redis, a config with the long queues under test, and masters (a manager too,
+/// where the balancer is under test).
+struct Hosts {
+    redis: TestRedis,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    client: QueueClient,
+    procs: Procs,
+    /// Each master's host and HTTP port.
+    http: Vec<(String, u16)>,
+}
+
+impl Hosts {
+    /// Redis and a config of `queues` (TOML tables; `{child}` stands for the exec
+    /// command of [`CHILD`]).
+    async fn start(queues: &str) -> Self {
+        let redis = TestRedis::start();
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("child.py");
+        std::fs::write(&script, CHILD).unwrap();
+        let config = dir.path().join("config.toml");
+        let queues = queues.replace(
+            "{child}",
+            &format!("[\"python3\", \"{}\"]", script.display()),
+        );
+        let text = format!(
+            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
+             [manager]\ntick = \"500ms\"\nheartbeat_timeout = \"3s\"\n\n\
+             [master]\ndrain_timeout = \"5s\"\nmemory_reserve = \"64MiB\"\n\n\
+             [api.keys.ops]\ntoken_sha256 = \"{}\"\nadmin = true\n\n{queues}",
+            redis.url(),
+            gaffer::api::hash_token(ADMIN)
+        );
+        std::fs::write(&config, text).unwrap();
+        Hosts {
+            client: redis.client().await,
+            redis,
+            dir,
+            config,
+            procs: Procs(Vec::new()),
+            http: Vec::new(),
+        }
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("tasks.log")
+    }
+
+    /// The exec children's log, one event per line split in words.
+    fn events(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(self.log_path())
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split(' ').map(str::to_owned).collect())
+            .collect()
+    }
+
+    /// The pids of the children that logged `what` for `task`, in order.
+    fn pids(&self, what: &str, task: &str) -> Vec<u32> {
+        self.events()
+            .iter()
+            .filter(|e| e[0] == what && e[1] == task)
+            .map(|e| e[3].parse().unwrap())
+            .collect()
+    }
+
+    fn gaffer(&self, args: &[&str], log: &str) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gaffer"));
+        cmd.arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env("GAFFER_LOG", "info")
+            .env(ANY_LOAD.0, ANY_LOAD.1)
+            .env("LONG_LOG", self.log_path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join(log)).unwrap());
+        cmd
+    }
+
+    /// Starts a master for `host`; returns its pid.
+    fn master(&mut self, host: &str) -> u32 {
+        let http = free_port().unwrap();
+        let child = self
+            .gaffer(&["master", "--host", host], &format!("master-{host}.log"))
+            .env("GAFFER_MASTER_HTTP", format!("127.0.0.1:{http}"))
+            .env("LONG_HOST", host)
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        self.procs.0.push((host.to_owned(), child));
+        self.http.push((host.to_owned(), http));
+        pid
+    }
+
+    /// Starts the manager.
+    fn manager(&mut self) {
+        let child = self
+            .gaffer(&["manager"], "manager.log")
+            .env(
+                "GAFFER_MANAGER_HTTP",
+                format!("127.0.0.1:{}", free_port().unwrap()),
+            )
+            .spawn()
+            .unwrap();
+        self.procs.0.push(("manager".to_owned(), child));
+    }
+
+    fn master_log(&self, host: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("master-{host}.log")))
+            .unwrap_or_default()
+    }
+
+    /// Writes a slot map (no manager): host → queue → slots.
+    async fn publish(&self, version: u64, map: &[(&str, &str, u32)]) {
+        let mut hosts: BTreeMap<String, BTreeMap<String, u32>> = BTreeMap::new();
+        for (host, queue, n) in map {
+            hosts
+                .entry(host.to_string())
+                .or_default()
+                .insert(queue.to_string(), *n);
+        }
+        let map = SlotMap {
+            epoch: 1,
+            version,
+            hosts,
+        };
+        cluster::write_map_unfenced(&mut self.client.connection(), &Keys::new("test"), &map)
+            .await
+            .unwrap();
+    }
+
+    /// Waits until `host`'s master reports `n` slots started.
+    async fn slots_up(&self, host: &str, n: usize) {
+        let port = self.http.iter().find(|(h, _)| h == host).unwrap().1;
+        eventually(
+            Duration::from_secs(30),
+            &format!("{n} slots up on {host}"),
+            || async {
+                http_get(port, "/status")
+                    .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+                    .is_some_and(|s| {
+                        slots(&s)
+                            .iter()
+                            .filter(|s| s["state"] == "idle" || s["state"] == "busy")
+                            .count()
+                            >= n
+                    })
+            },
+        )
+        .await;
+    }
+
+    /// The long queue `name` with its config's limits, as the api and the CLI open it.
+    fn queue(&self, name: &str) -> Queue {
+        let config = gaffer::config::load(&self.config).unwrap();
+        let limits = QueueLimits::from(&config.queues[name]);
+        assert_eq!(limits.kind, QueueKind::Long);
+        self.client.queue_with(name, limits).unwrap()
+    }
+
+    /// `gaffer tasks ARGS` with this config: its stdout.
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+async fn enqueue(q: &Queue, id: &str, payload: &str) {
+    q.enqueue_many(&[NewTask::new(payload.to_owned()).id(id)])
+        .await
+        .unwrap();
+}
+
+async fn record(q: &Queue, id: &str) -> TaskRecord {
+    q.record(id).await.unwrap().expect("the task has a record")
+}
+
+/// The states of a record's history, in order.
+fn states(r: &TaskRecord) -> Vec<RecordState> {
+    r.history
+        .iter()
+        .flatten()
+        .map(|h| h.state)
+        .collect::<Vec<_>>()
+}
+
+/// Waits until `id` runs (its exec child logged its start, its record says running)
+/// and returns the child's pid.
+async fn running(h: &Hosts, q: &Queue, id: &str) -> u32 {
+    let pid = poll_some(
+        Duration::from_secs(30),
+        &format!("{id} started"),
+        || async { h.pids("start", id).last().copied() },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        &format!("{id} running"),
+        || async { record(q, id).await.state == RecordState::Running },
+    )
+    .await;
+    pid
+}
+
+/// A DELETE of the api: status and JSON body.
+async fn http_delete(port: u16, path: &str, token: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let req = format!(
+        "DELETE {path} HTTP/1.0\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .expect("the api answers")
+        .unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap())
+}
+
+/// An api instance on a free port with this config; stopped with the token.
+async fn start_api(h: &Hosts) -> (u16, tokio_util::sync::CancellationToken) {
+    let mut config = gaffer::config::load(&h.config).unwrap();
+    config.cluster.namespace = "test".into();
+    let mut opts = gaffer::api::ApiOptions::new(config, h.redis.url());
+    opts.listen = Some("127.0.0.1:0".parse().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
+    (rx.await.expect("the api binds").port(), stop)
+}
+
+/// How long a cancelled task may take to be gone: a tick for the slot to see it, the
+/// queue's cancel_grace, and room for a loaded test machine.
+fn cancel_bound(grace: Duration) -> Duration {
+    LONG_RENEW_EVERY + grace + Duration::from_secs(5)
+}
+
+const WATCH: &str = r#"
+[queues.watch]
+kind = "long"
+handler = "exec"
+command = {child}
+lease = "5s"
+cancel_grace = "1s"
+"#;
+
+#[tokio::test]
+async fn exec_long_tasks_run_and_are_cancelled_over_the_api_and_the_cli() {
+    let mut h = Hosts::start(WATCH).await;
+    h.publish(1, &[("h1", "watch", 2)]).await;
+    h.master("h1");
+    h.slots_up("h1", 2).await;
+    let q = h.queue("watch");
+    enqueue(&q, "a", "{}").await;
+    enqueue(&q, "b", "{}").await;
+    let pid_a = running(&h, &q, "a").await;
+    let pid_b = running(&h, &q, "b").await;
+    let rec = record(&q, "a").await;
+    let run = rec.history.as_ref().unwrap().last().unwrap();
+    assert_eq!(run.state, RecordState::Running);
+    assert_eq!(run.host.as_deref(), Some("h1"));
+    assert!(run.slot.is_some(), "{run:?}");
+    // The dashboard's snapshot lists both with where they run.
+    let mut config = gaffer::config::load(&h.config).unwrap();
+    config.cluster.namespace = "test".into();
+    let snap = cluster::snapshot::read(&h.client, &config).await.unwrap();
+    let shown: Vec<(String, String)> = snap.queues["watch"]
+        .long_running
+        .iter()
+        .map(|t| (t.id.clone(), t.host.clone()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("b".to_owned(), "h1".to_owned()),
+            ("a".to_owned(), "h1".to_owned())
+        ]
+    );
+    // Runs past its lease (5s): the renewals keep it, nobody else takes it. Only the
+    // absence of a second start can be checked, so the test looks after that time.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(h.pids("start", "a"), [pid_a], "a ran once");
+    assert!(!gone(pid_a));
+    assert_eq!(record(&q, "a").await.attempt, 1);
+
+    let (port, stop) = start_api(&h).await;
+    let (status, body) = http_delete(port, "/v1/queues/watch/tasks/a", ADMIN).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["state"], "cancelling", "{body}");
+    eventually(
+        cancel_bound(Duration::from_secs(1)),
+        "a's child gone",
+        || async { gone(pid_a) },
+    )
+    .await;
+    eventually(Duration::from_secs(5), "a cancelled", || async {
+        record(&q, "a").await.state == RecordState::Cancelled
+    })
+    .await;
+    assert_eq!(
+        h.pids("cancel", "a"),
+        [pid_a],
+        "the child got the cancel line"
+    );
+    let rec = record(&q, "a").await;
+    let s = states(&rec);
+    let tail = &s[s.len() - 3..];
+    assert_eq!(
+        tail,
+        [
+            RecordState::Running,
+            RecordState::Cancelling,
+            RecordState::Cancelled
+        ],
+        "{rec:?}"
+    );
+    let note = rec.history.as_ref().unwrap().last().unwrap().note.clone();
+    assert_eq!(note.as_deref(), Some("cancelled by key ops"));
+
+    let out = h.cli(&["tasks", "cancel", "watch", "b"]);
+    assert!(out.contains("cancelling watch task b"), "{out}");
+    eventually(
+        cancel_bound(Duration::from_secs(1)),
+        "b's child gone",
+        || async { gone(pid_b) },
+    )
+    .await;
+    eventually(Duration::from_secs(5), "b cancelled", || async {
+        record(&q, "b").await.state == RecordState::Cancelled
+    })
+    .await;
+    assert_eq!(q.stats().await.unwrap().cancelled_total, 2);
+    // Their slots are free for the next long task.
+    enqueue(&q, "c", "{}").await;
+    running(&h, &q, "c").await;
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_rust_handler_sees_its_long_task_cancelled_and_the_slot_goes_on() {
+    let mut h =
+        Hosts::start("[queues.nap]\nkind = \"long\"\nhandler = \"sleep\"\nlease = \"5s\"\n").await;
+    h.publish(1, &[("h1", "nap", 1)]).await;
+    h.master("h1");
+    h.slots_up("h1", 1).await;
+    let q = h.queue("nap");
+    enqueue(&q, "x", r#"{"ms": 3600000}"#).await;
+    eventually(Duration::from_secs(30), "x running", || async {
+        record(&q, "x").await.state == RecordState::Running
+    })
+    .await;
+    let info = q.cancel_with("x", "test").await.unwrap().unwrap();
+    assert_eq!(info.state.to_string(), "cancelling");
+    assert_eq!(record(&q, "x").await.state, RecordState::Cancelling);
+    eventually(cancel_bound(Duration::ZERO), "x cancelled", || async {
+        record(&q, "x").await.state == RecordState::Cancelled
+    })
+    .await;
+    // The one slot is free again: a task that returns is settled like any.
+    enqueue(&q, "y", r#"{"ms": 200}"#).await;
+    eventually(Duration::from_secs(10), "y done", || async {
+        record(&q, "y").await.state == RecordState::Done
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_long_task_that_returns_is_settled_by_its_outcome() {
+    let mut h = Hosts::start(
+        r#"
+[queues.watch]
+kind = "long"
+handler = "exec"
+command = {child}
+lease = "5s"
+max_attempts = 2
+retry = { backoff = "fixed", base = "100ms", max = "100ms" }
+"#,
+    )
+    .await;
+    h.publish(1, &[("h1", "watch", 2)]).await;
+    h.master("h1");
+    h.slots_up("h1", 2).await;
+    let q = h.queue("watch");
+    enqueue(&q, "ok", r#"{"run_s": 0.3}"#).await;
+    enqueue(&q, "bad", r#"{"run_s": 0.3, "then": "fail"}"#).await;
+    eventually(Duration::from_secs(20), "ok done, bad failed", || async {
+        record(&q, "ok").await.state == RecordState::Done
+            && record(&q, "bad").await.state == RecordState::Failed
+    })
+    .await;
+    assert_eq!(h.pids("start", "ok").len(), 1);
+    assert_eq!(h.pids("start", "bad").len(), 2, "retried once by policy");
+}
+
+/// Every process under `pid` (children first found by their parent), `pid` first.
+fn tree(pid: u32) -> Vec<u32> {
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        let parent = out[i];
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(parent) && !out.contains(&child) {
+                out.push(child);
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+fn signal(pids: &[u32], sig: Signal) {
+    for &p in pids {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), sig);
+    }
+}
+
+#[tokio::test]
+async fn a_host_frozen_past_its_lease_stops_its_tasks_at_once_when_woken() {
+    let mut h = Hosts::start(WATCH).await;
+    h.publish(1, &[("h1", "watch", 2)]).await;
+    let m1 = h.master("h1");
+    h.slots_up("h1", 2).await;
+    let q = h.queue("watch");
+    enqueue(&q, "a", "{}").await;
+    enqueue(&q, "b", "{}").await;
+    let old = [running(&h, &q, "a").await, running(&h, &q, "b").await];
+    h.publish(2, &[("h1", "watch", 2), ("h2", "watch", 2)])
+        .await;
+    h.master("h2");
+    h.slots_up("h2", 2).await;
+
+    // The whole host freezes: master, zygote, slots, exec children.
+    let frozen = tree(m1);
+    assert!(
+        frozen.len() >= 6,
+        "master, zygote, 2 slots, 2 children: {frozen:?}"
+    );
+    signal(&frozen, Signal::SIGSTOP);
+    for id in ["a", "b"] {
+        poll_some(Duration::from_secs(30), &format!("{id} on h2"), || async {
+            h.events()
+                .iter()
+                .any(|e| e[0] == "start" && e[1] == id && e[2] == "h2")
+                .then_some(())
+        })
+        .await;
+    }
+    let stale_before = q.stats().await.unwrap().stale_total;
+    signal(&frozen, Signal::SIGCONT);
+    for pid in old {
+        eventually(
+            Duration::from_secs(5),
+            "h1's children stopped at once",
+            || async { gone(pid) },
+        )
+        .await;
+    }
+    // Nothing was settled by the woken slots: both tasks still run on h2, and no record
+    // names h1 after h2 took over.
+    tokio::time::sleep(LONG_RENEW_EVERY * 2).await;
+    assert_eq!(q.stats().await.unwrap().stale_total, stale_before);
+    for id in ["a", "b"] {
+        let rec = record(&q, id).await;
+        assert_eq!(rec.state, RecordState::Running, "{rec:?}");
+        let hist = rec.history.unwrap();
+        let last = hist.last().unwrap();
+        assert_eq!(last.host.as_deref(), Some("h2"), "{hist:?}");
+    }
+    let log = h.master_log("h1");
+    assert!(
+        log.contains("stopping the long task") || log.contains("stopping it at once"),
+        "{log}"
+    );
+}
+
+/// Seconds since the epoch, the clock the exec children log with.
+fn wall() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Each task's runs as (host, pid, start, end) from the children's log; a run without a
+/// stop ends at `ended(host)` (its host was killed then) or is still going.
+fn runs(
+    h: &Hosts,
+    ended: impl Fn(&str) -> Option<f64>,
+) -> BTreeMap<String, Vec<(String, u32, f64, f64)>> {
+    let mut out: BTreeMap<String, Vec<(String, u32, f64, f64)>> = BTreeMap::new();
+    let events = h.events();
+    for e in events.iter().filter(|e| e[0] == "start") {
+        let (id, host, pid) = (&e[1], &e[2], &e[3]);
+        let start: f64 = e[4].parse().unwrap();
+        let stop = events
+            .iter()
+            .find(|s| s[0] == "stop" && &s[1] == id && &s[3] == pid)
+            .map(|s| s[4].parse().unwrap());
+        let end = stop.or_else(|| ended(host)).unwrap_or(f64::INFINITY);
+        out.entry(id.clone())
+            .or_default()
+            .push((host.clone(), pid.parse().unwrap(), start, end));
+    }
+    out
+}
+
+#[tokio::test]
+async fn long_tasks_spread_over_hosts_and_a_killed_hosts_tasks_run_again_elsewhere_once() {
+    let mut h = Hosts::start(WATCH).await;
+    h.manager();
+    let m1 = h.master("h1");
+    h.master("h2");
+    h.master("h3");
+    // Every host reports before any task arrives: slots are placed where they are when
+    // demand appears, and a host that joins later is given none of the running tasks.
+    eventually(Duration::from_secs(30), "three hosts report", || async {
+        cluster::read_hosts(&mut h.client.connection(), &Keys::new("test"))
+            .await
+            .is_ok_and(|hosts| hosts.len() == 3)
+    })
+    .await;
+    let q = h.queue("watch");
+    let ids: Vec<String> = (0..12).map(|i| format!("t{i}")).collect();
+    for id in &ids {
+        enqueue(&q, id, "{}").await;
+    }
+    for id in &ids {
+        running(&h, &q, id).await;
+    }
+    // Spread 4/4/4 (± 1).
+    let first = runs(&h, |_| None);
+    let mut per_host: BTreeMap<String, u32> = BTreeMap::new();
+    for r in first.values() {
+        assert_eq!(r.len(), 1, "{first:?}");
+        *per_host.entry(r[0].0.clone()).or_default() += 1;
+    }
+    assert_eq!(per_host.len(), 3, "{per_host:?}");
+    assert!(
+        per_host.values().all(|n| (3..=5).contains(n)),
+        "{per_host:?}"
+    );
+
+    // kill -9 of h1's master: its slots and their children die with it.
+    let on_h1: Vec<(String, u32)> = first
+        .iter()
+        .filter(|(_, r)| r[0].0 == "h1")
+        .map(|(id, r)| (id.clone(), r[0].1))
+        .collect();
+    signal(&[m1], Signal::SIGKILL);
+    let killed = wall();
+    let killed_at = std::time::Instant::now();
+    for (_, pid) in &on_h1 {
+        eventually(
+            Duration::from_secs(5),
+            "h1's children die with it",
+            || async { gone(*pid) },
+        )
+        .await;
+    }
+    let all_gone = wall();
+    // They run again on h2 and h3, within the lease (5 s), two ticks and a slot start
+    // (generous on a loaded test machine: the bound is correctness, not speed).
+    for (id, _) in &on_h1 {
+        poll_some(Duration::from_secs(30), &format!("{id} again"), || async {
+            h.events()
+                .iter()
+                .any(|e| e[0] == "start" && e[1] == *id && e[2] != "h1")
+                .then_some(())
+        })
+        .await;
+    }
+    let took = killed_at.elapsed();
+    assert!(
+        took < Duration::from_secs(5) + LONG_RENEW_EVERY * 2 + Duration::from_secs(15),
+        "{took:?}"
+    );
+    eprintln!("h1's {} tasks ran again after {took:?}", on_h1.len());
+    // No task ever ran on two hosts at once: h1's runs ended when its processes were gone.
+    let all = runs(&h, |host| (host == "h1").then_some(all_gone));
+    for (id, r) in &all {
+        for (i, a) in r.iter().enumerate() {
+            for b in &r[i + 1..] {
+                assert!(
+                    a.3 <= b.2 || b.3 <= a.2,
+                    "{id} ran twice at once: {a:?} and {b:?} (h1 killed at {killed})"
+                );
+            }
+        }
+        let expected = if on_h1.iter().any(|(t, _)| t == id) {
+            2
+        } else {
+            1
+        };
+        assert_eq!(r.len(), expected, "{id}: {r:?}");
+    }
+    for id in &ids {
+        assert_eq!(record(&q, id).await.state, RecordState::Running);
+    }
+}
+
+/// The long queue `name` on a fresh Redis, without masters: the scripts alone.
+async fn bare_long_queue(redis: &TestRedis, name: &str) -> Queue {
+    let limits = QueueLimits {
+        kind: QueueKind::Long,
+        ..QueueLimits::default()
+    };
+    redis.client().await.queue_with(name, limits).unwrap()
+}
+
+#[tokio::test]
+async fn a_cancelled_long_task_whose_slot_died_ends_cancelled_when_its_lease_runs_out() {
+    let redis = TestRedis::start();
+    let q = bare_long_queue(&redis, "watch").await;
+    enqueue(&q, "x", "{}").await;
+    let taken = q.take(1, Duration::from_millis(300)).await.unwrap();
+    assert_eq!(taken.tasks.len(), 1);
+    let info = q
+        .cancel_with("x", "cancelled by test")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.state.to_string(), "cancelling");
+    // A second cancel changes nothing more.
+    q.cancel_with("x", "again").await.unwrap();
+    let rec = record(&q, "x").await;
+    assert_eq!(rec.state, RecordState::Cancelling);
+    assert_eq!(
+        states(&rec)
+            .iter()
+            .filter(|s| **s == RecordState::Cancelling)
+            .count(),
+        1
+    );
+    // The slot never renews (it died): once the lease ran out, the next take ends the
+    // task cancelled instead of handing it out again.
+    poll_some(Duration::from_secs(10), "the lease runs out", || async {
+        let b = q.take(1, Duration::from_secs(5)).await.unwrap();
+        assert!(b.tasks.is_empty(), "a cancelled task was handed out again");
+        (record(&q, "x").await.state == RecordState::Cancelled).then_some(())
+    })
+    .await;
+    let rec = record(&q, "x").await;
+    assert_eq!(
+        rec.history.unwrap().last().unwrap().note.as_deref(),
+        Some("cancelled by test")
+    );
+    let stats = q.stats().await.unwrap();
+    assert_eq!(
+        (stats.cancelled_total, stats.leased, stats.ready),
+        (1, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn renewal_reports_a_cancel_and_a_lost_lease_and_a_returned_task_ends_cancelled() {
+    use gaffer::queue_client::{LongSettled, Renewal, Settle, SettleOp};
+    let redis = TestRedis::start();
+    let q = bare_long_queue(&redis, "watch").await;
+    enqueue(&q, "x", "{}").await;
+    let t = q
+        .take(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .tasks
+        .remove(0);
+    let lease = Duration::from_secs(5);
+    assert_eq!(q.renew_long(&t, lease).await.unwrap(), Renewal::Renewed);
+    q.cancel_with("x", "cancelled by test").await.unwrap();
+    assert_eq!(
+        q.renew_long(&t, lease).await.unwrap(),
+        Renewal::CancelAsked {
+            note: "cancelled by test".into()
+        }
+    );
+    // The handler returned done meanwhile: the cancel wins.
+    let op = SettleOp::new(&t, Settle::Ack);
+    assert_eq!(
+        q.settle_long(&t, &op).await.unwrap(),
+        LongSettled::Cancelled
+    );
+    assert_eq!(record(&q, "x").await.state, RecordState::Cancelled);
+    assert_eq!(q.renew_long(&t, lease).await.unwrap(), Renewal::Lost);
+
+    // Without a cancel, a returned task is settled as any: done.
+    enqueue(&q, "y", "{}").await;
+    let t = q
+        .take(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .tasks
+        .remove(0);
+    let op = SettleOp::new(&t, Settle::Ack);
+    assert!(matches!(
+        q.settle_long(&t, &op).await.unwrap(),
+        LongSettled::Settled(_)
+    ));
+    assert_eq!(record(&q, "y").await.state, RecordState::Done);
+    assert!(!q.end_cancelled(&t).await.unwrap(), "no lease left to end");
+}
+
+#[tokio::test]
+async fn a_draining_master_hands_its_long_tasks_back_unfinished() {
+    let mut h = Hosts::start(WATCH).await;
+    h.publish(1, &[("h1", "watch", 1)]).await;
+    let m1 = h.master("h1");
+    h.slots_up("h1", 1).await;
+    let q = h.queue("watch");
+    enqueue(&q, "a", r#"{"on_cancel": "stop"}"#).await;
+    let pid = running(&h, &q, "a").await;
+    signal(&[m1], Signal::SIGTERM);
+    // The child is told to stop (and does), the task waits again for a slot elsewhere,
+    // no attempt counted, nothing settled.
+    let waited = tokio::time::timeout(Duration::from_secs(20), async {
+        while record(&q, "a").await.state != RecordState::Waiting {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(
+        waited.is_ok(),
+        "{:?}\n{}\n{:?}",
+        record(&q, "a").await,
+        h.master_log("h1"),
+        h.events()
+    );
+    assert_eq!(h.pids("cancel", "a"), [pid]);
+    assert_eq!(h.pids("stop", "a"), [pid]);
+    let stats = q.stats().await.unwrap();
+    assert_eq!(
+        (
+            stats.ready,
+            stats.leased,
+            stats.acked_total,
+            stats.cancelled_total
+        ),
+        (1, 0, 0, 0)
+    );
+    assert_eq!(record(&q, "a").await.attempt, 0, "no attempt counted");
+}
