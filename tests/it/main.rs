@@ -13,6 +13,7 @@ mod manager;
 mod outage;
 mod queue;
 mod records;
+mod secrets;
 mod simulate;
 mod slot;
 mod tls;
