@@ -122,11 +122,14 @@ fn exchange(addr: SocketAddr, request: &[u8]) -> u16 {
     s.write_all(request).expect("send the request");
     let mut answer = Vec::new();
     let _ = s.read_to_end(&mut answer);
-    let head = String::from_utf8_lossy(&answer[..answer.len().min(64)]).into_owned();
-    let status = head
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse().ok());
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let head: String = text.chars().take(64).collect();
+    // The final status: interim ones (`100 Continue` to an `Expect` header) come first.
+    let status = text
+        .split("HTTP/1.1 ")
+        .skip(1)
+        .filter_map(|rest| rest.get(..3)?.parse::<u16>().ok())
+        .find(|code| *code >= 200);
     match status {
         Some(code) => code,
         None => panic!(
