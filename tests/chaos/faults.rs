@@ -464,10 +464,13 @@ fn master_term_in_outage(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
     }
     let exit = wait_exit(c, &mut child, DRAIN_TIMEOUT + DRAIN_BOUND);
     let took = asked.elapsed();
+    f.notes.push(format!(
+        "Redis {}",
+        if freeze { "frozen" } else { "killed" }
+    ));
     match exit {
         Some(status) if status.success() => f.notes.push(format!(
-            "Redis {}, the master exited {:.1} s after SIGTERM",
-            if freeze { "frozen" } else { "killed" },
+            "the master exited {:.1} s after SIGTERM",
             took.as_secs_f64()
         )),
         Some(status) => f.problems.push(format!(
