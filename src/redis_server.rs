@@ -51,6 +51,9 @@ pub struct RedisServerOptions {
     pub port: Option<u16>,
     /// Extra `--key value` settings passed verbatim.
     pub extra: Vec<(String, String)>,
+    /// The user and password readiness checks log in with: a server whose ACL disables
+    /// the default user answers a bare PING with NOAUTH.
+    pub auth: Option<(String, String)>,
 }
 
 /// A running redis-server child. Killed (SIGKILL) and reaped on drop; it also dies with
@@ -143,7 +146,7 @@ impl RedisServer {
             {
                 break; // exited early: report with its log
             }
-            if ping(self.port) {
+            if ping(self.port, self.opts.auth.as_ref()) {
                 return Ok(());
             }
             std::thread::sleep(pause);
@@ -247,15 +250,42 @@ pub fn free_port() -> std::io::Result<u16> {
     Err(std::io::Error::other("no free port below 55000"))
 }
 
-/// True when a server on `port` answers PING with PONG (not LOADING or an error).
-fn ping(port: u16) -> bool {
+/// True when a server on `port` answers PING with PONG (not LOADING or an error), after
+/// logging in as `auth` when given.
+fn ping(port: u16, auth: Option<&(String, String)>) -> bool {
     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"PING\r\n").is_err() {
+    let mut request = Vec::new();
+    let mut replies = 1;
+    if let Some((user, password)) = auth {
+        request.extend(resp(&["AUTH", user, password]));
+        replies += 1;
+    }
+    request.extend(resp(&["PING"]));
+    if s.write_all(&request).is_err() {
         return false;
     }
-    let mut buf = [0u8; 64];
-    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while got.windows(2).filter(|w| w == b"\r\n").count() < replies {
+        match s.read(&mut buf) {
+            Ok(n) if n > 0 => got.extend_from_slice(&buf[..n]),
+            _ => return false,
+        }
+    }
+    let text = String::from_utf8_lossy(&got);
+    text.lines().all(|l| l.starts_with('+')) && text.lines().last() == Some("+PONG")
+}
+
+/// A command in RESP, so a password with spaces or quotes goes through as it is.
+fn resp(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend(format!("${}\r\n", a.len()).into_bytes());
+        out.extend(a.as_bytes());
+        out.extend(b"\r\n");
+    }
+    out
 }

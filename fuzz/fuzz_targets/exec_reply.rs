@@ -1,10 +1,12 @@
 //! An arbitrary reply line from an exec child: the slot's reply parser never panics, and
 //! what it accepts is one status per task of the batch.
 //!
+//! A done task's `result` is the value the reply gave for it, in its first entry.
+//!
 //! Input: a first line of comma-separated task ids (the batch), then the reply line.
 #![no_main]
 
-use gaffer::slot::exec::{ReplyError, parse_reply};
+use gaffer::slot::exec::{ReplyError, ReplyStatus, parse_reply};
 use libfuzzer_sys::fuzz_target;
 use serde::de::IgnoredAny;
 
@@ -22,7 +24,10 @@ fuzz_target!(|data: &[u8]| {
             let text = std::str::from_utf8(line).expect("accepted a reply that is not UTF-8");
             serde_json::from_str::<IgnoredAny>(text).expect("accepted a reply that is not JSON");
             match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(value) => assert!(value["results"].is_array(), "accepted {value}"),
+                Ok(value) => {
+                    assert!(value["results"].is_array(), "accepted {value}");
+                    check_results(&value, &ids, &statuses);
+                }
                 // Value refuses some JSON that a reply may carry in keys it ignores:
                 // numbers beyond f64 and nesting deeper than 128.
                 Err(e) => {
@@ -45,3 +50,22 @@ fuzz_target!(|data: &[u8]| {
         Err(e @ ReplyError::TooLong(_)) => panic!("the parser does not bound length: {e}"),
     }
 });
+
+/// Each done task's result is its first entry's `result` (absent or null: none).
+fn check_results(value: &serde_json::Value, ids: &[&str], statuses: &[Option<ReplyStatus>]) {
+    let entries = value["results"].as_array().expect("results is an array");
+    for (id, status) in ids.iter().zip(statuses) {
+        let Some(ReplyStatus::Ok { result }) = status else {
+            continue;
+        };
+        let first = entries
+            .iter()
+            .find(|e| e["id"] == *id)
+            .expect("a status comes from an entry with its id");
+        let sent = match &first["result"] {
+            serde_json::Value::Null => None,
+            v => Some(v),
+        };
+        assert_eq!(result.as_ref(), sent, "the result of {id} in {value}");
+    }
+}

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use super::QueueError;
 
-/// How to reach Redis and how patient to be with it.
-#[derive(Debug, Clone)]
+/// How to reach Redis and how patient to be with it. Its `Debug` hides the password.
+#[derive(Clone)]
 pub struct ConnectOptions {
     /// Overrides the password of the URL (read from `redis_password_file`).
     pub password: Option<String>,
@@ -126,6 +126,17 @@ impl TlsFiles {
             }),
             root_cert: self.ca.as_ref().map(|ca| ca.pem.clone()),
         }
+    }
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("response_timeout", &self.response_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("tls", &self.tls)
+            .finish()
     }
 }
 
@@ -408,7 +419,17 @@ impl Waiter {
 
 #[cfg(test)]
 mod tests {
-    use super::redacted;
+    use super::{ConnectOptions, redacted};
+
+    #[test]
+    fn debug_output_hides_the_password() {
+        let opts = ConnectOptions {
+            password: Some("s3cret".into()),
+            ..ConnectOptions::default()
+        };
+        let text = format!("{opts:?}");
+        assert!(!text.contains("s3cret") && text.contains("***"), "{text}");
+    }
 
     #[test]
     fn passwords_never_reach_messages() {

@@ -29,6 +29,9 @@ pub const QUEUE: &str = "chaos";
 pub const NAMESPACE: &str = "chaos";
 /// The queue's `max_attempts`, which the producer gives every task too.
 pub const MAX_ATTEMPTS: u32 = 100;
+/// The masters' `drain_timeout`: how long a stopping slot may take before its master
+/// kills it, and the bound of a master's stop with Redis down.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// The shape of the cluster and its queue.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -400,6 +403,64 @@ impl Cluster {
         .flatten()
     }
 
+    /// The queue's leases (`token:id`), when Redis answers.
+    pub fn leased(&self) -> Option<BTreeSet<String>> {
+        let mut conn = self.monitor.connection();
+        self.call(Duration::from_secs(2), async move {
+            let v: Vec<String> = redis::cmd("ZRANGE")
+                .arg(format!("{NAMESPACE}:{{{QUEUE}}}:leased"))
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await?;
+            Ok(v.into_iter().collect())
+        })
+    }
+
+    /// The leases held by the slots of `host`: those whose running entry
+    /// (`leased:run:ID`, "at FS attempt FS host FS slot FS") names it.
+    pub fn leases_on(&self, host: &str) -> Option<BTreeSet<String>> {
+        let mut conn = self.monitor.connection();
+        let prefix = format!("{NAMESPACE}:{{{QUEUE}}}:leased:run:");
+        let ids = self.call(Duration::from_secs(3), async move {
+            let mut keys: Vec<String> = Vec::new();
+            let mut cursor = 0u64;
+            loop {
+                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(format!("{prefix}*"))
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await?;
+                keys.extend(batch);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+            if keys.is_empty() {
+                return Ok(BTreeSet::new());
+            }
+            let values: Vec<Option<String>> =
+                redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+            Ok(keys
+                .iter()
+                .zip(values)
+                .filter(|(_, v)| v.as_deref().and_then(|v| v.split('\x1f').nth(2)) == Some(host))
+                .map(|(k, _)| k[prefix.len()..].to_string())
+                .collect::<BTreeSet<String>>())
+        })?;
+        let leased = self.leased()?;
+        Some(
+            leased
+                .into_iter()
+                .filter(|m| m.split_once(':').is_some_and(|(_, id)| ids.contains(id)))
+                .collect(),
+        )
+    }
+
     /// Which manager holds the lease, with its epoch.
     pub fn leader(&self) -> Option<(usize, u64)> {
         let lease = self.lease()?;
@@ -571,7 +632,7 @@ tick = "500ms"
 heartbeat_timeout = "3s"
 
 [master]
-drain_timeout = "15s"
+drain_timeout = "{drain}ms"
 memory_reserve = "64MiB"
 slot_estimate = "32MiB"
 max_slots = {max_per_host}
@@ -591,6 +652,7 @@ retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
         slots = s.slots,
         batch = s.batch_size,
         lease = s.lease_ms,
+        drain = DRAIN_TIMEOUT.as_millis(),
         // Room for every slot on the hosts left when one is down.
         max_per_host = s.slots.div_ceil((s.masters as u32 - 1).max(1)),
     )

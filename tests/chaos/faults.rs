@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, DRAIN_TIMEOUT};
 use crate::oracle::now_ms;
 use crate::procs;
 use crate::rng::Rng;
@@ -31,17 +31,22 @@ pub enum FaultKind {
     RedisKill,
     /// SIGSTOP Redis for 10 s, then SIGCONT.
     RedisStop,
+    /// Redis killed or frozen, then SIGTERM to a master: it must exit within its
+    /// `drain_timeout` and a bound with nothing of its tree left; Redis comes back, the
+    /// master is restarted, and the leases its slots held come back to the queue.
+    MasterTermInOutage,
 }
 
 impl FaultKind {
     /// Every kind, in the order the report lists them.
-    pub const ALL: [FaultKind; 6] = [
+    pub const ALL: [FaultKind; 7] = [
         FaultKind::SlotKill,
         FaultKind::SlotStop,
         FaultKind::MasterKill,
         FaultKind::ManagerStop,
         FaultKind::RedisKill,
         FaultKind::RedisStop,
+        FaultKind::MasterTermInOutage,
     ];
 
     /// How the report names it.
@@ -53,6 +58,7 @@ impl FaultKind {
             FaultKind::ManagerStop => "SIGSTOP the leading manager",
             FaultKind::RedisKill => "kill -9 Redis, restart (AOF)",
             FaultKind::RedisStop => "SIGSTOP Redis for 10 s",
+            FaultKind::MasterTermInOutage => "SIGTERM a master during a Redis outage",
         }
     }
 
@@ -65,6 +71,7 @@ impl FaultKind {
             FaultKind::ManagerStop => Duration::from_secs(10),
             FaultKind::RedisKill => Duration::from_secs(10),
             FaultKind::RedisStop => Duration::from_secs(15),
+            FaultKind::MasterTermInOutage => DRAIN_TIMEOUT + Duration::from_secs(7),
         }
     }
 }
@@ -131,6 +138,7 @@ pub fn inject(c: &mut Cluster, kind: FaultKind, rng: &mut Rng) -> Fault {
         FaultKind::ManagerStop => manager_stop(c, &mut f),
         FaultKind::RedisKill => redis_down(c, rng, &mut f, false),
         FaultKind::RedisStop => redis_down(c, rng, &mut f, true),
+        FaultKind::MasterTermInOutage => master_term_in_outage(c, rng, &mut f),
     }
     f
 }
@@ -419,6 +427,130 @@ fn redis_down(c: &mut Cluster, rng: &mut Rng, f: &mut Fault, freeze: bool) {
             lost.len(),
             slots_before.len()
         ));
+    }
+}
+
+/// How long past its `drain_timeout` a master stopped during an outage may take: its
+/// draining report and deregistration wait on Redis a second each, then the kill lands.
+const DRAIN_BOUND: Duration = Duration::from_secs(5);
+
+fn master_term_in_outage(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
+    let i = rng.range(0, c.masters.len() as u64) as usize;
+    let (Some(pid), Some(mut child)) = (c.masters[i].pid(), c.masters[i].child.take()) else {
+        f.injected = false;
+        return;
+    };
+    let host = c.masters[i].name.clone();
+    f.target = format!("master {host} ({pid})");
+    f.host = Some(host.clone());
+    // Read while Redis answers: the leases its slots hold now must come back later.
+    let held = c.leases_on(&host).unwrap_or_default();
+    let tree = procs::descendants(pid);
+    f.pids = tree.clone();
+    f.pids.insert(pid);
+    let freeze = rng.range(0, 2) == 1;
+    f.start_ms = now_ms();
+    if freeze {
+        if let Err(e) = c.redis.signal(Signal::SIGSTOP) {
+            f.problems.push(e.to_string());
+        }
+    } else {
+        c.redis.kill();
+    }
+    watch_roles(c, Duration::from_millis(rng.range(500, 2000)));
+    let asked = Instant::now();
+    if let Err(e) = procs::signal(pid, Signal::SIGTERM) {
+        f.problems.push(e);
+    }
+    let exit = wait_exit(c, &mut child, DRAIN_TIMEOUT + DRAIN_BOUND);
+    let took = asked.elapsed();
+    f.notes.push(format!(
+        "Redis {}",
+        if freeze { "frozen" } else { "killed" }
+    ));
+    match exit {
+        Some(status) if status.success() => f.notes.push(format!(
+            "the master exited {:.1} s after SIGTERM",
+            took.as_secs_f64()
+        )),
+        Some(status) => f.problems.push(format!(
+            "the master stopped with {status} {:.1} s after SIGTERM",
+            took.as_secs_f64()
+        )),
+        None => f.problems.push(format!(
+            "the master did not exit within drain_timeout {DRAIN_TIMEOUT:?} + {DRAIN_BOUND:?} \
+             of SIGTERM with Redis down; killed"
+        )),
+    }
+    let alive = wait_gone(&tree, Duration::from_secs(2));
+    if !alive.is_empty() {
+        let list: Vec<String> = alive
+            .iter()
+            .map(|p| format!("{p} ({})", procs::cmdline(*p)))
+            .collect();
+        f.problems.push(format!(
+            "left behind by the stopped master: {}",
+            list.join(", ")
+        ));
+    }
+    let back = if freeze {
+        c.redis.signal(Signal::SIGCONT).map_err(|e| e.to_string())
+    } else {
+        c.redis
+            .restart()
+            .map_err(|e| format!("restarting Redis: {e}"))
+    };
+    if let Err(e) = back.and_then(|()| c.spawn(true, i)) {
+        f.problems.push(e);
+    }
+    f.end_ms = now_ms();
+    leases_come_back(c, &held, f);
+}
+
+/// Waits up to `limit` for `child` to exit, watching the other roles meanwhile; kills it
+/// (and returns None) past the limit.
+fn wait_exit(
+    c: &mut Cluster,
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        c.check_roles();
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The leases in `held` (`token:id`) end once Redis is back: each is settled or, expired,
+/// reclaimed by another slot's take, so its task runs again.
+fn leases_come_back(c: &mut Cluster, held: &BTreeSet<String>, f: &mut Fault) {
+    let deadline = Instant::now() + c.shape.lease() + Duration::from_secs(10);
+    loop {
+        let still: Vec<String> = match c.leased() {
+            Some(now) => held.intersection(&now).cloned().collect(),
+            None => held.iter().cloned().collect(),
+        };
+        if still.is_empty() {
+            f.notes
+                .push(format!("the {} leases it held came back", held.len()));
+            return;
+        }
+        if Instant::now() >= deadline {
+            f.problems.push(format!(
+                "leases of the stopped master still held {:?} after Redis came back: {still:?}",
+                c.shape.lease() + Duration::from_secs(10)
+            ));
+            return;
+        }
+        c.idle(Duration::from_millis(200));
     }
 }
 

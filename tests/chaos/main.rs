@@ -61,7 +61,7 @@ impl Profile {
         match name {
             "short" => Some(Profile {
                 name: name.into(),
-                faults_for: Duration::from_secs(105),
+                faults_for: Duration::from_secs(125),
                 gap_ms: (3000, 6000),
                 rate: 12.0,
                 drain_limit: Duration::from_secs(40),
@@ -451,7 +451,7 @@ fn schedule(c: &mut Cluster, profile: &Profile, rng: &mut Rng) -> Vec<Fault> {
         c.idle(gap);
         let f = faults::inject(c, kind, rng);
         eprintln!(
-            "chaos: {:>6.1} s  {:<32} {} {}{}",
+            "chaos: {:>6.1} s  {:<39} {} {}{}",
             (profile.faults_for.as_secs_f64()
                 - end.saturating_duration_since(Instant::now()).as_secs_f64()),
             kind.label(),

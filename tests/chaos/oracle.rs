@@ -141,6 +141,9 @@ pub enum Cause {
     /// Redis was killed and restarted while the lease ran: the settle could not reach it
     /// before the lease expired.
     RedisKilled,
+    /// A master was stopped while Redis was down: its slots could not settle before they
+    /// were killed at its drain timeout, and the leases expired.
+    MasterStoppedInOutage,
     /// The producer's enqueue failed without an answer after Redis had applied it, the
     /// task was done, and the retry created it again (dedup holds only while a task is
     /// pending or leased).
@@ -156,6 +159,7 @@ impl Cause {
             Cause::SlotStopped => "lease expired (slot SIGSTOPped)",
             Cause::RedisStopped => "lease expired (Redis SIGSTOPped)",
             Cause::RedisKilled => "lease expired (Redis killed)",
+            Cause::MasterStoppedInOutage => "lease expired (master SIGTERMed, Redis down)",
             Cause::EnqueueRetried => "enqueue retried after an unanswered call",
         }
     }
@@ -312,6 +316,12 @@ fn cause(
         (FaultKind::SlotStop, true, slack, Cause::SlotStopped),
         (FaultKind::RedisStop, false, before, Cause::RedisStopped),
         (FaultKind::RedisKill, false, before, Cause::RedisKilled),
+        (
+            FaultKind::MasterTermInOutage,
+            false,
+            before,
+            Cause::MasterStoppedInOutage,
+        ),
     ]
     .into_iter()
     .find_map(|(kind, own, before, cause)| found(kind, own, before).map(|i| (cause, Some(i))))

@@ -488,6 +488,7 @@ fn not_run_cause(en: &Entry, expired: i64, faults: &[Fault]) -> Option<(Cause, u
         (FaultKind::SlotStop, Cause::SlotStopped),
         (FaultKind::RedisKill, Cause::RedisKilled),
         (FaultKind::RedisStop, Cause::RedisStopped),
+        (FaultKind::MasterTermInOutage, Cause::MasterStoppedInOutage),
     ];
     kinds.into_iter().find_map(|(kind, cause)| {
         faults

@@ -185,13 +185,13 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "{:<34} {:>8} {:>10} {:>11} {:>8} {:>8}",
+            "{:<39} {:>8} {:>10} {:>11} {:>8} {:>8}",
             "fault", "injected", "duplicates", "stale sett.", "not run", "problems"
         );
         for (kind, row) in &self.fault_table {
             let _ = writeln!(
                 s,
-                "{:<34} {:>8} {:>10} {:>11} {:>8} {:>8}",
+                "{:<39} {:>8} {:>10} {:>11} {:>8} {:>8}",
                 kind.label(),
                 row.injected,
                 row.duplicates,

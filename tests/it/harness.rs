@@ -442,3 +442,172 @@ impl Drop for TlsRedis {
         let _ = self.child.wait();
     }
 }
+
+/// The user a test's [`AclRedis`] gives every right, to set the scene and to read the ACL
+/// log; the role under test never uses it.
+const ACL_ADMIN: (&str, &str) = ("gaffer-test-admin", "admin-pw-0123456789");
+
+/// The ACL line of `role` (`user gaffer-ROLE …`) as docs/SECURITY.md gives it, so the
+/// tests check the very line operators copy.
+pub fn acl_line(role: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/SECURITY.md");
+    let text = std::fs::read_to_string(&path).expect("read docs/SECURITY.md");
+    let prefix = format!("user gaffer-{role} ");
+    text.lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("docs/SECURITY.md gives no ACL line for {role}"))
+        .to_string()
+}
+
+/// A redis-server whose ACL file disables the default user and holds one role's user as
+/// docs/SECURITY.md gives it (its `>PASSWORD` replaced), plus [`ACL_ADMIN`] for the test.
+pub struct AclRedis {
+    pub redis: TestRedis,
+    /// The role's user name (`gaffer-ROLE`).
+    pub user: String,
+    /// The role's password.
+    pub password: String,
+    password_file: std::path::PathBuf,
+    _files: tempfile::TempDir,
+}
+
+impl AclRedis {
+    pub fn start(role: &str) -> Self {
+        let files = tempfile::tempdir().expect("temp dir");
+        let user = format!("gaffer-{role}");
+        let password = format!("{role}-pw-s3cret-0123456789");
+        let line = acl_line(role);
+        assert!(line.contains(" >PASSWORD "), "{line}");
+        let acl = format!(
+            "user default off\nuser {} on >{} ~* &* +@all\n{}\n",
+            ACL_ADMIN.0,
+            ACL_ADMIN.1,
+            line.replace(" >PASSWORD ", &format!(" >{password} ")),
+        );
+        let acl_file = files.path().join("users.acl");
+        std::fs::write(&acl_file, acl).expect("write the acl file");
+        let password_file = files.path().join("redis-password");
+        std::fs::write(&password_file, format!("{password}\n")).expect("write the password");
+        let redis = TestRedis::with(RedisServerOptions {
+            extra: vec![("aclfile".into(), acl_file.display().to_string())],
+            auth: Some((ACL_ADMIN.0.into(), ACL_ADMIN.1.into())),
+            ..Default::default()
+        });
+        AclRedis {
+            redis,
+            user,
+            password,
+            password_file,
+            _files: files,
+        }
+    }
+
+    /// The role's URL: its user name, no password (that comes from [`Self::password_file`]).
+    pub fn url(&self) -> String {
+        format!(
+            "redis://{}@127.0.0.1:{}/0",
+            self.user,
+            self.redis.server.port()
+        )
+    }
+
+    /// A file holding the role's password, for `[cluster].redis_password_file`.
+    pub fn password_file(&self) -> &std::path::Path {
+        &self.password_file
+    }
+
+    /// Connect options with the role's password.
+    pub fn options(&self) -> ConnectOptions {
+        ConnectOptions {
+            password: Some(self.password.clone()),
+            ..ConnectOptions::default()
+        }
+    }
+
+    fn admin_url(&self) -> String {
+        format!(
+            "redis://{}:{}@127.0.0.1:{}/0",
+            ACL_ADMIN.0,
+            ACL_ADMIN.1,
+            self.redis.server.port()
+        )
+    }
+
+    /// A queue client of the test's admin user, namespace `gaffer`, to set the scene.
+    pub async fn admin_client(&self) -> QueueClient {
+        QueueClient::connect(&self.admin_url(), "gaffer", &ConnectOptions::default())
+            .await
+            .expect("connect as the test's admin")
+    }
+
+    /// What Redis refused so far, one line per `ACL LOG` entry in the words of its
+    /// `NOPERM` error.
+    pub async fn refusals(&self) -> Vec<String> {
+        let mut conn = redis::Client::open(self.admin_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect as the test's admin");
+        let entries: Vec<Vec<redis::Value>> = redis::cmd("ACL")
+            .arg("LOG")
+            .query_async(&mut conn)
+            .await
+            .expect("ACL LOG");
+        entries.iter().map(|e| refusal_text(e)).collect()
+    }
+
+    /// Fails the test with Redis's NOPERM words if anything was refused.
+    pub async fn assert_nothing_refused(&self) {
+        let refused = self.refusals().await;
+        assert!(refused.is_empty(), "{}", refused.join("\n"));
+    }
+
+    /// Polls `cond` like [`eventually`], failing at once with the NOPERM words of any
+    /// refusal: a daemon that retries a refused command would otherwise only time out.
+    pub async fn eventually<F, Fut>(&self, limit: Duration, what: &str, mut cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + limit;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            self.assert_nothing_refused().await;
+            if cond().await {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+}
+
+/// One `ACL LOG` entry as Redis words the refusal to the client.
+fn refusal_text(entry: &[redis::Value]) -> String {
+    let mut fields = std::collections::HashMap::new();
+    for pair in entry.chunks(2) {
+        if let [k, v] = pair {
+            let s = |v: &redis::Value| match v {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                redis::Value::SimpleString(s) => s.clone(),
+                redis::Value::Int(n) => n.to_string(),
+                other => format!("{other:?}"),
+            };
+            fields.insert(s(k), s(v));
+        }
+    }
+    let get = |k: &str| fields.get(k).cloned().unwrap_or_default();
+    let what = match get("reason").as_str() {
+        "command" => format!("to run the '{}' command", get("object")),
+        "key" => format!("to access the '{}' key", get("object")),
+        "channel" => format!("to access the '{}' channel", get("object")),
+        other => format!("({other}) {}", get("object")),
+    };
+    format!(
+        "NOPERM User {} has no permissions {what} (context {}, {} times)",
+        get("username"),
+        get("context"),
+        get("count")
+    )
+}

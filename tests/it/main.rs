@@ -1,6 +1,7 @@
 //! gaffer's integration tests: one binary, against real redis-server processes that the
 //! harness starts on free ports in temp dirs. No test depends on a Redis at 6379.
 
+mod acl;
 mod api;
 mod chains;
 mod cli;
@@ -15,6 +16,7 @@ mod ordered;
 mod outage;
 mod queue;
 mod records;
+mod secrets;
 mod simulate;
 mod slot;
 mod systems;

@@ -24,9 +24,68 @@ pub fn check(global: &Global) -> Result<(), CliError> {
 /// `gaffer config apply`: validates the config, then publishes it with a new version.
 pub async fn apply(global: &Global) -> Result<(), CliError> {
     let (cfg, source) = global.load_source()?;
+    let published = without_password(&source, cfg.cluster.redis.as_deref())?;
     let client = global.connect(&cfg).await?;
     let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
-    let version = crate::cluster::publish_config(&mut client.connection(), &keys, &source).await?;
+    let version =
+        crate::cluster::publish_config(&mut client.connection(), &keys, &published).await?;
     println!("published config version {version}: {}", cfg.summary());
     Ok(())
+}
+
+/// The config text as every role may read it from Redis: a password in `[cluster].redis`
+/// masked (roles connect with their own URL, never the published one). A password the
+/// text hides in an escaped form cannot be masked, so it is refused rather than published.
+fn without_password(source: &str, url: Option<&str>) -> Result<String, CliError> {
+    let Some(url) = url else {
+        return Ok(source.to_string());
+    };
+    let masked = crate::queue_client::redacted(url);
+    if masked == url {
+        return Ok(source.to_string());
+    }
+    let text = source.replace(url, &masked);
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .and_then(|(creds, _)| creds.split_once(':'))
+        .map(|(_, pw)| pw)
+        .unwrap_or_default();
+    if !password.is_empty() && text.contains(password) {
+        return Err(CliError::Usage(
+            "[cluster].redis holds a password config apply cannot mask: move it to \
+             [cluster].redis_password_file"
+                .into(),
+        ));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn the_published_text_masks_the_url_password() {
+        let url = "redis://gaffer:s3cret@db:6379/0";
+        let source = format!("[cluster]\nredis = \"{url}\"\n");
+        let text = without_password(&source, Some(url)).unwrap();
+        assert_eq!(
+            text,
+            "[cluster]\nredis = \"redis://gaffer:***@db:6379/0\"\n"
+        );
+        let plain = "[cluster]\nredis = \"redis://db/0\"\n";
+        assert_eq!(
+            without_password(plain, Some("redis://db/0")).unwrap(),
+            plain
+        );
+    }
+
+    #[test]
+    fn a_password_it_cannot_mask_is_refused() {
+        // Written with a TOML escape, the URL does not appear in the text as it is.
+        let source = "[cluster]\nredis = \"redis://gaffer:s3cret@db\\u002F0\"\n# s3cret\n";
+        let err = without_password(source, Some("redis://gaffer:s3cret@db/0")).unwrap_err();
+        assert!(err.to_string().contains("redis_password_file"), "{err}");
+    }
 }

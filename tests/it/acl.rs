@@ -1,0 +1,369 @@
+//! Every role under the ACL docs/SECURITY.md gives it: a redis-server with the default user
+//! off and only that role's user (plus the test's admin, who sets the scene and reads the
+//! ACL log), and the role's normal work through it. Anything Redis refuses fails the test
+//! with its NOPERM words, read from `ACL LOG`: daemons retry refused commands, so the
+//! refusal, not a timeout, is what the test reports.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use gaffer::cluster::{self, HostReport, Keys, SlotMap};
+use gaffer::queue_client::NewTask;
+use serde_json::{Value, json};
+
+use crate::harness::{ANY_LOAD, AclRedis};
+
+/// A config for `redis` with its role's user and password file, namespace `gaffer`.
+fn write_config(dir: &Path, redis: &AclRedis, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        "[cluster]\nredis = {:?}\nnamespace = \"gaffer\"\nredis_password_file = {:?}\n\n\
+         [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"5s\"\n\n\
+         [queues.work]\nhandler = \"noop\"\nmin_slots = 2\n\n{extra}",
+        redis.url(),
+        redis.password_file().display().to_string(),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn gaffer(config: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("GAFFER_LOG")
+        .output()
+        .unwrap()
+}
+
+/// Fails with the command's stderr and Redis's refusals unless it succeeded.
+async fn assert_ok(redis: &AclRedis, what: &str, o: &Output) {
+    if !o.status.success() {
+        panic!(
+            "{what}: {}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            redis.refusals().await.join("\n")
+        );
+    }
+}
+
+/// Fails unless the command failed (exit 1) on a refusal Redis logged, and says so: a
+/// refused top-level command answers `NOPERM …` (the driver prints `NoPerm: …`), a command
+/// a script called "The user executing the script can't run this command …" (Redis 7.0).
+async fn assert_refused(redis: &AclRedis, what: &str, o: &Output) -> Vec<String> {
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{what}: {stderr}");
+    assert!(
+        stderr.to_lowercase().contains("noperm") || stderr.contains("can't run this command"),
+        "{what}: {stderr}"
+    );
+    let refused = redis.refusals().await;
+    assert!(!refused.is_empty(), "{what}: no ACL LOG entry for {stderr}");
+    refused
+}
+
+/// A daemon of the role, its log in `dir/NAME.log`; killed on drop.
+struct Daemon {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Daemon {
+    fn start(config: &Path, dir: &Path, name: &str, args: &[&str], http_env: &str) -> Self {
+        let http = gaffer::redis_server::free_port().unwrap();
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env("GAFFER_LOG", "info")
+            .env(ANY_LOAD.0, ANY_LOAD.1)
+            .env(http_env, format!("127.0.0.1:{http}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, then waits for its exit; the exit status and the log.
+    fn stop(mut self) -> (std::process::ExitStatus, String) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let status = self.child.wait().unwrap();
+        (status, self.log())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_manager_leads_and_writes_a_map_under_its_acl() {
+    let redis = AclRedis::start("manager");
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &redis, "");
+    let admin = redis.admin_client().await;
+    let keys = Keys::new("gaffer");
+    // A host that is only a report, so the manager has somewhere to place the slots.
+    let report = HostReport {
+        host: "h1".into(),
+        ts_ms: cluster::now_ms(),
+        capacity: 4,
+        handlers: vec!["noop".into()],
+        ..HostReport::default()
+    };
+    cluster::publish_host(&mut admin.connection(), &keys, &report)
+        .await
+        .unwrap();
+    admin
+        .queue("work")
+        .unwrap()
+        .enqueue(NewTask::new("{}"))
+        .await
+        .unwrap();
+    let manager = Daemon::start(
+        &config,
+        dir.path(),
+        "manager",
+        &["manager"],
+        "GAFFER_MANAGER_HTTP",
+    );
+    redis
+        .eventually(
+            Duration::from_secs(30),
+            "the manager places work's slots on h1",
+            || async {
+                let map = cluster::read_map(&mut admin.connection(), &keys).await;
+                map.ok()
+                    .flatten()
+                    .is_some_and(|m| m.epoch >= 1 && m.for_host("h1").get("work") == Some(&2))
+            },
+        )
+        .await;
+    let (status, log) = manager.stop();
+    assert!(status.success(), "{status}\n{log}");
+    redis.assert_nothing_refused().await;
+    assert!(!log.contains("NOPERM"), "{log}");
+}
+
+#[tokio::test]
+async fn a_master_and_its_slots_take_and_settle_under_their_acl() {
+    let redis = AclRedis::start("master");
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &redis, "");
+    let admin = redis.admin_client().await;
+    let q = admin.queue("work").unwrap();
+    let tasks: Vec<NewTask> = (0..20)
+        .map(|i| NewTask::new(format!("{{\"n\":{i}}}")))
+        .collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let map = SlotMap {
+        epoch: 1,
+        version: 1,
+        hosts: BTreeMap::from([("h1".to_string(), BTreeMap::from([("work".into(), 2)]))]),
+    };
+    cluster::write_map_unfenced(&mut admin.connection(), &Keys::new("gaffer"), &map)
+        .await
+        .unwrap();
+    let master = Daemon::start(
+        &config,
+        dir.path(),
+        "master",
+        &["master", "--host", "h1"],
+        "GAFFER_MASTER_HTTP",
+    );
+    redis
+        .eventually(
+            Duration::from_secs(60),
+            "the slots ack every task",
+            || async { q.stats().await.is_ok_and(|s| s.acked_total == 20) },
+        )
+        .await;
+    let (status, log) = master.stop();
+    assert!(status.success(), "{status}\n{log}");
+    redis.assert_nothing_refused().await;
+    assert!(!log.contains("NOPERM"), "{log}");
+    let hosts = cluster::read_hosts(&mut admin.connection(), &Keys::new("gaffer"))
+        .await
+        .unwrap();
+    assert!(
+        !hosts.contains_key("h1"),
+        "the master deregistered: {hosts:?}"
+    );
+}
+
+const TOKEN: &str = "acl-test-token-0123456789abcdef";
+
+/// One request to the api as the test's key: status and JSON body.
+async fn call(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) -> (u16, Value) {
+    let body = (!body.is_empty()).then_some(body.as_bytes());
+    let (status, raw) = crate::api::request(addr, method, path, Some(TOKEN), body).await;
+    let json = serde_json::from_slice(&raw)
+        .unwrap_or_else(|_| json!(String::from_utf8_lossy(&raw).into_owned()));
+    (status, json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_submits_views_lists_cancels_and_waits_under_its_acl() {
+    let redis = AclRedis::start("api");
+    let dir = tempfile::tempdir().unwrap();
+    let keys = format!(
+        "[api.keys.shop]\ntoken_sha256 = {:?}\nqueues = [\"work\"]\nadmin = true\n",
+        gaffer::api::hash_token(TOKEN)
+    );
+    let config = write_config(dir.path(), &redis, &keys);
+    let cfg = gaffer::config::load(&config).unwrap();
+    let mut opts = gaffer::api::ApiOptions::new(cfg, redis.url());
+    opts.connect = redis.options();
+    opts.listen = Some("127.0.0.1:0".parse().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let api = tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
+    let addr = rx.await.expect("the api binds");
+
+    let (st, body) = call(
+        addr,
+        "POST",
+        "/v1/queues/work/tasks",
+        r#"{"payload": 1, "id": "a"}"#,
+    )
+    .await;
+    assert_eq!((st, body["created"].clone()), (202, json!(true)), "{body}");
+    let (st, rec) = call(addr, "GET", "/v1/queues/work/tasks/a", "").await;
+    assert_eq!((st, rec["state"].clone()), (200, json!("waiting")), "{rec}");
+    let (st, page) = call(addr, "GET", "/v1/queues/work/tasks?limit=10", "").await;
+    assert_eq!(
+        (st, page["tasks"][0]["id"].clone()),
+        (200, json!("a")),
+        "{page}"
+    );
+    let (st, rec) = call(addr, "DELETE", "/v1/queues/work/tasks/a", "").await;
+    assert_eq!(
+        (st, rec["state"].clone()),
+        (200, json!("cancelled")),
+        "{rec}"
+    );
+    let (st, queues) = call(addr, "GET", "/v1/queues", "").await;
+    assert_eq!(st, 200, "{queues}");
+    assert!(queues["work"].is_object(), "{queues}");
+    let (st, body) = call(addr, "POST", "/v1/queues/work/pause", "").await;
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = call(addr, "POST", "/v1/queues/work/resume", "").await;
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = call(addr, "GET", "/healthz", "").await;
+    assert_eq!(st, 200, "{body}");
+
+    // A sync submit: the test's admin plays the slot, and the api hears of the end
+    // through its pattern subscription.
+    let waiting = tokio::spawn(async move {
+        call(
+            addr,
+            "POST",
+            "/v1/queues/work/tasks",
+            r#"{"payload": 2, "id": "w", "wait": "20s"}"#,
+        )
+        .await
+    });
+    let admin = redis.admin_client().await;
+    let q = admin.queue("work").unwrap();
+    let batch = crate::harness::poll_some(Duration::from_secs(10), "the sync task", || {
+        let q = q.clone();
+        async move {
+            let b = q.take(10, Duration::from_secs(30)).await.ok()?;
+            (!b.tasks.is_empty()).then_some(b)
+        }
+    })
+    .await;
+    // Acked once the api waits for it (its id is in the queue's watch set).
+    redis
+        .eventually(Duration::from_secs(10), "the api waits", || async {
+            let mut conn = admin.connection();
+            redis::cmd("SISMEMBER")
+                .arg("gaffer:{work}:watch")
+                .arg("w")
+                .query_async::<bool>(&mut conn)
+                .await
+                .unwrap_or(false)
+        })
+        .await;
+    q.ack(&batch.tasks).await.unwrap();
+    let (st, rec) = waiting.await.unwrap();
+    assert_eq!((st, rec["state"].clone()), (200, json!("done")), "{rec}");
+    stop.cancel();
+    api.await.unwrap().unwrap();
+    redis.assert_nothing_refused().await;
+}
+
+#[tokio::test]
+async fn a_producer_pushes_to_its_queue_and_nowhere_else() {
+    let redis = AclRedis::start("producer");
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &redis, "[queues.other]\nhandler = \"noop\"\n");
+    let o = gaffer(&config, &["push", "work", "--payload", "{\"n\":1}"]);
+    assert_ok(&redis, "push", &o).await;
+    let o = gaffer(&config, &["push", "work", "--count", "50"]);
+    assert_ok(&redis, "push --count", &o).await;
+    redis.assert_nothing_refused().await;
+    let admin = redis.admin_client().await;
+    let s = admin.queue("work").unwrap().stats().await.unwrap();
+    assert_eq!(s.ready, 51);
+
+    // Its ACL names its queues: another one is refused, in Redis's words.
+    let o = gaffer(&config, &["push", "other", "--payload", "{}"]);
+    let refused = assert_refused(&redis, "push to another queue", &o).await;
+    assert!(
+        refused.iter().all(|r| r.contains("gaffer:{other}:")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        admin.queue("other").unwrap().stats().await.unwrap().ready,
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_read_only_user_reads_stats_and_records_and_cannot_write() {
+    let redis = AclRedis::start("readonly");
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &redis, "");
+    let admin = redis.admin_client().await;
+    let q = admin.queue("work").unwrap();
+    q.enqueue(NewTask::new("{}").id("t1")).await.unwrap();
+
+    let o = gaffer(&config, &["stats", "--json"]);
+    assert_ok(&redis, "stats", &o).await;
+    let stats: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(stats["queues"]["work"]["ready"], json!(1), "{stats}");
+    let o = gaffer(&config, &["tasks", "show", "work", "t1", "--json"]);
+    assert_ok(&redis, "tasks show", &o).await;
+    let rec: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rec["state"], json!("waiting"), "{rec}");
+    let o = gaffer(&config, &["tasks", "list", "work"]);
+    assert_ok(&redis, "tasks list", &o).await;
+    redis.assert_nothing_refused().await;
+
+    let o = gaffer(&config, &["push", "work", "--payload", "{}"]);
+    assert_refused(&redis, "push", &o).await;
+    let o = gaffer(&config, &["pause", "work"]);
+    let refused = assert_refused(&redis, "pause", &o).await;
+    assert!(
+        refused
+            .iter()
+            .any(|r| r.contains("'sadd'") && r.contains("context toplevel")),
+        "{refused:?}"
+    );
+    assert_eq!(q.stats().await.unwrap().enqueued_total, 1);
+}
