@@ -135,9 +135,9 @@ pub async fn claim_root(
     // changes nothing.
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
-            "redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) \
-             local holder = redis.call('HGET', KEYS[1], ARGV[1]) \
-             if holder == ARGV[2] then redis.call('EXPIRE', KEYS[1], ARGV[3]) end \
+            "local holder = redis.call('HGET', KEYS[1], ARGV[1]) \
+             if not holder then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) holder = ARGV[2] end \
+             if holder == ARGV[2] then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end \
              return holder",
         )
     });
@@ -146,7 +146,7 @@ pub async fn claim_root(
         .key(key(namespace, chain))
         .arg(ROOT_FIELD)
         .arg(root.field())
-        .arg(ttl.as_secs().max(1))
+        .arg(ttl.as_millis().max(1) as u64)
         .invoke_async(&mut conn)
         .await?;
     match Member::parse(&holder) {
@@ -239,10 +239,18 @@ pub async fn add_members(
         .iter()
         .map(|(child, parent)| (child.field(), parent.field()))
         .collect();
+    // HSET and PEXPIRE: commands the slots' ACL already grants (docs/SECURITY.md).
+    let mut hset = redis::cmd("HSET");
+    hset.arg(&key);
+    for (field, value) in &pairs {
+        hset.arg(field).arg(value);
+    }
     let mut conn = conn.clone();
-    let _: ((), i64) = redis::pipe()
-        .hset_multiple(&key, &pairs)
-        .expire(&key, ttl.as_secs().max(1) as i64)
+    let _: (i64, i64) = redis::pipe()
+        .add_command(hset)
+        .cmd("PEXPIRE")
+        .arg(&key)
+        .arg(ttl.as_millis().max(1) as u64)
         .query_async(&mut conn)
         .await?;
     Ok(())

@@ -163,17 +163,26 @@ async fn the_manager_leads_and_writes_a_map_under_its_acl() {
 async fn a_master_and_its_slots_take_and_settle_under_their_acl() {
     let redis = AclRedis::start("master");
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &redis, "");
+    // `first` leads to `after` by a route: its slots make follow-ups and their chains too.
+    let chained = "[queues.first]\nhandler = \"noop\"\nnext = [{ queue = \"after\" }]\n\n\
+                   [queues.after]\nhandler = \"noop\"\n";
+    let config = write_config(dir.path(), &redis, chained);
     let admin = redis.admin_client().await;
     let q = admin.queue("work").unwrap();
     let tasks: Vec<NewTask> = (0..20)
         .map(|i| NewTask::new(format!("{{\"n\":{i}}}")))
         .collect();
     q.enqueue_many(&tasks).await.unwrap();
+    let first = admin.queue("first").unwrap();
+    let after = admin.queue("after").unwrap();
+    first.enqueue_many(&tasks[..5]).await.unwrap();
     let map = SlotMap {
         epoch: 1,
         version: 1,
-        hosts: BTreeMap::from([("h1".to_string(), BTreeMap::from([("work".into(), 2)]))]),
+        hosts: BTreeMap::from([(
+            "h1".to_string(),
+            BTreeMap::from([("work".into(), 2), ("first".into(), 1), ("after".into(), 1)]),
+        )]),
     };
     cluster::write_map_unfenced(&mut admin.connection(), &Keys::new("gaffer"), &map)
         .await
@@ -190,6 +199,13 @@ async fn a_master_and_its_slots_take_and_settle_under_their_acl() {
             Duration::from_secs(60),
             "the slots ack every task",
             || async { q.stats().await.is_ok_and(|s| s.acked_total == 20) },
+        )
+        .await;
+    redis
+        .eventually(
+            Duration::from_secs(60),
+            "the follow-ups made and acked",
+            || async { after.stats().await.is_ok_and(|s| s.acked_total == 5) },
         )
         .await;
     let (status, log) = master.stop();
