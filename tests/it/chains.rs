@@ -52,6 +52,8 @@ for line in sys.stdin:
             r["next"] = [{"queue": prefix + "after", "payload": {"from": "handler"}}]
         elif kind == "after":
             r["result"] = {"given": t["payload"]}
+        elif kind == "store" and p.get("bad_next"):
+            r["next"] = [{"queue": "nowhere", "payload": 1}]
         out.append(r)
     print(json.dumps({"results": out}), flush=True)
 "#;
@@ -349,6 +351,23 @@ async fn fan_out_and_fail(rig: &Rig) {
     assert_eq!(rec.chain.as_deref(), Some(id.as_str()));
     let (_, chain) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
     assert!(states(&chain).contains_key(&cleanup), "{chain}");
+
+    // A follow-up to a queue the config does not name fails its task for good, saying so.
+    let store = format!("/v1/queues/{}/tasks", rig.q("store"));
+    let (status, rec) = rig
+        .call(
+            "POST",
+            &store,
+            Some(r#"{"payload": {"bad_next": true}, "wait": "30s"}"#),
+        )
+        .await;
+    assert_eq!(status, 200, "{rec}");
+    assert_eq!(rec["state"], "failed", "{rec}");
+    let error = rec["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("follow-up to unknown queue \"nowhere\""),
+        "{rec}"
+    );
 }
 
 #[tokio::test]

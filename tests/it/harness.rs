@@ -611,3 +611,20 @@ fn refusal_text(entry: &[redis::Value]) -> String {
         get("count")
     )
 }
+
+/// `gaffer --config CONFIG ARGS`: its stdout, failing the test (with stderr) on a non-zero
+/// exit.
+pub fn gaffer_ok(config: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

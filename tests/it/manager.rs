@@ -124,18 +124,7 @@ impl Cluster {
     }
 
     fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        crate::harness::gaffer_ok(&self.config, args)
     }
 
     async fn map(&self) -> Option<SlotMap> {

@@ -63,18 +63,7 @@ impl Rig {
 
     /// Runs the CLI; returns stdout, failing the test on a non-zero exit.
     pub fn cli(&self, args: &[&str]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        crate::harness::gaffer_ok(&self.config, args)
     }
 
     /// Rewrites the config file with `tables` (queues, systems), as an operator edits it.
