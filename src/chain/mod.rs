@@ -131,24 +131,42 @@ pub async fn claim_root(
     root: &Member,
     ttl: Duration,
 ) -> Result<RootClaim, QueueError> {
-    // One step: only the chain's own global task sets its lifetime, so a refused claim
-    // changes nothing.
+    claim_and_add(conn, namespace, chain, root, &[], ttl).await
+}
+
+/// Makes `root` the global task of chain `chain` unless another task already is, and
+/// then (only then) adds `members` (follow-up, parent) to it: one call for a parent that
+/// starts a chain with its follow-ups. Idempotent.
+pub async fn claim_and_add(
+    conn: &RedisConn,
+    namespace: &str,
+    chain: &str,
+    root: &Member,
+    members: &[(Member, Member)],
+    ttl: Duration,
+) -> Result<RootClaim, QueueError> {
+    // One step: only the chain's own global task sets its lifetime or adds to it, so a
+    // refused claim changes nothing. HGET, HSET and PEXPIRE: commands the ACL lines of
+    // the slots and the api grant (docs/SECURITY.md).
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
             "local holder = redis.call('HGET', KEYS[1], ARGV[1]) \
              if not holder then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) holder = ARGV[2] end \
-             if holder == ARGV[2] then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end \
+             if holder ~= ARGV[2] then return holder end \
+             if #ARGV > 3 then redis.call('HSET', KEYS[1], unpack(ARGV, 4)) end \
+             redis.call('PEXPIRE', KEYS[1], ARGV[3]) \
              return holder",
         )
     });
-    let mut conn = conn.clone();
-    let holder: String = CLAIM
-        .key(key(namespace, chain))
-        .arg(ROOT_FIELD)
+    let mut inv = CLAIM.key(key(namespace, chain));
+    inv.arg(ROOT_FIELD)
         .arg(root.field())
-        .arg(ttl.as_millis().max(1) as u64)
-        .invoke_async(&mut conn)
-        .await?;
+        .arg(ttl.as_millis().max(1) as u64);
+    for (child, parent) in members {
+        inv.arg(child.field()).arg(parent.field());
+    }
+    let mut conn = conn.clone();
+    let holder: String = inv.invoke_async(&mut conn).await?;
     match Member::parse(&holder) {
         Some(m) if &m != root => Ok(RootClaim::Taken(m)),
         _ => Ok(RootClaim::Ours),

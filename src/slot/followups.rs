@@ -162,8 +162,7 @@ impl FollowUps {
         if children.is_empty() {
             return Ok(());
         }
-        let chains = self.chains(tasks, &children, &facts).await?;
-        self.add_members(tasks, &children, &chains).await?;
+        let chains = self.link(tasks, &children, &facts).await?;
         let refused = self.enqueue(&children, &chains).await?;
         for (parent, reason) in refused {
             if failed_parents.insert(parent) {
@@ -260,81 +259,76 @@ impl FollowUps {
         failed
     }
 
-    /// The chain of each parent: the one its record names, else a chain of its own (the
-    /// parent becomes a global task), under its id or, when another task's chain already
-    /// has that id, under `QUEUE:ID`.
-    async fn chains(
+    /// Puts the children in their parents' chains, one call per chain, and returns each
+    /// parent's chain: the one its record names, else a chain of its own (the parent
+    /// becomes a global task, its record says so), under its id or, when another task's
+    /// chain already has that id, under `QUEUE:ID`.
+    async fn link(
         &self,
         tasks: &[LeasedTask],
         children: &[Child],
         facts: &BTreeMap<usize, ChainFacts>,
     ) -> Result<BTreeMap<usize, String>, QueueError> {
+        let mut by_parent: BTreeMap<usize, Vec<(Member, Member)>> = BTreeMap::new();
+        for c in children {
+            by_parent.entry(c.parent).or_default().push((
+                Member::new(&c.queue, &c.id),
+                Member::new(&self.cfg.name, &tasks[c.parent].id),
+            ));
+        }
         let mut chains = BTreeMap::new();
+        let mut in_chains: BTreeMap<String, Vec<(Member, Member)>> = BTreeMap::new();
         let mut new_roots = Vec::new();
-        for parent in children.iter().map(|c| c.parent) {
-            if chains.contains_key(&parent) || new_roots.contains(&parent) {
-                continue;
-            }
+        for (parent, members) in by_parent {
             match facts.get(&parent).and_then(|f| f.chain.clone()) {
                 Some(chain) => {
+                    in_chains.entry(chain.clone()).or_default().extend(members);
                     chains.insert(parent, chain);
                 }
-                None => new_roots.push(parent),
+                None => new_roots.push((parent, members)),
             }
         }
+        let conn = self.client.connection();
+        let ns = self.client.namespace();
+        let ttl = self.targets.ttl;
+        let adds = in_chains
+            .iter()
+            .map(|(chain, members)| chain::add_members(&conn, ns, chain, members, ttl));
         let claims = new_roots
             .iter()
-            .map(|&p| self.claim_new_chain(&tasks[p].id));
-        let fresh: Vec<(usize, String)> = new_roots
-            .iter()
-            .copied()
-            .zip(futures::future::try_join_all(claims).await?)
-            .collect();
-        chains.extend(fresh.iter().cloned());
+            .map(|(p, members)| self.start_chain(&tasks[*p].id, members));
+        let (_, started) = futures::future::try_join(
+            futures::future::try_join_all(adds),
+            futures::future::try_join_all(claims),
+        )
+        .await?;
+        let fresh: Vec<(usize, String)> = new_roots.iter().map(|(p, _)| *p).zip(started).collect();
         let pairs: Vec<(&str, &str)> = fresh
             .iter()
             .map(|(p, c)| (tasks[*p].id.as_str(), c.as_str()))
             .collect();
         self.own.set_chains(&pairs).await?;
+        chains.extend(fresh);
         Ok(chains)
     }
 
-    /// A chain for a parent that is in none: its id, or `QUEUE:ID` when another task's
-    /// chain already has that id.
-    async fn claim_new_chain(&self, id: &str) -> Result<String, QueueError> {
+    /// A chain for a parent that is in none, started with its follow-ups: its id, or
+    /// `QUEUE:ID` when another task's chain already has that id.
+    async fn start_chain(
+        &self,
+        id: &str,
+        members: &[(Member, Member)],
+    ) -> Result<String, QueueError> {
         let conn = self.client.connection();
         let ns = self.client.namespace();
         let me = Member::new(&self.cfg.name, id);
         let ttl = self.targets.ttl;
-        if let RootClaim::Ours = chain::claim_root(&conn, ns, id, &me, ttl).await? {
+        if let RootClaim::Ours = chain::claim_and_add(&conn, ns, id, &me, members, ttl).await? {
             return Ok(id.to_string());
         }
         let chain = format!("{}:{id}", self.cfg.name);
-        chain::claim_root(&conn, ns, &chain, &me, ttl).await?;
+        chain::claim_and_add(&conn, ns, &chain, &me, members, ttl).await?;
         Ok(chain)
-    }
-
-    /// Adds the children to their chains' member lists, one call per chain.
-    async fn add_members(
-        &self,
-        tasks: &[LeasedTask],
-        children: &[Child],
-        chains: &BTreeMap<usize, String>,
-    ) -> Result<(), QueueError> {
-        let mut by_chain: BTreeMap<&str, Vec<(Member, Member)>> = BTreeMap::new();
-        for c in children {
-            by_chain.entry(&chains[&c.parent]).or_default().push((
-                Member::new(&c.queue, &c.id),
-                Member::new(&self.cfg.name, &tasks[c.parent].id),
-            ));
-        }
-        let conn = self.client.connection();
-        let ns = self.client.namespace();
-        let calls = by_chain.iter().map(|(chain, members)| {
-            chain::add_members(&conn, ns, chain, members, self.targets.ttl)
-        });
-        futures::future::try_join_all(calls).await?;
-        Ok(())
     }
 
     /// Enqueues the children, one call per target queue. Returns the parents whose
