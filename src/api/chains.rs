@@ -56,7 +56,7 @@ impl Api {
             return Ok(false);
         };
         let conn = self.client.connection();
-        let Some((root, _)) = chain::members(&conn, self.client.namespace(), chain).await? else {
+        let Some(root) = chain::root_of(&conn, self.client.namespace(), chain).await? else {
             return Ok(false);
         };
         let Some(queue) = self.queues.get(&root.queue) else {
@@ -114,24 +114,13 @@ impl Api {
             )));
         }
         let ttl = self.chain_targets().ttl;
-        let mut chained: Vec<NewTask> = tasks
-            .iter()
-            .filter(|t| t.chain.is_some())
-            .cloned()
-            .collect();
-        chain::start_global(&self.client, queue.name(), &mut chained, ttl)
+        let chained = tasks.iter_mut().filter(|t| t.chain.is_some()).collect();
+        chain::start_global(&self.client, queue.name(), chained, ttl)
             .await
             .map_err(|e| match e {
                 ChainError::Taken { .. } => ApiError::conflict(e.to_string()),
                 ChainError::Queue(q) => q.into(),
-            })?;
-        let mut fresh = chained.into_iter();
-        for t in tasks.iter_mut().filter(|t| t.chain.is_some()) {
-            if let Some(f) = fresh.next() {
-                *t = f;
-            }
-        }
-        Ok(())
+            })
     }
 
     /// `"chain": true` with `"wait"`: enqueues the global task, then holds the request

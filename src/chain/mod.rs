@@ -212,7 +212,7 @@ pub enum ChainError {
 pub async fn start_global(
     client: &crate::queue_client::QueueClient,
     queue: &str,
-    tasks: &mut [crate::queue_client::NewTask],
+    mut tasks: Vec<&mut crate::queue_client::NewTask>,
     ttl: Duration,
 ) -> Result<(), ChainError> {
     let conn = client.connection();

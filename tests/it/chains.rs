@@ -479,8 +479,11 @@ async fn killed_between_follow_ups_and_ack(redis_url: &str, namespace: &str, pre
     assert!(ok, "{json}");
     let doc: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(doc["id"], "job-1");
+    generated_parent_ids_lead_to_derived_ones(&rig, &first).await;
+}
 
-    // A parent with a generated id (#N) has follow-ups #N~1, #N~2, in chain #N.
+/// A parent with a generated id (#N) has follow-ups #N~1, #N~2, in chain #N.
+async fn generated_parent_ids_lead_to_derived_ones(rig: &Rig, first: &str) {
     let (status, made) = rig
         .call(
             "POST",
