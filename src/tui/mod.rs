@@ -85,6 +85,9 @@ enum Event {
     Terminate,
 }
 
+/// How many actions may wait for the Redis side before another is refused as busy.
+const EFFECTS_QUEUED: usize = 8;
+
 /// Runs the dashboard until q, Ctrl-C or `shutdown` is cancelled; the terminal is restored
 /// on every exit, a panic included. The caller owns the signal handlers: the binary hands
 /// a token that SIGTERM and SIGINT cancel.
@@ -96,7 +99,9 @@ pub async fn run(opts: TopOptions, shutdown: CancellationToken) -> anyhow::Resul
     }
     // A read takes a few round trips; below this, refreshing would only load Redis.
     let refresh = opts.refresh.max(Duration::from_millis(100));
-    let (effects_tx, effects_rx) = mpsc::channel(1);
+    // Keys typed while an action runs queue up in order (a lookup pressed twice, a pause
+    // confirmed while a read is slow); only a burst beyond this is refused as busy.
+    let (effects_tx, effects_rx) = mpsc::channel(EFFECTS_QUEUED);
     let (events_tx, events_rx) = mpsc::channel(4);
     let redis = tokio::spawn(redis_side(opts, refresh, effects_rx, events_tx));
 
@@ -169,9 +174,9 @@ async fn ui_loop(
         if effect == Effect::Quit {
             return Ok(());
         }
-        // One effect at a time: a full channel means the last one still runs.
+        // Effects run one at a time in order; a full queue means Redis is far behind.
         if let Err(e) = effects.try_send(effect) {
-            let busy = "still busy with the previous action; try again".to_string();
+            let busy = "still busy with earlier actions; try again".to_string();
             update(&mut state, e.into_inner().failed(busy));
         }
     }
