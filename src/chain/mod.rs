@@ -145,32 +145,108 @@ pub async fn claim_and_add(
     members: &[(Member, Member)],
     ttl: Duration,
 ) -> Result<RootClaim, QueueError> {
-    // One step: only the chain's own global task sets its lifetime or adds to it, so a
+    let claim = Claim {
+        chain,
+        root,
+        members,
+    };
+    let mut claims = claim_many(conn, namespace, std::slice::from_ref(&claim), ttl).await?;
+    Ok(claims.pop().unwrap_or(RootClaim::Ours))
+}
+
+/// One chain a task starts (see [`claim_and_add`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    /// The chain's id.
+    pub chain: &'a str,
+    /// The task that would be its global task.
+    pub root: &'a Member,
+    /// The follow-ups to add (follow-up, parent) once the chain is the root's.
+    pub members: &'a [(Member, Member)],
+}
+
+/// [`claim_and_add`] for many chains, answers in the order of `claims`. On one server
+/// they go in one script call: a batch whose every task starts a chain (a queue with a
+/// `next` route) would otherwise pay a script call per task, which cost Redis more than
+/// the claims' own work. A Redis Cluster puts each chain in a slot of its own, so there
+/// each is a call of its own, all in flight together.
+pub async fn claim_many(
+    conn: &RedisConn,
+    namespace: &str,
+    claims: &[Claim<'_>],
+    ttl: Duration,
+) -> Result<Vec<RootClaim>, QueueError> {
+    match conn {
+        RedisConn::Single(_) => claim_call(conn, namespace, claims, ttl).await,
+        RedisConn::Cluster(_) => {
+            let each = claims
+                .iter()
+                .map(|c| claim_call(conn, namespace, std::slice::from_ref(c), ttl));
+            let answers = futures::future::try_join_all(each).await?;
+            Ok(answers.into_iter().flatten().collect())
+        }
+    }
+}
+
+async fn claim_call(
+    conn: &RedisConn,
+    namespace: &str,
+    claims: &[Claim<'_>],
+    ttl: Duration,
+) -> Result<Vec<RootClaim>, QueueError> {
+    if claims.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Per chain: only the chain's own global task sets its lifetime or adds to it, so a
     // refused claim changes nothing. HGET, HSET and PEXPIRE: commands the ACL lines of
     // the slots and the api grant (docs/SECURITY.md).
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
-            "local holder = redis.call('HGET', KEYS[1], ARGV[1]) \
-             if not holder then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) holder = ARGV[2] end \
-             if holder ~= ARGV[2] then return holder end \
-             if #ARGV > 3 then redis.call('HSET', KEYS[1], unpack(ARGV, 4)) end \
-             redis.call('PEXPIRE', KEYS[1], ARGV[3]) \
-             return holder",
+            "local field, ttl, a = ARGV[1], ARGV[2], 3 \
+             local out = {} \
+             for i = 1, #KEYS do \
+               local key, me, n = KEYS[i], ARGV[a], tonumber(ARGV[a + 1]) \
+               local holder = redis.call('HGET', key, field) \
+               if not holder then \
+                 redis.call('HSET', key, field, me, unpack(ARGV, a + 2, a + 1 + 2 * n)) \
+                 holder = me \
+                 redis.call('PEXPIRE', key, ttl) \
+               elseif holder == me then \
+                 if n > 0 then redis.call('HSET', key, unpack(ARGV, a + 2, a + 1 + 2 * n)) end \
+                 redis.call('PEXPIRE', key, ttl) \
+               end \
+               out[i] = holder \
+               a = a + 2 + 2 * n \
+             end \
+             return out",
         )
     });
-    let mut inv = CLAIM.key(key(namespace, chain));
-    inv.arg(ROOT_FIELD)
-        .arg(root.field())
-        .arg(ttl.as_millis().max(1) as u64);
-    for (child, parent) in members {
-        inv.arg(child.field()).arg(parent.field());
+    let mut inv = CLAIM.prepare_invoke();
+    inv.arg(ROOT_FIELD).arg(ttl.as_millis().max(1) as u64);
+    for c in claims {
+        inv.key(key(namespace, c.chain));
+        inv.arg(c.root.field()).arg(c.members.len());
+        for (child, parent) in c.members {
+            inv.arg(child.field()).arg(parent.field());
+        }
     }
     let mut conn = conn.clone();
-    let holder: String = inv.invoke_async(&mut conn).await?;
-    match Member::parse(&holder) {
-        Some(m) if &m != root => Ok(RootClaim::Taken(m)),
-        _ => Ok(RootClaim::Ours),
+    let holders: Vec<String> = inv.invoke_async(&mut conn).await?;
+    if holders.len() != claims.len() {
+        return Err(QueueError::Protocol(format!(
+            "claiming {} chains returned {} answers",
+            claims.len(),
+            holders.len()
+        )));
     }
+    Ok(claims
+        .iter()
+        .zip(holders)
+        .map(|(c, holder)| match Member::parse(&holder) {
+            Some(m) if &m != c.root => RootClaim::Taken(m),
+            _ => RootClaim::Ours,
+        })
+        .collect())
 }
 
 /// The global task of chain `chain`, if it has one.
@@ -249,28 +325,53 @@ pub async fn add_members(
     members: &[(Member, Member)],
     ttl: Duration,
 ) -> Result<(), QueueError> {
-    if members.is_empty() {
+    add_many(conn, namespace, &[(chain, members)], ttl).await
+}
+
+/// [`add_members`] for many chains: one pipeline on one server; on a Redis Cluster, where
+/// each chain has a slot of its own, one per chain, all in flight together.
+pub async fn add_many(
+    conn: &RedisConn,
+    namespace: &str,
+    adds: &[(&str, &[(Member, Member)])],
+    ttl: Duration,
+) -> Result<(), QueueError> {
+    match conn {
+        RedisConn::Single(_) => add_pipeline(conn, namespace, adds, ttl).await,
+        RedisConn::Cluster(_) => {
+            let each = adds
+                .iter()
+                .map(|a| add_pipeline(conn, namespace, std::slice::from_ref(a), ttl));
+            futures::future::try_join_all(each).await.map(|_| ())
+        }
+    }
+}
+
+async fn add_pipeline(
+    conn: &RedisConn,
+    namespace: &str,
+    adds: &[(&str, &[(Member, Member)])],
+    ttl: Duration,
+) -> Result<(), QueueError> {
+    // HSET and PEXPIRE: commands the slots' ACL already grants (docs/SECURITY.md).
+    let mut pipe = redis::pipe();
+    for (chain, members) in adds.iter().filter(|(_, m)| !m.is_empty()) {
+        let key = key(namespace, chain);
+        let hset = pipe.cmd("HSET").arg(&key);
+        for (child, parent) in members.iter() {
+            hset.arg(child.field()).arg(parent.field());
+        }
+        pipe.ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(ttl.as_millis().max(1) as u64)
+            .ignore();
+    }
+    if pipe.is_empty() {
         return Ok(());
     }
-    let key = key(namespace, chain);
-    let pairs: Vec<(String, String)> = members
-        .iter()
-        .map(|(child, parent)| (child.field(), parent.field()))
-        .collect();
-    // HSET and PEXPIRE: commands the slots' ACL already grants (docs/SECURITY.md).
-    let mut hset = redis::cmd("HSET");
-    hset.arg(&key);
-    for (field, value) in &pairs {
-        hset.arg(field).arg(value);
-    }
     let mut conn = conn.clone();
-    let _: (i64, i64) = redis::pipe()
-        .add_command(hset)
-        .cmd("PEXPIRE")
-        .arg(&key)
-        .arg(ttl.as_millis().max(1) as u64)
-        .query_async(&mut conn)
-        .await?;
+    let () = pipe.query_async(&mut conn).await?;
     Ok(())
 }
 

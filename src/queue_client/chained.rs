@@ -21,12 +21,29 @@ pub struct ChainFacts {
 
 impl Queue {
     /// Each task's record chain and max_attempts, in the order of `ids`, in one call.
-    pub async fn chain_facts(&self, ids: &[&str]) -> Result<Vec<ChainFacts>, QueueError> {
+    /// A task `starting[i]` says is about to start a chain of its own gets, when its
+    /// record names no chain, the chain of its own id at once (see `lua/chain.lua`):
+    /// the caller then claims that chain, and renames it with [`Queue::set_chains`]
+    /// should another task hold it.
+    pub async fn chain_facts(
+        &self,
+        ids: &[&str],
+        starting: &[bool],
+    ) -> Result<Vec<ChainFacts>, QueueError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let mask: String = (0..ids.len())
+            .map(|i| {
+                if starting.get(i) == Some(&true) {
+                    '1'
+                } else {
+                    '0'
+                }
+            })
+            .collect();
         let mut inv = self.invocation(&SCRIPTS.chain);
-        inv.arg("get");
+        inv.arg("get").arg(mask);
         for id in ids {
             inv.arg(*id);
         }
@@ -54,8 +71,9 @@ impl Queue {
             .collect()
     }
 
-    /// Sets the chain of tasks whose records have none yet (tasks that became the global
-    /// task of their own chain by adding follow-ups). Returns how many it set.
+    /// Sets the chain of tasks whose records have none yet, or their own id (tasks that
+    /// became the global task of their own chain by adding follow-ups). Returns how many
+    /// it set.
     pub async fn set_chains(&self, pairs: &[(&str, &str)]) -> Result<u64, QueueError> {
         if pairs.is_empty() {
             return Ok(0);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::chain::{self, ChainTargets, Member, RootClaim};
+use crate::chain::{self, ChainTargets, Claim, Member, RootClaim};
 use crate::config::{QueueConfig, RouteOn};
 use crate::host::handler::Outcome;
 use crate::queue_client::{
@@ -34,6 +34,16 @@ pub(super) struct FollowUps {
     cfg: QueueConfig,
     targets: Arc<ChainTargets>,
     handles: HashMap<String, Queue>,
+}
+
+/// A parent that starts a chain of its own (or adds to the one it started before).
+struct NewRoot {
+    parent: usize,
+    /// The chain to claim: the parent's id, or the name its record already has.
+    chain: String,
+    members: Vec<(Member, Member)>,
+    /// Whether the parent's record already names `chain`.
+    named: bool,
 }
 
 /// One follow-up to create.
@@ -132,6 +142,15 @@ impl FollowUps {
         })
     }
 
+    /// Whether an outcome makes follow-ups whatever its task's facts: a done task with a
+    /// done route or follow-ups of its own (a failure's routes depend on its attempt).
+    fn surely_has_follow_ups(&self, outcome: &Outcome) -> bool {
+        match outcome {
+            Outcome::Done(d) => !d.next.is_empty() || self.route_kinds().0,
+            _ => false,
+        }
+    }
+
     fn route_kinds(&self) -> (bool, bool) {
         let has = |on| self.cfg.next.iter().any(|r| r.on == on);
         (has(RouteOn::Done), has(RouteOn::Failed))
@@ -148,10 +167,17 @@ impl FollowUps {
             .filter(|&i| !matches!(outcomes[i], Outcome::Retry { .. }))
             .collect();
         let ids: Vec<&str> = candidates.iter().map(|&i| tasks[i].id.as_str()).collect();
+        let starting: Vec<bool> = candidates
+            .iter()
+            .map(|&i| {
+                // (an id too long for its children fails below, and names no chain)
+                self.surely_has_follow_ups(&outcomes[i]) && tasks[i].id.len() + 8 <= MAX_ID_LEN
+            })
+            .collect();
         let facts: BTreeMap<usize, ChainFacts> = candidates
             .iter()
             .copied()
-            .zip(self.own.chain_facts(&ids).await?)
+            .zip(self.own.chain_facts(&ids, &starting).await?)
             .collect();
         let children = self.plan(tasks, outcomes, &facts);
         let mut failed_parents = self.too_long_ids(&children, outcomes);
@@ -280,55 +306,111 @@ impl FollowUps {
         let mut in_chains: BTreeMap<String, Vec<(Member, Member)>> = BTreeMap::new();
         let mut new_roots = Vec::new();
         for (parent, members) in by_parent {
+            let id = &tasks[parent].id;
             match facts.get(&parent).and_then(|f| f.chain.clone()) {
+                // Its own chain (just named by `chain_facts`, or started before): claimed
+                // again, which is idempotent, with the new members.
+                Some(chain) if chain == *id || chain == self.renamed(id) => {
+                    new_roots.push(NewRoot {
+                        parent,
+                        chain,
+                        members,
+                        named: true,
+                    })
+                }
                 Some(chain) => {
                     in_chains.entry(chain.clone()).or_default().extend(members);
                     chains.insert(parent, chain);
                 }
-                None => new_roots.push((parent, members)),
+                None => new_roots.push(NewRoot {
+                    parent,
+                    chain: id.clone(),
+                    members,
+                    named: false,
+                }),
             }
         }
         let conn = self.client.connection();
         let ns = self.client.namespace();
         let ttl = self.targets.ttl;
-        let adds = in_chains
+        let adds: Vec<(&str, &[(Member, Member)])> = in_chains
             .iter()
-            .map(|(chain, members)| chain::add_members(&conn, ns, chain, members, ttl));
-        let claims = new_roots
-            .iter()
-            .map(|(p, members)| self.start_chain(&tasks[*p].id, members));
+            .map(|(chain, members)| (chain.as_str(), members.as_slice()))
+            .collect();
         let (_, started) = futures::future::try_join(
-            futures::future::try_join_all(adds),
-            futures::future::try_join_all(claims),
+            chain::add_many(&conn, ns, &adds, ttl),
+            self.start_chains(tasks, &new_roots),
         )
         .await?;
-        let fresh: Vec<(usize, String)> = new_roots.iter().map(|(p, _)| *p).zip(started).collect();
-        let pairs: Vec<(&str, &str)> = fresh
+        // Records that do not name their chain yet (or name one another task holds).
+        let pairs: Vec<(&str, &str)> = new_roots
             .iter()
-            .map(|(p, c)| (tasks[*p].id.as_str(), c.as_str()))
+            .zip(&started)
+            .filter(|(r, chain)| !r.named || **chain != r.chain)
+            .map(|(r, chain)| (tasks[r.parent].id.as_str(), chain.as_str()))
             .collect();
         self.own.set_chains(&pairs).await?;
-        chains.extend(fresh);
+        chains.extend(new_roots.iter().map(|r| r.parent).zip(started));
         Ok(chains)
     }
 
-    /// A chain for a parent that is in none, started with its follow-ups: its id, or
-    /// `QUEUE:ID` when another task's chain already has that id.
-    async fn start_chain(
+    /// The chain a parent starts when another task's chain already has its id.
+    fn renamed(&self, id: &str) -> String {
+        format!("{}:{id}", self.cfg.name)
+    }
+
+    /// A chain for each parent that starts one, with its follow-ups: under the chain
+    /// named, or `QUEUE:ID` when another task's chain already has that id. Returns each
+    /// one's chain. One call for all of them on one server (then one more for the rare
+    /// taken ids).
+    async fn start_chains(
         &self,
-        id: &str,
-        members: &[(Member, Member)],
-    ) -> Result<String, QueueError> {
+        tasks: &[LeasedTask],
+        new_roots: &[NewRoot],
+    ) -> Result<Vec<String>, QueueError> {
         let conn = self.client.connection();
         let ns = self.client.namespace();
-        let me = Member::new(&self.cfg.name, id);
         let ttl = self.targets.ttl;
-        if let RootClaim::Ours = chain::claim_and_add(&conn, ns, id, &me, members, ttl).await? {
-            return Ok(id.to_string());
+        let roots: Vec<Member> = new_roots
+            .iter()
+            .map(|r| Member::new(&self.cfg.name, &tasks[r.parent].id))
+            .collect();
+        let mut chains: Vec<String> = new_roots.iter().map(|r| r.chain.clone()).collect();
+        let claims: Vec<Claim> = new_roots
+            .iter()
+            .zip(&roots)
+            .zip(&chains)
+            .map(|((r, root), chain)| Claim {
+                chain,
+                root,
+                members: &r.members,
+            })
+            .collect();
+        let answers = chain::claim_many(&conn, ns, &claims, ttl).await?;
+        let taken: Vec<usize> = answers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a, RootClaim::Taken(_)))
+            .map(|(i, _)| i)
+            .collect();
+        if taken.is_empty() {
+            return Ok(chains);
         }
-        let chain = format!("{}:{id}", self.cfg.name);
-        chain::claim_and_add(&conn, ns, &chain, &me, members, ttl).await?;
-        Ok(chain)
+        let renamed: Vec<String> = taken.iter().map(|&i| self.renamed(&roots[i].id)).collect();
+        let again: Vec<Claim> = taken
+            .iter()
+            .zip(&renamed)
+            .map(|(&i, chain)| Claim {
+                chain,
+                root: &roots[i],
+                members: &new_roots[i].members,
+            })
+            .collect();
+        chain::claim_many(&conn, ns, &again, ttl).await?;
+        for (i, chain) in taken.into_iter().zip(renamed) {
+            chains[i] = chain;
+        }
+        Ok(chains)
     }
 
     /// Enqueues the children, one call per target queue. Returns the parents whose

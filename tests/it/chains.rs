@@ -12,7 +12,7 @@ use gaffer::api::{ApiOptions, hash_token};
 use gaffer::cluster::{self, Keys, SlotMap};
 use gaffer::queue_client::{ConnectOptions, QueueClient, RecordState};
 use gaffer::redis_server::free_port;
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::request;
@@ -316,6 +316,35 @@ async fn fan_out_and_fail(rig: &Rig) {
     assert_eq!(
         refused["error"],
         format!("chain {id} already exists, as the chain of task {id} of queue {fetch}")
+    );
+    // A task whose id is another task's chain, starting a chain by its follow-ups, gets
+    // the chain `QUEUE:ID` instead: named on its record, holding its follow-up.
+    let first = rig.q("first");
+    let body = format!(r#"{{"payload": {{}}, "id": "{id}", "wait": "30s"}}"#);
+    let (status, rec) = rig
+        .call("POST", &format!("/v1/queues/{first}/tasks"), Some(&body))
+        .await;
+    assert_eq!((status, &rec["state"]), (200, &json!("done")), "{rec}");
+    let renamed = format!("{first}:{id}");
+    assert_eq!(rec["chain"], renamed.as_str(), "{rec}");
+    let (status, other) = rig
+        .call("GET", &format!("/v1/chains/{renamed}"), None)
+        .await;
+    assert_eq!(status, 200, "{other}");
+    let other_ids: Vec<&str> = other["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    // (first's route and its handler each make one)
+    let kids = [id.clone(), format!("{id}~1"), format!("{id}~2")];
+    assert_eq!(other_ids, kids, "{other}");
+    let (_, still) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
+    assert_eq!(
+        states(&still),
+        want,
+        "the other chain is untouched: {still}"
     );
     let (ok, tree) = rig.cli_chain(&id, false);
     assert!(ok, "{tree}");

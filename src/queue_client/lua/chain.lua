@@ -1,20 +1,47 @@
 -- What chains need of a queue's tasks, read (or set) in one call for a batch's parents.
 -- ARGV: op, then
---   op 'get': ids → per id {g, m}: its record's chain ('' none; false: no record) and its
---             max_attempts as enqueued ('' when the task is gone);
---   op 'set': pairs (id, chain) → sets the record's chain where it has none yet (a task
---             that became the global task of a chain by adding follow-ups). Returns how
---             many it set.
+--   op 'get': starting, then ids → per id {g, m}: its record's chain ('' none; false: no
+--             record) and its max_attempts as enqueued ('' when the task is gone).
+--             `starting` has one character per id: '1' for a task about to start a chain
+--             of its own (it has follow-ups and may be in none): one without a chain is
+--             named the chain of its own id here and now, the common case, so the record
+--             is read and written once (the slot's claim of that id follows; should
+--             another task hold it, 'set' renames it);
+--   op 'set': pairs (id, chain) → sets the record's chain where it has none yet or has
+--             its own id (a task that became the global task of a chain by adding
+--             follow-ups). Returns how many it set.
 local op = ARGV[1]
+-- The chain field (the last of the NF head fields) read without parsing the record: a
+-- full parse per parent cost more than the rest of these calls.
+local G_PAT = '^' .. string.rep('[^\30\31]*\31', NF - 1) .. '([^\30\31]*)\30'
+local function chain_of(v)
+  local g = string.match(v, G_PAT)
+  if g then return g end
+  -- a record of an older layout (fewer fields)
+  local f = rec_parse(v)
+  return f[F.g] or ''
+end
+-- The record with its (empty) chain field set to `g`.
+local function with_chain(v, g)
+  local cut = string.find(v, RS, 1, true)
+  return string.sub(v, 1, cut - 1) .. g .. string.sub(v, cut)
+end
 if op == 'get' then
   local out = {}
-  for i = 2, #ARGV do
+  local starting = ARGV[2]
+  for i = 3, #ARGV do
     local id = ARGV[i]
-    local v = redis.call('GET', rec_key(id))
+    local key = rec_key(id)
+    local v = redis.call('GET', key)
     local g = false
     if v then
-      local f = rec_parse(v)
-      g = f[F.g] or ''
+      g = string.match(v, G_PAT)
+      if g == '' and string.byte(starting, i - 2) == 49 then
+        redis.call('SET', key, with_chain(v, id))
+        g = id
+      elseif not g then
+        g = chain_of(v)
+      end
     end
     local meta = redis.call('HGET', K_META, id)
     local ma = ''
@@ -29,13 +56,22 @@ for i = 2, #ARGV, 2 do
   local id, g = ARGV[i], ARGV[i + 1]
   local key = rec_key(id)
   local v = redis.call('GET', key)
-  if v then
+  local now_g = v and string.match(v, G_PAT)
+  if now_g == '' then
+    -- the empty chain field ends the head: the chain goes just before the history
+    redis.call('SET', key, with_chain(v, g))
+    n = n + 1
+  elseif now_g == id and g ~= id then
+    -- named its own id by 'get', which another task's chain turned out to have
     local f, hist = rec_parse(v)
-    if (f[F.g] or '') == '' then
-      f[F.g] = g
-      redis.call('SET', key, rec_pack(f, hist))
-      n = n + 1
-    end
+    f[F.g] = g
+    redis.call('SET', key, rec_pack(f, hist))
+    n = n + 1
+  elseif v and not now_g and chain_of(v) == '' then
+    local f, hist = rec_parse(v)
+    f[F.g] = g
+    redis.call('SET', key, rec_pack(f, hist))
+    n = n + 1
   end
 end
 return n

@@ -63,14 +63,24 @@ if mode == 'p' then
 else
   -- Dedup against records: one whose time is up must not count (see record_get.lua).
   if dedup_record then expire_records(now, 100) end
+  -- What exists already, looked up in one command each for the whole call: a command
+  -- from Lua per task cost more than the lookups themselves.
+  local given, rec_keys = {}, {}
+  for i = 1, n do
+    local id = ARGV[H + per * (i - 1) + 1]
+    given[i] = id
+    rec_keys[i] = rec_key(id)
+  end
+  local metas_now = hmget(K_META, given)
+  local recs_now = dedup_record and mget(rec_keys) or {}
   local seen, fl = {}, {}
   for i = 1, n do
     local o = H + per * (i - 1) + 1
-    local id = ARGV[o]
+    local id = given[i]
     local fresh = true
     if seen[id] then
       fresh = false
-    elseif redis.call('HEXISTS', K_META, id) == 1 then
+    elseif metas_now[i] then
       if redis.call('ZSCORE', K_DEAD, id) and not dedup_record then
         -- a dead letter with this id is superseded by the new task
         redis.call('ZREM', K_DEAD, id)
@@ -79,7 +89,7 @@ else
       else
         fresh = false
       end
-    elseif dedup_record and rec_live(id, now) then
+    elseif recs_now[i] and rec_live(id, now) then
       -- the finished task's record still lives, and the queue dedups against it
       fresh = false
     end

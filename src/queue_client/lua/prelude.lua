@@ -553,7 +553,11 @@ end
 -- (they would grow by one per chain).
 local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains)
   local first = entry(state, now, 0, '', '', note)
-  local v = rec_pack({pri, ma, now, due, by, '', '', ''}, first)
+  -- The fields all tasks share, turned into text once: a number made text costs Lua a
+  -- printf, which per task is a good part of an enqueue.
+  local head = pri .. FS .. ma .. FS .. now .. FS .. due .. FS
+  local tail = FS .. FS .. FS
+  local v = head .. by .. tail .. RS .. first
   local scored, kv = {}, {}
   for i, id in ipairs(ids) do
     kv[2 * i - 1] = rec_key(id)
@@ -561,9 +565,9 @@ local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms
     if g == '' then
       kv[2 * i] = v
     elseif g == id then
-      kv[2 * i] = rec_pack({pri, ma, now, due, by, '', '', g}, first)
+      kv[2 * i] = head .. by .. tail .. g .. RS .. first
     else
-      kv[2 * i] = rec_pack({pri, ma, now, due, 'chain:' .. g, '', '', g}, first)
+      kv[2 * i] = head .. 'chain:' .. g .. tail .. g .. RS .. first
     end
     scored[2 * i - 1] = seqs[i]
     scored[2 * i] = id
