@@ -6,9 +6,9 @@
 //! before the parent is settled: a slot that dies anywhere in between leaves its tasks'
 //! leases to expire, and the parents run again, make the same ids, and the enqueue
 //! (deduplicating against records too) finds the children already made. Each step is
-//! idempotent and touches one key or one queue at a time, so it holds on a Redis Cluster,
-//! where a parent, its children and its chain live in different slots. A batch without
-//! follow-ups pays nothing.
+//! idempotent and, on a Redis Cluster, where a parent, its children and its chain live in
+//! different slots, touches one key or one queue at a time (on one server a batch's
+//! chains share a call). A batch without follow-ups pays nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -1,7 +1,8 @@
 -- What chains need of a queue's tasks, read (or set) in one call for a batch's parents.
 -- ARGV: op, then
 --   op 'get': starting, then ids → per id {g, m}: its record's chain ('' none; false: no
---             record) and its max_attempts as enqueued ('' when the task is gone).
+--             record) and its max_attempts as enqueued ('' when the task is gone, or
+--             starting).
 --             `starting` has one character per id: '1' for a task about to start a chain
 --             of its own (it has follow-ups and may be in none): one without a chain is
 --             named the chain of its own id here and now, the common case, so the record
@@ -43,9 +44,12 @@ if op == 'get' then
         g = chain_of(v)
       end
     end
-    local meta = redis.call('HGET', K_META, id)
+    -- (a task that starts a chain is done: its attempts no longer matter)
     local ma = ''
-    if meta then ma = string.match(meta, '^[^:]*:([^:]*):') or '' end
+    if string.byte(starting, i - 2) ~= 49 then
+      local meta = redis.call('HGET', K_META, id)
+      if meta then ma = string.match(meta, '^[^:]*:([^:]*):') or '' end
+    end
     out[#out + 1] = g
     out[#out + 1] = ma
   end
