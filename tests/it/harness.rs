@@ -540,6 +540,15 @@ impl AclRedis {
             .expect("connect as the test's admin")
     }
 
+    /// A raw connection of the test's admin user, to look at keys as they are stored.
+    pub async fn admin_raw(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.admin_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect as the test's admin")
+    }
+
     /// What Redis refused so far, one line per `ACL LOG` entry in the words of its
     /// `NOPERM` error.
     pub async fn refusals(&self) -> Vec<String> {
