@@ -75,7 +75,12 @@ fn check_results(value: &serde_json::Value, ids: &[&str], statuses: &[Option<Rep
 
 /// The follow-ups the parser kept are exactly the entry's `next` array (absent: none), each
 /// with only `queue` (a string) and `payload` (null when absent).
-fn check_next(sent: &serde_json::Value, kept: &[ReplyFollowUp], id: &str, value: &serde_json::Value) {
+fn check_next(
+    sent: &serde_json::Value,
+    kept: &[ReplyFollowUp],
+    id: &str,
+    value: &serde_json::Value,
+) {
     let sent = match sent {
         serde_json::Value::Null => &[][..],
         serde_json::Value::Array(a) => a.as_slice(),
