@@ -54,6 +54,21 @@ pub struct RedisServerOptions {
     /// The user and password readiness checks log in with: a server whose ACL disables
     /// the default user answers a bare PING with NOAUTH.
     pub auth: Option<(String, String)>,
+    /// Serve TLS only with these files (tests of `rediss://`); readiness is then read
+    /// from the log, since a bare PING cannot reach a TLS port.
+    pub tls: Option<ServerTls>,
+}
+
+/// The PEM files of a TLS-only server: `port 0` and `tls-port` on its port (a cluster
+/// node's bus and replication over TLS too), a client certificate optional.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// Its certificate.
+    pub cert: PathBuf,
+    /// The certificate's private key.
+    pub key: PathBuf,
+    /// The CA that signs the certificates it accepts (a cluster's nodes present theirs).
+    pub ca: PathBuf,
 }
 
 /// A running redis-server child. Killed (SIGKILL) and reaped on drop; it also dies with
@@ -111,9 +126,13 @@ impl RedisServer {
                 .arg("nodes.conf")
                 .args(["--cluster-node-timeout", "2000"]);
         }
+        if let Some(tls) = &self.opts.tls {
+            tls_args(&mut cmd, port, tls, self.opts.cluster_node);
+        }
         for (k, v) in &self.opts.extra {
             cmd.arg(format!("--{k}")).arg(v);
         }
+        let log_start = std::fs::metadata(self.dir.join("redis.log")).map_or(0, |m| m.len());
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -134,10 +153,12 @@ impl RedisServer {
             }
         })?;
         self.child = Some(child);
-        self.wait_ready(Duration::from_secs(20))
+        self.wait_ready(Duration::from_secs(20), log_start)
     }
 
-    fn wait_ready(&mut self, limit: Duration) -> Result<(), RedisServerError> {
+    /// Waits until it answers PING, or (TLS) until its log, past `log_start` (where this
+    /// start's lines begin), says it is ready.
+    fn wait_ready(&mut self, limit: Duration, log_start: u64) -> Result<(), RedisServerError> {
         let start = Instant::now();
         let mut pause = Duration::from_millis(5);
         while start.elapsed() < limit {
@@ -146,7 +167,11 @@ impl RedisServer {
             {
                 break; // exited early: report with its log
             }
-            if ping(self.port, self.opts.auth.as_ref()) {
+            let ready = match self.opts.tls {
+                Some(_) => self.log_says_ready(log_start),
+                None => ping(self.port, self.opts.auth.as_ref()),
+            };
+            if ready {
                 return Ok(());
             }
             std::thread::sleep(pause);
@@ -164,9 +189,21 @@ impl RedisServer {
         self.port
     }
 
-    /// `redis://127.0.0.1:PORT/0`.
+    /// `redis://127.0.0.1:PORT/0` (`rediss://` when it serves TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.opts.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Whether the log, from byte `from` on, has the line Redis writes once it serves.
+    fn log_says_ready(&self, from: u64) -> bool {
+        let text = std::fs::read(self.dir.join("redis.log")).unwrap_or_default();
+        let start = (from as usize).min(text.len());
+        String::from_utf8_lossy(&text[start..]).contains("Ready to accept connections")
     }
 
     /// Its data directory.
@@ -234,6 +271,23 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The arguments of a TLS-only server on `port` (see [`ServerTls`]).
+fn tls_args(cmd: &mut Command, port: u16, tls: &ServerTls, cluster_node: bool) {
+    cmd.args(["--port", "0"])
+        .arg("--tls-port")
+        .arg(port.to_string())
+        .arg("--tls-cert-file")
+        .arg(&tls.cert)
+        .arg("--tls-key-file")
+        .arg(&tls.key)
+        .arg("--tls-ca-cert-file")
+        .arg(&tls.ca)
+        .args(["--tls-auth-clients", "optional"]);
+    if cluster_node {
+        cmd.args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
     }
 }
 

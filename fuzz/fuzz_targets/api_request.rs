@@ -3,6 +3,9 @@
 //! come from the input. The api must answer every request, and a refusal is a clean 4xx:
 //! no panic, no dropped connection, no 5xx while Redis is up.
 //!
+//! The config gives the chain endpoints something to chain (`q` routes to `p` on done
+//! and on failed) and the system endpoints a system (`s`, over `q`).
+//!
 //! Input: byte 0 picks the method; byte 1's bits pick the token (none, a queue key's, the
 //! admin's) and whether a JSON content type is sent; then the path line, header lines up
 //! to an empty line, and the body.
@@ -47,8 +50,11 @@ fn service() -> &'static Service {
             .expect("start redis-server");
         let text = format!(
             "[cluster]\nnamespace = \"fuzz\"\n\n\
-             [queues.q]\nhandler = \"noop\"\nmax_payload = \"1KiB\"\n\n\
+             [queues.q]\nhandler = \"noop\"\nmax_payload = \"1KiB\"\nsystem = \"s\"\n\
+             next = [{{ queue = \"p\", on = \"done\" }}, {{ queue = \"p\", on = \"failed\" }}]\n\n\
+             [queues.p]\nhandler = \"noop\"\n\n\
              [queues.r]\nhandler = \"noop\"\ntrack = false\n\n\
+             [systems.s]\nmax_concurrency = 4\nrate = \"50/s\"\n\n\
              [api]\nmax_body = \"16KiB\"\nmax_wait = \"1s\"\n\n\
              [api.keys.shop]\ntoken_sha256 = \"{}\"\nqueues = [\"q\"]\n\n\
              [api.keys.ops]\ntoken_sha256 = \"{}\"\nadmin = true\n",

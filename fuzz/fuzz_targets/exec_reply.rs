@@ -1,12 +1,13 @@
 //! An arbitrary reply line from an exec child: the slot's reply parser never panics, and
 //! what it accepts is one status per task of the batch.
 //!
-//! A done task's `result` is the value the reply gave for it, in its first entry.
+//! A done task's `result` and follow-ups (`next`) are those the reply gave for it, in its
+//! first entry: each follow-up's queue and payload (null when absent), in order.
 //!
 //! Input: a first line of comma-separated task ids (the batch), then the reply line.
 #![no_main]
 
-use gaffer::slot::exec::{ReplyError, ReplyStatus, parse_reply};
+use gaffer::slot::exec::{ReplyError, ReplyFollowUp, ReplyStatus, parse_reply};
 use libfuzzer_sys::fuzz_target;
 use serde::de::IgnoredAny;
 
@@ -51,11 +52,12 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-/// Each done task's result is its first entry's `result` (absent or null: none).
+/// Each done task's result is its first entry's `result` (absent or null: none), and its
+/// follow-ups are that entry's `next`.
 fn check_results(value: &serde_json::Value, ids: &[&str], statuses: &[Option<ReplyStatus>]) {
     let entries = value["results"].as_array().expect("results is an array");
     for (id, status) in ids.iter().zip(statuses) {
-        let Some(ReplyStatus::Ok { result }) = status else {
+        let Some(ReplyStatus::Ok { result, next }) = status else {
             continue;
         };
         let first = entries
@@ -67,5 +69,31 @@ fn check_results(value: &serde_json::Value, ids: &[&str], statuses: &[Option<Rep
             v => Some(v),
         };
         assert_eq!(result.as_ref(), sent, "the result of {id} in {value}");
+        check_next(&first["next"], next, id, value);
+    }
+}
+
+/// The follow-ups the parser kept are exactly the entry's `next` array (absent: none), each
+/// with only `queue` (a string) and `payload` (null when absent).
+fn check_next(
+    sent: &serde_json::Value,
+    kept: &[ReplyFollowUp],
+    id: &str,
+    value: &serde_json::Value,
+) {
+    let sent = match sent {
+        serde_json::Value::Null => &[][..],
+        serde_json::Value::Array(a) => a.as_slice(),
+        other => panic!("accepted next {other} of {id} in {value}"),
+    };
+    assert_eq!(sent.len(), kept.len(), "the follow-ups of {id} in {value}");
+    for (s, k) in sent.iter().zip(kept) {
+        let fields = s.as_object().expect("a follow-up is an object");
+        assert!(
+            fields.keys().all(|f| f == "queue" || f == "payload"),
+            "accepted a follow-up with other fields: {s}"
+        );
+        assert_eq!(s["queue"].as_str(), Some(k.queue.as_str()), "{s}");
+        assert_eq!(s["payload"], k.payload, "{s}");
     }
 }

@@ -4,7 +4,8 @@
 //! task's state (take, settle, lease expiry, requeue, cancel, freeze, thaw) updates it in
 //! the same atomic step, appending to its history. A record is due `history_ttl` after
 //! its task ends; takes and the manager's housekeeping delete due records, a bounded
-//! number per call, so records go without a reaper. The storage layout is described in
+//! number per call, so records go without a reaper. Reads write nothing (a read-only Redis
+//! user can run them) and pass over a due record that is still stored. The storage layout is described in
 //! `lua/prelude.lua` and `docs/ARCHITECTURE.md`; this module turns it into
 //! [`TaskRecord`], whose JSON form is the API's record.
 
@@ -243,7 +244,7 @@ fn from_fields(queue: &str, id: String, f: &[Value]) -> Result<TaskRecord, Queue
 
 impl Queue {
     /// The task's record with its history; `None` when the task has none (unknown, its
-    /// record expired, or the queue does not track).
+    /// record's time is up, or the queue does not track). Writes nothing.
     pub async fn record(&self, id: &str) -> Result<Option<TaskRecord>, QueueError> {
         self.record_call(id, Watch::No).await
     }
@@ -320,7 +321,8 @@ impl Queue {
         self.keys.ended_channel()
     }
 
-    /// One page of the queue's records, newest first.
+    /// One page of the queue's records, newest first; records whose time is up are left
+    /// out. Writes nothing.
     pub async fn list(&self, query: &ListQuery) -> Result<ListPage, QueueError> {
         if query.limit == 0 || query.limit > MAX_LIST_LIMIT {
             return Err(QueueError::Invalid(format!(

@@ -10,7 +10,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use gaffer::cluster::{self, HostReport, Keys, SlotMap};
-use gaffer::queue_client::NewTask;
+use gaffer::queue_client::{NewTask, QueueLimits};
+use redis::aio::MultiplexedConnection;
 use serde_json::{Value, json};
 
 use crate::harness::{ANY_LOAD, AclRedis};
@@ -354,7 +355,11 @@ async fn a_producer_pushes_to_its_queue_and_nowhere_else() {
 async fn a_read_only_user_reads_stats_and_records_and_cannot_write() {
     let redis = AclRedis::start("readonly");
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &redis, "");
+    let config = write_config(
+        dir.path(),
+        &redis,
+        "[queues.short]\nhandler = \"noop\"\nhistory_ttl = \"1s\"\n",
+    );
     let admin = redis.admin_client().await;
     let q = admin.queue("work").unwrap();
     q.enqueue(NewTask::new("{}").id("t1")).await.unwrap();
@@ -370,6 +375,7 @@ async fn a_read_only_user_reads_stats_and_records_and_cannot_write() {
     let o = gaffer(&config, &["tasks", "list", "work"]);
     assert_ok(&redis, "tasks list", &o).await;
     redis.assert_nothing_refused().await;
+    reads_pass_over_records_due_but_not_swept(&redis, &config).await;
 
     let o = gaffer(&config, &["push", "work", "--payload", "{}"]);
     assert_refused(&redis, "push", &o).await;
@@ -382,4 +388,101 @@ async fn a_read_only_user_reads_stats_and_records_and_cannot_write() {
         "{refused:?}"
     );
     assert_eq!(q.stats().await.unwrap().enqueued_total, 1);
+}
+
+/// The read-only user's record reads when records are due but nobody has swept them (no
+/// manager runs here, and its reads may not delete): one ended alone (cancelled, its own
+/// expiry entry), two acked together (their batch's expiry list). `tasks show` finds none
+/// of them, `tasks list` lists only the live task, nothing is refused, and the records
+/// are still stored afterwards.
+async fn reads_pass_over_records_due_but_not_swept(redis: &AclRedis, config: &Path) {
+    let short = redis
+        .admin_client()
+        .await
+        .queue_with(
+            "short",
+            QueueLimits {
+                history_ttl: Duration::from_millis(300),
+                ..QueueLimits::default()
+            },
+        )
+        .unwrap();
+    let ids = ["acked1", "acked2", "cancelled", "live"];
+    let tasks: Vec<_> = ids.iter().map(|id| NewTask::new("{}").id(*id)).collect();
+    short.enqueue_many(&tasks).await.unwrap();
+    let batch = short.take(2, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(batch.tasks.len(), 2);
+    short.ack(&batch.tasks).await.unwrap();
+    short.cancel("cancelled").await.unwrap().expect("cancelled");
+    let mut raw = redis.admin_raw().await;
+    wait_until_due(redis, &mut raw, "short").await;
+    let ended = ["acked1", "acked2", "cancelled"];
+    assert_eq!(stored_records(&mut raw, "short", &ended).await, 3);
+
+    for id in ended {
+        let o = gaffer(config, &["tasks", "show", "short", id, "--json"]);
+        redis.assert_nothing_refused().await;
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "tasks show {id}: {stderr}");
+        assert!(
+            stderr.contains(&format!("no task \"{id}\" in queue short")),
+            "tasks show {id}: {stderr}"
+        );
+    }
+    let o = gaffer(config, &["tasks", "show", "short", "live", "--json"]);
+    assert_ok(redis, "tasks show of a live task", &o).await;
+    let rec: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rec["state"], json!("waiting"), "{rec}");
+    let o = gaffer(config, &["tasks", "list", "short", "--json"]);
+    assert_ok(redis, "tasks list with due records", &o).await;
+    let page: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let listed: Vec<&str> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .collect();
+    assert_eq!(listed, ["live"], "{page}");
+    redis.assert_nothing_refused().await;
+    assert_eq!(stored_records(&mut raw, "short", &ended).await, 3);
+}
+
+/// Waits until Redis's clock has passed every expiry moment of `queue`'s records (its
+/// `exp` zset and the zset of its batches' lists), reading only those zsets, so nothing
+/// is swept on the way.
+async fn wait_until_due(redis: &AclRedis, raw: &mut MultiplexedConnection, queue: &str) {
+    let mut latest = 0.0f64;
+    for key in [
+        format!("gaffer:{{{queue}}}:exp"),
+        format!("gaffer:{{{queue}}}:exp:b"),
+    ] {
+        let top: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(-1)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(raw)
+            .await
+            .unwrap();
+        let (_, score) = top.first().unwrap_or_else(|| panic!("{key} is empty"));
+        latest = latest.max(*score);
+    }
+    redis
+        .eventually(Duration::from_secs(10), "the records' time is up", || {
+            let mut raw = raw.clone();
+            async move {
+                let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+                (s * 1000 + us / 1000) as f64 > latest
+            }
+        })
+        .await;
+}
+
+/// How many of `ids` still have a record stored in `queue`.
+async fn stored_records(raw: &mut MultiplexedConnection, queue: &str, ids: &[&str]) -> u64 {
+    let mut exists = redis::cmd("EXISTS");
+    for id in ids {
+        exists.arg(format!("gaffer:{{{queue}}}:r:{id}"));
+    }
+    exists.query_async(raw).await.unwrap()
 }

@@ -2,23 +2,26 @@
 
 use std::time::{Duration, Instant};
 
-use gaffer::queue_client::{ConnectOptions, Queue, QueueClient};
-use gaffer::redis_server::{RedisServer, RedisServerOptions};
+use gaffer::queue_client::{ConnectOptions, PemFile, PemKind, Queue, QueueClient, TlsFiles};
+use gaffer::redis_server::{RedisServer, RedisServerOptions, ServerTls};
 
 /// One redis-server in its own temp dir.
 pub struct TestRedis {
     pub server: RedisServer,
     _dir: tempfile::TempDir,
+    /// The certificates of a TLS-only server ([`TestRedis::with_tls`]).
+    certs: Option<TestCerts>,
 }
 
 impl TestRedis {
+    /// A plain server; TLS-only under `GAFFER_TEST_TLS=1` (see [`tls_mode`]).
     pub fn start() -> Self {
-        Self::with(RedisServerOptions::default())
+        Self::plain_or_tls(RedisServerOptions::default())
     }
 
-    /// With `appendonly yes` and `appendfsync always`.
+    /// With `appendonly yes` and `appendfsync always`; TLS-only under `GAFFER_TEST_TLS=1`.
     pub fn with_aof() -> Self {
-        Self::with(RedisServerOptions {
+        Self::plain_or_tls(RedisServerOptions {
             appendonly: true,
             ..Default::default()
         })
@@ -27,22 +30,56 @@ impl TestRedis {
     pub fn with(opts: RedisServerOptions) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let server = RedisServer::start(dir.path(), opts).expect("start redis-server");
-        TestRedis { server, _dir: dir }
+        TestRedis {
+            server,
+            _dir: dir,
+            certs: None,
+        }
+    }
+
+    /// A TLS-only server (`rediss://`) with the server certificate of `certs`; its
+    /// [`client`](Self::client) and [`raw`](Self::raw) trust their CA.
+    pub fn with_tls(opts: RedisServerOptions, certs: TestCerts) -> Self {
+        let mut redis = Self::with(RedisServerOptions {
+            tls: Some(certs.server_tls()),
+            ..opts
+        });
+        redis.certs = Some(certs);
+        redis
+    }
+
+    fn plain_or_tls(opts: RedisServerOptions) -> Self {
+        if tls_mode() {
+            Self::with_tls(opts, TestCerts::generate())
+        } else {
+            Self::with(opts)
+        }
     }
 
     pub fn url(&self) -> String {
         self.server.url()
     }
 
+    /// Connect options for this server: its CA when it serves TLS.
+    pub fn options(&self) -> ConnectOptions {
+        self.certs
+            .as_ref()
+            .map_or_else(ConnectOptions::default, TestCerts::trusting_ca)
+    }
+
     pub async fn client(&self) -> QueueClient {
-        QueueClient::connect(&self.url(), "test", &ConnectOptions::default())
+        QueueClient::connect(&self.url(), "test", &self.options())
             .await
             .expect("connect")
     }
 
     /// A raw connection for inspecting the server (INFO, CONFIG, …).
     pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url())
+        let client = match &self.certs {
+            Some(certs) => redis::Client::build_with_tls(self.url(), certs.redis_certificates()),
+            None => redis::Client::open(self.url()),
+        };
+        client
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -70,15 +107,27 @@ pub struct TestCluster {
 
 impl TestCluster {
     pub fn start() -> Self {
+        Self::start_nodes(None)
+    }
+
+    /// A cluster whose nodes serve TLS only, clients and cluster bus alike, with the
+    /// server certificate of `certs`.
+    pub fn start_tls(certs: &TestCerts) -> Self {
+        Self::start_nodes(Some(certs))
+    }
+
+    fn start_nodes(tls: Option<&TestCerts>) -> Self {
         let nodes: Vec<TestRedis> = (0..3)
             .map(|_| {
                 TestRedis::with(RedisServerOptions {
                     cluster_node: true,
+                    tls: tls.map(TestCerts::server_tls),
                     ..Default::default()
                 })
             })
             .collect();
         let mut cmd = std::process::Command::new("redis-cli");
+        redis_cli_tls(&mut cmd, tls);
         cmd.arg("--cluster").arg("create");
         for n in &nodes {
             cmd.arg(format!("127.0.0.1:{}", n.server.port()));
@@ -94,7 +143,9 @@ impl TestCluster {
         let deadline = Instant::now() + Duration::from_secs(30);
         for n in &nodes {
             loop {
-                let out = std::process::Command::new("redis-cli")
+                let mut cli = std::process::Command::new("redis-cli");
+                redis_cli_tls(&mut cli, tls);
+                let out = cli
                     .args(["-p", &n.server.port().to_string(), "cluster", "info"])
                     .output()
                     .unwrap();
@@ -107,6 +158,21 @@ impl TestCluster {
         }
         TestCluster { nodes }
     }
+}
+
+/// `redis-cli`'s TLS flags with the CA of `certs`, when there are certificates.
+fn redis_cli_tls(cmd: &mut std::process::Command, tls: Option<&TestCerts>) {
+    if let Some(certs) = tls {
+        cmd.arg("--tls").arg("--cacert").arg(certs.path("ca.crt"));
+    }
+}
+
+/// Whether the queue tests' servers serve TLS only: `GAFFER_TEST_TLS=1` makes
+/// [`TestRedis::start`] and [`TestRedis::with_aof`] TLS-only servers and
+/// [`shared_cluster_client`] a client of a TLS-only cluster, each with certificates the
+/// harness makes (`.ci/run` runs the queue and record tests so).
+pub fn tls_mode() -> bool {
+    std::env::var("GAFFER_TEST_TLS").is_ok_and(|v| v == "1")
 }
 
 /// Polls `cond` until it holds or `limit` passes; the test fails with `what` otherwise.
@@ -131,10 +197,35 @@ pub fn queue(client: &QueueClient, name: &str) -> Queue {
 
 /// A cluster shared by every cluster test of this process (creating one takes seconds).
 /// Started from a thread that never exits, because PDEATHSIG follows the spawning thread.
+/// Under `GAFFER_TEST_TLS=1`, the shared TLS-only cluster ([`shared_tls_cluster`]).
 pub async fn shared_cluster_client() -> QueueClient {
+    if tls_mode() {
+        let (url, certs) = shared_tls_cluster();
+        return QueueClient::connect(url, "test", &certs.trusting_ca())
+            .await
+            .expect("connect to the TLS cluster");
+    }
     QueueClient::connect(&shared_cluster_url(), "test", &ConnectOptions::default())
         .await
         .expect("connect to cluster")
+}
+
+/// A TLS-only cluster shared by the tests of this process that want one (started like
+/// [`shared_cluster_url`]'s): the URL of one node and the certificates it serves with.
+pub fn shared_tls_cluster() -> &'static (String, TestCerts) {
+    static CLUSTER: std::sync::OnceLock<(String, TestCerts)> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let certs = TestCerts::generate();
+            let cluster = TestCluster::start_tls(&certs);
+            tx.send((cluster.nodes[0].url(), certs)).unwrap();
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("TLS cluster thread")
+    })
 }
 
 /// The URL of one node of the shared cluster (see [`shared_cluster_client`]).
@@ -310,6 +401,35 @@ impl TestCerts {
 
     pub fn path(&self, name: &str) -> std::path::PathBuf {
         self.dir.path().join(name)
+    }
+
+    /// What a TLS-only server of the harness serves with: server.crt, its key, the CA.
+    pub fn server_tls(&self) -> ServerTls {
+        ServerTls {
+            cert: self.path("server.crt"),
+            key: self.path("server.key"),
+            ca: self.path("ca.crt"),
+        }
+    }
+
+    /// Connect options that trust the CA (ca.crt), without a client certificate.
+    pub fn trusting_ca(&self) -> ConnectOptions {
+        let ca = PemFile::read(&self.path("ca.crt"), PemKind::Certificates).expect("read ca.crt");
+        ConnectOptions {
+            tls: Some(TlsFiles {
+                ca: Some(ca),
+                client: None,
+            }),
+            ..ConnectOptions::default()
+        }
+    }
+
+    /// The CA as the redis crate takes it, for raw connections.
+    pub fn redis_certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(self.path("ca.crt")).expect("read ca.crt")),
+        }
     }
 
     fn write(&self, name: &str, text: &str) {
@@ -536,6 +656,15 @@ impl AclRedis {
     /// A queue client of the test's admin user, namespace `gaffer`, to set the scene.
     pub async fn admin_client(&self) -> QueueClient {
         QueueClient::connect(&self.admin_url(), "gaffer", &ConnectOptions::default())
+            .await
+            .expect("connect as the test's admin")
+    }
+
+    /// A raw connection of the test's admin user, to look at keys as they are stored.
+    pub async fn admin_raw(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.admin_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
             .await
             .expect("connect as the test's admin")
     }

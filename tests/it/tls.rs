@@ -4,10 +4,14 @@
 use std::time::Duration;
 
 use gaffer::queue_client::{
-    ConnectOptions, NewTask, PemFile, PemKind, QueueClient, QueueError, TlsFiles,
+    ConnectOptions, NewTask, PemFile, PemKind, QueueClient, QueueError, RecordState, TlsFiles,
 };
 
-use crate::harness::{ANY_LOAD, ClientAuth, TestCerts, TlsRedis, eventually};
+use gaffer::redis_server::RedisServerOptions;
+
+use crate::harness::{
+    ANY_LOAD, ClientAuth, TestCerts, TestRedis, TlsRedis, eventually, poll_some, shared_tls_cluster,
+};
 
 /// Connect options trusting `ca` of `certs`, with the client certificate when asked.
 fn options(certs: &TestCerts, ca: &str, client_cert: bool) -> ConnectOptions {
@@ -179,6 +183,36 @@ fn insecure_warns_at_start_naming_the_risk() {
 /// Daemons killed on drop.
 struct Daemons(Vec<std::process::Child>);
 
+impl Daemons {
+    /// A manager and a master (host h1) of `config`, their logs manager.log and
+    /// master.log in `dir`.
+    fn manager_and_master(config: &std::path::Path, dir: &std::path::Path) -> Self {
+        let daemon = |args: &[&str], log: &str, http_env: &str| {
+            let http = gaffer::redis_server::free_port().unwrap();
+            std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+                .arg("--config")
+                .arg(config)
+                .args(args)
+                .env("GAFFER_LOG", "info")
+                .env(ANY_LOAD.0, ANY_LOAD.1)
+                .env(http_env, format!("127.0.0.1:{http}"))
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::fs::File::create(dir.join(log)).unwrap())
+                .spawn()
+                .unwrap()
+        };
+        Daemons(vec![
+            daemon(&["manager"], "manager.log", "GAFFER_MANAGER_HTTP"),
+            daemon(
+                &["master", "--host", "h1"],
+                "master.log",
+                "GAFFER_MASTER_HTTP",
+            ),
+        ])
+    }
+}
+
 impl Drop for Daemons {
     fn drop(&mut self) {
         for c in &mut self.0 {
@@ -207,29 +241,7 @@ async fn a_manager_a_master_and_the_api_run_tasks_over_tls() {
         gaffer::api::hash_token(TOKEN),
     );
     std::fs::write(&config, text).unwrap();
-    let daemon = |args: &[&str], log: &str, http_env: &str| {
-        let http = gaffer::redis_server::free_port().unwrap();
-        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(&config)
-            .args(args)
-            .env("GAFFER_LOG", "info")
-            .env(ANY_LOAD.0, ANY_LOAD.1)
-            .env(http_env, format!("127.0.0.1:{http}"))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join(log)).unwrap())
-            .spawn()
-            .unwrap()
-    };
-    let _daemons = Daemons(vec![
-        daemon(&["manager"], "manager.log", "GAFFER_MANAGER_HTTP"),
-        daemon(
-            &["master", "--host", "h1"],
-            "master.log",
-            "GAFFER_MASTER_HTTP",
-        ),
-    ]);
+    let _daemons = Daemons::manager_and_master(&config, dir.path());
     // The slots connect with the files their master read: the zygote hands them over.
     let client = connect(&server, &options(&certs, "ca.crt", true))
         .await
@@ -288,3 +300,123 @@ async fn a_manager_a_master_and_the_api_run_tasks_over_tls() {
 
 /// The api token of the end-to-end test.
 const TOKEN: &str = "tls-test-token-0123456789abcdef";
+
+/// A TLS-only Redis Cluster (clients, bus and replication over TLS) takes a queue's whole
+/// round: enqueue, take, ack, and the record the ack wrote, through the cluster client
+/// with the CA file.
+#[tokio::test]
+async fn a_task_goes_round_over_a_tls_cluster() {
+    let (url, certs) = shared_tls_cluster();
+    let client = QueueClient::connect(url, "tlscluster", &options(certs, "ca.crt", false))
+        .await
+        .expect("connect to the TLS cluster with the CA file");
+    // The nodes serve TLS only: a plain connection gets nowhere.
+    let plain = url.replacen("rediss://", "redis://", 1);
+    assert!(
+        QueueClient::connect(&plain, "tlscluster", &ConnectOptions::default())
+            .await
+            .is_err(),
+        "{plain} answered in plain text"
+    );
+    // One queue on each node: their hash slots (3784, 7789, 11790) fall in the three
+    // ranges `redis-cli --cluster create` gives three masters.
+    for name in ["round_d", "round_a", "round_b"] {
+        let q = client.queue(name).unwrap();
+        q.enqueue(NewTask::new("{\"n\":1}").id("t1")).await.unwrap();
+        let batch = q.take(10, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(batch.tasks.len(), 1, "{name}");
+        q.ack(&batch.tasks).await.unwrap();
+        let s = q.stats().await.unwrap();
+        assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 1), "{name}");
+        let rec = q.record("t1").await.unwrap().expect("the record");
+        assert_eq!(rec.state, RecordState::Done, "{name}");
+    }
+}
+
+/// A TLS cluster whose certificates another CA signed is refused as untrusted, naming
+/// the CA file, as a single server is.
+#[tokio::test]
+async fn a_tls_cluster_signed_by_another_ca_is_not_trusted() {
+    let (url, certs) = shared_tls_cluster();
+    let err = match QueueClient::connect(url, "tlscluster", &options(certs, "other-ca.crt", false))
+        .await
+    {
+        Ok(_) => panic!("connected to {url} with a CA that signed nothing of it"),
+        Err(e) => e,
+    };
+    let text = err.to_string();
+    assert!(matches!(err, QueueError::Certificate(_)), "{text}");
+    assert!(!err.is_transient(), "retrying cannot fix a CA: {text}");
+    assert!(text.contains("certificate is not trusted"), "{text}");
+    assert!(text.contains("other-ca.crt"), "{text}");
+}
+
+/// A manager and a master with its slots against the TLS-only cluster, with only the
+/// config's CA file: the slots ack every task.
+#[tokio::test]
+async fn a_manager_and_a_master_run_tasks_over_a_tls_cluster() {
+    let (url, certs) = shared_tls_cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let text = format!(
+        "[cluster]\nredis = {url:?}\nnamespace = \"tlse2e\"\nredis_ca_file = {:?}\n\n\
+         [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"2s\"\n\n\
+         [queues.q]\nhandler = \"noop\"\nmin_slots = 2\n",
+        certs.path("ca.crt").display().to_string(),
+    );
+    std::fs::write(&config, text).unwrap();
+    let _daemons = Daemons::manager_and_master(&config, dir.path());
+    let client = QueueClient::connect(url, "tlse2e", &options(certs, "ca.crt", false))
+        .await
+        .unwrap();
+    let q = client.queue("q").unwrap();
+    let tasks: Vec<NewTask> = (0..20)
+        .map(|i| NewTask::new(format!("{{\"n\":{i}}}")))
+        .collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let log = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap_or_default();
+    eventually(
+        Duration::from_secs(60),
+        "slots ack every task over the TLS cluster",
+        || {
+            let q = q.clone();
+            async move { q.stats().await.is_ok_and(|s| s.acked_total == 20) }
+        },
+    )
+    .await;
+    for name in ["manager.log", "master.log"] {
+        assert!(!log(name).contains("ERROR"), "{name}: {}", log(name));
+    }
+}
+
+/// The harness's TLS-only server, which `GAFFER_TEST_TLS=1` gives the queue tests: it
+/// answers `rediss://` only, and after a kill and restart (the durability test's) it
+/// serves TLS again with what its AOF kept.
+#[tokio::test]
+async fn the_harness_tls_server_refuses_plain_text_and_restarts_over_tls() {
+    let mut redis = TestRedis::with_tls(
+        RedisServerOptions {
+            appendonly: true,
+            ..Default::default()
+        },
+        TestCerts::generate(),
+    );
+    assert!(redis.url().starts_with("rediss://"), "{}", redis.url());
+    let plain = redis.url().replacen("rediss://", "redis://", 1);
+    assert!(
+        QueueClient::connect(&plain, "test", &ConnectOptions::default())
+            .await
+            .is_err(),
+        "{plain} answered in plain text"
+    );
+    let q = redis.client().await.queue("kept").unwrap();
+    q.enqueue(NewTask::new("{}").id("t1")).await.unwrap();
+    redis.server.kill();
+    redis.server.restart().unwrap();
+    let s = poll_some(Duration::from_secs(20), "stats after the restart", || {
+        let q = q.clone();
+        async move { q.stats().await.ok() }
+    })
+    .await;
+    assert_eq!(s.ready, 1);
+}

@@ -1,7 +1,8 @@
 -- ARGV: submitter ('' = every record), state ('' = any), cursor (a score: entries below it;
 -- '' = from the newest), limit, scan cap (index entries looked at, at most).
 -- Returns {next cursor or '', then per record: id, s, p, a, m, c, d, u, b, e, r}, newest
--- first. Index entries whose record has expired are removed on the way. A page may hold
+-- first. Writes nothing (see rec_visible): index entries of records whose time is up are
+-- passed over, and go with their records at the next sweep. A page may hold
 -- fewer than `limit` records while the cursor still goes on (the scan cap was reached
 -- among records of other states): the client follows it.
 local by, want, cursor = ARGV[1], ARGV[2], ARGV[3]
@@ -11,11 +12,9 @@ if by ~= '' then idx = submitter_index(by) end
 local top = '+inf'
 if cursor ~= '' then top = '(' .. cursor end
 local now = now_ms()
--- As in record_get.lua: records ended together whose time is up go before the page is read.
-expire_records(now, 100)
+local due = {}
 local out = {''}
 local found, looked = 0, 0
-local gone = {}
 local last, exhausted = nil, false
 while found < limit and looked < cap do
   local ask = math.min(cap - looked, 200)
@@ -25,11 +24,9 @@ while found < limit and looked < cap do
     local id = rows[i]
     used = used + 1
     last = rows[i + 1]
-    local v = rec_live(id, now)
+    local v = rec_visible(id, now, due)
     local r = v and rec_current(id, v)
-    if not r then
-      gone[#gone + 1] = id
-    elseif want == '' or r[1] == want then
+    if r and (want == '' or r[1] == want) then
       out[#out + 1] = id
       for j = 1, REC_VIEW_FIELDS do out[#out + 1] = r[j] end
       found = found + 1
@@ -43,7 +40,6 @@ while found < limit and looked < cap do
   end
   if last then top = '(' .. last end
 end
-if #gone > 0 then bulk('ZREM', idx, gone) end
 if last and not exhausted then
   -- Anything below the last entry looked at makes a next page.
   local more = redis.call('ZRANGE', idx, '(' .. last, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)

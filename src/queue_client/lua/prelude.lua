@@ -200,9 +200,10 @@ end
 -- expires (`history_ttl` later). Tasks the hot path ends together (an ack of a batch) go
 -- into one list per moment instead, `K_EXP .. ':b:' .. expiry .. ':' .. ttl`, listed in
 -- the zset K_ENDS scored by that expiry: one RPUSH per batch, where a zset entry per task
--- cost as much as the record's own APPEND. Takes, stats and reads delete the expired ones,
--- a bounded number per call, like expired leases: no per-key TTL to set task by task, and
--- no reaper.
+-- cost as much as the record's own APPEND. Takes, the manager's housekeeping and enqueues
+-- that dedup against records delete the expired ones, a bounded number per call, like
+-- expired leases: no per-key TTL to set task by task, and no reaper. Reads write nothing:
+-- they leave a due record to those sweeps and do not show it (rec_visible).
 -- Who waits for a task's end (an api instance's sync submit) is in the set K_WATCH; the
 -- end is then published on ENDED_CHANNEL.
 local RS, FS = '\30', '\31'
@@ -508,6 +509,42 @@ local function rec_live(id, now)
     redis.call('DEL', rec_key(id))
     redis.call('ZREM', K_EXP, id)
     return nil
+  end
+  return v
+end
+
+-- The moments of the lists of records ended together whose time is up (expire_batched),
+-- as a set. It costs one read of the due, not yet swept lists, which the sweeps of takes
+-- and the manager's housekeeping keep few; a read fetches it once, and only when a record
+-- needs it.
+local function due_end_moments(now)
+  local set = {}
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', K_ENDS, '-inf', now)) do
+    local exp, ttl = string.match(member, '^(%d+):(%d+)$')
+    if exp then set[tonumber(exp) - tonumber(ttl)] = true end
+  end
+  return set
+end
+
+-- What readers see of the record of `id`, writing nothing (so a read-only Redis user can
+-- read): its stored value, or nil when it has none or its time is up though no sweep has
+-- deleted it yet. Due as the sweep decides: by its own moment in K_EXP when it ended
+-- alone (a task alive again has none there); else when it ended with a batch whose list
+-- is due, and such a batch's ack wrote the end entry at the list's moment
+-- (record_done_many), so its last entry ends exactly at a due moment. `due` holds the
+-- due moments for one script (a table, filled on first use).
+local function rec_visible(id, now, due)
+  local v = redis.call('GET', rec_key(id))
+  if not v then return nil end
+  local exp = redis.call('ZSCORE', K_EXP, id)
+  if exp then
+    if tonumber(exp) <= now then return nil end
+    return v
+  end
+  local _, st, at = last_entry(v)
+  if is_end_state(st) then
+    if not due.moments then due.moments = due_end_moments(now) end
+    if due.moments[tonumber(at)] then return nil end
   end
   return v
 end

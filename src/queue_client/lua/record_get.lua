@@ -3,10 +3,9 @@
 -- {s, p, a, m, c, d, u, b, e, r, g, h} (see prelude.lua).
 local now = now_ms()
 local id = ARGV[1]
--- Records ended together carry no expiry of their own (see prelude.lua): a read first
--- deletes those whose time is up, so it never shows one.
-expire_records(now, 100)
-local v = rec_live(id, now)
+-- A read writes nothing but the watch mark (see rec_visible), so a read-only user can
+-- read; a record whose time is up is not shown, and left to the sweeps.
+local v = rec_visible(id, now, {})
 if not v then return nil end
 local out, hist = rec_current(id, v)
 if ARGV[2] == '1' and not is_end_state(out[1]) then
