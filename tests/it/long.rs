@@ -538,6 +538,11 @@ async fn a_host_frozen_past_its_lease_stops_its_tasks_at_once_when_woken() {
         })
         .await;
     }
+    // The kernel kept the slots' deadlines while they were frozen: each slot was killed
+    // before its lease could pass, and its exec child with it, before the host woke.
+    for pid in old {
+        assert!(gone(pid), "h1's child {pid} still there while h2 runs its task");
+    }
     let stale_before = q.stats().await.unwrap().stale_total;
     signal(&frozen, Signal::SIGCONT);
     for pid in old {
@@ -559,11 +564,14 @@ async fn a_host_frozen_past_its_lease_stops_its_tasks_at_once_when_woken() {
         let last = hist.last().unwrap();
         assert_eq!(last.host.as_deref(), Some("h2"), "{hist:?}");
     }
+    // Both frozen slots were killed by their kernel deadline (SIGKILL), which the woken
+    // master logs as it reaps them.
     let log = h.master_log("h1");
-    assert!(
-        log.contains("stopping the long task") || log.contains("stopping it at once"),
-        "{log}"
-    );
+    let killed = log
+        .lines()
+        .filter(|l| l.contains("slot exited") && l.contains("signal=Some(9)"))
+        .count();
+    assert_eq!(killed, 2, "{log}");
 }
 
 /// Seconds since the epoch, the clock the exec children log with.
@@ -829,4 +837,43 @@ async fn a_draining_master_hands_its_long_tasks_back_unfinished() {
         (1, 0, 0, 0)
     );
     assert_eq!(record(&q, "a").await.attempt, 0, "no attempt counted");
+}
+
+/// The parent of `pid`, from `/proc`.
+fn parent(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, rest) = stat.rsplit_once(')').unwrap();
+    rest.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_slot_frozen_alone_is_killed_with_its_child_before_its_lease_can_pass() {
+    let mut h = Hosts::start(WATCH).await;
+    h.publish(1, &[("h1", "watch", 2)]).await;
+    h.master("h1");
+    h.slots_up("h1", 2).await;
+    let q = h.queue("watch");
+    enqueue(&q, "a", "{}").await;
+    let child = running(&h, &q, "a").await;
+    let slot = parent(child);
+    // Only the slot freezes: its exec child runs on, and the other slot is idle, ready
+    // to take the task once its lease runs out.
+    signal(&[slot], Signal::SIGSTOP);
+    poll_some(
+        Duration::from_secs(30),
+        "a killed, then started again",
+        || async {
+            let again = h.pids("start", "a").len() > 1;
+            assert!(
+                !again || gone(child),
+                "a started again while its first child still ran"
+            );
+            (gone(child) && again).then_some(())
+        },
+    )
+    .await;
+    assert!(gone(slot), "the frozen slot was killed");
+    let rec = record(&q, "a").await;
+    assert_eq!(rec.state, RecordState::Running, "{rec:?}");
+    assert_eq!(rec.attempt, 2, "{rec:?}");
 }
