@@ -77,8 +77,8 @@ impl DeadlineGuard {
 /// How a long task's run ended, which decides what is settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LongEnd {
-    /// The handler returned on its own or after a cancel: settled by its outcome, or
-    /// ended cancelled when a cancel was asked.
+    /// The handler returned on its own or after a cancel: its follow-ups made and
+    /// settled by its outcome, or ended cancelled (no follow-ups) when a cancel was asked.
     Returned,
     /// The slot was asked to stop (a drain, a smaller map): the task goes back unstarted
     /// for another slot, no attempt counted.
@@ -315,6 +315,10 @@ impl Serving {
                 true
             }
             LongEnd::Returned => {
+                let outcome = self.follow_ups_of(run, outcome).await;
+                if run.end == LongEnd::LeaseLost {
+                    return true;
+                }
                 let Some(op) =
                     settle_ops(&self.cfg, std::slice::from_ref(&run.task), outcome).pop()
                 else {
@@ -328,6 +332,23 @@ impl Serving {
                 }
             }
         }
+    }
+
+    /// Creates the follow-ups of a task that returned, as a batch task's are (its
+    /// queue's `next` routes, its handler's `Done::next`), before it is settled; returns
+    /// the outcome to settle. A task cancelled makes none: a last renewal first learns of
+    /// a cancel asked since the previous one (and keeps the lease for the follow-ups'
+    /// time); a lease found gone ends the run settling nothing.
+    async fn follow_ups_of(&mut self, run: &mut LongRun, outcome: Vec<Outcome>) -> Vec<Outcome> {
+        if !run.cancelled {
+            self.renew_long(run).await;
+        }
+        if run.cancelled || run.end == LongEnd::LeaseLost {
+            return outcome;
+        }
+        self.follow_ups
+            .before_settle(std::slice::from_ref(&run.task), outcome, run.lease_until)
+            .await
     }
 
     /// Settles a returned long task, retrying while Redis is unreachable and the lease
