@@ -546,7 +546,10 @@ async fn a_host_frozen_past_its_lease_stops_its_tasks_at_once_when_woken() {
     // The kernel kept the slots' deadlines while they were frozen: each slot was killed
     // before its lease could pass, and its exec child with it, before the host woke.
     for pid in old {
-        assert!(gone(pid), "h1's child {pid} still there while h2 runs its task");
+        assert!(
+            gone(pid),
+            "h1's child {pid} still there while h2 runs its task"
+        );
     }
     let stale_before = q.stats().await.unwrap().stale_total;
     signal(&frozen, Signal::SIGCONT);
@@ -896,9 +899,11 @@ max_slots = 1
     assert_eq!(child.chain.as_deref(), Some("w"), "{child:?}");
 
     q.cancel_with("c", "test").await.unwrap();
-    eventually(cancel_bound(Duration::from_secs(1)), "c cancelled", || async {
-        record(&q, "c").await.state == RecordState::Cancelled
-    })
+    eventually(
+        cancel_bound(Duration::from_secs(1)),
+        "c cancelled",
+        || async { record(&q, "c").await.state == RecordState::Cancelled },
+    )
     .await;
     assert_eq!(h.pids("stop", "c").len(), 1, "c answered its cancel");
     assert!(after.find("c~1").await.unwrap().is_none());
