@@ -303,6 +303,11 @@ fn host_stop(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
         }
     }
     c.idle(c.shape.lease() + Duration::from_secs(3));
+    // Slots holding long tasks are killed by their kernel deadline, frozen as they are,
+    // and their exec children with them.
+    let killed = f.pids.iter().filter(|&&p| procs::gone(p)).count();
+    f.notes
+        .push(format!("{killed} of them gone before the SIGCONT"));
     for &p in &f.pids {
         // Processes that died meanwhile (none should) are reported below.
         let _ = procs::signal(p, Signal::SIGCONT);
