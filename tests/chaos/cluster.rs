@@ -46,9 +46,37 @@ pub struct Shape {
     pub batch_size: u32,
     /// The queue's lease, in ms.
     pub lease_ms: u64,
+    /// What the queue runs.
+    pub workload: Workload,
+}
+
+/// What the queue under test runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Workload {
+    /// Batches of short tasks (`examples/exec_handler.py`), `slots` slots throughout.
+    Batch,
+    /// `kind = "long"` tasks that run until cancelled (`tests/chaos/long_handler.py`):
+    /// `slots` is then the queue's max_slots, and the balancer gives it one slot per
+    /// waiting or running task.
+    Long {
+        /// The queue's `cancel_grace`, in ms.
+        cancel_grace_ms: u64,
+        /// The queue's `max_per_host`, also each master's `max_slots`.
+        max_per_host: u32,
+    },
 }
 
 impl Shape {
+    /// The slots the queue has whatever its demand: all of them for a batch queue, none
+    /// for a long one (one per task).
+    pub fn min_slots(&self) -> u32 {
+        match self.workload {
+            Workload::Batch => self.slots,
+            Workload::Long { .. } => 0,
+        }
+    }
+
     /// The queue's lease.
     pub fn lease(&self) -> Duration {
         Duration::from_millis(self.lease_ms)
@@ -136,7 +164,10 @@ impl Cluster {
         )
         .map_err(|e| e.to_string())?;
         let config = dir.join("config.toml");
-        let handler = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/exec_handler.py");
+        let handler = Path::new(env!("CARGO_MANIFEST_DIR")).join(match shape.workload {
+            Workload::Batch => "examples/exec_handler.py",
+            Workload::Long { .. } => "tests/chaos/long_handler.py",
+        });
         std::fs::write(&config, config_text(&redis.url(), &handler, &shape))
             .map_err(|e| e.to_string())?;
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -192,7 +223,7 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let running = c.running_slots();
-            if running >= c.shape.slots as usize {
+            if running >= c.shape.min_slots() as usize && c.masters_up() {
                 return Ok(c);
             }
             if Instant::now() > deadline {
@@ -225,6 +256,7 @@ impl Cluster {
         if master {
             cmd.args(["master", "--host", role.host.as_deref().unwrap_or("?")])
                 .env("GAFFER_MASTER_HTTP", format!("127.0.0.1:{}", role.http))
+                .env("GAFFER_CHAOS_HOST", role.host.as_deref().unwrap_or("?"))
                 .env("GAFFER_EXEC_RECORD", &self.record);
         } else {
             cmd.arg("manager")
@@ -252,6 +284,11 @@ impl Cluster {
         };
         role.child = Some(child);
         Ok(())
+    }
+
+    /// Whether every master answers `/status`.
+    pub fn masters_up(&self) -> bool {
+        self.masters.iter().all(|m| m.status().is_some())
     }
 
     /// How many slots are up (idle or busy).
@@ -620,6 +657,59 @@ pub fn tail(path: &Path, n: usize) -> String {
 }
 
 fn config_text(redis: &str, handler: &Path, s: &Shape) -> String {
+    match s.workload {
+        Workload::Batch => batch_config_text(redis, handler, s),
+        Workload::Long {
+            cancel_grace_ms,
+            max_per_host,
+        } => long_config_text(redis, handler, s, cancel_grace_ms, max_per_host),
+    }
+}
+
+/// A long queue of up to `s.slots` tasks, `max_per_host` on each host (so the hosts left
+/// when one is down can hold them all), each master room for as many.
+fn long_config_text(
+    redis: &str,
+    handler: &Path,
+    s: &Shape,
+    cancel_grace_ms: u64,
+    max_per_host: u32,
+) -> String {
+    format!(
+        r#"[cluster]
+redis = "{redis}"
+namespace = "{NAMESPACE}"
+
+[manager]
+tick = "500ms"
+heartbeat_timeout = "3s"
+
+[master]
+drain_timeout = "{drain}ms"
+memory_reserve = "64MiB"
+slot_estimate = "32MiB"
+max_slots = {max_per_host}
+
+[queues.{QUEUE}]
+kind = "long"
+handler = "exec"
+command = ["python3", "{handler}"]
+min_slots = 0
+max_slots = {slots}
+max_per_host = {max_per_host}
+lease = "{lease}s"
+cancel_grace = "{cancel_grace_ms}ms"
+max_attempts = {MAX_ATTEMPTS}
+retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
+"#,
+        handler = handler.display(),
+        slots = s.slots,
+        lease = s.lease_ms / 1000,
+        drain = DRAIN_TIMEOUT.as_millis(),
+    )
+}
+
+fn batch_config_text(redis: &str, handler: &Path, s: &Shape) -> String {
     // A tick of 500 ms makes the manager's lease 3 s, so a manager frozen for a few
     // seconds loses it; drain_timeout bounds how long a stopping slot may take.
     format!(

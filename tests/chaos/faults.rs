@@ -35,6 +35,10 @@ pub enum FaultKind {
     /// `drain_timeout` and a bound with nothing of its tree left; Redis comes back, the
     /// master is restarted, and the leases its slots held come back to the queue.
     MasterTermInOutage,
+    /// SIGSTOP a master with its whole tree (zygote, slots, exec children) past the
+    /// lease, then SIGCONT: a host frozen as a whole, as a paused VM. Long tasks only:
+    /// its tasks run elsewhere meanwhile, and its woken slots stop theirs at once.
+    HostStop,
 }
 
 impl FaultKind {
@@ -49,9 +53,22 @@ impl FaultKind {
         FaultKind::MasterTermInOutage,
     ];
 
+    /// Every kind the long-tasks profile injects, in the order its report lists them.
+    pub const LONG: [FaultKind; 8] = [
+        FaultKind::SlotKill,
+        FaultKind::SlotStop,
+        FaultKind::MasterKill,
+        FaultKind::ManagerStop,
+        FaultKind::RedisKill,
+        FaultKind::RedisStop,
+        FaultKind::MasterTermInOutage,
+        FaultKind::HostStop,
+    ];
+
     /// How the report names it.
     pub fn label(self) -> &'static str {
         match self {
+            FaultKind::HostStop => "SIGSTOP a whole host past the lease",
             FaultKind::SlotKill => "kill -9 a slot",
             FaultKind::SlotStop => "SIGSTOP a slot past its lease",
             FaultKind::MasterKill => "kill -9 a master, restart it",
@@ -72,6 +89,7 @@ impl FaultKind {
             FaultKind::RedisKill => Duration::from_secs(10),
             FaultKind::RedisStop => Duration::from_secs(15),
             FaultKind::MasterTermInOutage => DRAIN_TIMEOUT + Duration::from_secs(7),
+            FaultKind::HostStop => lease + Duration::from_secs(7),
         }
     }
 }
@@ -139,6 +157,7 @@ pub fn inject(c: &mut Cluster, kind: FaultKind, rng: &mut Rng) -> Fault {
         FaultKind::RedisKill => redis_down(c, rng, &mut f, false),
         FaultKind::RedisStop => redis_down(c, rng, &mut f, true),
         FaultKind::MasterTermInOutage => master_term_in_outage(c, rng, &mut f),
+        FaultKind::HostStop => host_stop(c, rng, &mut f),
     }
     f
 }
@@ -211,6 +230,7 @@ fn slot_stop(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
     f.host = Some(c.masters[master].name.clone());
     f.slot = Some(slot);
     f.pids.insert(pid);
+    let children = procs::descendants(pid);
     let stale_before = c.stats().map(|s| s.stale_total);
     let hold = c.shape.lease() + Duration::from_secs(3);
     f.start_ms = now_ms();
@@ -219,6 +239,10 @@ fn slot_stop(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
         return;
     }
     c.idle(hold);
+    if c.shape.min_slots() == 0 {
+        // A long task's slot: the kernel killed it at its deadline, frozen as it was.
+        return frozen_long_slot_killed(pid, &children, f);
+    }
     if let Err(e) = procs::signal(pid, Signal::SIGCONT) {
         f.problems.push(e);
     }
@@ -234,6 +258,67 @@ fn slot_stop(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
     if procs::gone(pid) {
         f.problems
             .push("the frozen slot did not survive its SIGCONT".to_string());
+    }
+}
+
+/// A slot frozen past its long task's lease must be gone, killed by its kernel deadline
+/// before the lease could pass, with its exec child (which ran on meanwhile).
+fn frozen_long_slot_killed(pid: u32, children: &BTreeSet<u32>, f: &mut Fault) {
+    f.end_ms = now_ms();
+    if procs::gone(pid) {
+        f.notes
+            .push("killed by its kernel deadline while frozen".into());
+    } else {
+        let _ = procs::signal(pid, Signal::SIGCONT);
+        f.problems
+            .push("the frozen slot outlived its long task's lease".into());
+    }
+    let alive: Vec<u32> = children
+        .iter()
+        .copied()
+        .filter(|&p| !procs::gone(p))
+        .collect();
+    if !alive.is_empty() {
+        f.problems.push(format!(
+            "the frozen slot's children outlived its lease: {alive:?}"
+        ));
+    }
+}
+
+fn host_stop(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
+    let i = rng.range(0, c.masters.len() as u64) as usize;
+    let Some(pid) = c.masters[i].pid() else {
+        f.injected = false;
+        return;
+    };
+    f.target = format!("master {} ({pid}) and its tree", c.masters[i].name);
+    f.host = Some(c.masters[i].name.clone());
+    f.pids = procs::descendants(pid);
+    f.pids.insert(pid);
+    f.start_ms = now_ms();
+    // The master first, so it cannot start a process the freeze would miss.
+    for p in std::iter::once(pid).chain(f.pids.iter().copied().filter(|&p| p != pid)) {
+        if let Err(e) = procs::signal(p, Signal::SIGSTOP) {
+            f.problems.push(e);
+        }
+    }
+    c.idle(c.shape.lease() + Duration::from_secs(3));
+    // Slots holding long tasks are killed by their kernel deadline, frozen as they are,
+    // and their exec children with them.
+    let killed = f.pids.iter().filter(|&&p| procs::gone(p)).count();
+    f.notes
+        .push(format!("{killed} of them gone before the SIGCONT"));
+    for &p in &f.pids {
+        // Processes that died meanwhile (none should) are reported below.
+        let _ = procs::signal(p, Signal::SIGCONT);
+    }
+    f.end_ms = now_ms();
+    c.idle(Duration::from_secs(3));
+    if procs::gone(pid) {
+        f.problems
+            .push("the frozen master did not survive its SIGCONT".into());
+    } else {
+        f.notes.push(format!("{} processes frozen", f.pids.len()));
     }
 }
 
@@ -421,6 +506,14 @@ fn redis_down(c: &mut Cluster, rng: &mut Rng, f: &mut Fault, freeze: bool) {
     if lost.is_empty() {
         f.notes
             .push(format!("all {} slots rode it out", slots_before.len()));
+    } else if c.shape.min_slots() == 0 {
+        // A long queue's slots follow its tasks: a cancel or an add held up by the
+        // outage lands as it ends, and the map grows or shrinks by as many slots.
+        f.notes.push(format!(
+            "{} of {} slots gone since (a long queue's slots follow its tasks)",
+            lost.len(),
+            slots_before.len()
+        ));
     } else {
         f.problems.push(format!(
             "{} of {} slots did not survive the outage: {lost:?}",

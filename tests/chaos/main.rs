@@ -14,7 +14,12 @@
 //! ```
 //!
 //! `cargo test --test chaos -- selftest` only checks the record oracle against histories
-//! built to break it (every run does that first too).
+//! built to break it, and the long-tasks oracle against end states built so (every run
+//! does that first too).
+//!
+//! `cargo test --test chaos -- long-tasks` runs the long-tasks profile (`longtasks.rs`):
+//! a `kind = "long"` queue whose tasks run until cancelled, under the same faults and a
+//! whole host frozen; its oracle is lost = 0 and overlaps = 0.
 //!
 //! Exit status 0 when nothing was lost, nothing unexpected was handled, every duplicate
 //! has a cause, every record agrees, no role crashed or spun and no process was left
@@ -22,6 +27,7 @@
 
 mod cluster;
 mod faults;
+mod longtasks;
 mod oracle;
 mod procs;
 mod records;
@@ -37,20 +43,20 @@ use std::time::{Duration, Instant};
 
 use gaffer::queue_client::{ConnectOptions, QueueClient, QueueLimits, TaskRecord, TaskState};
 
-use cluster::{Cluster, MARKER, MAX_ATTEMPTS, NAMESPACE, QUEUE, Shape};
+use cluster::{Cluster, MARKER, MAX_ATTEMPTS, NAMESPACE, QUEUE, Shape, Workload};
 use faults::{Fault, FaultKind};
 use rng::Rng;
 
 /// How long and how hard a run is.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Profile {
-    /// `short` or `long`.
+    /// `short`, `long` or `long-tasks`.
     pub name: String,
     /// How long faults are injected (the producer runs as long).
     pub faults_for: Duration,
     /// Pause between two faults, in ms (uniform).
     pub gap_ms: (u64, u64),
-    /// Tasks enqueued per second.
+    /// Tasks enqueued per second (`long-tasks`: long tasks added or cancelled).
     pub rate: f64,
     /// How long the queue may take to drain once faults and producer stop.
     pub drain_limit: Duration,
@@ -72,6 +78,15 @@ impl Profile {
                 gap_ms: (4000, 15000),
                 rate: 12.0,
                 drain_limit: Duration::from_secs(120),
+            }),
+            // Long tasks (longtasks.rs): every fault kind once and the extra slot
+            // faults, a change (add or cancel) about every 3 s; no drain.
+            "long-tasks" => Some(Profile {
+                name: name.into(),
+                faults_for: Duration::from_secs(110),
+                gap_ms: (2000, 4000),
+                rate: 0.35,
+                drain_limit: Duration::ZERO,
             }),
             _ => None,
         }
@@ -99,8 +114,10 @@ fn args() -> Result<Args, String> {
             // Flags cargo's test runner may pass along (--nocapture, --quiet, …).
             s if s.starts_with('-') => {}
             s => {
-                profile =
-                    Some(Profile::named(s).ok_or(format!("unknown profile {s:?}: short or long"))?)
+                profile = Some(
+                    Profile::named(s)
+                        .ok_or(format!("unknown profile {s:?}: short, long or long-tasks"))?,
+                )
             }
         }
     }
@@ -114,9 +131,10 @@ fn args() -> Result<Args, String> {
 fn main() -> ExitCode {
     // `selftest`: only check the record oracle against histories built to break it.
     if std::env::args().skip(1).any(|a| a == "selftest") {
-        let failed = records::selftest();
+        let mut failed = records::selftest();
+        failed.extend(longtasks::selftest());
         for f in &failed {
-            eprintln!("chaos: record oracle self-test: {f}");
+            eprintln!("chaos: oracle self-test: {f}");
         }
         println!(
             "record oracle self-test: {}",
@@ -148,10 +166,16 @@ fn main() -> ExitCode {
     // Every process of the run inherits this, so the final scan finds any left behind.
     // SAFETY: no other thread exists yet.
     unsafe { std::env::set_var(MARKER, &dir) };
-    let report = run(&args, &dir);
-    let text = report.table();
+    let (text, json, passed) = if args.profile.name == "long-tasks" {
+        let report = longtasks::run(&args, &dir);
+        let json = serde_json::to_string_pretty(&report).expect("report serialises");
+        (report.table(), json, report.passed)
+    } else {
+        let report = run(&args, &dir);
+        let json = serde_json::to_string_pretty(&report).expect("report serialises");
+        (report.table(), json, report.passed)
+    };
     println!("{text}");
-    let json = serde_json::to_string_pretty(&report).expect("report serialises");
     let _ = std::fs::write(dir.join("report.json"), &json);
     let _ = std::fs::write(dir.join("report.txt"), &text);
     if let Some(path) = &args.report
@@ -160,7 +184,7 @@ fn main() -> ExitCode {
         eprintln!("chaos: writing {}: {e}", path.display());
     }
     println!("run directory: {}", dir.display());
-    if report.passed {
+    if passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -175,6 +199,7 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
         slots: 6,
         batch_size: 4,
         lease_ms: 5000,
+        workload: Workload::Batch,
     };
     let mut report = report::Report::new(&args.profile, args.seed, shape.clone());
     // The record oracle must catch what it claims to before its verdict counts.
@@ -234,7 +259,7 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
     };
 
     let mut rng = Rng::new(args.seed);
-    let faults = schedule(&mut c, &args.profile, &mut rng);
+    let faults = schedule(&mut c, &args.profile, &mut rng, &FaultKind::ALL);
     stop.store(true, Ordering::Relaxed);
     let enqueued = match producer.join() {
         Ok(Ok(e)) => e,
@@ -378,7 +403,21 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
         ));
     }
     report.epochs = c.epochs.clone();
-    report.problems.append(&mut c.problems);
+    let (problems, leftovers) = wind_down(&mut c);
+    report.problems.extend(problems);
+    report.leftovers = leftovers;
+    report.faults = faults;
+    report.seconds = started.elapsed().as_secs_f64();
+    report.finish();
+    report
+}
+
+/// The end of a run: the cluster's own problems, a check that the leftover scan sees
+/// every live process, the shutdown, and whatever is still alive after it (killed).
+/// Returns the problems and the leftovers.
+fn wind_down(c: &mut Cluster) -> (Vec<String>, Vec<String>) {
+    let mut problems = std::mem::take(&mut c.problems);
+    let mut leftovers = Vec::new();
     // The scan for leftovers must see every live process of the run, or an empty result
     // after the shutdown would prove nothing.
     let visible: std::collections::BTreeSet<u32> = c.leftovers().iter().map(|l| l.0).collect();
@@ -389,12 +428,10 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
         .collect();
     for (pid, name) in &live {
         if !visible.contains(pid) && !procs::gone(*pid) {
-            report
-                .problems
-                .push(format!("the leftover scan does not see {pid} ({name})"));
+            problems.push(format!("the leftover scan does not see {pid} ({name})"));
         }
     }
-    report.problems.extend(c.shutdown());
+    problems.extend(c.shutdown());
     // Give reparented stragglers a moment to be killed by PDEATHSIG before counting.
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut left = c.leftovers();
@@ -404,17 +441,14 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
     }
     for (pid, cmd) in &left {
         let _ = procs::signal(*pid, nix::sys::signal::Signal::SIGKILL);
-        report.leftovers.push(format!("{pid} {cmd}"));
+        leftovers.push(format!("{pid} {cmd}"));
     }
-    report.faults = faults;
-    report.seconds = started.elapsed().as_secs_f64();
-    report.finish();
-    report
+    (problems, leftovers)
 }
 
-/// Injects faults until the profile's time is up: every kind once in a shuffled round,
-/// plus extra slot kills and freezes, round after round.
-fn schedule(c: &mut Cluster, profile: &Profile, rng: &mut Rng) -> Vec<Fault> {
+/// Injects faults until the profile's time is up: every kind of `kinds` once in a
+/// shuffled round, plus extra slot kills and freezes, round after round.
+fn schedule(c: &mut Cluster, profile: &Profile, rng: &mut Rng, kinds: &[FaultKind]) -> Vec<Fault> {
     let end = Instant::now() + profile.faults_for;
     let mut out = Vec::new();
     let mut round: Vec<FaultKind> = Vec::new();
@@ -423,7 +457,7 @@ fn schedule(c: &mut Cluster, profile: &Profile, rng: &mut Rng) -> Vec<Fault> {
             // Faults are taken from the back: every kind once first, each in a random
             // order, then the extra slot faults, so a short phase cannot run out of time
             // before a kind was injected at all.
-            let mut every = FaultKind::ALL.to_vec();
+            let mut every = kinds.to_vec();
             rng.shuffle(&mut every);
             round = vec![
                 FaultKind::SlotKill,

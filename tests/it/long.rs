@@ -18,7 +18,8 @@ use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some};
 use crate::host::{gone, http_get, slots};
 
 /// The exec child of the tests' long queues: runs each task until its payload's `run_s`
-/// passes (forever without), then answers its `then` (`ok` by default). A cancel line is
+/// passes (forever without), then answers its `then` (`ok` by default, with the payload's
+/// `result` and `next` follow-ups when it has them). A cancel line is
 /// logged and, with `"on_cancel": "stop"`, ends the task; otherwise the child goes on
 /// until SIGTERM. Every start, cancel and stop goes to `$LONG_LOG` with the host
 /// (`$LONG_HOST`), the pid and the time.
@@ -60,7 +61,11 @@ while True:
                 if p.get("on_cancel") == "stop":
                     status = "ok"
     note("stop", tid, host, os.getpid(), time.time())
-    print(json.dumps({"results": [{"id": tid, "status": status}]}), flush=True)
+    reply = {"id": tid, "status": status}
+    for k in ("result", "next"):
+        if k in p and status == "ok":
+            reply[k] = p[k]
+    print(json.dumps({"results": [reply]}), flush=True)
 "#;
 
 const ADMIN: &str = "long-admin-token";
@@ -538,6 +543,14 @@ async fn a_host_frozen_past_its_lease_stops_its_tasks_at_once_when_woken() {
         })
         .await;
     }
+    // The kernel kept the slots' deadlines while they were frozen: each slot was killed
+    // before its lease could pass, and its exec child with it, before the host woke.
+    for pid in old {
+        assert!(
+            gone(pid),
+            "h1's child {pid} still there while h2 runs its task"
+        );
+    }
     let stale_before = q.stats().await.unwrap().stale_total;
     signal(&frozen, Signal::SIGCONT);
     for pid in old {
@@ -559,11 +572,14 @@ async fn a_host_frozen_past_its_lease_stops_its_tasks_at_once_when_woken() {
         let last = hist.last().unwrap();
         assert_eq!(last.host.as_deref(), Some("h2"), "{hist:?}");
     }
+    // Both frozen slots were killed by their kernel deadline (SIGKILL), which the woken
+    // master logs as it reaps them.
     let log = h.master_log("h1");
-    assert!(
-        log.contains("stopping the long task") || log.contains("stopping it at once"),
-        "{log}"
-    );
+    let killed = log
+        .lines()
+        .filter(|l| l.contains("slot exited") && l.contains("signal=Some(9)"))
+        .count();
+    assert_eq!(killed, 2, "{log}");
 }
 
 /// Seconds since the epoch, the clock the exec children log with.
@@ -829,4 +845,110 @@ async fn a_draining_master_hands_its_long_tasks_back_unfinished() {
         (1, 0, 0, 0)
     );
     assert_eq!(record(&q, "a").await.attempt, 0, "no attempt counted");
+}
+
+#[tokio::test]
+async fn a_long_task_that_returns_makes_its_follow_ups_and_a_cancelled_one_none() {
+    let mut h = Hosts::start(
+        r#"
+[queues.watch]
+kind = "long"
+handler = "exec"
+command = {child}
+lease = "5s"
+cancel_grace = "1s"
+next = [{ queue = "after", on = "done" }]
+
+[queues.after]
+handler = "noop"
+max_slots = 1
+"#,
+    )
+    .await;
+    h.publish(1, &[("h1", "watch", 2)]).await;
+    h.master("h1");
+    h.slots_up("h1", 2).await;
+    let q = h.queue("watch");
+    let after = h.client.queue("after").unwrap();
+    // Returns done with a result and a follow-up of its own: the route's child gets the
+    // result, the handler's its own payload, both before the parent is settled.
+    enqueue(
+        &q,
+        "w",
+        r#"{"run_s": 1.5, "result": {"seen": 3}, "next": [{"queue": "after", "payload": {"from": "handler"}}]}"#,
+    )
+    .await;
+    // Runs until cancelled, then answers ok: cancelled, no follow-up.
+    enqueue(&q, "c", r#"{"on_cancel": "stop"}"#).await;
+    running(&h, &q, "c").await;
+    eventually(Duration::from_secs(20), "w done", || async {
+        record(&q, "w").await.state == RecordState::Done
+    })
+    .await;
+    let payload = |id: &'static str| {
+        let after = after.clone();
+        async move {
+            let info = after.find(id).await.unwrap().expect("the follow-up exists");
+            serde_json::from_slice::<Value>(&info.payload).unwrap()
+        }
+    };
+    assert_eq!(payload("w~1").await, serde_json::json!({"seen": 3}));
+    assert_eq!(payload("w~2").await, serde_json::json!({"from": "handler"}));
+    let child = after.record("w~1").await.unwrap().unwrap();
+    assert_eq!(child.submitted_by.as_deref(), Some("chain:w"), "{child:?}");
+    assert_eq!(child.chain.as_deref(), Some("w"), "{child:?}");
+
+    q.cancel_with("c", "test").await.unwrap();
+    eventually(
+        cancel_bound(Duration::from_secs(1)),
+        "c cancelled",
+        || async { record(&q, "c").await.state == RecordState::Cancelled },
+    )
+    .await;
+    assert_eq!(h.pids("stop", "c").len(), 1, "c answered its cancel");
+    assert!(after.find("c~1").await.unwrap().is_none());
+    assert_eq!(
+        after.stats().await.unwrap().enqueued_total,
+        2,
+        "w's two follow-ups only"
+    );
+}
+
+/// The parent of `pid`, from `/proc`.
+fn parent(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let (_, rest) = stat.rsplit_once(')').unwrap();
+    rest.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_slot_frozen_alone_is_killed_with_its_child_before_its_lease_can_pass() {
+    let mut h = Hosts::start(WATCH).await;
+    h.publish(1, &[("h1", "watch", 2)]).await;
+    h.master("h1");
+    h.slots_up("h1", 2).await;
+    let q = h.queue("watch");
+    enqueue(&q, "a", "{}").await;
+    let child = running(&h, &q, "a").await;
+    let slot = parent(child);
+    // Only the slot freezes: its exec child runs on, and the other slot is idle, ready
+    // to take the task once its lease runs out.
+    signal(&[slot], Signal::SIGSTOP);
+    poll_some(
+        Duration::from_secs(30),
+        "a killed, then started again",
+        || async {
+            let again = h.pids("start", "a").len() > 1;
+            assert!(
+                !again || gone(child),
+                "a started again while its first child still ran"
+            );
+            (gone(child) && again).then_some(())
+        },
+    )
+    .await;
+    assert!(gone(slot), "the frozen slot was killed");
+    let rec = record(&q, "a").await;
+    assert_eq!(rec.state, RecordState::Running, "{rec:?}");
+    assert_eq!(rec.attempt, 2, "{rec:?}");
 }

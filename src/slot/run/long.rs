@@ -9,8 +9,19 @@
 //! at first) and stops the task at `lease_until - LONG_STOP_MARGIN` if no renewal
 //! succeeded since, SIGKILL for an exec child, without waiting on Redis: no renewal
 //! call, however slow, holds that deadline up.
+//!
+//! A slot that cannot act cannot stop anything: one frozen (SIGSTOP) or hung while its
+//! exec child runs on. So the kernel keeps the deadline too: a one-shot timer, re-armed
+//! at each renewal, sends the slot process SIGKILL [`GUARD_AFTER_STOP`] after the stop
+//! point, still before the lease could pass; the exec child dies with its slot
+//! (PDEATHSIG), stopped or not. The timer is dropped once the handler has returned.
 
 use std::time::{Duration, Instant};
+
+use nix::sys::signal::{SigEvent, SigevNotify, Signal};
+use nix::sys::time::TimeSpec;
+use nix::sys::timer::{Expiration, Timer, TimerSetTimeFlags};
+use nix::time::ClockId;
 
 use super::{HandleResult, Panicked, Serving, Taken, merge_outcomes, screen, settle_ops};
 use crate::backoff::Backoff;
@@ -24,11 +35,50 @@ use crate::queue_client::{LeasedTask, LongSettled, Renewal, Settle, SettleOp};
 /// starts a new slot at once).
 const HANDLER_STOP_WAIT: Duration = Duration::from_millis(500);
 
+/// How long after a long task's stop point the kernel kills a slot that has not stopped it
+/// (frozen, hung): inside [`LONG_STOP_MARGIN`], so still before the lease could pass, and
+/// late enough that a slot that runs stops its task itself first.
+const GUARD_AFTER_STOP: Duration = Duration::from_millis(500);
+
+/// The kernel's copy of a long task's deadline: a CLOCK_MONOTONIC timer that sends this
+/// process SIGKILL, which a stopped process receives too. Dropping it disarms it.
+struct DeadlineGuard(Option<Timer>);
+
+impl DeadlineGuard {
+    /// A guard not yet armed; without one (timer_create failed, logged) the slot's own
+    /// deadline still holds for a slot that runs.
+    fn new(queue: &str, slot: u32) -> Self {
+        let kill = SigEvent::new(SigevNotify::SigevSignal {
+            signal: Signal::SIGKILL,
+            si_value: 0,
+        });
+        match Timer::new(ClockId::CLOCK_MONOTONIC, kill) {
+            Ok(t) => DeadlineGuard(Some(t)),
+            Err(e) => {
+                tracing::warn!(queue, slot, error = %e,
+                    "no kernel timer for the long task's deadline; a frozen slot could not stop it");
+                DeadlineGuard(None)
+            }
+        }
+    }
+
+    /// (Re-)arms it [`GUARD_AFTER_STOP`] after `stop_at`.
+    fn arm(&mut self, stop_at: Instant) {
+        let Some(timer) = &mut self.0 else { return };
+        let after = (stop_at + GUARD_AFTER_STOP).saturating_duration_since(Instant::now());
+        // A zero expiry would disarm it; a deadline already past kills at once.
+        let after = TimeSpec::from_duration(after.max(Duration::from_millis(1)));
+        if let Err(e) = timer.set(Expiration::OneShot(after), TimerSetTimeFlags::empty()) {
+            tracing::warn!(error = %e, "arming the long task's kernel deadline failed");
+        }
+    }
+}
+
 /// How a long task's run ended, which decides what is settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum LongEnd {
-    /// The handler returned on its own or after a cancel: settled by its outcome, or
-    /// ended cancelled when a cancel was asked.
+    /// The handler returned on its own or after a cancel: its follow-ups made and
+    /// settled by its outcome, or ended cancelled (no follow-ups) when a cancel was asked.
     Returned,
     /// The slot was asked to stop (a drain, a smaller map): the task goes back unstarted
     /// for another slot, no attempt counted.
@@ -48,6 +98,8 @@ struct LongRun {
     end: LongEnd,
     /// Whether an operator's cancel was seen.
     cancelled: bool,
+    /// The kernel's copy of the deadline while the handler runs.
+    guard: Option<DeadlineGuard>,
 }
 
 impl LongRun {
@@ -80,11 +132,19 @@ impl Serving {
             lease_until,
             end: LongEnd::Returned,
             cancelled: false,
+            guard: None,
         };
+        if !self.fresh_lease(&mut run).await {
+            return self.not_started(&run).await;
+        }
         let (refused, tasks) = screen(&self.cfg, slot, &batch.tasks);
         let handled = tasks.len();
         self.cancel.reset();
+        let mut guard = DeadlineGuard::new(&self.cfg.name, slot);
+        guard.arm(run.stop_at());
+        run.guard = Some(guard);
         let result = self.watch_long(&mut run, tasks).await;
+        run.guard = None;
         let busy = started.elapsed();
         let outcome = match result {
             Some(Ok(o)) => merge_outcomes(refused, handled, o),
@@ -103,7 +163,7 @@ impl Serving {
                 Vec::new()
             }
         };
-        let failed = self.end_long(&run, outcome).await;
+        let failed = self.end_long(&mut run, outcome).await;
         tracing::info!(queue = %self.cfg.name, slot, task = %run.task.id, end = ?run.end,
             cancelled = run.cancelled, secs = busy.as_secs(), "long task ended");
         self.reporter.send(&SlotEvent::BatchDone {
@@ -113,6 +173,44 @@ impl Serving {
             failed: u32::from(failed),
             busy_ms: busy.as_millis() as u64,
             stale: u32::from(run.end == LongEnd::LeaseLost),
+        });
+    }
+
+    /// Whether the task may start: a take answered past its stop point (Redis was frozen
+    /// or slow while the lease ran on its clock) is renewed first, so a handler is never
+    /// started only to be killed at once; false when that renewal did not succeed in
+    /// time or found the lease gone.
+    async fn fresh_lease(&mut self, run: &mut LongRun) -> bool {
+        if Instant::now() < run.stop_at() {
+            return true;
+        }
+        let sent = Instant::now();
+        let bound = self.cfg.lease.saturating_sub(LONG_STOP_MARGIN);
+        match tokio::time::timeout(bound, self.queue.renew_long(&run.task, self.cfg.lease)).await {
+            Ok(Ok(Renewal::Renewed | Renewal::CancelAsked { .. })) => {
+                run.lease_until = sent + self.cfg.lease;
+                Instant::now() < run.stop_at()
+            }
+            _ => false,
+        }
+    }
+
+    /// A task taken too late to start: handed back unstarted (its lease expires by
+    /// itself if that fails too), and the slot reports an idle batch.
+    async fn not_started(&mut self, run: &LongRun) {
+        tracing::warn!(queue = %self.cfg.name, slot = self.slot, task = %run.task.id,
+            "a long task's take was answered past its stop point and could not be renewed; handing it back unstarted");
+        if let Err(e) = self.queue.release(std::slice::from_ref(&run.task)).await {
+            tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                "handing the long task back failed; it comes back when its lease expires");
+        }
+        self.reporter.send(&SlotEvent::BatchDone {
+            slot: self.slot,
+            pid: self.pid,
+            tasks: 1,
+            failed: 1,
+            busy_ms: 0,
+            stale: 0,
         });
     }
 
@@ -189,6 +287,10 @@ impl Serving {
 
     fn renewed(&self, run: &mut LongRun, sent: Instant) {
         run.lease_until = sent + self.cfg.lease;
+        let stop_at = run.stop_at();
+        if let Some(guard) = &mut run.guard {
+            guard.arm(stop_at);
+        }
         // The master's watchdog sees a live slot, however long the task runs.
         self.reporter.send(&SlotEvent::Progress {
             slot: self.slot,
@@ -202,7 +304,7 @@ impl Serving {
     }
 
     /// Settles what the run's end calls for; returns whether the task did not end done.
-    async fn end_long(&mut self, run: &LongRun, outcome: Vec<Outcome>) -> bool {
+    async fn end_long(&mut self, run: &mut LongRun, outcome: Vec<Outcome>) -> bool {
         match run.end {
             LongEnd::LeaseLost => true,
             LongEnd::HandedBack => {
@@ -213,6 +315,10 @@ impl Serving {
                 true
             }
             LongEnd::Returned => {
+                let outcome = self.follow_ups_of(run, outcome).await;
+                if run.end == LongEnd::LeaseLost {
+                    return true;
+                }
                 let Some(op) =
                     settle_ops(&self.cfg, std::slice::from_ref(&run.task), outcome).pop()
                 else {
@@ -226,6 +332,23 @@ impl Serving {
                 }
             }
         }
+    }
+
+    /// Creates the follow-ups of a task that returned, as a batch task's are (its
+    /// queue's `next` routes, its handler's `Done::next`), before it is settled; returns
+    /// the outcome to settle. A task cancelled makes none: a last renewal first learns of
+    /// a cancel asked since the previous one (and keeps the lease for the follow-ups'
+    /// time); a lease found gone ends the run settling nothing.
+    async fn follow_ups_of(&mut self, run: &mut LongRun, outcome: Vec<Outcome>) -> Vec<Outcome> {
+        if !run.cancelled {
+            self.renew_long(run).await;
+        }
+        if run.cancelled || run.end == LongEnd::LeaseLost {
+            return outcome;
+        }
+        self.follow_ups
+            .before_settle(std::slice::from_ref(&run.task), outcome, run.lease_until)
+            .await
     }
 
     /// Settles a returned long task, retrying while Redis is unreachable and the lease
