@@ -1,10 +1,13 @@
 //! Chains: a global task and the follow-ups its tasks create, followed as one piece of
 //! work (DESIGN.md "Chains, sync tasks and controls").
 //!
-//! A chain is identified by its global task's id. What it holds is a hash of its members
-//! beside the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (on a Redis
-//! Cluster its keys are in another slot than its tasks' queues): field `^` names the
-//! global task, and each follow-up maps to its parent. Members are added before their
+//! A chain is identified by its global task's id. What it holds is its member list beside
+//! the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (on a Redis Cluster its
+//! keys are in another slot than its tasks' queues): one string, `^` and the global task,
+//! then each follow-up with its parent, every member length-prefixed (`LEN:QUEUE\x1fID`,
+//! so ids may hold any byte). A string, not a hash: a new chain is then one `SET NX PX`
+//! with its first follow-ups, and more are one `APPEND`, where a hash took a read, a
+//! write and an expiry per chain, the most of what a chain cost Redis. Members are added before their
 //! tasks are enqueued, and those before their parent is acked, each step idempotent, so a
 //! slot that dies anywhere in between leaves nothing a re-run parent does not redo
 //! exactly once. The chain's state is not stored: it is read from its members' records
@@ -25,9 +28,9 @@ use crate::queue_client::{QueueError, QueueLimits, RedisConn};
 
 pub use view::{ChainState, ChainTask, ChainView, read};
 
-/// Field of a chain's hash naming its global task.
-const ROOT_FIELD: &str = "^";
-/// Separates a member's queue from its id in the chain's hash (a queue name cannot hold it).
+/// Marks the global task at the head of a chain's member list.
+const ROOT_MARK: u8 = b'^';
+/// Separates a member's queue from its id in the chain's list (a queue name cannot hold it).
 const SEP: char = '\u{1f}';
 /// Separates a follow-up's id from its parent's: `PARENT~N`, N counting from 1.
 pub const DERIVED_SEP: char = '~';
@@ -60,7 +63,7 @@ impl Member {
     }
 }
 
-/// The chain hash's key.
+/// The key of a chain's member list.
 pub fn key(namespace: &str, chain: &str) -> String {
     format!("{namespace}:{{chain:{chain}}}:tasks")
 }
@@ -198,40 +201,41 @@ async fn claim_call(
         return Ok(Vec::new());
     }
     // Per chain: only the chain's own global task sets its lifetime or adds to it, so a
-    // refused claim changes nothing. HGET, HSET and PEXPIRE: commands the ACL lines of
-    // the slots and the api grant (docs/SECURITY.md).
+    // refused claim changes nothing. A list without a global task (its follow-ups were
+    // added after it expired) gets one at its head. SET, GET, APPEND and PEXPIRE:
+    // commands the ACL lines of the slots and the api grant (docs/SECURITY.md).
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
-            "local field, ttl, a = ARGV[1], ARGV[2], 3 \
-             local out = {} \
+            "local ttl, a, out = ARGV[1], 2, {} \
              for i = 1, #KEYS do \
-               local key, me, n = KEYS[i], ARGV[a], tonumber(ARGV[a + 1]) \
-               local holder = redis.call('HGET', key, field) \
-               if not holder then \
-                 redis.call('HSET', key, field, me, unpack(ARGV, a + 2, a + 1 + 2 * n)) \
-                 holder = me \
-                 redis.call('PEXPIRE', key, ttl) \
-               elseif holder == me then \
-                 if n > 0 then redis.call('HSET', key, unpack(ARGV, a + 2, a + 1 + 2 * n)) end \
-                 redis.call('PEXPIRE', key, ttl) \
+               local key, me, mem = KEYS[i], ARGV[a], ARGV[a + 1] \
+               local holder = me \
+               if not redis.call('SET', key, '^' .. me .. mem, 'NX', 'PX', ttl) then \
+                 local v = redis.call('GET', key) or '' \
+                 if string.sub(v, 1, #me + 1) == '^' .. me then \
+                   if #mem > 0 then redis.call('APPEND', key, mem) end \
+                   redis.call('PEXPIRE', key, ttl) \
+                 elseif string.sub(v, 1, 1) ~= '^' then \
+                   redis.call('SET', key, '^' .. me .. v .. mem, 'PX', ttl) \
+                 else \
+                   local n = string.match(v, '^%^(%d+):') or '0' \
+                   holder = string.sub(v, 2, #n + 2 + tonumber(n)) \
+                 end \
                end \
                out[i] = holder \
-               a = a + 2 + 2 * n \
+               a = a + 2 \
              end \
              return out",
         )
     });
     let mut inv = CLAIM.prepare_invoke();
-    inv.arg(ROOT_FIELD).arg(ttl.as_millis().max(1) as u64);
+    inv.arg(ttl.as_millis().max(1) as u64);
     for c in claims {
         inv.key(key(namespace, c.chain));
-        inv.arg(c.root.field()).arg(c.members.len());
-        for (child, parent) in c.members {
-            inv.arg(child.field()).arg(parent.field());
-        }
+        inv.arg(encode(c.root)).arg(encode_pairs(c.members));
     }
     let mut conn = conn.clone();
-    let holders: Vec<String> = inv.invoke_async(&mut conn).await?;
+    let holders: Vec<Vec<u8>> = inv.invoke_async(&mut conn).await?;
     if holders.len() != claims.len() {
         return Err(QueueError::Protocol(format!(
             "claiming {} chains returned {} answers",
@@ -242,7 +246,7 @@ async fn claim_call(
     Ok(claims
         .iter()
         .zip(holders)
-        .map(|(c, holder)| match Member::parse(&holder) {
+        .map(|(c, holder)| match decode(&holder).next() {
             Some(m) if &m != c.root => RootClaim::Taken(m),
             _ => RootClaim::Ours,
         })
@@ -255,13 +259,7 @@ pub async fn root_of(
     namespace: &str,
     chain: &str,
 ) -> Result<Option<Member>, QueueError> {
-    let mut conn = conn.clone();
-    let holder: Option<String> = redis::cmd("HGET")
-        .arg(key(namespace, chain))
-        .arg(ROOT_FIELD)
-        .query_async(&mut conn)
-        .await?;
-    Ok(holder.as_deref().and_then(Member::parse))
+    Ok(stored(conn, namespace, chain).await?.map(|(root, _)| root))
 }
 
 /// Why tasks could not start chains of their own.
@@ -353,15 +351,15 @@ async fn add_pipeline(
     adds: &[(&str, &[(Member, Member)])],
     ttl: Duration,
 ) -> Result<(), QueueError> {
-    // HSET and PEXPIRE: commands the slots' ACL already grants (docs/SECURITY.md).
+    // APPEND and PEXPIRE: commands the slots' ACL already grants (docs/SECURITY.md). A
+    // member added twice (a parent run again) is listed twice; readers keep the first.
     let mut pipe = redis::pipe();
     for (chain, members) in adds.iter().filter(|(_, m)| !m.is_empty()) {
         let key = key(namespace, chain);
-        let hset = pipe.cmd("HSET").arg(&key);
-        for (child, parent) in members.iter() {
-            hset.arg(child.field()).arg(parent.field());
-        }
-        pipe.ignore()
+        pipe.cmd("APPEND")
+            .arg(&key)
+            .arg(encode_pairs(members))
+            .ignore()
             .cmd("PEXPIRE")
             .arg(&key)
             .arg(ttl.as_millis().max(1) as u64)
@@ -382,25 +380,66 @@ pub async fn members(
     namespace: &str,
     chain: &str,
 ) -> Result<Option<(Member, Vec<(Member, Member)>)>, QueueError> {
+    let Some((root, mut follow)) = stored(conn, namespace, chain).await? else {
+        return Ok(None);
+    };
+    follow.sort_by(|a, b| natural(&a.0.id).cmp(&natural(&b.0.id)).then(a.0.cmp(&b.0)));
+    Ok(Some((root, follow)))
+}
+
+/// A chain's member list read and decoded: its global task and each follow-up once with
+/// its parent (the first time it was added), as added. `None` without a global task.
+async fn stored(
+    conn: &RedisConn,
+    namespace: &str,
+    chain: &str,
+) -> Result<Option<(Member, Vec<(Member, Member)>)>, QueueError> {
     let mut conn = conn.clone();
-    let all: BTreeMap<String, String> = redis::cmd("HGETALL")
+    let raw: Option<Vec<u8>> = redis::cmd("GET")
         .arg(key(namespace, chain))
         .query_async(&mut conn)
         .await?;
-    let Some(root) = all.get(ROOT_FIELD).and_then(|f| Member::parse(f)) else {
+    let Some(raw) = raw else { return Ok(None) };
+    let Some(rest) = raw.strip_prefix(&[ROOT_MARK]) else {
         return Ok(None);
     };
+    let mut all = decode(rest);
+    let Some(root) = all.next() else {
+        return Ok(None);
+    };
+    let mut seen = std::collections::BTreeSet::new();
     let mut follow = Vec::new();
-    for (field, parent) in &all {
-        if field == ROOT_FIELD {
-            continue;
-        }
-        if let (Some(child), Some(parent)) = (Member::parse(field), Member::parse(parent)) {
+    while let (Some(child), Some(parent)) = (all.next(), all.next()) {
+        if seen.insert(child.clone()) {
             follow.push((child, parent));
         }
     }
-    follow.sort_by(|a, b| natural(&a.0.id).cmp(&natural(&b.0.id)).then(a.0.cmp(&b.0)));
     Ok(Some((root, follow)))
+}
+
+/// A member as the list stores it: `LEN:FIELD`.
+fn encode(m: &Member) -> String {
+    let field = m.field();
+    format!("{}:{field}", field.len())
+}
+
+/// Follow-ups with their parents, as the list stores them.
+fn encode_pairs(pairs: &[(Member, Member)]) -> String {
+    pairs
+        .iter()
+        .map(|(child, parent)| encode(child) + &encode(parent))
+        .collect()
+}
+
+/// The members of a stored list, in order, up to the first that does not decode.
+fn decode(mut raw: &[u8]) -> impl Iterator<Item = Member> + '_ {
+    std::iter::from_fn(move || {
+        let colon = raw.iter().position(|&b| b == b':')?;
+        let len: usize = std::str::from_utf8(&raw[..colon]).ok()?.parse().ok()?;
+        let field = raw.get(colon + 1..colon + 1 + len)?;
+        raw = &raw[colon + 1 + len..];
+        Member::parse(std::str::from_utf8(field).ok()?)
+    })
 }
 
 /// A derived id's sort key: its parts, numbers compared as numbers (`a~2` before `a~10`).
@@ -422,6 +461,23 @@ mod tests {
         let m = Member::new("parse", "a\u{1f}b");
         assert_eq!(Member::parse(&m.field()), Some(m));
         assert_eq!(Member::parse("no separator"), None);
+    }
+
+    #[test]
+    fn member_lists_decode_what_they_encode_whatever_the_ids_hold() {
+        let root = Member::new("fetch", "a:1^");
+        let pairs = vec![
+            (Member::new("parse", "x\u{1f}9:z"), root.clone()),
+            (Member::new("store", "é~2"), Member::new("parse", "x")),
+        ];
+        let raw = format!("{}{}", encode(&root), encode_pairs(&pairs));
+        let all: Vec<Member> = decode(raw.as_bytes()).collect();
+        assert_eq!(all.len(), 5);
+        assert_eq!(all[0], root);
+        assert_eq!((all[1].clone(), all[2].clone()), pairs[0]);
+        assert_eq!((all[3].clone(), all[4].clone()), pairs[1]);
+        // A cut list decodes up to its last whole member.
+        assert_eq!(decode(&raw.as_bytes()[..raw.len() - 2]).count(), 4);
     }
 
     #[test]
