@@ -459,6 +459,11 @@ impl Serving {
         };
         let outcomes = merge_partial(refused, handled, outcomes, &unstarted);
         let (tasks, outcomes, unstarted) = split_unstarted(batch.tasks, outcomes);
+        if !unstarted.is_empty() {
+            // Each give-back goes to the head of the queue: a batch taken ahead (later)
+            // goes first, so the rest of this one lands before it, as they were taken.
+            self.give_back_ahead().await;
+        }
         let mut stale = self.give_back(&unstarted).await;
         if !unstarted.is_empty() {
             tracing::info!(queue = %self.cfg.name, slot, settled = tasks.len(), returned = unstarted.len(),

@@ -453,6 +453,30 @@ async fn a_rust_handler_returns_a_prefix_and_the_rest_goes_back_unstarted() {
     given_back(&q, &["b", "c", "d", "e"]).await;
 }
 
+#[tokio::test]
+async fn with_a_batch_taken_ahead_both_go_back_in_the_order_they_were_taken() {
+    let redis = TestRedis::start();
+    let mut cfg = QueueConfig::new("pa", HandlerConfig::named(HandlerConfig::NOOP));
+    cfg.batch_size = 2;
+    cfg.prefetch = true;
+    let (tx, started) = std::sync::mpsc::channel();
+    let tasks = [("a", "{}"), ("b", "{}"), ("c", "{}"), ("d", "{}")];
+    let slot = InProcess::start(&redis, cfg, Box::new(StopsBetweenTasks(tx)), &tasks).await;
+    let q = slot.q.clone();
+    // a in the handler, b behind it in the batch, c and d taken ahead.
+    eventually(
+        Duration::from_secs(20),
+        "a started, c and d taken ahead",
+        || async { q.stats().await.unwrap().leased == 4 },
+    )
+    .await;
+    let first = tokio::task::spawn_blocking(move || started.recv_timeout(Duration::from_secs(20)));
+    assert_eq!(first.await.unwrap().unwrap(), "a");
+    let (q, done) = slot.stop();
+    assert_eq!(done, [1]);
+    given_back(&q, &["b", "c", "d"]).await;
+}
+
 /// Returns one outcome fewer than its batch, never looking at the stop.
 struct ShortByOne;
 
