@@ -388,7 +388,10 @@ async fn sigterm_drains_the_running_batch_and_deregisters() {
     // the batch is given back unstarted (no attempt counted), nothing is left leased.
     assert_eq!((stats.leased, stats.retried_total), (0, 0), "{stats:?}");
     assert_eq!(stats.acked_total + stats.ready, 3, "{stats:?}");
-    assert!(stats.acked_total < 3, "the drain ran the whole batch: {stats:?}");
+    assert!(
+        stats.acked_total < 3,
+        "the drain ran the whole batch: {stats:?}"
+    );
     assert!(
         !cluster::read_hosts(&mut conn, &keys)
             .await
