@@ -72,8 +72,9 @@ struct InFlight {
 }
 
 impl InFlight {
-    /// Writes `{"stop": true}` to the child holding a batch, once per batch.
-    fn write_stop(&mut self, ctx: &SlotContext) {
+    /// Writes `{"stop": true}` to the child holding a batch, once per batch; `queue` and
+    /// `slot` name it in the log.
+    fn write_stop(&mut self, queue: &str, slot: u32) {
         let Some(stdin) = &mut self.stdin else {
             return;
         };
@@ -86,8 +87,8 @@ impl InFlight {
         {
             Ok(()) => self.sent = true,
             // The child is gone or not reading: its reply (or its absence) says the rest.
-            Err(e) => tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name,
-                slot = ctx.slot, "cannot write the stop line: {e}"),
+            Err(e) => tracing::warn!(target: "gaffer::exec", queue, slot,
+                "cannot write the stop line: {e}"),
         }
     }
 }
@@ -119,13 +120,12 @@ impl StopWriter {
         let in_flight = Arc::new(Mutex::new(InFlight::default()));
         let done = Arc::new(AtomicBool::new(false));
         let (shared, over) = (in_flight.clone(), done.clone());
-        let (stop, queue, slot) = (ctx.stop.clone(), ctx.queue.clone(), ctx.slot);
+        let (stop, queue, slot) = (ctx.stop.clone(), ctx.queue.name.clone(), ctx.slot);
         let thread = std::thread::Builder::new()
             .name("exec-stop-line".into())
             .spawn(move || {
                 if stop.wait(&over) && !over.load(Ordering::Acquire) {
-                    let ctx = SlotContext::detached(queue, slot);
-                    lock(&shared).write_stop(&ctx);
+                    lock(&shared).write_stop(&queue, slot);
                 }
             });
         let thread = match thread {
@@ -153,7 +153,7 @@ impl StopWriter {
             sent: false,
         };
         if ctx.should_stop() {
-            in_flight.write_stop(ctx);
+            in_flight.write_stop(&ctx.queue.name, ctx.slot);
         }
     }
 
