@@ -22,6 +22,13 @@ queue the config does not name fails the task.
 A queue of kind "long" also sends {"cancel": "ID"} while its task runs: stop the task and
 answer it, or get SIGTERM after the queue's cancel_grace (then SIGKILL).
 
+A batch queue's slot that is asked to stop (its queue shrinks, its host drains) while this
+process has a batch sends {"stop": true} on stdin: finish the task in hand, then reply at
+once for the tasks finished (any subset of the batch); the tasks the reply leaves out go
+back to the queue unstarted, no attempt counted. Ignoring it is allowed: the full reply is
+used, it only keeps the slot from moving sooner. A stop line that arrives after the reply
+(the batch was already answered) needs nothing. This template looks for it between tasks.
+
 A payload that is not JSON arrives as a JSON string. A task left out of the reply is
 retried by the queue's policy; an unreadable reply or an exit retries the whole batch and
 gaffer starts a new process. stdout belongs to the protocol: log to stderr, which gaffer
@@ -44,6 +51,7 @@ time_ms the wall clock in milliseconds. The fault suite (scripts/chaos) reads it
 
 import json
 import os
+import select
 import sys
 import time
 
@@ -94,14 +102,54 @@ def handle(task):
     return {"status": "fail", "error": f"unknown action {action!r}"}
 
 
+class Requests:
+    """The request lines on stdin, read unbuffered by us, so a stop line that arrives while
+    a batch runs can be looked for between tasks without blocking (a buffered reader could
+    hold it unseen while select() says nothing is waiting)."""
+
+    def __init__(self):
+        self.pending = b""
+
+    def _read(self):
+        chunk = os.read(0, 65536)
+        self.pending += chunk
+        return bool(chunk)
+
+    def next(self):
+        """The next request, blocking; None when stdin is closed."""
+        while b"\n" not in self.pending:
+            if not self._read():
+                return None
+        line, self.pending = self.pending.split(b"\n", 1)
+        # Bytes in: the request is UTF-8 whatever the locale says.
+        return json.loads(line)
+
+    def stop_asked(self):
+        """Whether {"stop": true} has arrived, without blocking; other lines that came
+        meanwhile (a late cancel) are dropped."""
+        while True:
+            if b"\n" not in self.pending:
+                if not select.select([0], [], [], 0)[0] or not self._read():
+                    return False
+                continue
+            line, self.pending = self.pending.split(b"\n", 1)
+            if json.loads(line).get("stop"):
+                return True
+
+
 def main():
     record_path = os.environ.get("GAFFER_EXEC_RECORD")
     record = open(record_path, "a", encoding="utf-8") if record_path else None
     log(f"started, pid {os.getpid()}")
 
-    # Binary stdin: the request is UTF-8 whatever the locale says.
-    for line in sys.stdin.buffer:
-        request = json.loads(line)
+    requests = Requests()
+    while True:
+        request = requests.next()
+        if request is None:
+            break
+        if "stop" in request:
+            log("stop after the batch was answered: nothing to stop")
+            continue
         if "cancel" in request:
             # Long queues (kind = "long") send {"cancel": "ID"} while the task runs; a
             # handler of such a queue watches stdin during its work, stops the task and
@@ -111,6 +159,10 @@ def main():
         results = []
         try:
             for task in request["batch"]:
+                # Between tasks: a stop leaves the tasks not yet started out of the reply.
+                if requests.stop_asked():
+                    log(f"asked to stop: answering {len(results)} finished tasks")
+                    break
                 if record:
                     now_ms = int(time.time() * 1000)
                     record.write(

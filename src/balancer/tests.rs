@@ -291,6 +291,31 @@ fn hysteresis_holds_a_small_deviation() {
 }
 
 #[test]
+fn a_queue_near_one_slot_holds_it_until_demand_clears_the_band() {
+    // Demand 1.05 slots (rounded up: 2) on one slot is inside the band of the lowest
+    // priority (grow above 1.25): rounded first, it grew, and shrank again a tick later
+    // when noise put demand at 1.0 (20,000 needless slot starts a day on the 150-queue
+    // benchmark config). Demand 1.5 grows.
+    let case = Case::new()
+        .queue("near", 0, 0, 50)
+        .queue("over", 0, 0, 50)
+        .queue("top", 10, 0, 50)
+        .host("h1", 40)
+        .at("h1", "near", 1)
+        .at("h1", "over", 1)
+        .load("near", 2.1, 0.4, 0)
+        .load("over", 3.0, 0.4, 0);
+    let out = decide(&case.input());
+    assert_invariants(&case, &out);
+    let near = &out.decisions["near"];
+    assert_eq!((near.demand, near.wanted), (2, 1), "{near:?}");
+    assert_eq!(near.reasons, [Reason::HysteresisHold]);
+    let over = &out.decisions["over"];
+    assert_eq!((over.demand, over.wanted), (2, 2), "{over:?}");
+    assert_eq!(over.reasons, [Reason::Grow]);
+}
+
+#[test]
 fn high_priority_grows_eagerly_low_priority_holds() {
     // Both want 11 with 10 running: only the high-priority queue moves.
     check(

@@ -163,8 +163,17 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
             } else {
                 info.band
             };
+            // The band to grow is measured on demand before it is rounded up to whole
+            // slots: rounded, a queue near one slot grew as soon as demand passed 1.0
+            // and shrank as soon as it fell back (no dead zone at all), and window
+            // noise moved a slot each way every few ticks.
+            let unrounded = if q.is_long() {
+                f64::from(demand)
+            } else {
+                figures.demand_slots
+            };
             let held = if demand > cur {
-                if cur == 0 || f64::from(demand) > f64::from(cur) * (1.0 + up) {
+                if cur == 0 || unrounded > f64::from(cur) * (1.0 + up) {
                     reasons.push(Reason::Grow);
                     demand
                 } else {

@@ -190,6 +190,8 @@ pub struct SlotContext {
     pub(crate) progress: Option<Arc<dyn Fn() + Send + Sync>>,
     /// Set by the slot when the long task in hand must stop.
     pub(crate) cancel: Cancellation,
+    /// Set by the slot when it must stop: the batch in hand is cut short.
+    pub(crate) stop: SlotStop,
 }
 
 impl SlotContext {
@@ -200,7 +202,19 @@ impl SlotContext {
             slot,
             progress: None,
             cancel: Cancellation::default(),
+            stop: SlotStop::default(),
         }
+    }
+
+    /// Whether the slot was asked to stop (its queue shrank, its host drains, its master
+    /// stops) while a batch queue's batch is in hand. A handler that works its batch task
+    /// by task looks at this between tasks and, once it is true, returns the outcomes of
+    /// the tasks it finished so far: a prefix of the batch. The slot settles those and
+    /// gives the rest back to the queue at once, unstarted, with no attempt counted.
+    /// Once true it stays true (the slot exits after this batch). Never true in a long
+    /// queue, whose stop is [`is_cancelled`](Self::is_cancelled).
+    pub fn should_stop(&self) -> bool {
+        self.stop.is_asked()
     }
 
     /// Whether the long task in hand must stop: an operator cancelled it, or the slot
@@ -227,6 +241,92 @@ impl SlotContext {
         if let Some(p) = &self.progress {
             p();
         }
+    }
+}
+
+/// The slot's stop as a batch queue's handler sees it, shared by the slot (which asks)
+/// and the handler thread (which polls it between tasks, or waits for it: the exec
+/// handler's stop line). Asked at most once and never withdrawn: a slot asked to stop
+/// exits after the batch in hand.
+#[derive(Clone, Default)]
+pub(crate) struct SlotStop {
+    inner: Arc<SlotStopInner>,
+}
+
+#[derive(Default)]
+struct SlotStopInner {
+    /// Whether the stop was asked: read per task by handlers, so an atomic, set while
+    /// holding `lock` so no waiter misses it.
+    asked: AtomicBool,
+    /// Held to set `asked` and to wait for it.
+    lock: Mutex<()>,
+    /// Notified when the stop is asked, and by [`SlotStop::wake`].
+    changed: Condvar,
+    /// Positions in the batch in hand of tasks the handler did not start though it
+    /// returned an outcome in their place (an exec child's reply after the stop line
+    /// covers any subset of the batch, not only a prefix).
+    unstarted: Mutex<Vec<usize>>,
+}
+
+impl SlotStop {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        // A poisoned lock guards nothing that could be left half-changed.
+        self.inner.lock.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks the handler to stop after the task in hand.
+    pub(crate) fn ask(&self) {
+        let _held = self.lock();
+        self.inner.asked.store(true, Ordering::Release);
+        self.inner.changed.notify_all();
+    }
+
+    /// Whether the stop was asked.
+    pub(crate) fn is_asked(&self) -> bool {
+        self.inner.asked.load(Ordering::Acquire)
+    }
+
+    /// Waits until the stop is asked or `done` is set (and [`wake`](Self::wake) called);
+    /// true when it was asked.
+    pub(crate) fn wait(&self, done: &AtomicBool) -> bool {
+        let mut held = self.lock();
+        while !self.is_asked() && !done.load(Ordering::Acquire) {
+            held = self
+                .inner
+                .changed
+                .wait(held)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        self.is_asked()
+    }
+
+    /// Wakes the waiters of [`wait`](Self::wait), so they look at their `done` flag;
+    /// whoever sets the flag calls this after setting it.
+    pub(crate) fn wake(&self) {
+        let _held = self.lock();
+        self.inner.changed.notify_all();
+    }
+
+    /// Says which positions of the batch in hand the handler did not start, though its
+    /// outcomes hold a placeholder for them.
+    pub(crate) fn leave_unstarted(&self, positions: Vec<usize>) {
+        *self
+            .inner
+            .unstarted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = positions;
+    }
+
+    /// The positions [`leave_unstarted`](Self::leave_unstarted) gave for the batch just
+    /// handled, cleared for the next one.
+    pub(crate) fn take_unstarted(&self) -> Vec<usize> {
+        std::mem::take(
+            &mut *self
+                .inner
+                .unstarted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
     }
 }
 
@@ -342,7 +442,11 @@ pub trait Handler: Send + 'static {
     }
 
     /// Handles one batch; returns one outcome per task, in the same order. A task
-    /// without an outcome (a short vector) is retried after the policy delay.
+    /// without an outcome (a short vector) is retried after the policy delay, unless
+    /// the slot was asked to stop ([`SlotContext::should_stop`]): then a short vector
+    /// is the prefix of the batch the handler finished, and the tasks after it go back
+    /// to the queue unstarted, with no attempt counted. A handler that cannot stop early
+    /// simply ignores the stop and returns the whole batch's outcomes, as before.
     fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome>;
 }
 

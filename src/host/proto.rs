@@ -74,7 +74,7 @@ pub enum SlotEvent {
         slot: u32,
         /// Its pid.
         pid: u32,
-        /// Tasks in the batch.
+        /// Tasks settled: the batch, less the unstarted rest a stop gave back.
         tasks: u32,
         /// Tasks whose outcome was not done.
         failed: u32,

@@ -29,9 +29,16 @@ impl Handler for Noop {
         Ok(Noop)
     }
 
-    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
-        vec![Outcome::done(); batch.len()]
+    fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        vec![Outcome::done(); unstopped(ctx, batch).count()]
     }
+}
+
+/// The tasks of `batch` up to the slot's stop: a built-in handler looks at
+/// [`SlotContext::should_stop`] before each task and returns the outcomes of those it
+/// finished; the slot gives the rest back unstarted.
+fn unstopped<'a>(ctx: &'a SlotContext, batch: &'a [Task]) -> impl Iterator<Item = &'a Task> {
+    batch.iter().take_while(|_| !ctx.should_stop())
 }
 
 /// Sleeps `{"ms": N}` per task, one task after the other: slow work on demand.
@@ -43,10 +50,11 @@ impl Handler for Sleep {
         Ok(Sleep)
     }
 
-    /// In a long queue the sleep ends early when the task is cancelled.
+    /// In a long queue the sleep ends early when the task is cancelled; in a batch
+    /// queue a slot asked to stop finishes the task in hand and returns the rest of the
+    /// batch unstarted.
     fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
-        batch
-            .iter()
+        unstopped(ctx, batch)
             .map(|task| match task.json() {
                 Ok(v) => match v.get("ms").and_then(serde_json::Value::as_u64) {
                     Some(ms) if ctx.wait_cancelled(Duration::from_millis(ms)) => Outcome::Fail {
@@ -96,9 +104,8 @@ impl Handler for Flaky {
         Ok(())
     }
 
-    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
-        batch
-            .iter()
+    fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        unstopped(ctx, batch)
             .map(|_| {
                 // xorshift64: no dependency for a demo's coin flips.
                 self.rng ^= self.rng << 13;
@@ -142,13 +149,15 @@ impl Handler for Memhog {
         })
     }
 
-    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
-        for task in batch {
+    fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for task in unstopped(ctx, batch) {
             // Written, not just allocated: untouched pages are not private dirty memory.
             let fill = task.id.bytes().fold(1u8, |a, b| a.wrapping_add(b)) | 1;
             self.kept.push(vec![fill; self.grow_per_task]);
+            outcomes.push(Outcome::done());
         }
-        vec![Outcome::done(); batch.len()]
+        outcomes
     }
 }
 
@@ -187,9 +196,8 @@ impl Handler for PreloadDemo {
         Ok(PreloadDemo { data })
     }
 
-    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
-        batch
-            .iter()
+    fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        unstopped(ctx, batch)
             .map(|_| {
                 std::hint::black_box(self.checksum());
                 Outcome::done()
@@ -230,6 +238,18 @@ mod tests {
         assert_eq!(out[0], Outcome::done());
         assert!(matches!(out[1], Outcome::Reject { .. }));
         assert!(matches!(out[2], Outcome::Reject { .. }));
+    }
+
+    #[test]
+    fn built_ins_stop_between_tasks_once_the_slot_asks() {
+        let c = ctx(HandlerConfig::named(HandlerConfig::SLEEP));
+        let batch = [task(r#"{"ms":1}"#), task(r#"{"ms":1}"#)];
+        assert_eq!(Sleep.handle(&c, &batch).len(), 2);
+        assert_eq!(Noop.handle(&c, &batch).len(), 2);
+        c.stop.ask();
+        // Nothing was started: the whole batch goes back.
+        assert_eq!(Sleep.handle(&c, &batch), vec![]);
+        assert_eq!(Noop.handle(&c, &batch), vec![]);
     }
 
     #[test]

@@ -7,12 +7,15 @@
 //! and the child dies with it.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -22,7 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{Handler as HandlerConfig, KILL_AFTER_TERM, QueueConfig};
 use crate::host::handler::{
-    Handler, HandlerError, Outcome, PayloadError, SlotContext, Stop, Task, check_payload_size,
+    Handler, HandlerError, Outcome, PayloadError, SlotContext, SlotStop, Stop, Task,
+    check_payload_size,
 };
 
 /// Longest reply line accepted from the child; a longer one is malformed, so a runaway
@@ -42,6 +46,143 @@ pub struct Exec {
     command: Vec<String>,
     child: Option<Running>,
     max_reply: usize,
+    /// Writes the stop line while a batch is in the child (batch queues; started with
+    /// the first batch).
+    stop_writer: Option<StopWriter>,
+}
+
+/// Whether the stop line went to the child while it had the batch: then a task its reply
+/// leaves out was not started, and goes back to the queue instead of failing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopLine {
+    /// Not written: the reply answers the whole batch, as always.
+    NotSent,
+    /// Written after the batch line and before the reply was read.
+    Sent,
+}
+
+/// What the stop writer shares with the handler thread: the stdin of the child that has a
+/// batch, while it has one.
+#[derive(Default)]
+struct InFlight {
+    /// A duplicate of the child's stdin, from the batch line written to the reply read.
+    stdin: Option<File>,
+    /// Whether the stop line was written during this batch.
+    sent: bool,
+}
+
+impl InFlight {
+    /// Writes `{"stop": true}` to the child holding a batch, once per batch; `queue` and
+    /// `slot` name it in the log.
+    fn write_stop(&mut self, queue: &str, slot: u32) {
+        let Some(stdin) = &mut self.stdin else {
+            return;
+        };
+        if self.sent {
+            return;
+        }
+        match stdin
+            .write_all(b"{\"stop\":true}\n")
+            .and_then(|()| stdin.flush())
+        {
+            Ok(()) => self.sent = true,
+            // The child is gone or not reading: its reply (or its absence) says the rest.
+            Err(e) => tracing::warn!(target: "gaffer::exec", queue, slot,
+                "cannot write the stop line: {e}"),
+        }
+    }
+}
+
+/// A thread that waits for the slot's stop and, when a batch is in the child then,
+/// writes the stop line on its stdin: the handler thread is blocked reading the reply
+/// meanwhile. The slot is asked to stop once in its life, so one thread waiting on a
+/// condition variable serves every batch; dropping the writer ends it.
+struct StopWriter {
+    in_flight: Arc<Mutex<InFlight>>,
+    /// The slot's stop, woken to end the thread.
+    stop: SlotStop,
+    /// Set when the writer is dropped.
+    done: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for StopWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StopWriter").finish_non_exhaustive()
+    }
+}
+
+impl StopWriter {
+    /// Starts the thread for the slot of `ctx`. Without a thread (the OS refused one) a
+    /// stop asked before a batch is sent still reaches the child; one asked later waits
+    /// for the reply.
+    fn start(ctx: &SlotContext) -> StopWriter {
+        let in_flight = Arc::new(Mutex::new(InFlight::default()));
+        let done = Arc::new(AtomicBool::new(false));
+        let (shared, over) = (in_flight.clone(), done.clone());
+        let (stop, queue, slot) = (ctx.stop.clone(), ctx.queue.name.clone(), ctx.slot);
+        let thread = std::thread::Builder::new()
+            .name("exec-stop-line".into())
+            .spawn(move || {
+                if stop.wait(&over) && !over.load(Ordering::Acquire) {
+                    lock(&shared).write_stop(&queue, slot);
+                }
+            });
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot,
+                    "cannot start the stop line's thread: {e}; a stop waits for the batch's reply");
+                None
+            }
+        };
+        StopWriter {
+            in_flight,
+            stop: ctx.stop.clone(),
+            done,
+            thread,
+        }
+    }
+
+    /// The batch line is written: from now until [`batch_over`](Self::batch_over) a stop
+    /// is passed on to `stdin`, at once when it was already asked.
+    fn batch_sent(&self, ctx: &SlotContext, stdin: File) {
+        let mut in_flight = lock(&self.in_flight);
+        *in_flight = InFlight {
+            stdin: Some(stdin),
+            sent: false,
+        };
+        if ctx.should_stop() {
+            in_flight.write_stop(&ctx.queue.name, ctx.slot);
+        }
+    }
+
+    /// The reply is read (or the exchange failed): no more stop lines for this batch.
+    /// Says whether one was written.
+    fn batch_over(&self) -> StopLine {
+        let in_flight = std::mem::take(&mut *lock(&self.in_flight));
+        if in_flight.sent {
+            StopLine::Sent
+        } else {
+            StopLine::NotSent
+        }
+    }
+}
+
+impl Drop for StopWriter {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Release);
+        self.stop.wake();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Locks what the stop writer shares; a poisoned lock still holds a usable state (a
+/// write that panicked left at worst a stop line unsent).
+fn lock(in_flight: &Mutex<InFlight>) -> std::sync::MutexGuard<'_, InFlight> {
+    in_flight.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A started child and our ends of its pipes.
@@ -353,7 +494,42 @@ impl Exec {
         ctx: &SlotContext,
         request: &Request<'_>,
     ) -> Result<Vec<Option<ReplyStatus>>, ChildError> {
-        let max_reply = self.max_reply;
+        self.send(ctx, request)?;
+        self.receive(request)
+    }
+
+    /// [`exchange`](Self::exchange) for a batch queue's batch, passing the slot's stop to
+    /// the child as the stop line while the child has the batch ([`StopWriter`]).
+    fn exchange_stoppable(
+        &mut self,
+        ctx: &SlotContext,
+        request: &Request<'_>,
+    ) -> Result<(Vec<Option<ReplyStatus>>, StopLine), ChildError> {
+        // Taken out while the exchange borrows `self`, and put back after it.
+        let writer = self
+            .stop_writer
+            .take()
+            .unwrap_or_else(|| StopWriter::start(ctx));
+        let r = self.send(ctx, request).and_then(|()| {
+            let stdin = self
+                .child
+                .as_ref()
+                .map(|r| r.stdin.as_fd().try_clone_to_owned());
+            match stdin {
+                Some(Ok(stdin)) => writer.batch_sent(ctx, File::from(stdin)),
+                Some(Err(e)) => tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name,
+                    slot = ctx.slot, "cannot keep the child's stdin for a stop line: {e}"),
+                None => {}
+            }
+            self.receive(request)
+        });
+        let line = writer.batch_over();
+        self.stop_writer = Some(writer);
+        r.map(|statuses| (statuses, line))
+    }
+
+    /// Writes the batch line to the child (started first if need be).
+    fn send(&mut self, ctx: &SlotContext, request: &Request<'_>) -> Result<(), ChildError> {
         let running = self.running(ctx)?;
         // Compact JSON escapes control characters inside strings, so this is one line.
         let mut line = serde_json::to_vec(request).map_err(ChildError::Encode)?;
@@ -362,8 +538,13 @@ impl Exec {
             .stdin
             .write_all(&line)
             .and_then(|()| running.stdin.flush())
-            .map_err(ChildError::Write)?;
+            .map_err(ChildError::Write)
+    }
 
+    /// Reads the child's reply to `request`.
+    fn receive(&mut self, request: &Request<'_>) -> Result<Vec<Option<ReplyStatus>>, ChildError> {
+        let max_reply = self.max_reply;
+        let running = self.child.as_mut().ok_or(ChildError::ClosedBeforeReply)?;
         // Bounded, so a child that writes without end (no newline) costs at most
         // `max_reply` bytes before it is called out of step and restarted.
         let mut reply = Vec::new();
@@ -433,6 +614,7 @@ impl Handler for Exec {
             command: command.clone(),
             child: None,
             max_reply: MAX_REPLY_BYTES,
+            stop_writer: None,
         })
     }
 
@@ -447,7 +629,13 @@ impl Handler for Exec {
         Ok(())
     }
 
+    /// A batch queue's slot asked to stop before the batch reached the child starts none
+    /// of it; asked while the child has it, the child gets the stop line and the tasks
+    /// its reply leaves out go back unstarted.
     fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        if ctx.should_stop() {
+            return Vec::new();
+        }
         // Per task: decided here (Some) or sent to the child (None).
         let mut decided = Vec::with_capacity(batch.len());
         let mut request = Request {
@@ -471,11 +659,12 @@ impl Handler for Exec {
         }
         let exchanged = if ctx.queue.is_long() {
             self.exchange_long(ctx, &request)
+                .map(|statuses| (statuses, StopLine::NotSent))
         } else {
-            self.exchange(ctx, &request)
+            self.exchange_stoppable(ctx, &request)
         };
-        let statuses = match exchanged {
-            Ok(statuses) => statuses,
+        let (statuses, line) = match exchanged {
+            Ok(exchanged) => exchanged,
             Err(why) => {
                 tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot,
                     pid = self.child.as_ref().map(|r| r.process.id()),
@@ -492,31 +681,65 @@ impl Handler for Exec {
                     .collect();
             }
         };
-        let mut statuses = statuses.into_iter();
-        batch
-            .iter()
-            .zip(decided)
-            .map(|(task, decided)| {
-                if let Some(outcome) = decided {
-                    return outcome;
+        let (outcomes, unstarted) = outcomes(ctx, batch, decided, statuses, line);
+        if !unstarted.is_empty() {
+            ctx.stop.leave_unstarted(unstarted);
+        }
+        outcomes
+    }
+}
+
+/// The batch's outcomes, in order, from those decided before sending (`decided`) and the
+/// child's reply for the rest (`statuses`, in request order); and, after the stop line,
+/// the positions of the tasks the reply left out, which were not started (each with a
+/// placeholder outcome).
+fn outcomes(
+    ctx: &SlotContext,
+    batch: &[Task],
+    decided: Vec<Option<Outcome>>,
+    statuses: Vec<Option<ReplyStatus>>,
+    line: StopLine,
+) -> (Vec<Outcome>, Vec<usize>) {
+    let mut statuses = statuses.into_iter();
+    let mut unstarted = Vec::new();
+    let outcomes = batch
+        .iter()
+        .zip(decided)
+        .enumerate()
+        .map(|(i, (task, decided))| {
+            if let Some(outcome) = decided {
+                return outcome;
+            }
+            match statuses.next().flatten() {
+                None if line == StopLine::Sent => {
+                    unstarted.push(i);
+                    Outcome::Fail {
+                        reason: "exec: not started before the stop".to_owned(),
+                    }
                 }
-                match statuses.next().flatten() {
-                    Some(ReplyStatus::Ok { result, next }) => done_outcome(result, next),
-                    Some(ReplyStatus::Retry { delay_ms }) => Outcome::Retry {
-                        delay: delay_ms
-                            .map(Duration::from_millis)
-                            .unwrap_or_else(|| ctx.queue.retry.delay(task.attempt)),
-                        reason: "retry requested by handler".to_owned(),
-                    },
-                    Some(ReplyStatus::Fail { error }) => Outcome::Fail {
-                        reason: error.unwrap_or_else(|| "failed".to_owned()),
-                    },
-                    None => Outcome::Fail {
-                        reason: "exec: no result for this task".to_owned(),
-                    },
-                }
-            })
-            .collect()
+                status => reply_outcome(status, task, &ctx.queue),
+            }
+        })
+        .collect();
+    (outcomes, unstarted)
+}
+
+/// One task's outcome from its reply entry; a task the reply leaves out failed.
+fn reply_outcome(status: Option<ReplyStatus>, task: &Task, queue: &QueueConfig) -> Outcome {
+    match status {
+        Some(ReplyStatus::Ok { result, next }) => done_outcome(result, next),
+        Some(ReplyStatus::Retry { delay_ms }) => Outcome::Retry {
+            delay: delay_ms
+                .map(Duration::from_millis)
+                .unwrap_or_else(|| queue.retry.delay(task.attempt)),
+            reason: "retry requested by handler".to_owned(),
+        },
+        Some(ReplyStatus::Fail { error }) => Outcome::Fail {
+            reason: error.unwrap_or_else(|| "failed".to_owned()),
+        },
+        None => Outcome::Fail {
+            reason: "exec: no result for this task".to_owned(),
+        },
     }
 }
 
@@ -1143,5 +1366,86 @@ for line in sys.stdin:
             "no grace when the lease is lost: {took:?}"
         );
         assert_gone(pid);
+    }
+
+    /// A child that finishes the batch's first task, says so in `marker`, then waits for
+    /// a line: after the stop line it answers the tasks it finished (`a`, and with
+    /// `subset` also `c`, as a child working in parallel might); `ignore` answers all.
+    fn stopping_child(marker: &Path, answer: &str) -> SlotContext {
+        let script = format!(
+            r#"
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if "stop" in msg:
+        continue
+    ids = [t["id"] for t in msg["batch"]]
+    open({marker:?}, "w").close()
+    stop = json.loads(sys.stdin.readline())
+    assert stop == {{"stop": True}}, stop
+    done = {{"prefix": ids[:1], "subset": [ids[0], ids[2]], "ignore": ids}}[{answer:?}]
+    print(json.dumps({{"results": [{{"id": i, "status": "ok"}} for i in done]}}), flush=True)
+"#,
+            marker = marker.display().to_string(),
+        );
+        python(&script)
+    }
+
+    /// Runs a batch of four in `ctx`'s child and asks the slot's stop once the child has
+    /// it (its marker exists): the outcomes and the positions left unstarted.
+    fn stop_mid_batch(ctx: &SlotContext, marker: &Path) -> (Vec<Outcome>, Vec<usize>) {
+        let mut exec = started(ctx);
+        let batch: Vec<Task> = ["a", "b", "c", "d"].map(|id| task(id, 1, "{}")).into();
+        let stop = ctx.stop.clone();
+        let marker = marker.to_owned();
+        let asker = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !marker.exists() {
+                assert!(Instant::now() < deadline, "the child never got the batch");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            stop.ask();
+        });
+        let outcomes = exec.handle(ctx, &batch);
+        asker.join().unwrap();
+        (outcomes, ctx.stop.take_unstarted())
+    }
+
+    #[test]
+    fn a_stop_mid_batch_sends_the_stop_line_and_the_unanswered_tasks_are_left_unstarted() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("has-batch");
+        let ctx = stopping_child(&marker, "prefix");
+        let (outcomes, unstarted) = stop_mid_batch(&ctx, &marker);
+        assert_eq!(outcomes[0], Outcome::done());
+        assert_eq!(unstarted, [1, 2, 3], "{outcomes:?}");
+
+        let marker = dir.path().join("has-batch-2");
+        let ctx = stopping_child(&marker, "subset");
+        let (outcomes, unstarted) = stop_mid_batch(&ctx, &marker);
+        assert_eq!(
+            (&outcomes[0], &outcomes[2]),
+            (&Outcome::done(), &Outcome::done())
+        );
+        assert_eq!(unstarted, [1, 3], "{outcomes:?}");
+    }
+
+    #[test]
+    fn a_child_that_ignores_the_stop_line_has_its_full_reply_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = dir.path().join("has-batch");
+        let ctx = stopping_child(&marker, "ignore");
+        let (outcomes, unstarted) = stop_mid_batch(&ctx, &marker);
+        assert_eq!(outcomes, vec![Outcome::done(); 4]);
+        assert_eq!(unstarted, Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_stop_before_the_batch_sends_nothing_and_starts_nothing() {
+        let (mut exec, ctx) = example();
+        let child = exec.child_pid();
+        ctx.stop.ask();
+        assert_eq!(exec.handle(&ctx, &ok_batch()), vec![]);
+        assert_eq!(exec.child_pid(), child, "the child is left as it was");
     }
 }

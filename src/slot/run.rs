@@ -14,7 +14,7 @@ use super::followups::FollowUps;
 use crate::backoff::Backoff;
 use crate::config::QueueConfig;
 use crate::host::handler::{
-    Cancellation, Handler, HandlerError, Outcome, SlotContext, Task, check_payload_size,
+    Cancellation, Handler, HandlerError, Outcome, SlotContext, SlotStop, Task, check_payload_size,
 };
 use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
 use crate::host::sysinfo;
@@ -219,6 +219,7 @@ async fn run(
 
     let progress_reporter = reporter.clone();
     let cancel = Cancellation::default();
+    let handler_stop = SlotStop::default();
     let ctx = SlotContext {
         queue: cfg.clone(),
         slot,
@@ -226,6 +227,7 @@ async fn run(
             progress_reporter.send(&SlotEvent::Progress { slot, pid });
         })),
         cancel: cancel.clone(),
+        stop: handler_stop.clone(),
     };
     let worker = match Worker::start(handler, ctx) {
         Ok(w) => w,
@@ -247,6 +249,7 @@ async fn run(
         recycle: None,
         follow_ups,
         cancel,
+        handler_stop,
     }
     .serve()
     .await
@@ -284,6 +287,9 @@ struct Serving {
     follow_ups: FollowUps,
     /// The stop of a long task in hand, which its handler sees in its `SlotContext`.
     cancel: Cancellation,
+    /// The slot's stop as a batch's handler sees it (`SlotContext::should_stop`): asked
+    /// with `stopping`, while a batch is in the handler.
+    handler_stop: SlotStop,
 }
 
 /// A batch in hand and when its leases run out by this process's clock (counted from
@@ -347,7 +353,7 @@ impl Serving {
         if Instant::now() >= taken.lease_until {
             tracing::warn!(queue = %self.cfg.name, slot = self.slot, tasks = taken.batch.tasks.len(),
                 "a batch taken ahead outlived its lease before the handler was free; giving it back");
-            self.give_back(&taken.batch).await;
+            self.give_back(&taken.batch.tasks).await;
             return None;
         }
         Some(taken)
@@ -357,16 +363,24 @@ impl Serving {
     /// leaves it to others at once, with no attempt counted.
     async fn give_back_ahead(&mut self) {
         if let Some(taken) = self.ahead.take() {
-            self.give_back(&taken.batch).await;
+            self.give_back(&taken.batch.tasks).await;
         }
     }
 
-    /// Hands a batch back to the queue unstarted; on failure its leases expire by
-    /// themselves.
-    async fn give_back(&self, batch: &Batch) {
-        if let Err(e) = self.queue.release(&batch.tasks).await {
-            tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
-                "giving back a batch failed; its tasks come back when their leases expire");
+    /// Hands leased tasks back to the queue unstarted (a batch taken ahead, or the rest
+    /// of a batch cut short by a stop); on failure their leases expire by themselves.
+    /// Returns how many were stale (their lease already gone elsewhere).
+    async fn give_back(&self, tasks: &[LeasedTask]) -> u32 {
+        if tasks.is_empty() {
+            return 0;
+        }
+        match self.queue.release(tasks).await {
+            Ok(results) => count_stale(&results),
+            Err(e) => {
+                tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                    "giving back unstarted tasks failed; they come back when their leases expire");
+                0
+            }
         }
     }
 
@@ -416,53 +430,77 @@ impl Serving {
         Ok(None)
     }
 
-    /// Hands the batch to the handler, extends its leases while it runs, settles the
-    /// outcomes and reports the batch.
+    /// Hands the batch to the handler, extends its leases while it runs, gives back
+    /// what a stop left unstarted, settles the outcomes and reports the batch.
     async fn handle(&mut self, taken: Taken) {
         let Taken { batch, lease_until } = taken;
         let (slot, pid) = (self.slot, self.pid);
-        let n = batch.tasks.len() as u32;
         self.reporter.send(&SlotEvent::BatchStarted {
             slot,
             pid,
-            tasks: n,
+            tasks: batch.tasks.len() as u32,
         });
         let started = Instant::now();
         let (refused, tasks) = screen(&self.cfg, slot, &batch.tasks);
         let handled = tasks.len();
         let (result, lease_until) = self.run_handler(&batch, tasks, lease_until).await;
         let busy = started.elapsed();
-        let outcomes = match result {
-            Ok(o) => o,
+        let (outcomes, unstarted) = match result {
+            Ok(o) => {
+                let unstarted = self.unstarted(handled, o.len());
+                (o, unstarted)
+            }
             Err(panic) => {
                 tracing::error!(queue = %self.cfg.name, slot, panic = %panic, "handler panicked; failing the batch");
-                vec![
-                    Outcome::Fail {
-                        reason: format!("handler panicked: {panic}"),
-                    };
-                    handled
-                ]
+                self.handler_stop.take_unstarted();
+                let reason = format!("handler panicked: {panic}");
+                (vec![Outcome::Fail { reason }; handled], Vec::new())
             }
         };
-        let outcomes = merge_outcomes(refused, handled, outcomes);
+        let outcomes = merge_partial(refused, handled, outcomes, &unstarted);
+        let (tasks, outcomes, unstarted) = split_unstarted(batch.tasks, outcomes);
+        if !unstarted.is_empty() {
+            // Each give-back goes to the head of the queue: a batch taken ahead (later)
+            // goes first, so the rest of this one lands before it, as they were taken.
+            self.give_back_ahead().await;
+        }
+        let mut stale = self.give_back(&unstarted).await;
+        if !unstarted.is_empty() {
+            tracing::info!(queue = %self.cfg.name, slot, settled = tasks.len(), returned = unstarted.len(),
+                "asked to stop: the batch's unstarted tasks went back to the queue");
+        }
         let outcomes = self
             .follow_ups
-            .before_settle(&batch.tasks, outcomes, lease_until)
+            .before_settle(&tasks, outcomes, lease_until)
             .await;
-        let ops = settle_ops(&self.cfg, &batch.tasks, outcomes);
+        let ops = settle_ops(&self.cfg, &tasks, outcomes);
         let failed = ops
             .iter()
             .filter(|op| !matches!(op.action, Settle::Ack))
             .count() as u32;
-        let stale = self.settle_and_take(&ops, lease_until).await;
+        stale += self.settle_and_take(&ops, lease_until).await;
         self.reporter.send(&SlotEvent::BatchDone {
             slot,
             pid,
-            tasks: n,
+            tasks: tasks.len() as u32,
             failed,
             busy_ms: busy.as_millis() as u64,
             stale,
         });
+    }
+
+    /// The positions of the handler's batch (of `handled` tasks) that it did not start,
+    /// having returned `got` outcomes: none unless the slot asked it to stop; then those
+    /// it named ([`SlotStop::leave_unstarted`]: an exec child's reply covering a subset)
+    /// and every one past its outcomes (a Rust handler's prefix).
+    fn unstarted(&self, handled: usize, got: usize) -> Vec<usize> {
+        let mut named = self.handler_stop.take_unstarted();
+        if !self.handler_stop.is_asked() {
+            return Vec::new();
+        }
+        named.retain(|&i| i < got.min(handled));
+        named.extend(got.min(handled)..handled);
+        named
     }
 
     /// Settles a handled batch. A slot that goes on (not stopping, not due to recycle)
@@ -542,8 +580,12 @@ impl Serving {
                         lease_until = Instant::now() + lease;
                     }
                 }
-                // The batch is finished and settled first; then the loop sees `stopping`.
-                () = self.stop.cancelled(), if !self.stopping => self.stopping = true,
+                // The handler finishes the task in hand (one that can stop early); the
+                // batch is settled and its rest given back; then the loop sees `stopping`.
+                () = self.stop.cancelled(), if !self.stopping => {
+                    self.stopping = true;
+                    self.handler_stop.ask();
+                }
             }
         };
         // A take in flight is never dropped: it may have leased tasks.
@@ -630,6 +672,60 @@ fn merge_outcomes(
                 })
         })
         .collect()
+}
+
+/// Like [`merge_outcomes`], with the handler's positions in `unstarted` (sorted or not)
+/// left without an outcome: those tasks go back to the queue unstarted.
+fn merge_partial(
+    refused: Vec<Option<Outcome>>,
+    handled: usize,
+    outcomes: Vec<Outcome>,
+    unstarted: &[usize],
+) -> Vec<Option<Outcome>> {
+    if unstarted.is_empty() {
+        return merge_outcomes(refused, handled, outcomes)
+            .into_iter()
+            .map(Some)
+            .collect();
+    }
+    let mut given = vec![true; handled];
+    for &i in unstarted {
+        given[i] = false;
+    }
+    let mut outcomes = outcomes.into_iter().map(Some);
+    let mut given = given.into_iter();
+    refused
+        .into_iter()
+        .map(|r| match r {
+            Some(refused) => Some(refused),
+            None => {
+                let outcome = outcomes.next().flatten();
+                given.next().unwrap_or(false).then_some(outcome).flatten()
+            }
+        })
+        .collect()
+}
+
+/// Splits a handled batch into the tasks to settle with their outcomes (in order) and
+/// the tasks left without one, to give back unstarted.
+fn split_unstarted(
+    tasks: Vec<LeasedTask>,
+    outcomes: Vec<Option<Outcome>>,
+) -> (Vec<LeasedTask>, Vec<Outcome>, Vec<LeasedTask>) {
+    if outcomes.iter().all(Option::is_some) {
+        return (tasks, outcomes.into_iter().flatten().collect(), Vec::new());
+    }
+    let (mut settled, mut settles, mut back) = (Vec::new(), Vec::new(), Vec::new());
+    for (task, outcome) in tasks.into_iter().zip(outcomes) {
+        match outcome {
+            Some(outcome) => {
+                settled.push(task);
+                settles.push(outcome);
+            }
+            None => back.push(task),
+        }
+    }
+    (settled, settles, back)
 }
 
 /// One settle operation per task, from its outcome (one per task, in order).

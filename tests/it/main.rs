@@ -14,6 +14,7 @@ mod long;
 mod manager;
 mod ordered;
 mod outage;
+mod preempt;
 mod queue;
 mod records;
 mod secrets;

@@ -1,5 +1,6 @@
--- Leases handed back unstarted: a prefetched batch a stopping slot never began, or one
--- whose lease ran out before its handler was free. Each task goes back to the front of its
+-- Leases handed back unstarted: a prefetched batch a stopping slot never began, one
+-- whose lease ran out before its handler was free, or the rest of a batch its handler left
+-- unstarted when the slot was asked to stop. Each task goes back to the front of its
 -- priority's list (it was taken before everything behind it). No attempt is counted: a
 -- take counts nothing in K_ATT (only an ended attempt does), so the next take hands the
 -- task out at the same attempt.
@@ -17,7 +18,14 @@ for i = 1, #ARGV, 3 do
     res[#res + 1] = 0
   end
 end
-push_ready_grouped(pris, back, true)
+-- LPUSH puts each id before the ones pushed earlier: pushed last to first, the tasks keep
+-- the order they were taken in, ahead of everything that was behind them.
+local rback, rpris = {}, {}
+for i = #back, 1, -1 do
+  rback[#rback + 1] = back[i]
+  rpris[#rpris + 1] = pris[i]
+end
+push_ready_grouped(rpris, rback, true)
 -- The take's running entries are still beside the records: they go unwritten, so the record
 -- keeps no trace of a take that never ran and counted no attempt.
 run_end(back)
