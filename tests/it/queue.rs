@@ -31,6 +31,7 @@ crate::harness::on_both!(
     leased_tasks_found_by_exact_id,
     settle_take_rejects_a_stale_token_and_takes_the_next_batch,
     settle_take_settles_before_it_takes,
+    a_take_that_empties_the_queue_spends_its_wake_ups,
 );
 
 fn limits(max_attempts: u32) -> QueueLimits {
@@ -467,6 +468,28 @@ async fn idle_taker_wakes_on_enqueue(client: QueueClient, name: &str) {
         woke - sent < poll / 4,
         "woke after {:?}, not long before its poll timeout of {poll:?}",
         woke - sent
+    );
+}
+
+/// Wake-ups pushed for tasks that are all taken are spent: left listed, each would send an
+/// idle taker on an empty take (a queue fed a batch at a time paid one per task).
+async fn a_take_that_empties_the_queue_spends_its_wake_ups(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    let mut waiter = client.waiter();
+    let tasks: Vec<NewTask> = (0..30).map(|i| NewTask::new(format!("{i}"))).collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let lease = Duration::from_secs(30);
+    assert_eq!(q.take(10, lease).await.unwrap().tasks.len(), 10);
+    // Tasks still wait: their wake-ups stay for idle takers.
+    let short = Duration::from_millis(300);
+    assert!(
+        q.wait(&mut waiter, short).await.unwrap(),
+        "woken while tasks wait"
+    );
+    assert_eq!(q.take(100, lease).await.unwrap().tasks.len(), 20);
+    assert!(
+        !q.wait(&mut waiter, short).await.unwrap(),
+        "an idle taker woken with nothing ready"
     );
 }
 

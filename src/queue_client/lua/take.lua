@@ -91,6 +91,9 @@ while #ids < n do
 end
 local k = #ids
 if k == 0 then
+  -- Nothing ready: wake-ups still listed are spent (their tasks were taken), and each
+  -- would send an idle taker on another empty take.
+  redis.call('DEL', K_WAKE)
   local hint = -1
   local d = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
   if d[2] then hint = math.max(0, tonumber(d[2]) - now) end
@@ -123,6 +126,13 @@ for i, id in ipairs(ids) do
   out[#out + 1] = atts[i]
   out[#out + 1] = payloads[i]
 end
--- A full batch with more waiting: wake a peer, so backlog spreads over idle takers.
-if k == n and redis.call('EXISTS', K_READY) == 1 then wake(1) end
+if redis.call('EXISTS', K_READY) == 0 then
+  -- This take emptied the queue: the wake-ups listed for its tasks are spent (a queue fed
+  -- a batch at a time, like a chain's next step, otherwise sent its idle takers on an
+  -- empty take per task enqueued).
+  redis.call('DEL', K_WAKE)
+elseif k == n then
+  -- A full batch with more waiting: wake a peer, so backlog spreads over idle takers.
+  wake(1)
+end
 return out
