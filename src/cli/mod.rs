@@ -87,7 +87,8 @@ enum Command {
     /// Run this host's master: preload handlers, fork and supervise slots, report
     ///
     /// Follows this host's part of the slot map in Redis. SIGTERM or Ctrl-C drains: slots
-    /// finish their batch (up to [master].drain_timeout), the host is deregistered.
+    /// finish the task in hand and give the rest of their batch back (up to
+    /// [master].drain_timeout), the host is deregistered.
     /// SIGHUP re-reads the config file.
     Master(master::MasterArgs),
     /// Run the cluster's manager: decide slots per queue and host, publish the slot map

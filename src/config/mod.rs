@@ -171,7 +171,7 @@ pub struct MasterConfig {
     pub memory_reserve: u64,
     /// Assumed PSS of one slot before any slot has run; always greater than zero.
     pub slot_estimate: u64,
-    /// How long a draining host lets slots finish their batch before killing them.
+    /// How long a draining host lets slots finish the task in hand (the rest of a batch goes back) before killing them.
     pub drain_timeout: Duration,
     /// Where `/metrics` and `/status` are served; loopback by default.
     pub http: SocketAddr,

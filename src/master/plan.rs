@@ -36,7 +36,7 @@ pub(super) enum SlotState {
     Idle,
     /// Inside a batch.
     Busy,
-    /// Sent SIGTERM; finishing its batch.
+    /// Sent SIGTERM; finishing the task in hand.
     Stopping,
 }
 
@@ -110,7 +110,7 @@ pub(super) struct PlanInput {
 /// What to do now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Plan {
-    /// Slots to stop (SIGTERM, finish the batch), by number: each queue in name order, its
+    /// Slots to stop (SIGTERM: finish the task in hand, give the rest back), by number: each queue in name order, its
     /// older generation first, then its surplus in stop order.
     pub stop: Vec<u32>,
     /// Queues to start one slot for each, in the order to ask the zygote.

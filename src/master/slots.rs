@@ -276,7 +276,7 @@ impl Master {
         self.spawn_slots(plan.spawn, now).await;
     }
 
-    /// Asks the slots to stop (SIGTERM: they finish their batch), within `drain_timeout`.
+    /// Asks the slots to stop (SIGTERM: they finish the task in hand and give the rest of their batch back), within `drain_timeout`.
     fn stop_slots(&mut self, stop: &[u32], now: Instant) {
         let drain_timeout = self.opts.config.master.drain_timeout;
         for n in stop {

@@ -144,7 +144,7 @@ struct LoopState {
     hurried: bool,
 }
 
-/// Runs the master until `shutdown` is cancelled, then drains: slots finish their batch
+/// Runs the master until `shutdown` is cancelled, then drains: slots finish the task in hand (the rest of their batch goes back)
 /// within `drain_timeout` (or at once after `opts.hurry`), the host is deregistered.
 pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     // Bind before anything starts, so a port in use fails the start, not a tick later.
