@@ -666,50 +666,8 @@ fn config_text(redis: &str, handler: &Path, s: &Shape) -> String {
     }
 }
 
-/// A long queue of up to `s.slots` tasks, `max_per_host` on each host (so the hosts left
-/// when one is down can hold them all), each master room for as many.
-fn long_config_text(
-    redis: &str,
-    handler: &Path,
-    s: &Shape,
-    cancel_grace_ms: u64,
-    max_per_host: u32,
-) -> String {
-    format!(
-        r#"[cluster]
-redis = "{redis}"
-namespace = "{NAMESPACE}"
-
-[manager]
-tick = "500ms"
-heartbeat_timeout = "3s"
-
-[master]
-drain_timeout = "{drain}ms"
-memory_reserve = "64MiB"
-slot_estimate = "32MiB"
-max_slots = {max_per_host}
-
-[queues.{QUEUE}]
-kind = "long"
-handler = "exec"
-command = ["python3", "{handler}"]
-min_slots = 0
-max_slots = {slots}
-max_per_host = {max_per_host}
-lease = "{lease}s"
-cancel_grace = "{cancel_grace_ms}ms"
-max_attempts = {MAX_ATTEMPTS}
-retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
-"#,
-        handler = handler.display(),
-        slots = s.slots,
-        lease = s.lease_ms / 1000,
-        drain = DRAIN_TIMEOUT.as_millis(),
-    )
-}
-
-fn batch_config_text(redis: &str, handler: &Path, s: &Shape) -> String {
+/// The config's cluster, manager and master tables: every profile's.
+fn roles_config_text(redis: &str, max_per_host: u32) -> String {
     // A tick of 500 ms makes the manager's lease 3 s, so a manager frozen for a few
     // seconds loses it; drain_timeout bounds how long a stopping slot may take.
     format!(
@@ -727,7 +685,46 @@ memory_reserve = "64MiB"
 slot_estimate = "32MiB"
 max_slots = {max_per_host}
 
-[queues.{QUEUE}]
+"#,
+        drain = DRAIN_TIMEOUT.as_millis(),
+    )
+}
+
+/// A long queue of up to `s.slots` tasks, `max_per_host` on each host (so the hosts left
+/// when one is down can hold them all), each master room for as many.
+fn long_config_text(
+    redis: &str,
+    handler: &Path,
+    s: &Shape,
+    cancel_grace_ms: u64,
+    max_per_host: u32,
+) -> String {
+    roles_config_text(redis, max_per_host)
+        + &format!(
+            r#"[queues.{QUEUE}]
+kind = "long"
+handler = "exec"
+command = ["python3", "{handler}"]
+min_slots = 0
+max_slots = {slots}
+max_per_host = {max_per_host}
+lease = "{lease}s"
+cancel_grace = "{cancel_grace_ms}ms"
+max_attempts = {MAX_ATTEMPTS}
+retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
+"#,
+            handler = handler.display(),
+            slots = s.slots,
+            lease = s.lease_ms / 1000,
+        )
+}
+
+fn batch_config_text(redis: &str, handler: &Path, s: &Shape) -> String {
+    // Room for every slot on the hosts left when one is down.
+    let max_per_host = s.slots.div_ceil((s.masters as u32 - 1).max(1));
+    roles_config_text(redis, max_per_host)
+        + &format!(
+            r#"[queues.{QUEUE}]
 handler = "exec"
 command = ["python3", "{handler}"]
 min_slots = {slots}
@@ -738,12 +735,9 @@ max_attempts = {MAX_ATTEMPTS}
 max_batch_time = "60s"
 retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
 "#,
-        handler = handler.display(),
-        slots = s.slots,
-        batch = s.batch_size,
-        lease = s.lease_ms,
-        drain = DRAIN_TIMEOUT.as_millis(),
-        // Room for every slot on the hosts left when one is down.
-        max_per_host = s.slots.div_ceil((s.masters as u32 - 1).max(1)),
-    )
+            handler = handler.display(),
+            slots = s.slots,
+            batch = s.batch_size,
+            lease = s.lease_ms,
+        )
 }
