@@ -132,12 +132,21 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
         } else {
             demand as u32
         };
-        // A long queue's running tasks hold their slots (those that still stand): granted
-        // before anything else. Tasks of a dead host have none; they grow like any.
+        // A long queue's running tasks hold their slots (those that still stand: on a
+        // usable host that runs the handler, as placing keeps them): granted before
+        // anything else. Tasks of a dead host have none; they grow like any.
         b.floor[qi] = if q.is_long() {
+            let runs = &b.hosts.can[info.handler * nh..(info.handler + 1) * nh];
+            let standing: u32 = input.current[qi * nh..(qi + 1) * nh]
+                .iter()
+                .zip(usable)
+                .zip(runs)
+                .filter(|((_, u), r)| **u && **r)
+                .map(|((n, _), _)| *n)
+                .sum();
             u32::try_from(w.leased)
                 .unwrap_or(u32::MAX)
-                .min(cur)
+                .min(standing)
                 .min(q.max_slots)
         } else {
             0
