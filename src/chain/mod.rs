@@ -134,30 +134,17 @@ pub async fn claim_root(
     root: &Member,
     ttl: Duration,
 ) -> Result<RootClaim, QueueError> {
-    claim_and_add(conn, namespace, chain, root, &[], ttl).await
-}
-
-/// Makes `root` the global task of chain `chain` unless another task already is, and
-/// then (only then) adds `members` (follow-up, parent) to it: one call for a parent that
-/// starts a chain with its follow-ups. Idempotent.
-pub async fn claim_and_add(
-    conn: &RedisConn,
-    namespace: &str,
-    chain: &str,
-    root: &Member,
-    members: &[(Member, Member)],
-    ttl: Duration,
-) -> Result<RootClaim, QueueError> {
     let claim = Claim {
         chain,
         root,
-        members,
+        members: &[],
     };
     let mut claims = claim_many(conn, namespace, std::slice::from_ref(&claim), ttl).await?;
     Ok(claims.pop().unwrap_or(RootClaim::Ours))
 }
 
-/// One chain a task starts (see [`claim_and_add`]).
+/// One chain a task starts: its global task claims it, unless another task already has,
+/// and then (only then) its follow-ups are added.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim<'a> {
     /// The chain's id.
@@ -168,7 +155,7 @@ pub struct Claim<'a> {
     pub members: &'a [(Member, Member)],
 }
 
-/// [`claim_and_add`] for many chains, answers in the order of `claims`. On one server
+/// Claims many chains (see [`Claim`]), idempotently; answers in the order of `claims`. On one server
 /// they go in one script call: a batch whose every task starts a chain (a queue with a
 /// `next` route) would otherwise pay a script call per task, which cost Redis more than
 /// the claims' own work. A Redis Cluster puts each chain in a slot of its own, so there
@@ -315,18 +302,7 @@ pub async fn start_global(
     Ok(())
 }
 
-/// Adds follow-ups to chain `chain`, each with its parent. Idempotent.
-pub async fn add_members(
-    conn: &RedisConn,
-    namespace: &str,
-    chain: &str,
-    members: &[(Member, Member)],
-    ttl: Duration,
-) -> Result<(), QueueError> {
-    add_many(conn, namespace, &[(chain, members)], ttl).await
-}
-
-/// [`add_members`] for many chains: one pipeline on one server; on a Redis Cluster, where
+/// Adds follow-ups (each with its parent) to chains they are in, idempotently: one pipeline on one server; on a Redis Cluster, where
 /// each chain has a slot of its own, one per chain, all in flight together.
 pub async fn add_many(
     conn: &RedisConn,

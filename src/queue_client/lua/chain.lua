@@ -65,13 +65,9 @@ for i = 2, #ARGV, 2 do
     -- the empty chain field ends the head: the chain goes just before the history
     redis.call('SET', key, with_chain(v, g))
     n = n + 1
-  elseif now_g == id and g ~= id then
-    -- named its own id by 'get', which another task's chain turned out to have
-    local f, hist = rec_parse(v)
-    f[F.g] = g
-    redis.call('SET', key, rec_pack(f, hist))
-    n = n + 1
-  elseif v and not now_g and chain_of(v) == '' then
+  elseif (now_g == id and g ~= id) or (v and not now_g and chain_of(v) == '') then
+    -- named its own id by 'get', which another task's chain turned out to have; or a
+    -- record of an older layout without a chain
     local f, hist = rec_parse(v)
     f[F.g] = g
     redis.call('SET', key, rec_pack(f, hist))
