@@ -20,8 +20,11 @@ class Redis:
     def __init__(self, port):
         self.s = socket.create_connection(("127.0.0.1", int(port)))
         self.f = self.s.makefile("rb")
+        self.own = {}  # this poller's calls by command, left out of the calls per task
 
     def cmd(self, *args):
+        name = str(args[0]).lower()
+        self.own[name] = self.own.get(name, 0) + 1
         out = b"*%d\r\n" % len(args)
         for a in args:
             a = str(a).encode()
@@ -47,6 +50,21 @@ class Redis:
         """Redis's own CPU so far, user + sys, seconds."""
         info = dict(l.split(":", 1) for l in self.cmd("INFO", "cpu").splitlines() if ":" in l)
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def calls(self, n):
+        """Commands Redis ran per task since CONFIG RESETSTAT (those inside scripts
+        included), this poller's own and the measurement's INFO/CONFIG left out: the
+        total, the script calls among them and the four most frequent."""
+        got = {}
+        for line in self.cmd("INFO", "commandstats").splitlines():
+            if line.startswith("cmdstat_"):
+                name, _, rest = line[len("cmdstat_"):].partition(":")
+                got[name] = int(rest.split("calls=")[1].split(",")[0]) - self.own.get(name, 0)
+        got = {k: v for k, v in got.items() if v > 0 and k not in ("info", "config")}
+        top = sorted(got.items(), key=lambda kv: -kv[1])[:4]
+        scripts = sum(got.get(k, 0) for k in ("evalsha", "eval", "fcall", "evalsha_ro"))
+        return {"calls_per_task": sum(got.values()) / n, "scripts_per_task": scripts / n,
+                "top_calls_per_task": {k: round(v / n, 3) for k, v in top}}
 
 
 def kib_fields(path, *names):
@@ -138,7 +156,7 @@ def gaffer_drain(port, stats_key, n, base, http, queue, manager, master):
     sample()
     print(json.dumps({"per_s": (a - a_first) / (now - t_first), "redis_us": redis_us,
                       "client_us": gaffer_us, "cpu_tasks": counted, "slots": len(slots),
-                      **foot}))
+                      **foot, **r.calls(n)}))
 
 
 def wait_slots(http, queue, n, timeout):
@@ -157,22 +175,25 @@ def wait_slots(http, queue, n, timeout):
         time.sleep(0.05)
 
 
-def bullmq_drained(port, timeout):
-    """Until BullMQ's queue `bench` has nothing waiting, prioritized or active."""
+def bullmq_drained(port, n, timeout):
+    """Until BullMQ's queue `bench` has nothing waiting, prioritized or active; then the
+    commands per job since the drain's CONFIG RESETSTAT."""
     r, deadline = Redis(port), time.monotonic() + float(timeout)
     while True:
         left = (r.cmd("LLEN", "bull:bench:wait") + r.cmd("LLEN", "bull:bench:active")
                 + r.cmd("ZCARD", "bull:bench:prioritized"))
         if left == 0:
+            print(json.dumps(r.calls(int(n))))
             return
         if time.monotonic() > deadline:
             sys.exit("BullMQ's drain timed out with %d jobs left" % left)
         time.sleep(0.02)
 
 
-def bullmq_round(n, cpu0, cpu1, reports):
+def bullmq_round(n, cpu0, cpu1, reports, calls):
     """The workers' own reports → rate from the first completion (any worker) to the last."""
     n = int(n)
+    calls = json.load(open(calls))
     ws = [json.loads(l) for l in open(reports) if l.strip()]
     got = sum(w["completed"] for w in ws)
     if got != n:
@@ -182,7 +203,7 @@ def bullmq_round(n, cpu0, cpu1, reports):
     print(json.dumps({"per_s": (n - 1) / ((last - first) / 1000),
                       "redis_us": (float(cpu1) - float(cpu0)) / n * 1e6,
                       "client_us": sum(w["cpu_us"] for w in ws) / n,
-                      "per_worker": [w["completed"] for w in ws]}))
+                      "per_worker": [w["completed"] for w in ws], **calls}))
 
 
 def summary(path):
@@ -200,6 +221,11 @@ def summary(path):
         "median", med("bullmq", "per_s"), med("gaffer", "per_s"), statistics.median(ratios),
         med("bullmq", "redis_us"), med("gaffer", "redis_us"),
         med("bullmq", "client_us"), med("gaffer", "client_us")))
+    for side in ("bullmq", "gaffer"):
+        x = rounds[-1][side]
+        print("%s, last round: %.3f script calls and %.2f Redis commands in all per task (%s)" % (
+            side, x["scripts_per_task"], x["calls_per_task"],
+            ", ".join("%s %.3f" % kv for kv in x["top_calls_per_task"].items())))
     mib = lambda b: "%.1f MiB" % (b / MIB)
     foot = lambda k: max(x["gaffer"][k] for x in rounds)
     print("footprint, max over the gaffer drains: master RSS %s (target < 30 MiB), manager RSS %s, "
