@@ -89,6 +89,22 @@ def private(pid):
     return f["Private_Dirty"] + f["Private_Clean"]
 
 
+def top_private(pid, k=4):
+    """The k mappings (by name) of a pid holding the most private memory, KiB."""
+    by_name, cur = {}, None
+    try:
+        with open("/proc/%s/smaps" % pid) as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                    cur = " ".join(head[5:]) or "[anon]"
+                elif head[0] in ("Private_Dirty:", "Private_Clean:"):
+                    by_name[cur] = by_name.get(cur, 0) + int(head[1])
+    except OSError:
+        return {}
+    return dict(sorted(by_name.items(), key=lambda kv: -kv[1])[:k])
+
+
 def tree_cpu(roots):
     """CPU seconds (user + sys) of the roots and every descendant (zygote, slots)."""
     stat = {}
@@ -154,9 +170,13 @@ def gaffer_drain(port, stats_key, n, base, http, queue, manager, master):
     redis_us = (r.cpu() - c) / counted * 1e6
     gaffer_us = (tree_cpu(roots) - g) / counted * 1e6
     sample()
+    # right after the drain, every slot idle again: what bench-host measured
+    after = {"master_rss_after": rss(master), "manager_rss_after": rss(manager),
+             "slot_private_after": max((private(p) for p in slots), default=0),
+             "slot_top_private_kib": top_private(slots[0]) if slots else {}}
     print(json.dumps({"per_s": (a - a_first) / (now - t_first), "redis_us": redis_us,
                       "client_us": gaffer_us, "cpu_tasks": counted, "slots": len(slots),
-                      **foot, **r.calls(n)}))
+                      **foot, **after, **r.calls(n)}))
 
 
 def wait_slots(http, queue, n, timeout):
@@ -231,6 +251,12 @@ def summary(path):
     print("footprint, max over the gaffer drains: master RSS %s (target < 30 MiB), manager RSS %s, "
           "no-op slot private %s (target < 8 MiB)" % (
               mib(foot("master_rss")), mib(foot("manager_rss")), mib(foot("slot_private"))))
+    last = rounds[-1]["gaffer"]
+    print("footprint right after the last drain: master RSS %s, manager RSS %s, no-op slot "
+          "private %s; the slot's largest private mappings: %s" % (
+              mib(last["master_rss_after"]), mib(last["manager_rss_after"]),
+              mib(last["slot_private_after"]),
+              ", ".join("%s %d KiB" % kv for kv in last["slot_top_private_kib"].items())))
 
 
 def main():
