@@ -575,8 +575,8 @@ mod tests {
         q.buckets().map(|(b, n)| (b * 10, n)).collect()
     }
 
-    /// No task lost or counted twice: arrived = done + ready + held, and a wait counted
-    /// for every task that started.
+    /// No task lost or counted twice: arrived = done + ready + held, the ready ones in
+    /// arrival order, and a wait counted for every task that started.
     fn assert_conserved(q: &QueueSim) {
         assert_eq!(
             q.arrived,
@@ -585,6 +585,11 @@ mod tests {
         );
         let ready: u64 = q.backlog.iter().map(|a| a.count).sum();
         assert_eq!(ready, q.backlog_total, "the backlog's runs add up");
+        let mut pairs = q.backlog.iter().zip(q.backlog.iter().skip(1));
+        assert!(
+            pairs.all(|(a, b)| a.at_ms <= b.at_ms),
+            "ready tasks in arrival order, given-back ones too"
+        );
         let held: u64 = q
             .slots
             .iter()
@@ -649,6 +654,21 @@ mod tests {
         run(&mut q, 5_100, 20_000);
         assert_eq!(q.work.processed, 15);
         assert_eq!(q.left(), 0);
+        assert_conserved(&q);
+    }
+
+    #[test]
+    fn an_idle_slot_stops_before_a_busy_one() {
+        let mut q = QueueSim::new(10);
+        q.set_slots(2, 0, 0);
+        q.arrive(0, 10, 1.0);
+        run(&mut q, 0, 1_000);
+        // One slot holds all 10 tasks, the other is idle: the idle one leaves, the busy
+        // one is not even asked.
+        assert_eq!(q.set_slots(1, 1_000, 0).stopped, 1);
+        assert_eq!((q.slots(), q.stopping, q.idle.len()), (1, 0, 0));
+        run(&mut q, 1_000, 10_000);
+        assert_eq!((q.work.processed, q.left()), (10, 0));
         assert_conserved(&q);
     }
 
