@@ -5,8 +5,9 @@
 //! Time advances in steps of [`STEP`]. Arrivals are Poisson per step (seeded); slots
 //! work as real ones do, under every policy: a whole batch per take, its tasks one after
 //! another at the mean task time (a task waits its turn in the batch), a stopped slot
-//! finishing its batch, a new slot working after the trace's `slot_start`. Waits (enqueue
-//! to start) go into a histogram with 10 ms resolution. All three policies place slots
+//! finishing the task in hand and giving the untouched rest of its batch back to the head
+//! of the queue, a new slot working after the trace's `slot_start`. Waits (enqueue to
+//! start) go into a histogram with 10 ms resolution. All three policies place slots
 //! with the balancer's placement, so they differ only in how many slots each queue gets,
 //! and when. `gaffer` decides on the manager's own statistics window
 //! ([`crate::manager::window`]), fed the simulated counters.

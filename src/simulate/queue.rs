@@ -4,9 +4,14 @@
 //! The slot model is the real one, not a fluid share: a working slot takes a whole batch
 //! (up to `batch_size` tasks, all leased at once) and handles its tasks one after the
 //! other at the queue's mean task time; the master learns of the batch's tasks and busy
-//! time when it is done. A slot asked to stop while it holds a batch finishes that batch
-//! first (its place is free for a new slot at once, as the master's plan counts it), and
-//! a started slot works only after the trace's `slot_start`.
+//! time when it is done. A slot asked to stop while it holds a batch stops as a real one
+//! does (`src/slot`): it finishes the task in hand, and when that is done it settles what
+//! it handled and gives the untouched rest back to the head of the ready tasks, where
+//! they keep their place and their arrival times (so their waits go on counting from
+//! there). Its place is free for a new slot at once, as the master's plan counts it. A
+//! started slot works only after the trace's `slot_start`. Every handler is taken to stop
+//! early, as gaffer's built-in, exec and well-behaved Rust handlers do: neither the config
+//! nor the trace says which handler would ignore the stop.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -17,12 +22,12 @@ use crate::manager::window::{Backlog, WorkCounters};
 /// ones, rare where it matters, in a tree.
 const DENSE_BUCKETS: usize = 6_000;
 
-/// Tasks that arrived together, waiting first-in first-out.
-#[derive(Debug, Clone, Copy)]
+/// Tasks that arrived together, waiting first-in first-out (or held together in a batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Arrivals {
     /// When they were enqueued (simulated ms).
     at_ms: u64,
-    /// How many are still waiting.
+    /// How many are still waiting (or held).
     count: u64,
 }
 
@@ -38,23 +43,48 @@ struct Starting {
 }
 
 /// A slot that works: idle, or holding a batch.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Slot {
     /// When it was started: the youngest stop first.
     born_ms: u64,
     /// Its batch, if it holds one.
     batch: Option<Batch>,
-    /// Asked to stop: it finishes its batch, then leaves.
+    /// When the tasks of its batch arrived, in the order it handles them: at most
+    /// `batch_size` runs, kept so that the tasks a stop leaves untouched go back with
+    /// their own arrival times.
+    held: Vec<Arrivals>,
+    /// Asked to stop: it finishes the task in hand, gives the rest back, then leaves.
     stopping: bool,
 }
 
-/// A batch a slot holds: leased until it is done (when, the busy heap knows).
+/// A batch a slot holds: leased until it ends (the busy heap knows when).
 #[derive(Debug, Clone, Copy)]
 struct Batch {
+    /// Tells this batch's end in the busy heap from ends that no longer hold (a batch
+    /// cut short by a stop, a slot whose index was reused).
+    id: u64,
+    /// When the slot took it, µs.
+    taken_us: u64,
     /// Tasks in it.
     tasks: u32,
+    /// Tasks handled when it ends: all of them, or fewer once a stop cut it short.
+    handled: u32,
     /// Handling time of each, µs.
     task_us: u64,
+}
+
+impl Batch {
+    /// When it ends: its last handled task is done, µs.
+    fn ends_us(&self) -> u64 {
+        self.taken_us + u64::from(self.handled) * self.task_us
+    }
+
+    /// The tasks handled if the slot is asked to stop at `at_us`: those done by then and
+    /// the one in hand, none started after it. A stop between two tasks starts no more.
+    fn handled_if_stopped(&self, at_us: u64) -> u32 {
+        let started = at_us.saturating_sub(self.taken_us).div_ceil(self.task_us);
+        started.min(u64::from(self.handled)) as u32
+    }
 }
 
 /// What setting a queue's slots did.
@@ -82,11 +112,14 @@ pub(super) struct QueueSim {
     vacant: Vec<usize>,
     /// Working slots without a batch (never stopping ones: those leave at once).
     idle: Vec<usize>,
-    /// Slots holding a batch, by when it is done.
-    busy: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Slots holding a batch, by when it ends: (µs, slot index, batch id). An entry whose
+    /// batch is gone or ends at another time is stale and skipped.
+    busy: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    /// The id of the next batch taken.
+    next_batch: u64,
     /// Working slots that are not stopping.
     running: u32,
-    /// Slots that finish a batch before they leave.
+    /// Slots that finish the task in hand before they leave.
     stopping: u32,
     /// Slots still starting, oldest first.
     starting: VecDeque<Starting>,
@@ -120,6 +153,7 @@ impl QueueSim {
             vacant: Vec::new(),
             idle: Vec::new(),
             busy: BinaryHeap::new(),
+            next_batch: 0,
             running: 0,
             stopping: 0,
             starting: VecDeque::new(),
@@ -161,7 +195,7 @@ impl QueueSim {
 
     /// Sets the queue's slots to `n` at `now_ms`; new ones work after `start_ms`. Surplus
     /// stops as a master stops it: idle slots first, then starting ones, busy ones last
-    /// (they finish their batch), the youngest first.
+    /// (they finish the task in hand), the youngest first.
     pub fn set_slots(&mut self, n: u32, now_ms: u64, start_ms: u64) -> SlotChange {
         let cur = self.slots();
         if n > cur {
@@ -181,7 +215,7 @@ impl QueueSim {
         let mut drop = stopped;
         drop -= self.stop_idle(drop);
         drop -= self.stop_starting(drop);
-        self.stop_busy(drop);
+        self.stop_busy(drop, now_ms * 1000);
         SlotChange {
             started: 0,
             stopped,
@@ -191,7 +225,7 @@ impl QueueSim {
     /// Up to `n` idle slots leave, the youngest first; how many did.
     fn stop_idle(&mut self, n: u32) -> u32 {
         let slots = &self.slots;
-        let born = |i: &usize| slots[*i].map_or(0, |s| s.born_ms);
+        let born = |i: &usize| slots[*i].as_ref().map_or(0, |s| s.born_ms);
         self.idle.sort_by_key(born);
         let k = (n as usize).min(self.idle.len());
         for _ in 0..k {
@@ -220,14 +254,15 @@ impl QueueSim {
         n - left
     }
 
-    /// `n` busy slots, the youngest first, finish their batch and leave.
-    fn stop_busy(&mut self, n: u32) {
+    /// `n` busy slots, the youngest first, are asked to stop at `now_us`: each finishes
+    /// the task in hand, then leaves.
+    fn stop_busy(&mut self, n: u32, now_us: u64) {
         for _ in 0..n {
             let youngest = self
                 .slots
                 .iter()
                 .enumerate()
-                .filter_map(|(i, s)| s.filter(|s| !s.stopping).map(|s| (s.born_ms, i)))
+                .filter_map(|(i, s)| s.as_ref().filter(|s| !s.stopping).map(|s| (s.born_ms, i)))
                 .max();
             let Some((_, i)) = youngest else {
                 return;
@@ -235,9 +270,25 @@ impl QueueSim {
             if let Some(s) = self.slots[i].as_mut() {
                 s.stopping = true;
             }
+            self.cut(i, now_us);
             self.running -= 1;
             self.stopping += 1;
         }
+    }
+
+    /// Slot `i`'s batch, the slot asked to stop at `now_us`, ends with the task in hand:
+    /// its end moves up to that task's, a new entry in the busy heap (the old one goes
+    /// stale, as its time no longer matches).
+    fn cut(&mut self, i: usize, now_us: u64) {
+        let Some(b) = self.slots[i].as_mut().and_then(|s| s.batch.as_mut()) else {
+            return;
+        };
+        let handled = b.handled_if_stopped(now_us);
+        if handled == b.handled {
+            return;
+        }
+        b.handled = handled;
+        self.busy.push(Reverse((b.ends_us(), i, b.id)));
     }
 
     /// `n` tasks arrive at `at_ms`, with a mean handling time of `task_seconds`.
@@ -260,6 +311,7 @@ impl QueueSim {
                 let slot = Slot {
                     born_ms: s.born_ms,
                     batch: None,
+                    held: Vec::new(),
                     stopping: false,
                 };
                 let i = match self.vacant.pop() {
@@ -288,8 +340,8 @@ impl QueueSim {
     }
 
     /// Its slots work the step from `now_ms` for `step_ms`: idle ones take batches, busy
-    /// ones finish theirs (and take the next, or leave if stopping); returns the busy
-    /// seconds of the batches done.
+    /// ones end theirs (and take the next, or leave if stopping); returns the busy
+    /// seconds of the batches ended.
     #[inline]
     pub fn handle(&mut self, now_ms: u64, step_ms: u64) -> f64 {
         let (now_us, end_us) = (now_ms * 1000, (now_ms + step_ms) * 1000);
@@ -298,13 +350,16 @@ impl QueueSim {
             self.take(i, now_us);
         }
         let mut busy = 0.0;
-        while let Some(&Reverse((done_us, i))) = self.busy.peek() {
+        while let Some(&Reverse((done_us, i, id))) = self.busy.peek() {
             if done_us >= end_us {
                 break;
             }
             self.busy.pop();
+            if !self.ends_now(i, id, done_us) {
+                continue;
+            }
             busy += self.finish(i);
-            let stopping = self.slots[i].is_some_and(|s| s.stopping);
+            let stopping = self.slots[i].as_ref().is_some_and(|s| s.stopping);
             if stopping {
                 self.slots[i] = None;
                 self.vacant.push(i);
@@ -319,25 +374,80 @@ impl QueueSim {
         busy
     }
 
-    /// Slot `i`'s batch is done: the master counts it; returns its busy seconds.
+    /// Whether the busy heap's entry (`i`, `id`, `at_us`) is the end of the batch slot
+    /// `i` holds now, not a stale one.
+    fn ends_now(&self, i: usize, id: u64, at_us: u64) -> bool {
+        let batch = self.slots[i].as_ref().and_then(|s| s.batch.as_ref());
+        batch.is_some_and(|b| b.id == id && b.ends_us() == at_us)
+    }
+
+    /// Slot `i`'s batch ends: the master counts the tasks it handled, and those a stop
+    /// left untouched go back; returns its busy seconds.
     fn finish(&mut self, i: usize) -> f64 {
-        let Some(b) = self.slots[i].as_mut().and_then(|s| s.batch.take()) else {
+        let Some(slot) = self.slots[i].as_mut() else {
             return 0.0;
         };
+        let Some(b) = slot.batch.take() else {
+            return 0.0;
+        };
+        let held = std::mem::take(&mut slot.held);
         self.held_total -= u64::from(b.tasks);
-        let busy = (u64::from(b.tasks) * b.task_us) as f64 / 1e6;
-        self.work.processed += u64::from(b.tasks);
+        let busy = (u64::from(b.handled) * b.task_us) as f64 / 1e6;
+        self.work.processed += u64::from(b.handled);
         self.work.busy_seconds += busy;
+        if b.handled < b.tasks {
+            self.give_back(&b, &held);
+        }
+        if let Some(slot) = self.slots[i].as_mut() {
+            // Kept for its next batch: a slot's runs allocate once.
+            slot.held = held;
+        }
         busy
     }
 
+    /// The tasks of `b` past those it handled go back to the head of the ready tasks,
+    /// in arrival order, with their arrival times (`held`); the waits counted for them
+    /// when they were taken are taken back, since they never started.
+    fn give_back(&mut self, b: &Batch, held: &[Arrivals]) {
+        let mut position = 0u64;
+        for run in held {
+            let first = u64::from(b.handled).max(position);
+            let end = position + run.count;
+            if first < end {
+                for p in first..end {
+                    let start_us = b.taken_us + p * b.task_us;
+                    self.uncount_wait((start_us / 1000).saturating_sub(run.at_ms));
+                }
+                self.put_back(Arrivals {
+                    at_ms: run.at_ms,
+                    count: end - first,
+                });
+            }
+            position = end;
+        }
+    }
+
+    /// Tasks given back join the ready ones in arrival order: ahead of any that arrived
+    /// at the same time or later, which every task still ready did, as batches take the
+    /// oldest first.
+    fn put_back(&mut self, run: Arrivals) {
+        let at = self.backlog.partition_point(|a| a.at_ms < run.at_ms);
+        self.backlog.insert(at, run);
+        self.backlog_total += run.count;
+    }
+
     /// Slot `i` takes a batch of the oldest tasks at `at_us`; each starts when the one
-    /// before it is done, which is its wait.
+    /// before it is done, which is its wait (taken back if a stop leaves it untouched).
     fn take(&mut self, i: usize, at_us: u64) {
         let tasks = u64::from(self.batch_size).min(self.backlog_total);
         let task_us = (self.task_seconds * 1e6).round().max(1.0) as u64;
         self.backlog_total -= tasks;
         self.held_total += tasks;
+        let mut held = self.slots[i]
+            .as_mut()
+            .map(|s| std::mem::take(&mut s.held))
+            .unwrap_or_default();
+        held.clear();
         let mut start_us = at_us;
         let mut n = tasks;
         while n > 0 {
@@ -348,19 +458,25 @@ impl QueueSim {
                 self.backlog.pop_front();
             }
             n -= k;
+            held.push(Arrivals { at_ms, count: k });
             for _ in 0..k {
                 self.count_wait((start_us / 1000).saturating_sub(at_ms));
                 start_us += task_us;
             }
         }
-        let done_us = at_us + tasks * task_us;
+        let batch = Batch {
+            id: self.next_batch,
+            taken_us: at_us,
+            tasks: tasks as u32,
+            handled: tasks as u32,
+            task_us,
+        };
+        self.next_batch += 1;
+        self.busy.push(Reverse((batch.ends_us(), i, batch.id)));
         if let Some(s) = self.slots[i].as_mut() {
-            s.batch = Some(Batch {
-                tasks: tasks as u32,
-                task_us,
-            });
+            s.batch = Some(batch);
+            s.held = held;
         }
-        self.busy.push(Reverse((done_us, i)));
     }
 
     #[inline]
@@ -369,6 +485,20 @@ impl QueueSim {
         match self.waits.get_mut(bucket as usize) {
             Some(n) => *n += 1,
             None => *self.long_waits.entry(bucket).or_default() += 1,
+        }
+    }
+
+    /// Takes back a wait [`count_wait`](Self::count_wait) counted for a task that did not
+    /// start then after all.
+    fn uncount_wait(&mut self, wait_ms: u64) {
+        let bucket = wait_ms / 10;
+        if let Some(n) = self.waits.get_mut(bucket as usize) {
+            *n -= 1;
+        } else if let Some(n) = self.long_waits.get_mut(&bucket) {
+            *n -= 1;
+            if *n == 0 {
+                self.long_waits.remove(&bucket);
+            }
         }
     }
 
@@ -440,23 +570,204 @@ mod tests {
         assert_eq!(q.max_wait(), 7_000);
     }
 
+    /// Every wait counted, as (wait ms, tasks).
+    fn waits(q: &QueueSim) -> Vec<(u64, u64)> {
+        q.buckets().map(|(b, n)| (b * 10, n)).collect()
+    }
+
+    /// No task lost or counted twice: arrived = done + ready + held, the ready ones in
+    /// arrival order, and a wait counted for every task that started.
+    fn assert_conserved(q: &QueueSim) {
+        assert_eq!(
+            q.arrived,
+            q.work.processed + q.left(),
+            "arrived = done + left"
+        );
+        let ready: u64 = q.backlog.iter().map(|a| a.count).sum();
+        assert_eq!(ready, q.backlog_total, "the backlog's runs add up");
+        let mut pairs = q.backlog.iter().zip(q.backlog.iter().skip(1));
+        assert!(
+            pairs.all(|(a, b)| a.at_ms <= b.at_ms),
+            "ready tasks in arrival order, given-back ones too"
+        );
+        let held: u64 = q
+            .slots
+            .iter()
+            .flatten()
+            .filter_map(|s| s.batch)
+            .map(|b| u64::from(b.tasks))
+            .sum();
+        assert_eq!(held, q.held_total, "the batches add up");
+        let counted: u64 = q.buckets().map(|(_, n)| n).sum();
+        assert_eq!(
+            counted,
+            q.arrived - q.backlog_total,
+            "a wait per task taken"
+        );
+    }
+
+    /// One slot holding a batch of ten 1 s tasks that arrived at 0, 20 and 40 ms (3, 3
+    /// and 4 of them), taken at 100 ms; five more tasks arrive at 3 s.
+    fn one_busy_slot() -> QueueSim {
+        let mut q = QueueSim::new(10);
+        q.set_slots(1, 0, 100);
+        q.arrive(0, 3, 1.0);
+        q.arrive(20, 3, 1.0);
+        q.arrive(40, 4, 1.0);
+        run(&mut q, 0, 3_000);
+        q.arrive(3_000, 5, 1.0);
+        assert_eq!((q.held_total, q.backlog_total), (10, 5));
+        q
+    }
+
     #[test]
-    fn a_stopped_slot_finishes_its_batch_before_it_leaves() {
+    fn a_stopped_slot_finishes_the_task_in_hand_and_gives_the_rest_back() {
+        let mut q = one_busy_slot();
+        // At 3.5 s the slot is 3.4 s into its batch: task k = 3 is in hand.
+        q.set_slots(0, 3_500, 0);
+        assert_eq!((q.slots(), q.stopping), (0, 1));
+        run(&mut q, 3_500, 600);
+        // Task 3 ends at 4.1 s: nothing is settled or given back before.
+        assert_eq!((q.work.processed, q.held_total, q.stopping), (0, 10, 1));
+        assert_conserved(&q);
+        run(&mut q, 4_100, 100);
+        // It leaves at the end of task k: k + 1 = 4 done, N - k - 1 = 6 back, ahead of
+        // the later arrivals, with their own arrival times.
+        assert_eq!((q.work.processed, q.held_total, q.stopping), (4, 0, 0));
+        assert_eq!(q.work.busy_seconds, 4.0);
+        let back = [(20, 2), (40, 4), (3_000, 5)].map(|(at_ms, count)| Arrivals { at_ms, count });
+        assert_eq!(q.backlog.iter().copied().collect::<Vec<_>>(), back);
+        assert_eq!(q.backlog_total, 11);
+        assert_conserved(&q);
+        // Only the four that started have waits; the six given back wait on from their
+        // arrival: a new slot takes them at 5 s.
+        assert_eq!(waits(&q), [(100, 1), (1_100, 1), (2_100, 1), (3_080, 1)]);
+        q.set_slots(1, 5_000, 0);
+        run(&mut q, 5_000, 100);
+        // The six given back first, then four of the five that arrived at 3 s.
+        let w: Vec<u64> = waits(&q).into_iter().map(|(w, _)| w).collect();
+        let started = [100, 1_100, 2_100, 3_080, 4_980, 5_980, 6_960, 7_960, 8_000];
+        assert_eq!(
+            w,
+            [&started[..], &[8_960, 9_000, 9_960, 10_000, 11_000]].concat()
+        );
+        run(&mut q, 5_100, 20_000);
+        assert_eq!(q.work.processed, 15);
+        assert_eq!(q.left(), 0);
+        assert_conserved(&q);
+    }
+
+    #[test]
+    fn an_idle_slot_stops_before_a_busy_one() {
         let mut q = QueueSim::new(10);
         q.set_slots(2, 0, 0);
         q.arrive(0, 10, 1.0);
         run(&mut q, 0, 1_000);
-        // One slot holds all 10 tasks, the other is idle: the idle one stops first.
+        // One slot holds all 10 tasks, the other is idle: the idle one leaves, the busy
+        // one is not even asked.
         assert_eq!(q.set_slots(1, 1_000, 0).stopped, 1);
-        assert_eq!((q.slots(), q.stopping), (1, 0));
-        // The busy one is asked to stop: it no longer counts, but works on.
-        q.set_slots(0, 1_000, 0);
-        assert_eq!((q.slots(), q.stopping), (0, 1));
-        run(&mut q, 1_000, 5_000);
+        assert_eq!((q.slots(), q.stopping, q.idle.len()), (1, 0, 0));
+        run(&mut q, 1_000, 10_000);
+        assert_eq!((q.work.processed, q.left()), (10, 0));
+        assert_conserved(&q);
+    }
+
+    #[test]
+    fn a_slot_stopped_between_two_tasks_starts_no_more() {
+        let mut q = one_busy_slot();
+        // 3 s into the batch exactly: task 2 just ended, task 3 not started.
+        q.set_slots(0, 3_100, 0);
+        run(&mut q, 3_100, 100);
+        assert_eq!((q.work.processed, q.stopping, q.backlog_total), (3, 0, 12));
+        assert_eq!(
+            q.backlog.front().copied(),
+            Some(Arrivals {
+                at_ms: 20,
+                count: 3
+            })
+        );
+        assert_conserved(&q);
+    }
+
+    #[test]
+    fn a_slot_stopped_in_its_batch_s_last_task_gives_nothing_back() {
+        let mut q = one_busy_slot();
+        run(&mut q, 3_000, 6_500);
+        // 9.4 s into the batch: its last task is in hand; it ends with the batch.
+        q.set_slots(0, 9_500, 0);
+        run(&mut q, 9_500, 600);
         assert_eq!((q.work.processed, q.stopping), (0, 1));
-        run(&mut q, 6_000, 5_000);
-        assert_eq!((q.work.processed, q.stopping), (10, 0));
-        assert_eq!(q.split_backlog(), Backlog::default());
+        run(&mut q, 10_100, 100);
+        assert_eq!((q.work.processed, q.stopping, q.backlog_total), (10, 0, 5));
+        assert_conserved(&q);
+    }
+
+    #[test]
+    fn a_slot_stopped_while_starting_never_takes() {
+        let mut q = QueueSim::new(10);
+        q.set_slots(1, 0, 500);
+        q.arrive(0, 5, 1.0);
+        run(&mut q, 0, 200);
+        assert_eq!(q.set_slots(0, 200, 500).stopped, 1);
+        run(&mut q, 200, 1_000);
+        assert_eq!(
+            (q.slots(), q.stopping, q.work.processed, q.backlog_total),
+            (0, 0, 0, 5)
+        );
+        assert_conserved(&q);
+    }
+
+    #[test]
+    fn a_cut_batch_s_old_end_never_ends_a_later_batch() {
+        // A batch of ten 1 s tasks taken at 0 would end at 10 s; stopped at 0.5 s it ends
+        // at 1 s and its slot leaves. A new slot, at the same index, takes the nine given
+        // back and one more, of 0.89 s, at 1.1 s: they end at 10 s too, where the old end,
+        // stale now, must not end them before their own does (or a second time).
+        let mut q = QueueSim::new(10);
+        q.set_slots(1, 0, 0);
+        q.arrive(0, 10, 1.0);
+        run(&mut q, 0, 500);
+        q.set_slots(0, 500, 0);
+        run(&mut q, 500, 600);
+        assert_eq!((q.work.processed, q.backlog_total, q.stopping), (1, 9, 0));
+        q.arrive(1_050, 1, 0.89);
+        q.set_slots(1, 1_100, 0);
+        run(&mut q, 1_100, 100);
+        assert_eq!(q.slots.len(), 1, "the index is reused");
+        run(&mut q, 1_200, 15_000);
+        assert_eq!((q.work.processed, q.left(), q.idle.len()), (11, 0, 1));
+        assert!(
+            (q.work.busy_seconds - 9.9).abs() < 1e-9,
+            "{}",
+            q.work.busy_seconds
+        );
+        assert_conserved(&q);
+    }
+
+    #[test]
+    fn no_task_is_lost_whatever_the_slots_do() {
+        let mut rng = crate::simulate::rng::Rng(16);
+        let mut q = QueueSim::new(7);
+        let mut cut_short = 0;
+        for t in (0..600_000).step_by(100) {
+            if t % 2_000 == 0 {
+                q.set_slots((rng.poisson(3.0) as u32).min(8), t, 300);
+            }
+            q.arrive(t + 50, rng.poisson(2.0), 0.37);
+            q.start_ready(t);
+            q.live(0.1);
+            q.handle(t, 100);
+            assert_conserved(&q);
+            cut_short += q
+                .slots
+                .iter()
+                .flatten()
+                .filter_map(|s| s.batch)
+                .filter(|b| b.handled < b.tasks)
+                .count();
+        }
+        assert!(q.work.processed > 1_000, "{}", q.work.processed);
+        assert!(cut_short > 0, "some batches were cut short by a stop");
     }
 
     #[test]

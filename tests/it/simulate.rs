@@ -73,8 +73,9 @@ fn a_surge_is_served_within_a_second() {
     );
 }
 
-/// Batches are taken whole and a stopped slot finishes its batch, under every policy: no
-/// task is lost or counted twice, whatever the rule moves.
+/// Batches are taken whole and a stopped slot finishes the task in hand and gives the rest
+/// of its batch back, under every policy: no task is lost or counted twice, whatever the
+/// rule moves.
 #[test]
 fn every_policy_accounts_for_every_task() {
     for trace in TRACES {
