@@ -139,7 +139,7 @@ impl<'a> Collector<'a> {
 }
 
 /// 1-based line and character column of a byte offset.
-fn line_col(source: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(source: &str, offset: usize) -> (usize, usize) {
     let mut offset = offset.min(source.len());
     while !source.is_char_boundary(offset) {
         offset -= 1;

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{ConfigError, Diagnostic, Diagnostics};
+// The simulator's trace files locate their errors as configs do.
+pub(crate) use error::line_col;
 pub use handler::Handler;
 pub use validate::RESERVED_SUBMITTER;
 pub use values::{

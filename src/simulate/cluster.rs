@@ -13,7 +13,7 @@ use crate::balancer::{Balancer, HostState, IndexedInput, QueueWindow};
 use crate::config::{Config, QueueConfig};
 use crate::manager::window::{Backlog, HostCounters, Sample, StatsWindow};
 
-use super::queue::QueueSim;
+use super::queue::{QueueSim, StopAt};
 use super::rng::Rng;
 use super::trace::{Load, Trace};
 use super::{HPA_STABILISATION, HPA_SYNC, Policy, QueueReport, Report, STEP};
@@ -267,8 +267,8 @@ impl<'a> SimCluster<'a> {
             rng: Rng(trace.seed ^ 0x6761_6666_6572),
             queues: config
                 .queues
-                .values()
-                .map(|c| QueueSim::new(c.batch_size))
+                .iter()
+                .map(|(name, c)| QueueSim::new(c.batch_size, stop_at(trace, name)))
                 .collect(),
             loads,
             balancer,
@@ -485,5 +485,15 @@ fn arrivals(q: &mut QueueSim, segments: &[&Load], now_ms: u64, rng: &mut Rng) {
         let task_seconds = weighted / rate;
         let n = rng.poisson(rate * DT);
         q.arrive(now_ms + STEP_MS / 2, n, task_seconds);
+    }
+}
+
+/// Where a stopped busy slot of `queue` stops: after its whole batch when the trace says
+/// its handler ignores the stop, after the task in hand otherwise.
+fn stop_at(trace: &Trace, queue: &str) -> StopAt {
+    if trace.stops_at_batch_end(queue) {
+        StopAt::Batch
+    } else {
+        StopAt::Task
     }
 }

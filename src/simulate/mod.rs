@@ -6,7 +6,8 @@
 //! work as real ones do, under every policy: a whole batch per take, its tasks one after
 //! another at the mean task time (a task waits its turn in the batch), a stopped slot
 //! finishing the task in hand and giving the untouched rest of its batch back to the head
-//! of the queue, a new slot working after the trace's `slot_start`. Waits (enqueue to
+//! of the queue (or, for a queue the trace lists in `whole_batch`, whose handler ignores
+//! the stop, finishing its whole batch), a new slot working after the trace's `slot_start`. Waits (enqueue to
 //! start) go into a histogram with 10 ms resolution. All three policies place slots
 //! with the balancer's placement, so they differ only in how many slots each queue gets,
 //! and when. `gaffer` decides on the manager's own statistics window
@@ -100,6 +101,9 @@ pub enum SimulateError {
         /// The queue the trace names.
         queue: String,
     },
+    /// Another key of the trace names a queue the config does not have (`whole_batch`).
+    #[error(transparent)]
+    Trace(#[from] TraceError),
 }
 
 /// Runs `trace` against the queues of `config` under `policy`.
@@ -111,6 +115,7 @@ pub fn run(config: &Config, trace: &Trace, policy: Policy) -> Result<Report, Sim
             });
         }
     }
+    trace.check_whole_batch(|q| config.queues.contains_key(q))?;
     Ok(SimCluster::new(config, trace, policy).run())
 }
 

@@ -9,9 +9,11 @@
 //! it handled and gives the untouched rest back to the head of the ready tasks, where
 //! they keep their place and their arrival times (so their waits go on counting from
 //! there). Its place is free for a new slot at once, as the master's plan counts it. A
-//! started slot works only after the trace's `slot_start`. Every handler is taken to stop
-//! early, as gaffer's built-in, exec and well-behaved Rust handlers do: neither the config
-//! nor the trace says which handler would ignore the stop.
+//! started slot works only after the trace's `slot_start`. A handler stops early
+//! ([`StopAt::Task`]) as gaffer's built-in, exec and well-behaved Rust handlers do, unless
+//! the trace lists its queue in `whole_batch` ([`StopAt::Batch`]: an exec child that
+//! ignores the stop line, a Rust handler that never looks at `SlotContext::should_stop`),
+//! whose stopped slots finish their whole batch and give nothing back.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
@@ -21,6 +23,16 @@ use crate::manager::window::{Backlog, WorkCounters};
 /// Waits below this many 10 ms buckets (a minute) are counted in a dense table; longer
 /// ones, rare where it matters, in a tree.
 const DENSE_BUCKETS: usize = 6_000;
+
+/// Where a slot asked to stop in the middle of a batch stops: what its queue's handler
+/// does with the stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StopAt {
+    /// After the task in hand; the untouched rest of the batch goes back.
+    Task,
+    /// After the whole batch (a handler that ignores the stop); nothing goes back.
+    Batch,
+}
 
 /// Tasks that arrived together, waiting first-in first-out (or held together in a batch).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +65,8 @@ struct Slot {
     /// `batch_size` runs, kept so that the tasks a stop leaves untouched go back with
     /// their own arrival times.
     held: Vec<Arrivals>,
-    /// Asked to stop: it finishes the task in hand, gives the rest back, then leaves.
+    /// Asked to stop: it finishes the task in hand, gives the rest back, then leaves (or,
+    /// for [`StopAt::Batch`], finishes its batch, then leaves).
     stopping: bool,
 }
 
@@ -101,6 +114,8 @@ pub(super) struct SlotChange {
 pub(super) struct QueueSim {
     /// Tasks a slot takes at once.
     batch_size: u32,
+    /// Where its stopped busy slots stop.
+    stop_at: StopAt,
     backlog: VecDeque<Arrivals>,
     /// Σ of `backlog`'s counts: tasks ready.
     backlog_total: u64,
@@ -119,7 +134,7 @@ pub(super) struct QueueSim {
     next_batch: u64,
     /// Working slots that are not stopping.
     running: u32,
-    /// Slots that finish the task in hand before they leave.
+    /// Slots that finish the task in hand (or their batch) before they leave.
     stopping: u32,
     /// Slots still starting, oldest first.
     starting: VecDeque<Starting>,
@@ -142,10 +157,12 @@ pub(super) struct QueueSim {
 }
 
 impl QueueSim {
-    /// An idle queue whose slots take `batch_size` tasks at once.
-    pub fn new(batch_size: u32) -> Self {
+    /// An idle queue whose slots take `batch_size` tasks at once and, asked to stop while
+    /// busy, stop at `stop_at`.
+    pub fn new(batch_size: u32, stop_at: StopAt) -> Self {
         Self {
             batch_size: batch_size.max(1),
+            stop_at,
             backlog: VecDeque::new(),
             backlog_total: 0,
             held_total: 0,
@@ -255,7 +272,7 @@ impl QueueSim {
     }
 
     /// `n` busy slots, the youngest first, are asked to stop at `now_us`: each finishes
-    /// the task in hand, then leaves.
+    /// the task in hand (or its batch, for [`StopAt::Batch`]), then leaves.
     fn stop_busy(&mut self, n: u32, now_us: u64) {
         for _ in 0..n {
             let youngest = self
@@ -270,7 +287,9 @@ impl QueueSim {
             if let Some(s) = self.slots[i].as_mut() {
                 s.stopping = true;
             }
-            self.cut(i, now_us);
+            if self.stop_at == StopAt::Task {
+                self.cut(i, now_us);
+            }
             self.running -= 1;
             self.stopping += 1;
         }
@@ -551,7 +570,7 @@ mod tests {
 
     #[test]
     fn a_slot_takes_a_whole_batch_and_its_tasks_wait_their_turn() {
-        let mut q = QueueSim::new(5);
+        let mut q = QueueSim::new(5, StopAt::Task);
         q.set_slots(1, 0, 0);
         q.arrive(0, 8, 1.0);
         run(&mut q, 0, 100);
@@ -609,7 +628,12 @@ mod tests {
     /// One slot holding a batch of ten 1 s tasks that arrived at 0, 20 and 40 ms (3, 3
     /// and 4 of them), taken at 100 ms; five more tasks arrive at 3 s.
     fn one_busy_slot() -> QueueSim {
-        let mut q = QueueSim::new(10);
+        one_busy_slot_stopping_at(StopAt::Task)
+    }
+
+    /// [`one_busy_slot`] of a queue whose handler stops at `stop_at`.
+    fn one_busy_slot_stopping_at(stop_at: StopAt) -> QueueSim {
+        let mut q = QueueSim::new(10, stop_at);
         q.set_slots(1, 0, 100);
         q.arrive(0, 3, 1.0);
         q.arrive(20, 3, 1.0);
@@ -659,7 +683,7 @@ mod tests {
 
     #[test]
     fn an_idle_slot_stops_before_a_busy_one() {
-        let mut q = QueueSim::new(10);
+        let mut q = QueueSim::new(10, StopAt::Task);
         q.set_slots(2, 0, 0);
         q.arrive(0, 10, 1.0);
         run(&mut q, 0, 1_000);
@@ -704,7 +728,7 @@ mod tests {
 
     #[test]
     fn a_slot_stopped_while_starting_never_takes() {
-        let mut q = QueueSim::new(10);
+        let mut q = QueueSim::new(10, StopAt::Task);
         q.set_slots(1, 0, 500);
         q.arrive(0, 5, 1.0);
         run(&mut q, 0, 200);
@@ -723,7 +747,7 @@ mod tests {
         // at 1 s and its slot leaves. A new slot, at the same index, takes the nine given
         // back and one more, of 0.89 s, at 1.1 s: they end at 10 s too, where the old end,
         // stale now, must not end them before their own does (or a second time).
-        let mut q = QueueSim::new(10);
+        let mut q = QueueSim::new(10, StopAt::Task);
         q.set_slots(1, 0, 0);
         q.arrive(0, 10, 1.0);
         run(&mut q, 0, 500);
@@ -745,10 +769,78 @@ mod tests {
     }
 
     #[test]
+    fn a_stopped_slot_of_a_whole_batch_queue_finishes_its_batch_and_gives_nothing_back() {
+        let mut q = one_busy_slot_stopping_at(StopAt::Batch);
+        // At 3.5 s task 3 is in hand, but the handler ignores the stop: the slot's place
+        // is free at once, and it works on.
+        assert_eq!(q.set_slots(0, 3_500, 0).stopped, 1);
+        assert_eq!((q.slots(), q.stopping), (0, 1));
+        run(&mut q, 3_500, 6_600);
+        // The batch ends at 10.1 s: until then nothing is settled or given back.
+        assert_eq!((q.work.processed, q.held_total, q.stopping), (0, 10, 1));
+        assert_conserved(&q);
+        run(&mut q, 10_100, 100);
+        // It leaves at the batch's end with all ten done; only the later arrivals wait.
+        assert_eq!((q.work.processed, q.held_total, q.stopping), (10, 0, 0));
+        assert_eq!(q.work.busy_seconds, 10.0);
+        let later = [Arrivals {
+            at_ms: 3_000,
+            count: 5,
+        }];
+        assert_eq!(q.backlog.iter().copied().collect::<Vec<_>>(), later);
+        assert_conserved(&q);
+        // Every task of the batch started, each in its turn: no wait taken back.
+        let w: Vec<u64> = waits(&q).into_iter().map(|(w, _)| w).collect();
+        let turns = [
+            100, 1_100, 2_100, 3_080, 4_080, 5_080, 6_060, 7_060, 8_060, 9_060,
+        ];
+        assert_eq!(w, turns);
+        q.set_slots(1, 10_200, 0);
+        run(&mut q, 10_200, 10_000);
+        assert_eq!((q.work.processed, q.left()), (15, 0));
+        assert_conserved(&q);
+    }
+
+    #[test]
+    fn a_whole_batch_queue_s_idle_slot_still_leaves_at_once() {
+        let mut q = QueueSim::new(10, StopAt::Batch);
+        q.set_slots(2, 0, 0);
+        q.arrive(0, 10, 1.0);
+        run(&mut q, 0, 1_000);
+        assert_eq!(q.set_slots(1, 1_000, 0).stopped, 1);
+        assert_eq!((q.slots(), q.stopping, q.idle.len()), (1, 0, 0));
+        // Stopping the busy one too: it holds its batch to the end, at 10 s.
+        q.set_slots(0, 1_000, 0);
+        run(&mut q, 1_000, 9_000);
+        assert_eq!((q.work.processed, q.stopping), (0, 1));
+        run(&mut q, 10_000, 100);
+        assert_eq!((q.work.processed, q.stopping, q.left()), (10, 0, 0));
+        assert_conserved(&q);
+    }
+
+    #[test]
     fn no_task_is_lost_whatever_the_slots_do() {
+        let (processed, cut_short, _) = churn(StopAt::Task);
+        assert!(processed > 1_000, "{processed}");
+        assert!(cut_short > 0, "some batches were cut short by a stop");
+    }
+
+    #[test]
+    fn no_task_is_lost_when_stopped_slots_finish_their_batches() {
+        let (processed, cut_short, stopping) = churn(StopAt::Batch);
+        assert!(processed > 1_000, "{processed}");
+        assert!(stopping > 0, "some busy slots were stopped");
+        assert_eq!(cut_short, 0, "a whole-batch queue's batches are never cut");
+    }
+
+    /// Ten simulated minutes of random slot changes and arrivals on a queue whose handler
+    /// stops at `stop_at`, conservation checked at every step; the tasks done, the steps
+    /// a slot held a batch cut short by a stop, the steps a stopped slot worked on.
+    fn churn(stop_at: StopAt) -> (u64, usize, u32) {
         let mut rng = crate::simulate::rng::Rng(16);
-        let mut q = QueueSim::new(7);
+        let mut q = QueueSim::new(7, stop_at);
         let mut cut_short = 0;
+        let mut stopping = 0;
         for t in (0..600_000).step_by(100) {
             if t % 2_000 == 0 {
                 q.set_slots((rng.poisson(3.0) as u32).min(8), t, 300);
@@ -758,6 +850,7 @@ mod tests {
             q.live(0.1);
             q.handle(t, 100);
             assert_conserved(&q);
+            stopping += q.stopping;
             cut_short += q
                 .slots
                 .iter()
@@ -766,13 +859,12 @@ mod tests {
                 .filter(|b| b.handled < b.tasks)
                 .count();
         }
-        assert!(q.work.processed > 1_000, "{}", q.work.processed);
-        assert!(cut_short > 0, "some batches were cut short by a stop");
+        (q.work.processed, cut_short, stopping)
     }
 
     #[test]
     fn a_started_slot_works_after_its_start() {
-        let mut q = QueueSim::new(1);
+        let mut q = QueueSim::new(1, StopAt::Task);
         q.set_slots(1, 0, 500);
         q.arrive(0, 1, 0.01);
         run(&mut q, 0, 1_000);

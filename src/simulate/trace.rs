@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+use toml::Spanned;
 
 /// A simulated cluster and the load it gets.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,6 +20,50 @@ pub struct Trace {
     pub events: Vec<Event>,
     /// Tasks per slot the `hpa` policy aims for (KEDA's queue-length target).
     pub hpa_target: f64,
+    /// Queues whose handlers ignore a stop: a stopped slot of one finishes its whole batch.
+    pub whole_batch: Vec<WholeBatch>,
+    /// Where the trace came from (its path), for the errors found against a config.
+    pub origin: String,
+}
+
+/// A queue the trace's `whole_batch` names, with where, so a name the config does not
+/// have is reported at its place in the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WholeBatch {
+    /// The queue.
+    pub queue: String,
+    /// 1-based line of the name in the trace.
+    pub line: usize,
+    /// 1-based column, in characters.
+    pub column: usize,
+}
+
+impl Trace {
+    /// Whether a stopped slot of `queue` finishes its whole batch (its handler ignores the
+    /// stop) rather than only the task in hand.
+    pub fn stops_at_batch_end(&self, queue: &str) -> bool {
+        self.whole_batch.iter().any(|w| w.queue == queue)
+    }
+
+    /// Checks that every queue `whole_batch` names is one `known` accepts (the config's):
+    /// a name that is not would silently change nothing.
+    pub fn check_whole_batch(&self, known: impl Fn(&str) -> bool) -> Result<(), TraceError> {
+        let unknown = self
+            .whole_batch
+            .iter()
+            .enumerate()
+            .find(|(_, w)| !known(&w.queue));
+        match unknown {
+            Some((i, w)) => Err(TraceError::UnknownQueue {
+                origin: self.origin.clone(),
+                line: w.line,
+                column: w.column,
+                key: format!("whole_batch[{i}]"),
+                queue: w.queue.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Identical hosts.
@@ -94,6 +139,8 @@ struct RawTrace {
     load: Vec<RawLoad>,
     #[serde(default)]
     events: Vec<RawEvent>,
+    #[serde(default)]
+    whole_batch: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -126,7 +173,7 @@ struct RawEvent {
 /// Why a trace cannot be used; every message starts with the trace's origin (its path),
 /// then the key at fault. The underlying parser's message is part of the text rather than
 /// a `source`, so a report that prints the chain does not say it twice.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TraceError {
     /// Not TOML, or not the trace's shape.
     #[error("{origin}: {reason}")]
@@ -161,6 +208,20 @@ pub enum TraceError {
         origin: String,
         /// The key, e.g. `load[0].rate`.
         key: String,
+    },
+    /// A queue name the config does not have, located as config errors are.
+    #[error("{origin}:{line}:{column}: {key}: queue `{queue}` is not in the config")]
+    UnknownQueue {
+        /// The trace's path.
+        origin: String,
+        /// 1-based line of the name.
+        line: usize,
+        /// 1-based column of the name, in characters.
+        column: usize,
+        /// The key, e.g. `whole_batch[0]`.
+        key: String,
+        /// The name.
+        queue: String,
     },
 }
 
@@ -232,5 +293,68 @@ pub fn parse(text: &str, origin: &str) -> Result<Trace, TraceError> {
         load,
         events,
         hpa_target: raw.hpa_target.unwrap_or(5.0),
+        whole_batch: located(text, &raw.whole_batch),
+        origin: origin.to_string(),
     })
+}
+
+/// The names of `whole_batch` with their places in `text`.
+fn located(text: &str, names: &[Spanned<String>]) -> Vec<WholeBatch> {
+    names
+        .iter()
+        .map(|name| {
+            let (line, column) = crate::config::line_col(text, name.span().start);
+            WholeBatch {
+                queue: name.get_ref().clone(),
+                line,
+                column,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOSTS: &str =
+        "duration = \"1m\"\n[hosts]\ncount = 1\nmemory = \"1GiB\"\nslot_memory = \"100MiB\"\n";
+
+    #[test]
+    fn whole_batch_is_empty_unless_given() {
+        let t = parse(HOSTS, "t.toml").unwrap();
+        assert!(t.whole_batch.is_empty());
+        assert!(!t.stops_at_batch_end("reports"));
+        assert_eq!(t.check_whole_batch(|_| false), Ok(()));
+    }
+
+    #[test]
+    fn whole_batch_names_queues_whose_slots_finish_their_batch() {
+        let text = format!("whole_batch = [\"reports\", \"resize\"]\n{HOSTS}");
+        let t = parse(&text, "t.toml").unwrap();
+        let names: Vec<&str> = t.whole_batch.iter().map(|w| w.queue.as_str()).collect();
+        assert_eq!(names, ["reports", "resize"]);
+        assert!(t.stops_at_batch_end("reports"));
+        assert!(!t.stops_at_batch_end("events"));
+        assert_eq!(t.check_whole_batch(|_| true), Ok(()));
+    }
+
+    #[test]
+    fn a_whole_batch_queue_the_config_lacks_is_refused_at_its_place() {
+        let text = format!("whole_batch = [\n  \"reports\",\n  \"nope\",\n]\n{HOSTS}");
+        let t = parse(&text, "traces/t.toml").unwrap();
+        let err = t.check_whole_batch(|q| q == "reports").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "traces/t.toml:3:3: whole_batch[1]: queue `nope` is not in the config"
+        );
+    }
+
+    #[test]
+    fn whole_batch_must_be_a_list_of_names() {
+        let text = format!("whole_batch = \"reports\"\n{HOSTS}");
+        let err = parse(&text, "t.toml").unwrap_err().to_string();
+        assert!(err.starts_with("t.toml: "), "{err}");
+        assert!(err.contains("whole_batch"), "{err}");
+    }
 }

@@ -124,3 +124,67 @@ fn a_trace_naming_an_unknown_queue_is_refused() {
         .to_string();
     assert!(err.starts_with("t.toml: "), "{err}");
 }
+
+/// A small flash crowd: `reports` (batches of 50 tasks of 2 s) fills one host of 20 slots
+/// when `events` jumps twentyfold for 3 min, so gaffer stops `reports` slots mid-batch.
+const SMALL_SURGE: &str = "duration = \"10m\"\nseed = 3\n\
+    [hosts]\ncount = 1\nmemory = \"4GiB\"\nslot_memory = \"200MiB\"\n\
+    [[load]]\nqueue = \"reports\"\nfrom = \"0s\"\nto = \"10m\"\nrate = 20.0\ntask_time = \"2s\"\n\
+    [[load]]\nqueue = \"events\"\nfrom = \"0s\"\nto = \"10m\"\nrate = 10.0\ntask_time = \"50ms\"\n\
+    [[load]]\nqueue = \"events\"\nfrom = \"3m\"\nto = \"6m\"\nrate = 200.0\ntask_time = \"50ms\"\n";
+
+/// `gaffer simulate` run as the binary on `trace` (written to `dir`), its exit status,
+/// stdout and stderr.
+fn simulate_binary(dir: &Path, trace: &str) -> (Option<i32>, String, String) {
+    let path = dir.join("t.toml");
+    std::fs::write(&path, trace).unwrap();
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("traces/cluster.toml");
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&config)
+        .arg("simulate")
+        .arg(&path)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (o.status.code(), text(&o.stdout), text(&o.stderr))
+}
+
+/// Tasks `reports` handled, from the binary's JSON report on `trace`.
+fn reports_done(dir: &Path, trace: &str) -> u64 {
+    let (code, out, err) = simulate_binary(dir, trace);
+    assert_eq!(code, Some(0), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    report["queues"]["reports"]["done"].as_u64().unwrap()
+}
+
+/// A queue listed in `whole_batch` has a handler that ignores the stop: its stopped slots
+/// finish their whole batch beside their replacements, so it handles more in the same
+/// time than when they give the rest of their batch back after the task in hand.
+#[test]
+fn whole_batch_queues_finish_their_batches_when_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let task = reports_done(dir.path(), SMALL_SURGE);
+    let batch = reports_done(
+        dir.path(),
+        &format!("whole_batch = [\"reports\"]\n{SMALL_SURGE}"),
+    );
+    assert!(
+        batch > task,
+        "reports done: {batch} finishing whole batches, {task} stopping after the task"
+    );
+}
+
+/// A `whole_batch` name the config lacks is a usage error (exit 2) located in the trace.
+#[test]
+fn a_whole_batch_queue_not_in_the_config_exits_2_with_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = format!("whole_batch = [\"reports\", \"nope\"]\n{SMALL_SURGE}");
+    let (code, _, err) = simulate_binary(dir.path(), &trace);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("t.toml:1:27: whole_batch[1]: queue `nope` is not in the config"),
+        "{err}"
+    );
+}
