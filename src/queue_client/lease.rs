@@ -260,8 +260,8 @@ impl Queue {
         inv
     }
 
-    /// settle.lua's arguments: its header, then the acks of first attempts, those of
-    /// later attempts, and the other ops, in `order`.
+    /// settle.lua's arguments: its header (with the first attempts' shared token), then
+    /// the acks of first attempts, those of later attempts, and the other ops, in `order`.
     pub(super) fn push_settle_args(
         &self,
         inv: &mut redis::ScriptInvocation<'_>,
@@ -275,8 +275,13 @@ impl Queue {
             .arg(slot)
             .arg(self.ttl_arg())
             .arg(self.ordered_arg());
+        if order.first.is_empty() {
+            inv.arg("");
+        } else {
+            inv.arg(order.token);
+        }
         for &i in &order.first {
-            inv.arg(&ops[i].id).arg(ops[i].token);
+            inv.arg(&ops[i].id);
         }
         // Later attempts carry their attempt: the record's done entry names it.
         for &i in &order.later {
@@ -381,17 +386,23 @@ impl Batch {
     }
 }
 
-/// take.lua's reply as a batch: `{now, token, expiry, id, attempt, payload, ...}`, or
+/// take.lua's reply as a batch: `{now, token, expiry, id, attempt, payload, ...}`;
+/// `{now, -token, expiry, id, payload, ...}` when every task is at its first attempt; or
 /// `{now, 0, hint}` when nothing was taken.
 fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
-    if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(3) {
+    let signed = match reply.get(1) {
+        Some(v) => int(v)?,
+        None => 0,
+    };
+    let stride = if signed < 0 { 2 } else { 3 };
+    if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(stride) {
         return Err(QueueError::Protocol(format!(
             "take returned {} values",
             reply.len()
         )));
     }
     let now_ms = int(&reply[0])?;
-    let token = int(&reply[1])? as u64;
+    let token = signed.unsigned_abs();
     if token == 0 {
         let hint = int(&reply[2])?;
         return Ok(Batch {
@@ -402,14 +413,20 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
         });
     }
     let expires_ms = int(&reply[2])?;
-    let mut tasks = Vec::with_capacity((reply.len() - 3) / 3);
+    let mut tasks = Vec::with_capacity((reply.len() - 3) / stride);
     let mut it = reply.into_iter().skip(3);
-    while let (Some(id), Some(att), Some(payload)) = (it.next(), it.next(), it.next()) {
+    while let Some(id) = it.next() {
+        let attempt = if stride == 3 {
+            it.next().map(|a| int(&a)).transpose()?.unwrap_or(1) as u32
+        } else {
+            1
+        };
+        let payload = it.next();
         tasks.push(LeasedTask {
             id: string(&id)?,
-            attempt: int(&att)? as u32,
+            attempt,
             payload: match payload {
-                Value::BulkString(b) => b,
+                Some(Value::BulkString(b)) => b,
                 _ => Vec::new(),
             },
             token,
@@ -427,9 +444,11 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
 /// pairs, those of first attempts before the rest (only later attempts have state to clean
 /// up); other ops follow with all their arguments.
 pub(super) struct SettleOrder {
-    /// Acks of first attempts (indices into the ops).
+    /// Acks of first attempts that hold `token` (indices into the ops): sent as bare ids.
     first: Vec<usize>,
-    /// Acks of later attempts.
+    /// The lease token of every op in `first`.
+    token: u64,
+    /// Acks of later attempts, and of first attempts under another token.
     later: Vec<usize>,
     /// Everything else: extend, retry, fail, ack with a result.
     others: Vec<usize>,
@@ -439,15 +458,20 @@ impl SettleOrder {
     /// The ops' indices in the script's three groups, each in the ops' order.
     pub(super) fn of(ops: &[SettleOp]) -> Self {
         let is_ack = |i: &usize| ops[*i].action == Settle::Ack;
-        let first: Vec<usize> = (0..ops.len())
-            .filter(|i| is_ack(i) && ops[*i].attempt <= 1)
-            .collect();
+        // A slot settles one batch, so its first attempts share one token: the script
+        // gets it once. Any other token goes with the later attempts, which carry theirs.
+        let token = (0..ops.len())
+            .find(|i| is_ack(i) && ops[*i].attempt <= 1)
+            .map_or(0, |i| ops[i].token);
+        let in_first = |i: &usize| is_ack(i) && ops[*i].attempt <= 1 && ops[*i].token == token;
+        let first: Vec<usize> = (0..ops.len()).filter(in_first).collect();
         let later: Vec<usize> = (0..ops.len())
-            .filter(|i| is_ack(i) && ops[*i].attempt > 1)
+            .filter(|i| is_ack(i) && !in_first(i))
             .collect();
         let others: Vec<usize> = (0..ops.len()).filter(|i| !is_ack(i)).collect();
         SettleOrder {
             first,
+            token,
             later,
             others,
         }
@@ -461,6 +485,10 @@ impl SettleOrder {
     /// The script's reply, one code per op in this order, as results in the ops' order.
     pub(super) fn results(&self, reply: Vec<i64>) -> Result<Vec<SettleResult>, QueueError> {
         let n = self.len();
+        // No codes: every op was applied (the script's short answer for the common case).
+        if reply.is_empty() {
+            return Ok(vec![SettleResult::Done; n]);
+        }
         if reply.len() != n {
             return Err(QueueError::Protocol(format!(
                 "settle of {} returned {} results",

@@ -222,6 +222,45 @@ async fn a_master_and_its_slots_take_and_settle_under_their_acl() {
     );
 }
 
+/// A settle under a master ACL from before `+zremrangebyscore` (the fast removal of acked
+/// leases) still settles, by name: the refusal shows in `ACL LOG`, nothing breaks.
+#[tokio::test]
+async fn a_settle_under_an_acl_without_zremrangebyscore_falls_back_by_name() {
+    let redis = AclRedis::start_with("master", |line| {
+        assert!(line.contains(" +zremrangebyscore "), "{line}");
+        line.replace(" +zremrangebyscore ", " ")
+    });
+    let admin = redis.admin_client().await;
+    let tasks: Vec<NewTask> = (0..10).map(|i| NewTask::new(format!("{i}"))).collect();
+    admin
+        .queue("work")
+        .unwrap()
+        .enqueue_many(&tasks)
+        .await
+        .unwrap();
+    let client =
+        gaffer::queue_client::QueueClient::connect(&redis.url(), "gaffer", &redis.options())
+            .await
+            .expect("connect as the master's user");
+    let q = client.queue("work").unwrap();
+    let batch = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(batch.tasks.len(), 10);
+    let results = q.ack(&batch.tasks).await.unwrap();
+    assert!(
+        results
+            .iter()
+            .all(|r| *r == gaffer::queue_client::SettleResult::Done),
+        "{results:?}"
+    );
+    let stats = admin.queue("work").unwrap().stats().await.unwrap();
+    assert_eq!((stats.acked_total, stats.leased), (10, 0), "{stats:?}");
+    let refused = redis.refusals().await;
+    assert!(
+        !refused.is_empty() && refused.iter().all(|r| r.contains("zremrangebyscore")),
+        "only the fast removal is refused: {refused:?}"
+    );
+}
+
 const TOKEN: &str = "acl-test-token-0123456789abcdef";
 
 /// One request to the api as the test's key: status and JSON body.

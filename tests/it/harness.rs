@@ -593,10 +593,16 @@ pub struct AclRedis {
 
 impl AclRedis {
     pub fn start(role: &str) -> Self {
+        Self::start_with(role, |line| line)
+    }
+
+    /// Like [`start`](Self::start), with the role's line as `edit` makes it: an older or
+    /// narrower ACL than the documented one.
+    pub fn start_with(role: &str, edit: impl FnOnce(String) -> String) -> Self {
         let files = tempfile::tempdir().expect("temp dir");
         let user = format!("gaffer-{role}");
         let password = format!("{role}-pw-s3cret-0123456789");
-        let line = acl_line(role);
+        let line = edit(acl_line(role));
         assert!(line.contains(" >PASSWORD "), "{line}");
         let acl = format!(
             "user default off\nuser {} on >{} ~* &* +@all\n{}\n",

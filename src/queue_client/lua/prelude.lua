@@ -34,6 +34,8 @@ end
 
 -- The values of string keys, nil (false) where there is none, in chunks.
 local function mget(keys)
+  if #keys == 0 then return {} end
+  if #keys <= CHUNK then return redis.call('MGET', unpack(keys)) end
   local vals = {}
   local i = 1
   while i <= #keys do
@@ -46,6 +48,8 @@ local function mget(keys)
 end
 
 local function hmget(key, ids)
+  if #ids == 0 then return {} end
+  if #ids <= CHUNK then return redis.call('HMGET', key, unpack(ids)) end
   local out = {}
   local n = #ids
   local i = 1
@@ -107,7 +111,8 @@ local function pack_meta(pri, ma, enq)
 end
 
 -- A lease is the member "token:id" of K_LEASED, scored by its expiry. The client settles
--- with the token it was handed, so checking a lease is a ZMSCORE, and a reclaimed or
+-- with the token it was handed, so checking a lease is a lookup by member (settle moves
+-- held ones to -inf, see settle.lua), and a reclaimed or
 -- re-leased task has a member with another token: the old holder's settle finds nothing.
 -- take and settle build members inline (tok .. ':' .. id) on their hot paths.
 local function lease_parts(m)

@@ -1,13 +1,16 @@
 -- ARGV: k1, k2, host, slot, history_ttl_ms, ordered ('1': a retry keeps its place at the
--- head, see take_hold), then k1 acks of first attempts as (id, token),
--- k2 acks of later attempts as (id, token, attempt) (only those can have attempts and a
+-- head, see take_hold), the token of the first attempts' acks ('' when k1 is 0), then k1
+-- acks of first attempts holding that token as their ids (a slot settles one batch, so
+-- one token; an id and a token per task was two strings for Lua to make), k2 acks of
+-- other attempts or tokens as (id, token, attempt) (only those can have attempts and a
 -- last error to clean up); then m other ops as (kind, id, token, attempt, a, b, c):
 --   'e' extend (a = lease_ms);  'r' retry (a = delay_ms, b = priority or '', c = reason);
 --   'f' fail (a = reason);  'd' done with a result (a = the result, JSON text)
 -- Returns k1 + k2 + m results in that order: 1 done, 0 stale (no lease with this token:
 -- it expired and was reclaimed, or was settled or cancelled), 2 retry turned into a dead
--- letter because max_attempts is reached.
-local H = 6
+-- letter because max_attempts is reached; or {} when every one is 1 (the common case, a
+-- number less per task to send).
+local H = 7
 local now = now_ms()
 local k1, k2 = tonumber(ARGV[1]), tonumber(ARGV[2])
 local host, slot, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
@@ -15,17 +18,19 @@ local ordered = ARGV[6] == '1'
 local tracked = redis.call('EXISTS', K_IDX) == 1
 local k = k1 + k2
 local members, ids, atts = {}, {}, {}
-local o = H
-for i = 1, k do
+local prefix = ARGV[7] .. ':'
+for i = 1, k1 do
+  local id = ARGV[H + i]
+  ids[i] = id
+  members[i] = prefix .. id
+  atts[i] = 1
+end
+local o = H + k1
+for i = k1 + 1, k do
   ids[i] = ARGV[o + 1]
   members[i] = ARGV[o + 2] .. ':' .. ids[i]
-  if i <= k1 then
-    atts[i] = 1
-    o = o + 2
-  else
-    atts[i] = tonumber(ARGV[o + 3])
-    o = o + 3
-  end
+  atts[i] = tonumber(ARGV[o + 3])
+  o = o + 3
 end
 -- Where the other ops start.
 local BASE = o
@@ -35,15 +40,32 @@ for j = 1, m do
   ids[k + j] = ARGV[oo + 2]
   members[k + j] = ARGV[oo + 3] .. ':' .. ids[k + j]
 end
-local scores = {}
+-- The fence. Every lease named here is moved to -inf with ZADD XX CH: only held ones
+-- move, so the count says whether all are held, and only when some are not (stale, or
+-- named twice) does the script ask which (those now at -inf). ZMSCORE answered with a
+-- double per member, each printed with printf: a tenth of Redis's work per task. A lease
+-- at -inf belongs to this call, which removes it or gives it a new expiry before it
+-- returns (and had one stayed, the next take would reclaim it as expired).
+local held = {}
+local moved = 0
 local i = 1
 while i <= #members do
   local j = math.min(i + CHUNK - 1, #members)
-  local part = redis.call('ZMSCORE', K_LEASED, unpack(members, i, j))
-  for x = 1, #part do scores[#scores + 1] = part[x] end
+  local zargs = {}
+  for x = i, j do
+    zargs[2 * (x - i) + 1] = '-inf'
+    zargs[2 * (x - i) + 2] = members[x]
+  end
+  moved = moved + redis.call('ZADD', K_LEASED, 'XX', 'CH', unpack(zargs))
   i = j + 1
 end
-
+if moved == #members then
+  for x = 1, #members do held[x] = true end
+else
+  local at = {}
+  for _, mem in ipairs(redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', '-inf')) do at[mem] = true end
+  for x = 1, #members do held[x] = at[members[x]] end
+end
 local function dead_letter(id, attempt, err)
   redis.call('ZADD', K_DEAD, now, id)
   redis.call('HSET', K_ERR, id, err)
@@ -51,12 +73,14 @@ local function dead_letter(id, attempt, err)
 end
 
 local res, acked, acked_members, later, settled = {}, {}, {}, {}, {}
+-- Leases an 'e' op gave a new expiry in this call.
+local extended = {}
 -- Acks of the fast path, recorded together; attempts known only for first attempts.
 local fast_done, fast_att = {}, {}
 local n_stale, n_retried, n_dead, n_woken = 0, 0, 0, 0
 for i = 1, k do
   local id = ids[i]
-  if not scores[i] or settled[id] then
+  if not held[i] or settled[id] then
     res[i] = 0
     n_stale = n_stale + 1
   else
@@ -72,16 +96,19 @@ end
 for i = k + 1, k + m do
   local o = BASE + (i - k - 1) * 7
   local kind, id, attempt = ARGV[o + 1], ids[i], tonumber(ARGV[o + 4])
-  if not scores[i] or settled[id] then
+  if not held[i] or settled[id] then
     res[i] = 0
     n_stale = n_stale + 1
   elseif kind == 'e' then
     redis.call('ZADD', K_LEASED, 'XX', now + tonumber(ARGV[o + 5]), members[i])
+    extended[members[i]] = true
     res[i] = 1
   elseif kind == 'd' then
     settled[id] = true
     acked[#acked + 1] = id
     acked_members[#acked_members + 1] = members[i]
+    -- Extended earlier in this call, so no longer at -inf: by name.
+    if extended[members[i]] then redis.call('ZREM', K_LEASED, members[i]) end
     later[#later + 1] = id
     if tracked then record(id, 'done', now, attempt, host, slot, '', {r = ARGV[o + 5]}, ttl) end
     res[i] = 1
@@ -136,8 +163,12 @@ for i = k + 1, k + m do
   end
 end
 if tracked then record_done_many(fast_done, now, fast_att, host, slot, ttl) end
+-- What is still at -inf is exactly the acks' leases (retries and fails removed theirs by
+-- name, extends gave theirs a time, stale ones never moved): one range, no argument per
+-- task. An ACL written before this command was needed refuses it: then by name, slower.
+local swept = #acked_members == 0 or redis.pcall('ZREMRANGEBYSCORE', K_LEASED, '-inf', '-inf')
+if type(swept) == 'table' and swept.err then bulk('ZREM', K_LEASED, acked_members) end
 if #acked > 0 then
-  bulk('ZREM', K_LEASED, acked_members)
   bulk('HDEL', K_PAYLOAD, acked)
   bulk('HDEL', K_META, acked)
   bulk('HDEL', K_ATT, later)
@@ -148,4 +179,7 @@ if n_stale > 0 then redis.call('HINCRBY', K_STATS, 'stale', n_stale) end
 if n_retried > 0 then redis.call('HINCRBY', K_STATS, 'retried', n_retried) end
 if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
 wake(n_woken)
-return res
+for x = 1, k + m do
+  if res[x] ~= 1 then return res end
+end
+return {}

@@ -2,6 +2,8 @@
 -- goes into the records of tracked tasks), the config's system state ('paused' or ''; the
 -- run-time switch in K_CONF wins), ordered ('1': one task at a time, see take_hold)
 -- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
+-- {now, -token, expiry, id, payload, ...} when every one is at its first attempt (the
+-- common case: a number less per task to send), or
 -- {now, 0, hint_ms} when none: hint_ms = time until the next delayed task is due or the
 -- next lease expires (-1: nothing scheduled), so an idle taker knows when to look again.
 local now = now_ms()
@@ -106,25 +108,38 @@ if k == 0 then
 end
 local tok = redis.call('INCR', K_TOK)
 local exp = now + lease
+-- The score as text, made once: a number handed to redis.call is printed with printf
+-- and parsed back, per member.
+local exp_s = string.format('%d', exp)
 -- Attempts are only looked up when some task has failed one: the common queue, where
 -- tasks succeed first time, never reads K_ATT on this path.
 local atts = {}
-if redis.call('EXISTS', K_ATT) == 1 then atts = hmget(K_ATT, ids) end
+local retried = redis.call('EXISTS', K_ATT) == 1
+if retried then atts = hmget(K_ATT, ids) end
 local leased = {}
 local prefix = tok .. ':'
 for i, id in ipairs(ids) do
   atts[i] = (tonumber(atts[i]) or 0) + 1
-  leased[2 * i - 1] = exp
+  leased[2 * i - 1] = exp_s
   leased[2 * i] = prefix .. id
 end
 bulk('ZADD', K_LEASED, leased)
 if tracked then run_begin(ids, now, atts, host, slot) end
 local payloads = hmget(K_PAYLOAD, ids)
-local out = {now, tok, exp}
-for i, id in ipairs(ids) do
-  out[#out + 1] = id
-  out[#out + 1] = atts[i]
-  out[#out + 1] = payloads[i]
+local out
+if retried then
+  out = {now, tok, exp}
+  for i, id in ipairs(ids) do
+    out[3 * i + 1] = id
+    out[3 * i + 2] = atts[i]
+    out[3 * i + 3] = payloads[i]
+  end
+else
+  out = {now, -tok, exp}
+  for i, id in ipairs(ids) do
+    out[2 * i + 2] = id
+    out[2 * i + 3] = payloads[i]
+  end
 end
 if redis.call('EXISTS', K_READY) == 0 then
   -- This take emptied the queue: the wake-ups listed for its tasks are spent (a queue fed
