@@ -440,7 +440,7 @@ impl Cluster {
         .flatten()
     }
 
-    /// The queue's leases (`token:id`), when Redis answers.
+    /// The queue's leases (`token:id`), per task and in batch leases, when Redis answers.
     pub fn leased(&self) -> Option<BTreeSet<String>> {
         let mut conn = self.monitor.connection();
         self.call(Duration::from_secs(2), async move {
@@ -450,12 +450,16 @@ impl Cluster {
                 .arg(-1)
                 .query_async(&mut conn)
                 .await?;
-            Ok(v.into_iter().collect())
+            let batched = batch_leases(&mut conn).await?;
+            Ok(v.into_iter()
+                .chain(batched.into_iter().map(|(_, m)| m))
+                .collect())
         })
     }
 
     /// The leases held by the slots of `host`: those whose running entry
-    /// (`leased:run:ID`, "at FS attempt FS host FS slot FS") names it.
+    /// (`leased:run:ID`, "at FS attempt FS host FS slot FS") names it, and the tasks of
+    /// the batch leases its slots took.
     pub fn leases_on(&self, host: &str) -> Option<BTreeSet<String>> {
         let mut conn = self.monitor.connection();
         let prefix = format!("{NAMESPACE}:{{{QUEUE}}}:leased:run:");
@@ -490,10 +494,20 @@ impl Cluster {
                 .collect::<BTreeSet<String>>())
         })?;
         let leased = self.leased()?;
+        let mut conn = self.monitor.connection();
+        let batched = self.call(Duration::from_secs(2), async move {
+            Ok(batch_leases(&mut conn).await?)
+        })?;
         Some(
             leased
                 .into_iter()
                 .filter(|m| m.split_once(':').is_some_and(|(_, id)| ids.contains(id)))
+                .chain(
+                    batched
+                        .into_iter()
+                        .filter(|(h, _)| h == host)
+                        .map(|(_, m)| m),
+                )
                 .collect(),
         )
     }
@@ -740,4 +754,33 @@ retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
             batch = s.batch_size,
             lease = s.lease_ms,
         )
+}
+
+/// The tasks in the queue's batch leases as (taker's host, `token:id`): the batch
+/// `leased:b:TOKEN` is "at FS host FS slot FS count RS FS id FS id ... FS".
+async fn batch_leases(
+    conn: &mut gaffer::queue_client::RedisConn,
+) -> redis::RedisResult<Vec<(String, String)>> {
+    let base = format!("{NAMESPACE}:{{{QUEUE}}}:leased:b");
+    let toks: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&base)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await?;
+    let mut out = Vec::new();
+    for tok in toks {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(format!("{base}:{tok}"))
+            .query_async(conn)
+            .await?;
+        let Some((head, ids)) = v.as_deref().and_then(|v| v.split_once('\x1e')) else {
+            continue;
+        };
+        let host = head.split('\x1f').nth(1).unwrap_or_default().to_string();
+        for id in ids.split('\x1f').filter(|id| !id.is_empty()) {
+            out.push((host.clone(), format!("{tok}:{id}")));
+        }
+    }
+    Ok(out)
 }

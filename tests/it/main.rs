@@ -3,6 +3,7 @@
 
 mod acl;
 mod api;
+mod batch_lease;
 mod chains;
 mod cli;
 mod config;

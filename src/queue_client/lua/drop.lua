@@ -14,6 +14,10 @@ redis.call('DEL', K_ENDS)
 for _, member in ipairs(redis.call('ZRANGE', K_LEASED, 0, -1)) do
   redis.call('DEL', run_key(lease_parts(member)))
 end
+for _, tok in ipairs(redis.call('ZRANGE', K_BATCHES, 0, -1)) do
+  redis.call('DEL', batch_key(tok))
+end
+redis.call('DEL', K_BATCHES, K_BATCHN)
 for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
   local by = string.match(f, '^by:(.*)$')
   if by then redis.call('DEL', submitter_index(by)) end

@@ -5,7 +5,8 @@
 -- attempts count the one under way.
 local now = now_ms()
 local id = ARGV[1]
-local state, score, m, member, tok = locate(id, now)
+-- A cancel changes the lease: a batch holding it is split first (see prelude.lua).
+local state, score, m, member, tok = locate(id, now, ARGV[2] == '1')
 if not state then return nil end
 local attempts = attempts_of(redis.call('HGET', K_ATT, id))
 if state == 'leased' then attempts = attempts + 1 end

@@ -25,7 +25,7 @@ while found < limit and looked < cap do
     used = used + 1
     last = rows[i + 1]
     local v = rec_visible(id, now, due)
-    local r = v and rec_current(id, v)
+    local r = v and rec_current(id, v, due)
     if r and (want == '' or r[1] == want) then
       out[#out + 1] = id
       for j = 1, REC_VIEW_FIELDS do out[#out + 1] = r[j] end

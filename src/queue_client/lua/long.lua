@@ -11,6 +11,7 @@
 --     cancelled, its outcome unused): returns {'c'}; else it is settled like any task:
 --     returns {'s', settle's results}.
 local op, id = ARGV[1], ARGV[2]
+batches_split({ARGV[3]})
 local member = ARGV[3] .. ':' .. id
 local held = redis.call('ZSCORE', K_LEASED, member)
 if op == 'renew' then

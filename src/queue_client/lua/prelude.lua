@@ -114,29 +114,11 @@ end
 -- with the token it was handed, so checking a lease is a lookup by member (settle moves
 -- held ones to -inf, see settle.lua), and a reclaimed or
 -- re-leased task has a member with another token: the old holder's settle finds nothing.
--- take and settle build members inline (tok .. ':' .. id) on their hot paths.
+-- take and settle build members inline (tok .. ':' .. id) on their hot paths. A take of
+-- first attempts leases its tasks as one batch instead (see "Batch leases" below).
 local function lease_parts(m)
   local tok, id = string.match(m, '^(%d+):(.*)$')
   return id, tok
-end
-
-local function glob_escape(s)
-  return (string.gsub(s, '([%*%?%[%]\\])', '\\%1'))
-end
-
--- The lease of a task by id: O(tasks in flight), for admin paths (find, cancel) only.
-local function find_lease(id)
-  local cursor = '0'
-  repeat
-    local r = redis.call('ZSCAN', K_LEASED, cursor, 'MATCH', '*:' .. glob_escape(id), 'COUNT', 1000)
-    cursor = r[1]
-    local items = r[2]
-    for i = 1, #items, 2 do
-      local mid, tok = lease_parts(items[i])
-      if mid == id then return items[i], tonumber(items[i + 1]), tok end
-    end
-  until cursor == '0'
-  return nil
 end
 
 -- K_ATT holds the attempts a task has finished without being acked (absent: none), so a
@@ -161,26 +143,6 @@ local function forget(ids)
   bulk('HDEL', K_ERR, ids)
 end
 
--- Where a task is: 'ready', 'due' (delayed, due, not yet moved), 'delayed', 'leased',
--- 'frozen' or 'dead' (nil when unknown), the score that goes with it (due time, lease expiry, time of
--- death), its meta, and its lease member and token when leased.
-local function locate(id, now)
-  local m = redis.call('HGET', K_META, id)
-  if not m then return nil end
-  local s = redis.call('ZSCORE', K_DEAD, id)
-  if s then return 'dead', tonumber(s), m end
-  s = redis.call('ZSCORE', K_FROZEN, id)
-  if s then return 'frozen', tonumber(s), m end
-  s = redis.call('ZSCORE', K_DELAYED, id)
-  if s then
-    if tonumber(s) > now then return 'delayed', tonumber(s), m end
-    return 'due', tonumber(s), m
-  end
-  local member, exp, tok = find_lease(id)
-  if member then return 'leased', exp, m, member, tok end
-  return 'ready', 0, m
-end
-
 -- ---------------------------------------------------------------------------------------
 -- Task records (see record.rs). A tracked task has a string `K_REC .. id` beside the
 -- queue: its fields joined by \31, then \30 and its history, entries separated by \30.
@@ -194,7 +156,8 @@ end
 -- slot holds the task: a take writes the running entries of its whole batch in one MSET,
 -- a string `K_LEASED .. ':run:' .. id` per task holding the entry without its state, and
 -- the attempt's end (ack, retry, failure, lease expiry, cancel) moves the entry into the
--- record before its own; readers add it meanwhile (rec_current). Strings, not one hash:
+-- record before its own; readers add it meanwhile (rec_current). A batch lease (see
+-- "Batch leases") names its taker once for the batch instead. Strings, not one hash:
 -- a hash of a few hundred fields is a listpack, where each of a batch's HSET, HMGET and
 -- HDEL fields is a linear search (measured at 1.4 µs a field). An ack APPENDs both entries at once (they never
 -- fold: the entry before a running one is never running, the one before done is running),
@@ -367,31 +330,34 @@ local function run_begin(ids, now, attempts, host, slot)
   bulk('MSET', nil, kv)
 end
 
--- The ack's transition for many tasks at once: their running entries and done entries,
--- one APPEND each, nothing read but the running entries; the records then expire `ttl_ms`
--- from now; the running entries go. `attempts` is a table by position.
-local function record_done_many(ids, now, attempts, host, slot, ttl_ms)
+-- The ack's transition for many tasks at once: per task one APPEND of its running entry
+-- (without its state) and its done entry, nothing read; the records then expire `ttl_ms`
+-- from now, and whoever waits for one is told. `runs`: the running entries by position
+-- (nil where there is none), or one string for all; `attempts`: by position, or one
+-- number for all.
+local function records_done(ids, runs, now, attempts, host, slot, ttl_ms)
   if #ids == 0 then return end
-  local keys = {}
-  for k, id in ipairs(ids) do keys[k] = run_key(id) end
-  local runs = mget(keys)
   local head, tail = RS .. 'done' .. FS .. now .. FS, FS .. host .. FS .. slot .. FS
+  local same_run = type(runs) == 'string'
+  local same_att = type(attempts) == 'number'
   local by_attempt = {}
   for k, id in ipairs(ids) do
-    local a = attempts[k]
+    local a = same_att and attempts or attempts[k]
     local e = by_attempt[a]
     if not e then
       e = head .. a .. tail
+      if same_run then e = RS .. 'running' .. FS .. runs .. e end
       by_attempt[a] = e
     end
-    local r = runs[k]
-    if r then e = RS .. 'running' .. FS .. r .. e end
+    if not same_run then
+      local r = runs[k]
+      if r then e = RS .. 'running' .. FS .. r .. e end
+    end
     -- A task enqueued before its queue tracked has no record, and must not get half of
     -- one: APPEND has created the key exactly when the result is only what it appended.
     local key = rec_key(id)
     if redis.call('APPEND', key, e) == #e then redis.call('DEL', key) end
   end
-  bulk('DEL', nil, keys)
   local member = (now + ttl_ms) .. ':' .. ttl_ms
   bulk('RPUSH', ends_list(member), ids)
   redis.call('ZADD', K_ENDS, now + ttl_ms, member)
@@ -411,6 +377,16 @@ local function record_done_many(ids, now, attempts, host, slot, ttl_ms)
   end
 end
 
+-- The ack's transition for tasks leased one by one: their running entries are read and
+-- removed. `attempts` is a table by position.
+local function record_done_many(ids, now, attempts, host, slot, ttl_ms)
+  if #ids == 0 then return end
+  local keys = {}
+  for k, id in ipairs(ids) do keys[k] = run_key(id) end
+  records_done(ids, mget(keys), now, attempts, host, slot, ttl_ms)
+  bulk('DEL', nil, keys)
+end
+
 -- Removes the running entries of tasks whose attempt ended.
 local function run_end(ids)
   if #ids == 0 then return end
@@ -418,6 +394,180 @@ local function run_end(ids)
   for k, id in ipairs(ids) do keys[k] = run_key(id) end
   bulk('DEL', nil, keys)
 end
+
+-- ---------------------------------------------------------------------------------------
+-- Batch leases. A take whose tasks are all at their first attempt (the common case) leases
+-- them as one: the member `tok` of K_BATCHES, scored by the expiry, and the string
+-- `batch_key(tok)` = "at FS host FS slot FS count RS FS id1 FS id2 ... FS" (the taker, and
+-- the ids in take order). A settle that acks exactly that batch (a slot's steady state)
+-- checks it with one comparison and removes it whole, where per-task leases cost a zset
+-- entry per task made, moved and removed (with the running entries of tracked tasks, two
+-- thirds of Redis's work per task beyond the payload). Every other path that touches one of
+-- its tasks (a retry, fail or extend, a partial or stale ack, a release, a cancel, an
+-- expiry) first splits it: per-task leases `tok:id` of K_LEASED with the same expiry and,
+-- when the queue tracks, their running entries, exactly as a take made them before; then
+-- goes on as before. K_BATCHN counts the tasks in batch leases (stats). Ids holding FS or RS
+-- (allowed, and rare) are leased per task.
+local K_BATCHES = K_LEASED .. ':b'
+local K_BATCHN = K_LEASED .. ':bn'
+
+local function batch_key(tok)
+  return K_BATCHES .. ':' .. tok
+end
+
+-- Leases `ids` (all at their first attempt) as batch `tok`, unless an id holds a
+-- separator: then returns false and the caller leases them per task.
+local function batch_lease(tok, exp_s, ids, now, host, slot)
+  if string.find(table.concat(ids), '[\30\31]') then return false end
+  local n = #ids
+  redis.call('ZADD', K_BATCHES, exp_s, tok)
+  redis.call('SET', batch_key(tok),
+    now .. FS .. host .. FS .. slot .. FS .. n .. RS .. FS .. table.concat(ids, FS) .. FS)
+  redis.call('INCRBY', K_BATCHN, n)
+  return true
+end
+
+-- A batch's value as its taker (at, host, slot), its count and its ids framed by FS.
+local function batch_parts(v)
+  local cut = string.find(v, RS, 1, true)
+  local at, host, slot, n = string.match(string.sub(v, 1, cut - 1),
+    '^([^\31]*)\31([^\31]*)\31([^\31]*)\31(%d+)$')
+  return at, host, slot, tonumber(n), string.sub(v, cut + 1)
+end
+
+local function batch_gone(tok, n)
+  redis.call('ZREM', K_BATCHES, tok)
+  redis.call('DEL', batch_key(tok))
+  redis.call('INCRBY', K_BATCHN, -n)
+end
+
+-- Turns batch `tok` into per-task leases with its expiry (and their running entries when
+-- the queue tracks). False when there is no such batch.
+local function batch_split(tok)
+  local v = redis.call('GET', batch_key(tok))
+  if not v then return false end
+  local exp = redis.call('ZSCORE', K_BATCHES, tok) or '0'
+  local at, host, slot, n, framed = batch_parts(v)
+  local ids, z, ones = {}, {}, {}
+  for id in string.gmatch(framed, '\31([^\31]+)') do
+    local i = #ids + 1
+    ids[i] = id
+    z[2 * i - 1] = exp
+    z[2 * i] = tok .. ':' .. id
+    ones[i] = 1
+  end
+  bulk('ZADD', K_LEASED, z)
+  if redis.call('EXISTS', K_IDX) == 1 then run_begin(ids, at, ones, host, slot) end
+  batch_gone(tok, n)
+  return true
+end
+
+-- Splits every batch named in `toks` (tokens as text; repeats are fine).
+local function batches_split(toks)
+  if redis.call('EXISTS', K_BATCHES) == 0 then return end
+  local seen = {}
+  for _, t in ipairs(toks) do
+    if not seen[t] then
+      seen[t] = true
+      batch_split(t)
+    end
+  end
+end
+
+-- When args[first..last] are exactly batch `tok`'s ids in take order, removes the batch
+-- and returns its taker (at, host, slot): the whole batch is acked. Else nil, and nothing
+-- changed.
+local function batch_ack_whole(tok, args, first, last)
+  local v = redis.call('GET', batch_key(tok))
+  if not v then return nil end
+  local at, host, slot, n, framed = batch_parts(v)
+  if n ~= last - first + 1 then return nil end
+  if framed ~= FS .. table.concat(args, FS, first, last) .. FS then return nil end
+  batch_gone(tok, n)
+  return at, host, slot
+end
+
+-- The batch holding `id`, as its token and value; O(tasks in batch leases), for admin
+-- paths and readers only.
+local function batch_of(id)
+  if redis.call('EXISTS', K_BATCHES) == 0 then return nil end
+  local probe = FS .. id .. FS
+  for _, tok in ipairs(redis.call('ZRANGE', K_BATCHES, 0, -1)) do
+    local v = redis.call('GET', batch_key(tok))
+    if v and string.find(v, probe, string.find(v, RS, 1, true), true) then return tok, v end
+  end
+  return nil
+end
+
+-- The running entry ("at FS attempt FS host FS slot FS") of a task in a batch lease, or
+-- nil; `cache` (a table) keeps the batches read for one script.
+local function batch_run_of(id, cache)
+  if not cache.batches then
+    cache.batches = {}
+    if redis.call('EXISTS', K_BATCHES) == 1 then
+      for _, tok in ipairs(redis.call('ZRANGE', K_BATCHES, 0, -1)) do
+        local v = redis.call('GET', batch_key(tok))
+        if v then
+          local at, host, slot, _, framed = batch_parts(v)
+          cache.batches[#cache.batches + 1] = {at .. FS .. '1' .. FS .. host .. FS .. slot .. FS, framed}
+        end
+      end
+    end
+  end
+  if #cache.batches == 0 then return nil end
+  local probe = FS .. id .. FS
+  for _, b in ipairs(cache.batches) do
+    if string.find(b[2], probe, 1, true) then return b[1] end
+  end
+  return nil
+end
+
+local function glob_escape(s)
+  return (string.gsub(s, '([%*%?%[%]\\])', '\\%1'))
+end
+
+-- The lease of a task by id: O(tasks in flight), for admin paths (find, cancel) only.
+-- A task in a batch lease is found there; `split`: the batch is split first, so that the
+-- member returned is in K_LEASED for the caller to change.
+local function find_lease(id, split)
+  local cursor = '0'
+  repeat
+    local r = redis.call('ZSCAN', K_LEASED, cursor, 'MATCH', '*:' .. glob_escape(id), 'COUNT', 1000)
+    cursor = r[1]
+    local items = r[2]
+    for i = 1, #items, 2 do
+      local mid, tok = lease_parts(items[i])
+      if mid == id then return items[i], tonumber(items[i + 1]), tok end
+    end
+  until cursor == '0'
+  local tok = batch_of(id)
+  if not tok then return nil end
+  local exp = tonumber(redis.call('ZSCORE', K_BATCHES, tok))
+  if split then batch_split(tok) end
+  return tok .. ':' .. id, exp, tok
+end
+
+
+-- Where a task is: 'ready', 'due' (delayed, due, not yet moved), 'delayed', 'leased',
+-- 'frozen' or 'dead' (nil when unknown), the score that goes with it (due time, lease expiry, time of
+-- death), its meta, and its lease member and token when leased (`split`: see find_lease).
+local function locate(id, now, split)
+  local m = redis.call('HGET', K_META, id)
+  if not m then return nil end
+  local s = redis.call('ZSCORE', K_DEAD, id)
+  if s then return 'dead', tonumber(s), m end
+  s = redis.call('ZSCORE', K_FROZEN, id)
+  if s then return 'frozen', tonumber(s), m end
+  s = redis.call('ZSCORE', K_DELAYED, id)
+  if s then
+    if tonumber(s) > now then return 'delayed', tonumber(s), m end
+    return 'due', tonumber(s), m
+  end
+  local member, exp, tok = find_lease(id, split)
+  if member then return 'leased', exp, m, member, tok end
+  return 'ready', 0, m
+end
+
 
 -- The submitter field of a stored record, without parsing the rest.
 local function rec_submitter(v)
@@ -564,10 +714,12 @@ local function rec_view(v)
 end
 
 -- A live record as readers see it (rec_view), with the running entry of a task a slot
--- holds now added from its running entry.
-local function rec_current(id, v)
+-- holds now added from its running entry, or from its batch lease (`cache`: a table kept
+-- for one script, see batch_run_of).
+local function rec_current(id, v, cache)
   local out, hist = rec_view(v)
   local run = redis.call('GET', run_key(id))
+  if not run and not is_end_state(out[1]) then run = batch_run_of(id, cache) end
   if run then
     local at, att = string.match(run, '^([^\31]*)\31([^\31]*)\31')
     out[1], out[3], out[7] = 'running', att, at
@@ -664,8 +816,10 @@ local function take_hold(now, configured, ordered)
   local state = system_switch() or configured
   if state == 'paused' or state == 'disabled' then return true, -1 end
   if not ordered then return false end
-  local l = redis.call('ZRANGE', K_LEASED, 0, 0, 'WITHSCORES')
-  if l[2] then return true, math.max(0, tonumber(l[2]) - now) end
+  for _, z in ipairs({K_LEASED, K_BATCHES}) do
+    local l = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+    if l[2] then return true, math.max(0, tonumber(l[2]) - now) end
+  end
   local head = redis.call('HGET', K_CONF, 'head')
   local due = head and redis.call('ZSCORE', K_DELAYED, head)
   if due then return true, math.max(0, tonumber(due) - now) end

@@ -7,7 +7,7 @@ local id = ARGV[1]
 -- read; a record whose time is up is not shown, and left to the sweeps.
 local v = rec_visible(id, now, {})
 if not v then return nil end
-local out, hist = rec_current(id, v)
+local out, hist = rec_current(id, v, {})
 if ARGV[2] == '1' and not is_end_state(out[1]) then
   redis.call('SADD', K_WATCH, id)
 end

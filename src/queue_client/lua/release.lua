@@ -6,6 +6,9 @@
 -- task out at the same attempt.
 -- ARGV: (id, token, attempt) triples (the attempt is not needed here). Returns one code per task: 1 returned, 0 stale (no
 -- lease with this token: it expired and was reclaimed, or was settled or cancelled).
+local toks = {}
+for i = 2, #ARGV, 3 do toks[#toks + 1] = ARGV[i] end
+batches_split(toks)
 local res, back, pris = {}, {}, {}
 for i = 1, #ARGV, 3 do
   local id = ARGV[i]

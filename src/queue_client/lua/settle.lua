@@ -17,6 +17,21 @@ local host, slot, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
 local ordered = ARGV[6] == '1'
 local tracked = redis.call('EXISTS', K_IDX) == 1
 local k = k1 + k2
+-- A slot's steady state: the call acks exactly one batch lease, whole and in take order
+-- (see prelude.lua). No per-task lease to check or remove, no running entry to read.
+if k1 > 0 and #ARGV == H + k1 and k1 <= CHUNK then
+  local at, thost, tslot = batch_ack_whole(ARGV[7], ARGV, H + 1, H + k1)
+  if at then
+    redis.call('HDEL', K_PAYLOAD, unpack(ARGV, H + 1, H + k1))
+    redis.call('HDEL', K_META, unpack(ARGV, H + 1, H + k1))
+    redis.call('HINCRBY', K_STATS, 'acked', k1)
+    if tracked then
+      records_done({unpack(ARGV, H + 1, H + k1)}, at .. FS .. '1' .. FS .. thost .. FS .. tslot .. FS,
+        now, 1, host, slot, ttl)
+    end
+    return {}
+  end
+end
 local members, ids, atts = {}, {}, {}
 local prefix = ARGV[7] .. ':'
 for i = 1, k1 do
@@ -39,6 +54,13 @@ for j = 1, m do
   local oo = BASE + (j - 1) * 7
   ids[k + j] = ARGV[oo + 2]
   members[k + j] = ARGV[oo + 3] .. ':' .. ids[k + j]
+end
+-- Anything else works on per-task leases: the batches it names are split first.
+if redis.call('EXISTS', K_BATCHES) == 1 then
+  local toks = {}
+  if k1 > 0 then toks[1] = ARGV[7] end
+  for x = k1 + 1, k + m do toks[#toks + 1] = string.match(members[x], '^(%d+):') end
+  batches_split(toks)
 end
 -- The fence. Every lease named here is moved to -inf with ZADD XX CH: only held ones
 -- move, so the count says whether all are held, and only when some are not (stale, or

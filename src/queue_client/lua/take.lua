@@ -18,6 +18,10 @@ if tracked then expire_records(now, limit) end
 -- 1. Expired leases come back here, so no separate reaper is needed. Each counts as a
 --    failed attempt (the attempt was counted when it was taken). They go to the front:
 --    they were taken before everything now waiting behind them.
+--    A batch lease that expired is split first: its tasks come back one by one as here.
+for _, t in ipairs(redis.call('ZRANGEBYSCORE', K_BATCHES, '-inf', now, 'LIMIT', 0, limit)) do
+  batch_split(t)
+end
 local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, limit)
 -- (Long tasks whose cancel was asked end cancelled instead: their slot died first.)
 if #expired > 0 then expired = end_expired_cancels(expired, now, history_ttl(ARGV[6])) end
@@ -50,7 +54,14 @@ if #expired > 0 then
   end
   bulk('ZREM', K_LEASED, expired)
   run_end(expired_ids)
-  push_ready_grouped(back_pris, back, true)
+  -- Pushed to the front last to first, so they keep the leases' order (earliest expiry
+  -- first, then by token and id) ahead of what waited behind them.
+  local rback, rpris = {}, {}
+  for i = #back, 1, -1 do
+    rback[#rback + 1] = back[i]
+    rpris[#rpris + 1] = back_pris[i]
+  end
+  push_ready_grouped(rpris, rback, true)
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
 end
@@ -99,10 +110,12 @@ if k == 0 then
   local hint = -1
   local d = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
   if d[2] then hint = math.max(0, tonumber(d[2]) - now) end
-  local l = redis.call('ZRANGE', K_LEASED, 0, 0, 'WITHSCORES')
-  if l[2] then
-    local h = math.max(0, tonumber(l[2]) - now)
-    if hint < 0 or h < hint then hint = h end
+  for _, z in ipairs({K_LEASED, K_BATCHES}) do
+    local l = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+    if l[2] then
+      local h = math.max(0, tonumber(l[2]) - now)
+      if hint < 0 or h < hint then hint = h end
+    end
   end
   return {now, 0, hint}
 end
@@ -116,18 +129,26 @@ local exp_s = string.format('%d', exp)
 local atts = {}
 local retried = redis.call('EXISTS', K_ATT) == 1
 if retried then atts = hmget(K_ATT, ids) end
-local leased = {}
-local prefix = tok .. ':'
-for i, id in ipairs(ids) do
-  atts[i] = (tonumber(atts[i]) or 0) + 1
-  leased[2 * i - 1] = exp_s
-  leased[2 * i] = prefix .. id
+local first = true
+for i = 1, k do
+  local a = (tonumber(atts[i]) or 0) + 1
+  atts[i] = a
+  if a ~= 1 then first = false end
 end
-bulk('ZADD', K_LEASED, leased)
-if tracked then run_begin(ids, now, atts, host, slot) end
+-- All first attempts, one at a time not asked: one batch lease (see prelude.lua).
+if not (first and ARGV[8] ~= '1' and batch_lease(tok, exp_s, ids, now, host, slot)) then
+  local leased = {}
+  local prefix = tok .. ':'
+  for i, id in ipairs(ids) do
+    leased[2 * i - 1] = exp_s
+    leased[2 * i] = prefix .. id
+  end
+  bulk('ZADD', K_LEASED, leased)
+  if tracked then run_begin(ids, now, atts, host, slot) end
+end
 local payloads = hmget(K_PAYLOAD, ids)
 local out
-if retried then
+if not first then
   out = {now, tok, exp}
   for i, id in ipairs(ids) do
     out[3 * i + 1] = id
