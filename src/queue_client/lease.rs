@@ -160,11 +160,12 @@ impl Queue {
         let ops = checked.as_deref().unwrap_or(ops);
         let order = SettleOrder::of(ops);
         let mut inv = self.invocation(&SCRIPTS.settle_take);
-        inv.arg(take_args.len());
+        self.push_settle_args(&mut inv, ops, &order);
+        let t = take_args.len();
         for arg in take_args {
             inv.arg(arg);
         }
-        self.push_settle_args(&mut inv, ops, &order);
+        inv.arg(t);
         let mut conn = self.conn.clone();
         let (settled, taken): (Vec<i64>, Vec<Value>) = inv.invoke_async(&mut conn).await?;
         let batch = parse_take(taken)?;
@@ -387,14 +388,17 @@ impl Batch {
 }
 
 /// take.lua's reply as a batch: `{now, token, expiry, id, attempt, payload, ...}`;
-/// `{now, -token, expiry, id, payload, ...}` when every task is at its first attempt; or
-/// `{now, 0, hint}` when nothing was taken.
+/// `{now, -token, expiry, {id, ...}, {payload, ...}}` when every task is at its first
+/// attempt; or `{now, 0, hint}` when nothing was taken.
 fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
     let signed = match reply.get(1) {
         Some(v) => int(v)?,
         None => 0,
     };
-    let stride = if signed < 0 { 2 } else { 3 };
+    if signed < 0 {
+        return parse_first_attempts(reply, signed.unsigned_abs());
+    }
+    let stride = 3;
     if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(stride) {
         return Err(QueueError::Protocol(format!(
             "take returned {} values",
@@ -402,7 +406,7 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
         )));
     }
     let now_ms = int(&reply[0])?;
-    let token = signed.unsigned_abs();
+    let token = signed as u64;
     if token == 0 {
         let hint = int(&reply[2])?;
         return Ok(Batch {
@@ -416,27 +420,76 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
     let mut tasks = Vec::with_capacity((reply.len() - 3) / stride);
     let mut it = reply.into_iter().skip(3);
     while let Some(id) = it.next() {
-        let attempt = if stride == 3 {
-            it.next().map(|a| int(&a)).transpose()?.unwrap_or(1) as u32
-        } else {
-            1
-        };
-        let payload = it.next();
-        tasks.push(LeasedTask {
-            id: string(&id)?,
-            attempt,
-            payload: match payload {
-                Some(Value::BulkString(b)) => b,
-                _ => Vec::new(),
-            },
-            token,
-        });
+        let attempt = it.next().map(|a| int(&a)).transpose()?.unwrap_or(1) as u32;
+        tasks.push(leased(id, attempt, it.next(), token)?);
     }
     Ok(Batch {
         tasks,
         now_ms,
         expires_ms,
         next_hint: None,
+    })
+}
+
+/// take.lua's reply when every task is at its first attempt:
+/// `{now, -token, expiry, {id, ...}, {payload, ...}}`.
+fn parse_first_attempts(reply: Vec<Value>, token: u64) -> Result<Batch, QueueError> {
+    let mut it = reply.into_iter();
+    let (
+        Some(now),
+        Some(_),
+        Some(exp),
+        Some(Value::Array(ids)),
+        Some(Value::Array(payloads)),
+        None,
+    ) = (
+        it.next(),
+        it.next(),
+        it.next(),
+        it.next(),
+        it.next(),
+        it.next(),
+    )
+    else {
+        return Err(QueueError::Protocol(
+            "take's reply of first attempts is not {now, -token, expiry, ids, payloads}".into(),
+        ));
+    };
+    if ids.len() != payloads.len() {
+        return Err(QueueError::Protocol(format!(
+            "take returned {} ids and {} payloads",
+            ids.len(),
+            payloads.len()
+        )));
+    }
+    let tasks = ids
+        .into_iter()
+        .zip(payloads)
+        .map(|(id, payload)| leased(id, 1, Some(payload), token))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Batch {
+        tasks,
+        now_ms: int(&now)?,
+        expires_ms: int(&exp)?,
+        next_hint: None,
+    })
+}
+
+/// One task of a take's reply.
+fn leased(
+    id: Value,
+    attempt: u32,
+    payload: Option<Value>,
+    token: u64,
+) -> Result<LeasedTask, QueueError> {
+    Ok(LeasedTask {
+        id: string(&id)?,
+        attempt,
+        payload: match payload {
+            Some(Value::BulkString(b)) => b,
+            _ => Vec::new(),
+        },
+        token,
     })
 }
 

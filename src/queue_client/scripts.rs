@@ -32,12 +32,12 @@ pub(crate) fn with_prelude(body: &str) -> Script {
 }
 
 /// settle.lua and take.lua as two functions of one script, called by settle_take.lua:
-/// each body inside a function whose parameter `ARGV` shadows the script's, so the bodies
-/// are the files as they are (their record lines included) and cannot drift apart from
-/// the scripts that run alone.
+/// each body inside a function whose parameters `ARGV` and `ARGN` (how many of ARGV are
+/// its arguments) shadow the script's, so the bodies are the files as they are (their
+/// record lines included) and cannot drift apart from the scripts that run alone.
 fn settle_then_take() -> Script {
     Script::new(&format!(
-        "{PRELUDE}\nlocal function settle_part(ARGV)\n{}\nend\nlocal function take_part(ARGV)\n{}\nend\n{}",
+        "{PRELUDE}\nlocal function settle_part(ARGV, ARGN)\n{}\nend\nlocal function take_part(ARGV, ARGN)\n{}\nend\n{}",
         include_str!("lua/settle.lua"),
         include_str!("lua/take.lua"),
         include_str!("lua/settle_take.lua"),
@@ -48,7 +48,7 @@ fn settle_then_take() -> Script {
 /// [`settle_then_take`]: a long task that returns is settled by the same code as any.
 fn long_with_settle() -> Script {
     Script::new(&format!(
-        "{PRELUDE}\nlocal function settle_part(ARGV)\n{}\nend\n{}",
+        "{PRELUDE}\nlocal function settle_part(ARGV, ARGN)\n{}\nend\n{}",
         include_str!("lua/settle.lua"),
         include_str!("lua/long.lua"),
     ))

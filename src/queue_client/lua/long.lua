@@ -1,5 +1,5 @@
 -- Long tasks (kind = "long"): what the slot holding one sends while it runs and when it
--- ends. scripts.rs puts settle.lua's body in `settle_part(ARGV)` above this. ARGV[1] is
+-- ends. scripts.rs puts settle.lua's body in `settle_part(ARGV, ARGN)` above this. ARGV[1] is
 -- the op, then id and token of the lease:
 --   'renew', id, token, lease_ms: extends the lease to lease_ms from now. Returns {1}
 --     renewed, {2, note} renewed with a cancel asked (note: who asked), {0} no lease with
@@ -29,4 +29,4 @@ if op == 'cancelled' then return {cancelled and 1 or 0} end
 if cancelled then return {'c'} end
 local args = {}
 for i = 8, #ARGV do args[#args + 1] = ARGV[i] end
-return {'s', settle_part(args)}
+return {'s', settle_part(args, #args)}

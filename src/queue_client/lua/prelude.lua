@@ -6,6 +6,11 @@ local K_STATS, K_SEQ, K_TOK, K_WAKE = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local K_REC, K_IDX, K_CONF, K_FROZEN = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local K_EXP, K_WATCH = KEYS[17], KEYS[18]
 
+-- How many of ARGV are the script's arguments: a body that scripts.rs wraps in a function
+-- (settle.lua in settle_take, long) gets its own as a parameter, and may then be handed a
+-- longer ARGV whose first ARGN are its own (no copy per task).
+local ARGN = #ARGV
+
 -- Wake-up tokens kept at most: enough to wake that many idle takers at once.
 local WAKE_CAP = 256
 -- Lua's unpack is limited to a few thousand values: variadic calls go in chunks (even size,

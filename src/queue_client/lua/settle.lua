@@ -19,7 +19,7 @@ local tracked = redis.call('EXISTS', K_IDX) == 1
 local k = k1 + k2
 -- A slot's steady state: the call acks exactly one batch lease, whole and in take order
 -- (see prelude.lua). No per-task lease to check or remove, no running entry to read.
-if k1 > 0 and #ARGV == H + k1 and k1 <= CHUNK then
+if k1 > 0 and ARGN == H + k1 and k1 <= CHUNK then
   local at, thost, tslot = batch_ack_whole(ARGV[7], ARGV, H + 1, H + k1)
   if at then
     redis.call('HDEL', K_PAYLOAD, unpack(ARGV, H + 1, H + k1))
@@ -49,7 +49,7 @@ for i = k1 + 1, k do
 end
 -- Where the other ops start.
 local BASE = o
-local m = (#ARGV - BASE) / 7
+local m = (ARGN - BASE) / 7
 for j = 1, m do
   local oo = BASE + (j - 1) * 7
   ids[k + j] = ARGV[oo + 2]

@@ -2,8 +2,8 @@
 -- goes into the records of tracked tasks), the config's system state ('paused' or ''; the
 -- run-time switch in K_CONF wins), ordered ('1': one task at a time, see take_hold)
 -- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
--- {now, -token, expiry, id, payload, ...} when every one is at its first attempt (the
--- common case: a number less per task to send), or
+-- {now, -token, expiry, {id, ...}, {payload, ...}} when every one is at its first attempt
+-- (the common case: a number less per task to send, and no loop here to build it), or
 -- {now, 0, hint_ms} when none: hint_ms = time until the next delayed task is due or the
 -- next lease expires (-1: nothing scheduled), so an idle taker knows when to look again.
 local now = now_ms()
@@ -97,7 +97,11 @@ while #ids < n do
   local want = n - #ids
   local got = redis.call('LPOP', ready_list(top), want)
   if got then
-    for _, id in ipairs(got) do ids[#ids + 1] = id end
+    if #ids == 0 then
+      ids = got
+    else
+      for _, id in ipairs(got) do ids[#ids + 1] = id end
+    end
   end
   -- fewer than asked means the list is now empty
   if not got or #got < want then redis.call('ZREM', K_READY, top) end
@@ -126,17 +130,20 @@ local exp = now + lease
 local exp_s = string.format('%d', exp)
 -- Attempts are only looked up when some task has failed one: the common queue, where
 -- tasks succeed first time, never reads K_ATT on this path.
-local atts = {}
-local retried = redis.call('EXISTS', K_ATT) == 1
-if retried then atts = hmget(K_ATT, ids) end
-local first = true
-for i = 1, k do
-  local a = (tonumber(atts[i]) or 0) + 1
-  atts[i] = a
-  if a ~= 1 then first = false end
+local atts, first = {}, true
+if redis.call('EXISTS', K_ATT) == 1 then
+  atts = hmget(K_ATT, ids)
+  for i = 1, k do
+    local a = (tonumber(atts[i]) or 0) + 1
+    atts[i] = a
+    if a ~= 1 then first = false end
+  end
 end
 -- All first attempts, one at a time not asked: one batch lease (see prelude.lua).
 if not (first and ARGV[8] ~= '1' and batch_lease(tok, exp_s, ids, now, host, slot)) then
+  if first then
+    for i = 1, k do atts[i] = 1 end
+  end
   local leased = {}
   local prefix = tok .. ':'
   for i, id in ipairs(ids) do
@@ -156,11 +163,8 @@ if not first then
     out[3 * i + 3] = payloads[i]
   end
 else
-  out = {now, -tok, exp}
-  for i, id in ipairs(ids) do
-    out[2 * i + 2] = id
-    out[2 * i + 3] = payloads[i]
-  end
+  -- Redis turns the tables into nested arrays: no loop over the tasks here.
+  out = {now, -tok, exp, ids, payloads}
 end
 if redis.call('EXISTS', K_READY) == 0 then
   -- This take emptied the queue: the wake-ups listed for its tasks are spent (a queue fed
