@@ -55,7 +55,10 @@ if mode == 'p' then
     metas[2 * i - 1] = id
     metas[2 * i] = meta
     ids[i] = id
-    seqs[i] = base + i
+  end
+  -- (the records' index order; only a tracked queue keeps one)
+  if track then
+    for i = 1, n do seqs[i] = base + i end
   end
   created = n
   flags = string.rep(cancel and 'x' or '1', n)
