@@ -12,7 +12,8 @@ if by ~= '' then idx = submitter_index(by) end
 local top = '+inf'
 if cursor ~= '' then top = '(' .. cursor end
 local now = now_ms()
-local due = {}
+-- (also the batches read once for every record of the page, see batch_run_of)
+local due = {many = true}
 local out = {''}
 local found, looked = 0, 0
 local last, exhausted = nil, false

@@ -505,8 +505,15 @@ local function batch_of(id)
 end
 
 -- The running entry ("at FS attempt FS host FS slot FS") of a task in a batch lease, or
--- nil; `cache` (a table) keeps the batches read for one script.
+-- nil. O(batches in flight): one read looks until it finds the task; a script reading
+-- many records (`cache.many` set) reads every batch once and keeps them in `cache`.
 local function batch_run_of(id, cache)
+  if not cache.many then
+    local _, v = batch_of(id)
+    if not v then return nil end
+    local at, host, slot = batch_parts(v)
+    return at .. FS .. '1' .. FS .. host .. FS .. slot .. FS
+  end
   if not cache.batches then
     cache.batches = {}
     if redis.call('EXISTS', K_BATCHES) == 1 then
