@@ -22,6 +22,7 @@ crate::harness::on_both!(
     a_cancelled_task_of_a_batch_is_stale_for_its_holder,
     ids_holding_a_separator_are_leased_one_by_one,
     a_batched_task_shows_running_in_its_record_and_list,
+    many_expired_batches_all_come_back_over_bounded_takes,
 );
 
 fn tracked() -> QueueLimits {
@@ -282,6 +283,38 @@ async fn a_batched_task_shows_running_in_its_record_and_list(client: QueueClient
             (RecordState::Done, Some("h9".into()), Some(4)),
         ]
     );
+}
+
+async fn many_expired_batches_all_come_back_over_bounded_takes(client: QueueClient, name: &str) {
+    let q = client.queue_with(name, tracked()).unwrap();
+    let ids = fill(&q, 1500).await;
+    let mut first = Vec::new();
+    for _ in 0..15 {
+        let b = q.take(100, Duration::from_millis(100)).await.unwrap();
+        assert_eq!(b.tasks.len(), 100);
+        first.extend(b.tasks);
+    }
+    // Once every lease ran out, takes bring the tasks back: each exactly once, at its
+    // second attempt, however many batches expired together.
+    let mut back: Vec<(String, u32)> = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while back.len() < ids.len() && std::time::Instant::now() < deadline {
+        let b = q.take(1000, Duration::from_secs(30)).await.unwrap();
+        back.extend(b.tasks.iter().map(|t| (t.id.clone(), t.attempt)));
+        if !b.tasks.is_empty() {
+            assert_eq!(
+                q.ack(&b.tasks).await.unwrap(),
+                all(SettleResult::Done, b.tasks.len())
+            );
+        }
+    }
+    back.sort();
+    let mut want: Vec<(String, u32)> = ids.iter().map(|id| (id.clone(), 2)).collect();
+    want.sort();
+    assert!(back == want, "{} back, {} enqueued", back.len(), want.len());
+    assert_eq!(q.ack(&first).await.unwrap(), all(SettleResult::Stale, 1500));
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.leased, s.expired_total, s.acked_total), (0, 1500, 1500));
 }
 
 /// The layout behind the cases above, on one server: a take of first attempts makes one

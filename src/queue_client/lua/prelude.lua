@@ -447,10 +447,10 @@ local function batch_gone(tok, n)
 end
 
 -- Turns batch `tok` into per-task leases with its expiry (and their running entries when
--- the queue tracks). False when there is no such batch.
+-- the queue tracks). Returns how many tasks it held (0: there is no such batch).
 local function batch_split(tok)
   local v = redis.call('GET', batch_key(tok))
-  if not v then return false end
+  if not v then return 0 end
   local exp = redis.call('ZSCORE', K_BATCHES, tok) or '0'
   local at, host, slot, n, framed = batch_parts(v)
   local ids, z, ones = {}, {}, {}
@@ -464,7 +464,7 @@ local function batch_split(tok)
   bulk('ZADD', K_LEASED, z)
   if redis.call('EXISTS', K_IDX) == 1 then run_begin(ids, at, ones, host, slot) end
   batch_gone(tok, n)
-  return true
+  return n
 end
 
 -- Splits every batch named in `toks` (tokens as text; repeats are fine).

@@ -18,9 +18,12 @@ if tracked then expire_records(now, limit) end
 -- 1. Expired leases come back here, so no separate reaper is needed. Each counts as a
 --    failed attempt (the attempt was counted when it was taken). They go to the front:
 --    they were taken before everything now waiting behind them.
---    A batch lease that expired is split first: its tasks come back one by one as here.
+--    A batch lease that expired is split first: its tasks come back one by one as here
+--    (whole batches, until about `limit` tasks are out: the rest wait for the next take).
+local split_n = 0
 for _, t in ipairs(redis.call('ZRANGEBYSCORE', K_BATCHES, '-inf', now, 'LIMIT', 0, limit)) do
-  batch_split(t)
+  if split_n >= limit then break end
+  split_n = split_n + batch_split(t)
 end
 local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, limit)
 -- (Long tasks whose cancel was asked end cancelled instead: their slot died first.)
