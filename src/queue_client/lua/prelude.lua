@@ -74,10 +74,17 @@ local function ready_list(pri)
   return K_READY .. ':' .. pri
 end
 
--- Appends ids (all of one priority) to the back of their list, or the front when `front`
--- (a reclaimed task was taken before everything behind it).
+-- Appends ids (all of one priority) to the back of their list, or puts them at the front
+-- when `front` (reclaimed or given back tasks were taken before everything behind them),
+-- in their order either way: LPUSH puts each id before the ones pushed earlier, so the
+-- front's are pushed last to first.
 local function push_ready(pri, ids, front)
   if #ids == 0 then return end
+  if front and #ids > 1 then
+    local rev = {}
+    for i = #ids, 1, -1 do rev[#rev + 1] = ids[i] end
+    ids = rev
+  end
   bulk(front and 'LPUSH' or 'RPUSH', ready_list(pri), ids)
   redis.call('ZADD', K_READY, -pri, pri)
 end
@@ -534,6 +541,16 @@ local function batch_run_of(id, cache)
   return nil
 end
 
+-- When the next lease runs out, per task or batch (ms, Redis clock), or nil when none is held.
+local function earliest_lease()
+  local first
+  for _, z in ipairs({K_LEASED, K_BATCHES}) do
+    local l = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+    if l[2] and (not first or tonumber(l[2]) < first) then first = tonumber(l[2]) end
+  end
+  return first
+end
+
 local function glob_escape(s)
   return (string.gsub(s, '([%*%?%[%]\\])', '\\%1'))
 end
@@ -828,10 +845,8 @@ local function take_hold(now, configured, ordered)
   local state = system_switch() or configured
   if state == 'paused' or state == 'disabled' then return true, -1 end
   if not ordered then return false end
-  for _, z in ipairs({K_LEASED, K_BATCHES}) do
-    local l = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
-    if l[2] then return true, math.max(0, tonumber(l[2]) - now) end
-  end
+  local lease = earliest_lease()
+  if lease then return true, math.max(0, lease - now) end
   local head = redis.call('HGET', K_CONF, 'head')
   local due = head and redis.call('ZSCORE', K_DELAYED, head)
   if due then return true, math.max(0, tonumber(due) - now) end

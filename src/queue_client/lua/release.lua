@@ -21,14 +21,8 @@ for i = 1, #ARGV, 3 do
     res[#res + 1] = 0
   end
 end
--- LPUSH puts each id before the ones pushed earlier: pushed last to first, the tasks keep
--- the order they were taken in, ahead of everything that was behind them.
-local rback, rpris = {}, {}
-for i = #back, 1, -1 do
-  rback[#rback + 1] = back[i]
-  rpris[#rpris + 1] = pris[i]
-end
-push_ready_grouped(rpris, rback, true)
+-- At the front, in the order they were taken, ahead of everything that was behind them.
+push_ready_grouped(pris, back, true)
 -- The take's running entries are still beside the records: they go unwritten, so the record
 -- keeps no trace of a take that never ran and counted no attempt.
 run_end(back)

@@ -57,14 +57,8 @@ if #expired > 0 then
   end
   bulk('ZREM', K_LEASED, expired)
   run_end(expired_ids)
-  -- Pushed to the front last to first, so they keep the leases' order (earliest expiry
-  -- first, then by token and id) ahead of what waited behind them.
-  local rback, rpris = {}, {}
-  for i = #back, 1, -1 do
-    rback[#rback + 1] = back[i]
-    rpris[#rpris + 1] = back_pris[i]
-  end
-  push_ready_grouped(rpris, rback, true)
+  -- At the front in the leases' order (earliest expiry first, then by token and id).
+  push_ready_grouped(back_pris, back, true)
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
 end
@@ -117,12 +111,10 @@ if k == 0 then
   local hint = -1
   local d = redis.call('ZRANGE', K_DELAYED, 0, 0, 'WITHSCORES')
   if d[2] then hint = math.max(0, tonumber(d[2]) - now) end
-  for _, z in ipairs({K_LEASED, K_BATCHES}) do
-    local l = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
-    if l[2] then
-      local h = math.max(0, tonumber(l[2]) - now)
-      if hint < 0 or h < hint then hint = h end
-    end
+  local lease = earliest_lease()
+  if lease then
+    local h = math.max(0, lease - now)
+    if hint < 0 or h < hint then hint = h end
   end
   return {now, 0, hint}
 end
