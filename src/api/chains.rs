@@ -77,7 +77,16 @@ impl Api {
             return Ok(out);
         }
         let targets = self.chain_targets();
-        if let Some(view) = chain::read(&self.client, &targets.queues, &rec.id).await? {
+        // (A task of a queue with a done route names its own chain from its enqueue on;
+        // until it has follow-ups, a chain of that id may still be another task's.)
+        let view = chain::read(&self.client, &targets.queues, &rec.id)
+            .await?
+            .filter(|v| {
+                v.tasks
+                    .first()
+                    .is_some_and(|t| t.member == chain::Member::new(&rec.queue, &rec.id))
+            });
+        if let Some(view) = view {
             let tasks: Vec<Value> = view
                 .tasks
                 .iter()

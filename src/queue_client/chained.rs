@@ -15,8 +15,7 @@ pub struct ChainFacts {
     pub has_record: bool,
     /// The chain it belongs to, if any.
     pub chain: Option<String>,
-    /// Its max_attempts as enqueued (0: no limit); `None` when the task is gone, or was
-    /// asked for as starting a chain (a done task: its attempts no longer matter).
+    /// Its max_attempts as enqueued (0: no limit); `None` when the task is gone.
     pub max_attempts: Option<u32>,
 }
 

@@ -112,6 +112,11 @@ impl Queue {
         id: &str,
         cancel: Option<&str>,
     ) -> Result<Option<TaskInfo>, QueueError> {
+        // No task has an empty id, and the payload and meta hashes keep a field by that
+        // name for themselves (see `pinned` in lua/prelude.lua).
+        if id.is_empty() {
+            return Ok(None);
+        }
         let mut inv = self.invocation(&SCRIPTS.find);
         inv.arg(id)
             .arg(if cancel.is_some() { "1" } else { "0" })
@@ -171,6 +176,10 @@ impl Queue {
         action: &str,
         note: &str,
     ) -> Result<FreezeResult, QueueError> {
+        if id.is_empty() {
+            // (the name of the hashes' own field, see `find_or_cancel`)
+            return Ok(FreezeResult::Unknown);
+        }
         let mut inv = self.invocation(&SCRIPTS.freeze);
         inv.arg(id).arg(action).arg(note);
         let mut conn = self.conn.clone();

@@ -242,10 +242,10 @@ impl Queue {
             })
             .arg(self.limits.intake.as_str())
             .arg(self.ttl_arg())
-            .arg(if first.chain == Some(TaskChain::Global) {
-                "1"
-            } else {
-                "0"
+            .arg(match &first.chain {
+                Some(TaskChain::Global) => "1",
+                None if self.limits.starts_chains => "1",
+                _ => "0",
             });
         for t in chunk {
             match (mode, &t.chain) {

@@ -42,6 +42,10 @@ pub struct QueueLimits {
     pub system: Option<SystemLimits>,
     /// Batch or long tasks: a running long task is asked to stop when cancelled.
     pub kind: QueueKind,
+    /// The queue's `next` routes make follow-ups of every task that is done: each of its
+    /// tasks is enqueued as the global task of a chain of its own, which its record names
+    /// from the start (a follow-up's enqueue then neither reads nor rewrites it).
+    pub starts_chains: bool,
 }
 
 /// What a queue's takes owe its external system: the run-time switch is read beside the
@@ -69,6 +73,7 @@ impl Default for QueueLimits {
             ordered: false,
             system: None,
             kind: QueueKind::Batch,
+            starts_chains: false,
         }
     }
 }
@@ -90,6 +95,7 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
                 paused: q.system_paused,
             }),
             kind: q.kind,
+            starts_chains: q.next.iter().any(|r| r.on == crate::config::RouteOn::Done),
         }
     }
 }

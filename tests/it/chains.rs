@@ -556,3 +556,75 @@ async fn a_slot_killed_between_follow_ups_and_ack_makes_each_child_once() {
 async fn a_slot_killed_between_follow_ups_and_ack_on_a_redis_cluster() {
     killed_between_follow_ups_and_ack(&shared_cluster_url(), "chains2", "ck").await;
 }
+
+/// What a follow-up step learns of its parents (`Queue::chain_facts`): from the meta an
+/// enqueue wrote (a route queue's tasks are global tasks of their own chains from the
+/// start, a follow-up names its chain), and from the record only where the meta does not
+/// say (a task enqueued before metas kept it) or a task starts a chain its record does
+/// not name yet, which is named there and then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
+    use gaffer::queue_client::{NewTask, QueueLimits, TaskChain};
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let routed = client
+        .queue_with(
+            "routed",
+            QueueLimits {
+                starts_chains: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let plain = client.queue_with("plain", QueueLimits::default()).unwrap();
+    routed.enqueue(NewTask::new("{}").id("r1")).await.unwrap();
+    routed
+        .enqueue(
+            NewTask::new("{}")
+                .id("G~1")
+                .chain(TaskChain::FollowUp("G".into())),
+        )
+        .await
+        .unwrap();
+    for id in ["p1", "p2", "old"] {
+        plain.enqueue(NewTask::new("{}").id(id)).await.unwrap();
+    }
+    let facts = routed
+        .chain_facts(&["r1", "G~1"], &[true, true])
+        .await
+        .unwrap();
+    let chains: Vec<Option<&str>> = facts.iter().map(|f| f.chain.as_deref()).collect();
+    assert_eq!(chains, [Some("r1"), Some("G")]);
+    assert_eq!(
+        routed.record("r1").await.unwrap().unwrap().chain.as_deref(),
+        Some("r1"),
+        "a route queue's task names its own chain from its enqueue"
+    );
+    // A meta as written before it kept the chain: priority:max_attempts:enqueued_ms.
+    let mut raw = redis.raw().await;
+    let _: () = redis::cmd("HSET")
+        .arg("test:{plain}:meta")
+        .arg("old")
+        .arg("0:7:1")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let facts = plain
+        .chain_facts(&["p1", "p2", "old"], &[false, true, false])
+        .await
+        .unwrap();
+    let got: Vec<(Option<&str>, Option<u32>)> = facts
+        .iter()
+        .map(|f| (f.chain.as_deref(), f.max_attempts))
+        .collect();
+    assert_eq!(
+        got,
+        [(None, Some(5)), (Some("p2"), Some(5)), (None, Some(7))],
+        "in no chain; starting one, named now; an old meta read through its record"
+    );
+    assert_eq!(
+        plain.record("p2").await.unwrap().unwrap().chain.as_deref(),
+        Some("p2")
+    );
+    assert_eq!(plain.record("p1").await.unwrap().unwrap().chain, None);
+}

@@ -927,3 +927,43 @@ async fn settle_take_settles_before_it_takes(client: QueueClient, name: &str) {
         Err(QueueError::Invalid(_))
     ));
 }
+
+/// A queue its takers keep nearly empty still holds its payloads and metas in hash tables
+/// (the hashes' pinned field, `lua/prelude.lua`), not listpacks whose every lookup scans
+/// the hash; the pin is no task: an empty id finds nothing, and the counts ignore it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nearly_empty_queue_keeps_its_hashes_as_hash_tables() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue_with("pin", QueueLimits::default()).unwrap();
+    let mut raw = redis.raw().await;
+    for round in 0..3 {
+        let tasks: Vec<NewTask> = (0..10)
+            .map(|i| NewTask::new("{}").id(format!("r{round}t{i}")))
+            .collect();
+        q.enqueue_many(&tasks).await.unwrap();
+        for hash in ["payload", "meta"] {
+            let encoding: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(format!("test:{{pin}}:{hash}"))
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            assert_eq!(encoding, "hashtable", "{hash} after round {round}");
+        }
+        let s = q.stats().await.unwrap();
+        assert_eq!((s.ready, s.leased), (10, 0), "round {round}");
+        let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(b.tasks.len(), 10);
+        assert!(b.tasks.iter().all(|t| t.payload == b"{}"));
+        q.ack(&b.tasks).await.unwrap();
+    }
+    assert!(q.find("").await.unwrap().is_none());
+    assert!(q.cancel("").await.unwrap().is_none());
+    assert_eq!(
+        q.freeze("", "x").await.unwrap(),
+        gaffer::queue_client::FreezeResult::Unknown
+    );
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 30));
+}

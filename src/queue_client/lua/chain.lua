@@ -1,13 +1,17 @@
 -- What chains need of a queue's tasks, read (or set) in one call for a batch's parents.
 -- ARGV: op, then
---   op 'get': starting, then ids → per id {g, m}: its record's chain ('' none; false: no
---             record) and its max_attempts as enqueued ('' when the task is gone, or
---             starting).
+--   op 'get': starting, then ids → per id {g, m}: its chain ('' none; false: no record)
+--             and its max_attempts as enqueued ('' when the task is gone).
 --             `starting` has one character per id: '1' for a task about to start a chain
---             of its own (it has follow-ups and may be in none): one without a chain is
---             named the chain of its own id here and now, the common case, so the record
---             is read and written once (the slot's claim of that id follows; should
---             another task hold it, 'set' renames it);
+--             of its own (it has follow-ups and may be in none).
+--             The chain comes from the task's meta, where its enqueue put it (see
+--             parse_meta): no record is read. Only a task whose meta does not say (enqueued
+--             before metas kept it, or untracked), and one about to start a chain whose
+--             record names none (its queue had no `next` route when it was enqueued: a
+--             handler's own follow-ups), is looked up in its record; the latter is named
+--             the chain of its own id there and then, so the record is read and written
+--             once (the slot's claim of that id follows; should another task hold it,
+--             'set' renames it);
 --   op 'set': pairs (id, chain) → sets the record's chain where it has none yet or has
 --             its own id (a task that became the global task of a chain by adding
 --             follow-ups). Returns how many it set.
@@ -27,31 +31,43 @@ local function with_chain(v, g)
   local cut = string.find(v, RS, 1, true)
   return string.sub(v, 1, cut - 1) .. g .. string.sub(v, cut)
 end
+-- A task's chain from its record (false: no record), named its own id when `starting`
+-- and the record names none.
+local function chain_in_record(id, starting)
+  local key = rec_key(id)
+  local v = redis.call('GET', key)
+  if not v then return false end
+  local g = string.match(v, G_PAT)
+  if g == '' and starting then
+    redis.call('SET', key, with_chain(v, id))
+    return id
+  end
+  return g or chain_of(v)
+end
 if op == 'get' then
   local out = {}
   local starting = ARGV[2]
-  for i = 3, #ARGV do
-    local id = ARGV[i]
-    local key = rec_key(id)
-    local v = redis.call('GET', key)
-    local g = false
-    if v then
-      g = string.match(v, G_PAT)
-      if g == '' and string.byte(starting, i - 2) == 49 then
-        redis.call('SET', key, with_chain(v, id))
+  local ids = {}
+  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+  local metas = hmget(K_META, ids)
+  for i, id in ipairs(ids) do
+    local starts = string.byte(starting, i) == 49
+    local g, ma = nil, ''
+    local m = metas[i]
+    if m then
+      local tail
+      ma, tail = string.match(m, '^-?%d+:(%d+):%d+(.*)$')
+      if tail == ':s' then
         g = id
-      elseif not g then
-        g = chain_of(v)
+      elseif tail == ':' then
+        if not starts then g = '' end
+      elseif string.sub(tail, 1, 2) == ':c' then
+        g = string.sub(tail, 3)
       end
     end
-    -- (a task that starts a chain is done: its attempts no longer matter)
-    local ma = ''
-    if string.byte(starting, i - 2) ~= 49 then
-      local meta = redis.call('HGET', K_META, id)
-      if meta then ma = string.match(meta, '^[^:]*:([^:]*):') or '' end
-    end
+    if g == nil then g = chain_in_record(id, starts) end
     out[#out + 1] = g
-    out[#out + 1] = ma
+    out[#out + 1] = ma or ''
   end
   return out
 end

@@ -1,7 +1,8 @@
 -- ARGV: n, priority, delay_ms, at_ms (0: none), max_attempts, mode, track ('1': keep a
 --   record), submitted_by, dedup ('a' active | 'r' record), intake (the config's value,
 --   used while no run-time switch is set), history_ttl_ms, root ('1': each task is the
---   global task of its own chain), then
+--   global task of its own chain: submitted with `chain`, or a task of a queue whose
+--   `next` routes make follow-ups of every done task), then
 --   mode 'p':  n payloads (ids generated), or
 --   mode 'ip': n × (id, payload) (ids given: dedup applies), or
 --   mode 'ig': n × (id, payload, chain): follow-ups of chain G (ids derived from their
@@ -37,6 +38,10 @@ elseif sys_state == 'paused' then
   waiting_note = 'held: system ' .. sys_name .. ' is paused'
 end
 local meta = pack_meta(ARGV[2], ma, now)
+-- The meta's chain field (see parse_meta), kept by tracked queues only (an untracked
+-- task has no record to name a chain in): a global task's, or one in no chain.
+local meta_root, meta_none = meta, meta
+if track then meta_root, meta_none = meta .. ':s', meta .. ':' end
 local due = now + delay
 if at > 0 then due = at end
 local is_delayed = due > now
@@ -44,21 +49,26 @@ local base = redis.call('INCRBY', K_SEQ, n) - n
 local payloads, metas, ids, seqs, flags = {}, {}, {}, {}, nil
 -- per created task: its chain's global task ('' none), when any task has one
 local chains = nil
+-- per created task: its record's key, when already made
+local keys = nil
 local created = 0
 
 if mode == 'p' then
-  -- Generated ids cannot clash: no lookups, indices instead of the # operator.
+  -- Generated ids cannot clash: no lookups, indices instead of the # operator. The
+  -- sequence number is made text once, as an integer: Lua's own number-to-text (for
+  -- `..`, and for a number handed to redis.call) is a floating-point printf, which was a
+  -- tenth of an enqueue's work.
+  local m = root and meta_root or meta_none
   for i = 1, n do
-    local id = '#' .. (base + i)
+    local s = string.format('%d', base + i)
+    local id = '#' .. s
     payloads[2 * i - 1] = id
     payloads[2 * i] = ARGV[H + i]
     metas[2 * i - 1] = id
-    metas[2 * i] = meta
+    metas[2 * i] = m
     ids[i] = id
-  end
-  -- (the records' index order; only a tracked queue keeps one)
-  if track then
-    for i = 1, n do seqs[i] = base + i end
+    -- (the records' index order; only a tracked queue keeps one)
+    seqs[i] = s
   end
   created = n
   flags = string.rep(cancel and 'x' or '1', n)
@@ -68,14 +78,17 @@ else
   if dedup_record then expire_records(now, 100) end
   -- What exists already, looked up in one command each for the whole call: a command
   -- from Lua per task cost more than the lookups themselves.
-  local given, rec_keys = {}, {}
-  for i = 1, n do
-    local id = ARGV[H + per * (i - 1) + 1]
-    given[i] = id
-    rec_keys[i] = rec_key(id)
-  end
+  local given, rec_keys = {}, nil
+  for i = 1, n do given[i] = ARGV[H + per * (i - 1) + 1] end
   local metas_now = hmget(K_META, given)
-  local recs_now = dedup_record and mget(rec_keys) or {}
+  local recs_now = {}
+  if dedup_record then
+    rec_keys = {}
+    for i = 1, n do rec_keys[i] = rec_key(given[i]) end
+    recs_now = mget(rec_keys)
+    -- (the created tasks' record keys, for records_new)
+    keys = {}
+  end
   local seen, fl = {}, {}
   for i = 1, n do
     local o = H + per * (i - 1) + 1
@@ -103,15 +116,19 @@ else
       payloads[2 * created - 1] = id
       payloads[2 * created] = ARGV[o + 1]
       metas[2 * created - 1] = id
-      metas[2 * created] = meta
       ids[created] = id
-      seqs[created] = base + i
+      if keys then keys[created] = rec_keys[i] end
+      seqs[created] = string.format('%d', base + i)
       if per == 3 then
         chains = chains or {}
         chains[created] = ARGV[o + 2]
+        metas[2 * created] = track and (meta .. ':c' .. ARGV[o + 2]) or meta
       elseif root then
         chains = chains or {}
         chains[created] = id
+        metas[2 * created] = meta_root
+      else
+        metas[2 * created] = meta_none
       end
     end
   end
@@ -122,12 +139,12 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      cancel_note, ttl, mode ~= 'p', chains)
+      cancel_note, ttl, mode ~= 'p', chains, keys)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
-  bulk('HSET', K_PAYLOAD, payloads)
-  bulk('HSET', K_META, metas)
+  bulk('HSET', K_PAYLOAD, pinned(payloads))
+  bulk('HSET', K_META, pinned(metas))
   if is_delayed then
     local delayed = {}
     for i, id in ipairs(ids) do
@@ -138,7 +155,7 @@ elseif created > 0 then
   else
     push_ready(pri, ids, false)
   end
-  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains) end
+  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains, keys) end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
 end

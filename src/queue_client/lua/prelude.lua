@@ -112,14 +112,36 @@ local function ready_count()
   return total
 end
 
--- meta = "priority:max_attempts:enqueued_ms"
+-- meta = "priority:max_attempts:enqueued_ms:CHAIN", CHAIN being what chains need to know
+-- of a tracked task without reading its record (chain.lua): '' (in no chain), 's' (the
+-- global task of its own chain, which its record names), or 'c' and the chain's id (a
+-- follow-up). A meta written before chains kept it there ends after enqueued_ms.
 local function parse_meta(m)
-  local pri, ma, enq = string.match(m, '^(-?%d+):(%d+):(%d+)$')
+  local pri, ma, enq = string.match(m, '^(-?%d+):(%d+):(%d+)')
   return tonumber(pri), tonumber(ma), tonumber(enq)
 end
 
 local function pack_meta(pri, ma, enq)
   return pri .. ':' .. ma .. ':' .. enq
+end
+
+-- The meta with another priority, the rest as it was.
+local function meta_with_priority(m, pri)
+  return pri .. string.match(m, '^-?%d+(.*)$')
+end
+
+-- The payload and meta hashes hold one more field, '' (no task has an empty id), whose
+-- value is longer than Redis keeps in a listpack (`hash-max-listpack-value`, 64 by
+-- default): each hash is then a hash table from the first enqueue on, and stays one, the
+-- pin keeping it from ever being emptied and deleted. A queue its slots keep nearly empty
+-- would otherwise hold its tasks in a listpack, where each field of a batch's HSET, HMGET
+-- and HDEL is found by a scan of the whole hash: in a callgrind profile of a two-step
+-- chain (whose second queue is always nearly empty) lpFind was 23 % of Redis's work.
+local PIN = string.rep('-', 80)
+local function pinned(items)
+  items[#items + 1] = ''
+  items[#items + 1] = PIN
+  return items
 end
 
 -- A lease is the member "token:id" of K_LEASED, scored by its expiry. The client settles
@@ -773,8 +795,8 @@ end
 -- finished record with the same id is replaced. `ttl_ms` > 0: they end at once.
 -- `chains`: nil, or per task the id of its chain's global task ('' for none); a task of
 -- a chain shows `chain:G` as its submitter and is left out of the submitter indexes
--- (they would grow by one per chain).
-local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains)
+-- (they would grow by one per chain). `keys`: nil, or per task its record's key.
+local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains, keys)
   local first = entry(state, now, 0, '', '', note)
   -- The fields all tasks share, turned into text once: a number made text costs Lua a
   -- printf, which per task is a good part of an enqueue.
@@ -783,7 +805,7 @@ local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms
   local v = head .. by .. tail .. RS .. first
   local scored, kv = {}, {}
   for i, id in ipairs(ids) do
-    kv[2 * i - 1] = rec_key(id)
+    kv[2 * i - 1] = keys and keys[i] or rec_key(id)
     local g = chains and chains[i] or ''
     if g == '' then
       kv[2 * i] = v

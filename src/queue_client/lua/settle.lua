@@ -143,7 +143,8 @@ for i = k + 1, k + m do
       n_dead = n_dead + 1
       res[i] = 1
     else
-      local pri, ma, enq = parse_meta(redis.call('HGET', K_META, id))
+      local meta = redis.call('HGET', K_META, id)
+      local pri, ma = parse_meta(meta)
       local reason = ARGV[o + 7]
       if ma > 0 and attempt >= ma then
         if reason == '' then reason = 'retry requested' end
@@ -156,7 +157,7 @@ for i = k + 1, k + m do
         -- An ordered queue keeps one order: a retry's new priority is ignored there.
         if ARGV[o + 6] ~= '' and not ordered then
           pri = tonumber(ARGV[o + 6])
-          redis.call('HSET', K_META, id, pack_meta(pri, ma, enq))
+          redis.call('HSET', K_META, id, meta_with_priority(meta, pri))
           set.p = pri
         end
         if reason ~= '' then
