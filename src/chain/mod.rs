@@ -209,7 +209,7 @@ async fn claim_call(
                    holder = string.sub(v, 2, #n + 2 + tonumber(n)) \
                  end \
                end \
-               out[i] = holder \
+               if holder ~= me then out[#out + 1] = i; out[#out + 1] = holder end \
                a = a + 2 \
              end \
              return out",
@@ -222,22 +222,25 @@ async fn claim_call(
         inv.arg(encode(c.root)).arg(encode_pairs(c.members));
     }
     let mut conn = conn.clone();
-    let holders: Vec<Vec<u8>> = inv.invoke_async(&mut conn).await?;
-    if holders.len() != claims.len() {
-        return Err(QueueError::Protocol(format!(
-            "claiming {} chains returned {} answers",
-            claims.len(),
-            holders.len()
-        )));
+    // Only the chains another task holds come back, as (position from 1, holder): a
+    // reply per chain was most of what a batch's claims cost the slot.
+    let taken: Vec<(usize, Vec<u8>)> = inv.invoke_async(&mut conn).await?;
+    let mut answers = vec![RootClaim::Ours; claims.len()];
+    for (i, holder) in taken {
+        let (Some(answer), Some(m)) = (
+            i.checked_sub(1).and_then(|i| answers.get_mut(i)),
+            decode(&holder).next(),
+        ) else {
+            return Err(QueueError::Protocol(format!(
+                "claiming {} chains answered position {i} with a holder that does not decode",
+                claims.len()
+            )));
+        };
+        if &m != claims[i - 1].root {
+            *answer = RootClaim::Taken(m);
+        }
     }
-    Ok(claims
-        .iter()
-        .zip(holders)
-        .map(|(c, holder)| match decode(&holder).next() {
-            Some(m) if &m != c.root => RootClaim::Taken(m),
-            _ => RootClaim::Ours,
-        })
-        .collect())
+    Ok(answers)
 }
 
 /// The global task of chain `chain`, if it has one.

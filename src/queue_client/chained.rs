@@ -15,7 +15,8 @@ pub struct ChainFacts {
     pub has_record: bool,
     /// The chain it belongs to, if any.
     pub chain: Option<String>,
-    /// Its max_attempts as enqueued (0: no limit); `None` when the task is gone.
+    /// Its max_attempts as enqueued (0: no limit); `None` when the task is gone, or was
+    /// asked for as starting a chain (a done task: its attempts no longer matter).
     pub max_attempts: Option<u32>,
 }
 
@@ -58,9 +59,14 @@ impl Queue {
         }
         reply
             .chunks(2)
-            .map(|pair| {
+            .zip(ids)
+            .map(|(pair, id)| {
                 let has_record = !matches!(pair[0], Value::Nil);
-                let chain = string(&pair[0])?;
+                // (1: the task's own id)
+                let chain = match pair[0] {
+                    Value::Int(1) => id.to_string(),
+                    _ => string(&pair[0])?,
+                };
                 let ma = string(&pair[1])?;
                 Ok(ChainFacts {
                     has_record,

@@ -66,8 +66,9 @@ if op == 'get' then
       end
     end
     if g == nil then g = chain_in_record(id, starts) end
+    if g == id then g = 1 end
     out[#out + 1] = g
-    out[#out + 1] = ma or ''
+    out[#out + 1] = (not starts and ma) or ''
   end
   return out
 end
