@@ -99,6 +99,9 @@ impl ChainView {
     }
 }
 
+/// How many times a chain's member list and records are read over while it grows.
+const MAX_READS: usize = 5;
+
 /// Reads chain `chain`: its members and their records (each queue's records through
 /// `queues`' limits). `None` when no such chain is known.
 pub async fn read(
@@ -107,14 +110,30 @@ pub async fn read(
     chain: &str,
 ) -> Result<Option<ChainView>, QueueError> {
     let conn = client.connection();
-    let Some((root, follow)) = members(&conn, client.namespace(), chain).await? else {
+    let Some((mut root, mut follow)) = members(&conn, client.namespace(), chain).await? else {
         return Ok(None);
+    };
+    // The member list and the records are read apart, so a parent can end between the
+    // two, its follow-ups added after the list was read: every task read would be ended
+    // and the chain seem done while one it has is not listed. A follow-up is listed before
+    // its parent ends, so once the list reads the same after the records as before, every
+    // task those records' parents made is in it. (Bounded: a chain growing all the while
+    // is shown as it last read.)
+    let mut reads_left = MAX_READS;
+    let records = loop {
+        let reads = std::iter::once(&root)
+            .chain(follow.iter().map(|(c, _)| c))
+            .map(|m| record_of(client, queues, m));
+        let records = futures::future::try_join_all(reads).await?;
+        reads_left -= 1;
+        match members(&conn, client.namespace(), chain).await? {
+            Some((r, f)) if f.len() != follow.len() && reads_left > 0 => (root, follow) = (r, f),
+            _ => break records,
+        }
     };
     let order: Vec<(Member, Option<Member>)> = std::iter::once((root, None))
         .chain(follow.into_iter().map(|(c, p)| (c, Some(p))))
         .collect();
-    let reads = order.iter().map(|(m, _)| record_of(client, queues, m));
-    let records = futures::future::try_join_all(reads).await?;
     let tasks: Vec<ChainTask> = order
         .into_iter()
         .zip(records)
