@@ -263,8 +263,16 @@ fn states(chain: &Value) -> BTreeMap<String, String> {
 /// sync submit answers once all five are done, and only then; one part failing for good
 /// fails the chain, naming that task, and its queue's failed route runs.
 async fn fan_out_and_fail(rig: &Rig) {
-    let fetch = rig.q("fetch");
-    let path = format!("/v1/queues/{fetch}/tasks");
+    let (id, want) = a_fan_out_ends_done(rig).await;
+    a_taken_chain_id_is_refused_or_renamed(rig, &id, &want).await;
+    a_part_failing_fails_the_chain(rig).await;
+    an_unknown_follow_up_queue_fails_its_task(rig).await;
+}
+
+/// The sync submit answers once all five are done; the record and the chain endpoint
+/// agree. Returns the chain's id and its tasks' states.
+async fn a_fan_out_ends_done(rig: &Rig) -> (String, BTreeMap<String, String>) {
+    let path = format!("/v1/queues/{}/tasks", rig.q("fetch"));
     let (status, chain) = rig
         .call(
             "POST",
@@ -308,7 +316,17 @@ async fn fan_out_and_fail(rig: &Rig) {
     assert_eq!(rec["chain_tasks"].as_array().unwrap().len(), 5, "{rec}");
     let (status, again) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
     assert_eq!((status, states(&again)), (200, want.clone()));
-    // The chain's id is taken: the same id as another queue's global task is refused.
+    (id, want)
+}
+
+/// The chain's id is taken: the same id as another queue's global task is refused, and a
+/// task of that id starting a chain by its follow-ups gets `QUEUE:ID` instead.
+async fn a_taken_chain_id_is_refused_or_renamed(
+    rig: &Rig,
+    id: &str,
+    want: &BTreeMap<String, String>,
+) {
+    let fetch = rig.q("fetch");
     let body = format!(r#"{{"payload": {{}}, "id": "{id}", "chain": true}}"#);
     let store = format!("/v1/queues/{}/tasks", rig.q("store"));
     let (status, refused) = rig.call("POST", &store, Some(&body)).await;
@@ -338,24 +356,28 @@ async fn fan_out_and_fail(rig: &Rig) {
         .filter_map(|t| t["id"].as_str())
         .collect();
     // (first's route and its handler each make one)
-    let kids = [id.clone(), format!("{id}~1"), format!("{id}~2")];
+    let kids = [id.to_string(), format!("{id}~1"), format!("{id}~2")];
     assert_eq!(other_ids, kids, "{other}");
     let (_, still) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
     assert_eq!(
-        states(&still),
+        &states(&still),
         want,
         "the other chain is untouched: {still}"
     );
-    let (ok, tree) = rig.cli_chain(&id, false);
+    let (ok, tree) = rig.cli_chain(id, false);
     assert!(ok, "{tree}");
     assert!(tree.starts_with(&format!("chain {id}: done")), "{tree}");
     assert_eq!(tree.lines().count(), 6, "{tree}");
     assert!(
-        tree.contains(&format!("└─ {} {}~1  done", rig.q("store"), parse(2))),
+        tree.contains(&format!("└─ {} {id}~2~1  done", rig.q("store"))),
         "{tree}"
     );
+}
 
-    // Part 1 fails for good (parse has max_attempts = 1): the chain fails, naming it.
+/// Part 1 fails for good (parse has max_attempts = 1): the chain fails, naming it, and
+/// parse's failed route makes a cleanup task in the same chain.
+async fn a_part_failing_fails_the_chain(rig: &Rig) {
+    let path = format!("/v1/queues/{}/tasks", rig.q("fetch"));
     let (status, chain) = rig
         .call(
             "POST",
@@ -380,8 +402,10 @@ async fn fan_out_and_fail(rig: &Rig) {
     assert_eq!(rec.chain.as_deref(), Some(id.as_str()));
     let (_, chain) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
     assert!(states(&chain).contains_key(&cleanup), "{chain}");
+}
 
-    // A follow-up to a queue the config does not name fails its task for good, saying so.
+/// A follow-up to a queue the config does not name fails its task for good, saying so.
+async fn an_unknown_follow_up_queue_fails_its_task(rig: &Rig) {
     let store = format!("/v1/queues/{}/tasks", rig.q("store"));
     let (status, rec) = rig
         .call(

@@ -1,7 +1,9 @@
 -- What chains need of a queue's tasks, read (or set) in one call for a batch's parents.
 -- ARGV: op, then
---   op 'get': starting, then ids → per id {g, m}: its chain ('' none; false: no record)
---             and its max_attempts as enqueued ('' when the task is gone).
+--   op 'get': starting, then ids → per id {g, m}: its chain ('' none; false: no record;
+--             1: the task's own id, the common case, sent as a number rather than again)
+--             and its max_attempts as enqueued ('' when the task is gone, or starting:
+--             a done task's attempts no longer matter).
 --             `starting` has one character per id: '1' for a task about to start a chain
 --             of its own (it has follow-ups and may be in none).
 --             The chain comes from the task's meta, where its enqueue put it (see

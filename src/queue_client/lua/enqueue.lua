@@ -49,8 +49,6 @@ local base = redis.call('INCRBY', K_SEQ, n) - n
 local payloads, metas, ids, seqs, flags = {}, {}, {}, {}, nil
 -- per created task: its chain's global task ('' none), when any task has one
 local chains = nil
--- per created task: its record's key, when already made
-local keys = nil
 local created = 0
 
 if mode == 'p' then
@@ -78,16 +76,14 @@ else
   if dedup_record then expire_records(now, 100) end
   -- What exists already, looked up in one command each for the whole call: a command
   -- from Lua per task cost more than the lookups themselves.
-  local given, rec_keys = {}, nil
+  local given = {}
   for i = 1, n do given[i] = ARGV[H + per * (i - 1) + 1] end
   local metas_now = hmget(K_META, given)
   local recs_now = {}
   if dedup_record then
-    rec_keys = {}
+    local rec_keys = {}
     for i = 1, n do rec_keys[i] = rec_key(given[i]) end
     recs_now = mget(rec_keys)
-    -- (the created tasks' record keys, for records_new)
-    keys = {}
   end
   local seen, fl = {}, {}
   for i = 1, n do
@@ -117,7 +113,6 @@ else
       payloads[2 * created] = ARGV[o + 1]
       metas[2 * created - 1] = id
       ids[created] = id
-      if keys then keys[created] = rec_keys[i] end
       seqs[created] = string.format('%d', base + i)
       if per == 3 then
         chains = chains or {}
@@ -139,7 +134,7 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      cancel_note, ttl, mode ~= 'p', chains, keys)
+      cancel_note, ttl, mode ~= 'p', chains)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -155,7 +150,7 @@ elseif created > 0 then
   else
     push_ready(pri, ids, false)
   end
-  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains, keys) end
+  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains) end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
 end
