@@ -3,7 +3,8 @@ local n = #ARGV
 local base = redis.call('INCRBY', KEYS[3], n) - n
 local h, ids = {}, {}
 for i = 1, n do
-  local id = '#' .. (base + i)
+  -- (one integer format: Lua's own number-to-text is a floating-point printf)
+  local id = string.format('#%d', base + i)
   h[2 * i - 1] = id
   h[2 * i] = ARGV[i]
   ids[i] = id

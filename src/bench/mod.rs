@@ -204,7 +204,7 @@ impl Bare {
     async fn drain(&self, conn: &mut RedisConn, batch: usize) -> Result<usize, QueueError> {
         let mut done = 0;
         loop {
-            let got: Vec<Vec<u8>> = self
+            let (ids, _payloads): (Vec<Vec<u8>>, Vec<Vec<u8>>) = self
                 .take
                 .key(&self.ready)
                 .key(&self.leased)
@@ -213,13 +213,13 @@ impl Bare {
                 .arg(30_000)
                 .invoke_async(conn)
                 .await?;
-            if got.is_empty() {
+            if ids.is_empty() {
                 return Ok(done);
             }
             let mut inv = self.ack.prepare_invoke();
             inv.key(&self.leased).key(&self.payload);
-            for pair in got.chunks(2) {
-                inv.arg(&pair[0]);
+            for id in &ids {
+                inv.arg(id);
             }
             done += inv.invoke_async::<usize>(conn).await?;
         }

@@ -112,8 +112,8 @@ impl Queue {
         id: &str,
         cancel: Option<&str>,
     ) -> Result<Option<TaskInfo>, QueueError> {
-        // No task has an empty id, and the payload and meta hashes keep a field by that
-        // name for themselves (see `pinned` in lua/prelude.lua).
+        // No task has an empty id, and the payload hash keeps a field by that name for
+        // itself (see `pinned` in lua/prelude.lua).
         if id.is_empty() {
             return Ok(None);
         }

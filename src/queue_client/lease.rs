@@ -486,11 +486,24 @@ fn leased(
         id: string(&id)?,
         attempt,
         payload: match payload {
-            Some(Value::BulkString(b)) => b,
+            Some(Value::BulkString(b)) => without_meta(b)?,
             _ => Vec::new(),
         },
         token,
     })
+}
+
+/// The payload of a task's stored value, which is its meta, a newline, then the payload
+/// (prelude.lua, `task_value`): the meta is cut off here rather than in the take, whose
+/// reply then needs no loop over the tasks.
+fn without_meta(mut value: Vec<u8>) -> Result<Vec<u8>, QueueError> {
+    let Some(cut) = value.iter().position(|&b| b == b'\n') else {
+        return Err(QueueError::Protocol(
+            "take returned a task value without its meta".into(),
+        ));
+    };
+    value.drain(..=cut);
+    Ok(value)
 }
 
 /// Where each op goes in the settle script's arguments. Acks go first as (id, token)

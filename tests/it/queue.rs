@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gaffer::queue_client::{
-    MAX_DELAY, NewTask, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult,
-    TaskState,
+    LeasedTask, MAX_DELAY, NewTask, QueueClient, QueueError, QueueLimits, Settle, SettleOp,
+    SettleResult, TaskState,
 };
 
 use crate::harness::{self, TestRedis, eventually, poll_some};
@@ -928,9 +928,10 @@ async fn settle_take_settles_before_it_takes(client: QueueClient, name: &str) {
     ));
 }
 
-/// A queue its takers keep nearly empty still holds its payloads and metas in hash tables
-/// (the hashes' pinned field, `lua/prelude.lua`), not listpacks whose every lookup scans
-/// the hash; the pin is no task: an empty id finds nothing, and the counts ignore it.
+/// A queue its takers keep nearly empty still holds its tasks in a hash table (the hash's
+/// pinned field, `lua/prelude.lua`), not a listpack whose every lookup scans the hash; the
+/// pin is no task: an empty id finds nothing, and the counts ignore it. A task's meta is in
+/// its one field: no meta hash is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nearly_empty_queue_keeps_its_hashes_as_hash_tables() {
     let redis = TestRedis::start();
@@ -942,15 +943,19 @@ async fn a_nearly_empty_queue_keeps_its_hashes_as_hash_tables() {
             .map(|i| NewTask::new("{}").id(format!("r{round}t{i}")))
             .collect();
         q.enqueue_many(&tasks).await.unwrap();
-        for hash in ["payload", "meta"] {
-            let encoding: String = redis::cmd("OBJECT")
-                .arg("ENCODING")
-                .arg(format!("test:{{pin}}:{hash}"))
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            assert_eq!(encoding, "hashtable", "{hash} after round {round}");
-        }
+        let encoding: String = redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg("test:{pin}:payload")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(encoding, "hashtable", "after round {round}");
+        let metas: i64 = redis::cmd("EXISTS")
+            .arg("test:{pin}:meta")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(metas, 0, "no meta hash after round {round}");
         let s = q.stats().await.unwrap();
         assert_eq!((s.ready, s.leased), (10, 0), "round {round}");
         let b = q.take(10, Duration::from_secs(30)).await.unwrap();
@@ -966,4 +971,109 @@ async fn a_nearly_empty_queue_keeps_its_hashes_as_hash_tables() {
     );
     let s = q.stats().await.unwrap();
     assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 30));
+}
+
+/// Tasks written by a gaffer before a task's meta moved into its payload's field (a bare
+/// payload, the meta in a hash of its own, pinned) are found, taken, retried at a new
+/// priority and acked like the rest, side by side with new ones; the meta hash goes once
+/// its last task has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_the_layout_before_run_beside_new_ones() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue_with("old", QueueLimits::default()).unwrap();
+    let mut raw = redis.raw().await;
+    // As the older gaffer left them: two ready tasks at priority 0, max_attempts 4.
+    let pin = "-".repeat(80);
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg("test:{old}:payload")
+        .arg(&["o1", "old one", "o2", "old two", "", &pin])
+        .cmd("HSET")
+        .arg("test:{old}:meta")
+        .arg(&["o1", "0:4:1000", "o2", "0:4:2000", "", &pin])
+        .cmd("RPUSH")
+        .arg("test:{old}:ready:0")
+        .arg(&["o1", "o2"])
+        .cmd("ZADD")
+        .arg("test:{old}:ready")
+        .arg(0)
+        .arg(0)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    q.enqueue(NewTask::new("new one").id("n1")).await.unwrap();
+    let old = q.find("o2").await.unwrap().unwrap();
+    assert_eq!(
+        (old.payload.as_slice(), old.max_attempts, old.enqueued_ms),
+        (&b"old two"[..], 4, 2000)
+    );
+    let new = q.find("n1").await.unwrap().unwrap();
+    assert_eq!(new.payload, b"new one");
+
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    let got: Vec<(&str, &[u8])> = b
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.payload.as_slice()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("o1", &b"old one"[..]),
+            ("o2", &b"old two"[..]),
+            ("n1", &b"new one"[..])
+        ]
+    );
+    // o2 and n1 come back at priority 5, ahead of a new task at 0.
+    let again = |t: &LeasedTask| {
+        SettleOp::new(
+            t,
+            Settle::Retry {
+                delay: Duration::ZERO,
+                priority: Some(5),
+                reason: "again".into(),
+            },
+        )
+    };
+    let r = q
+        .settle(&[
+            SettleOp::new(&b.tasks[0], Settle::Ack),
+            again(&b.tasks[1]),
+            again(&b.tasks[2]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(r, vec![SettleResult::Done; 3]);
+    q.enqueue(NewTask::new("later").id("n2")).await.unwrap();
+    let (o2, n1) = (
+        q.find("o2").await.unwrap().unwrap(),
+        q.find("n1").await.unwrap().unwrap(),
+    );
+    assert_eq!((o2.priority, o2.max_attempts, o2.enqueued_ms), (5, 4, 2000));
+    assert_eq!((n1.priority, n1.payload.as_slice()), (5, &b"new one"[..]));
+
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    let got: Vec<(&str, u32, &[u8])> = b
+        .tasks
+        .iter()
+        .map(|t| (t.id.as_str(), t.attempt, t.payload.as_slice()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("o2", 2, &b"old two"[..]),
+            ("n1", 2, &b"new one"[..]),
+            ("n2", 1, &b"later"[..])
+        ]
+    );
+    q.ack(&b.tasks).await.unwrap();
+    let metas: i64 = redis::cmd("EXISTS")
+        .arg("test:{old}:meta")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(metas, 0, "the meta hash goes with its last task");
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 4));
 }

@@ -51,7 +51,7 @@ if op == 'get' then
   local starting = ARGV[2]
   local ids = {}
   for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
-  local metas = hmget(K_META, ids)
+  local metas = metas_of(ids)
   for i, id in ipairs(ids) do
     local starts = string.byte(starting, i) == 49
     local g, ma = nil, ''

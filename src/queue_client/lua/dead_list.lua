@@ -7,8 +7,9 @@ for i = 1, #rows, 2 do
   out[#out + 1] = id
   out[#out + 1] = tonumber(rows[i + 1])
   out[#out + 1] = attempts_of(redis.call('HGET', K_ATT, id))
-  out[#out + 1] = redis.call('HGET', K_PAYLOAD, id) or ''
+  local m, payload = task_of(id)
+  out[#out + 1] = payload or ''
   out[#out + 1] = redis.call('HGET', K_ERR, id) or ''
-  out[#out + 1] = redis.call('HGET', K_META, id) or ''
+  out[#out + 1] = m or ''
 end
 return out

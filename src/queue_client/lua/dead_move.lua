@@ -18,7 +18,7 @@ if action == 'purge' then
   forget(ids)
   redis.call('HINCRBY', K_STATS, 'purged', #ids)
 else
-  local metas = hmget(K_META, ids)
+  local metas = metas_of(ids)
   local pris = {}
   for i = 1, #ids do pris[i] = parse_meta(metas[i]) end
   push_ready_grouped(pris, ids, false)

@@ -46,7 +46,7 @@ local due = now + delay
 if at > 0 then due = at end
 local is_delayed = due > now
 local base = redis.call('INCRBY', K_SEQ, n) - n
-local payloads, metas, ids, seqs, flags = {}, {}, {}, {}, nil
+local payloads, ids, seqs, flags = {}, {}, {}, nil
 -- per created task: its chain's global task ('' none), when any task has one
 local chains = nil
 local created = 0
@@ -56,17 +56,25 @@ if mode == 'p' then
   -- sequence number is made text once, as an integer: Lua's own number-to-text (for
   -- `..`, and for a number handed to redis.call) is a floating-point printf, which was a
   -- tenth of an enqueue's work.
-  local m = root and meta_root or meta_none
-  for i = 1, n do
-    local s = string.format('%d', base + i)
-    local id = '#' .. s
-    payloads[2 * i - 1] = id
-    payloads[2 * i] = ARGV[H + i]
-    metas[2 * i - 1] = id
-    metas[2 * i] = m
-    ids[i] = id
-    -- (the records' index order; only a tracked queue keeps one)
-    seqs[i] = s
+  -- (the meta and its newline made once: see task_value)
+  local head = (root and meta_root or meta_none) .. '\n'
+  if track then
+    for i = 1, n do
+      local s = string.format('%d', base + i)
+      local id = '#' .. s
+      payloads[2 * i - 1] = id
+      payloads[2 * i] = head .. ARGV[H + i]
+      ids[i] = id
+      -- (the records' index order)
+      seqs[i] = s
+    end
+  else
+    for i = 1, n do
+      local id = string.format('#%d', base + i)
+      payloads[2 * i - 1] = id
+      payloads[2 * i] = head .. ARGV[H + i]
+      ids[i] = id
+    end
   end
   created = n
   flags = string.rep(cancel and 'x' or '1', n)
@@ -78,7 +86,8 @@ else
   -- from Lua per task cost more than the lookups themselves.
   local given = {}
   for i = 1, n do given[i] = ARGV[H + per * (i - 1) + 1] end
-  local metas_now = hmget(K_META, given)
+  -- (a task of either layout has its field in K_PAYLOAD: see task_value)
+  local values_now = hmget(K_PAYLOAD, given)
   local recs_now = {}
   if dedup_record then
     local rec_keys = {}
@@ -92,7 +101,7 @@ else
     local fresh = true
     if seen[id] then
       fresh = false
-    elseif metas_now[i] then
+    elseif values_now[i] then
       if redis.call('ZSCORE', K_DEAD, id) and not dedup_record then
         -- a dead letter with this id is superseded by the new task
         redis.call('ZREM', K_DEAD, id)
@@ -110,20 +119,18 @@ else
       seen[id] = true
       created = created + 1
       payloads[2 * created - 1] = id
-      payloads[2 * created] = ARGV[o + 1]
-      metas[2 * created - 1] = id
       ids[created] = id
       seqs[created] = string.format('%d', base + i)
       if per == 3 then
         chains = chains or {}
         chains[created] = ARGV[o + 2]
-        metas[2 * created] = track and (meta .. ':c' .. ARGV[o + 2]) or meta
+        payloads[2 * created] = task_value(track and (meta .. ':c' .. ARGV[o + 2]) or meta, ARGV[o + 1])
       elseif root then
         chains = chains or {}
         chains[created] = id
-        metas[2 * created] = meta_root
+        payloads[2 * created] = task_value(meta_root, ARGV[o + 1])
       else
-        metas[2 * created] = meta_none
+        payloads[2 * created] = task_value(meta_none, ARGV[o + 1])
       end
     end
   end
@@ -139,7 +146,6 @@ if created > 0 and cancel then
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
   bulk('HSET', K_PAYLOAD, pinned(payloads))
-  bulk('HSET', K_META, pinned(metas))
   if is_delayed then
     local delayed = {}
     for i, id in ipairs(ids) do

@@ -12,7 +12,7 @@ local attempts = attempts_of(redis.call('HGET', K_ATT, id))
 if state == 'leased' then attempts = attempts + 1 end
 local out = {
   state == 'due' and 'ready' or state, score, m, attempts,
-  redis.call('HGET', K_PAYLOAD, id) or '',
+  select(2, task_of(id)) or '',
   redis.call('HGET', K_ERR, id) or '',
   tok or '',
 }

@@ -12,7 +12,7 @@ batches_split(toks)
 local res, back, pris = {}, {}, {}
 for i = 1, #ARGV, 3 do
   local id = ARGV[i]
-  local m = redis.call('HGET', K_META, id)
+  local m = meta_of(id)
   if m and redis.call('ZREM', K_LEASED, ARGV[i + 1] .. ':' .. id) == 1 then
     back[#back + 1] = id
     pris[#pris + 1] = parse_meta(m)

@@ -23,7 +23,7 @@ if k1 > 0 and ARGN == H + k1 and k1 <= CHUNK then
   local at, thost, tslot = batch_ack_whole(ARGV[7], ARGV, H + 1, H + k1)
   if at then
     redis.call('HDEL', K_PAYLOAD, unpack(ARGV, H + 1, H + k1))
-    redis.call('HDEL', K_META, unpack(ARGV, H + 1, H + k1))
+    if has_legacy() then legacy_forget({unpack(ARGV, H + 1, H + k1)}) end
     redis.call('HINCRBY', K_STATS, 'acked', k1)
     if tracked then
       records_done({unpack(ARGV, H + 1, H + k1)}, at .. FS .. '1' .. FS .. thost .. FS .. tslot .. FS,
@@ -143,7 +143,7 @@ for i = k + 1, k + m do
       n_dead = n_dead + 1
       res[i] = 1
     else
-      local meta = redis.call('HGET', K_META, id)
+      local meta = meta_of(id)
       local pri, ma = parse_meta(meta)
       local reason = ARGV[o + 7]
       if ma > 0 and attempt >= ma then
@@ -157,7 +157,7 @@ for i = k + 1, k + m do
         -- An ordered queue keeps one order: a retry's new priority is ignored there.
         if ARGV[o + 6] ~= '' and not ordered then
           pri = tonumber(ARGV[o + 6])
-          redis.call('HSET', K_META, id, meta_with_priority(meta, pri))
+          set_meta(id, meta_with_priority(meta, pri))
           set.p = pri
         end
         if reason ~= '' then
@@ -193,7 +193,7 @@ local swept = #acked_members == 0 or redis.pcall('ZREMRANGEBYSCORE', K_LEASED, '
 if type(swept) == 'table' and swept.err then bulk('ZREM', K_LEASED, acked_members) end
 if #acked > 0 then
   bulk('HDEL', K_PAYLOAD, acked)
-  bulk('HDEL', K_META, acked)
+  legacy_forget(acked)
   bulk('HDEL', K_ATT, later)
   bulk('HDEL', K_ERR, later)
   redis.call('HINCRBY', K_STATS, 'acked', #acked)

@@ -37,7 +37,7 @@ if #expired > 0 then
     expired_ids[#expired_ids + 1] = id
     local a = attempts_of(redis.call('HGET', K_ATT, id)) + 1
     redis.call('HSET', K_ATT, id, a)
-    local m = redis.call('HGET', K_META, id)
+    local m = meta_of(id)
     if m then
       local pri, ma = parse_meta(m)
       if ma > 0 and a >= ma then
@@ -70,7 +70,7 @@ if ARGV[8] == '1' then ordered_head_due(now) end
 -- 2. Delayed tasks that are due join the back of their priority's list, in due order.
 local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, limit)
 if #due > 0 then
-  local metas = hmget(K_META, due)
+  local metas = metas_of(due)
   local ids, pris = {}, {}
   for i, id in ipairs(due) do
     if metas[i] then
@@ -148,7 +148,9 @@ if not (first and ARGV[8] ~= '1' and batch_lease(tok, exp_s, ids, now, host, slo
   bulk('ZADD', K_LEASED, leased)
   if tracked then run_begin(ids, now, atts, host, slot) end
 end
+-- Each value is the task's meta, a newline and its payload (see task_value).
 local payloads = hmget(K_PAYLOAD, ids)
+if has_legacy() then payloads = values_legacy(ids, payloads) end
 local out
 if not first then
   out = {now, tok, exp}
