@@ -4,9 +4,10 @@
 
 use redis::Value;
 
+use super::lease::MetaChain;
 use super::reply::string;
 use super::scripts::SCRIPTS;
-use super::{Queue, QueueError};
+use super::{LeasedTask, Queue, QueueError};
 
 /// What a follow-up step needs to know of one parent task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +22,44 @@ pub struct ChainFacts {
 }
 
 impl Queue {
+    /// [`Queue::chain_facts`] of leased tasks: from the metas their take returned where
+    /// those say (no call: a route queue's tasks, follow-ups, tasks in no chain), from
+    /// Redis for the rest (a task starting a chain whose record may name none yet, an
+    /// untracked task, one enqueued before metas kept their chain).
+    pub async fn parents_chain_facts(
+        &self,
+        tasks: &[&LeasedTask],
+        starting: &[bool],
+    ) -> Result<Vec<ChainFacts>, QueueError> {
+        let starts = |i: usize| starting.get(i) == Some(&true);
+        let mut facts: Vec<Option<ChainFacts>> = tasks
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let chain = match &t.meta.chain {
+                    MetaChain::Own => Some(t.id.clone()),
+                    MetaChain::Of(g) => Some(g.clone()),
+                    MetaChain::None if !starts(i) => None,
+                    MetaChain::None | MetaChain::Unknown => return None,
+                };
+                Some(ChainFacts {
+                    has_record: true,
+                    chain,
+                    max_attempts: if starts(i) { None } else { t.meta.max_attempts },
+                })
+            })
+            .collect();
+        let ask: Vec<usize> = (0..tasks.len()).filter(|&i| facts[i].is_none()).collect();
+        if !ask.is_empty() {
+            let ids: Vec<&str> = ask.iter().map(|&i| tasks[i].id.as_str()).collect();
+            let mask: Vec<bool> = ask.iter().map(|&i| starts(i)).collect();
+            for (i, f) in ask.into_iter().zip(self.chain_facts(&ids, &mask).await?) {
+                facts[i] = Some(f);
+            }
+        }
+        Ok(facts.into_iter().flatten().collect())
+    }
+
     /// Each task's record chain and max_attempts, in the order of `ids`, in one call.
     /// A task `starting[i]` says is about to start a chain of its own gets, when its
     /// record names no chain, the chain of its own id at once (see `lua/chain.lua`):

@@ -23,6 +23,54 @@ pub struct LeasedTask {
     pub payload: Vec<u8>,
     /// The lease token every settle of this task must carry.
     pub token: u64,
+    /// What its meta says, as the take found it.
+    pub(crate) meta: TaskMeta,
+}
+
+/// What a leased task's meta says (`parse_meta` in lua/prelude.lua) that a slot can use
+/// without asking Redis again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct TaskMeta {
+    /// Its max_attempts as enqueued (0: no limit); `None` when the meta did not parse.
+    pub(crate) max_attempts: Option<u32>,
+    /// Its chain.
+    pub(crate) chain: MetaChain,
+}
+
+/// A task's chain as its meta says it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) enum MetaChain {
+    /// The meta does not say: an untracked task, or one enqueued before metas kept it.
+    #[default]
+    Unknown,
+    /// In no chain.
+    None,
+    /// The global task of its own chain.
+    Own,
+    /// A follow-up in this chain.
+    Of(String),
+}
+
+impl TaskMeta {
+    /// `priority:max_attempts:enqueued_ms[:CHAIN]`; CHAIN is '' (none), 's' (its own) or
+    /// 'c' and the chain's id.
+    fn parse(meta: &[u8]) -> TaskMeta {
+        let Ok(meta) = std::str::from_utf8(meta) else {
+            return TaskMeta::default();
+        };
+        let mut it = meta.splitn(4, ':');
+        let max_attempts = it.nth(1).and_then(|m| m.parse().ok());
+        let chain = match (it.next(), it.next()) {
+            (Some(_), Some("")) => MetaChain::None,
+            (Some(_), Some("s")) => MetaChain::Own,
+            (Some(_), Some(c)) if c.starts_with('c') => MetaChain::Of(c[1..].to_string()),
+            _ => MetaChain::Unknown,
+        };
+        TaskMeta {
+            max_attempts,
+            chain,
+        }
+    }
 }
 
 /// The result of one take.
@@ -482,28 +530,31 @@ fn leased(
     payload: Option<Value>,
     token: u64,
 ) -> Result<LeasedTask, QueueError> {
+    let (meta, payload) = match payload {
+        Some(Value::BulkString(b)) => split_value(b)?,
+        _ => (TaskMeta::default(), Vec::new()),
+    };
     Ok(LeasedTask {
         id: string(&id)?,
         attempt,
-        payload: match payload {
-            Some(Value::BulkString(b)) => without_meta(b)?,
-            _ => Vec::new(),
-        },
+        payload,
         token,
+        meta,
     })
 }
 
-/// The payload of a task's stored value, which is its meta, a newline, then the payload
-/// (prelude.lua, `task_value`): the meta is cut off here rather than in the take, whose
-/// reply then needs no loop over the tasks.
-fn without_meta(mut value: Vec<u8>) -> Result<Vec<u8>, QueueError> {
+/// A task's stored value, which is its meta, a newline, then the payload (prelude.lua,
+/// `task_value`): the meta is cut off here rather than in the take, whose reply then
+/// needs no loop over the tasks.
+fn split_value(mut value: Vec<u8>) -> Result<(TaskMeta, Vec<u8>), QueueError> {
     let Some(cut) = value.iter().position(|&b| b == b'\n') else {
         return Err(QueueError::Protocol(
             "take returned a task value without its meta".into(),
         ));
     };
+    let meta = TaskMeta::parse(&value[..cut]);
     value.drain(..=cut);
-    Ok(value)
+    Ok((meta, value))
 }
 
 /// Where each op goes in the settle script's arguments. Acks go first as (id, token)
@@ -614,5 +665,33 @@ fn push_other_op(inv: &mut redis::ScriptInvocation<'_>, op: &SettleOp) {
         Settle::AckWithResult { result } => {
             inv.arg(result).arg("").arg("");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_splits_into_its_meta_and_payload() {
+        let (meta, payload) = split_value(b"-2:5:1700:cQ:G~1\n{\"a\":\n1}".to_vec()).unwrap();
+        assert_eq!(payload, b"{\"a\":\n1}");
+        assert_eq!(
+            meta,
+            TaskMeta {
+                max_attempts: Some(5),
+                chain: MetaChain::Of("Q:G~1".into())
+            }
+        );
+        let chain = |v: &[u8]| split_value(v.to_vec()).unwrap().0.chain;
+        assert_eq!(chain(b"0:3:1:s\n"), MetaChain::Own);
+        assert_eq!(chain(b"0:3:1:\nx"), MetaChain::None);
+        // untracked, or written before metas kept the chain
+        assert_eq!(chain(b"0:3:1\nx"), MetaChain::Unknown);
+        assert_eq!(
+            split_value(b"0:x:1\n".to_vec()).unwrap().0.max_attempts,
+            None
+        );
+        assert!(split_value(b"no meta".to_vec()).is_err());
     }
 }

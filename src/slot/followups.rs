@@ -166,7 +166,7 @@ impl FollowUps {
         let candidates: Vec<usize> = (0..tasks.len())
             .filter(|&i| !matches!(outcomes[i], Outcome::Retry { .. }))
             .collect();
-        let ids: Vec<&str> = candidates.iter().map(|&i| tasks[i].id.as_str()).collect();
+        let parents: Vec<&LeasedTask> = candidates.iter().map(|&i| &tasks[i]).collect();
         let starting: Vec<bool> = candidates
             .iter()
             .map(|&i| {
@@ -177,7 +177,7 @@ impl FollowUps {
         let facts: BTreeMap<usize, ChainFacts> = candidates
             .iter()
             .copied()
-            .zip(self.own.chain_facts(&ids, &starting).await?)
+            .zip(self.own.parents_chain_facts(&parents, &starting).await?)
             .collect();
         let children = self.plan(tasks, outcomes, &facts);
         let mut failed_parents = self.too_long_ids(&children, outcomes);

@@ -651,4 +651,51 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
         Some("p2")
     );
     assert_eq!(plain.record("p1").await.unwrap().unwrap().chain, None);
+
+    // A slot learns the same from the metas its take returned, and asks Redis only for
+    // what those do not say.
+    let scripts_run = |raw: redis::aio::MultiplexedConnection| async move {
+        let mut raw = raw;
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>()
+    };
+    let taken = routed.take(10, Duration::from_secs(30)).await.unwrap();
+    let parents: Vec<_> = taken.tasks.iter().collect();
+    let before = scripts_run(raw.clone()).await;
+    let facts = routed
+        .parents_chain_facts(&parents, &[true, true])
+        .await
+        .unwrap();
+    assert_eq!(
+        scripts_run(raw.clone()).await,
+        before,
+        "no call for what metas say"
+    );
+    let chains: Vec<Option<&str>> = facts.iter().map(|f| f.chain.as_deref()).collect();
+    assert_eq!(chains, [Some("r1"), Some("G")]);
+    let taken = plain.take(10, Duration::from_secs(30)).await.unwrap();
+    let parents: Vec<_> = taken.tasks.iter().collect();
+    let facts = plain
+        .parents_chain_facts(&parents, &[false, true, false])
+        .await
+        .unwrap();
+    let got: Vec<(Option<&str>, Option<u32>)> = facts
+        .iter()
+        .map(|f| (f.chain.as_deref(), f.max_attempts))
+        .collect();
+    assert_eq!(got, [(None, Some(5)), (Some("p2"), None), (None, Some(7))]);
 }
