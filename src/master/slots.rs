@@ -372,6 +372,7 @@ impl Master {
             | SlotEvent::BatchStarted { slot, .. }
             | SlotEvent::Progress { slot, .. }
             | SlotEvent::BatchDone { slot, .. }
+            | SlotEvent::Idle { slot, .. }
             | SlotEvent::Exiting { slot, .. } => (*slot, Instant::now()),
         };
         let Some(s) = self.slots.procs.get_mut(&slot) else {
@@ -390,15 +391,21 @@ impl Master {
                 }
             }
             SlotEvent::BatchStarted { .. } if !stopping => s.state = SlotState::Busy,
+            SlotEvent::Idle { .. } if !stopping => s.state = SlotState::Idle,
             SlotEvent::BatchDone {
                 tasks,
                 failed,
                 busy_ms,
                 stale,
+                next,
                 ..
             } => {
                 if !stopping {
-                    s.state = SlotState::Idle;
+                    s.state = if next.is_some() {
+                        SlotState::Busy
+                    } else {
+                        SlotState::Idle
+                    };
                 }
                 s.batches += 1;
                 let queue = s.queue.clone();

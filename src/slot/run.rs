@@ -246,6 +246,7 @@ async fn run(
         stopping: false,
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
         ahead: None,
+        announced: false,
         recycle: None,
         follow_ups,
         cancel,
@@ -280,6 +281,9 @@ struct Serving {
     /// The next batch, taken with the last one's settle or prefetched while the handler
     /// ran.
     ahead: Option<Taken>,
+    /// The last `BatchDone` told the master that `ahead` starts next (so no
+    /// `BatchStarted` is sent for it).
+    announced: bool,
     /// Set when the memory check before a settle said to recycle: the slot ends after
     /// that settle, which therefore took nothing.
     recycle: Option<End>,
@@ -354,6 +358,12 @@ impl Serving {
             tracing::warn!(queue = %self.cfg.name, slot = self.slot, tasks = taken.batch.tasks.len(),
                 "a batch taken ahead outlived its lease before the handler was free; giving it back");
             self.give_back(&taken.batch.tasks).await;
+            if std::mem::take(&mut self.announced) {
+                self.reporter.send(&SlotEvent::Idle {
+                    slot: self.slot,
+                    pid: self.pid,
+                });
+            }
             return None;
         }
         Some(taken)
@@ -435,11 +445,13 @@ impl Serving {
     async fn handle(&mut self, taken: Taken) {
         let Taken { batch, lease_until } = taken;
         let (slot, pid) = (self.slot, self.pid);
-        self.reporter.send(&SlotEvent::BatchStarted {
-            slot,
-            pid,
-            tasks: batch.tasks.len() as u32,
-        });
+        if !std::mem::take(&mut self.announced) {
+            self.reporter.send(&SlotEvent::BatchStarted {
+                slot,
+                pid,
+                tasks: batch.tasks.len() as u32,
+            });
+        }
         let started = Instant::now();
         let (refused, tasks) = screen(&self.cfg, slot, &batch.tasks);
         let handled = tasks.len();
@@ -479,6 +491,14 @@ impl Serving {
             .filter(|op| !matches!(op.action, Settle::Ack))
             .count() as u32;
         stale += self.settle_and_take(&ops, lease_until).await;
+        // The next batch is announced with this one's end when it surely goes to the
+        // handler next (a stopping or recycling slot gives it back).
+        let next = self
+            .ahead
+            .as_ref()
+            .filter(|_| !self.stopping && self.recycle.is_none() && !self.stop.is_cancelled())
+            .map(|t| t.batch.tasks.len() as u32);
+        self.announced = next.is_some();
         self.reporter.send(&SlotEvent::BatchDone {
             slot,
             pid,
@@ -486,6 +506,7 @@ impl Serving {
             failed,
             busy_ms: busy.as_millis() as u64,
             stale,
+            next,
         });
     }
 

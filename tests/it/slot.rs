@@ -527,3 +527,50 @@ async fn a_prefetched_batch_whose_lease_ran_out_is_not_handled() {
     stop.cancel();
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
+
+/// In a slot's steady state the end of one batch and the start of the next, taken with
+/// its settle, travel in one datagram: the master hears of every batch's start once,
+/// from a `BatchStarted` or from the `next` of the batch before.
+#[tokio::test]
+async fn one_datagram_ends_a_batch_and_starts_the_next() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue("d").unwrap();
+    let mut cfg = QueueConfig::new("d", HandlerConfig::named(HandlerConfig::NOOP));
+    cfg.batch_size = 10;
+    let tasks: Vec<NewTask> = (0..25).map(|i| NewTask::new(format!("{i}"))).collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let (report, events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let slot = {
+        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, Box::new(PanicsOnce), Some(stop)))
+    };
+    eventually(Duration::from_secs(20), "all 25 done", || async {
+        q.stats().await.unwrap().acked_total == 25
+    })
+    .await;
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+    events.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut got = Vec::new();
+    while let Ok(n) = events.recv(&mut buf) {
+        match serde_json::from_slice(&buf[..n]).unwrap() {
+            SlotEvent::BatchStarted { tasks, .. } => got.push(format!("started {tasks}")),
+            SlotEvent::BatchDone { tasks, next, .. } => {
+                got.push(format!("done {tasks} next {next:?}"))
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        got,
+        [
+            "started 10",
+            "done 10 next Some(10)",
+            "done 10 next Some(5)",
+            "done 5 next None"
+        ]
+    );
+}

@@ -173,6 +173,7 @@ impl Serving {
             failed: u32::from(failed),
             busy_ms: busy.as_millis() as u64,
             stale: u32::from(run.end == LongEnd::LeaseLost),
+            next: None,
         });
     }
 
@@ -211,6 +212,7 @@ impl Serving {
             failed: 1,
             busy_ms: 0,
             stale: 0,
+            next: None,
         });
     }
 
