@@ -7,7 +7,7 @@ use redis::Value;
 use serde::Serialize;
 
 use super::limits::HOUSEKEEPING_LIMIT;
-use super::reply::{int, string};
+use super::reply::{int, owned_string};
 use super::scripts::SCRIPTS;
 use super::system::Granted;
 use super::{MAX_BATCH, MAX_DELAY, Queue, QueueError, Waiter};
@@ -535,7 +535,7 @@ fn leased(
         _ => (TaskMeta::default(), Vec::new()),
     };
     Ok(LeasedTask {
-        id: string(&id)?,
+        id: owned_string(id)?,
         attempt,
         payload,
         token,

@@ -54,6 +54,16 @@ pub(super) fn string(v: &Value) -> Result<String, QueueError> {
     }
 }
 
+/// [`string`] of a reply the caller owns: valid UTF-8 (any id) becomes the string without
+/// a copy.
+pub(super) fn owned_string(v: Value) -> Result<String, QueueError> {
+    match v {
+        Value::BulkString(b) => Ok(String::from_utf8(b)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())),
+        other => string(&other),
+    }
+}
+
 /// A bulk reply's bytes; anything else reads as none.
 pub(super) fn bytes(v: &Value) -> Vec<u8> {
     match v {

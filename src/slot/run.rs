@@ -126,12 +126,16 @@ enum StartError {
 /// The handler lives on its own thread so a blocking `handle` never stops lease
 /// extension, and a panic is caught there without taking the slot down.
 struct Worker {
-    tx: std_mpsc::Sender<(Vec<Task>, oneshot::Sender<HandleResult>)>,
+    tx: std_mpsc::Sender<(Vec<Task>, oneshot::Sender<Handled>)>,
 }
+
+/// A batch back from the handler thread (so its payloads need not be copied to go
+/// there), and what the handler made of it.
+type Handled = (Vec<Task>, HandleResult);
 
 impl Worker {
     fn start(mut handler: Box<dyn Handler>, ctx: SlotContext) -> Result<Worker, StartError> {
-        let (tx, rx) = std_mpsc::channel::<(Vec<Task>, oneshot::Sender<HandleResult>)>();
+        let (tx, rx) = std_mpsc::channel::<(Vec<Task>, oneshot::Sender<Handled>)>();
         let (init_tx, init_rx) = std_mpsc::channel();
         std::thread::Builder::new()
             .name("handler".into())
@@ -152,7 +156,7 @@ impl Worker {
                     let r =
                         std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(&ctx, &batch)))
                             .map_err(|p| panicked(&p));
-                    let _ = reply.send(r);
+                    let _ = reply.send((batch, r));
                 }
             })
             .map_err(StartError::Thread)?;
@@ -160,7 +164,7 @@ impl Worker {
         Ok(Worker { tx })
     }
 
-    fn handle(&self, batch: Vec<Task>) -> oneshot::Receiver<HandleResult> {
+    fn handle(&self, batch: Vec<Task>) -> oneshot::Receiver<Handled> {
         let (reply, rx) = oneshot::channel();
         let _ = self.tx.send((batch, reply));
         rx
@@ -443,7 +447,10 @@ impl Serving {
     /// Hands the batch to the handler, extends its leases while it runs, gives back
     /// what a stop left unstarted, settles the outcomes and reports the batch.
     async fn handle(&mut self, taken: Taken) {
-        let Taken { batch, lease_until } = taken;
+        let Taken {
+            mut batch,
+            lease_until,
+        } = taken;
         let (slot, pid) = (self.slot, self.pid);
         if !std::mem::take(&mut self.announced) {
             self.reporter.send(&SlotEvent::BatchStarted {
@@ -453,9 +460,10 @@ impl Serving {
             });
         }
         let started = Instant::now();
-        let (refused, tasks) = screen(&self.cfg, slot, &batch.tasks);
+        let (refused, tasks) = screen(&self.cfg, slot, &mut batch.tasks);
         let handled = tasks.len();
-        let (result, lease_until) = self.run_handler(&batch, tasks, lease_until).await;
+        let (result, back, lease_until) = self.run_handler(&batch, tasks, lease_until).await;
+        restore_payloads(&mut batch.tasks, &refused, back);
         let busy = started.elapsed();
         let (outcomes, unstarted) = match result {
             Ok(o) => {
@@ -566,13 +574,13 @@ impl Serving {
         batch: &Batch,
         tasks: Vec<Task>,
         mut lease_until: Instant,
-    ) -> (HandleResult, Instant) {
+    ) -> (HandleResult, Vec<Task>, Instant) {
         let lease = self.cfg.lease;
         // A batch refused whole never reaches the handler: handlers are not asked to
         // cope with empty batches.
         let mut reply = if tasks.is_empty() {
             let (tx, rx) = oneshot::channel();
-            let _ = tx.send(Ok(Vec::new()));
+            let _ = tx.send((Vec::new(), Ok(Vec::new())));
             rx
         } else {
             self.worker.handle(tasks)
@@ -589,9 +597,9 @@ impl Serving {
         let fetch = prefetch(&self.queue, &self.cfg);
         tokio::pin!(fetch);
         let mut fetched = None;
-        let result = loop {
+        let (back, result) = loop {
             tokio::select! {
-                r = &mut reply => break r.unwrap_or_else(|_| Err(Panicked("handler thread ended".into()))),
+                r = &mut reply => break r.unwrap_or_else(|_| (Vec::new(), Err(Panicked("handler thread ended".into())))),
                 r = &mut fetch, if fetching => {
                     fetching = false;
                     fetched = Some(r);
@@ -621,7 +629,7 @@ impl Serving {
                     "prefetching the next batch failed"),
             }
         }
-        (result, lease_until)
+        (result, back, lease_until)
     }
 
     /// Recycles the slot when its Private_Dirty passed the queue's limit.
@@ -650,17 +658,22 @@ impl Serving {
 /// handler that could choke on it) and the tasks the handler gets. JSON depth is left to
 /// the handlers that parse JSON ([`Task::json`]): payloads are opaque bytes, and binary
 /// ones often have more than 64 unbalanced brackets.
-fn screen(cfg: &QueueConfig, slot: u32, tasks: &[LeasedTask]) -> (Vec<Option<Outcome>>, Vec<Task>) {
+fn screen(
+    cfg: &QueueConfig,
+    slot: u32,
+    tasks: &mut [LeasedTask],
+) -> (Vec<Option<Outcome>>, Vec<Task>) {
     let mut refused = Vec::with_capacity(tasks.len());
     let mut handled = Vec::with_capacity(tasks.len());
     for t in tasks {
         match check_payload_size(&t.payload, cfg.max_payload) {
             Ok(()) => {
                 refused.push(None);
+                // (moved, not copied: `restore_payloads` gives it back)
                 handled.push(Task {
                     id: t.id.clone(),
                     attempt: t.attempt,
-                    payload: t.payload.clone(),
+                    payload: std::mem::take(&mut t.payload),
                 });
             }
             Err(e) => {
@@ -672,6 +685,19 @@ fn screen(cfg: &QueueConfig, slot: u32, tasks: &[LeasedTask]) -> (Vec<Option<Out
         }
     }
     (refused, handled)
+}
+
+/// Gives the tasks [`screen`] passed to the handler their payloads back, from the batch
+/// the handler thread returned (none when that thread died: the payloads stay empty).
+fn restore_payloads(leased: &mut [LeasedTask], refused: &[Option<Outcome>], back: Vec<Task>) {
+    let mut back = back.into_iter();
+    for (t, r) in leased.iter_mut().zip(refused) {
+        if r.is_none()
+            && let Some(b) = back.next()
+        {
+            t.payload = b.payload;
+        }
+    }
 }
 
 /// The outcomes of the whole batch, in order: those decided by [`screen`], and the

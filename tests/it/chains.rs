@@ -50,7 +50,7 @@ for line in sys.stdin:
         elif kind == "first":
             r["result"] = {"from": "first"}
             r["next"] = [{"queue": prefix + "after", "payload": {"from": "handler"}}]
-        elif kind == "after":
+        elif kind in ("after", "clean"):
             r["result"] = {"given": t["payload"]}
         elif kind == "store" and p.get("bad_next"):
             r["next"] = [{"queue": "nowhere", "payload": 1}]
@@ -395,11 +395,23 @@ async fn a_part_failing_fails_the_chain(rig: &Rig) {
     // parse's failed route made a cleanup task for the failed part, in the same chain.
     let cleanup = format!("{id}~1~1");
     let clean = rig.client.queue(&rig.q("clean")).unwrap();
-    let rec = poll_some(Duration::from_secs(20), "the cleanup task", || async {
-        clean.record(&cleanup).await.unwrap()
+    let rec = poll_some(Duration::from_secs(20), "the cleanup task done", || async {
+        clean
+            .record(&cleanup)
+            .await
+            .unwrap()
+            .filter(|r| r.state == RecordState::Done)
     })
     .await;
     assert_eq!(rec.chain.as_deref(), Some(id.as_str()));
+    // Its payload names the failed task and carries what that task was given.
+    let given = &rec.result.as_ref().unwrap()["given"];
+    assert_eq!(given["task"], format!("{id}~1"), "{given}");
+    assert_eq!(
+        given["payload"],
+        serde_json::json!({"part": 1, "fail": true}),
+        "{given}"
+    );
     let (_, chain) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
     assert!(states(&chain).contains_key(&cleanup), "{chain}");
 }

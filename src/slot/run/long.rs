@@ -115,7 +115,10 @@ impl Serving {
     /// Runs one long task to its end: handler, renewals every tick, cancel, stop, then
     /// the settle its end calls for.
     pub(super) async fn run_long(&mut self, taken: Taken) {
-        let Taken { batch, lease_until } = taken;
+        let Taken {
+            mut batch,
+            lease_until,
+        } = taken;
         let Some(task) = batch.tasks.first().cloned() else {
             return;
         };
@@ -137,7 +140,7 @@ impl Serving {
         if !self.fresh_lease(&mut run).await {
             return self.not_started(&run).await;
         }
-        let (refused, tasks) = screen(&self.cfg, slot, &batch.tasks);
+        let (refused, tasks) = screen(&self.cfg, slot, &mut batch.tasks);
         let handled = tasks.len();
         self.cancel.reset();
         let mut guard = DeadlineGuard::new(&self.cfg.name, slot);
@@ -222,7 +225,7 @@ impl Serving {
     async fn watch_long(&mut self, run: &mut LongRun, tasks: Vec<Task>) -> Option<HandleResult> {
         let mut reply = if tasks.is_empty() {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let _ = tx.send(Ok(Vec::new()));
+            let _ = tx.send((Vec::new(), Ok(Vec::new())));
             rx
         } else {
             self.worker.handle(tasks)
@@ -235,7 +238,7 @@ impl Serving {
             tokio::select! {
                 biased;
                 r = &mut reply => {
-                    return Some(r.unwrap_or_else(|_| Err(Panicked("handler thread ended".into()))));
+                    return Some(r.map_or_else(|_| Err(Panicked("handler thread ended".into())), |(_, r)| r));
                 }
                 () = tokio::time::sleep_until(run.stop_at().into()), if !stopped_now => {
                     tracing::error!(queue = %self.cfg.name, slot = self.slot, task = %run.task.id,
