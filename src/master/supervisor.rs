@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tokio::net::UnixDatagram;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -20,9 +19,14 @@ use super::zygote::ZygoteEvent;
 use super::zygotes::Zygotes;
 use crate::cluster::{self, Keys, SlotMap};
 use crate::config::Config;
-use crate::host::proto::SlotEvent;
 use crate::queue_client::{OutageLog, QueueClient, QueueError, RedisConn};
 
+/// How often the slots' datagrams are read. They are read on a tick, not as they arrive:
+/// a master woken by each one cost a busy slot a twentieth of its time in the kernel's
+/// wake-ups, and the master as much again. The socket holds a tick's worth many times over
+/// (a datagram per batch per slot); a datagram sent to a full socket is dropped, as the
+/// protocol allows.
+const REPORTS_EVERY: Duration = Duration::from_millis(10);
 /// How stale `/status` may get behind slot and zygote events.
 const STATUS_REFRESH: Duration = Duration::from_millis(20);
 /// How long a stopping master waits on one Redis call (the draining report, the
@@ -39,8 +43,8 @@ pub(super) enum Event {
     Zygote(u64, ZygoteEvent),
     /// A zygote's stdout closed: it exited.
     ZygoteGone(u64),
-    /// A datagram from a slot.
-    Slot(SlotEvent),
+    /// Time to read the slots' datagrams.
+    ReportsTick,
     /// The caller's shutdown token: drain and stop.
     Stop,
     /// A second stop request: kill the slots now.
@@ -161,7 +165,6 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
 
     let (report_sock, report_peer) = StdDatagram::pair().context("creating the slot socket")?;
     report_sock.set_nonblocking(true)?;
-    let report_sock = UnixDatagram::from_std(report_sock)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let status = Arc::new(Mutex::new(serde_json::json!({})));
     let (http, http_shutdown) = serve_http(listener, metrics, status.clone());
@@ -202,11 +205,17 @@ fn serve_http(
 async fn event_loop(
     m: &mut Master,
     mut rx: mpsc::UnboundedReceiver<Event>,
-    report_sock: UnixDatagram,
+    report_sock: StdDatagram,
     shutdown: &CancellationToken,
 ) {
     let mut tick = tokio::time::interval(m.opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reports_tick = tokio::time::interval(REPORTS_EVERY);
+    reports_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reports = Reports {
+        sock: report_sock,
+        buf: vec![0u8; 64 * 1024],
+    };
     let mut lp = LoopState {
         watchdog: sd_notify::watchdog_enabled().is_some(),
         notified_ready: false,
@@ -214,7 +223,6 @@ async fn event_loop(
         hurried: false,
     };
     let (hurry, reload) = (m.opts.hurry.clone(), m.opts.reload.clone());
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
         // In order, not at random: a tick that waited on Redis (up to a second each while
         // stopping, longer otherwise) finds the next one due at once, and at random it would
@@ -225,14 +233,19 @@ async fn event_loop(
             () = shutdown.cancelled(), if !m.stopping => Event::Stop,
             () = hurry.cancelled(), if !lp.hurried => Event::Hurry,
             Some(ev) = rx.recv() => ev,
-            r = report_sock.recv(&mut buf) => match slot_datagram(r, &buf) {
-                Some(ev) => Event::Slot(ev),
-                None => continue,
-            },
             _ = tick.tick() => Event::Tick,
+            _ = reports_tick.tick() => Event::ReportsTick,
             () = reload.requested() => Event::Reload,
             () = sleep_until(lp.refresh_at), if lp.refresh_at.is_some() => Event::RefreshStatus,
         };
+        // What a slot said before it exited is read before its exit, and what it last
+        // said before the watchdog judges it.
+        if !matches!(event, Event::Stop | Event::Hurry | Event::RefreshStatus)
+            && reports.read(m) > 0
+            && lp.refresh_at.is_none()
+        {
+            lp.refresh_at = Some(tokio::time::Instant::now() + STATUS_REFRESH);
+        }
         m.handle(event, &mut lp, shutdown).await;
         if m.stopping && m.slots.procs.is_empty() {
             break;
@@ -240,19 +253,32 @@ async fn event_loop(
     }
 }
 
-/// A slot's datagram, or `None` (logged) if it cannot be read.
-fn slot_datagram(received: std::io::Result<usize>, buf: &[u8]) -> Option<SlotEvent> {
-    match received {
-        Ok(n) => match serde_json::from_slice(&buf[..n]) {
-            Ok(ev) => Some(ev),
-            Err(e) => {
-                tracing::warn!(error = %e, "unreadable slot report");
-                None
+/// The master's end of the slots' socket (non-blocking).
+struct Reports {
+    sock: StdDatagram,
+    buf: Vec<u8>,
+}
+
+impl Reports {
+    /// Hands every datagram waiting to the master; returns how many.
+    fn read(&mut self, m: &mut Master) -> usize {
+        let mut n = 0;
+        loop {
+            match self.sock.recv(&mut self.buf) {
+                Ok(len) => match serde_json::from_slice(&self.buf[..len]) {
+                    Ok(ev) => {
+                        m.slot_event(ev);
+                        n += 1;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "unreadable slot report"),
+                },
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "slot socket");
+                    return n;
+                }
             }
-        },
-        Err(e) => {
-            tracing::warn!(error = %e, "slot socket");
-            None
         }
     }
 }
@@ -288,11 +314,7 @@ impl Master {
     /// Reacts to one event; `stop` is the caller's shutdown token, which cuts a tick's
     /// reads of Redis short.
     async fn handle(&mut self, event: Event, lp: &mut LoopState, stop: &CancellationToken) {
-        if matches!(
-            event,
-            Event::Slot(_) | Event::Zygote(..) | Event::ZygoteGone(_)
-        ) && lp.refresh_at.is_none()
-        {
+        if matches!(event, Event::Zygote(..) | Event::ZygoteGone(_)) && lp.refresh_at.is_none() {
             lp.refresh_at = Some(tokio::time::Instant::now() + STATUS_REFRESH);
         }
         match event {
@@ -314,7 +336,8 @@ impl Master {
             }
             Event::Zygote(generation, ev) => self.zygote_event(generation, ev).await,
             Event::ZygoteGone(generation) => self.zygote_gone(generation),
-            Event::Slot(ev) => self.slot_event(ev),
+            // (read by the loop before every event)
+            Event::ReportsTick => {}
             Event::Reload => self.reload().await,
             Event::Stop => {
                 let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
