@@ -649,10 +649,7 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
         .chain_facts(&["p1", "p2", "old"], &[false, true, false])
         .await
         .unwrap();
-    let got: Vec<(Option<&str>, Option<u32>)> = facts
-        .iter()
-        .map(|f| (f.chain.as_deref(), f.max_attempts))
-        .collect();
+    let got = chains_and_attempts(&facts);
     assert_eq!(
         got,
         [(None, Some(5)), (Some("p2"), None), (None, Some(7))],
@@ -705,9 +702,16 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
         .parents_chain_facts(&parents, &[false, true, false])
         .await
         .unwrap();
-    let got: Vec<(Option<&str>, Option<u32>)> = facts
+    let got = chains_and_attempts(&facts);
+    assert_eq!(got, [(None, Some(5)), (Some("p2"), None), (None, Some(7))]);
+}
+
+/// Each parent's chain and max_attempts, as a follow-up step learned them.
+fn chains_and_attempts(
+    facts: &[gaffer::queue_client::ChainFacts],
+) -> Vec<(Option<&str>, Option<u32>)> {
+    facts
         .iter()
         .map(|f| (f.chain.as_deref(), f.max_attempts))
-        .collect();
-    assert_eq!(got, [(None, Some(5)), (Some("p2"), None), (None, Some(7))]);
+        .collect()
 }
