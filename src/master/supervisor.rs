@@ -23,10 +23,15 @@ use crate::queue_client::{OutageLog, QueueClient, QueueError, RedisConn};
 
 /// How often the slots' datagrams are read. They are read on a tick, not as they arrive:
 /// a master woken by each one cost a busy slot a twentieth of its time in the kernel's
-/// wake-ups, and the master as much again. The socket holds a tick's worth many times over
-/// (a datagram per batch per slot); a datagram sent to a full socket is dropped, as the
-/// protocol allows.
+/// wake-ups, and the master as much again.
 const REPORTS_EVERY: Duration = Duration::from_millis(10);
+/// The read after one that found at least [`REPORTS_BUSY`] datagrams comes this soon: the
+/// slots share one socket, whose send buffer holds about 280 datagrams (Linux's default
+/// 208 KiB), and one sent to a full socket is dropped (the protocol is best effort), so a
+/// host of fast batch-of-one slots is read often enough to lose none.
+const REPORTS_SOON: Duration = Duration::from_millis(1);
+/// See [`REPORTS_SOON`].
+const REPORTS_BUSY: usize = 32;
 /// How stale `/status` may get behind slot and zygote events.
 const STATUS_REFRESH: Duration = Duration::from_millis(20);
 /// How long a stopping master waits on one Redis call (the draining report, the
@@ -210,8 +215,7 @@ async fn event_loop(
 ) {
     let mut tick = tokio::time::interval(m.opts.tick);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut reports_tick = tokio::time::interval(REPORTS_EVERY);
-    reports_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next_read = tokio::time::Instant::now() + REPORTS_EVERY;
     let mut reports = Reports {
         sock: report_sock,
         buf: vec![0u8; 64 * 1024],
@@ -234,17 +238,24 @@ async fn event_loop(
             () = hurry.cancelled(), if !lp.hurried => Event::Hurry,
             Some(ev) = rx.recv() => ev,
             _ = tick.tick() => Event::Tick,
-            _ = reports_tick.tick() => Event::ReportsTick,
+            () = tokio::time::sleep_until(next_read) => Event::ReportsTick,
             () = reload.requested() => Event::Reload,
             () = sleep_until(lp.refresh_at), if lp.refresh_at.is_some() => Event::RefreshStatus,
         };
         // What a slot said before it exited is read before its exit, and what it last
         // said before the watchdog judges it.
-        if !matches!(event, Event::Stop | Event::Hurry | Event::RefreshStatus)
-            && reports.read(m) > 0
-            && lp.refresh_at.is_none()
-        {
-            lp.refresh_at = Some(tokio::time::Instant::now() + STATUS_REFRESH);
+        if !matches!(event, Event::Stop | Event::Hurry | Event::RefreshStatus) {
+            let read = reports.read(m);
+            let now = tokio::time::Instant::now();
+            next_read = now
+                + if read >= REPORTS_BUSY {
+                    REPORTS_SOON
+                } else {
+                    REPORTS_EVERY
+                };
+            if read > 0 && lp.refresh_at.is_none() {
+                lp.refresh_at = Some(now + STATUS_REFRESH);
+            }
         }
         m.handle(event, &mut lp, shutdown).await;
         if m.stopping && m.slots.procs.is_empty() {
