@@ -35,6 +35,10 @@ pub(crate) struct TaskMeta {
     pub(crate) max_attempts: Option<u32>,
     /// Its chain.
     pub(crate) chain: MetaChain,
+    /// Its record's sequence number (its place in the listing index), handed back with
+    /// its ack so that a whole batch's ack writes no record (`K_DONE` in prelude.lua);
+    /// `None` for an untracked task, or one enqueued before records were numbered.
+    pub(crate) seq: Option<u64>,
 }
 
 /// A task's chain as its meta says it.
@@ -52,15 +56,19 @@ pub(crate) enum MetaChain {
 }
 
 impl TaskMeta {
-    /// `priority:max_attempts:enqueued_ms[:CHAIN]`; CHAIN is '' (none), 's' (its own) or
-    /// 'c' and the chain's id.
+    /// `priority:max_attempts:enqueued_ms[.SEQ][:CHAIN]`; CHAIN is '' (none), 's' (its
+    /// own) or 'c' and the chain's id.
     fn parse(meta: &[u8]) -> TaskMeta {
         let Ok(meta) = std::str::from_utf8(meta) else {
             return TaskMeta::default();
         };
         let mut it = meta.splitn(4, ':');
         let max_attempts = it.nth(1).and_then(|m| m.parse().ok());
-        let chain = match (it.next(), it.next()) {
+        let enqueued = it.next();
+        let seq = enqueued
+            .and_then(|e| e.split_once('.'))
+            .and_then(|(_, s)| s.parse().ok());
+        let chain = match (enqueued, it.next()) {
             (Some(_), Some("")) => MetaChain::None,
             (Some(_), Some("s")) => MetaChain::Own,
             (Some(_), Some(c)) if c.starts_with('c') => MetaChain::Of(c[1..].to_string()),
@@ -69,6 +77,7 @@ impl TaskMeta {
         TaskMeta {
             max_attempts,
             chain,
+            seq,
         }
     }
 }
@@ -130,6 +139,10 @@ pub struct SettleOp {
     pub token: u64,
     /// What to do.
     pub action: Settle,
+    /// The task's record's sequence number, as its take found it (`None`: unknown). With
+    /// it, the ack of a whole batch writes no record (see `K_DONE` in prelude.lua); it
+    /// must be the take's, or the ack shows other tasks' records as done.
+    pub seq: Option<u64>,
 }
 
 impl SettleOp {
@@ -140,8 +153,29 @@ impl SettleOp {
             attempt: task.attempt,
             token: task.token,
             action,
+            seq: task.meta.seq,
         }
     }
+}
+
+/// The sequence numbers of a whole batch's first-attempt acks (in the order sent) as runs
+/// of consecutive numbers, "s1-s2,s3-s4"; empty when any is unknown (settle.lua then
+/// writes each record).
+fn seq_runs(seqs: impl Iterator<Item = Option<u64>>) -> String {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for seq in seqs {
+        let Some(s) = seq else { return String::new() };
+        match runs.last_mut() {
+            Some((_, end)) if end.checked_add(1) == Some(s) => *end = s,
+            _ => runs.push((s, s)),
+        }
+    }
+    let mut out = String::with_capacity(runs.len() * 16);
+    for (i, (a, b)) in runs.iter().enumerate() {
+        use std::fmt::Write;
+        let _ = write!(out, "{}{a}-{b}", if i == 0 { "" } else { "," });
+    }
+    out
 }
 
 /// What happened to one settle request.
@@ -325,9 +359,10 @@ impl Queue {
             .arg(self.ttl_arg())
             .arg(self.ordered_arg());
         if order.first.is_empty() {
-            inv.arg("");
+            inv.arg("").arg("");
         } else {
-            inv.arg(order.token);
+            inv.arg(order.token)
+                .arg(seq_runs(order.first.iter().map(|&i| ops[i].seq)));
         }
         for &i in &order.first {
             inv.arg(&ops[i].id);
@@ -680,9 +715,16 @@ mod tests {
             meta,
             TaskMeta {
                 max_attempts: Some(5),
-                chain: MetaChain::Of("Q:G~1".into())
+                chain: MetaChain::Of("Q:G~1".into()),
+                seq: None,
             }
         );
+        let (meta, _) = split_value(b"0:3:1700.42:cQ:G.1\nx".to_vec()).unwrap();
+        assert_eq!(
+            (meta.seq, meta.chain, meta.max_attempts),
+            (Some(42), MetaChain::Of("Q:G.1".into()), Some(3))
+        );
+        assert_eq!(split_value(b"0:3:1.7:s\n".to_vec()).unwrap().0.seq, Some(7));
         let chain = |v: &[u8]| split_value(v.to_vec()).unwrap().0.chain;
         assert_eq!(chain(b"0:3:1:s\n"), MetaChain::Own);
         assert_eq!(chain(b"0:3:1:\nx"), MetaChain::None);
@@ -693,5 +735,17 @@ mod tests {
             None
         );
         assert!(split_value(b"no meta".to_vec()).is_err());
+    }
+
+    #[test]
+    fn sequence_numbers_go_as_runs_or_not_at_all() {
+        let runs = |s: &[Option<u64>]| seq_runs(s.iter().copied());
+        assert_eq!(runs(&[Some(5), Some(6), Some(7)]), "5-7");
+        assert_eq!(runs(&[Some(5), Some(7), Some(8), Some(3)]), "5-5,7-8,3-3");
+        assert_eq!(runs(&[Some(5), None]), "");
+        assert_eq!(
+            runs(&[Some(u64::MAX), Some(0)]),
+            format!("{}-{},0-0", u64::MAX, u64::MAX)
+        );
     }
 }

@@ -291,14 +291,17 @@ impl Queue {
         })
     }
 
-    /// `MEMORY USAGE` of the lists of tasks ended together and of the zset that lists
-    /// them, and how many tasks they hold (see `lua/prelude.lua`).
+    /// `MEMORY USAGE` of what tasks ended together leave (the runs of a whole batch's
+    /// ack, and the lists) and of the zset that lists them, and how many tasks they hold
+    /// (see `lua/prelude.lua`).
     async fn ended_lists_memory(
         &self,
         conn: &mut super::RedisConn,
     ) -> Result<(u64, u64), QueueError> {
         let zset = format!("{}:b", self.keys.expiry());
         let (mut bytes, _) = memory(conn, &zset, KeyKind::Index).await?;
+        let (runs_bytes, _) = memory(conn, &format!("{zset}:r"), KeyKind::Index).await?;
+        bytes += runs_bytes;
         let members: Vec<String> = redis::cmd("ZRANGE")
             .arg(&zset)
             .arg(0)
@@ -307,6 +310,12 @@ impl Queue {
             .await?;
         let mut entries = 0;
         for m in members {
+            // a run "rS1:S2" of tasks numbered S1 to S2
+            if let Some((a, b)) = m.strip_prefix('r').and_then(|r| r.split_once(':')) {
+                let (a, b): (u64, u64) = (a.parse().unwrap_or(0), b.parse().unwrap_or(0));
+                entries += (b + 1).saturating_sub(a);
+                continue;
+            }
             let list = format!("{zset}:{m}");
             let (b, _) = memory(conn, &list, KeyKind::Record).await?;
             let n: u64 = redis::cmd("LLEN").arg(&list).query_async(conn).await?;

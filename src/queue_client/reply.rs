@@ -13,12 +13,14 @@ pub(super) struct Meta {
 }
 
 impl Meta {
-    /// Parses `priority:max_attempts:enqueued_ms`; `None` when malformed.
+    /// Parses `priority:max_attempts:enqueued_ms` (and whatever follows: a tracked task's
+    /// `.SEQ:CHAIN`); `None` when malformed.
     pub(super) fn parse(s: &str) -> Option<Meta> {
         let mut it = s.split(':');
         let priority = it.next()?.parse().ok()?;
         let max_attempts = it.next()?.parse().ok()?;
-        let enqueued_ms = it.next()?.parse().ok()?;
+        let enq = it.next()?;
+        let enqueued_ms = enq.split_once('.').map_or(enq, |(ms, _)| ms).parse().ok()?;
         Some(Meta {
             priority,
             max_attempts,

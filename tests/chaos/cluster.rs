@@ -340,6 +340,27 @@ impl Cluster {
                 .await?;
             let mut due = HashMap::new();
             for m in members {
+                if let Some((a, b)) = m.strip_prefix('r').and_then(|r| r.split_once(':')) {
+                    // a run of tasks acked together: those whose records are numbered
+                    // a to b in the listing index
+                    let moment: Option<f64> = redis::cmd("ZSCORE")
+                        .arg(&lists)
+                        .arg(&m)
+                        .query_async(&mut conn)
+                        .await?;
+                    let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+                        .arg(format!("{NAMESPACE}:{{{QUEUE}}}:idx"))
+                        .arg(a)
+                        .arg(b)
+                        .query_async(&mut conn)
+                        .await?;
+                    let moment = moment.unwrap_or(0.0) as i64;
+                    for id in ids {
+                        let at = due.entry(id).or_insert(moment);
+                        *at = (*at).max(moment);
+                    }
+                    continue;
+                }
                 let moment: i64 = m
                     .split(':')
                     .next()
@@ -369,8 +390,9 @@ impl Cluster {
     /// When each task's record is due to go (Unix ms; None: never), pipelined. Records
     /// have expired three ways: by a TTL on the record's key, by the record's id in the
     /// queue's expiry index (a zset scored by the moment), or by its id in one of the
-    /// lists of tasks acked together (`exp:b:MOMENT:TTL`, listed in the zset `exp:b`),
-    /// swept by the scripts. Any counts; of several lists, the latest. The keys are
+    /// lists of tasks acked together (`exp:b:MOMENT:TTL`, listed in the zset `exp:b`) or
+    /// one of the runs of tasks acked together (listed there as `rS1:S2`: the tasks whose
+    /// records are numbered S1 to S2 in the listing index `idx`), swept by the scripts. Any counts; of several lists, the latest. The keys are
     /// `NAMESPACE:{QUEUE}:r:ID` and `NAMESPACE:{QUEUE}:exp…`, as
     /// `src/queue_client/scripts.rs` and `lua/prelude.lua` lay a queue out.
     pub fn record_expiries(&self, ids: &[String]) -> Option<Vec<Option<i64>>> {

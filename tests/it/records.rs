@@ -578,3 +578,110 @@ async fn listing_under_churn_misses_nothing_and_repeats_nothing() {
         assert!(seen.contains(format!("a{i}").as_str()), "a{i} missed");
     }
 }
+
+/// The ack of a whole batch lease writes nothing to its tasks' records: their end is kept
+/// once for the run of their records' numbers (`exp:b:r`), and readers show it as the
+/// record's own. A new task under one of the ids is not read as done by the old run and
+/// outlives it; the rest go with the run, leaving nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_batch_ends_in_one_entry_and_goes_with_its_records() {
+    let redis = crate::harness::TestRedis::start();
+    let client = redis.client().await;
+    let mut raw = redis.raw().await;
+    let q = client
+        .queue_with(
+            "whole",
+            QueueLimits {
+                history_ttl: Duration::from_millis(500),
+                ..limits()
+            },
+        )
+        .unwrap();
+    let tasks: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|id| NewTask::new("{}").id(*id))
+        .collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    // numbered after them, taken before them: the batch's numbers are two runs
+    q.enqueue(NewTask::new("{}").id("hi").priority(9))
+        .await
+        .unwrap();
+    let w = on(&q, "h2", 5);
+    let b = w.take(4, Duration::from_secs(30)).await.unwrap();
+    let taken: Vec<_> = b.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(taken, ["hi", "a", "b", "c"]);
+    w.ack(&b.tasks).await.unwrap();
+    let stored: String = redis::cmd("GET")
+        .arg("test:{whole}:r:b")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        !stored.contains("done"),
+        "the ack wrote the record: {stored:?}"
+    );
+    let runs: Vec<String> = redis::cmd("ZRANGE")
+        .arg("test:{whole}:exp:b")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(record(&q, "hi").await.state, RecordState::Done);
+    let done = record(&q, "b").await;
+    assert_eq!((done.state, done.attempt), (RecordState::Done, 1));
+    let history: Vec<_> = done
+        .history
+        .unwrap()
+        .iter()
+        .map(|e| (e.state, e.attempt, e.host.clone(), e.slot))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            (RecordState::Waiting, 0, None, None),
+            (RecordState::Running, 1, Some("h2".into()), Some(5)),
+            (RecordState::Done, 1, Some("h2".into()), Some(5)),
+        ]
+    );
+    let page = q
+        .list(&ListQuery {
+            state: Some(RecordState::Done),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = page.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["hi", "c", "b", "a"]);
+    // "a" again: a new task, not done by the old batch.
+    assert!(q.enqueue(NewTask::new("{}").id("a")).await.unwrap().created);
+    assert_eq!(record(&q, "a").await.state, RecordState::Waiting);
+    eventually(
+        Duration::from_secs(10),
+        "the batch's records expire",
+        || {
+            let q = q.clone();
+            async move { q.record("b").await.unwrap().is_none() }
+        },
+    )
+    .await;
+    q.housekeep(1000).await.unwrap();
+    assert!(q.record("c").await.unwrap().is_none());
+    assert!(q.record("hi").await.unwrap().is_none());
+    assert_eq!(record(&q, "a").await.state, RecordState::Waiting);
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("test:{whole}:exp*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "the run {runs:?} left {left:?}");
+    q.delete_all().await.unwrap();
+    let all: Vec<String> = redis::cmd("KEYS")
+        .arg("test:{whole}:*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(all.is_empty(), "{all:?}");
+}

@@ -58,7 +58,7 @@ if op == 'get' then
     local m = metas[i]
     if m then
       local tail
-      ma, tail = string.match(m, '^-?%d+:(%d+):%d+(.*)$')
+      ma, tail = string.match(m, '^-?%d+:(%d+):%d+%.?%d*(.*)$')
       if tail == ':s' then
         g = id
       elseif tail == ':' then

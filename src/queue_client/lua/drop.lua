@@ -7,10 +7,13 @@ local ids = redis.call('ZRANGE', K_IDX, 0, -1)
 for _, id in ipairs(ids) do redis.call('DEL', rec_key(id)) end
 for _, id in ipairs(redis.call('ZRANGE', K_EXP, 0, -1)) do redis.call('DEL', rec_key(id)) end
 for _, member in ipairs(redis.call('ZRANGE', K_ENDS, 0, -1)) do
-  for _, id in ipairs(redis.call('LRANGE', ends_list(member), 0, -1)) do redis.call('DEL', rec_key(id)) end
-  redis.call('DEL', ends_list(member))
+  -- (a run's records are all in K_IDX, deleted above; a list may hold others)
+  if not string.match(member, '^r') then
+    for _, id in ipairs(redis.call('LRANGE', ends_list(member), 0, -1)) do redis.call('DEL', rec_key(id)) end
+    redis.call('DEL', ends_list(member))
+  end
 end
-redis.call('DEL', K_ENDS)
+redis.call('DEL', K_ENDS, K_DONE)
 for _, member in ipairs(redis.call('ZRANGE', K_LEASED, 0, -1)) do
   redis.call('DEL', run_key(lease_parts(member)))
 end

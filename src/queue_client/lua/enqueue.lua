@@ -38,10 +38,13 @@ elseif sys_state == 'paused' then
   waiting_note = 'held: system ' .. sys_name .. ' is paused'
 end
 local meta = pack_meta(ARGV[2], ma, now)
--- The meta's chain field (see parse_meta), kept by tracked queues only (an untracked
--- task has no record to name a chain in): a global task's, or one in no chain.
-local meta_root, meta_none = meta, meta
-if track then meta_root, meta_none = meta .. ':s', meta .. ':' end
+-- A tracked task's meta also carries its record's sequence number after its enqueue time
+-- (".seq", see K_DONE in prelude.lua) and its chain field (see parse_meta): a global
+-- task's, one in no chain, or 'c' and its chain. An untracked task has no record to number
+-- or to name a chain in.
+local function tracked_meta(seq, chain)
+  return meta .. '.' .. seq .. ':' .. chain
+end
 local due = now + delay
 if at > 0 then due = at end
 local is_delayed = due > now
@@ -56,19 +59,20 @@ if mode == 'p' then
   -- sequence number is made text once, as an integer: Lua's own number-to-text (for
   -- `..`, and for a number handed to redis.call) is a floating-point printf, which was a
   -- tenth of an enqueue's work.
-  -- (the meta and its newline made once: see task_value)
-  local head = (root and meta_root or meta_none) .. '\n'
   if track then
+    -- (the meta's parts around the number made once: see task_value)
+    local pre, post = meta .. '.', ':' .. (root and 's' or '') .. '\n'
     for i = 1, n do
       local s = string.format('%d', base + i)
       local id = '#' .. s
       payloads[2 * i - 1] = id
-      payloads[2 * i] = head .. ARGV[H + i]
+      payloads[2 * i] = pre .. s .. post .. ARGV[H + i]
       ids[i] = id
       -- (the records' index order)
       seqs[i] = s
     end
   else
+    local head = meta .. '\n'
     for i = 1, n do
       local id = string.format('#%d', base + i)
       payloads[2 * i - 1] = id
@@ -121,17 +125,17 @@ else
       payloads[2 * created - 1] = id
       ids[created] = id
       seqs[created] = string.format('%d', base + i)
+      local chain = ''
       if per == 3 then
         chains = chains or {}
         chains[created] = ARGV[o + 2]
-        payloads[2 * created] = task_value(track and (meta .. ':c' .. ARGV[o + 2]) or meta, ARGV[o + 1])
+        chain = 'c' .. ARGV[o + 2]
       elseif root then
         chains = chains or {}
         chains[created] = id
-        payloads[2 * created] = task_value(meta_root, ARGV[o + 1])
-      else
-        payloads[2 * created] = task_value(meta_none, ARGV[o + 1])
+        chain = 's'
       end
+      payloads[2 * created] = task_value(track and tracked_meta(seqs[created], chain) or meta, ARGV[o + 1])
     end
   end
   flags = table.concat(fl)

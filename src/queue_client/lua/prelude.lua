@@ -112,10 +112,13 @@ local function ready_count()
   return total
 end
 
--- meta = "priority:max_attempts:enqueued_ms:CHAIN", CHAIN being what chains need to know
--- of a tracked task without reading its record (chain.lua): '' (in no chain), 's' (the
--- global task of its own chain, which its record names), or 'c' and the chain's id (a
--- follow-up). A meta written before chains kept it there ends after enqueued_ms.
+-- meta = "priority:max_attempts:enqueued_ms" for an untracked task; a tracked one's goes
+-- on ".SEQ:CHAIN": SEQ its record's sequence number (its score in K_IDX, which the slot
+-- hands back with its acks, see K_DONE), CHAIN what chains need to know of it without
+-- reading its record (chain.lua): '' (in no chain), 's' (the global task of its own
+-- chain, which its record names), or 'c' and the chain's id (a follow-up). A meta written
+-- before records were numbered has no ".SEQ"; one written before chains ends after
+-- enqueued_ms.
 local function parse_meta(m)
   local pri, ma, enq = string.match(m, '^(-?%d+):(%d+):(%d+)')
   return tonumber(pri), tonumber(ma), tonumber(enq)
@@ -269,9 +272,10 @@ end
 -- record before its own; readers add it meanwhile (rec_current). A batch lease (see
 -- "Batch leases") names its taker once for the batch instead. Strings, not one hash:
 -- a hash of a few hundred fields is a listpack, where each of a batch's HSET, HMGET and
--- HDEL fields is a linear search (measured at 1.4 µs a field). An ack APPENDs both entries at once (they never
--- fold: the entry before a running one is never running, the one before done is running),
--- without reading the record: the hot path pays one APPEND per task, no Lua parsing.
+-- HDEL fields is a linear search (measured at 1.4 µs a field). The ack of a whole batch
+-- lease (the hot path) writes no record: see K_DONE below. Any other ack APPENDs both
+-- entries at once (they never fold: the entry before a running one is never running, the
+-- one before done is running), without reading the record.
 -- A record is written only where one exists (take and settle check once per call that the
 -- queue tracks); enqueue creates it when the queue tracks. When the task ends (done,
 -- failed, cancelled) one at a time, its id goes into K_EXP scored by the moment its record
@@ -305,6 +309,20 @@ local K_ENDS = K_EXP .. ':b'
 local function ends_list(member)
   return K_ENDS .. ':' .. member
 end
+
+-- Tasks acked as a whole batch lease (a slot's steady state) are done without a write to
+-- their records. A tracked task's meta carries its record's sequence number (its score in
+-- K_IDX, see records_new); the slot hands the batch's numbers back as runs s1..s2 of
+-- consecutive ones, and the ack keeps each run once: the member
+-- "s1 FS s2 FS expiry FS done-at FS entries" of the zset K_DONE scored by s1 (entries: the
+-- running and done entries an APPEND per task would have written), and the member
+-- 'r' .. s1 .. ':' .. s2 of K_ENDS scored by the expiry. A record that has not ended is
+-- done by the run that holds its number (done_of). The number is the record's own: a new
+-- task under an old id has a new one and is never read as done by the old task's run, and
+-- a run's sweep finds its records in K_IDX by score (expire_run). An APPEND per task, with
+-- the Lua around each call, was most of what tracking cost an ack; a hash from id to batch
+-- instead cost as much in its inserts (a hash table of every finished task, growing).
+local K_DONE = K_ENDS .. ':r'
 
 local function is_end_state(st)
   return st == 'done' or st == 'failed' or st == 'cancelled'
@@ -440,6 +458,23 @@ local function run_begin(ids, now, attempts, host, slot)
   bulk('MSET', nil, kv)
 end
 
+-- The watchers among `ids` (an api instance's sync submits) are told that they ended.
+local function tell_watchers(ids)
+  if redis.call('EXISTS', K_WATCH) == 0 then return end
+  local i = 1
+  while i <= #ids do
+    local j = math.min(i + CHUNK - 1, #ids)
+    local w = redis.call('SMISMEMBER', K_WATCH, unpack(ids, i, j))
+    for x = 1, #w do
+      if w[x] == 1 then
+        redis.call('SREM', K_WATCH, ids[i + x - 1])
+        redis.call('PUBLISH', ENDED_CHANNEL, ids[i + x - 1])
+      end
+    end
+    i = j + 1
+  end
+end
+
 -- The ack's transition for many tasks at once: per task one APPEND of its running entry
 -- (without its state) and its done entry, nothing read; the records then expire `ttl_ms`
 -- from now, and whoever waits for one is told. `runs`: the running entries by position
@@ -471,20 +506,41 @@ local function records_done(ids, runs, now, attempts, host, slot, ttl_ms)
   local member = (now + ttl_ms) .. ':' .. ttl_ms
   bulk('RPUSH', ends_list(member), ids)
   redis.call('ZADD', K_ENDS, now + ttl_ms, member)
-  if redis.call('EXISTS', K_WATCH) == 1 then
-    local i = 1
-    while i <= #ids do
-      local j = math.min(i + CHUNK - 1, #ids)
-      local w = redis.call('SMISMEMBER', K_WATCH, unpack(ids, i, j))
-      for x = 1, #w do
-        if w[x] == 1 then
-          redis.call('SREM', K_WATCH, ids[i + x - 1])
-          redis.call('PUBLISH', ENDED_CHANNEL, ids[i + x - 1])
-        end
-      end
-      i = j + 1
-    end
+  tell_watchers(ids)
+end
+
+-- The runs of sequence numbers "s1-s2,s3-s4,..." a slot sent for the `k` tasks of a
+-- batch it acked whole, as a table of {s1, s2} (text); nil when they do not add up to `k`
+-- tasks (then the ack writes each record, as for tasks that have no number).
+local function done_runs(spec, k)
+  local runs, total = {}, 0
+  for a, b in string.gmatch(spec, '(%d+)%-(%d+)') do
+    local n = tonumber(b) - tonumber(a) + 1
+    if n < 1 then return nil end
+    total = total + n
+    runs[#runs + 1] = {a, b}
   end
+  if total ~= k or #runs == 0 then return nil end
+  return runs
+end
+
+-- The ack of a whole batch lease whose tasks' numbers are `runs` (done_runs), taken at `at`
+-- by thost/tslot: done at `now` by host/slot, the records expire `ttl_ms` later. Writes no
+-- record (see K_DONE).
+local function records_done_runs(runs, at, thost, tslot, now, host, slot, ttl_ms)
+  local exp = string.format('%d', now + ttl_ms)
+  local tail = FS .. exp .. FS .. now .. FS
+    .. RS .. 'running' .. FS .. at .. FS .. '1' .. FS .. thost .. FS .. tslot .. FS
+    .. RS .. 'done' .. FS .. now .. FS .. '1' .. FS .. host .. FS .. slot .. FS
+  local z, e = {}, {}
+  for i, r in ipairs(runs) do
+    z[2 * i - 1] = r[1]
+    z[2 * i] = r[1] .. FS .. r[2] .. tail
+    e[2 * i - 1] = exp
+    e[2 * i] = 'r' .. r[1] .. ':' .. r[2]
+  end
+  bulk('ZADD', K_DONE, z)
+  bulk('ZADD', K_ENDS, e)
 end
 
 -- The ack's transition for tasks leased one by one: their running entries are read and
@@ -736,36 +792,65 @@ local function expire_single(now, limit)
   return #gone
 end
 
--- Expires up to `limit` records ended together (the lists of K_ENDS), oldest list first.
--- A list's entry is stale when its task came back to life since (a requeued dead letter, a
--- new task under the id): its record has not ended, or ended after the list's moment, and
--- stays. Returns how many entries were used.
+-- Expires the run of tasks s1..s2 (text) done together (see K_DONE), whole: the records
+-- whose numbers it holds go. Returns how many there were.
+local function expire_run(s1, s2)
+  redis.call('ZREM', K_ENDS, 'r' .. s1 .. ':' .. s2)
+  -- (by member: an ACL written before ZREMRANGEBYSCORE was needed refuses it)
+  bulk('ZREM', K_DONE, redis.call('ZRANGEBYSCORE', K_DONE, s1, s1))
+  local ids = redis.call('ZRANGEBYSCORE', K_IDX, s1, s2)
+  if #ids == 0 then return 0 end
+  local keys = {}
+  for i, id in ipairs(ids) do keys[i] = rec_key(id) end
+  rec_delete(ids, mget(keys))
+  return #ids
+end
+
+-- Expires up to `want` entries of the list of tasks ended together at `ended_at` (its
+-- K_ENDS member `member`), oldest first. An entry is stale when its task came back to life
+-- since (a requeued dead letter, a new task under the id): its record has not ended, or
+-- ended after the list's moment, and stays. Returns how many entries were used.
+local function expire_list(member, ended_at, want)
+  local ids = redis.call('LPOP', ends_list(member), want) or {}
+  if #ids < want then redis.call('ZREM', K_ENDS, member) end
+  local keys = {}
+  for i, id in ipairs(ids) do keys[i] = rec_key(id) end
+  local vals = mget(keys)
+  local gone, gone_vals = {}, {}
+  for i, id in ipairs(ids) do
+    local v = vals[i]
+    if v then
+      local _, st, at = last_entry(v)
+      if is_end_state(st) and tonumber(at) <= ended_at then
+        gone[#gone + 1] = id
+        gone_vals[#gone] = v
+      end
+    end
+  end
+  if #gone > 0 then rec_delete(gone, gone_vals) end
+  return #ids
+end
+
+-- The moment the tasks of list `member` ("expiry:ttl") ended.
+local function ended_at_of(member)
+  local exp, ttl = string.match(member, '^(%d+):(%d+)$')
+  return tonumber(exp) - tonumber(ttl)
+end
+
+-- Expires up to `limit` records ended together (the runs and lists of K_ENDS),
+-- oldest first. Returns how many entries were used.
 local function expire_batched(now, limit)
   local used = 0
   local due = redis.call('ZRANGEBYSCORE', K_ENDS, '-inf', now, 'LIMIT', 0, limit)
   for _, member in ipairs(due) do
     if used >= limit then break end
-    local exp, ttl = string.match(member, '^(%d+):(%d+)$')
-    local ended_at = tonumber(exp) - tonumber(ttl)
-    local want = limit - used
-    local ids = redis.call('LPOP', ends_list(member), want) or {}
-    if #ids < want then redis.call('ZREM', K_ENDS, member) end
-    used = used + #ids
-    local keys = {}
-    for i, id in ipairs(ids) do keys[i] = rec_key(id) end
-    local vals = mget(keys)
-    local gone, gone_vals = {}, {}
-    for i, id in ipairs(ids) do
-      local v = vals[i]
-      if v then
-        local _, st, at = last_entry(v)
-        if is_end_state(st) and tonumber(at) <= ended_at then
-          gone[#gone + 1] = id
-          gone_vals[#gone] = v
-        end
-      end
+    local s1, s2 = string.match(member, '^r(%d+):(%d+)$')
+    if s1 then
+      -- whole: a run is at most a take's worth of tasks
+      used = used + math.max(1, expire_run(s1, s2))
+    else
+      used = used + expire_list(member, ended_at_of(member), limit - used)
     end
-    if #gone > 0 then rec_delete(gone, gone_vals) end
   end
   return used
 end
@@ -778,12 +863,30 @@ local function expire_records(now, limit)
   return n
 end
 
+-- The run whose ack ended task `id` (see K_DONE) as {expiry, done at, its history
+-- entries}, or nil. `cache`: a table kept for one script.
+local function done_of(id, cache)
+  if cache.no_runs == nil then cache.no_runs = redis.call('EXISTS', K_DONE) == 0 end
+  if cache.no_runs then return nil end
+  local seq = redis.call('ZSCORE', K_IDX, id)
+  if not seq then return nil end
+  local m = redis.call('ZRANGE', K_DONE, seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
+  if not m then return nil end
+  local s2, exp, at, entries = string.match(m, '^%d+\31(%d+)\31(%d+)\31(%d+)\31(.*)$')
+  if not s2 or tonumber(seq) > tonumber(s2) then return nil end
+  return {tonumber(exp), at, entries}
+end
+
 -- The record of `id` unless its time is up (then it is deleted now rather than at the
 -- next sweep): what readers see.
 local function rec_live(id, now)
   local v = redis.call('GET', rec_key(id))
   if not v then return nil end
   local exp = redis.call('ZSCORE', K_EXP, id)
+  if not exp then
+    local d = done_of(id, {})
+    if d then exp = d[1] end
+  end
   if exp and tonumber(exp) <= now then
     local b = rec_submitter(v)
     if b ~= '' then redis.call('ZREM', submitter_index(b), id) end
@@ -813,8 +916,9 @@ end
 -- deleted it yet. Due as the sweep decides: by its own moment in K_EXP when it ended
 -- alone (a task alive again has none there); else when it ended with a batch whose list
 -- is due, and such a batch's ack wrote the end entry at the list's moment
--- (record_done_many), so its last entry ends exactly at a due moment. `due` holds the
--- due moments for one script (a table, filled on first use).
+-- (record_done_many), so its last entry ends exactly at a due moment; or, done by a batch
+-- ack that wrote nothing to it, when its run is due (done_of). `due` holds the due
+-- moments and the batches read for one script (a table, filled on first use).
 local function rec_visible(id, now, due)
   local v = redis.call('GET', rec_key(id))
   if not v then return nil end
@@ -827,6 +931,9 @@ local function rec_visible(id, now, due)
   if is_end_state(st) then
     if not due.moments then due.moments = due_end_moments(now) end
     if due.moments[tonumber(at)] then return nil end
+  else
+    local d = done_of(id, due)
+    if d and d[1] <= now then return nil end
   end
   return v
 end
@@ -840,11 +947,19 @@ local function rec_view(v)
   return {st or '', f[F.p], att or '0', f[F.m], f[F.c], f[F.d], at or f[F.c], f[F.b], f[F.e], f[F.r], f[F.g]}, hist
 end
 
--- A live record as readers see it (rec_view), with the running entry of a task a slot
--- holds now added from its running entry, or from its batch lease (`cache`: a table kept
--- for one script, see batch_run_of).
+-- A live record as readers see it (rec_view), with the entries of a batch ack that wrote
+-- nothing to it (done_of), or the running entry of a task a slot holds now added from its
+-- running entry, or from its batch lease (`cache`: a table kept for one script, see
+-- done_of and batch_run_of).
 local function rec_current(id, v, cache)
   local out, hist = rec_view(v)
+  if not is_end_state(out[1]) then
+    local d = done_of(id, cache)
+    if d then
+      out[1], out[3], out[7] = 'done', '1', d[2]
+      return out, hist .. d[3]
+    end
+  end
   local run = redis.call('GET', run_key(id))
   if not run and not is_end_state(out[1]) then run = batch_run_of(id, cache) end
   if run then

@@ -1,5 +1,8 @@
 -- ARGV: k1, k2, host, slot, history_ttl_ms, ordered ('1': a retry keeps its place at the
--- head, see take_hold), the token of the first attempts' acks ('' when k1 is 0), then k1
+-- head, see take_hold), the token of the first attempts' acks ('' when k1 is 0), the
+-- sequence numbers of their records as runs "s1-s2,..." ('' when some has none: see
+-- K_DONE in prelude.lua; a tracked queue's acks of one whole batch then write no
+-- record), then k1
 -- acks of first attempts holding that token as their ids (a slot settles one batch, so
 -- one token; an id and a token per task was two strings for Lua to make), k2 acks of
 -- other attempts or tokens as (id, token, attempt) (only those can have attempts and a
@@ -10,7 +13,7 @@
 -- it expired and was reclaimed, or was settled or cancelled), 2 retry turned into a dead
 -- letter because max_attempts is reached; or {} when every one is 1 (the common case, a
 -- number less per task to send).
-local H = 7
+local H = 8
 local now = now_ms()
 local k1, k2 = tonumber(ARGV[1]), tonumber(ARGV[2])
 local host, slot, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
@@ -26,8 +29,14 @@ if k1 > 0 and ARGN == H + k1 and k1 <= CHUNK then
     if has_legacy() then legacy_forget({unpack(ARGV, H + 1, H + k1)}) end
     redis.call('HINCRBY', K_STATS, 'acked', k1)
     if tracked then
-      records_done({unpack(ARGV, H + 1, H + k1)}, at .. FS .. '1' .. FS .. thost .. FS .. tslot .. FS,
-        now, 1, host, slot, ttl)
+      local runs = ARGV[8] ~= '' and done_runs(ARGV[8], k1)
+      if runs then
+        records_done_runs(runs, at, thost, tslot, now, host, slot, ttl)
+        if redis.call('EXISTS', K_WATCH) == 1 then tell_watchers({unpack(ARGV, H + 1, H + k1)}) end
+      else
+        records_done({unpack(ARGV, H + 1, H + k1)}, at .. FS .. '1' .. FS .. thost .. FS .. tslot .. FS,
+          now, 1, host, slot, ttl)
+      end
     end
     return {}
   end
