@@ -73,3 +73,17 @@ pub(super) fn bytes(v: &Value) -> Vec<u8> {
         _ => Vec::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Meta;
+
+    #[test]
+    fn a_meta_parses_with_or_without_its_record_number_and_chain() {
+        let fields = |s: &str| Meta::parse(s).map(|m| (m.priority, m.max_attempts, m.enqueued_ms));
+        assert_eq!(fields("-2:5:1700"), Some((-2, 5, 1700)));
+        assert_eq!(fields("0:3:1700:s"), Some((0, 3, 1700)));
+        assert_eq!(fields("0:3:1700.42:cQ:G.1"), Some((0, 3, 1700)));
+        assert_eq!(fields("0:3:17x0.42:"), None);
+    }
+}
