@@ -685,3 +685,43 @@ async fn a_whole_batch_ends_in_one_entry_and_goes_with_its_records() {
         .unwrap();
     assert!(all.is_empty(), "{all:?}");
 }
+
+/// A whole batch acked without record numbers (an older client), or with numbers that
+/// are not its tasks' count of distinct ones, still ends every record: the ack writes
+/// each one, as before the numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_batch_without_good_numbers_writes_each_record() {
+    let redis = crate::harness::TestRedis::start();
+    let client = redis.client().await;
+    let mut raw = redis.raw().await;
+    let q = client.queue_with("nonum", limits()).unwrap();
+    for (round, seqs) in [[None, None], [Some(1), Some(1)]].into_iter().enumerate() {
+        let tasks: Vec<_> = ["x", "y"]
+            .iter()
+            .map(|id| NewTask::new("{}").id(format!("{id}{round}")))
+            .collect();
+        q.enqueue_many(&tasks).await.unwrap();
+        let b = q.take(2, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(b.tasks.len(), 2);
+        let ops: Vec<SettleOp> = b
+            .tasks
+            .iter()
+            .zip(seqs)
+            .map(|(t, seq)| SettleOp {
+                seq,
+                ..SettleOp::new(t, Settle::Ack)
+            })
+            .collect();
+        let done = q.settle(&ops).await.unwrap();
+        assert_eq!(done, [SettleResult::Done, SettleResult::Done]);
+        for t in &b.tasks {
+            assert_eq!(record(&q, &t.id).await.state, RecordState::Done, "{seqs:?}");
+        }
+    }
+    let runs: i64 = redis::cmd("EXISTS")
+        .arg("test:{nonum}:exp:b:r")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(runs, 0, "no run was written");
+}

@@ -510,8 +510,8 @@ local function records_done(ids, runs, now, attempts, host, slot, ttl_ms)
 end
 
 -- The runs of sequence numbers "s1-s2,s3-s4,..." a slot sent for the `k` tasks of a
--- batch it acked whole, as a table of {s1, s2} (text); nil when they do not add up to `k`
--- tasks (then the ack writes each record, as for tasks that have no number).
+-- batch it acked whole, as a table of {s1, s2} (text); nil unless they are `k` distinct
+-- numbers (then the ack writes each record, as for tasks that have no number).
 local function done_runs(spec, k)
   local runs, total = {}, 0
   for a, b in string.gmatch(spec, '(%d+)%-(%d+)') do
@@ -521,6 +521,15 @@ local function done_runs(spec, k)
     runs[#runs + 1] = {a, b}
   end
   if total ~= k or #runs == 0 then return nil end
+  -- (a batch taken out of number order has a few runs: they must not overlap)
+  if #runs > 1 then
+    local by = {}
+    for i, r in ipairs(runs) do by[i] = {tonumber(r[1]), tonumber(r[2])} end
+    table.sort(by, function(x, y) return x[1] < y[1] end)
+    for i = 2, #by do
+      if by[i][1] <= by[i - 1][2] then return nil end
+    end
+  end
   return runs
 end
 
