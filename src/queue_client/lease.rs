@@ -170,12 +170,10 @@ fn seq_runs(seqs: impl Iterator<Item = Option<u64>>) -> String {
             _ => runs.push((s, s)),
         }
     }
-    let mut out = String::with_capacity(runs.len() * 16);
-    for (i, (a, b)) in runs.iter().enumerate() {
-        use std::fmt::Write;
-        let _ = write!(out, "{}{a}-{b}", if i == 0 { "" } else { "," });
-    }
-    out
+    runs.iter()
+        .map(|(a, b)| format!("{a}-{b}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// What happened to one settle request.

@@ -815,11 +815,18 @@ local function expire_run(s1, s2)
   return #ids
 end
 
--- Expires up to `want` entries of the list of tasks ended together at `ended_at` (its
--- K_ENDS member `member`), oldest first. An entry is stale when its task came back to life
+-- The moment the tasks of list `member` ("expiry:ttl") ended.
+local function ended_at_of(member)
+  local exp, ttl = string.match(member, '^(%d+):(%d+)$')
+  return tonumber(exp) - tonumber(ttl)
+end
+
+-- Expires up to `want` entries of the list of tasks ended together (its K_ENDS member
+-- `member`), oldest first. An entry is stale when its task came back to life
 -- since (a requeued dead letter, a new task under the id): its record has not ended, or
 -- ended after the list's moment, and stays. Returns how many entries were used.
-local function expire_list(member, ended_at, want)
+local function expire_list(member, want)
+  local ended_at = ended_at_of(member)
   local ids = redis.call('LPOP', ends_list(member), want) or {}
   if #ids < want then redis.call('ZREM', K_ENDS, member) end
   local keys = {}
@@ -840,12 +847,6 @@ local function expire_list(member, ended_at, want)
   return #ids
 end
 
--- The moment the tasks of list `member` ("expiry:ttl") ended.
-local function ended_at_of(member)
-  local exp, ttl = string.match(member, '^(%d+):(%d+)$')
-  return tonumber(exp) - tonumber(ttl)
-end
-
 -- Expires up to `limit` records ended together (the runs and lists of K_ENDS),
 -- oldest first. Returns how many entries were used.
 local function expire_batched(now, limit)
@@ -858,7 +859,7 @@ local function expire_batched(now, limit)
       -- whole: a run is at most a take's worth of tasks
       used = used + math.max(1, expire_run(s1, s2))
     else
-      used = used + expire_list(member, ended_at_of(member), limit - used)
+      used = used + expire_list(member, limit - used)
     end
   end
   return used
@@ -873,17 +874,25 @@ local function expire_records(now, limit)
 end
 
 -- The run whose ack ended task `id` (see K_DONE) as {expiry, done at, its history
--- entries}, or nil. `cache`: a table kept for one script.
+-- entries}, or false. `cache`: a table kept for one script, where each id is looked up
+-- once (a reader asks rec_visible, then rec_current).
 local function done_of(id, cache)
-  if cache.no_runs == nil then cache.no_runs = redis.call('EXISTS', K_DONE) == 0 end
-  if cache.no_runs then return nil end
+  if cache.no_runs == nil then
+    cache.no_runs = redis.call('EXISTS', K_DONE) == 0
+    cache.runs_of = {}
+  end
+  if cache.no_runs then return false end
+  local d = cache.runs_of[id]
+  if d ~= nil then return d end
+  d = false
   local seq = redis.call('ZSCORE', K_IDX, id)
-  if not seq then return nil end
-  local m = redis.call('ZRANGE', K_DONE, seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
-  if not m then return nil end
-  local s2, exp, at, entries = string.match(m, '^%d+\31(%d+)\31(%d+)\31(%d+)\31(.*)$')
-  if not s2 or tonumber(seq) > tonumber(s2) then return nil end
-  return {tonumber(exp), at, entries}
+  local m = seq and redis.call('ZRANGE', K_DONE, seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
+  if m then
+    local s2, exp, at, entries = string.match(m, '^%d+\31(%d+)\31(%d+)\31(%d+)\31(.*)$')
+    if s2 and tonumber(seq) <= tonumber(s2) then d = {tonumber(exp), at, entries} end
+  end
+  cache.runs_of[id] = d
+  return d
 end
 
 -- The record of `id` unless its time is up (then it is deleted now rather than at the
@@ -926,8 +935,8 @@ end
 -- alone (a task alive again has none there); else when it ended with a batch whose list
 -- is due, and such a batch's ack wrote the end entry at the list's moment
 -- (record_done_many), so its last entry ends exactly at a due moment; or, done by a batch
--- ack that wrote nothing to it, when its run is due (done_of). `due` holds the due
--- moments and the batches read for one script (a table, filled on first use).
+-- ack that wrote nothing to it, when its run is due (done_of). `due` holds what one
+-- script has read of these (a table, filled on first use; pass it on to rec_current).
 local function rec_visible(id, now, due)
   local v = redis.call('GET', rec_key(id))
   if not v then return nil end

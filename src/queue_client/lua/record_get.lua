@@ -5,9 +5,10 @@ local now = now_ms()
 local id = ARGV[1]
 -- A read writes nothing but the watch mark (see rec_visible), so a read-only user can
 -- read; a record whose time is up is not shown, and left to the sweeps.
-local v = rec_visible(id, now, {})
+local read = {}
+local v = rec_visible(id, now, read)
 if not v then return nil end
-local out, hist = rec_current(id, v, {})
+local out, hist = rec_current(id, v, read)
 if ARGV[2] == '1' and not is_end_state(out[1]) then
   redis.call('SADD', K_WATCH, id)
 end
