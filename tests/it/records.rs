@@ -67,6 +67,19 @@ async fn record(q: &Queue, id: &str) -> TaskRecord {
     q.record(id).await.unwrap().expect("a record")
 }
 
+/// The ids of the first page (up to 10) of the queue's records, in `state` when given.
+async fn listed(q: &Queue, state: Option<RecordState>) -> Vec<String> {
+    let page = q
+        .list(&ListQuery {
+            state,
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    page.tasks.into_iter().map(|t| t.id).collect()
+}
+
 async fn take_one(q: &Queue) -> gaffer::queue_client::LeasedTask {
     let b = q.take(1, Duration::from_secs(30)).await.unwrap();
     assert_eq!(b.tasks.len(), 1, "one task to take");
@@ -100,16 +113,7 @@ async fn history_done_first_time(client: QueueClient, name: &str) {
         (RecordState::Running, 1, Some("h1"), Some(3))
     );
     assert_eq!(running.updated_at, last.at);
-    let page = q
-        .list(&ListQuery {
-            state: Some(RecordState::Running),
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let ids: Vec<_> = page.tasks.iter().map(|t| t.id.as_str()).collect();
-    assert_eq!(ids, ["t1"]);
+    assert_eq!(listed(&q, Some(RecordState::Running)).await, ["t1"]);
     assert_eq!(settle_one(&w, &t, Settle::Ack).await, SettleResult::Done);
     insta::assert_json_snapshot!("done_first_time", masked(&record(&q, "t1").await));
 }
@@ -318,15 +322,7 @@ async fn records_expire_after_history_ttl(client: QueueClient, name: &str) {
     // A task that has not ended keeps its record however long it waits.
     assert_eq!(record(&q, "waits").await.state, RecordState::Waiting);
     // The listing drops index entries of expired records.
-    let page = q
-        .list(&ListQuery {
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let ids: Vec<_> = page.tasks.iter().map(|t| t.id.as_str()).collect();
-    assert_eq!(ids, ["waits"]);
+    assert_eq!(listed(&q, None).await, ["waits"]);
 }
 
 /// A task acked in a batch is expired through its batch's list, not an entry of its own:
@@ -384,14 +380,7 @@ async fn untracked_queue_writes_no_record(client: QueueClient, name: &str) {
     let b = q.take(1, Duration::from_secs(30)).await.unwrap();
     q.ack(&b.tasks).await.unwrap();
     assert!(q.record("t1").await.unwrap().is_none());
-    let page = q
-        .list(&ListQuery {
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert!(page.tasks.is_empty());
+    assert!(listed(&q, None).await.is_empty());
 }
 
 async fn intake_closed_refuses_and_cancel_records(client: QueueClient, name: &str) {
@@ -645,16 +634,10 @@ async fn a_whole_batch_ends_in_one_entry_and_goes_with_its_records() {
             (RecordState::Done, 1, Some("h2".into()), Some(5)),
         ]
     );
-    let page = q
-        .list(&ListQuery {
-            state: Some(RecordState::Done),
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let ids: Vec<_> = page.tasks.iter().map(|t| t.id.as_str()).collect();
-    assert_eq!(ids, ["hi", "c", "b", "a"]);
+    assert_eq!(
+        listed(&q, Some(RecordState::Done)).await,
+        ["hi", "c", "b", "a"]
+    );
     // "a" again: a new task, not done by the old batch.
     assert!(q.enqueue(NewTask::new("{}").id("a")).await.unwrap().created);
     assert_eq!(record(&q, "a").await.state, RecordState::Waiting);
