@@ -46,6 +46,43 @@ fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec
     }
 }
 
+/// A slot with the `PanicsOnce` handler, run in a thread as the master's zygote would
+/// start it, with the socket the master hears it on.
+struct PanickySlot {
+    thread: std::thread::JoinHandle<i32>,
+    events: UnixDatagram,
+    stop: CancellationToken,
+}
+
+impl PanickySlot {
+    fn start(redis: &TestRedis, cfg: QueueConfig) -> Self {
+        let (report, events) = UnixDatagram::pair().unwrap();
+        let stop = CancellationToken::new();
+        let thread = {
+            let (spec, stop) = (spec(redis, cfg, report), stop.clone());
+            std::thread::spawn(move || run_slot(spec, Box::new(PanicsOnce), Some(stop)))
+        };
+        PanickySlot {
+            thread,
+            events,
+            stop,
+        }
+    }
+
+    /// Stops the slot, checks that it exits as stopped, and returns every event it sent.
+    fn stop(self) -> Vec<SlotEvent> {
+        self.stop.cancel();
+        assert_eq!(self.thread.join().unwrap(), EXIT_STOPPED);
+        self.events.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 4096];
+        let mut heard = Vec::new();
+        while let Ok(n) = self.events.recv(&mut buf) {
+            heard.push(serde_json::from_slice(&buf[..n]).unwrap());
+        }
+        heard
+    }
+}
+
 #[tokio::test]
 async fn a_panic_fails_only_its_batch_and_the_slot_survives() {
     let redis = TestRedis::start();
@@ -62,12 +99,7 @@ async fn a_panic_fails_only_its_batch_and_the_slot_survives() {
     q.enqueue_many(&[NewTask::new("panic"), NewTask::new("x")])
         .await
         .unwrap();
-    let (report, events) = UnixDatagram::pair().unwrap();
-    let stop = CancellationToken::new();
-    let slot = {
-        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
-        std::thread::spawn(move || run_slot(spec, Box::new(PanicsOnce), Some(stop)))
-    };
+    let slot = PanickySlot::start(&redis, cfg);
     eventually(Duration::from_secs(20), "both tasks done", || async {
         q.stats().await.unwrap().acked_total == 2
     })
@@ -79,15 +111,10 @@ async fn a_panic_fails_only_its_batch_and_the_slot_survives() {
     .await;
     let stats = q.stats().await.unwrap();
     assert_eq!((stats.retried_total, stats.dead), (2, 0), "{stats:?}");
-    stop.cancel();
-    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
-
     // The master heard of every batch, the failed one included.
-    events.set_nonblocking(true).unwrap();
-    let mut buf = [0u8; 4096];
     let mut done = Vec::new();
-    while let Ok(n) = events.recv(&mut buf) {
-        if let Ok(SlotEvent::BatchDone { tasks, failed, .. }) = serde_json::from_slice(&buf[..n]) {
+    for e in slot.stop() {
+        if let SlotEvent::BatchDone { tasks, failed, .. } = e {
             done.push((tasks, failed));
         }
     }
@@ -540,23 +567,14 @@ async fn one_datagram_ends_a_batch_and_starts_the_next() {
     cfg.batch_size = 10;
     let tasks: Vec<NewTask> = (0..25).map(|i| NewTask::new(format!("{i}"))).collect();
     q.enqueue_many(&tasks).await.unwrap();
-    let (report, events) = UnixDatagram::pair().unwrap();
-    let stop = CancellationToken::new();
-    let slot = {
-        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
-        std::thread::spawn(move || run_slot(spec, Box::new(PanicsOnce), Some(stop)))
-    };
+    let slot = PanickySlot::start(&redis, cfg);
     eventually(Duration::from_secs(20), "all 25 done", || async {
         q.stats().await.unwrap().acked_total == 25
     })
     .await;
-    stop.cancel();
-    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
-    events.set_nonblocking(true).unwrap();
-    let mut buf = [0u8; 4096];
     let mut got = Vec::new();
-    while let Ok(n) = events.recv(&mut buf) {
-        match serde_json::from_slice(&buf[..n]).unwrap() {
+    for e in slot.stop() {
+        match e {
             SlotEvent::BatchStarted { tasks, .. } => got.push(format!("started {tasks}")),
             SlotEvent::BatchDone { tasks, next, .. } => {
                 got.push(format!("done {tasks} next {next:?}"))
