@@ -27,8 +27,133 @@ pub(crate) struct Scripts {
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
+/// `body` after the part of the prelude it uses.
 pub(crate) fn with_prelude(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}\n{body}"))
+    Script::new(&format!("{}\n{body}", prelude_for(body)))
+}
+
+/// The prelude's top-level definitions that `body` uses, directly or through others, in
+/// their order. Redis runs a script's whole text at every call: each `local function` is
+/// a closure made anew, and making one walks the list of open upvalues, which grows with
+/// every top-level local before it. The whole prelude cost every call about 16 µs of
+/// Redis's time, as much as a batch's take of 100 tasks spends on them; a script pays
+/// only for the helpers it calls.
+fn prelude_for(body: &str) -> String {
+    let items = prelude_items(PRELUDE);
+    let mut need: std::collections::HashSet<&str> = identifiers(body).collect();
+    let mut keep = vec![false; items.len()];
+    loop {
+        let mut grew = false;
+        for (i, item) in items.iter().enumerate() {
+            if !keep[i] && (item.names.is_empty() || item.names.iter().any(|n| need.contains(n))) {
+                keep[i] = true;
+                grew = true;
+                need.extend(identifiers(item.text));
+            }
+        }
+        if !grew {
+            break;
+        }
+    }
+    items
+        .iter()
+        .zip(keep)
+        .filter(|(_, k)| *k)
+        .map(|(item, _)| item.text)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// One top-level statement of the prelude (a `local` at the start of a line, with the
+/// comment lines above it and the indented lines and `end` below it) and what it defines.
+struct PreludeItem<'a> {
+    text: &'a str,
+    names: Vec<&'a str>,
+}
+
+fn prelude_items(prelude: &str) -> Vec<PreludeItem<'_>> {
+    let mut starts = Vec::new();
+    let mut comment_start = None;
+    let mut offset = 0;
+    for line in prelude.split_inclusive('\n') {
+        if line.starts_with("--") || line.trim().is_empty() {
+            comment_start.get_or_insert(offset);
+        } else if line.starts_with("local ") {
+            starts.push(comment_start.unwrap_or(offset));
+            comment_start = None;
+        } else {
+            comment_start = None;
+        }
+        offset += line.len();
+    }
+    starts.push(prelude.len());
+    starts
+        .windows(2)
+        .map(|w| {
+            let text = prelude[w[0]..w[1]].trim_end_matches('\n');
+            PreludeItem {
+                text,
+                names: defined_names(text),
+            }
+        })
+        .collect()
+}
+
+/// The names a top-level `local` statement defines.
+fn defined_names(item: &str) -> Vec<&str> {
+    let Some(line) = item.lines().find(|l| l.starts_with("local ")) else {
+        return Vec::new();
+    };
+    let rest = &line["local ".len()..];
+    if let Some(f) = rest.strip_prefix("function ") {
+        return f.split('(').next().map(str::trim).into_iter().collect();
+    }
+    rest.split('=')
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+/// The identifiers of Lua code, outside its strings and comments.
+fn identifiers(code: &str) -> impl Iterator<Item = &str> {
+    let b = code.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        while i < b.len() {
+            match b[i] {
+                b'-' if b.get(i + 1) == Some(&b'-') => {
+                    while i < b.len() && b[i] != b'\n' {
+                        i += 1;
+                    }
+                }
+                q @ (b'\'' | b'"') => {
+                    i += 1;
+                    while i < b.len() && b[i] != q {
+                        i += if b[i] == b'\\' { 2 } else { 1 };
+                    }
+                    i += 1;
+                }
+                c if c == b'_' || c.is_ascii_alphabetic() => {
+                    let start = i;
+                    while i < b.len() && (b[i] == b'_' || b[i].is_ascii_alphanumeric()) {
+                        i += 1;
+                    }
+                    return Some(&code[start..i]);
+                }
+                c if c.is_ascii_digit() => {
+                    // (a number's letters, as in 1e3 or 0x1f, are not names)
+                    while i < b.len() && (b[i] == b'_' || b[i].is_ascii_alphanumeric()) {
+                        i += 1;
+                    }
+                }
+                _ => i += 1,
+            }
+        }
+        None
+    })
 }
 
 /// settle.lua and take.lua as two functions of one script, called by settle_take.lua:
@@ -36,8 +161,8 @@ pub(crate) fn with_prelude(body: &str) -> Script {
 /// its arguments) shadow the script's, so the bodies are the files as they are (their
 /// record lines included) and cannot drift apart from the scripts that run alone.
 fn settle_then_take() -> Script {
-    Script::new(&format!(
-        "{PRELUDE}\nlocal function settle_part(ARGV, ARGN)\n{}\nend\nlocal function take_part(ARGV, ARGN)\n{}\nend\n{}",
+    with_prelude(&format!(
+        "local function settle_part(ARGV, ARGN)\n{}\nend\nlocal function take_part(ARGV, ARGN)\n{}\nend\n{}",
         include_str!("lua/settle.lua"),
         include_str!("lua/take.lua"),
         include_str!("lua/settle_take.lua"),
@@ -47,8 +172,8 @@ fn settle_then_take() -> Script {
 /// long.lua with settle.lua's body as its function `settle_part`, like
 /// [`settle_then_take`]: a long task that returns is settled by the same code as any.
 fn long_with_settle() -> Script {
-    Script::new(&format!(
-        "{PRELUDE}\nlocal function settle_part(ARGV, ARGN)\n{}\nend\n{}",
+    with_prelude(&format!(
+        "local function settle_part(ARGV, ARGN)\n{}\nend\n{}",
         include_str!("lua/settle.lua"),
         include_str!("lua/long.lua"),
     ))
@@ -151,7 +276,65 @@ impl Keys {
 
 #[cfg(test)]
 mod tests {
-    use super::Keys;
+    use super::*;
+
+    #[test]
+    fn a_script_gets_the_prelude_items_it_uses_and_those_they_use_in_order() {
+        let prelude = "-- head\nlocal A, B = 1, 2\nlocal C = 3\n\n-- f\nlocal function f(x)\n  -- uses C, not B\n  return A + C + x\nend\nlocal function g()\n  return 'f(B)'\nend\nlocal function h() return f(1) end\n";
+        let items = prelude_items(prelude);
+        let names: Vec<Vec<&str>> = items.iter().map(|i| i.names.clone()).collect();
+        assert_eq!(
+            names,
+            [vec!["A", "B"], vec!["C"], vec!["f"], vec!["g"], vec!["h"]]
+        );
+        assert_eq!(
+            items[2].text,
+            "\n-- f\nlocal function f(x)\n  -- uses C, not B\n  return A + C + x\nend"
+        );
+        let used: Vec<&str> = identifiers("x = h() -- g()\ny = 'g' .. \"g\\\"g\" .. 1e5").collect();
+        assert_eq!(used, ["x", "h", "y"]);
+    }
+
+    /// Every script body and the prelude items it is given: no name the prelude defines
+    /// and the script uses may be left out (Redis would fail the call on a nil global).
+    #[test]
+    fn no_script_misses_a_prelude_item_it_uses() {
+        let all: std::collections::HashSet<&str> = prelude_items(PRELUDE)
+            .iter()
+            .flat_map(|i| i.names.clone())
+            .collect();
+        let bodies = [
+            include_str!("lua/enqueue.lua"),
+            include_str!("lua/take.lua"),
+            include_str!("lua/settle.lua"),
+            include_str!("lua/settle_take.lua"),
+            include_str!("lua/release.lua"),
+            include_str!("lua/stats.lua"),
+            include_str!("lua/dead_list.lua"),
+            include_str!("lua/dead_move.lua"),
+            include_str!("lua/find.lua"),
+            include_str!("lua/drop.lua"),
+            include_str!("lua/record_get.lua"),
+            include_str!("lua/list.lua"),
+            include_str!("lua/freeze.lua"),
+            include_str!("lua/housekeep.lua"),
+            include_str!("lua/chain.lua"),
+            include_str!("lua/long.lua"),
+            include_str!("lua/system.lua"),
+        ];
+        for body in bodies {
+            let given = prelude_for(body);
+            let defined: std::collections::HashSet<&str> = prelude_items(&given)
+                .iter()
+                .flat_map(|i| i.names.clone())
+                .collect();
+            let text = format!("{given}\n{body}");
+            for name in identifiers(&text).filter(|n| all.contains(n)) {
+                assert!(defined.contains(name), "{name} missing for {}", &body[..60]);
+            }
+            assert!(given.len() < PRELUDE.len(), "{}", &body[..60]);
+        }
+    }
 
     #[test]
     fn every_key_of_a_queue_shares_its_hash_tag() {
