@@ -39,12 +39,10 @@ elseif sys_state == 'paused' then
 end
 local meta = pack_meta(ARGV[2], ma, now)
 -- A tracked task's meta also carries its record's sequence number after its enqueue time
--- (".seq", see K_DONE in prelude.lua) and its chain field (see parse_meta): a global
--- task's, one in no chain, or 'c' and its chain. An untracked task has no record to number
--- or to name a chain in.
-local function tracked_meta(seq, chain)
-  return meta .. '.' .. seq .. ':' .. chain
-end
+-- (".seq", see K_DONE in prelude.lua) and its chain field (see parse_meta): 's' a global
+-- task's, '' one in no chain, or 'c' and its chain. An untracked task has no record to
+-- number or to name a chain in. Each task's value (see task_value) is made in one
+-- concatenation: every part made apart is a string Lua makes, hashes and collects.
 local due = now + delay
 if at > 0 then due = at end
 local is_delayed = due > now
@@ -52,6 +50,8 @@ local base = redis.call('INCRBY', K_SEQ, n) - n
 local payloads, ids, seqs, flags = {}, {}, {}, nil
 -- per created task: its chain's global task ('' none), when any task has one
 local chains = nil
+-- the records' keys of the given ids, and of the created tasks, when looked up
+local rec_keys, keys = {}, nil
 local created = 0
 
 if mode == 'p' then
@@ -85,7 +85,10 @@ if mode == 'p' then
   if root then chains = ids end
 else
   -- Dedup against records: one whose time is up must not count (see record_get.lua).
-  if dedup_record then expire_records(now, 100) end
+  if dedup_record then
+    expire_records(now, 100)
+    keys = {}
+  end
   -- What exists already, looked up in one command each for the whole call: a command
   -- from Lua per task cost more than the lookups themselves.
   local given = {}
@@ -94,7 +97,6 @@ else
   local values_now = hmget(K_PAYLOAD, given)
   local recs_now = {}
   if dedup_record then
-    local rec_keys = {}
     for i = 1, n do rec_keys[i] = rec_key(given[i]) end
     recs_now = mget(rec_keys)
   end
@@ -122,20 +124,25 @@ else
     if fresh then
       seen[id] = true
       created = created + 1
+      if dedup_record then keys[created] = rec_keys[i] end
       payloads[2 * created - 1] = id
       ids[created] = id
-      seqs[created] = string.format('%d', base + i)
-      local chain = ''
+      local s = string.format('%d', base + i)
+      seqs[created] = s
       if per == 3 then
         chains = chains or {}
         chains[created] = ARGV[o + 2]
-        chain = 'c' .. ARGV[o + 2]
       elseif root then
         chains = chains or {}
         chains[created] = id
-        chain = 's'
       end
-      payloads[2 * created] = task_value(track and tracked_meta(seqs[created], chain) or meta, ARGV[o + 1])
+      if not track then
+        payloads[2 * created] = task_value(meta, ARGV[o + 1])
+      elseif per == 3 then
+        payloads[2 * created] = meta .. '.' .. s .. ':c' .. ARGV[o + 2] .. '\n' .. ARGV[o + 1]
+      else
+        payloads[2 * created] = meta .. '.' .. s .. (root and ':s\n' or ':\n') .. ARGV[o + 1]
+      end
     end
   end
   flags = table.concat(fl)
@@ -145,7 +152,7 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      cancel_note, ttl, mode ~= 'p', chains)
+      cancel_note, ttl, mode ~= 'p', chains, keys)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -160,7 +167,9 @@ elseif created > 0 then
   else
     push_ready(pri, ids, false)
   end
-  if track then records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains) end
+  if track then
+    records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains, keys)
+  end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
 end

@@ -1004,8 +1004,8 @@ end
 -- finished record with the same id is replaced. `ttl_ms` > 0: they end at once.
 -- `chains`: nil, or per task the id of its chain's global task ('' for none); a task of
 -- a chain shows `chain:G` as its submitter and is left out of the submitter indexes
--- (they would grow by one per chain).
-local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains)
+-- (they would grow by one per chain). `keys`: nil, or the records' keys, made already.
+local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains, keys)
   local first = entry(state, now, 0, '', '', note)
   -- The fields all tasks share, turned into text once: a number made text costs Lua a
   -- printf, which per task is a good part of an enqueue.
@@ -1014,7 +1014,7 @@ local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms
   local v = head .. by .. tail .. RS .. first
   local scored, kv = {}, {}
   for i, id in ipairs(ids) do
-    kv[2 * i - 1] = rec_key(id)
+    kv[2 * i - 1] = keys and keys[i] or rec_key(id)
     local g = chains and chains[i] or ''
     if g == '' then
       kv[2 * i] = v
