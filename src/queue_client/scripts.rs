@@ -295,6 +295,21 @@ mod tests {
         assert_eq!(used, ["x", "h", "y"]);
     }
 
+    /// The prelude has the shape `prelude_items` reads: at the start of a line only a
+    /// `local`, a comment or the `end` of a function. A top-level assignment (`x = …`)
+    /// would be cut from the item that defines its name.
+    #[test]
+    fn the_prelude_is_top_level_locals_only() {
+        for (n, line) in PRELUDE.lines().enumerate() {
+            let top = !line.starts_with([' ', '\t']) && !line.trim().is_empty();
+            assert!(
+                !top || line.starts_with("local ") || line.starts_with("--") || line == "end",
+                "prelude.lua line {}: {line}",
+                n + 1
+            );
+        }
+    }
+
     /// Every script body and the prelude items it is given: no name the prelude defines
     /// and the script uses may be left out (Redis would fail the call on a nil global).
     #[test]
