@@ -117,21 +117,29 @@ fn defined_names(item: &str) -> Vec<&str> {
         .collect()
 }
 
-/// The identifiers of Lua code, outside its strings and comments.
+/// The identifiers of Lua code, outside its strings and comments. A string or comment
+/// this misreads can only add names (a helper given needlessly), or hide the rest of its
+/// line: a short string ends at the line's end, a long one (`[[…]]`) at its `]]`.
 fn identifiers(code: &str) -> impl Iterator<Item = &str> {
     let b = code.as_bytes();
     let mut i = 0;
+    let long_end = |from: usize| code[from..].find("]]").map_or(b.len(), |at| from + at + 2);
     std::iter::from_fn(move || {
         while i < b.len() {
             match b[i] {
                 b'-' if b.get(i + 1) == Some(&b'-') => {
+                    if code[i + 2..].starts_with("[[") {
+                        i = long_end(i + 4);
+                        continue;
+                    }
                     while i < b.len() && b[i] != b'\n' {
                         i += 1;
                     }
                 }
+                b'[' if b.get(i + 1) == Some(&b'[') => i = long_end(i + 2),
                 q @ (b'\'' | b'"') => {
                     i += 1;
-                    while i < b.len() && b[i] != q {
+                    while i < b.len() && b[i] != q && b[i] != b'\n' {
                         i += if b[i] == b'\\' { 2 } else { 1 };
                     }
                     i += 1;
@@ -293,6 +301,9 @@ mod tests {
         );
         let used: Vec<&str> = identifiers("x = h() -- g()\ny = 'g' .. \"g\\\"g\" .. 1e5").collect();
         assert_eq!(used, ["x", "h", "y"]);
+        // A quote left open ends with its line; long strings and comments are skipped.
+        let used: Vec<&str> = identifiers("a = 'it\nb = [[g]] --[[ g\n g ]] c").collect();
+        assert_eq!(used, ["a", "b", "c"]);
     }
 
     /// The prelude has the shape `prelude_items` reads: at the start of a line only a
