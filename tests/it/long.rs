@@ -324,6 +324,24 @@ fn cancel_bound(grace: Duration) -> Duration {
     LONG_RENEW_EVERY + grace + Duration::from_secs(5)
 }
 
+/// Waits for the exec child `pid` of long task `id` (cancelled, on a queue whose
+/// cancel_grace is 1s) to be gone within the cancel bound, then for its record to say
+/// cancelled.
+async fn child_gone_then_cancelled(q: &Queue, id: &str, pid: u32) {
+    eventually(
+        cancel_bound(Duration::from_secs(1)),
+        &format!("{id}'s child gone"),
+        || async { gone(pid) },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(5),
+        &format!("{id} cancelled"),
+        || async { record(q, id).await.state == RecordState::Cancelled },
+    )
+    .await;
+}
+
 const WATCH: &str = r#"
 [queues.watch]
 kind = "long"
@@ -376,16 +394,7 @@ async fn exec_long_tasks_run_and_are_cancelled_over_the_api_and_the_cli() {
     let (status, body) = http_delete(port, "/v1/queues/watch/tasks/a", ADMIN).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["state"], "cancelling", "{body}");
-    eventually(
-        cancel_bound(Duration::from_secs(1)),
-        "a's child gone",
-        || async { gone(pid_a) },
-    )
-    .await;
-    eventually(Duration::from_secs(5), "a cancelled", || async {
-        record(&q, "a").await.state == RecordState::Cancelled
-    })
-    .await;
+    child_gone_then_cancelled(&q, "a", pid_a).await;
     assert_eq!(
         h.pids("cancel", "a"),
         [pid_a],
@@ -408,16 +417,7 @@ async fn exec_long_tasks_run_and_are_cancelled_over_the_api_and_the_cli() {
 
     let out = h.cli(&["tasks", "cancel", "watch", "b"]);
     assert!(out.contains("cancelling watch task b"), "{out}");
-    eventually(
-        cancel_bound(Duration::from_secs(1)),
-        "b's child gone",
-        || async { gone(pid_b) },
-    )
-    .await;
-    eventually(Duration::from_secs(5), "b cancelled", || async {
-        record(&q, "b").await.state == RecordState::Cancelled
-    })
-    .await;
+    child_gone_then_cancelled(&q, "b", pid_b).await;
     assert_eq!(q.stats().await.unwrap().cancelled_total, 2);
     // Their slots are free for the next long task.
     enqueue(&q, "c", "{}").await;
