@@ -39,7 +39,9 @@ pub(crate) fn with_prelude(body: &str) -> Script {
 /// Redis's time, as much as a batch's take of 100 tasks spends on them; a script pays
 /// only for the helpers it calls.
 fn prelude_for(body: &str) -> String {
-    let items = prelude_items(PRELUDE);
+    // (read once for every script)
+    static ITEMS: LazyLock<Vec<PreludeItem<'static>>> = LazyLock::new(|| prelude_items(PRELUDE));
+    let items = &*ITEMS;
     let mut need: std::collections::HashSet<&str> = identifiers(body).collect();
     let mut keep = vec![false; items.len()];
     loop {

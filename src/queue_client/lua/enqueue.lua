@@ -50,8 +50,8 @@ local base = redis.call('INCRBY', K_SEQ, n) - n
 local payloads, ids, seqs, flags = {}, {}, {}, nil
 -- per created task: its chain's global task ('' none), when any task has one
 local chains = nil
--- the records' keys of the given ids, and of the created tasks, when looked up
-local rec_keys, keys = {}, nil
+-- the created tasks' record keys, when the dedup lookup made them
+local created_keys = nil
 local created = 0
 
 if mode == 'p' then
@@ -87,7 +87,7 @@ else
   -- Dedup against records: one whose time is up must not count (see record_get.lua).
   if dedup_record then
     expire_records(now, 100)
-    keys = {}
+    created_keys = {}
   end
   -- What exists already, looked up in one command each for the whole call: a command
   -- from Lua per task cost more than the lookups themselves.
@@ -95,7 +95,7 @@ else
   for i = 1, n do given[i] = ARGV[H + per * (i - 1) + 1] end
   -- (a task of either layout has its field in K_PAYLOAD: see task_value)
   local values_now = hmget(K_PAYLOAD, given)
-  local recs_now = {}
+  local recs_now, rec_keys = {}, {}
   if dedup_record then
     for i = 1, n do rec_keys[i] = rec_key(given[i]) end
     recs_now = mget(rec_keys)
@@ -124,7 +124,7 @@ else
     if fresh then
       seen[id] = true
       created = created + 1
-      if dedup_record then keys[created] = rec_keys[i] end
+      if created_keys then created_keys[created] = rec_keys[i] end
       payloads[2 * created - 1] = id
       ids[created] = id
       local s = string.format('%d', base + i)
@@ -152,7 +152,7 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      cancel_note, ttl, mode ~= 'p', chains, keys)
+      cancel_note, ttl, mode ~= 'p', chains, created_keys)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -168,7 +168,7 @@ elseif created > 0 then
     push_ready(pri, ids, false)
   end
   if track then
-    records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains, keys)
+    records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains, created_keys)
   end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
