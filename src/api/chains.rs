@@ -28,22 +28,38 @@ impl Api {
         let view = chain::read(&self.client, &self.chain_targets().queues, id)
             .await?
             .ok_or_else(unknown)?;
-        if !self.may_see(key, &view) {
+        if !self.may_see(key, &view).await? {
             return Err(unknown());
         }
         Ok((StatusCode::OK, view.to_json()))
     }
 
-    fn may_see(&self, key: &ApiKey, view: &ChainView) -> bool {
+    /// Whether a key may see a chain: it may see its global task's queue, and submitted
+    /// that task. (A chain's view leaves out the global task's record once its id holds
+    /// a later run, in a chain of its own: the key that submitted that run sees this one
+    /// too.)
+    async fn may_see(&self, key: &ApiKey, view: &ChainView) -> Result<bool, ApiError> {
         let Some(root) = view.tasks.first() else {
-            return false;
+            return Ok(false);
         };
-        key.allows(&root.member.queue)
-            && (key.admin
-                || root
-                    .record
-                    .as_ref()
-                    .is_some_and(|r| r.submitted_by.as_deref() == Some(key.name.as_str())))
+        if !key.allows(&root.member.queue) {
+            return Ok(false);
+        }
+        if key.admin {
+            return Ok(true);
+        }
+        let submitted_by_key =
+            |r: &TaskRecord| r.submitted_by.as_deref() == Some(key.name.as_str());
+        if let Some(r) = &root.record {
+            return Ok(submitted_by_key(r));
+        }
+        let Some(queue) = self.queues.get(&root.member.queue) else {
+            return Ok(false);
+        };
+        Ok(queue
+            .record(&root.member.id)
+            .await?
+            .is_some_and(|r| submitted_by_key(&r)))
     }
 
     /// Whether a key sees a record: its own, or a follow-up in a chain whose global task
@@ -71,15 +87,22 @@ impl Api {
     /// A record as `GET …/tasks/{id}` answers it: a global task's shows its chain's state
     /// and tasks beside (`chain_state`, `chain_tasks`: queue, id, state, parent).
     pub(super) async fn record_answer(&self, rec: TaskRecord) -> Result<Value, ApiError> {
-        let is_global = rec.chain.as_deref() == Some(rec.id.as_str());
+        // (its chain's id, or the name its chain got when another task's had it:
+        // `QUEUE:ID…`)
+        let own = rec.chain.as_deref().filter(|c| {
+            *c == rec.id
+                || c.strip_prefix(rec.queue.as_str())
+                    .and_then(|c| c.strip_prefix(':'))
+                    .is_some_and(|c| c.starts_with(rec.id.as_str()))
+        });
         let mut out = json!(rec);
-        if !is_global {
+        let Some(own) = own else {
             return Ok(out);
-        }
+        };
         let targets = self.chain_targets();
         // (A task of a queue with a done route names its own chain from its enqueue on;
         // until it has follow-ups, a chain of that id may still be another task's.)
-        let view = chain::read(&self.client, &targets.queues, &rec.id)
+        let view = chain::read(&self.client, &targets.queues, own)
             .await?
             .filter(|v| {
                 v.tasks
@@ -127,7 +150,9 @@ impl Api {
         chain::start_global(&self.client, queue.name(), chained, ttl)
             .await
             .map_err(|e| match e {
-                ChainError::Taken { .. } => ApiError::conflict(e.to_string()),
+                ChainError::Taken { .. } | ChainError::Ended { .. } => {
+                    ApiError::conflict(e.to_string())
+                }
                 ChainError::Queue(q) => q.into(),
             })
     }

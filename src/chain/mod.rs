@@ -4,7 +4,7 @@
 //! A chain is identified by its global task's id. What it holds is its member list beside
 //! the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (on a Redis Cluster its
 //! keys are in another slot than its tasks' queues): one string, `^` and the global task,
-//! then each follow-up with its parent, every member length-prefixed (`LEN:QUEUE\x1fID`,
+//! `@RUN@` once a run of it made follow-ups, then each follow-up with its parent, every member length-prefixed (`LEN:QUEUE\x1fID`,
 //! so ids may hold any byte). A string, not a hash: a new chain is then one `SET NX PX`
 //! with its first follow-ups, and more are one `APPEND`, where a hash took a read, a
 //! write and an expiry per chain, the most of what a chain cost Redis. Members are added before their
@@ -30,6 +30,8 @@ pub use view::{ChainState, ChainTask, ChainView, read};
 
 /// Marks the global task at the head of a chain's member list.
 const ROOT_MARK: u8 = b'^';
+/// Encloses the run that claimed a chain, after its global task (see [`Claim::run`]).
+const RUN_MARK: u8 = b'@';
 /// Separates a member's queue from its id in the chain's list (a queue name cannot hold it).
 const SEP: char = '\u{1f}';
 /// Separates a follow-up's id from its parent's: `PARENT~N`, N counting from 1.
@@ -124,6 +126,10 @@ pub enum RootClaim {
     Ours,
     /// Another task is the global task of a chain with that id.
     Taken(Member),
+    /// The chain is this task's, but an earlier run of it (the task ended and was
+    /// submitted again under its id) made the chain's follow-ups: this run's would have
+    /// the same ids, so it needs a chain of its own.
+    EarlierRun,
 }
 
 /// Makes `root` the global task of chain `chain`, unless another task already is.
@@ -137,6 +143,7 @@ pub async fn claim_root(
     let claim = Claim {
         chain,
         root,
+        run: "",
         members: &[],
     };
     let mut claims = claim_many(conn, namespace, std::slice::from_ref(&claim), ttl).await?;
@@ -151,6 +158,12 @@ pub struct Claim<'a> {
     pub chain: &'a str,
     /// The task that would be its global task.
     pub root: &'a Member,
+    /// Which run of the root task claims it (its enqueue time and record number, as its
+    /// meta says them), so that the same task submitted again after it ended does not
+    /// add to the chain of its earlier run; `""` when not known (a submit, before the
+    /// task is enqueued, or a task enqueued before metas said it), which any run's claim
+    /// then takes over.
+    pub run: &'a str,
     /// The follow-ups to add (follow-up, parent) once the chain is the root's.
     pub members: &'a [(Member, Member)],
 }
@@ -189,28 +202,43 @@ async fn claim_call(
     }
     // Per chain: only the chain's own global task sets its lifetime or adds to it, so a
     // refused claim changes nothing. A list without a global task (its follow-ups were
-    // added after it expired) gets one at its head. SET, GET, APPEND and PEXPIRE:
-    // commands the ACL lines of the slots and the api grant (docs/SECURITY.md).
+    // added after it expired) gets one at its head. The run that claims a chain is
+    // written after its global task (RUN_MARK, see `stored`); a claim without a run
+    // (a submit's) leaves it to the first run's, and a run's claim of a chain an
+    // earlier run of the same task holds is refused with the holder ''. SET, GET, APPEND
+    // and PEXPIRE: commands the ACL lines of the slots and the api grant
+    // (docs/SECURITY.md).
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
             "local ttl, a, out = ARGV[1], 2, {} \
              for i = 1, #KEYS do \
-               local key, me, mem = KEYS[i], ARGV[a], ARGV[a + 1] \
+               local key, me, run, mem = KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2] \
+               local head = '^' .. me \
+               local mine = head \
+               if run ~= '' then mine = head .. '@' .. run .. '@' end \
                local holder = me \
-               if not redis.call('SET', key, '^' .. me .. mem, 'NX', 'PX', ttl) then \
+               if not redis.call('SET', key, mine .. mem, 'NX', 'PX', ttl) then \
                  local v = redis.call('GET', key) or '' \
-                 if string.sub(v, 1, #me + 1) == '^' .. me then \
-                   if #mem > 0 then redis.call('APPEND', key, mem) end \
-                   redis.call('PEXPIRE', key, ttl) \
+                 if string.sub(v, 1, #head) == head then \
+                   local rest = string.sub(v, #head + 1) \
+                   local theirs = string.match(rest, '^@([^@]*)@') \
+                   if theirs == nil and run ~= '' then \
+                     redis.call('SET', key, mine .. rest .. mem, 'PX', ttl) \
+                   elseif theirs == nil or run == '' or theirs == run then \
+                     if #mem > 0 then redis.call('APPEND', key, mem) end \
+                     redis.call('PEXPIRE', key, ttl) \
+                   else \
+                     holder = '' \
+                   end \
                  elseif string.sub(v, 1, 1) ~= '^' then \
-                   redis.call('SET', key, '^' .. me .. v .. mem, 'PX', ttl) \
+                   redis.call('SET', key, mine .. v .. mem, 'PX', ttl) \
                  else \
                    local n = string.match(v, '^%^(%d+):') or '0' \
                    holder = string.sub(v, 2, #n + 2 + tonumber(n)) \
                  end \
                end \
                if holder ~= me then out[#out + 1] = i; out[#out + 1] = holder end \
-               a = a + 2 \
+               a = a + 3 \
              end \
              return out",
         )
@@ -219,25 +247,32 @@ async fn claim_call(
     inv.arg(ttl.as_millis().max(1) as u64);
     for c in claims {
         inv.key(key(namespace, c.chain));
-        inv.arg(encode(c.root)).arg(encode_pairs(c.members));
+        inv.arg(encode(c.root))
+            .arg(c.run)
+            .arg(encode_pairs(c.members));
     }
     let mut conn = conn.clone();
-    // Only the chains another task holds come back, as (position from 1, holder): a
-    // reply per chain was most of what a batch's claims cost the slot.
+    // Only the chains another task (or run) holds come back, as (position from 1,
+    // holder): a reply per chain was most of what a batch's claims cost the slot.
     let taken: Vec<(usize, Vec<u8>)> = inv.invoke_async(&mut conn).await?;
     let mut answers = vec![RootClaim::Ours; claims.len()];
     for (i, holder) in taken {
-        let (Some(answer), Some(m)) = (
-            i.checked_sub(1).and_then(|i| answers.get_mut(i)),
-            decode(&holder).next(),
-        ) else {
+        let answer = i.checked_sub(1).and_then(|i| answers.get_mut(i));
+        let holder = if holder.is_empty() {
+            Some(None)
+        } else {
+            decode(&holder).next().map(Some)
+        };
+        let (Some(answer), Some(holder)) = (answer, holder) else {
             return Err(QueueError::Protocol(format!(
                 "claiming {} chains answered position {i} with a holder that does not decode",
                 claims.len()
             )));
         };
-        if &m != claims[i - 1].root {
-            *answer = RootClaim::Taken(m);
+        match holder {
+            None => *answer = RootClaim::EarlierRun,
+            Some(m) if &m != claims[i - 1].root => *answer = RootClaim::Taken(m),
+            Some(_) => {}
         }
     }
     Ok(answers)
@@ -249,7 +284,7 @@ pub async fn root_of(
     namespace: &str,
     chain: &str,
 ) -> Result<Option<Member>, QueueError> {
-    Ok(stored(conn, namespace, chain).await?.map(|(root, _)| root))
+    Ok(stored(conn, namespace, chain).await?.map(|s| s.root))
 }
 
 /// Why tasks could not start chains of their own.
@@ -263,6 +298,17 @@ pub enum ChainError {
         chain: String,
         /// Its global task.
         holder: Member,
+    },
+    /// The id is the chain of an earlier run of the same task, which has ended: a new
+    /// run in a chain of that id would mix its tasks with the earlier run's.
+    #[error(
+        "chain {chain} already exists, made by an earlier run of task {chain} of queue {queue} that has ended: submit the new run under another id"
+    )]
+    Ended {
+        /// The chain id asked for.
+        chain: String,
+        /// The global task's queue.
+        queue: String,
     },
     /// Redis refused or could not be reached.
     #[error(transparent)]
@@ -284,9 +330,22 @@ pub async fn start_global(
     for t in tasks.iter_mut() {
         t.chain = Some(crate::queue_client::TaskChain::Global);
         let id = t.id.get_or_insert_with(new_global_id).clone();
-        match root_of(&conn, ns, &id).await? {
-            Some(holder) if holder != Member::new(queue, &id) => {
-                return Err(ChainError::Taken { chain: id, holder });
+        match stored(&conn, ns, &id).await? {
+            Some(s) if s.root != Member::new(queue, &id) => {
+                return Err(ChainError::Taken {
+                    chain: id,
+                    holder: s.root,
+                });
+            }
+            // A run of this task made follow-ups in the chain: while that run is not
+            // over, this submit finds it (the enqueue's dedup); once it is, a new run
+            // would need a chain of its own, and a submit that asked for this one
+            // (and may wait on it) is refused instead.
+            Some(s) if s.run.is_some() && run_has_ended(client, queue, &id).await? => {
+                return Err(ChainError::Ended {
+                    chain: id,
+                    queue: queue.to_string(),
+                });
             }
             _ => {}
         }
@@ -352,6 +411,17 @@ async fn add_pipeline(
     Ok(())
 }
 
+/// Whether the task `id` of `queue` has ended (or its record is gone): what a submit of
+/// a chain its earlier run made needs to know.
+async fn run_has_ended(
+    client: &crate::queue_client::QueueClient,
+    queue: &str,
+    id: &str,
+) -> Result<bool, QueueError> {
+    let rec = client.queue(queue)?.record(id).await?;
+    Ok(rec.is_none_or(|r| r.state.is_end()))
+}
+
 /// A chain's members as stored: its global task, and each follow-up with its parent, in
 /// the order of their ids. `None` when the chain is unknown (or its list expired).
 pub async fn members(
@@ -359,20 +429,33 @@ pub async fn members(
     namespace: &str,
     chain: &str,
 ) -> Result<Option<(Member, Vec<(Member, Member)>)>, QueueError> {
-    let Some((root, mut follow)) = stored(conn, namespace, chain).await? else {
+    let Some(Stored {
+        root, mut follow, ..
+    }) = stored(conn, namespace, chain).await?
+    else {
         return Ok(None);
     };
     follow.sort_by(|a, b| natural(&a.0.id).cmp(&natural(&b.0.id)).then(a.0.cmp(&b.0)));
     Ok(Some((root, follow)))
 }
 
-/// A chain's member list read and decoded: its global task and each follow-up once with
-/// its parent (the first time it was added), as added. `None` without a global task.
+/// A chain's member list as stored.
+struct Stored {
+    root: Member,
+    /// Which run of the global task made its follow-ups (see [`Claim::run`]), if one did.
+    run: Option<String>,
+    /// Each follow-up once with its parent (the first time it was added), as added.
+    follow: Vec<(Member, Member)>,
+}
+
+/// A chain's member list read and decoded: `^`, its global task, `@RUN@` once a run of
+/// it claimed the chain (RUN_MARK), then each follow-up with its parent. `None` without a
+/// global task.
 async fn stored(
     conn: &RedisConn,
     namespace: &str,
     chain: &str,
-) -> Result<Option<(Member, Vec<(Member, Member)>)>, QueueError> {
+) -> Result<Option<Stored>, QueueError> {
     let mut conn = conn.clone();
     let raw: Option<Vec<u8>> = redis::cmd("GET")
         .arg(key(namespace, chain))
@@ -382,10 +465,11 @@ async fn stored(
     let Some(rest) = raw.strip_prefix(&[ROOT_MARK]) else {
         return Ok(None);
     };
-    let mut all = decode(rest);
-    let Some(root) = all.next() else {
+    let Some((root, used)) = decode_one(rest) else {
         return Ok(None);
     };
+    let (run, rest) = split_run(&rest[used..]);
+    let mut all = decode(rest);
     let mut seen = std::collections::BTreeSet::new();
     let mut follow = Vec::new();
     while let (Some(child), Some(parent)) = (all.next(), all.next()) {
@@ -393,7 +477,22 @@ async fn stored(
             follow.push((child, parent));
         }
     }
-    Ok(Some((root, follow)))
+    Ok(Some(Stored { root, run, follow }))
+}
+
+/// The run written after a list's global task (`@RUN@`), if any, and what follows it. A
+/// member's length prefix is digits, so the mark cannot be read as one.
+fn split_run(raw: &[u8]) -> (Option<String>, &[u8]) {
+    let Some(after) = raw.strip_prefix(&[RUN_MARK]) else {
+        return (None, raw);
+    };
+    match after.iter().position(|&b| b == RUN_MARK) {
+        Some(end) => (
+            Some(String::from_utf8_lossy(&after[..end]).into_owned()),
+            &after[end + 1..],
+        ),
+        None => (None, raw),
+    }
 }
 
 /// A member as the list stores it: `LEN:FIELD`.
@@ -413,12 +512,21 @@ fn encode_pairs(pairs: &[(Member, Member)]) -> String {
 /// The members of a stored list, in order, up to the first that does not decode.
 fn decode(mut raw: &[u8]) -> impl Iterator<Item = Member> + '_ {
     std::iter::from_fn(move || {
-        let colon = raw.iter().position(|&b| b == b':')?;
-        let len: usize = std::str::from_utf8(&raw[..colon]).ok()?.parse().ok()?;
-        let field = raw.get(colon + 1..colon + 1 + len)?;
-        raw = &raw[colon + 1 + len..];
-        Member::parse(std::str::from_utf8(field).ok()?)
+        let (m, used) = decode_one(raw)?;
+        raw = &raw[used..];
+        Some(m)
     })
+}
+
+/// The member at the start of `raw`, and how many bytes it took.
+fn decode_one(raw: &[u8]) -> Option<(Member, usize)> {
+    let colon = raw.iter().position(|&b| b == b':')?;
+    let len: usize = std::str::from_utf8(&raw[..colon]).ok()?.parse().ok()?;
+    let field = raw.get(colon + 1..colon + 1 + len)?;
+    Some((
+        Member::parse(std::str::from_utf8(field).ok()?)?,
+        colon + 1 + len,
+    ))
 }
 
 /// A derived id's sort key: its parts, numbers compared as numbers (`a~2` before `a~10`).
@@ -457,6 +565,23 @@ mod tests {
         assert_eq!((all[3].clone(), all[4].clone()), pairs[1]);
         // A cut list decodes up to its last whole member.
         assert_eq!(decode(&raw.as_bytes()[..raw.len() - 2]).count(), 4);
+    }
+
+    #[test]
+    fn the_run_that_claimed_a_list_is_read_apart_from_its_members() {
+        let root = Member::new("fetch", "a@1");
+        let pair = (Member::new("parse", "a@1~1"), root.clone());
+        let members = encode_pairs(std::slice::from_ref(&pair));
+        let with_run = format!("{}@1700.42@{members}", encode(&root));
+        let (got, used) = decode_one(with_run.as_bytes()).unwrap();
+        assert_eq!(got, root);
+        let (run, rest) = split_run(&with_run.as_bytes()[used..]);
+        assert_eq!(run.as_deref(), Some("1700.42"));
+        assert_eq!(decode(rest).collect::<Vec<_>>(), [pair.0.clone(), pair.1]);
+        // A list claimed without a run (a submit's, or older) has its members right after.
+        let without = format!("{}{members}", encode(&root));
+        let (run, rest) = split_run(&without.as_bytes()[used..]);
+        assert_eq!((run, rest), (None, members.as_bytes()));
     }
 
     #[test]

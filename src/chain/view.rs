@@ -138,9 +138,9 @@ pub async fn read(
         .into_iter()
         .zip(records)
         .map(|((member, parent), record)| ChainTask {
+            record: record.filter(|r| in_chain(r, chain, parent.is_none())),
             member,
             parent,
-            record,
         })
         .collect();
     let (state, failed) = state_of(&tasks);
@@ -150,6 +150,17 @@ pub async fn read(
         failed,
         tasks,
     }))
+}
+
+/// Whether a member's record is of this chain: its id may since hold a task of another
+/// chain (the global task submitted again, a new run in a chain of its own), or of none
+/// (a follow-up whose id another task held, which failed its parent). A global task's
+/// record written before records named their chain names none, and counts.
+fn in_chain(rec: &TaskRecord, chain: &str, root: bool) -> bool {
+    match rec.chain.as_deref() {
+        Some(c) => c == chain,
+        None => root,
+    }
 }
 
 async fn record_of(

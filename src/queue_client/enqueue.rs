@@ -111,6 +111,29 @@ pub struct Enqueued {
     /// The new task's state: waiting, or cancelled when the queue's intake cancels new
     /// tasks; `None` for an existing task (look its record up).
     pub state: Option<RecordState>,
+    /// A chain's follow-up whose id a task (or live record) of another chain, or of no
+    /// chain, already holds: nothing of its call was created (see `lua/enqueue.lua`).
+    #[serde(skip)]
+    pub taken: Option<TakenBy>,
+}
+
+/// What holds the id a chain's follow-up was to have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakenBy {
+    /// A task of another chain.
+    OtherChain,
+    /// A task in no chain.
+    NoChain,
+}
+
+impl TakenBy {
+    /// As a reason says it: "a task of …".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TakenBy::OtherChain => "another chain",
+            TakenBy::NoChain => "no chain",
+        }
+    }
 }
 
 impl Queue {
@@ -282,7 +305,12 @@ fn enqueued(chunk: &[NewTask], base: u64, flags: Vec<u8>) -> Result<Vec<Enqueued
                 .id
                 .clone()
                 .unwrap_or_else(|| format!("#{}", base + i as u64 + 1)),
-            created: flag != b'0',
+            created: matches!(flag, b'1' | b'x'),
+            taken: match flag {
+                b'c' => Some(TakenBy::OtherChain),
+                b'n' => Some(TakenBy::NoChain),
+                _ => None,
+            },
             state: match flag {
                 b'1' => Some(RecordState::Waiting),
                 b'x' => Some(RecordState::Cancelled),

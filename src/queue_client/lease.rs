@@ -39,6 +39,21 @@ pub(crate) struct TaskMeta {
     /// its ack so that a whole batch's ack writes no record (`K_DONE` in prelude.lua);
     /// `None` for an untracked task, or one enqueued before records were numbered.
     pub(crate) seq: Option<u64>,
+    /// When it was enqueued (ms since the epoch); `None` when the meta did not parse.
+    pub(crate) enqueued_ms: Option<u64>,
+}
+
+impl TaskMeta {
+    /// Which run of its id the task is: its enqueue time and record number
+    /// (`ENQUEUED[.SEQ]`, as its meta has them), which differ for the same id submitted
+    /// again after it ended.
+    pub(crate) fn run(&self) -> Option<String> {
+        let at = self.enqueued_ms?;
+        Some(match self.seq {
+            Some(seq) => format!("{at}.{seq}"),
+            None => at.to_string(),
+        })
+    }
 }
 
 /// A task's chain as its meta says it.
@@ -78,6 +93,9 @@ impl TaskMeta {
             max_attempts,
             chain,
             seq,
+            enqueued_ms: enqueued
+                .map(|e| e.split_once('.').map_or(e, |(at, _)| at))
+                .and_then(|at| at.parse().ok()),
         }
     }
 }
@@ -715,13 +733,15 @@ mod tests {
                 max_attempts: Some(5),
                 chain: MetaChain::Of("Q:G~1".into()),
                 seq: None,
+                enqueued_ms: Some(1700),
             }
         );
         let (meta, _) = split_value(b"0:3:1700.42:cQ:G.1\nx".to_vec()).unwrap();
         assert_eq!(
-            (meta.seq, meta.chain, meta.max_attempts),
-            (Some(42), MetaChain::Of("Q:G.1".into()), Some(3))
+            (meta.seq, &meta.chain, meta.max_attempts),
+            (Some(42), &MetaChain::Of("Q:G.1".into()), Some(3))
         );
+        assert_eq!(meta.run().as_deref(), Some("1700.42"));
         assert_eq!(split_value(b"0:3:1.7:s\n".to_vec()).unwrap().0.seq, Some(7));
         let chain = |v: &[u8]| split_value(v.to_vec()).unwrap().0.chain;
         assert_eq!(chain(b"0:3:1:s\n"), MetaChain::Own);

@@ -47,7 +47,7 @@ pub use conn::{
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
-pub use enqueue::{Enqueued, NewTask, TaskChain};
+pub use enqueue::{Enqueued, NewTask, TakenBy, TaskChain};
 pub use error::{ConnectError, QueueError};
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
 pub use limits::{

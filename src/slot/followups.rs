@@ -41,7 +41,8 @@ struct NewRoot {
     parent: usize,
     /// The chain to claim: the parent's id, or the name its record already has.
     chain: String,
-    members: Vec<(Member, Member)>,
+    /// Its follow-ups as (queue, place): their ids come from the chain's name.
+    kids: Vec<(String, usize)>,
     /// Whether the parent's record already names `chain`.
     named: bool,
 }
@@ -50,9 +51,21 @@ struct NewRoot {
 struct Child {
     /// Which task of the batch it follows.
     parent: usize,
+    /// Its place among its parent's follow-ups, from 1.
+    n: usize,
     queue: String,
+    /// Derived from its parent's id, or for a chain's global task from the chain's name
+    /// (see [`FollowUps::link`]).
     id: String,
     payload: Vec<u8>,
+}
+
+/// Why a parent's follow-ups were not made.
+enum Refusal {
+    /// For now: the queue's intake is closed.
+    Closed(String),
+    /// For good: the id is another task's.
+    Taken(String),
 }
 
 impl FollowUps {
@@ -181,20 +194,28 @@ impl FollowUps {
             .collect();
         let children = self.plan(tasks, outcomes, &facts);
         let mut failed_parents = self.too_long_ids(&children, outcomes);
-        let children: Vec<Child> = children
+        let mut children: Vec<Child> = children
             .into_iter()
             .filter(|c| !failed_parents.contains(&c.parent))
             .collect();
         if children.is_empty() {
             return Ok(());
         }
-        let chains = self.link(tasks, &children, &facts).await?;
-        let refused = self.enqueue(&children, &chains).await?;
-        for (parent, reason) in refused {
+        let (chains, too_long) = self.link(tasks, &mut children, &facts).await?;
+        let mut refused: Vec<(usize, Refusal)> = too_long
+            .into_iter()
+            .map(|(p, why)| (p, Refusal::Taken(why)))
+            .collect();
+        children.retain(|c| !refused.iter().any(|(p, _)| *p == c.parent));
+        refused.extend(self.enqueue(&children, &chains).await?);
+        for (parent, refusal) in refused {
             if failed_parents.insert(parent) {
-                outcomes[parent] = Outcome::Retry {
-                    delay: self.cfg.retry.delay(tasks[parent].attempt),
-                    reason,
+                outcomes[parent] = match refusal {
+                    Refusal::Closed(reason) => Outcome::Retry {
+                        delay: self.cfg.retry.delay(tasks[parent].attempt),
+                        reason,
+                    },
+                    Refusal::Taken(reason) => Outcome::Reject { reason },
                 };
             }
         }
@@ -235,6 +256,7 @@ impl FollowUps {
                     .enumerate()
                     .map(|(n, (queue, payload))| Child {
                         parent: i,
+                        n: n + 1,
                         queue,
                         id: chain::derived_id(&task.id, n + 1),
                         payload: payload.to_string().into_bytes(),
@@ -275,10 +297,7 @@ impl FollowUps {
         for c in children.iter().filter(|c| c.id.len() > MAX_ID_LEN) {
             if failed.insert(c.parent) {
                 outcomes[c.parent] = Outcome::Reject {
-                    reason: format!(
-                        "follow-up id {}… is over {MAX_ID_LEN} bytes: the chain is too deep",
-                        &c.id[..32.min(c.id.len())]
-                    ),
+                    reason: too_long(&c.id),
                 };
             }
         }
@@ -288,45 +307,47 @@ impl FollowUps {
     /// Puts the children in their parents' chains, one call per chain, and returns each
     /// parent's chain: the one its record names, else a chain of its own (the parent
     /// becomes a global task, its record says so), under its id or, when another task's
-    /// chain already has that id, under `QUEUE:ID`.
+    /// chain (or an earlier run's of the same task) already has that id, under
+    /// `QUEUE:ID`, and should that be taken too, `QUEUE:ID@RUN`. A global task's children
+    /// take their ids from its chain's name (`CHAIN~N`), so that two chains never make
+    /// one id between them. Also returns the parents whose children's ids came out too
+    /// long under a renamed chain.
     async fn link(
         &self,
         tasks: &[LeasedTask],
-        children: &[Child],
+        children: &mut [Child],
         facts: &BTreeMap<usize, ChainFacts>,
-    ) -> Result<BTreeMap<usize, String>, QueueError> {
-        let mut by_parent: BTreeMap<usize, Vec<(Member, Member)>> = BTreeMap::new();
-        for c in children {
-            by_parent.entry(c.parent).or_default().push((
-                Member::new(&c.queue, &c.id),
-                Member::new(&self.cfg.name, &tasks[c.parent].id),
-            ));
+    ) -> Result<(BTreeMap<usize, String>, Vec<(usize, String)>), QueueError> {
+        let mut by_parent: BTreeMap<usize, Vec<&Child>> = BTreeMap::new();
+        for c in children.iter() {
+            by_parent.entry(c.parent).or_default().push(c);
         }
         let mut chains = BTreeMap::new();
         let mut in_chains: BTreeMap<String, Vec<(Member, Member)>> = BTreeMap::new();
         let mut new_roots = Vec::new();
-        for (parent, members) in by_parent {
+        for (parent, kids) in by_parent {
             let id = &tasks[parent].id;
+            let of = |chain: &str| NewRoot {
+                parent,
+                chain: chain.to_string(),
+                kids: kids.iter().map(|c| (c.queue.clone(), c.n)).collect(),
+                named: true,
+            };
             match facts.get(&parent).and_then(|f| f.chain.clone()) {
                 // Its own chain (just named by `chain_facts`, or started before): claimed
                 // again, which is idempotent, with the new members.
-                Some(chain) if chain == *id || chain == self.renamed(id) => {
-                    new_roots.push(NewRoot {
-                        parent,
-                        chain,
-                        members,
-                        named: true,
-                    })
-                }
+                Some(chain) if self.is_own(id, &chain) => new_roots.push(of(&chain)),
                 Some(chain) => {
-                    in_chains.entry(chain.clone()).or_default().extend(members);
+                    let parent_member = Member::new(&self.cfg.name, id);
+                    in_chains.entry(chain.clone()).or_default().extend(
+                        kids.iter()
+                            .map(|c| (Member::new(&c.queue, &c.id), parent_member.clone())),
+                    );
                     chains.insert(parent, chain);
                 }
                 None => new_roots.push(NewRoot {
-                    parent,
-                    chain: id.clone(),
-                    members,
                     named: false,
+                    ..of(id)
                 }),
             }
         }
@@ -342,16 +363,37 @@ impl FollowUps {
             self.start_chains(tasks, &new_roots),
         )
         .await?;
-        // Records that do not name their chain yet (or name one another task holds).
-        let pairs: Vec<(&str, &str)> = new_roots
-            .iter()
-            .zip(&started)
-            .filter(|(r, chain)| !r.named || **chain != r.chain)
-            .map(|(r, chain)| (tasks[r.parent].id.as_str(), chain.as_str()))
-            .collect();
+        let mut too_long = Vec::new();
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        for (r, chain) in new_roots.iter().zip(&started) {
+            let id = tasks[r.parent].id.as_str();
+            match chain {
+                Ok(chain) => {
+                    for c in children.iter_mut().filter(|c| c.parent == r.parent) {
+                        c.id = chain::derived_id(chain, c.n);
+                    }
+                    // Records that do not name their chain yet (or name one another task
+                    // holds).
+                    if !r.named || *chain != r.chain {
+                        pairs.push((id, chain.as_str()));
+                    }
+                    chains.insert(r.parent, chain.clone());
+                }
+                Err(why) => too_long.push((r.parent, why.clone())),
+            }
+        }
         self.own.set_chains(&pairs).await?;
-        chains.extend(new_roots.iter().map(|r| r.parent).zip(started));
-        Ok(chains)
+        Ok((chains, too_long))
+    }
+
+    /// Whether `chain` is one the task `id` of this queue started: its id, or a name
+    /// [`FollowUps::start_chains`] gives it.
+    fn is_own(&self, id: &str, chain: &str) -> bool {
+        let renamed = self.renamed(id);
+        chain == id
+            || chain
+                .strip_prefix(renamed.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('@'))
     }
 
     /// The chain a parent starts when another task's chain already has its id.
@@ -360,14 +402,14 @@ impl FollowUps {
     }
 
     /// A chain for each parent that starts one, with its follow-ups: under the chain
-    /// named, or `QUEUE:ID` when another task's chain already has that id. Returns each
-    /// one's chain. One call for all of them on one server (then one more for the rare
-    /// taken ids).
+    /// named, or another name when that one is taken (see [`FollowUps::link`]). Returns
+    /// each one's chain, or why its children's ids would be too long. One call for all of
+    /// them on one server (then one more for each level of the rare renames).
     async fn start_chains(
         &self,
         tasks: &[LeasedTask],
         new_roots: &[NewRoot],
-    ) -> Result<Vec<String>, QueueError> {
+    ) -> Result<Vec<Result<String, String>>, QueueError> {
         let conn = self.client.connection();
         let ns = self.client.namespace();
         let ttl = self.targets.ttl;
@@ -375,75 +417,131 @@ impl FollowUps {
             .iter()
             .map(|r| Member::new(&self.cfg.name, &tasks[r.parent].id))
             .collect();
-        let mut chains: Vec<String> = new_roots.iter().map(|r| r.chain.clone()).collect();
-        let claims: Vec<Claim> = new_roots
+        let runs: Vec<String> = new_roots
             .iter()
-            .zip(&roots)
-            .zip(&chains)
-            .map(|((r, root), chain)| Claim {
-                chain,
-                root,
-                members: &r.members,
-            })
+            .map(|r| tasks[r.parent].meta.run().unwrap_or_default())
             .collect();
-        let answers = chain::claim_many(&conn, ns, &claims, ttl).await?;
-        let taken: Vec<usize> = answers
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| matches!(a, RootClaim::Taken(_)))
-            .map(|(i, _)| i)
-            .collect();
-        if taken.is_empty() {
-            return Ok(chains);
+        let mut out: Vec<Result<String, String>> =
+            new_roots.iter().map(|r| Ok(r.chain.clone())).collect();
+        // Each round claims the chains still to claim, each under its next name.
+        let mut todo: Vec<usize> = (0..new_roots.len()).collect();
+        for round in 0..3 {
+            let names: Vec<String> = todo
+                .iter()
+                .map(|&i| match round {
+                    0 => new_roots[i].chain.clone(),
+                    1 => self.renamed(&roots[i].id),
+                    _ => format!("{}@{}", self.renamed(&roots[i].id), runs[i]),
+                })
+                .collect();
+            let mut asked = Vec::new();
+            for (&i, name) in todo.iter().zip(names) {
+                let members: Vec<(Member, Member)> = new_roots[i]
+                    .kids
+                    .iter()
+                    .map(|(q, n)| {
+                        (
+                            Member::new(q, chain::derived_id(&name, *n)),
+                            roots[i].clone(),
+                        )
+                    })
+                    .collect();
+                match members.iter().find(|(m, _)| m.id.len() > MAX_ID_LEN) {
+                    Some((m, _)) => out[i] = Err(too_long(&m.id)),
+                    None => asked.push((i, name, members)),
+                }
+            }
+            let claims: Vec<Claim> = asked
+                .iter()
+                .map(|(i, name, members)| Claim {
+                    chain: name,
+                    root: &roots[*i],
+                    run: &runs[*i],
+                    members,
+                })
+                .collect();
+            let answers = chain::claim_many(&conn, ns, &claims, ttl).await?;
+            todo.clear();
+            for ((i, name, _), answer) in asked.into_iter().zip(answers) {
+                match answer {
+                    RootClaim::Ours => out[i] = Ok(name),
+                    RootClaim::Taken(_) | RootClaim::EarlierRun if round < 2 => todo.push(i),
+                    RootClaim::Taken(holder) => {
+                        out[i] = Err(format!(
+                            "chain {name} is taken by task {} of queue {}",
+                            holder.id, holder.queue
+                        ))
+                    }
+                    RootClaim::EarlierRun => {
+                        out[i] = Err(format!("chain {name} is taken by an earlier run"))
+                    }
+                }
+            }
+            if todo.is_empty() {
+                break;
+            }
         }
-        let renamed: Vec<String> = taken.iter().map(|&i| self.renamed(&roots[i].id)).collect();
-        let again: Vec<Claim> = taken
-            .iter()
-            .zip(&renamed)
-            .map(|(&i, chain)| Claim {
-                chain,
-                root: &roots[i],
-                members: &new_roots[i].members,
-            })
-            .collect();
-        chain::claim_many(&conn, ns, &again, ttl).await?;
-        for (i, chain) in taken.into_iter().zip(renamed) {
-            chains[i] = chain;
-        }
-        Ok(chains)
+        Ok(out)
     }
 
     /// Enqueues the children, one call per target queue. Returns the parents whose
-    /// children a queue refused (its intake closed), with the reason.
+    /// children a queue refused: its intake closed (for now), or an id held by a task
+    /// that is not in the parent's chain (for good; see `lua/enqueue.lua`), when the
+    /// others' are enqueued again without them.
     async fn enqueue(
         &mut self,
         children: &[Child],
         chains: &BTreeMap<usize, String>,
-    ) -> Result<Vec<(usize, String)>, QueueError> {
+    ) -> Result<Vec<(usize, Refusal)>, QueueError> {
         let mut by_queue: BTreeMap<&str, Vec<&Child>> = BTreeMap::new();
         for c in children {
             by_queue.entry(&c.queue).or_default().push(c);
         }
         let mut refused = Vec::new();
-        for (queue, kids) in by_queue {
+        for (queue, mut kids) in by_queue {
             let handle = self.handle(queue)?;
-            let tasks: Vec<NewTask> = kids
-                .iter()
-                .map(|c| {
-                    NewTask::new(c.payload.clone())
-                        .id(&c.id)
-                        .chain(TaskChain::FollowUp(chains[&c.parent].clone()))
-                })
-                .collect();
-            match handle.enqueue_many(&tasks).await {
-                Ok(_) => {}
-                Err(QueueError::IntakeClosed { .. }) => refused.extend(kids.iter().map(|c| {
-                    (
-                        c.parent,
-                        format!("follow-up queue {queue} refuses new tasks: its intake is closed"),
-                    )
-                })),
-                Err(e) => return Err(e),
+            while !kids.is_empty() {
+                let tasks: Vec<NewTask> = kids
+                    .iter()
+                    .map(|c| {
+                        NewTask::new(c.payload.clone())
+                            .id(&c.id)
+                            .chain(TaskChain::FollowUp(chains[&c.parent].clone()))
+                    })
+                    .collect();
+                let made = match handle.enqueue_many(&tasks).await {
+                    Ok(made) => made,
+                    Err(QueueError::IntakeClosed { .. }) => {
+                        refused.extend(kids.iter().map(|c| {
+                            (
+                                c.parent,
+                                Refusal::Closed(format!(
+                                    "follow-up queue {queue} refuses new tasks: its intake is closed"
+                                )),
+                            )
+                        }));
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                };
+                let taken: Vec<(usize, Refusal)> = kids
+                    .iter()
+                    .zip(&made)
+                    .filter_map(|(c, e)| Some((c, e.taken?)))
+                    .map(|(c, by)| {
+                        let reason = format!(
+                            "follow-up id {} on queue {queue} is taken by a task of {}",
+                            c.id,
+                            by.as_str()
+                        );
+                        (c.parent, Refusal::Taken(reason))
+                    })
+                    .collect();
+                if taken.is_empty() {
+                    break;
+                }
+                kids.retain(|c| !taken.iter().any(|(p, _)| *p == c.parent));
+                refused.extend(taken);
             }
         }
         Ok(refused)
@@ -466,6 +564,14 @@ fn final_attempt(task: &LeasedTask, fact: &ChainFacts) -> bool {
         Some(0) | None => false,
         Some(max) => task.attempt >= max,
     }
+}
+
+/// Why a follow-up's id cannot be used.
+fn too_long(id: &str) -> String {
+    format!(
+        "follow-up id {}… is over {MAX_ID_LEN} bytes: the chain is too deep",
+        &id[..32.min(id.len())]
+    )
 }
 
 fn retry_all(outcomes: Vec<Outcome>, reason: &str) -> Vec<Outcome> {

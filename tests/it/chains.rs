@@ -81,6 +81,10 @@ fn queues(prefix: &str, script: &Path) -> String {
             &format!("next = [{{ queue = \"{prefix}after\", on = \"done\" }}]"),
         ),
         exec("after", ""),
+        exec(
+            "twins",
+            &format!("next = [{{ queue = \"{prefix}after\", on = \"done\" }}]"),
+        ),
     ]
     .concat()
 }
@@ -267,6 +271,7 @@ async fn fan_out_and_fail(rig: &Rig) {
     a_taken_chain_id_is_refused_or_renamed(rig, &id, &want).await;
     a_part_failing_fails_the_chain(rig).await;
     an_unknown_follow_up_queue_fails_its_task(rig).await;
+    same_ids_never_share_children(rig).await;
 }
 
 /// The sync submit answers once all five are done; the record and the chain endpoint
@@ -355,8 +360,13 @@ async fn a_taken_chain_id_is_refused_or_renamed(
         .iter()
         .filter_map(|t| t["id"].as_str())
         .collect();
-    // (first's route and its handler each make one)
-    let kids = [id.to_string(), format!("{id}~1"), format!("{id}~2")];
+    // (first's route and its handler each make one, their ids from the chain's name, so
+    // that they can never be the other chain's children's)
+    let kids = [
+        id.to_string(),
+        format!("{renamed}~1"),
+        format!("{renamed}~2"),
+    ];
     assert_eq!(other_ids, kids, "{other}");
     let (_, still) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
     assert_eq!(
@@ -431,6 +441,116 @@ async fn an_unknown_follow_up_queue_fails_its_task(rig: &Rig) {
     let error = rec["error"].as_str().unwrap_or_default();
     assert!(
         error.contains("follow-up to unknown queue \"nowhere\""),
+        "{rec}"
+    );
+}
+
+/// Submits a task with `id` to queue `kind` and waits for it to end; returns its record.
+async fn run_to_end(rig: &Rig, kind: &str, id: &str) -> Value {
+    let path = format!("/v1/queues/{}/tasks", rig.q(kind));
+    let body = format!(r#"{{"payload": {{}}, "id": "{id}", "wait": "30s"}}"#);
+    let (status, rec) = rig.call("POST", &path, Some(&body)).await;
+    assert_eq!(status, 200, "{rec}\n{}", rig.master_log());
+    rec
+}
+
+/// The ids of a chain's tasks, as its endpoint lists them once it has ended.
+async fn chain_ids(rig: &Rig, chain: &str) -> Vec<String> {
+    let path = format!("/v1/chains/{}", chain.replace('#', "%23"));
+    let doc = poll_some(Duration::from_secs(30), "the chain ended", || async {
+        let (status, doc) = rig.call("GET", &path, None).await;
+        (status == 200 && doc["state"] != "running").then_some(doc)
+    })
+    .await;
+    assert_eq!(doc["state"], "done", "{doc}");
+    doc["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Two parents with one id never make one child between them: tasks of the same id in two
+/// queues routing to one queue, a task submitted again under its id after it ended (a
+/// new run, as `dedup = "active"` allows), each get children of their own, in chains of
+/// their own. A child's id held by a task of another chain fails the parent, saying so.
+async fn same_ids_never_share_children(rig: &Rig) {
+    let (first, twins, after) = (rig.q("first"), rig.q("twins"), rig.q("after"));
+    let rec = run_to_end(rig, "first", "twin").await;
+    assert_eq!(
+        (&rec["state"], &rec["chain"]),
+        (&json!("done"), &json!("twin"))
+    );
+    // Another queue's task of that id: its chain is renamed, and its child's id with it.
+    let rec = run_to_end(rig, "twins", "twin").await;
+    let renamed = format!("{twins}:twin");
+    assert_eq!(
+        (&rec["state"], &rec["chain"]),
+        (&json!("done"), &json!(renamed)),
+        "{rec}"
+    );
+    assert_eq!(
+        chain_ids(rig, &renamed).await,
+        ["twin".to_string(), format!("{renamed}~1")]
+    );
+    // The same task again: a new run, a new chain; the first chain keeps its own children.
+    let rec = run_to_end(rig, "first", "twin").await;
+    let again = format!("{first}:twin");
+    assert_eq!(
+        (&rec["state"], &rec["chain"]),
+        (&json!("done"), &json!(again)),
+        "{rec}"
+    );
+    assert_eq!(
+        chain_ids(rig, &again).await,
+        [
+            "twin".to_string(),
+            format!("{again}~1"),
+            format!("{again}~2")
+        ]
+    );
+    assert_eq!(chain_ids(rig, "twin").await, ["twin", "twin~1", "twin~2"]);
+    // And a third run: its queue's name for it is taken too.
+    let rec = run_to_end(rig, "first", "twin").await;
+    let third = rec["chain"].as_str().unwrap().to_string();
+    assert!(third.starts_with(&format!("{again}@")), "{rec}");
+    assert_eq!(chain_ids(rig, &third).await.len(), 3);
+    let runs = rig.runs();
+    for id in [
+        "twin~1",
+        "twin~2",
+        &format!("{renamed}~1"),
+        &format!("{again}~1"),
+        &format!("{third}~2"),
+    ] {
+        let n = runs.iter().filter(|(q, i)| *q == after && i == id).count();
+        assert_eq!(n, 1, "{id} ran once: {runs:?}");
+    }
+    // A submit asking for the chain of the task's ended runs is refused: a new run would
+    // mix its tasks with theirs.
+    let body = r#"{"payload": {}, "id": "twin", "chain": true}"#;
+    let (status, refused) = rig
+        .call("POST", &format!("/v1/queues/{first}/tasks"), Some(body))
+        .await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(
+        refused["error"],
+        format!(
+            "chain twin already exists, made by an earlier run of task twin of queue {first} \
+             that has ended: submit the new run under another id"
+        )
+    );
+    // A task of no chain already has the id the route gives the child: the parent fails.
+    let rec = run_to_end(rig, "after", "lone~1").await;
+    assert_eq!(rec["state"], "done");
+    let rec = run_to_end(rig, "first", "lone").await;
+    assert_eq!(rec["state"], "failed", "{rec}");
+    let error = rec["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "follow-up id lone~1 on queue {after} is taken by a task of no chain"
+        )),
         "{rec}"
     );
 }

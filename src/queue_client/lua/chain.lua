@@ -18,16 +18,6 @@
 --             its own id (a task that became the global task of a chain by adding
 --             follow-ups). Returns how many it set.
 local op = ARGV[1]
--- The chain field (the last of the NF head fields) read without parsing the record: a
--- full parse per parent cost more than the rest of these calls.
-local G_PAT = '^' .. string.rep('[^\30\31]*\31', NF - 1) .. '([^\30\31]*)\30'
-local function chain_of(v)
-  local g = string.match(v, G_PAT)
-  if g then return g end
-  -- a record of an older layout (fewer fields)
-  local f = rec_parse(v)
-  return f[F.g] or ''
-end
 -- The record with its (empty) chain field set to `g`.
 local function with_chain(v, g)
   local cut = string.find(v, RS, 1, true)

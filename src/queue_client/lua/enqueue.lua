@@ -13,8 +13,11 @@
 -- Returns {base, flags}: generated ids are '#' .. (base + i) for the i-th task (1-based),
 -- and flags holds one character per task: '1' created, '0' an existing task with that id
 -- was kept, 'x' recorded as cancelled at once (the intake is 'cancel'). Returns {-1, ''}
--- and changes nothing when the intake is closed. Replies stay small, which matters as much
--- as the work.
+-- and changes nothing when the intake is closed. In mode 'ig', an id held by a task (or a
+-- live record) of another chain, or of none, is not a child an earlier run of the parent
+-- made: the call then creates nothing, and flags those 'c' (another chain's) or 'n' (no
+-- chain's) and the rest '-'. Replies stay
+-- small, which matters as much as the work.
 local H = 12
 local now = now_ms()
 local n = tonumber(ARGV[1])
@@ -53,6 +56,15 @@ local chains = nil
 -- the created tasks' record keys, when the dedup lookup made them
 local created_keys = nil
 local created = 0
+
+-- The chain ('' none) of the task (its value) or else the record holding a follow-up's
+-- id: the follow-up's own chain when an earlier run of the same parent made it.
+local function chain_held(value, rec)
+  if value then
+    return string.match(value, '^%-?%d+:%d+:[%d%.]+:c([^\n]*)\n') or ''
+  end
+  return chain_of(rec)
+end
 
 if mode == 'p' then
   -- Generated ids cannot clash: no lookups, indices instead of the # operator. The
@@ -100,7 +112,7 @@ else
     for i = 1, n do rec_keys[i] = rec_key(given[i]) end
     recs_now = mget(rec_keys)
   end
-  local seen, fl = {}, {}
+  local seen, fl, foreign = {}, {}, false
   for i = 1, n do
     local o = H + per * (i - 1) + 1
     local id = given[i]
@@ -121,6 +133,13 @@ else
       fresh = false
     end
     fl[i] = fresh and (cancel and 'x' or '1') or '0'
+    if per == 3 and not fresh and not seen[id] then
+      local holder = chain_held(values_now[i], recs_now[i])
+      if holder ~= ARGV[o + 2] then
+        fl[i] = holder == '' and 'n' or 'c'
+        foreign = true
+      end
+    end
     if fresh then
       seen[id] = true
       created = created + 1
@@ -146,6 +165,7 @@ else
     end
   end
   flags = table.concat(fl)
+  if foreign then return {base, (string.gsub(flags, '[^cn]', '-'))} end
 end
 
 if created > 0 and cancel then
