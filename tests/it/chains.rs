@@ -835,3 +835,58 @@ fn chains_and_attempts(
         .map(|f| (f.chain.as_deref(), f.max_attempts))
         .collect()
 }
+
+/// An enqueue of follow-ups counts a task already holding a follow-up's id as made before
+/// only when it is in the follow-up's chain (a parent run again finds its children);
+/// a task of another chain, or of none, makes the whole call create nothing and say so.
+#[tokio::test]
+async fn a_follow_up_id_held_outside_its_chain_is_refused() {
+    use gaffer::queue_client::{Enqueued, NewTask, QueueLimits, TakenBy, TaskChain};
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let q = client.queue_with("kids", QueueLimits::default()).unwrap();
+    let kid = |id: &str, chain: &str| {
+        NewTask::new("{}")
+            .id(id)
+            .chain(TaskChain::FollowUp(chain.into()))
+    };
+    let taken = |made: &[Enqueued]| made.iter().map(|e| e.taken).collect::<Vec<_>>();
+    q.enqueue(kid("G~1", "G")).await.unwrap();
+    q.enqueue(NewTask::new("{}").id("P~1")).await.unwrap();
+    q.enqueue(NewTask::new("{}").id("S~1").chain(TaskChain::Global))
+        .await
+        .unwrap();
+    // The same chain's child: found, kept.
+    let made = q
+        .enqueue_many(&[kid("G~1", "G"), kid("G~2", "G")])
+        .await
+        .unwrap();
+    assert_eq!(taken(&made), [None, None]);
+    assert_eq!(
+        made.iter().map(|e| e.created).collect::<Vec<_>>(),
+        [false, true]
+    );
+    // Held by a task of no chain, and by the global task of a chain of its own.
+    for (id, by) in [("P~1", TakenBy::NoChain), ("S~1", TakenBy::OtherChain)] {
+        let made = q
+            .enqueue_many(&[kid("G~3", "G"), kid(id, "P")])
+            .await
+            .unwrap();
+        assert_eq!(taken(&made), [None, Some(by)], "{id}");
+        assert!(made.iter().all(|e| !e.created), "{id}: nothing created");
+        assert!(q.record("G~3").await.unwrap().is_none(), "{id}");
+    }
+    // A meta written before metas said the chain: the record says it.
+    let mut raw = redis.raw().await;
+    let _: () = redis::cmd("HSET")
+        .arg("test:{kids}:payload")
+        .arg("G~1")
+        .arg("0:5:1\n{}")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let made = q.enqueue_many(&[kid("G~1", "G")]).await.unwrap();
+    assert_eq!((made[0].created, made[0].taken), (false, None));
+    let made = q.enqueue_many(&[kid("G~1", "H")]).await.unwrap();
+    assert_eq!(made[0].taken, Some(TakenBy::OtherChain));
+}

@@ -58,12 +58,15 @@ local created_keys = nil
 local created = 0
 
 -- The chain ('' none) of the task (its value) or else the record holding a follow-up's
--- id: the follow-up's own chain when an earlier run of the same parent made it.
-local function chain_held(value, rec)
+-- id: the follow-up's own chain when an earlier run of the same parent made it. A meta
+-- written before metas said the chain leaves it to the record.
+local function chain_held(id, value, rec)
   if value then
-    return string.match(value, '^%-?%d+:%d+:[%d%.]+:c([^\n]*)\n') or ''
+    local tail = string.match(value, '^%-?%d+:%d+:[%d%.]+:([^\n]*)\n')
+    if tail == 's' then return id end
+    if tail then return string.match(tail, '^c(.*)$') or '' end
   end
-  return chain_of(rec)
+  return rec and chain_of(rec) or ''
 end
 
 if mode == 'p' then
@@ -134,7 +137,7 @@ else
     end
     fl[i] = fresh and (cancel and 'x' or '1') or '0'
     if per == 3 and not fresh and not seen[id] then
-      local holder = chain_held(values_now[i], recs_now[i])
+      local holder = chain_held(id, values_now[i], recs_now[i])
       if holder ~= ARGV[o + 2] then
         fl[i] = holder == '' and 'n' or 'c'
         foreign = true
