@@ -101,13 +101,14 @@ impl Api {
         };
         let targets = self.chain_targets();
         // (A task of a queue with a done route names its own chain from its enqueue on;
-        // until it has follow-ups, a chain of that id may still be another task's.)
+        // until it has follow-ups, a chain of that id may still be another task's, or an
+        // earlier run's of the same task, whose view then leaves this record out.)
         let view = chain::read(&self.client, &targets.queues, own)
             .await?
             .filter(|v| {
-                v.tasks
-                    .first()
-                    .is_some_and(|t| t.member == chain::Member::new(&rec.queue, &rec.id))
+                v.tasks.first().is_some_and(|t| {
+                    t.member == chain::Member::new(&rec.queue, &rec.id) && t.record.is_some()
+                })
             });
         if let Some(view) = view {
             let tasks: Vec<Value> = view
@@ -147,7 +148,7 @@ impl Api {
         }
         let ttl = self.chain_targets().ttl;
         let chained = tasks.iter_mut().filter(|t| t.chain.is_some()).collect();
-        chain::start_global(&self.client, queue.name(), chained, ttl)
+        chain::start_global(&self.client, queue, chained, ttl)
             .await
             .map_err(|e| match e {
                 ChainError::Taken { .. } | ChainError::Ended { .. } => {

@@ -32,6 +32,9 @@ pub use view::{ChainState, ChainTask, ChainView, read};
 const ROOT_MARK: u8 = b'^';
 /// Encloses the run that claimed a chain, after its global task (see [`Claim::run`]).
 const RUN_MARK: u8 = b'@';
+/// The run of a claim made before the task runs (a submit's): no run is written, and the
+/// first run's claim writes its own. (A run is digits and dots.)
+pub const NO_RUN: &str = "-";
 /// Separates a member's queue from its id in the chain's list (a queue name cannot hold it).
 const SEP: char = '\u{1f}';
 /// Separates a follow-up's id from its parent's: `PARENT~N`, N counting from 1.
@@ -130,6 +133,11 @@ pub enum RootClaim {
     /// submitted again under its id) made the chain's follow-ups: this run's would have
     /// the same ids, so it needs a chain of its own.
     EarlierRun,
+    /// The chain is this task's, and its follow-ups were added by a gaffer that did not
+    /// tell runs apart: its children keep ids derived from the parent's (as that gaffer
+    /// made them), and the claim added none of the members given, which the caller adds
+    /// under those ids.
+    OursBefore,
 }
 
 /// Makes `root` the global task of chain `chain`, unless another task already is.
@@ -143,7 +151,7 @@ pub async fn claim_root(
     let claim = Claim {
         chain,
         root,
-        run: "",
+        run: NO_RUN,
         members: &[],
     };
     let mut claims = claim_many(conn, namespace, std::slice::from_ref(&claim), ttl).await?;
@@ -160,8 +168,8 @@ pub struct Claim<'a> {
     pub root: &'a Member,
     /// Which run of the root task claims it (its enqueue time and record number, as its
     /// meta says them), so that the same task submitted again after it ended does not
-    /// add to the chain of its earlier run; `""` when not known (a submit, before the
-    /// task is enqueued, or a task enqueued before metas said it), which any run's claim
+    /// add to the chain of its earlier run; `""` when its meta does not say. [`NO_RUN`]
+    /// for a submit's claim, before the task is enqueued, which the first run's claim
     /// then takes over.
     pub run: &'a str,
     /// The follow-ups to add (follow-up, parent) once the chain is the root's.
@@ -202,11 +210,12 @@ async fn claim_call(
     }
     // Per chain: only the chain's own global task sets its lifetime or adds to it, so a
     // refused claim changes nothing. A list without a global task (its follow-ups were
-    // added after it expired) gets one at its head. The run that claims a chain is
-    // written after its global task (RUN_MARK, see `stored`); a claim without a run
-    // (a submit's) leaves it to the first run's, and a run's claim of a chain an
-    // earlier run of the same task holds is refused with the holder ''. SET, GET, APPEND
-    // and PEXPIRE: commands the ACL lines of the slots and the api grant
+    // added after it expired) gets one at its head. A run's claim writes the run after
+    // the global task (RUN_MARK, see `stored`); a submit's claim (NO_RUN) writes none,
+    // and the first run's claim writes its own. Another run's list is refused with the
+    // holder '', and a list a gaffer that did not tell runs apart gave members is the
+    // run's as it was, nothing added, answered '=' (its children keep their old ids).
+    // SET, GET, APPEND and PEXPIRE: commands the ACL lines of the slots and the api grant
     // (docs/SECURITY.md).
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
         redis::Script::new(
@@ -215,18 +224,21 @@ async fn claim_call(
                local key, me, run, mem = KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2] \
                local head = '^' .. me \
                local mine = head \
-               if run ~= '' then mine = head .. '@' .. run .. '@' end \
+               if run ~= '-' then mine = head .. '@' .. run .. '@' end \
                local holder = me \
                if not redis.call('SET', key, mine .. mem, 'NX', 'PX', ttl) then \
                  local v = redis.call('GET', key) or '' \
                  if string.sub(v, 1, #head) == head then \
                    local rest = string.sub(v, #head + 1) \
                    local theirs = string.match(rest, '^@([^@]*)@') \
-                   if theirs == nil and run ~= '' then \
-                     redis.call('SET', key, mine .. rest .. mem, 'PX', ttl) \
-                   elseif theirs == nil or run == '' or theirs == run then \
+                   if run == '-' or theirs == run then \
                      if #mem > 0 then redis.call('APPEND', key, mem) end \
                      redis.call('PEXPIRE', key, ttl) \
+                   elseif theirs == nil and rest == '' then \
+                     redis.call('SET', key, mine .. mem, 'PX', ttl) \
+                   elseif theirs == nil then \
+                     redis.call('PEXPIRE', key, ttl) \
+                     holder = '=' \
                    else \
                      holder = '' \
                    end \
@@ -258,10 +270,10 @@ async fn claim_call(
     let mut answers = vec![RootClaim::Ours; claims.len()];
     for (i, holder) in taken {
         let answer = i.checked_sub(1).and_then(|i| answers.get_mut(i));
-        let holder = if holder.is_empty() {
-            Some(None)
-        } else {
-            decode(&holder).next().map(Some)
+        let holder = match &holder[..] {
+            b"" => Some(Err(RootClaim::EarlierRun)),
+            b"=" => Some(Err(RootClaim::OursBefore)),
+            _ => decode(&holder).next().map(Ok),
         };
         let (Some(answer), Some(holder)) = (answer, holder) else {
             return Err(QueueError::Protocol(format!(
@@ -270,9 +282,9 @@ async fn claim_call(
             )));
         };
         match holder {
-            None => *answer = RootClaim::EarlierRun,
-            Some(m) if &m != claims[i - 1].root => *answer = RootClaim::Taken(m),
-            Some(_) => {}
+            Err(claim) => *answer = claim,
+            Ok(m) if &m != claims[i - 1].root => *answer = RootClaim::Taken(m),
+            Ok(_) => {}
         }
     }
     Ok(answers)
@@ -321,12 +333,13 @@ pub enum ChainError {
 /// each chain's global task is claimed.
 pub async fn start_global(
     client: &crate::queue_client::QueueClient,
-    queue: &str,
+    on: &crate::queue_client::Queue,
     mut tasks: Vec<&mut crate::queue_client::NewTask>,
     ttl: Duration,
 ) -> Result<(), ChainError> {
     let conn = client.connection();
     let ns = client.namespace();
+    let queue = on.name();
     for t in tasks.iter_mut() {
         t.chain = Some(crate::queue_client::TaskChain::Global);
         let id = t.id.get_or_insert_with(new_global_id).clone();
@@ -337,11 +350,11 @@ pub async fn start_global(
                     holder: s.root,
                 });
             }
-            // A run of this task made follow-ups in the chain: while that run is not
-            // over, this submit finds it (the enqueue's dedup); once it is, a new run
-            // would need a chain of its own, and a submit that asked for this one
+            // A run of this task made follow-ups in the chain: while the enqueue's dedup
+            // finds that run, this submit is it; where it would make a new run, that
+            // run would need a chain of its own, and a submit that asked for this one
             // (and may wait on it) is refused instead.
-            Some(s) if s.run.is_some() && run_has_ended(client, queue, &id).await? => {
+            Some(s) if s.run.is_some() && makes_a_new_run(on, &id).await? => {
                 return Err(ChainError::Ended {
                     chain: id,
                     queue: queue.to_string(),
@@ -411,15 +424,15 @@ async fn add_pipeline(
     Ok(())
 }
 
-/// Whether the task `id` of `queue` has ended (or its record is gone): what a submit of
-/// a chain its earlier run made needs to know.
-async fn run_has_ended(
-    client: &crate::queue_client::QueueClient,
-    queue: &str,
-    id: &str,
-) -> Result<bool, QueueError> {
-    let rec = client.queue(queue)?.record(id).await?;
-    Ok(rec.is_none_or(|r| r.state.is_end()))
+/// Whether a task submitted under `id` would be a new run rather than a dedup hit on the
+/// one there: its record is gone, or it has ended and the queue's dedup (`active`) lets
+/// an ended task's id be used again.
+async fn makes_a_new_run(queue: &crate::queue_client::Queue, id: &str) -> Result<bool, QueueError> {
+    let active = queue.limits().dedup == crate::config::Dedup::Active;
+    Ok(match queue.record(id).await? {
+        None => true,
+        Some(r) => active && r.state.is_end(),
+    })
 }
 
 /// A chain's members as stored: its global task, and each follow-up with its parent, in
@@ -428,24 +441,34 @@ pub async fn members(
     conn: &RedisConn,
     namespace: &str,
     chain: &str,
-) -> Result<Option<(Member, Vec<(Member, Member)>)>, QueueError> {
-    let Some(Stored {
-        root, mut follow, ..
-    }) = stored(conn, namespace, chain).await?
-    else {
+) -> Result<Option<Members>, QueueError> {
+    let Some(mut m) = stored(conn, namespace, chain).await? else {
         return Ok(None);
     };
-    follow.sort_by(|a, b| natural(&a.0.id).cmp(&natural(&b.0.id)).then(a.0.cmp(&b.0)));
-    Ok(Some((root, follow)))
+    m.follow
+        .sort_by(|a, b| natural(&a.0.id).cmp(&natural(&b.0.id)).then(a.0.cmp(&b.0)));
+    Ok(Some(m))
 }
 
-/// A chain's member list as stored.
-struct Stored {
-    root: Member,
-    /// Which run of the global task made its follow-ups (see [`Claim::run`]), if one did.
-    run: Option<String>,
-    /// Each follow-up once with its parent (the first time it was added), as added.
-    follow: Vec<(Member, Member)>,
+/// A chain's member list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Members {
+    /// Its global task.
+    pub root: Member,
+    /// Which run of the global task made its follow-ups (see [`Claim::run`]), if one did
+    /// and said so.
+    pub run: Option<String>,
+    /// Each follow-up once with its parent (the first time it was added).
+    pub follow: Vec<(Member, Member)>,
+}
+
+impl Members {
+    /// When the run that made the follow-ups was enqueued (ms since the epoch), if known:
+    /// a record of the global task created at another time is another run's.
+    pub fn run_enqueued_ms(&self) -> Option<i64> {
+        let run = self.run.as_deref()?;
+        run.split('.').next()?.parse().ok()
+    }
 }
 
 /// A chain's member list read and decoded: `^`, its global task, `@RUN@` once a run of
@@ -455,7 +478,7 @@ async fn stored(
     conn: &RedisConn,
     namespace: &str,
     chain: &str,
-) -> Result<Option<Stored>, QueueError> {
+) -> Result<Option<Members>, QueueError> {
     let mut conn = conn.clone();
     let raw: Option<Vec<u8>> = redis::cmd("GET")
         .arg(key(namespace, chain))
@@ -477,7 +500,7 @@ async fn stored(
             follow.push((child, parent));
         }
     }
-    Ok(Some(Stored { root, run, follow }))
+    Ok(Some(Members { root, run, follow }))
 }
 
 /// The run written after a list's global task (`@RUN@`), if any, and what follows it. A

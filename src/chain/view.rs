@@ -110,7 +110,7 @@ pub async fn read(
     chain: &str,
 ) -> Result<Option<ChainView>, QueueError> {
     let conn = client.connection();
-    let Some((mut root, mut follow)) = members(&conn, client.namespace(), chain).await? else {
+    let Some(mut list) = members(&conn, client.namespace(), chain).await? else {
         return Ok(None);
     };
     // The member list and the records are read apart, so a parent can end between the
@@ -121,24 +121,30 @@ pub async fn read(
     // is shown as it last read.)
     let mut reads_left = MAX_READS;
     let records = loop {
-        let reads = std::iter::once(&root)
-            .chain(follow.iter().map(|(c, _)| c))
+        let reads = std::iter::once(&list.root)
+            .chain(list.follow.iter().map(|(c, _)| c))
             .map(|m| record_of(client, queues, m));
         let records = futures::future::try_join_all(reads).await?;
         reads_left -= 1;
         match members(&conn, client.namespace(), chain).await? {
-            Some((r, f)) if f.len() != follow.len() && reads_left > 0 => (root, follow) = (r, f),
+            Some(again) if again.follow.len() != list.follow.len() && reads_left > 0 => {
+                list = again
+            }
             _ => break records,
         }
     };
-    let order: Vec<(Member, Option<Member>)> = std::iter::once((root, None))
-        .chain(follow.into_iter().map(|(c, p)| (c, Some(p))))
+    let run_at = list.run_enqueued_ms();
+    let order: Vec<(Member, Option<Member>)> = std::iter::once((list.root, None))
+        .chain(list.follow.into_iter().map(|(c, p)| (c, Some(p))))
         .collect();
     let tasks: Vec<ChainTask> = order
         .into_iter()
         .zip(records)
         .map(|((member, parent), record)| ChainTask {
-            record: record.filter(|r| in_chain(r, chain, parent.is_none())),
+            record: record.filter(|r| match &parent {
+                None => is_the_run(r, chain, run_at),
+                Some(_) => r.chain.as_deref() == Some(chain),
+            }),
             member,
             parent,
         })
@@ -152,14 +158,17 @@ pub async fn read(
     }))
 }
 
-/// Whether a member's record is of this chain: its id may since hold a task of another
-/// chain (the global task submitted again, a new run in a chain of its own), or of none
-/// (a follow-up whose id another task held, which failed its parent). A global task's
-/// record written before records named their chain names none, and counts.
-fn in_chain(rec: &TaskRecord, chain: &str, root: bool) -> bool {
-    match rec.chain.as_deref() {
-        Some(c) => c == chain,
-        None => root,
+/// Whether the global task's record is of the run that made the chain: its id may since
+/// hold a later run (submitted again once it ended), with a chain of its own or, until
+/// that run makes follow-ups, naming this one. Known by the run's enqueue time where the
+/// chain's list says it; else by the chain the record names (one written before records
+/// named their chain names none, and counts). A follow-up's record counts when it names
+/// the chain: its id may hold a task of another chain, or of none (whose parent then
+/// failed).
+fn is_the_run(rec: &TaskRecord, chain: &str, run_at: Option<i64>) -> bool {
+    match run_at {
+        Some(at) => rec.created_at == crate::queue_client::rfc3339(at),
+        None => rec.chain.as_deref().is_none_or(|c| c == chain),
     }
 }
 

@@ -60,6 +60,15 @@ struct Child {
     payload: Vec<u8>,
 }
 
+/// The chain a parent starts.
+struct Named {
+    chain: String,
+    /// Its follow-ups were added by a gaffer that did not tell runs apart: its children's
+    /// ids are derived from the parent's, as that gaffer derived them
+    /// (`RootClaim::OursBefore`).
+    before: bool,
+}
+
 /// Why a parent's follow-ups were not made.
 enum Refusal {
     /// For now: the queue's intake is closed.
@@ -365,24 +374,43 @@ impl FollowUps {
         .await?;
         let mut too_long = Vec::new();
         let mut pairs: Vec<(&str, &str)> = Vec::new();
-        for (r, chain) in new_roots.iter().zip(&started) {
+        let mut before: BTreeMap<&str, Vec<(Member, Member)>> = BTreeMap::new();
+        for (r, named) in new_roots.iter().zip(&started) {
             let id = tasks[r.parent].id.as_str();
-            match chain {
-                Ok(chain) => {
-                    for c in children.iter_mut().filter(|c| c.parent == r.parent) {
-                        c.id = chain::derived_id(chain, c.n);
-                    }
-                    // Records that do not name their chain yet (or name one another task
-                    // holds).
-                    if !r.named || *chain != r.chain {
-                        pairs.push((id, chain.as_str()));
-                    }
-                    chains.insert(r.parent, chain.clone());
+            let Named {
+                chain,
+                before: old_ids,
+            } = match named {
+                Ok(named) => named,
+                Err(why) => {
+                    too_long.push((r.parent, why.clone()));
+                    continue;
                 }
-                Err(why) => too_long.push((r.parent, why.clone())),
+            };
+            let base = if *old_ids { id } else { chain.as_str() };
+            for c in children.iter_mut().filter(|c| c.parent == r.parent) {
+                c.id = chain::derived_id(base, c.n);
+                if *old_ids {
+                    before.entry(chain).or_default().push((
+                        Member::new(&c.queue, &c.id),
+                        Member::new(&self.cfg.name, id),
+                    ));
+                }
             }
+            // Records that do not name their chain yet (or name one another task holds).
+            if !r.named || *chain != r.chain {
+                pairs.push((id, chain.as_str()));
+            }
+            chains.insert(r.parent, chain.clone());
         }
-        self.own.set_chains(&pairs).await?;
+        // (the members of chains whose claim added none: see `RootClaim::OursBefore`)
+        let adds: Vec<(&str, &[(Member, Member)])> =
+            before.iter().map(|(c, m)| (*c, m.as_slice())).collect();
+        futures::future::try_join(
+            chain::add_many(&conn, ns, &adds, ttl),
+            self.own.set_chains(&pairs),
+        )
+        .await?;
         Ok((chains, too_long))
     }
 
@@ -409,7 +437,7 @@ impl FollowUps {
         &self,
         tasks: &[LeasedTask],
         new_roots: &[NewRoot],
-    ) -> Result<Vec<Result<String, String>>, QueueError> {
+    ) -> Result<Vec<Result<Named, String>>, QueueError> {
         let conn = self.client.connection();
         let ns = self.client.namespace();
         let ttl = self.targets.ttl;
@@ -421,8 +449,15 @@ impl FollowUps {
             .iter()
             .map(|r| tasks[r.parent].meta.run().unwrap_or_default())
             .collect();
-        let mut out: Vec<Result<String, String>> =
-            new_roots.iter().map(|r| Ok(r.chain.clone())).collect();
+        let mut out: Vec<Result<Named, String>> = new_roots
+            .iter()
+            .map(|r| {
+                Ok(Named {
+                    chain: r.chain.clone(),
+                    before: false,
+                })
+            })
+            .collect();
         // Each round claims the chains still to claim, each under its next name.
         let mut todo: Vec<usize> = (0..new_roots.len()).collect();
         for round in 0..3 {
@@ -464,7 +499,18 @@ impl FollowUps {
             todo.clear();
             for ((i, name, _), answer) in asked.into_iter().zip(answers) {
                 match answer {
-                    RootClaim::Ours => out[i] = Ok(name),
+                    RootClaim::Ours => {
+                        out[i] = Ok(Named {
+                            chain: name,
+                            before: false,
+                        })
+                    }
+                    RootClaim::OursBefore => {
+                        out[i] = Ok(Named {
+                            chain: name,
+                            before: true,
+                        })
+                    }
                     RootClaim::Taken(_) | RootClaim::EarlierRun if round < 2 => todo.push(i),
                     RootClaim::Taken(holder) => {
                         out[i] = Err(format!(

@@ -890,3 +890,174 @@ async fn a_follow_up_id_held_outside_its_chain_is_refused() {
     let made = q.enqueue_many(&[kid("G~1", "H")]).await.unwrap();
     assert_eq!(made[0].taken, Some(TakenBy::OtherChain));
 }
+
+/// A task as (queue, id).
+type QueueId<'a> = (&'a str, &'a str);
+
+/// A chain list as a gaffer stores it: `^`, the global task, `@RUN@` when `run` is
+/// given, then (child, parent) pairs; each member `LEN:QUEUE\x1fID`.
+fn chain_list(root: QueueId, run: Option<&str>, pairs: &[(QueueId, QueueId)]) -> String {
+    let m = |(q, id): QueueId| {
+        let f = format!("{q}\u{1f}{id}");
+        format!("{}:{f}", f.len())
+    };
+    let mut out = format!("^{}", m(root));
+    if let Some(run) = run {
+        out += &format!("@{run}@");
+    }
+    for (c, p) in pairs {
+        out += &(m(*c) + &m(*p));
+    }
+    out
+}
+
+/// Claims of a chain by runs of its global task: a submit's claim leaves the run to the
+/// first run's; another run is refused; a list a gaffer that did not tell runs apart gave
+/// members stays as it was, its children's ids kept (`OursBefore`).
+#[tokio::test]
+async fn a_chain_is_claimed_by_one_run_of_its_global_task() {
+    use gaffer::chain::{self, Claim, Member, NO_RUN, RootClaim};
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let conn = client.connection();
+    let ttl = Duration::from_secs(60);
+    let root = Member::new("q", "X");
+    let claim = |run: &'static str| {
+        let conn = conn.clone();
+        let root = root.clone();
+        async move {
+            let c = Claim {
+                chain: "X",
+                root: &root,
+                run,
+                members: &[],
+            };
+            chain::claim_many(&conn, "test", &[c], ttl)
+                .await
+                .unwrap()
+                .pop()
+                .unwrap()
+        }
+    };
+    let mut raw = redis.raw().await;
+    let key = chain::key("test", "X");
+    let stored = |raw: redis::aio::MultiplexedConnection| {
+        let key = key.clone();
+        async move {
+            let mut raw = raw;
+            let v: String = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            v
+        }
+    };
+    assert_eq!(claim(NO_RUN).await, RootClaim::Ours);
+    assert_eq!(stored(raw.clone()).await, chain_list(("q", "X"), None, &[]));
+    assert_eq!(
+        claim("10.1").await,
+        RootClaim::Ours,
+        "the first run takes it over"
+    );
+    assert_eq!(
+        stored(raw.clone()).await,
+        chain_list(("q", "X"), Some("10.1"), &[])
+    );
+    assert_eq!(claim("10.1").await, RootClaim::Ours, "the same run again");
+    assert_eq!(claim(NO_RUN).await, RootClaim::Ours, "a submit finds it");
+    assert_eq!(claim("20.2").await, RootClaim::EarlierRun);
+    // A list with members and no run, as a gaffer before runs wrote it.
+    let legacy = chain_list(("q", "X"), None, &[(("t", "X~1"), ("q", "X"))]);
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&legacy)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(claim("30.3").await, RootClaim::OursBefore);
+    assert_eq!(stored(raw.clone()).await, legacy, "nothing added");
+    let list = chain::members(&conn, "test", "X").await.unwrap().unwrap();
+    assert_eq!((list.run, list.follow.len()), (None, 1));
+}
+
+/// A renamed chain goes in its global task's meta, so that the task's next attempt starts
+/// from that name; a submit asking for the chain of a task's earlier run is refused where
+/// the enqueue would make a new run, and not where it would find the run there
+/// (`dedup = "record"`); a chain's view leaves out a global task's record of another run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_stays_with_the_run_that_made_it() {
+    use gaffer::chain::{self, ChainError};
+    use gaffer::config::Dedup;
+    use gaffer::queue_client::{NewTask, QueueLimits, TaskChain};
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let routed = client
+        .queue_with(
+            "routed",
+            QueueLimits {
+                starts_chains: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    routed.enqueue(NewTask::new("{}").id("r1")).await.unwrap();
+    routed.set_chains(&[("r1", "routed:r1")]).await.unwrap();
+    let taken = routed.take(10, Duration::from_secs(30)).await.unwrap();
+    let parents: Vec<_> = taken.tasks.iter().collect();
+    let facts = routed.parents_chain_facts(&parents, &[true]).await.unwrap();
+    assert_eq!(facts[0].chain.as_deref(), Some("routed:r1"));
+    routed.ack(&taken.tasks).await.unwrap();
+
+    // r1 is done; chain r1's list says a run made it.
+    let mut raw = redis.raw().await;
+    let rec = routed.record("r1").await.unwrap().unwrap();
+    let list = chain_list(("routed", "r1"), Some("5.1"), &[]);
+    let _: () = redis::cmd("SET")
+        .arg(chain::key("test", "r1"))
+        .arg(&list)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(60);
+    let submit = |q: gaffer::queue_client::Queue| {
+        let client = client.clone();
+        async move {
+            let mut t = NewTask::new("{}").id("r1").chain(TaskChain::Global);
+            chain::start_global(&client, &q, vec![&mut t], ttl).await
+        }
+    };
+    let refused = submit(routed.clone()).await.unwrap_err();
+    assert!(matches!(refused, ChainError::Ended { .. }), "{refused}");
+    let by_record = client
+        .queue_with(
+            "routed",
+            QueueLimits {
+                starts_chains: true,
+                dedup: Dedup::Record,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    submit(by_record).await.expect("a dedup hit, not a new run");
+
+    // The list's run (enqueued at 5) is not the record's (created at rec's time).
+    let queues = [("routed".to_string(), routed.limits())].into();
+    let view = chain::read(&client, &queues, "r1").await.unwrap().unwrap();
+    assert_eq!(view.tasks[0].record, None, "another run's record: {rec:?}");
+    let at = chrono::DateTime::parse_from_rfc3339(&rec.created_at)
+        .unwrap()
+        .timestamp_millis();
+    let list = chain_list(("routed", "r1"), Some(&format!("{at}.9")), &[]);
+    let _: () = redis::cmd("SET")
+        .arg(chain::key("test", "r1"))
+        .arg(&list)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let view = chain::read(&client, &queues, "r1").await.unwrap().unwrap();
+    assert_eq!(
+        view.tasks[0].record.as_ref().map(|r| r.state),
+        Some(RecordState::Done)
+    );
+}

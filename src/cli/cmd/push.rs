@@ -148,7 +148,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
     let mut tasks = tasks;
     if args.chain {
         let ttl = crate::chain::ChainTargets::from_config(&cfg).ttl;
-        crate::chain::start_global(&client, &args.queue, tasks.iter_mut().collect(), ttl)
+        crate::chain::start_global(&client, &q, tasks.iter_mut().collect(), ttl)
             .await
             .map_err(|e| CliError::Runtime(e.into()))?;
     }

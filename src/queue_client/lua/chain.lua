@@ -16,7 +16,10 @@
 --             'set' renames it);
 --   op 'set': pairs (id, chain) → sets the record's chain where it has none yet or has
 --             its own id (a task that became the global task of a chain by adding
---             follow-ups). Returns how many it set.
+--             follow-ups). Returns how many it set. A chain other than the task's own id
+--             (renamed: another task's or run's chain had it) goes in the task's meta too,
+--             so that its next attempt starts from that name, not from its id, whose
+--             chain may meanwhile have expired: its children keep their ids.
 local op = ARGV[1]
 -- The record with its (empty) chain field set to `g`.
 local function with_chain(v, g)
@@ -64,9 +67,16 @@ if op == 'get' then
   end
   return out
 end
+-- The meta of a live task with its chain field `c` .. g.
+local function meta_names(id, g)
+  local m = meta_of(id)
+  local head = m and string.match(m, '^(%-?%d+:%d+:[%d%.]+)')
+  if head and m ~= head .. ':c' .. g then set_meta(id, head .. ':c' .. g) end
+end
 local n = 0
 for i = 2, #ARGV, 2 do
   local id, g = ARGV[i], ARGV[i + 1]
+  if g ~= id then meta_names(id, g) end
   local key = rec_key(id)
   local v = redis.call('GET', key)
   local now_g = v and string.match(v, G_PAT)
