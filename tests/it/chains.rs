@@ -25,7 +25,7 @@ const HOST: &str = "chain-host";
 /// The handler of every queue of these tests, told apart by the queue's name (its last
 /// five letters; the rest is the test's prefix). Each run is logged as "QUEUE ID".
 const HANDLER: &str = r#"
-import json, os, sys
+import json, os, sys, time
 queue = os.environ["GAFFER_QUEUE"]
 prefix, kind = queue[:-5], queue[-5:]
 log = os.environ["CHAIN_TEST_LOG"]
@@ -33,6 +33,8 @@ for line in sys.stdin:
     out = []
     for t in json.loads(line)["batch"]:
         p = t["payload"] if isinstance(t["payload"], dict) else {}
+        if p.get("slow"):
+            time.sleep(0.05)
         with open(log, "a") as f:
             f.write(queue + " " + t["id"] + "\n")
         r = {"id": t["id"], "status": "ok"}
@@ -1060,4 +1062,128 @@ async fn a_chain_stays_with_the_run_that_made_it() {
         view.tasks[0].record.as_ref().map(|r| r.state),
         Some(RecordState::Done)
     );
+}
+
+/// Slots killed again and again (SIGKILL, by the test) while two route queues, whose
+/// parents share their ids, make follow-ups into one queue: afterwards every done
+/// parent's chain has each of its children exactly once, under ids from that chain's
+/// name, every child done, and no child was enqueued twice or made for nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chains_under_slot_kills_make_each_child_once() {
+    use gaffer::queue_client::{NewTask, QueueLimits};
+    let redis = TestRedis::start();
+    let rig = Rig::start(&redis.url(), "test", "k", &[]).await;
+    let cfg = gaffer::config::parse(
+        &std::fs::read_to_string(&rig.config_path).unwrap(),
+        "chains.toml",
+    )
+    .unwrap();
+    let handle = |kind: &str| {
+        let name = rig.q(kind);
+        rig.client
+            .queue_with(&name, QueueLimits::from(&cfg.queues[&name]))
+            .unwrap()
+    };
+    let (first, twins, after) = (handle("first"), handle("twins"), handle("after"));
+    const PARENTS: usize = 120;
+    let ids: Vec<String> = (0..PARENTS).map(|i| format!("p-{i}")).collect();
+    for q in [&first, &twins] {
+        // (slow enough that the kills land in batches being handled)
+        let tasks: Vec<NewTask> = ids
+            .iter()
+            .map(|id| NewTask::new(r#"{"slow": true}"#).id(id))
+            .collect();
+        q.enqueue_many(&tasks).await.unwrap();
+    }
+
+    // Kill a slot of the three queues every 250 ms while there is work.
+    let mut kills = 0;
+    for round in 0..40 {
+        let slots: Vec<u32> = http_get(rig.master_http, "/status")
+            .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+            .and_then(|s| s["slots"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter(|s| {
+                let q = s["queue"].as_str().unwrap_or_default();
+                [first.name(), twins.name(), after.name()].contains(&q)
+            })
+            .filter_map(|s| s["pid"].as_u64().map(|p| p as u32))
+            .collect();
+        if let Some(&pid) = slots.get(round % slots.len().max(1)) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            kills += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(kills > 10, "slots were killed: {kills}");
+
+    // Every parent ends (done, or dead after its attempts ran out), then every child.
+    let ended = |q: gaffer::queue_client::Queue, ids: Vec<String>| async move {
+        let mut out = Vec::new();
+        for id in &ids {
+            match q.record(id).await.unwrap() {
+                Some(r) if r.state.is_end() => out.push(r),
+                _ => return None,
+            }
+        }
+        Some(out)
+    };
+    let parents = poll_some(Duration::from_secs(120), "every parent ended", || async {
+        let a = ended(first.clone(), ids.clone()).await?;
+        let b = ended(twins.clone(), ids.clone()).await?;
+        Some([a, b].concat())
+    })
+    .await;
+    let mut want = Vec::new();
+    for p in parents.iter().filter(|p| p.state == RecordState::Done) {
+        let chain = p
+            .chain
+            .clone()
+            .expect("a route queue's task names its chain");
+        let kids = if p.queue == first.name() { 2 } else { 1 };
+        want.extend((1..=kids).map(|n| format!("{chain}~{n}")));
+    }
+    let children = poll_some(Duration::from_secs(120), "every child done", || {
+        ended(after.clone(), want.clone())
+    })
+    .await;
+    assert!(
+        children.iter().all(|r| r.state == RecordState::Done),
+        "{children:?}"
+    );
+    let distinct: std::collections::BTreeSet<&str> = want.iter().map(String::as_str).collect();
+    assert_eq!(distinct.len(), want.len(), "no two parents share a child");
+    // A parent that ran out of attempts made all its children or none (one call per
+    // queue), and only then may the queue hold more than `want`.
+    let dead = parents
+        .iter()
+        .filter(|p| p.state != RecordState::Done)
+        .count();
+    let enqueued = after.stats().await.unwrap().enqueued_total as usize;
+    assert!(
+        enqueued >= want.len() && enqueued <= want.len() + 2 * dead,
+        "each child enqueued once: {enqueued} for {} wanted, {dead} parents not done",
+        want.len()
+    );
+    if dead == 0 {
+        assert_eq!(enqueued, want.len());
+    }
+    let renamed = parents
+        .iter()
+        .filter(|p| p.chain.as_deref() != Some(p.id.as_str()))
+        .count();
+    assert!(
+        renamed >= PARENTS,
+        "one of each pair of parents is renamed: {renamed}"
+    );
+    let runs = rig.runs();
+    let again = ids
+        .iter()
+        .filter(|id| runs.iter().filter(|(_, r)| r == *id).count() > 2)
+        .count();
+    eprintln!("{kills} kills, {again} of {PARENTS} ids run again, {dead} parents not done");
 }
