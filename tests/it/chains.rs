@@ -456,6 +456,13 @@ async fn run_to_end(rig: &Rig, kind: &str, id: &str) -> Value {
     rec
 }
 
+/// Runs task `id` on queue `kind` to its end, which must be done; returns its chain.
+async fn done_in(rig: &Rig, kind: &str, id: &str) -> String {
+    let rec = run_to_end(rig, kind, id).await;
+    assert_eq!(rec["state"], "done", "{rec}");
+    rec["chain"].as_str().unwrap_or_default().to_string()
+}
+
 /// The ids of a chain's tasks, as its endpoint lists them once it has ended.
 async fn chain_ids(rig: &Rig, chain: &str) -> Vec<String> {
     let path = format!("/v1/chains/{}", chain.replace('#', "%23"));
@@ -479,31 +486,17 @@ async fn chain_ids(rig: &Rig, chain: &str) -> Vec<String> {
 /// their own. A child's id held by a task of another chain fails the parent, saying so.
 async fn same_ids_never_share_children(rig: &Rig) {
     let (first, twins, after) = (rig.q("first"), rig.q("twins"), rig.q("after"));
-    let rec = run_to_end(rig, "first", "twin").await;
-    assert_eq!(
-        (&rec["state"], &rec["chain"]),
-        (&json!("done"), &json!("twin"))
-    );
+    assert_eq!(done_in(rig, "first", "twin").await, "twin");
     // Another queue's task of that id: its chain is renamed, and its child's id with it.
-    let rec = run_to_end(rig, "twins", "twin").await;
     let renamed = format!("{twins}:twin");
-    assert_eq!(
-        (&rec["state"], &rec["chain"]),
-        (&json!("done"), &json!(renamed)),
-        "{rec}"
-    );
+    assert_eq!(done_in(rig, "twins", "twin").await, renamed);
     assert_eq!(
         chain_ids(rig, &renamed).await,
         ["twin".to_string(), format!("{renamed}~1")]
     );
     // The same task again: a new run, a new chain; the first chain keeps its own children.
-    let rec = run_to_end(rig, "first", "twin").await;
     let again = format!("{first}:twin");
-    assert_eq!(
-        (&rec["state"], &rec["chain"]),
-        (&json!("done"), &json!(again)),
-        "{rec}"
-    );
+    assert_eq!(done_in(rig, "first", "twin").await, again);
     assert_eq!(
         chain_ids(rig, &again).await,
         [
@@ -514,9 +507,8 @@ async fn same_ids_never_share_children(rig: &Rig) {
     );
     assert_eq!(chain_ids(rig, "twin").await, ["twin", "twin~1", "twin~2"]);
     // And a third run: its queue's name for it is taken too.
-    let rec = run_to_end(rig, "first", "twin").await;
-    let third = rec["chain"].as_str().unwrap().to_string();
-    assert!(third.starts_with(&format!("{again}@")), "{rec}");
+    let third = done_in(rig, "first", "twin").await;
+    assert!(third.starts_with(&format!("{again}@")), "{third}");
     assert_eq!(chain_ids(rig, &third).await.len(), 3);
     let runs = rig.runs();
     for id in [
@@ -725,15 +717,7 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
     use gaffer::queue_client::{NewTask, QueueLimits, TaskChain};
     let redis = TestRedis::start();
     let client = redis.client().await;
-    let routed = client
-        .queue_with(
-            "routed",
-            QueueLimits {
-                starts_chains: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let routed = routed_queue(&client);
     let plain = client.queue_with("plain", QueueLimits::default()).unwrap();
     routed.enqueue(NewTask::new("{}").id("r1")).await.unwrap();
     routed
@@ -759,14 +743,8 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
         "a route queue's task names its own chain from its enqueue"
     );
     // A meta as written before it kept the chain: priority:max_attempts:enqueued_ms.
-    let mut raw = redis.raw().await;
-    let _: () = redis::cmd("HSET")
-        .arg("test:{plain}:meta")
-        .arg("old")
-        .arg("0:7:1")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    let raw = redis.raw().await;
+    raw_cmd(&redis, "HSET", &["test:{plain}:meta", "old", "0:7:1"]).await;
     let facts = plain
         .chain_facts(&["p1", "p2", "old"], &[false, true, false])
         .await
@@ -828,6 +806,16 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
     assert_eq!(got, [(None, Some(5)), (Some("p2"), None), (None, Some(7))]);
 }
 
+/// A queue whose tasks are global tasks of their own chains from their enqueue on, as a
+/// queue with a done route's are.
+fn routed_queue(client: &QueueClient) -> gaffer::queue_client::Queue {
+    let limits = gaffer::queue_client::QueueLimits {
+        starts_chains: true,
+        ..Default::default()
+    };
+    client.queue_with("routed", limits).unwrap()
+}
+
 /// Each parent's chain and max_attempts, as a follow-up step learned them.
 fn chains_and_attempts(
     facts: &[gaffer::queue_client::ChainFacts],
@@ -879,18 +867,22 @@ async fn a_follow_up_id_held_outside_its_chain_is_refused() {
         assert!(q.record("G~3").await.unwrap().is_none(), "{id}");
     }
     // A meta written before metas said the chain: the record says it.
-    let mut raw = redis.raw().await;
-    let _: () = redis::cmd("HSET")
-        .arg("test:{kids}:payload")
-        .arg("G~1")
-        .arg("0:5:1\n{}")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    raw_cmd(&redis, "HSET", &["test:{kids}:payload", "G~1", "0:5:1\n{}"]).await;
     let made = q.enqueue_many(&[kid("G~1", "G")]).await.unwrap();
     assert_eq!((made[0].created, made[0].taken), (false, None));
     let made = q.enqueue_many(&[kid("G~1", "H")]).await.unwrap();
     assert_eq!(made[0].taken, Some(TakenBy::OtherChain));
+}
+
+/// Writes what the gaffer under test would not: a layout an older gaffer wrote, a chain
+/// list as given.
+async fn raw_cmd(redis: &TestRedis, cmd: &str, args: &[&str]) {
+    let mut raw = redis.raw().await;
+    let _: () = redis::cmd(cmd)
+        .arg(args)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
 }
 
 /// A task as (queue, id).
@@ -941,7 +933,7 @@ async fn a_chain_is_claimed_by_one_run_of_its_global_task() {
                 .unwrap()
         }
     };
-    let mut raw = redis.raw().await;
+    let raw = redis.raw().await;
     let key = chain::key("test", "X");
     let stored = |raw: redis::aio::MultiplexedConnection| {
         let key = key.clone();
@@ -971,12 +963,7 @@ async fn a_chain_is_claimed_by_one_run_of_its_global_task() {
     assert_eq!(claim("20.2").await, RootClaim::EarlierRun);
     // A list with members and no run, as a gaffer before runs wrote it.
     let legacy = chain_list(("q", "X"), None, &[(("t", "X~1"), ("q", "X"))]);
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg(&legacy)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    raw_cmd(&redis, "SET", &[&key, &legacy]).await;
     assert_eq!(claim("30.3").await, RootClaim::OursBefore);
     assert_eq!(stored(raw.clone()).await, legacy, "nothing added");
     let list = chain::members(&conn, "test", "X").await.unwrap().unwrap();
@@ -994,15 +981,7 @@ async fn a_chain_stays_with_the_run_that_made_it() {
     use gaffer::queue_client::{NewTask, QueueLimits, TaskChain};
     let redis = TestRedis::start();
     let client = redis.client().await;
-    let routed = client
-        .queue_with(
-            "routed",
-            QueueLimits {
-                starts_chains: true,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let routed = routed_queue(&client);
     routed.enqueue(NewTask::new("{}").id("r1")).await.unwrap();
     routed.set_chains(&[("r1", "routed:r1")]).await.unwrap();
     let taken = routed.take(10, Duration::from_secs(30)).await.unwrap();
@@ -1012,15 +991,9 @@ async fn a_chain_stays_with_the_run_that_made_it() {
     routed.ack(&taken.tasks).await.unwrap();
 
     // r1 is done; chain r1's list says a run made it.
-    let mut raw = redis.raw().await;
     let rec = routed.record("r1").await.unwrap().unwrap();
     let list = chain_list(("routed", "r1"), Some("5.1"), &[]);
-    let _: () = redis::cmd("SET")
-        .arg(chain::key("test", "r1"))
-        .arg(&list)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    raw_cmd(&redis, "SET", &[&chain::key("test", "r1"), &list]).await;
     let ttl = Duration::from_secs(60);
     let submit = |q: gaffer::queue_client::Queue| {
         let client = client.clone();
@@ -1051,12 +1024,7 @@ async fn a_chain_stays_with_the_run_that_made_it() {
         .unwrap()
         .timestamp_millis();
     let list = chain_list(("routed", "r1"), Some(&format!("{at}.9")), &[]);
-    let _: () = redis::cmd("SET")
-        .arg(chain::key("test", "r1"))
-        .arg(&list)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    raw_cmd(&redis, "SET", &[&chain::key("test", "r1"), &list]).await;
     let view = chain::read(&client, &queues, "r1").await.unwrap().unwrap();
     assert_eq!(
         view.tasks[0].record.as_ref().map(|r| r.state),
