@@ -218,20 +218,24 @@ async fn claim_call(
     // SET, GET, APPEND and PEXPIRE: commands the ACL lines of the slots and the api grant
     // (docs/SECURITY.md).
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        // (per chain two arguments: the list's head as this claim would write it, `^`,
+        // the global task and `@RUN@` unless a submit's, and the members; the head's
+        // parts are taken apart only when the chain exists already, which is rare)
         redis::Script::new(
             "local ttl, a, out = ARGV[1], 2, {} \
              for i = 1, #KEYS do \
-               local key, me, run, mem = KEYS[i], ARGV[a], ARGV[a + 1], ARGV[a + 2] \
-               local head = '^' .. me \
-               local mine = head \
-               if run ~= '-' then mine = head .. '@' .. run .. '@' end \
-               local holder = me \
+               local key, mine, mem = KEYS[i], ARGV[a], ARGV[a + 1] \
+               local holder = true \
                if not redis.call('SET', key, mine .. mem, 'NX', 'PX', ttl) then \
+                 local n = string.match(mine, '^%^(%d+):') or '0' \
+                 local cut = #n + 2 + tonumber(n) \
+                 local head = string.sub(mine, 1, cut) \
+                 local run = string.match(string.sub(mine, cut + 1), '^@([^@]*)@') \
                  local v = redis.call('GET', key) or '' \
-                 if string.sub(v, 1, #head) == head then \
-                   local rest = string.sub(v, #head + 1) \
+                 if string.sub(v, 1, cut) == head then \
+                   local rest = string.sub(v, cut + 1) \
                    local theirs = string.match(rest, '^@([^@]*)@') \
-                   if run == '-' or theirs == run then \
+                   if run == nil or theirs == run then \
                      if #mem > 0 then redis.call('APPEND', key, mem) end \
                      redis.call('PEXPIRE', key, ttl) \
                    elseif theirs == nil and rest == '' then \
@@ -245,12 +249,12 @@ async fn claim_call(
                  elseif string.sub(v, 1, 1) ~= '^' then \
                    redis.call('SET', key, mine .. v .. mem, 'PX', ttl) \
                  else \
-                   local n = string.match(v, '^%^(%d+):') or '0' \
-                   holder = string.sub(v, 2, #n + 2 + tonumber(n)) \
+                   local m = string.match(v, '^%^(%d+):') or '0' \
+                   holder = string.sub(v, 2, #m + 2 + tonumber(m)) \
                  end \
                end \
-               if holder ~= me then out[#out + 1] = i; out[#out + 1] = holder end \
-               a = a + 3 \
+               if holder ~= true then out[#out + 1] = i; out[#out + 1] = holder end \
+               a = a + 2 \
              end \
              return out",
         )
@@ -258,10 +262,12 @@ async fn claim_call(
     let mut inv = CLAIM.prepare_invoke();
     inv.arg(ttl.as_millis().max(1) as u64);
     for c in claims {
+        let mut head = format!("{}{}", ROOT_MARK as char, encode(c.root));
+        if c.run != NO_RUN {
+            head = format!("{head}@{}@", c.run);
+        }
         inv.key(key(namespace, c.chain));
-        inv.arg(encode(c.root))
-            .arg(c.run)
-            .arg(encode_pairs(c.members));
+        inv.arg(head).arg(encode_pairs(c.members));
     }
     let mut conn = conn.clone();
     // Only the chains another task (or run) holds come back, as (position from 1,
