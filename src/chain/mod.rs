@@ -136,7 +136,8 @@ pub enum RootClaim {
     /// The chain is this task's, and its follow-ups were added by a gaffer that did not
     /// tell runs apart: its children keep ids derived from the parent's (as that gaffer
     /// made them), and the claim added none of the members given, which the caller adds
-    /// under those ids.
+    /// under those ids. The list is this run's from then on (`@=RUN@`): another run's
+    /// claim is refused.
     OursBefore,
 }
 
@@ -213,8 +214,10 @@ async fn claim_call(
     // added after it expired) gets one at its head. A run's claim writes the run after
     // the global task (RUN_MARK, see `stored`); a submit's claim (NO_RUN) writes none,
     // and the first run's claim writes its own. Another run's list is refused with the
-    // holder '', and a list a gaffer that did not tell runs apart gave members is the
-    // run's as it was, nothing added, answered '=' (its children keep their old ids).
+    // holder '', and a list a gaffer that did not tell runs apart gave members becomes
+    // the first run's that claims it, marked `@=RUN@`, its members as they were and none
+    // added, answered '=' (its children keep their old ids) to that run and refused to
+    // any other.
     // SET, GET, APPEND and PEXPIRE: commands the ACL lines of the slots and the api grant
     // (docs/SECURITY.md).
     static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
@@ -241,6 +244,9 @@ async fn claim_call(
                    elseif theirs == nil and rest == '' then \
                      redis.call('SET', key, mine .. mem, 'PX', ttl) \
                    elseif theirs == nil then \
+                     redis.call('SET', key, head .. '@=' .. run .. '@' .. rest, 'PX', ttl) \
+                     holder = '=' \
+                   elseif theirs == '=' .. run then \
                      redis.call('PEXPIRE', key, ttl) \
                      holder = '=' \
                    else \
@@ -462,7 +468,7 @@ pub struct Members {
     /// Its global task.
     pub root: Member,
     /// Which run of the global task made its follow-ups (see [`Claim::run`]), if one did
-    /// and said so.
+    /// and said so; `=RUN` for a list a gaffer before runs made, which run RUN took over.
     pub run: Option<String>,
     /// Each follow-up once with its parent (the first time it was added).
     pub follow: Vec<(Member, Member)>,

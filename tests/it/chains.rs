@@ -94,6 +94,7 @@ fn queues(prefix: &str, script: &Path) -> String {
 /// A master process, an api instance and a client, on a Redis the test names.
 struct Rig {
     prefix: String,
+    namespace: String,
     master: Child,
     master_http: u16,
     api: SocketAddr,
@@ -149,6 +150,7 @@ impl Rig {
         let api = rx.await.expect("the api binds");
         let rig = Rig {
             prefix: prefix.to_string(),
+            namespace: namespace.to_string(),
             master,
             master_http,
             api,
@@ -274,6 +276,7 @@ async fn fan_out_and_fail(rig: &Rig) {
     a_part_failing_fails_the_chain(rig).await;
     an_unknown_follow_up_queue_fails_its_task(rig).await;
     same_ids_never_share_children(rig).await;
+    a_list_from_before_runs_keeps_its_ids(rig).await;
 }
 
 /// The sync submit answers once all five are done; the record and the chain endpoint
@@ -547,6 +550,42 @@ async fn same_ids_never_share_children(rig: &Rig) {
         )),
         "{rec}"
     );
+}
+
+/// A renamed chain whose list a gaffer before runs made (members, no run), as a slot
+/// killed across the upgrade leaves it: the task's run keeps the children's ids that
+/// gaffer derived from the parent's, and the list is that run's from then on, so the
+/// next run of the id gets a chain of its own.
+async fn a_list_from_before_runs_keeps_its_ids(rig: &Rig) {
+    let (first, after) = (rig.q("first"), rig.q("after"));
+    let mut conn = rig.client.connection();
+    let set = |chain: String, list: String| {
+        let key = gaffer::chain::key(&rig.namespace, &chain);
+        redis::cmd("SET").arg(key).arg(list).to_owned()
+    };
+    let taken = set("old".into(), chain_list(("elsewhere", "old"), None, &[]));
+    let renamed = format!("{first}:old");
+    let before = chain_list(
+        (&first, "old"),
+        None,
+        &[((&after, "old~1"), (&first, "old"))],
+    );
+    for cmd in [taken, set(renamed.clone(), before)] {
+        let () = cmd.query_async(&mut conn).await.unwrap();
+    }
+    assert_eq!(done_in(rig, "first", "old").await, renamed);
+    assert_eq!(chain_ids(rig, &renamed).await, ["old", "old~1", "old~2"]);
+    let q_after = rig.client.queue(&after).unwrap();
+    assert!(
+        q_after
+            .record(&format!("{renamed}~1"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let next = done_in(rig, "first", "old").await;
+    assert!(next.starts_with(&format!("{renamed}@")), "{next}");
+    assert_eq!(chain_ids(rig, &next).await.len(), 3);
 }
 
 #[tokio::test]
@@ -965,9 +1004,28 @@ async fn a_chain_is_claimed_by_one_run_of_its_global_task() {
     let legacy = chain_list(("q", "X"), None, &[(("t", "X~1"), ("q", "X"))]);
     raw_cmd(&redis, "SET", &[&key, &legacy]).await;
     assert_eq!(claim("30.3").await, RootClaim::OursBefore);
-    assert_eq!(stored(raw.clone()).await, legacy, "nothing added");
+    let taken_over = chain_list(("q", "X"), Some("=30.3"), &[(("t", "X~1"), ("q", "X"))]);
+    assert_eq!(
+        stored(raw.clone()).await,
+        taken_over,
+        "that run's now, nothing added"
+    );
+    assert_eq!(
+        claim("30.3").await,
+        RootClaim::OursBefore,
+        "the same run again"
+    );
+    assert_eq!(claim("40.4").await, RootClaim::EarlierRun, "another run");
+    assert_eq!(claim(NO_RUN).await, RootClaim::Ours, "a submit finds it");
     let list = chain::members(&conn, "test", "X").await.unwrap().unwrap();
-    assert_eq!((list.run, list.follow.len()), (None, 1));
+    assert_eq!(
+        (
+            list.run.as_deref(),
+            list.follow.len(),
+            list.run_enqueued_ms()
+        ),
+        (Some("=30.3"), 1, None)
+    );
 }
 
 /// A renamed chain goes in its global task's meta, so that the task's next attempt starts
