@@ -87,14 +87,10 @@ impl Api {
     /// A record as `GET …/tasks/{id}` answers it: a global task's shows its chain's state
     /// and tasks beside (`chain_state`, `chain_tasks`: queue, id, state, parent).
     pub(super) async fn record_answer(&self, rec: TaskRecord) -> Result<Value, ApiError> {
-        // (its chain's id, or the name its chain got when another task's had it:
-        // `QUEUE:ID…`)
-        let own = rec.chain.as_deref().filter(|c| {
-            *c == rec.id
-                || c.strip_prefix(rec.queue.as_str())
-                    .and_then(|c| c.strip_prefix(':'))
-                    .is_some_and(|c| c.starts_with(rec.id.as_str()))
-        });
+        let own = rec
+            .chain
+            .as_deref()
+            .filter(|c| chain::started_by(&rec.queue, &rec.id, c));
         let mut out = json!(rec);
         let Some(own) = own else {
             return Ok(out);

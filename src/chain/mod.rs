@@ -4,8 +4,8 @@
 //! A chain is identified by its global task's id. What it holds is its member list beside
 //! the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (on a Redis Cluster its
 //! keys are in another slot than its tasks' queues): one string, `^` and the global task,
-//! `@RUN@` once a run of it made follow-ups, then each follow-up with its parent, every member length-prefixed (`LEN:QUEUE\x1fID`,
-//! so ids may hold any byte). A string, not a hash: a new chain is then one `SET NX PX`
+//! `@RUN@` once a run of it made follow-ups, then each follow-up with its parent, every
+//! member length-prefixed (`LEN:QUEUE\x1fID`, so ids may hold any byte). A string, not a hash: a new chain is then one `SET NX PX`
 //! with its first follow-ups, and more are one `APPEND`, where a hash took a read, a
 //! write and an expiry per chain, the most of what a chain cost Redis. Members are added before their
 //! tasks are enqueued, and those before their parent is acked, each step idempotent, so a
@@ -77,6 +77,27 @@ pub fn key(namespace: &str, chain: &str) -> String {
 /// again makes the same ids and the enqueue finds the children it made before.
 pub fn derived_id(parent: &str, n: usize) -> String {
     format!("{parent}{DERIVED_SEP}{n}")
+}
+
+/// The name a task `id` of `queue` starts its chain under when another task's chain (or
+/// an earlier run's of the same task) already has its id: `QUEUE:ID`, and should that be
+/// taken too, `QUEUE:ID@RUN`.
+pub fn renamed(queue: &str, id: &str, run: Option<&str>) -> String {
+    match run {
+        None => format!("{queue}:{id}"),
+        Some(run) => format!("{queue}:{id}{}{run}", RUN_MARK as char),
+    }
+}
+
+/// Whether `chain` is one the task `id` of `queue` started: its id, or one of the names
+/// [`renamed`] gives it.
+pub fn started_by(queue: &str, id: &str, chain: &str) -> bool {
+    chain == id
+        || chain
+            .strip_prefix(queue)
+            .and_then(|c| c.strip_prefix(':'))
+            .and_then(|c| c.strip_prefix(id))
+            .is_some_and(|rest| rest.is_empty() || rest.as_bytes()[0] == RUN_MARK)
 }
 
 /// A fresh id for a global task submitted without one: ids a queue generates (`#N`) are
@@ -270,7 +291,8 @@ async fn claim_call(
     for c in claims {
         let mut head = format!("{}{}", ROOT_MARK as char, encode(c.root));
         if c.run != NO_RUN {
-            head = format!("{head}@{}@", c.run);
+            let mark = RUN_MARK as char;
+            head = format!("{head}{mark}{}{mark}", c.run);
         }
         inv.key(key(namespace, c.chain));
         inv.arg(head).arg(encode_pairs(c.members));
@@ -617,6 +639,18 @@ mod tests {
         let without = format!("{}{members}", encode(&root));
         let (run, rest) = split_run(&without.as_bytes()[used..]);
         assert_eq!((run, rest), (None, members.as_bytes()));
+    }
+
+    #[test]
+    fn a_task_knows_the_chains_it_started_by_their_names() {
+        assert_eq!(renamed("q", "a", None), "q:a");
+        assert_eq!(renamed("q", "a", Some("5.1")), "q:a@5.1");
+        for chain in ["a", "q:a", "q:a@5.1", "q:a@"] {
+            assert!(started_by("q", "a", chain), "{chain}");
+        }
+        for chain in ["b", "q:ab", "r:a", "q:a~1", "q:"] {
+            assert!(!started_by("q", "a", chain), "{chain}");
+        }
     }
 
     #[test]

@@ -66,7 +66,8 @@ pub(crate) enum MetaChain {
     None,
     /// The global task of its own chain.
     Own,
-    /// A follow-up in this chain.
+    /// A follow-up in this chain, or the global task of a chain renamed so (another
+    /// task's or run's chain had its id).
     Of(String),
 }
 

@@ -345,7 +345,9 @@ impl FollowUps {
             match facts.get(&parent).and_then(|f| f.chain.clone()) {
                 // Its own chain (just named by `chain_facts`, or started before): claimed
                 // again, which is idempotent, with the new members.
-                Some(chain) if self.is_own(id, &chain) => new_roots.push(of(&chain)),
+                Some(chain) if chain::started_by(&self.cfg.name, id, &chain) => {
+                    new_roots.push(of(&chain))
+                }
                 Some(chain) => {
                     let parent_member = Member::new(&self.cfg.name, id);
                     in_chains.entry(chain.clone()).or_default().extend(
@@ -414,21 +416,6 @@ impl FollowUps {
         Ok((chains, too_long))
     }
 
-    /// Whether `chain` is one the task `id` of this queue started: its id, or a name
-    /// [`FollowUps::start_chains`] gives it.
-    fn is_own(&self, id: &str, chain: &str) -> bool {
-        let renamed = self.renamed(id);
-        chain == id
-            || chain
-                .strip_prefix(renamed.as_str())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('@'))
-    }
-
-    /// The chain a parent starts when another task's chain already has its id.
-    fn renamed(&self, id: &str) -> String {
-        format!("{}:{id}", self.cfg.name)
-    }
-
     /// A chain for each parent that starts one, with its follow-ups: under the chain
     /// named, or another name when that one is taken (see [`FollowUps::link`]). Returns
     /// each one's chain, or why its children's ids would be too long. One call for all of
@@ -465,8 +452,8 @@ impl FollowUps {
                 .iter()
                 .map(|&i| match round {
                     0 => new_roots[i].chain.clone(),
-                    1 => self.renamed(&roots[i].id),
-                    _ => format!("{}@{}", self.renamed(&roots[i].id), runs[i]),
+                    1 => chain::renamed(&self.cfg.name, &roots[i].id, None),
+                    _ => chain::renamed(&self.cfg.name, &roots[i].id, Some(&runs[i])),
                 })
                 .collect();
             let mut asked = Vec::new();

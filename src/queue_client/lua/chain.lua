@@ -70,7 +70,7 @@ end
 -- The meta of a live task with its chain field `c` .. g.
 local function meta_names(id, g)
   local m = meta_of(id)
-  local head = m and string.match(m, '^(%-?%d+:%d+:[%d%.]+)')
+  local head = m and meta_chain_field(m)
   if head and m ~= head .. ':c' .. g then set_meta(id, head .. ':c' .. g) end
 end
 local n = 0

@@ -16,8 +16,7 @@
 -- and changes nothing when the intake is closed. In mode 'ig', an id held by a task (or a
 -- live record) of another chain, or of none, is not a child an earlier run of the parent
 -- made: the call then creates nothing, and flags those 'c' (another chain's) or 'n' (no
--- chain's) and the rest '-'. Replies stay
--- small, which matters as much as the work.
+-- chain's) and the rest '-'. Replies stay small, which matters as much as the work.
 local H = 12
 local now = now_ms()
 local n = tonumber(ARGV[1])
@@ -62,9 +61,9 @@ local created = 0
 -- written before metas said the chain leaves it to the record.
 local function chain_held(id, value, rec)
   if value then
-    local tail = string.match(value, '^%-?%d+:%d+:[%d%.]+:([^\n]*)\n')
-    if tail == 's' then return id end
-    if tail then return string.match(tail, '^c(.*)$') or '' end
+    local _, field = meta_chain_field(value_meta(value))
+    if field == 's' then return id end
+    if field then return string.match(field, '^c(.*)$') or '' end
   end
   return rec and chain_of(rec) or ''
 end

@@ -124,6 +124,13 @@ local function parse_meta(m)
   return tonumber(pri), tonumber(ma), tonumber(enq)
 end
 
+-- A meta's head (priority:max_attempts:enqueued_ms[.SEQ]) and its CHAIN field ('', 's'
+-- or 'c' and the chain; nil in a meta written before metas kept it).
+local function meta_chain_field(m)
+  local head, rest = string.match(m, '^(%-?%d+:%d+:[%d%.]+)(.*)$')
+  return head, rest and string.match(rest, '^:(.*)$')
+end
+
 local function pack_meta(pri, ma, enq)
   return pri .. ':' .. ma .. ':' .. enq
 end
