@@ -388,11 +388,14 @@ impl Manager {
             .unwrap_or_default();
         let now = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
         // A system paused or disabled at run time counts as paused in the config.
-        let switches = self.client.system_switches().await?;
+        let switches = self.client.read_switches().await?;
         self.client
             .reconcile_system_switches(&self.opts.config, &switches)
             .await?;
-        let switched = crate::queue_client::with_switches(&self.opts.config, &switches);
+        self.client
+            .sweep_disabled(&self.opts.config, &switches)
+            .await?;
+        let switched = crate::queue_client::with_switches(&self.opts.config, &switches.states);
         let out = balancer::decide(&Input {
             config: switched.as_ref().unwrap_or(&self.opts.config),
             stats: &stats,

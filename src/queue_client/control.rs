@@ -89,7 +89,7 @@ impl Queue {
 
     /// Looks a task up by id.
     pub async fn find(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, None).await
+        self.find_or_cancel(id, None, "").await
     }
 
     /// Removes a task by id, whatever its state, and returns what it was. A leased task's
@@ -98,19 +98,35 @@ impl Queue {
     /// [`TaskState::Cancelling`], its record says cancelling, and its slot ends it
     /// cancelled once it has stopped it.
     pub async fn cancel(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some("cancelled")).await
+        self.find_or_cancel(id, Some("cancelled"), "").await
     }
 
     /// Like [`cancel`](Self::cancel), with `note` (who cancelled, why) in the record's
     /// history.
     pub async fn cancel_with(&self, id: &str, note: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some(note)).await
+        self.find_or_cancel(id, Some(note), "").await
     }
 
+    /// Cancels a waiting task (ready or delayed) with `note`, only while the queue's
+    /// switch says `system` is disabled, checked in the same step: a disable's sweep
+    /// that an `enable` overtook cancels nothing more. `None`: not cancelled (unknown,
+    /// not waiting, or the system no longer disabled).
+    pub(super) async fn cancel_while_disabled(
+        &self,
+        id: &str,
+        system: &str,
+        note: &str,
+    ) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, Some(note), system).await
+    }
+
+    /// find.lua: look up `id`, and cancel it with the note when `cancel` is given; only
+    /// a waiting task while `system` is disabled when `system` is not empty.
     async fn find_or_cancel(
         &self,
         id: &str,
         cancel: Option<&str>,
+        system: &str,
     ) -> Result<Option<TaskInfo>, QueueError> {
         // No task has an empty id, and the payload hash keeps a field by that name for
         // itself (see `pinned` in lua/prelude.lua).
@@ -122,7 +138,8 @@ impl Queue {
             .arg(if cancel.is_some() { "1" } else { "0" })
             .arg(cancel.unwrap_or(""))
             .arg(self.ttl_arg())
-            .arg(self.limits.kind.as_str());
+            .arg(self.limits.kind.as_str())
+            .arg(system);
         let mut conn = self.conn.clone();
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
         let Some(r) = reply else { return Ok(None) };

@@ -222,6 +222,21 @@ impl Queue {
         Ok(batch)
     }
 
+    /// Brings back what a take would first (leases that ran out, delayed tasks now due)
+    /// and takes nothing: for a queue no slot takes from, such as one of a disabled
+    /// system, whose sweep then cancels them.
+    pub async fn reclaim(&self) -> Result<(), QueueError> {
+        let mut args = self.take_args(1, Duration::from_secs(1))?;
+        args[0] = "0".into();
+        let mut inv = self.invocation(&SCRIPTS.take);
+        for arg in args {
+            inv.arg(arg);
+        }
+        let mut conn = self.conn.clone();
+        let _: Value = inv.invoke_async(&mut conn).await?;
+        Ok(())
+    }
+
     /// take.lua for `n` tasks whose tokens (if the system has a rate) are in hand.
     async fn take_granted(&self, n: usize, lease: Duration) -> Result<Batch, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.take);

@@ -62,6 +62,6 @@ pub use record::{
 };
 pub use stats::QueueStats;
 pub use system::{
-    SystemChange, SystemError, SystemState, bucket_key, states as system_states, switches_key,
-    with_switches,
+    Switches, SystemChange, SystemError, SystemState, bucket_key, states as system_states,
+    switches_key, with_switches,
 };

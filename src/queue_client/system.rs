@@ -5,9 +5,14 @@
 //! the manager read, and in each of the system's queues' `conf` hash (`system` =
 //! `STATE:NAME`), which take.lua and enqueue.lua read in the same step that takes or
 //! enqueues, on the queue's own hash slot. A system without a switch is in the config's
-//! state (`paused = true` or active). The bucket is `NS:{sys:NAME}:bucket`, in its own
-//! hash slot: a take acquires tokens there first, then takes at most that many, and hands
-//! back the ones it did not use.
+//! state (`paused = true` or active). Each switch counts the system's generation up
+//! (`gen:NAME` in the cluster's hash; a queue keeps its switch's in `system_gen`), so the
+//! manager's tick, which copies the switches it read to the queues, never writes an older
+//! switch over a newer one (two hash slots: no script can do both at once). While a system
+//! is disabled, the tick also cancels what became waiting since its switch (a retry, a
+//! lease that ran out, a requeue). The bucket is `NS:{sys:NAME}:bucket`, in its own hash
+//! slot: a take acquires tokens there first, then takes at most that many, and hands back
+//! the ones it did not use.
 
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -25,6 +30,16 @@ const SWEEP_CHUNK: usize = 500;
 
 static SYSTEM: LazyLock<Script> = LazyLock::new(|| with_prelude(include_str!("lua/system.lua")));
 static BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/bucket.lua")));
+// The cluster's switch of a system and its generation, in one step: returns the state it
+// was in (nil: none set) and the new generation.
+static SWITCH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local was = redis.call('HGET', KEYS[1], ARGV[1]) \
+         local gen = redis.call('HINCRBY', KEYS[1], 'gen:' .. ARGV[1], 1) \
+         redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) \
+         return {was or '', gen}",
+    )
+});
 
 /// Where an external system stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -81,6 +96,22 @@ pub struct SystemChange {
     pub cancelled: u64,
     /// Waiting tasks whose records got the pause note (pause).
     pub noted: u64,
+}
+
+/// The run-time switches as one reading: each system's state and generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Switches {
+    /// The state of each system that has a switch (others are in their config's state).
+    pub states: BTreeMap<String, SystemState>,
+    /// The generation of each switch: how many times its system was switched.
+    pub gens: BTreeMap<String, u64>,
+}
+
+impl Switches {
+    /// The generation of `system`'s switch as read (0: none).
+    fn generation(&self, system: &str) -> u64 {
+        self.gens.get(system).copied().unwrap_or(0)
+    }
 }
 
 /// Tokens a take got from its system's bucket.
@@ -153,12 +184,22 @@ pub fn states(
 impl QueueClient {
     /// The run-time switches that are set (systems without one are in their config's state).
     pub async fn system_switches(&self) -> Result<BTreeMap<String, SystemState>, QueueError> {
+        Ok(self.read_switches().await?.states)
+    }
+
+    /// The run-time switches with their generations, in one read.
+    pub async fn read_switches(&self) -> Result<Switches, QueueError> {
         let mut conn = self.connection();
         let raw: BTreeMap<String, String> = conn.hgetall(switches_key(self.namespace())).await?;
-        Ok(raw
-            .into_iter()
-            .filter_map(|(k, v)| SystemState::parse(&v).map(|s| (k, s)))
-            .collect())
+        let mut out = Switches::default();
+        for (k, v) in raw {
+            if let Some(system) = k.strip_prefix("gen:") {
+                out.gens.insert(system.to_string(), v.parse().unwrap_or(0));
+            } else if let Some(state) = SystemState::parse(&v) {
+                out.states.insert(k, state);
+            }
+        }
+        Ok(out)
     }
 
     /// Tokens granted by a system's bucket so far (net of those handed back): the tasks
@@ -186,16 +227,14 @@ impl QueueClient {
             .get(system)
             .ok_or_else(|| SystemError::Unknown(system.to_string()))?;
         let mut conn = self.connection();
-        let key = switches_key(self.namespace());
-        let was: Option<String> = conn.hget(&key, system).await.map_err(QueueError::from)?;
-        let was = was
-            .as_deref()
-            .and_then(SystemState::parse)
-            .unwrap_or(SystemState::configured(sys.paused));
-        let () = conn
-            .hset(&key, system, state.as_str())
+        let (was, generation): (String, u64) = SWITCH
+            .key(switches_key(self.namespace()))
+            .arg(system)
+            .arg(state.as_str())
+            .invoke_async(&mut conn)
             .await
             .map_err(QueueError::from)?;
+        let was = SystemState::parse(&was).unwrap_or(SystemState::configured(sys.paused));
         let mut change = SystemChange {
             system: system.to_string(),
             state,
@@ -209,7 +248,7 @@ impl QueueClient {
             .filter(|q| q.system.as_deref() == Some(system))
         {
             let queue = self.queue_with(&q.name, super::QueueLimits::from(q))?;
-            queue.switch_system(system, state).await?;
+            queue.switch_system(system, state, generation).await?;
             match state {
                 SystemState::Disabled => change.cancelled += queue.cancel_waiting(system).await?,
                 SystemState::Paused if was != SystemState::Paused => {
@@ -225,18 +264,20 @@ impl QueueClient {
 impl QueueClient {
     /// Brings every queue's copy of its system's switch in line with `switches` and the
     /// config: a queue that joined a switched system gets the switch, one that left a
-    /// system (or whose system has no switch) loses it. The manager calls this every
+    /// system (or whose system has no switch) loses it; a queue whose switch is newer than
+    /// the reading (an operator switched meanwhile) keeps it. The manager calls this every
     /// tick, so a config change cannot leave a queue held by a system it left. Returns
     /// how many queues it changed.
     pub async fn reconcile_system_switches(
         &self,
         cfg: &Config,
-        switches: &BTreeMap<String, SystemState>,
+        switches: &Switches,
     ) -> Result<u32, QueueError> {
         let mut changed = 0;
         for q in cfg.queues.values() {
+            let system = q.system.as_deref().unwrap_or_default();
             let want = q.system.as_ref().and_then(|name| {
-                let state = switches.get(name)?;
+                let state = switches.states.get(name)?;
                 Some(format!("{}:{name}", state.as_str()))
             });
             let queue = self.queue_with(&q.name, super::QueueLimits::from(q))?;
@@ -245,15 +286,40 @@ impl QueueClient {
             if have == want {
                 continue;
             }
-            match &want {
-                Some(value) => queue.set_switch(value).await?,
-                None => {
-                    let () = conn.hdel(queue.keys.conf(), "system").await?;
-                }
-            }
-            changed += 1;
+            let generation = switches.generation(system);
+            let done = match &want {
+                Some(value) => queue.set_switch(value, generation).await?,
+                None => queue.clear_switch(system, generation).await?,
+            };
+            changed += u32::from(done);
         }
         Ok(changed)
+    }
+
+    /// Cancels what waits on the queues of systems `switches` says are disabled: tasks
+    /// that became waiting after the switch's own sweep (a retry of a task that was
+    /// running, a lease of a killed slot that ran out, a requeued dead letter, a queue
+    /// that joined the system). Each cancel checks the queue's switch in the same step,
+    /// so a reading older than an `enable` cancels nothing. Returns how many it cancelled.
+    pub async fn sweep_disabled(
+        &self,
+        cfg: &Config,
+        switches: &Switches,
+    ) -> Result<u64, QueueError> {
+        let mut cancelled = 0;
+        for q in cfg.queues.values() {
+            let Some(system) = q.system.as_deref() else {
+                continue;
+            };
+            if switches.states.get(system) != Some(&SystemState::Disabled) {
+                continue;
+            }
+            let queue = self.queue_with(&q.name, super::QueueLimits::from(q))?;
+            // Leases that ran out come back first (no slot takes from a disabled queue).
+            queue.reclaim().await?;
+            cancelled += queue.cancel_waiting(system).await?;
+        }
+        Ok(cancelled)
     }
 }
 
@@ -326,19 +392,34 @@ impl Queue {
             .await?)
     }
 
-    /// Sets the queue's copy of its system's switch.
-    async fn switch_system(&self, system: &str, state: SystemState) -> Result<(), QueueError> {
-        self.set_switch(&format!("{}:{system}", state.as_str()))
+    /// Sets the queue's copy of its system's switch, of generation `generation`.
+    async fn switch_system(
+        &self,
+        system: &str,
+        state: SystemState,
+        generation: u64,
+    ) -> Result<bool, QueueError> {
+        self.set_switch(&format!("{}:{system}", state.as_str()), generation)
             .await
     }
 
-    /// Sets the queue's switch to `value` (`STATE:NAME`); back to active wakes its takers.
-    async fn set_switch(&self, value: &str) -> Result<(), QueueError> {
+    /// Sets the queue's switch to `value` (`STATE:NAME`) of generation `generation`, unless it
+    /// holds a newer one of that system; back to active wakes its takers. Returns whether
+    /// it was set.
+    async fn set_switch(&self, value: &str, generation: u64) -> Result<bool, QueueError> {
         let mut inv = self.invocation(&SYSTEM);
-        inv.arg("set").arg(value);
+        inv.arg("set").arg(value).arg(generation);
         let mut conn = self.conn.clone();
-        inv.invoke_async::<i64>(&mut conn).await?;
-        Ok(())
+        Ok(inv.invoke_async::<i64>(&mut conn).await? == 1)
+    }
+
+    /// Removes the queue's switch, unless it is one of `system` newer than generation
+    /// `generation`. Returns whether it was removed.
+    async fn clear_switch(&self, system: &str, generation: u64) -> Result<bool, QueueError> {
+        let mut inv = self.invocation(&SYSTEM);
+        inv.arg("clear").arg(system).arg(generation);
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async::<i64>(&mut conn).await? == 1)
     }
 
     /// Cancels every waiting task, from the head, in chunks; returns how many.
@@ -350,7 +431,9 @@ impl Queue {
             if ids.is_empty() {
                 return Ok(total);
             }
-            let cancels = ids.iter().map(|id| self.cancel_with(id, &note));
+            let cancels = ids
+                .iter()
+                .map(|id| self.cancel_while_disabled(id, system, &note));
             let done = futures::future::try_join_all(cancels).await?;
             let n = done.iter().filter(|d| d.is_some()).count() as u64;
             // A chunk that cancelled nothing is one the takers' races left behind: stop

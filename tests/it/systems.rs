@@ -8,7 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use gaffer::cluster::{self, Keys, SlotMap};
-use gaffer::queue_client::{NewTask, Queue, QueueClient, QueueLimits, RecordState};
+use gaffer::queue_client::{
+    NewTask, Queue, QueueClient, QueueLimits, RecordState, Settle, SettleOp, SystemState,
+};
 use gaffer::redis_server::free_port;
 
 use crate::harness::{ANY_LOAD, TestRedis, eventually};
@@ -144,6 +146,17 @@ pub(crate) async fn enqueue(q: &Queue, n: usize) -> Vec<String> {
         .collect()
 }
 
+/// Removes the calls queue's copy of its system's switch, as if it had just joined.
+async fn forget_switch(rig: &Rig) {
+    let mut raw = rig.redis.raw().await;
+    let _: () = redis::cmd("HDEL")
+        .arg("test:{calls}:conf")
+        .arg("system")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+}
+
 /// The note of a task's last history entry, and its state.
 async fn last_note(q: &Queue, id: &str) -> (RecordState, String) {
     let r = q.record(id).await.unwrap().expect("a record");
@@ -198,6 +211,130 @@ async fn disable_cancels_waiting_and_new_tasks_with_the_note_and_enable_runs_aga
             RecordState::Done
         );
     }
+}
+
+#[tokio::test]
+async fn a_tick_that_read_the_switches_before_an_operator_switched_leaves_them_alone() {
+    let rig = Rig::start(PARTNER).await;
+    let q = rig.queue("calls");
+    let (client, cfg) = (&rig.client, &rig.cfg);
+    // The manager read the switches (none yet), then an operator disabled the system
+    // before the tick copied its reading to the queues.
+    let before = client.read_switches().await.unwrap();
+    client
+        .set_system(cfg, "partner", SystemState::Disabled)
+        .await
+        .unwrap();
+    let changed = client
+        .reconcile_system_switches(cfg, &before)
+        .await
+        .unwrap();
+    assert_eq!(changed, 0, "an older reading is refused");
+    let late = enqueue(&q, 1).await.remove(0);
+    assert_eq!(
+        last_note(&q, &late).await,
+        (RecordState::Cancelled, "system partner is disabled".into()),
+        "still disabled"
+    );
+
+    // The other way round: a reading of the disable, then an enable.
+    let disabled = client.read_switches().await.unwrap();
+    assert_eq!(disabled.states["partner"], SystemState::Disabled);
+    client
+        .set_system(cfg, "partner", SystemState::Active)
+        .await
+        .unwrap();
+    let changed = client
+        .reconcile_system_switches(cfg, &disabled)
+        .await
+        .unwrap();
+    assert_eq!(changed, 0);
+    let fresh = enqueue(&q, 2).await;
+    let swept = client.sweep_disabled(cfg, &disabled).await.unwrap();
+    assert_eq!(swept, 0, "a sweep from an older reading cancels nothing");
+    assert_eq!(
+        q.stats().await.unwrap().ready,
+        2,
+        "enabled: new tasks wait to run"
+    );
+    for id in &fresh {
+        assert_eq!(last_note(&q, id).await.0, RecordState::Waiting, "{id}");
+    }
+
+    // A queue without its copy (it joined the system, say) gets it from a current reading.
+    let now = client.read_switches().await.unwrap();
+    forget_switch(&rig).await;
+    client
+        .set_system(cfg, "partner", SystemState::Paused)
+        .await
+        .unwrap();
+    let paused = client.read_switches().await.unwrap();
+    assert_eq!(
+        client.reconcile_system_switches(cfg, &now).await.unwrap(),
+        0,
+        "the pause is newer than that reading"
+    );
+    forget_switch(&rig).await;
+    assert_eq!(
+        client
+            .reconcile_system_switches(cfg, &paused)
+            .await
+            .unwrap(),
+        1
+    );
+    let lease = Duration::from_secs(60);
+    assert!(q.take(10, lease).await.unwrap().tasks.is_empty(), "paused");
+}
+
+#[tokio::test]
+async fn what_waits_again_under_a_disabled_system_is_cancelled_by_the_manager() {
+    let mut rig = Rig::start(PARTNER).await;
+    let q = rig.queue("calls");
+    let ids = enqueue(&q, 3).await;
+    // Two of them run when the system is disabled: one is retried after, the other's slot
+    // dies (its lease runs out); the third waits, and the switch's sweep cancels it.
+    let retried = q.take(1, Duration::from_secs(60)).await.unwrap();
+    let lost = q.take(1, Duration::from_millis(300)).await.unwrap();
+    let change = rig
+        .client
+        .set_system(&rig.cfg, "partner", SystemState::Disabled)
+        .await
+        .unwrap();
+    assert_eq!(change.cancelled, 1);
+    assert_eq!(last_note(&q, &ids[2]).await.0, RecordState::Cancelled);
+    let retry = Settle::Retry {
+        delay: Duration::ZERO,
+        priority: None,
+        reason: "try again".into(),
+    };
+    q.settle(&[SettleOp::new(&retried.tasks[0], retry)])
+        .await
+        .unwrap();
+    assert_eq!(q.stats().await.unwrap().ready, 1, "waiting again");
+
+    rig.manager();
+    let again = [&retried.tasks[0].id, &lost.tasks[0].id];
+    eventually(Duration::from_secs(30), "both cancelled", || async {
+        let mut all = true;
+        for id in again {
+            all &= last_note(&q, id).await.0 == RecordState::Cancelled;
+        }
+        all
+    })
+    .await;
+    for id in again {
+        assert_eq!(
+            last_note(&q, id).await,
+            (RecordState::Cancelled, "system partner is disabled".into()),
+            "{id}"
+        );
+    }
+    let stats = q.stats().await.unwrap();
+    assert_eq!(
+        (stats.ready, stats.delayed, stats.leased),
+        (0, 0, 0),
+        "{stats:?}"
+    );
 }
 
 #[tokio::test]

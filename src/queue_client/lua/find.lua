@@ -1,13 +1,21 @@
 -- ARGV: id, cancel ('1' removes the task), note (the cancelled record's history note),
 -- history_ttl_ms, the queue's kind ('long': a running task is asked to stop, state
--- 'cancelling', rather than removed). Returns nil when unknown, else
+-- 'cancelling', rather than removed), a system ('' none: the sweep of a disable cancels
+-- only a waiting task, and only while the queue's switch says that system is disabled).
+-- Returns nil when unknown (or, for a sweep, not cancelled), else
 -- {state, score, meta, attempts, payload, error, lease token or ''}; a leased task's
 -- attempts count the one under way.
 local now = now_ms()
 local id = ARGV[1]
+local sweep = ARGV[6] or ''
+if sweep ~= '' then
+  local st, name = system_switch()
+  if st ~= 'disabled' or name ~= sweep then return nil end
+end
 -- A cancel changes the lease: a batch holding it is split first (see prelude.lua).
-local state, score, m, member, tok = locate(id, now, ARGV[2] == '1')
+local state, score, m, member, tok = locate(id, now, ARGV[2] == '1' and sweep == '')
 if not state then return nil end
+if sweep ~= '' and state ~= 'ready' and state ~= 'due' and state ~= 'delayed' then return nil end
 local attempts = attempts_of(redis.call('HGET', K_ATT, id))
 if state == 'leased' then attempts = attempts + 1 end
 local out = {

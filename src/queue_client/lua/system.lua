@@ -1,6 +1,12 @@
 -- A system's switch as one of its queues sees it (`gaffer system NAME …`).
 -- ARGV: op, then
---   'set', value ('STATE:NAME'): the queue's switch; back to active wakes its takers;
+--   'set', value ('STATE:NAME'), generation: the queue's switch; back to active wakes its
+--     takers. Each switch of a system counts its generation up (in the cluster's hash of
+--     switches), and the queue keeps the one its switch came from: a write from an older
+--     reading (the manager's tick, racing an operator's switch) is refused, returns 0;
+--   'clear', system, generation: removes the queue's switch (the queue left the system,
+--     or the system has none), unless it is one of that system's newer than the
+--     generation read (0: none was read); returns 1 when removed;
 --   'waiting', offset, limit: ids of waiting tasks (ready lists by priority, then delayed)
 --     from `offset` on, at most `limit`;
 --   'note', offset, limit, note: the same tasks' records get a waiting entry with `note`
@@ -28,10 +34,22 @@ local function waiting_slice(offset, limit)
   return out
 end
 
+-- Whether the queue's switch is one of `system`'s newer than generation `gen`.
+local function newer_switch(system, gen)
+  local cur = redis.call('HGET', K_CONF, 'system')
+  if not cur or string.match(cur, '^%a+:(.*)$') ~= system then return false end
+  return (tonumber(redis.call('HGET', K_CONF, 'system_gen')) or 0) > gen
+end
+
 if op == 'set' then
-  redis.call('HSET', K_CONF, 'system', ARGV[2])
-  if string.match(ARGV[2], '^active:') then wake(WAKE_CAP) end
+  local value, gen = ARGV[2], tonumber(ARGV[3]) or 0
+  if newer_switch(string.match(value, '^%a+:(.*)$'), gen) then return 0 end
+  redis.call('HSET', K_CONF, 'system', value, 'system_gen', gen)
+  if string.match(value, '^active:') then wake(WAKE_CAP) end
   return 1
+elseif op == 'clear' then
+  if newer_switch(ARGV[2], tonumber(ARGV[3]) or 0) then return 0 end
+  return redis.call('HDEL', K_CONF, 'system', 'system_gen') > 0 and 1 or 0
 elseif op == 'waiting' then
   return waiting_slice(tonumber(ARGV[2]), tonumber(ARGV[3]))
 elseif op == 'note' then

@@ -1,6 +1,7 @@
--- ARGV: n, lease_ms, housekeeping limit, host, slot, history_ttl_ms (the taker's identity
--- goes into the records of tracked tasks), the config's system state ('paused' or ''; the
--- run-time switch in K_CONF wins), ordered ('1': one task at a time, see take_hold)
+-- ARGV: n (0: bring back, take nothing), lease_ms, housekeeping limit, host, slot,
+-- history_ttl_ms (the taker's identity goes into the records of tracked tasks), the
+-- config's system state ('paused' or ''; the run-time switch in K_CONF wins), ordered
+-- ('1': one task at a time, see take_hold)
 -- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
 -- {now, -token, expiry, {id, ...}, {payload, ...}} when every one is at its first attempt
 -- (the common case: a number less per task to send, and no loop here to build it), or
@@ -81,6 +82,9 @@ if #due > 0 then
   bulk('ZREM', K_DELAYED, due)
   push_ready_grouped(pris, ids, false)
 end
+
+-- n = 0: only the steps above (a reclaim, see lease.rs), and the hint of none taken.
+if n == 0 then return {now, 0, -1} end
 
 -- 3. Hand out up to n, highest priority first, FIFO within a priority; nothing while
 --    held (a paused or disabled system; an ordered queue's head running or not yet due).
