@@ -172,6 +172,12 @@ impl Queue {
                 task.priority, self.name
             )));
         }
+        if self.limits.ordered && (task.at.is_some() || !task.delay.is_zero()) {
+            return Err(QueueError::Invalid(format!(
+                "delay refused: queue {} is ordered (tasks run in creation order, so none may be due later than one created after it)",
+                self.name
+            )));
+        }
         let off = match task.at {
             Some(at) => at.duration_since(SystemTime::now()).unwrap_or_default(),
             None => task.delay,

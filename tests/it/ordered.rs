@@ -128,15 +128,23 @@ async fn a_retry_with_a_delay_holds_the_queue_until_due_and_stays_at_the_head() 
 }
 
 #[tokio::test]
-async fn a_priority_is_refused_on_an_ordered_queue() {
+async fn a_priority_or_a_delay_is_refused_on_an_ordered_queue() {
     let rig =
         Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
-    let err = rig
-        .queue("steps")
-        .enqueue_many(&[NewTask::new(b"{}".to_vec()).priority(5)])
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("queue steps is ordered"), "{err}");
+    let q = rig.queue("steps");
+    let plain = || NewTask::new(b"{}".to_vec());
+    let at = std::time::SystemTime::now() + Duration::from_secs(5);
+    for (task, refused) in [
+        (plain().priority(5), "priority 5 refused"),
+        (plain().delay(Duration::from_millis(10)), "delay refused"),
+        (plain().at(at), "delay refused"),
+    ] {
+        // (one refused task enqueues none of its call)
+        let err = q.enqueue_many(&[plain(), task]).await.unwrap_err();
+        assert!(err.to_string().contains(refused), "{err}");
+        assert!(err.to_string().contains("queue steps is ordered"), "{err}");
+    }
+    assert_eq!(q.stats().await.unwrap().ready, 0);
 }
 
 #[test]
