@@ -147,9 +147,9 @@ impl Api {
         chain::start_global(&self.client, queue, chained, ttl)
             .await
             .map_err(|e| match e {
-                ChainError::Taken { .. } | ChainError::Ended { .. } => {
-                    ApiError::conflict(e.to_string())
-                }
+                ChainError::Taken { .. }
+                | ChainError::Ended { .. }
+                | ChainError::InChain { .. } => ApiError::conflict(e.to_string()),
                 ChainError::Queue(q) => q.into(),
             })
     }
@@ -167,13 +167,9 @@ impl Api {
     ) -> Answer {
         let made = queue.enqueue(task).await?;
         let deadline = tokio::time::Instant::now() + wait;
-        let targets = self.chain_targets();
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let view = chain::read(&self.client, &targets.queues, &made.id).await?;
-            let Some(view) = view else {
-                return Err(ApiError::not_found(format!("no chain {}", made.id)));
-            };
+            let view = self.run_chain(queue, &made.id).await?;
             if view.state.is_end() {
                 return Ok((StatusCode::OK, view.to_json()));
             }
@@ -188,11 +184,13 @@ impl Api {
                 .filter(|t| !t.record.as_ref().is_some_and(|r| r.state.is_end()))
             {
                 registrations.push(self.ended.register(&t.member.queue, &t.member.id));
+                // (A task listed before it is made, or not yet made again, has no record
+                // to watch: its parent, listed too and not ended, wakes this wait.)
                 if let Some(q) = self.queues.get(&t.member.queue) {
                     ended_meanwhile |= q
                         .watch(&t.member.id)
                         .await?
-                        .is_none_or(|r| r.state.is_end());
+                        .is_some_and(|r| r.state.is_end());
                 }
             }
             if ended_meanwhile || registrations.is_empty() {
@@ -204,14 +202,38 @@ impl Api {
                 () = tokio::time::sleep_until(deadline) => {}
                 () = self.shutdown.cancelled() => {}
             }
-            let view = chain::read(&self.client, &targets.queues, &made.id).await?;
-            let view = view.ok_or_else(|| ApiError::not_found(format!("no chain {}", made.id)))?;
+            let view = self.run_chain(queue, &made.id).await?;
             let status = if view.state.is_end() {
                 StatusCode::OK
             } else {
                 StatusCode::ACCEPTED
             };
             return Ok((status, view.to_json()));
+        }
+    }
+
+    /// The chain of the run of global task `id` that a submit made or found: the chain
+    /// its record names (its id, or the name its run's claim got where an earlier run of
+    /// the id has that chain, `QUEUE:ID`…). Until the run has made a chain of its own
+    /// there, the chain of its name can be an earlier run's (the earlier run ended between
+    /// the submit's check and its enqueue), which leaves its record out: the run is then
+    /// a chain of one task, itself, and a wait follows it until it makes follow-ups or
+    /// ends.
+    async fn run_chain(&self, queue: &Queue, id: &str) -> Result<ChainView, ApiError> {
+        let record = queue.record(id).await?;
+        let name = record
+            .as_ref()
+            .and_then(|r| r.chain.as_deref())
+            .filter(|c| chain::started_by(queue.name(), id, c))
+            .unwrap_or(id)
+            .to_string();
+        let view = chain::read(&self.client, &self.chain_targets().queues, &name).await?;
+        let run_shown = |v: &ChainView| v.tasks.first().is_some_and(|t| t.record.is_some());
+        match (view, record) {
+            (Some(v), _) if run_shown(&v) => Ok(v),
+            (_, Some(r)) => Ok(ChainView::of_task(&name, r)),
+            (Some(v), None) => Ok(v),
+            (None, None) => Err(ApiError::not_found(format!("no chain {name}"))),
         }
     }
 }

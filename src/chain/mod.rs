@@ -356,6 +356,19 @@ pub enum ChainError {
         /// The global task's queue.
         queue: String,
     },
+    /// The task under that id, which the submit would be (a dedup hit), is a task of
+    /// another chain: it cannot be the global task of a chain of its own.
+    #[error(
+        "task {id} of queue {queue} is already a task of chain {chain}: submit the global task of a new chain under another id"
+    )]
+    InChain {
+        /// The id asked for.
+        id: String,
+        /// The queue.
+        queue: String,
+        /// The chain its task is in.
+        chain: String,
+    },
     /// Redis refused or could not be reached.
     #[error(transparent)]
     Queue(#[from] QueueError),
@@ -377,6 +390,22 @@ pub async fn start_global(
     for t in tasks.iter_mut() {
         t.chain = Some(crate::queue_client::TaskChain::Global);
         let id = t.id.get_or_insert_with(new_global_id).clone();
+        let record = on.record(&id).await?;
+        let new_run = makes_a_new_run(on, record.as_ref());
+        // Where the enqueue's dedup finds the task there, the submit is that task: one in
+        // another chain (a follow-up under this id) cannot be a chain's global task.
+        if let Some(chain) = record
+            .as_ref()
+            .filter(|_| !new_run)
+            .and_then(|r| r.chain.clone())
+            .filter(|c| !started_by(queue, &id, c))
+        {
+            return Err(ChainError::InChain {
+                id,
+                queue: queue.to_string(),
+                chain,
+            });
+        }
         match stored(&conn, ns, &id).await? {
             Some(s) if s.root != Member::new(queue, &id) => {
                 return Err(ChainError::Taken {
@@ -388,7 +417,7 @@ pub async fn start_global(
             // finds that run, this submit is it; where it would make a new run, that
             // run would need a chain of its own, and a submit that asked for this one
             // (and may wait on it) is refused instead.
-            Some(s) if s.run.is_some() && makes_a_new_run(on, &id).await? => {
+            Some(s) if s.run.is_some() && new_run => {
                 return Err(ChainError::Ended {
                     chain: id,
                     queue: queue.to_string(),
@@ -458,15 +487,18 @@ async fn add_pipeline(
     Ok(())
 }
 
-/// Whether a task submitted under `id` would be a new run rather than a dedup hit on the
-/// one there: its record is gone, or it has ended and the queue's dedup (`active`) lets
-/// an ended task's id be used again.
-async fn makes_a_new_run(queue: &crate::queue_client::Queue, id: &str) -> Result<bool, QueueError> {
+/// Whether a task submitted under an id whose record is `record` would be a new run
+/// rather than a dedup hit on the one there: its record is gone, or it has ended and the
+/// queue's dedup (`active`) lets an ended task's id be used again.
+fn makes_a_new_run(
+    queue: &crate::queue_client::Queue,
+    record: Option<&crate::queue_client::TaskRecord>,
+) -> bool {
     let active = queue.limits().dedup == crate::config::Dedup::Active;
-    Ok(match queue.record(id).await? {
+    match record {
         None => true,
         Some(r) => active && r.state.is_end(),
-    })
+    }
 }
 
 /// A chain's members as stored: its global task, and each follow-up with its parent, in

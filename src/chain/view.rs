@@ -69,6 +69,23 @@ pub struct ChainView {
 }
 
 impl ChainView {
+    /// A chain of one task, `record`'s: a global task's run whose chain has no
+    /// follow-ups of its own (yet).
+    pub fn of_task(id: &str, record: TaskRecord) -> Self {
+        let tasks = vec![ChainTask {
+            member: Member::new(&record.queue, &record.id),
+            parent: None,
+            record: Some(record),
+        }];
+        let (state, failed) = state_of(&tasks);
+        ChainView {
+            id: id.to_string(),
+            state,
+            failed,
+            tasks,
+        }
+    }
+
     /// The API's document: `{"id", "state", "failed", "tasks": [records with "parent"]}`.
     pub fn to_json(&self) -> Value {
         let tasks: Vec<Value> = self
@@ -118,19 +135,22 @@ pub async fn read(
     // and the chain seem done while one it has is not listed. A follow-up is listed before
     // its parent ends, so once the list reads the same after the records as before, every
     // task those records' parents made is in it. (Bounded: a chain growing all the while
-    // is shown as it last read.)
+    // is shown as it last read, and not as done: a task it has may not be in that list.)
     let mut reads_left = MAX_READS;
-    let records = loop {
+    let (records, settled) = loop {
         let reads = std::iter::once(&list.root)
             .chain(list.follow.iter().map(|(c, _)| c))
             .map(|m| record_of(client, queues, m));
         let records = futures::future::try_join_all(reads).await?;
         reads_left -= 1;
         match members(&conn, client.namespace(), chain).await? {
-            Some(again) if again.follow.len() != list.follow.len() && reads_left > 0 => {
+            Some(again) if again.follow.len() != list.follow.len() => {
+                if reads_left == 0 {
+                    break (records, false);
+                }
                 list = again
             }
-            _ => break records,
+            _ => break (records, true),
         }
     };
     let run_at = list.run_enqueued_ms();
@@ -149,7 +169,10 @@ pub async fn read(
             parent,
         })
         .collect();
-    let (state, failed) = state_of(&tasks);
+    let (mut state, failed) = state_of(&tasks);
+    if !settled && state == ChainState::Done {
+        state = ChainState::Running;
+    }
     Ok(Some(ChainView {
         id: chain.to_string(),
         state,

@@ -159,8 +159,8 @@ impl FollowUps {
         let (on_done, on_failed) = self.route_kinds();
         outcomes.iter().any(|o| match o {
             Outcome::Done(d) => on_done || !d.next.is_empty(),
-            Outcome::Fail { .. } | Outcome::Reject { .. } => on_failed,
-            Outcome::Retry { .. } => false,
+            // (a retry at the last attempt fails for good)
+            Outcome::Fail { .. } | Outcome::Reject { .. } | Outcome::Retry { .. } => on_failed,
         })
     }
 
@@ -185,8 +185,9 @@ impl FollowUps {
         tasks: &[LeasedTask],
         outcomes: &mut [Outcome],
     ) -> Result<(), QueueError> {
+        let on_failed = self.route_kinds().1;
         let candidates: Vec<usize> = (0..tasks.len())
-            .filter(|&i| !matches!(outcomes[i], Outcome::Retry { .. }))
+            .filter(|&i| on_failed || !matches!(outcomes[i], Outcome::Retry { .. }))
             .collect();
         let parents: Vec<&LeasedTask> = candidates.iter().map(|&i| &tasks[i]).collect();
         let starting: Vec<bool> = candidates
@@ -257,6 +258,20 @@ impl FollowUps {
                 Outcome::Reject { reason } => next.extend(self.failed_routes(task, reason)),
                 Outcome::Fail { reason } if final_attempt(task, fact) => {
                     next.extend(self.failed_routes(task, reason))
+                }
+                // The queue dead-letters a retry at the last attempt, saying so (settle.lua).
+                Outcome::Retry { reason, .. } if final_attempt(task, fact) => {
+                    let max = fact.max_attempts.unwrap_or_default();
+                    let reason = if reason.is_empty() {
+                        "retry requested"
+                    } else {
+                        reason
+                    };
+                    let why = format!(
+                        "attempt {} of {max} failed (max_attempts reached): {reason}",
+                        task.attempt
+                    );
+                    next.extend(self.failed_routes(task, &why))
                 }
                 _ => {}
             }

@@ -42,8 +42,13 @@ for line in sys.stdin:
             r["result"] = {"parts": 3}
             r["next"] = [{"queue": prefix + "parse", "payload": {"part": i, "fail": p.get("fail_part") == i}}
                          for i in (1, 2, 3)]
+            for f in r["next"]:
+                if p.get("retry_part") == f["payload"]["part"]:
+                    f["payload"]["retry"] = True
         elif kind == "parse":
-            if p.get("fail"):
+            if p.get("retry"):
+                r = {"id": t["id"], "status": "retry", "delay_ms": 0}
+            elif p.get("fail"):
                 r = {"id": t["id"], "status": "fail", "error": "part %d is unreadable" % p["part"]}
             else:
                 r["result"] = {"rows": p["part"] * 10}
@@ -274,6 +279,7 @@ async fn fan_out_and_fail(rig: &Rig) {
     let (id, want) = a_fan_out_ends_done(rig).await;
     a_taken_chain_id_is_refused_or_renamed(rig, &id, &want).await;
     a_part_failing_fails_the_chain(rig).await;
+    a_part_retried_past_its_attempts_fails_the_chain(rig).await;
     an_unknown_follow_up_queue_fails_its_task(rig).await;
     same_ids_never_share_children(rig).await;
     a_list_from_before_runs_keeps_its_ids(rig).await;
@@ -431,6 +437,36 @@ async fn a_part_failing_fails_the_chain(rig: &Rig) {
     assert!(states(&chain).contains_key(&cleanup), "{chain}");
 }
 
+/// A part whose handler asks for a retry at its last attempt fails for good too, and its
+/// queue's failed route runs for it as for a failure.
+async fn a_part_retried_past_its_attempts_fails_the_chain(rig: &Rig) {
+    let path = format!("/v1/queues/{}/tasks", rig.q("fetch"));
+    let body = r#"{"payload": {"retry_part": 2}, "chain": true, "wait": "40s"}"#;
+    let (status, chain) = rig.call("POST", &path, Some(body)).await;
+    assert_eq!(status, 200, "{chain}");
+    let id = chain["id"].as_str().unwrap().to_string();
+    assert_eq!(chain["state"], "failed", "{chain}");
+    assert_eq!(chain["failed"]["id"], format!("{id}~2"), "{chain}");
+    let error = chain["failed"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("attempt 1 of 1 failed (max_attempts reached)"),
+        "{chain}"
+    );
+    let cleanup = format!("{id}~2~1");
+    let clean = rig.client.queue(&rig.q("clean")).unwrap();
+    let rec = poll_some(Duration::from_secs(20), "the cleanup task done", || async {
+        clean
+            .record(&cleanup)
+            .await
+            .unwrap()
+            .filter(|r| r.state == RecordState::Done)
+    })
+    .await;
+    let given = &rec.result.as_ref().unwrap()["given"];
+    assert_eq!(given["task"], format!("{id}~2"), "{given}");
+    assert_eq!(given["error"], error, "{given}");
+}
+
 /// A follow-up to a queue the config does not name fails its task for good, saying so.
 async fn an_unknown_follow_up_queue_fails_its_task(rig: &Rig) {
     let store = format!("/v1/queues/{}/tasks", rig.q("store"));
@@ -509,9 +545,34 @@ async fn same_ids_never_share_children(rig: &Rig) {
         ]
     );
     assert_eq!(chain_ids(rig, "twin").await, ["twin", "twin~1", "twin~2"]);
-    // And a third run: its queue's name for it is taken too.
-    let third = done_in(rig, "first", "twin").await;
-    assert!(third.starts_with(&format!("{again}@")), "{third}");
+    // And a third run, which a submit asking for its chain then finds (a dedup hit on
+    // the waiting task): the chain of that id is the first run's, so the submit follows
+    // the run's own, whose name its claim gets once it runs (its queue's name for it is
+    // taken too). A submit that took the first run's chain for it answered at once.
+    let path = format!("/v1/queues/{first}/tasks");
+    let delayed = r#"{"payload": {}, "id": "twin", "delay": "2s"}"#;
+    let (status, rec) = rig.call("POST", &path, Some(delayed)).await;
+    assert_eq!(status, 202, "{rec}");
+    let follow = r#"{"payload": {}, "id": "twin", "chain": true, "wait": "30s"}"#;
+    let (status, chain) = rig.call("POST", &path, Some(follow)).await;
+    assert_eq!(status, 200, "{chain}");
+    let third = chain["id"].as_str().unwrap_or_default().to_string();
+    assert!(third.starts_with(&format!("{again}@")), "{chain}");
+    assert_eq!(chain["state"], "done", "{chain}");
+    let ids: Vec<&str> = chain["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "twin".to_string(),
+            format!("{third}~1"),
+            format!("{third}~2")
+        ]
+    );
     assert_eq!(chain_ids(rig, &third).await.len(), 3);
     let runs = rig.runs();
     for id in [
@@ -593,6 +654,49 @@ async fn a_chain_with_a_fan_out_ends_when_all_its_tasks_do() {
     let redis = TestRedis::start();
     let rig = Rig::start(&redis.url(), "test", "a", &[]).await;
     fan_out_and_fail(&rig).await;
+    a_wait_on_a_task_not_made_yet_sleeps(&rig).await;
+}
+
+/// A sync chain submit whose chain lists a task not made yet (its parent's slot died
+/// between adding it and making it, or its queue's intake was closed) waits on the
+/// parent, listed too and not ended, instead of reading the chain again and again.
+async fn a_wait_on_a_task_not_made_yet_sleeps(rig: &Rig) {
+    let (first, after) = (rig.q("first"), rig.q("after"));
+    let list = chain_list(
+        (&first, "sleepy"),
+        None,
+        &[((&after, "sleepy~9"), (&first, "sleepy"))],
+    );
+    let key = gaffer::chain::key(&rig.namespace, "sleepy");
+    let mut conn = rig.client.connection();
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&list)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let scripts = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut rig.client.connection())
+            .await
+            .unwrap();
+        let line = info.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
+        line.and_then(|l| l.split("calls=").nth(1))
+            .and_then(|c| c.split(',').next())
+            .and_then(|c| c.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = scripts().await;
+    let path = format!("/v1/queues/{first}/tasks");
+    let body = r#"{"payload": {}, "id": "sleepy", "delay": "5s", "chain": true, "wait": "1s"}"#;
+    let (status, chain) = rig.call("POST", &path, Some(body)).await;
+    assert_eq!(status, 202, "{chain}");
+    assert_eq!(chain["state"], "waiting", "{chain}");
+    // (the submit's own calls, and the master's idle slots' few takes meanwhile; a loop
+    // without a sleep makes thousands in that second)
+    let calls = scripts().await - before;
+    assert!(calls < 200, "{calls} script calls in a one-second wait");
 }
 
 #[tokio::test]
@@ -911,6 +1015,19 @@ async fn a_follow_up_id_held_outside_its_chain_is_refused() {
     assert_eq!((made[0].created, made[0].taken), (false, None));
     let made = q.enqueue_many(&[kid("G~1", "H")]).await.unwrap();
     assert_eq!(made[0].taken, Some(TakenBy::OtherChain));
+
+    // Nor can a waiting follow-up become the global task of a chain of its own: a submit
+    // under its id would be that task (a dedup hit), in chain G.
+    let mut submit = NewTask::new("{}").id("G~2").chain(TaskChain::Global);
+    let ttl = Duration::from_secs(60);
+    let refused = gaffer::chain::start_global(&client, &q, vec![&mut submit], ttl)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "task G~2 of queue kids is already a task of chain G: \
+         submit the global task of a new chain under another id"
+    );
 }
 
 /// Writes what the gaffer under test would not: a layout an older gaffer wrote, a chain
