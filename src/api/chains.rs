@@ -35,9 +35,8 @@ impl Api {
     }
 
     /// Whether a key may see a chain: it may see its global task's queue, and submitted
-    /// that task. (A chain's view leaves out the global task's record once its id holds
-    /// a later run, in a chain of its own: the key that submitted that run sees this one
-    /// too.)
+    /// that task. (A chain's view leaves out the global task's record once its id holds a
+    /// later run: that run's key, which may be another, does not see this chain.)
     async fn may_see(&self, key: &ApiKey, view: &ChainView) -> Result<bool, ApiError> {
         let Some(root) = view.tasks.first() else {
             return Ok(false);
@@ -45,25 +44,15 @@ impl Api {
         if !key.allows(&root.member.queue) {
             return Ok(false);
         }
-        if key.admin {
-            return Ok(true);
-        }
-        let submitted_by_key =
-            |r: &TaskRecord| r.submitted_by.as_deref() == Some(key.name.as_str());
-        if let Some(r) = &root.record {
-            return Ok(submitted_by_key(r));
-        }
-        let Some(queue) = self.queues.get(&root.member.queue) else {
-            return Ok(false);
-        };
-        Ok(queue
-            .record(&root.member.id)
-            .await?
-            .is_some_and(|r| submitted_by_key(&r)))
+        Ok(key.admin
+            || root
+                .record
+                .as_ref()
+                .is_some_and(|r| r.submitted_by.as_deref() == Some(key.name.as_str())))
     }
 
     /// Whether a key sees a record: its own, or a follow-up in a chain whose global task
-    /// it submitted.
+    /// it submitted (the run that made the chain: the id may since hold a later run).
     pub(super) async fn owns(&self, key: &ApiKey, rec: &TaskRecord) -> Result<bool, ApiError> {
         if key.admin || rec.submitted_by.as_deref() == Some(key.name.as_str()) {
             return Ok(true);
@@ -72,16 +61,15 @@ impl Api {
             return Ok(false);
         };
         let conn = self.client.connection();
-        let Some(root) = chain::root_of(&conn, self.client.namespace(), chain).await? else {
+        let Some(list) = chain::members(&conn, self.client.namespace(), chain).await? else {
             return Ok(false);
         };
-        let Some(queue) = self.queues.get(&root.queue) else {
+        let Some(queue) = self.queues.get(&list.root.queue) else {
             return Ok(false);
         };
-        Ok(queue
-            .record(&root.id)
-            .await?
-            .is_some_and(|r| r.submitted_by.as_deref() == Some(key.name.as_str())))
+        Ok(queue.record(&list.root.id).await?.is_some_and(|r| {
+            list.made_by(chain, &r) && r.submitted_by.as_deref() == Some(key.name.as_str())
+        }))
     }
 
     /// A record as `GET …/tasks/{id}` answers it: a global task's shows its chain's state

@@ -535,6 +535,12 @@ impl Members {
         let run = self.run.as_deref()?;
         run.split('.').next()?.parse().ok()
     }
+
+    /// Whether `record`, of this list's global task's id, is of the run that made chain
+    /// `chain` (the id may since hold a later run, with a chain of its own).
+    pub fn made_by(&self, chain: &str, record: &crate::queue_client::TaskRecord) -> bool {
+        view::is_the_run(record, chain, self.run_enqueued_ms())
+    }
 }
 
 /// A chain's member list read and decoded: `^`, its global task, `@RUN@` once a run of

@@ -188,7 +188,7 @@ pub async fn read(
 /// named their chain names none, and counts). A follow-up's record counts when it names
 /// the chain: its id may hold a task of another chain, or of none (whose parent then
 /// failed).
-fn is_the_run(rec: &TaskRecord, chain: &str, run_at: Option<i64>) -> bool {
+pub(super) fn is_the_run(rec: &TaskRecord, chain: &str, run_at: Option<i64>) -> bool {
     match run_at {
         Some(at) => rec.created_at == crate::queue_client::rfc3339(at),
         None => rec.chain.as_deref().is_none_or(|c| c == chain),

@@ -20,6 +20,10 @@ use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some, shared_cluster_
 use crate::host::{gone, http_get};
 
 const TOKEN: &str = "chain-token";
+/// Another key's, with the same queues.
+const OTHER_TOKEN: &str = "other-token";
+/// An admin key's.
+const ADMIN_TOKEN: &str = "admin-token";
 const HOST: &str = "chain-host";
 
 /// The handler of every queue of these tests, told apart by the queue's name (its last
@@ -121,8 +125,12 @@ impl Rig {
             "[cluster]\nredis = \"{redis_url}\"\nnamespace = \"{namespace}\"\n\n\
              [master]\nhttp = \"127.0.0.1:{master_http}\"\ndrain_timeout = \"5s\"\n\
              memory_reserve = \"64MiB\"\n\n[api]\nmax_wait = \"60s\"\n\n\
-             [api.keys.shop]\ntoken_sha256 = \"{}\"\nqueues = [\"*\"]\n\n{}",
+             [api.keys.shop]\ntoken_sha256 = \"{}\"\nqueues = [\"*\"]\n\n\
+             [api.keys.other]\ntoken_sha256 = \"{}\"\nqueues = [\"*\"]\n\n\
+             [api.keys.ops]\ntoken_sha256 = \"{}\"\nadmin = true\n\n{}",
             hash_token(TOKEN),
+            hash_token(OTHER_TOKEN),
+            hash_token(ADMIN_TOKEN),
             queues(prefix, &script)
         );
         let config_path = dir.path().join("config.toml");
@@ -193,8 +201,18 @@ impl Rig {
     }
 
     async fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        self.call_as(TOKEN, method, path, body).await
+    }
+
+    async fn call_as(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> (u16, Value) {
         let (status, body) =
-            request(self.api, method, path, Some(TOKEN), body.map(str::as_bytes)).await;
+            request(self.api, method, path, Some(token), body.map(str::as_bytes)).await;
         let json = serde_json::from_slice(&body)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into()));
         (status, json)
@@ -283,6 +301,44 @@ async fn fan_out_and_fail(rig: &Rig) {
     an_unknown_follow_up_queue_fails_its_task(rig).await;
     same_ids_never_share_children(rig).await;
     a_list_from_before_runs_keeps_its_ids(rig).await;
+    a_later_run_under_an_id_sees_only_its_own_chain(rig).await;
+}
+
+/// A key that submits a task under the id of another key's ended global task (a new run)
+/// sees its own run's chain, not the earlier run's, nor that chain's tasks.
+async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
+    let (first, after) = (rig.q("first"), rig.q("after"));
+    assert_eq!(done_in(rig, "first", "mine").await, "mine");
+    let path = format!("/v1/queues/{first}/tasks");
+    let body = r#"{"payload": {}, "id": "mine", "wait": "30s"}"#;
+    let (status, rec) = rig.call_as(OTHER_TOKEN, "POST", &path, Some(body)).await;
+    assert_eq!(
+        (status, &rec["state"]),
+        (200, &Value::from("done")),
+        "{rec}"
+    );
+    let theirs = format!("{first}:mine");
+    assert_eq!(rec["chain"], theirs, "{rec}");
+    for path in [
+        "/v1/chains/mine".to_string(),
+        format!("/v1/queues/{after}/tasks/mine~1"),
+    ] {
+        let (status, doc) = rig.call_as(OTHER_TOKEN, "GET", &path, None).await;
+        assert_eq!(status, 404, "{path}: {doc}");
+    }
+    let (status, doc) = rig
+        .call_as(OTHER_TOKEN, "GET", &format!("/v1/chains/{theirs}"), None)
+        .await;
+    assert_eq!(status, 200, "{doc}");
+    let (status, doc) = rig
+        .call_as(
+            OTHER_TOKEN,
+            "GET",
+            &format!("/v1/queues/{after}/tasks/{theirs}~1"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{doc}");
 }
 
 /// The sync submit answers once all five are done; the record and the chain endpoint
@@ -504,9 +560,14 @@ async fn done_in(rig: &Rig, kind: &str, id: &str) -> String {
 
 /// The ids of a chain's tasks, as its endpoint lists them once it has ended.
 async fn chain_ids(rig: &Rig, chain: &str) -> Vec<String> {
+    chain_ids_as(rig, TOKEN, chain).await
+}
+
+/// The same, asked with `token`.
+async fn chain_ids_as(rig: &Rig, token: &str, chain: &str) -> Vec<String> {
     let path = format!("/v1/chains/{}", chain.replace('#', "%23"));
     let doc = poll_some(Duration::from_secs(30), "the chain ended", || async {
-        let (status, doc) = rig.call("GET", &path, None).await;
+        let (status, doc) = rig.call_as(token, "GET", &path, None).await;
         (status == 200 && doc["state"] != "running").then_some(doc)
     })
     .await;
@@ -544,7 +605,13 @@ async fn same_ids_never_share_children(rig: &Rig) {
             format!("{again}~2")
         ]
     );
-    assert_eq!(chain_ids(rig, "twin").await, ["twin", "twin~1", "twin~2"]);
+    // (an earlier run's chain, once its id holds a later run: shown to admin keys only)
+    let (status, _) = rig.call("GET", "/v1/chains/twin", None).await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        chain_ids_as(rig, ADMIN_TOKEN, "twin").await,
+        ["twin", "twin~1", "twin~2"]
+    );
     // And a third run, which a submit asking for its chain then finds (a dedup hit on
     // the waiting task): the chain of that id is the first run's, so the submit follows
     // the run's own, whose name its claim gets once it runs (its queue's name for it is
