@@ -28,7 +28,9 @@ if state == 'leased' and redis.call('HEXISTS', K_CANCEL, id) == 1 then out[1] = 
 if ARGV[2] == '1' and state == 'leased' and ARGV[5] == 'long' then
   -- A running long task is stopped by its slot, which sees the cancel at its next renewal
   -- (long.lua) and ends the task cancelled once it has let it go.
-  if redis.call('HSETNX', K_CANCEL, id, ARGV[3] or '') == 1 then
+  -- (HEXISTS and HSET: commands every role's ACL line grants, docs/SECURITY.md)
+  if redis.call('HEXISTS', K_CANCEL, id) == 0 then
+    redis.call('HSET', K_CANCEL, id, ARGV[3] or '')
     record(id, 'cancelling', now, nil, nil, nil, ARGV[3] or '')
   end
   out[1] = 'cancelling'
