@@ -182,7 +182,8 @@ impl Queue {
         self.freeze_call(id, "freeze", note).await
     }
 
-    /// Releases a frozen task: ready at once, or delayed while its due time is ahead.
+    /// Releases a frozen task: ready at once, or delayed while its due time is ahead; on
+    /// an ordered queue before the tasks waiting (created after it).
     pub async fn thaw(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
         self.freeze_call(id, "thaw", note).await
     }
@@ -198,7 +199,7 @@ impl Queue {
             return Ok(FreezeResult::Unknown);
         }
         let mut inv = self.invocation(&SCRIPTS.freeze);
-        inv.arg(id).arg(action).arg(note);
+        inv.arg(id).arg(action).arg(note).arg(self.ordered_arg());
         let mut conn = self.conn.clone();
         let reply: Option<String> = inv.invoke_async(&mut conn).await?;
         Ok(match (action, reply.as_deref()) {

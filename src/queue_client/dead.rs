@@ -57,9 +57,15 @@ impl Queue {
     }
 
     /// Puts dead letters back in the ready set with their attempts reset: the given ids,
-    /// or all of them (in chunks, so Redis is never blocked for long). Returns how many.
+    /// or all of them (in chunks, so Redis is never blocked for long); on an ordered queue
+    /// at the front, before tasks created after them. Returns how many.
     pub async fn requeue_dead(&self, ids: Option<&[String]>) -> Result<u64, QueueError> {
-        self.dead_move("requeue", ids).await
+        let action = if self.limits.ordered {
+            "requeue_front"
+        } else {
+            "requeue"
+        };
+        self.dead_move(action, ids).await
     }
 
     /// Deletes dead letters: the given ids, or all of them. Returns how many.

@@ -127,6 +127,43 @@ async fn a_retry_with_a_delay_holds_the_queue_until_due_and_stays_at_the_head() 
     assert_eq!(q.take(10, lease).await.unwrap().tasks[0].id, ids[1]);
 }
 
+/// Tasks an operator puts back (a dead letter requeued, a frozen task thawed) were created
+/// before what waits: they go first.
+#[tokio::test]
+async fn a_requeued_or_thawed_task_goes_before_those_created_after_it() {
+    let rig =
+        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
+    let q = rig.queue("steps");
+    let made = q
+        .enqueue_many(&(0..4).map(|_| NewTask::new("{}")).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let ids: Vec<String> = made.into_iter().map(|e| e.id).collect();
+    let lease = Duration::from_secs(60);
+    let next = || async { q.take(1, lease).await.unwrap().tasks.remove(0) };
+    let a = next().await;
+    assert_eq!(a.id, ids[0]);
+    let fail = Settle::Fail {
+        reason: "bad".into(),
+    };
+    q.settle(&[SettleOp::new(&a, fail)]).await.unwrap();
+    assert_eq!(q.requeue_dead(Some(&[ids[0].clone()])).await.unwrap(), 1);
+    let a = next().await;
+    assert_eq!(a.id, ids[0], "the requeued task first");
+    q.ack(&[a]).await.unwrap();
+
+    q.freeze(&ids[1], "hold").await.unwrap();
+    let c = next().await;
+    assert_eq!(c.id, ids[2]);
+    q.thaw(&ids[1], "go").await.unwrap();
+    q.ack(&[c]).await.unwrap();
+    assert_eq!(
+        next().await.id,
+        ids[1],
+        "the thawed task before the one after it"
+    );
+}
+
 #[tokio::test]
 async fn a_priority_or_a_delay_is_refused_on_an_ordered_queue() {
     let rig =

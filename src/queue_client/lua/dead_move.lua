@@ -1,5 +1,7 @@
--- ARGV: action ('requeue' | 'purge'), limit, note (the requeued records' history note),
--- then ids (none: the oldest `limit` dead letters).
+-- ARGV: action ('requeue' | 'purge'; 'requeue_front' on an ordered queue, whose
+-- requeued tasks go before everything waiting, as they were created before it), limit,
+-- note (the requeued records' history note), then ids (none: the oldest `limit` dead
+-- letters).
 -- Returns how many were moved. Requeued tasks start afresh: zero attempts, no last error
 -- (an ack only cleans up the error of tasks past their first attempt).
 local now = now_ms()
@@ -21,7 +23,7 @@ else
   local metas = metas_of(ids)
   local pris = {}
   for i = 1, #ids do pris[i] = parse_meta(metas[i]) end
-  push_ready_grouped(pris, ids, false)
+  push_ready_grouped(pris, ids, action == 'requeue_front')
   bulk('HDEL', K_ATT, ids)
   bulk('HDEL', K_ERR, ids)
   for _, id in ipairs(ids) do

@@ -1,4 +1,6 @@
--- ARGV: id, action ('freeze' | 'thaw'), note.
+-- ARGV: id, action ('freeze' | 'thaw'), note, ordered ('1': the queue runs its tasks in
+-- creation order, so a thawed task goes before what waits, created after it; one not yet
+-- due holds the queue as a retried head does, unless another head does already).
 -- Freeze holds a waiting task (ready or delayed) out of reach of takers until it is
 -- thawed; thaw puts it back where its due time says (ready, or delayed while not due).
 -- Returns where the task is afterwards: 'frozen', 'ready' or 'delayed' (idempotent: a
@@ -31,12 +33,14 @@ if state ~= 'frozen' then
   return state
 end
 redis.call('ZREM', K_FROZEN, id)
+local ordered = ARGV[4] == '1'
 local where = 'ready'
 if score > now then
   redis.call('ZADD', K_DELAYED, score, id)
+  if ordered and not redis.call('HGET', K_CONF, 'head') then redis.call('HSET', K_CONF, 'head', id) end
   where = 'delayed'
 else
-  push_ready(parse_meta(m), {id}, false)
+  push_ready(parse_meta(m), {id}, ordered)
   wake(1)
 end
 record(id, 'waiting', now, nil, '', '', note)
