@@ -288,8 +288,8 @@ impl Queue {
     }
 
     /// take.lua's arguments: n, lease, housekeeping limit, the worker, the record TTL, the
-    /// config's system state, ordered.
-    fn take_args(&self, n: usize, lease: Duration) -> Result<[String; 8], QueueError> {
+    /// config's system state, ordered, failed routes.
+    fn take_args(&self, n: usize, lease: Duration) -> Result<[String; 9], QueueError> {
         if n == 0 || n > MAX_BATCH {
             return Err(QueueError::Invalid(format!(
                 "batch size must be 1 to {MAX_BATCH}, got {n}"
@@ -309,6 +309,7 @@ impl Queue {
             self.ttl_arg().to_string(),
             self.configured_system_state().to_string(),
             self.ordered_arg().to_string(),
+            if self.limits.failed_routes { "1" } else { "" }.to_string(),
         ])
     }
 

@@ -46,6 +46,11 @@ pub struct QueueLimits {
     /// tasks is enqueued as the global task of a chain of its own, which its record names
     /// from the start (a follow-up's enqueue then neither reads nor rewrites it).
     pub starts_chains: bool,
+    /// The queue has `on = "failed"` routes: a task whose lease runs out at its last
+    /// attempt is handed out once more, past its max_attempts, so that a slot fails it
+    /// with its failed routes (a take cannot make follow-ups) instead of it being
+    /// dead-lettered there.
+    pub failed_routes: bool,
 }
 
 /// What a queue's takes owe its external system: the run-time switch is read beside the
@@ -74,6 +79,7 @@ impl Default for QueueLimits {
             system: None,
             kind: QueueKind::Batch,
             starts_chains: false,
+            failed_routes: false,
         }
     }
 }
@@ -96,6 +102,10 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
             }),
             kind: q.kind,
             starts_chains: q.next.iter().any(|r| r.on == crate::config::RouteOn::Done),
+            failed_routes: q
+                .next
+                .iter()
+                .any(|r| r.on == crate::config::RouteOn::Failed),
         }
     }
 }

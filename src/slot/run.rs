@@ -666,6 +666,11 @@ fn screen(
     let mut refused = Vec::with_capacity(tasks.len());
     let mut handled = Vec::with_capacity(tasks.len());
     for t in tasks {
+        if let Some(reason) = past_its_attempts(t) {
+            tracing::warn!(queue = %cfg.name, slot, task = %t.id, "{reason}; failing it");
+            refused.push(Some(Outcome::Reject { reason }));
+            continue;
+        }
         match check_payload_size(&t.payload, cfg.max_payload) {
             Ok(()) => {
                 refused.push(None);
@@ -685,6 +690,15 @@ fn screen(
         }
     }
     (refused, handled)
+}
+
+/// Why a task handed out past its max_attempts fails without running: its lease ran out
+/// at its last attempt (its slot died), and its queue has failed routes, which a take
+/// cannot make (take.lua), so it came back once more for a slot to fail it with them.
+fn past_its_attempts(t: &LeasedTask) -> Option<String> {
+    let max = t.meta.max_attempts.filter(|&m| m > 0)?;
+    (t.attempt > max)
+        .then(|| format!("lease expired on attempt {max} of {max} (max_attempts reached)"))
 }
 
 /// Gives the tasks [`screen`] passed to the handler their payloads back, from the batch

@@ -47,9 +47,18 @@ for line in sys.stdin:
             r["next"] = [{"queue": prefix + "parse", "payload": {"part": i, "fail": p.get("fail_part") == i}}
                          for i in (1, 2, 3)]
             for f in r["next"]:
-                if p.get("retry_part") == f["payload"]["part"]:
-                    f["payload"]["retry"] = True
+                for flag in ("retry", "hang"):
+                    if p.get(flag + "_part") == f["payload"]["part"]:
+                        f["payload"][flag] = True
         elif kind == "parse":
+            if p.get("hang"):
+                # (the test kills this slot, named by the file, and this child goes too)
+                ppid = os.getppid()
+                with open(log + ".hang", "w") as f:
+                    f.write(str(ppid))
+                while os.getppid() == ppid:
+                    time.sleep(0.05)
+                sys.exit(0)
             if p.get("retry"):
                 r = {"id": t["id"], "status": "retry", "delay_ms": 0}
             elif p.get("fail"):
@@ -298,6 +307,7 @@ async fn fan_out_and_fail(rig: &Rig) {
     a_taken_chain_id_is_refused_or_renamed(rig, &id, &want).await;
     a_part_failing_fails_the_chain(rig).await;
     a_part_retried_past_its_attempts_fails_the_chain(rig).await;
+    a_part_lost_at_its_last_attempt_runs_its_failed_route(rig).await;
     an_unknown_follow_up_queue_fails_its_task(rig).await;
     same_ids_never_share_children(rig).await;
     a_list_from_before_runs_keeps_its_ids(rig).await;
@@ -521,6 +531,66 @@ async fn a_part_retried_past_its_attempts_fails_the_chain(rig: &Rig) {
     let given = &rec.result.as_ref().unwrap()["given"];
     assert_eq!(given["task"], format!("{id}~2"), "{given}");
     assert_eq!(given["error"], error, "{given}");
+}
+
+/// A part whose slot dies at its last attempt (its lease runs out) fails for good with its
+/// queue's failed route, as a failure does: the take hands it out once more, past its
+/// max_attempts, and the next slot fails it without running it.
+async fn a_part_lost_at_its_last_attempt_runs_its_failed_route(rig: &Rig) {
+    let path = format!("/v1/queues/{}/tasks", rig.q("fetch"));
+    let body = r#"{"payload": {"hang_part": 3}, "chain": true}"#;
+    let (status, made) = rig.call("POST", &path, Some(body)).await;
+    assert_eq!(status, 202, "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    let marker = rig.dir.path().join("runs.log.hang");
+    let pid: i32 = poll_some(Duration::from_secs(30), "a part's handler hung", || async {
+        std::fs::read_to_string(&marker)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+    })
+    .await;
+    std::fs::remove_file(&marker).unwrap();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let chain = poll_some(Duration::from_secs(40), "the chain failed", || async {
+        let (status, doc) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
+        (status == 200 && doc["state"] == "failed").then_some(doc)
+    })
+    .await;
+    let lost = format!("{id}~3");
+    let reason = "lease expired on attempt 1 of 1 (max_attempts reached)";
+    let failed = chain["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == lost.as_str())
+        .unwrap_or_else(|| panic!("{lost} in {chain}"));
+    assert_eq!(failed["state"], "failed", "{chain}");
+    assert_eq!(failed["error"], reason, "{chain}");
+    let clean = rig.client.queue(&rig.q("clean")).unwrap();
+    let cleanup = format!("{lost}~1");
+    let rec = poll_some(Duration::from_secs(20), "the cleanup task done", || async {
+        clean
+            .record(&cleanup)
+            .await
+            .unwrap()
+            .filter(|r| r.state == RecordState::Done)
+    })
+    .await;
+    let given = &rec.result.as_ref().unwrap()["given"];
+    assert_eq!(
+        (&given["task"], &given["error"]),
+        (&Value::from(lost.clone()), &Value::from(reason))
+    );
+    let parse = rig.q("parse");
+    let runs = rig
+        .runs()
+        .into_iter()
+        .filter(|(q, i)| *q == parse && *i == lost)
+        .count();
+    assert_eq!(runs, 1, "not run past its max_attempts");
 }
 
 /// A follow-up to a queue the config does not name fails its task for good, saying so.

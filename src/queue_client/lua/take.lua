@@ -1,7 +1,9 @@
 -- ARGV: n (0: bring back, take nothing), lease_ms, housekeeping limit, host, slot,
 -- history_ttl_ms (the taker's identity goes into the records of tracked tasks), the
 -- config's system state ('paused' or ''; the run-time switch in K_CONF wins), ordered
--- ('1': one task at a time, see take_hold)
+-- ('1': one task at a time, see take_hold), failed routes ('1': the queue has `on =
+-- "failed"` routes, and a lease that runs out at the last attempt comes back once more,
+-- past max_attempts, for a slot to fail the task with them; a script cannot make them)
 -- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
 -- {now, -token, expiry, {id, ...}, {payload, ...}} when every one is at its first attempt
 -- (the common case: a number less per task to send, and no loop here to build it), or
@@ -41,7 +43,14 @@ if #expired > 0 then
     local m = meta_of(id)
     if m then
       local pri, ma = parse_meta(m)
-      if ma > 0 and a >= ma then
+      if ma > 0 and a >= ma and ARGV[9] == '1' and a == ma then
+        local err = string.format(
+          'lease expired on attempt %d of %d (max_attempts reached): failed with its failed routes at its next take', a, ma)
+        back[#back + 1] = id
+        back_pris[#back_pris + 1] = pri
+        redis.call('HSET', K_ERR, id, err)
+        if tracked then record(id, 'waiting', now, a, nil, nil, err, {e = err, d = now}) end
+      elseif ma > 0 and a >= ma then
         local err = string.format('lease expired on attempt %d of %d (max_attempts reached)', a, ma)
         redis.call('ZADD', K_DEAD, now, id)
         redis.call('HSET', K_ERR, id, err)
