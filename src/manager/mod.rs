@@ -389,11 +389,9 @@ impl Manager {
         let now = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
         // A system paused or disabled at run time counts as paused in the config.
         let switches = self.client.read_switches().await?;
-        self.client
+        let reconciled = self
+            .client
             .reconcile_system_switches(&self.opts.config, &switches)
-            .await?;
-        self.client
-            .sweep_disabled(&self.opts.config, &switches)
             .await?;
         let switched = crate::queue_client::with_switches(&self.opts.config, &switches.states);
         let out = balancer::decide(&Input {
@@ -413,6 +411,14 @@ impl Manager {
         }
         if let Some(period) = period {
             ring::write(&mut self.conn, &self.ring_keys, &period).await?;
+        }
+        // Last, bounded, and its failure only logged: the sweep never holds back the map.
+        if let Err(e) = self
+            .client
+            .sweep_disabled(&self.opts.config, &switches, &reconciled)
+            .await
+        {
+            tracing::warn!(error = %e, "cancelling what waits under a disabled system failed; next tick tries again");
         }
         Ok(())
     }

@@ -14,7 +14,7 @@
 //! slot: a take acquires tokens there first, then takes at most that many, and hands back
 //! the ones it did not use.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -97,6 +97,19 @@ pub struct SystemChange {
     /// Waiting tasks whose records got the pause note (pause).
     pub noted: u64,
 }
+
+// A switch's count raised past a queue's copy (ARGV: system, state, the copy's
+// generation): -1 when the count is not behind it (a later switch holds), else the new
+// generation, the switch written with it.
+static OUTCOUNT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local f = 'gen:' .. ARGV[1] \
+         local theirs = tonumber(ARGV[3]) \
+         if (tonumber(redis.call('HGET', KEYS[1], f)) or 0) >= theirs then return -1 end \
+         redis.call('HSET', KEYS[1], f, theirs + 1, ARGV[1], ARGV[2]) \
+         return theirs + 1",
+    )
+});
 
 /// The run-time switches as one reading: each system's state and generation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -227,7 +240,7 @@ impl QueueClient {
             .get(system)
             .ok_or_else(|| SystemError::Unknown(system.to_string()))?;
         let mut conn = self.connection();
-        let (was, generation): (String, u64) = SWITCH
+        let (was, mut generation): (String, u64) = SWITCH
             .key(switches_key(self.namespace()))
             .arg(system)
             .arg(state.as_str())
@@ -248,7 +261,9 @@ impl QueueClient {
             .filter(|q| q.system.as_deref() == Some(system))
         {
             let queue = self.queue_with(&q.name, super::QueueLimits::from(q))?;
-            queue.switch_system(system, state, generation).await?;
+            if !queue.switch_system(system, state, generation).await? {
+                generation = self.outcount(&queue, system, state, generation).await?;
+            }
             match state {
                 SystemState::Disabled => change.cancelled += queue.cancel_waiting(system).await?,
                 SystemState::Paused if was != SystemState::Paused => {
@@ -262,18 +277,46 @@ impl QueueClient {
 }
 
 impl QueueClient {
+    /// A switch (of generation `generation`) that `queue`'s copy refused, holding a newer
+    /// one: when the cluster's count is behind that copy (its hash was lost, or a failover
+    /// lost writes), the count jumps past it and the switch is written again, to the
+    /// cluster and the queue; when the count is not behind, another switch came later and
+    /// stays. Returns the generation the switch has now.
+    async fn outcount(
+        &self,
+        queue: &Queue,
+        system: &str,
+        state: SystemState,
+        generation: u64,
+    ) -> Result<u64, QueueError> {
+        let mut conn = self.connection();
+        let theirs: Option<u64> = conn.hget(queue.keys.conf(), "system_gen").await?;
+        let raised: i64 = OUTCOUNT
+            .key(switches_key(self.namespace()))
+            .arg(system)
+            .arg(state.as_str())
+            .arg(theirs.unwrap_or(0))
+            .invoke_async(&mut conn)
+            .await?;
+        let Ok(raised) = u64::try_from(raised) else {
+            return Ok(generation);
+        };
+        queue.switch_system(system, state, raised).await?;
+        Ok(raised)
+    }
+
     /// Brings every queue's copy of its system's switch in line with `switches` and the
     /// config: a queue that joined a switched system gets the switch, one that left a
     /// system (or whose system has no switch) loses it; a queue whose switch is newer than
     /// the reading (an operator switched meanwhile) keeps it. The manager calls this every
     /// tick, so a config change cannot leave a queue held by a system it left. Returns
-    /// how many queues it changed.
+    /// the queues it changed.
     pub async fn reconcile_system_switches(
         &self,
         cfg: &Config,
         switches: &Switches,
-    ) -> Result<u32, QueueError> {
-        let mut changed = 0;
+    ) -> Result<BTreeSet<String>, QueueError> {
+        let mut changed = BTreeSet::new();
         for q in cfg.queues.values() {
             let system = q.system.as_deref().unwrap_or_default();
             let want = q.system.as_ref().and_then(|name| {
@@ -291,7 +334,9 @@ impl QueueClient {
                 Some(value) => queue.set_switch(value, generation).await?,
                 None => queue.clear_switch(system, generation).await?,
             };
-            changed += u32::from(done);
+            if done {
+                changed.insert(q.name.clone());
+            }
         }
         Ok(changed)
     }
@@ -300,24 +345,31 @@ impl QueueClient {
     /// that became waiting after the switch's own sweep (a retry of a task that was
     /// running, a lease of a killed slot that ran out, a requeued dead letter, a queue
     /// that joined the system). Each cancel checks the queue's switch in the same step,
-    /// so a reading older than an `enable` cancels nothing. Returns how many it cancelled.
+    /// so a reading older than an `enable` cancels nothing; a queue in `reconciled` (its
+    /// copy of the switch written from this very reading, which an older gaffer's
+    /// `enable`, counting no generation, may have overtaken) waits for the next reading.
+    /// At most one chunk per queue: a tick stays short however much waits. Returns how
+    /// many it cancelled.
     pub async fn sweep_disabled(
         &self,
         cfg: &Config,
         switches: &Switches,
+        reconciled: &BTreeSet<String>,
     ) -> Result<u64, QueueError> {
         let mut cancelled = 0;
         for q in cfg.queues.values() {
             let Some(system) = q.system.as_deref() else {
                 continue;
             };
-            if switches.states.get(system) != Some(&SystemState::Disabled) {
+            if switches.states.get(system) != Some(&SystemState::Disabled)
+                || reconciled.contains(&q.name)
+            {
                 continue;
             }
             let queue = self.queue_with(&q.name, super::QueueLimits::from(q))?;
             // Leases that ran out come back first (no slot takes from a disabled queue).
             queue.reclaim().await?;
-            cancelled += queue.cancel_waiting(system).await?;
+            cancelled += queue.cancel_waiting_chunk(system).await?;
         }
         Ok(cancelled)
     }
@@ -424,25 +476,28 @@ impl Queue {
 
     /// Cancels every waiting task, from the head, in chunks; returns how many.
     async fn cancel_waiting(&self, system: &str) -> Result<u64, QueueError> {
-        let note = format!("system {system} is disabled");
         let mut total = 0;
         loop {
-            let ids = self.waiting_ids(SWEEP_CHUNK).await?;
-            if ids.is_empty() {
-                return Ok(total);
-            }
-            let cancels = ids
-                .iter()
-                .map(|id| self.cancel_while_disabled(id, system, &note));
-            let done = futures::future::try_join_all(cancels).await?;
-            let n = done.iter().filter(|d| d.is_some()).count() as u64;
-            // A chunk that cancelled nothing is one the takers' races left behind: stop
-            // rather than loop on it.
+            let n = self.cancel_waiting_chunk(system).await?;
+            // A chunk that cancelled nothing (none left, or the system enabled meanwhile)
+            // ends the sweep rather than looping on it.
             if n == 0 {
                 return Ok(total);
             }
             total += n;
         }
+    }
+
+    /// Cancels the first chunk of waiting tasks while `system` is disabled; returns how
+    /// many.
+    async fn cancel_waiting_chunk(&self, system: &str) -> Result<u64, QueueError> {
+        let note = format!("system {system} is disabled");
+        let ids = self.waiting_ids(SWEEP_CHUNK).await?;
+        let cancels = ids
+            .iter()
+            .map(|id| self.cancel_while_disabled(id, system, &note));
+        let done = futures::future::try_join_all(cancels).await?;
+        Ok(done.iter().filter(|d| d.is_some()).count() as u64)
     }
 
     /// The first `limit` waiting tasks' ids (ready by priority, then delayed).
