@@ -78,7 +78,12 @@ impl Queue {
         let mut conn = self.conn.clone();
         match ids {
             Some(ids) => {
-                for chunk in ids.chunks(HOUSEKEEPING_LIMIT) {
+                // (to the front, the last chunk goes first, so the ids keep their order)
+                let mut chunks: Vec<&[String]> = ids.chunks(HOUSEKEEPING_LIMIT).collect();
+                if action == "requeue_front" {
+                    chunks.reverse();
+                }
+                for chunk in chunks {
                     let mut inv = self.invocation(&SCRIPTS.dead_move);
                     inv.arg(action).arg(chunk.len()).arg(REQUEUE_NOTE);
                     for id in chunk {

@@ -157,11 +157,23 @@ async fn a_requeued_or_thawed_task_goes_before_those_created_after_it() {
     assert_eq!(c.id, ids[2]);
     q.thaw(&ids[1], "go").await.unwrap();
     q.ack(&[c]).await.unwrap();
-    assert_eq!(
-        next().await.id,
-        ids[1],
-        "the thawed task before the one after it"
-    );
+    let b = next().await;
+    assert_eq!(b.id, ids[1], "the thawed task before the one after it");
+    q.ack(&[b]).await.unwrap();
+
+    // One created after the first waiting goes back behind it, not ahead.
+    let later = q
+        .enqueue_many(&[NewTask::new("{}"), NewTask::new("{}")])
+        .await
+        .unwrap();
+    let (e, f) = (later[0].id.clone(), later[1].id.clone());
+    q.freeze(&f, "hold").await.unwrap();
+    q.thaw(&f, "go").await.unwrap();
+    for want in [&ids[3], &e, &f] {
+        let t = next().await;
+        assert_eq!(&t.id, want);
+        q.ack(&[t]).await.unwrap();
+    }
 }
 
 #[tokio::test]

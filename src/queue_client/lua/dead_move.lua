@@ -11,6 +11,9 @@ if #ARGV > 3 then
   for i = 4, #ARGV do
     if redis.call('ZSCORE', K_DEAD, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
   end
+elseif action == 'requeue_front' then
+  -- the newest first, each call's ahead of the last's: the oldest end up at the front
+  ids = redis.call('ZRANGE', K_DEAD, -lim, -1)
 else
   ids = redis.call('ZRANGE', K_DEAD, 0, lim - 1)
 end

@@ -1,6 +1,7 @@
 -- ARGV: id, action ('freeze' | 'thaw'), note, ordered ('1': the queue runs its tasks in
--- creation order, so a thawed task goes before what waits, created after it; one not yet
--- due holds the queue as a retried head does, unless another head does already).
+-- creation order, so a thawed task created before the first one waiting goes before it;
+-- one not yet due holds the queue as a retried head does, unless another head does
+-- already).
 -- Freeze holds a waiting task (ready or delayed) out of reach of takers until it is
 -- thawed; thaw puts it back where its due time says (ready, or delayed while not due).
 -- Returns where the task is afterwards: 'frozen', 'ready' or 'delayed' (idempotent: a
@@ -33,14 +34,29 @@ if state ~= 'frozen' then
   return state
 end
 redis.call('ZREM', K_FROZEN, id)
-local ordered = ARGV[4] == '1'
+-- When a task was created: its enqueue time, then its record's number (0 without one).
+local function created(meta)
+  local enq, seq = string.match(meta, '^-?%d+:%d+:(%d+)%.?(%d*)')
+  return tonumber(enq) or 0, tonumber(seq) or 0
+end
+-- Whether the task of meta `mine` was created before the first one waiting at `pri`.
+local function before_the_first(mine, pri)
+  local first = redis.call('LRANGE', ready_list(pri), 0, 0)[1]
+  local theirs = first and meta_of(first)
+  if not theirs then return true end
+  local a, s = created(mine)
+  local b, t = created(theirs)
+  return a < b or (a == b and s < t)
+end
+local pri = parse_meta(m)
+local first = ARGV[4] == '1' and before_the_first(m, pri)
 local where = 'ready'
 if score > now then
   redis.call('ZADD', K_DELAYED, score, id)
-  if ordered and not redis.call('HGET', K_CONF, 'head') then redis.call('HSET', K_CONF, 'head', id) end
+  if first and not redis.call('HGET', K_CONF, 'head') then redis.call('HSET', K_CONF, 'head', id) end
   where = 'delayed'
 else
-  push_ready(parse_meta(m), {id}, ordered)
+  push_ready(pri, {id}, first)
   wake(1)
 end
 record(id, 'waiting', now, nil, '', '', note)
