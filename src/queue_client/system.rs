@@ -99,13 +99,15 @@ pub struct SystemChange {
 }
 
 // A switch's count raised past a queue's copy (ARGV: system, state, the copy's
-// generation): -1 when the count is not behind it (a later switch holds), else the new
-// generation, the switch written with it.
+// generation, the switch's own): -1 when the count is not behind the copy, or has moved
+// past the switch's own (a later switch holds, and outcounts the copy itself when
+// refused), else the new generation, the switch written with it.
 static OUTCOUNT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         "local f = 'gen:' .. ARGV[1] \
          local theirs = tonumber(ARGV[3]) \
-         if (tonumber(redis.call('HGET', KEYS[1], f)) or 0) >= theirs then return -1 end \
+         local count = tonumber(redis.call('HGET', KEYS[1], f)) or 0 \
+         if count >= theirs or count > tonumber(ARGV[4]) then return -1 end \
          redis.call('HSET', KEYS[1], f, theirs + 1, ARGV[1], ARGV[2]) \
          return theirs + 1",
     )
@@ -296,6 +298,7 @@ impl QueueClient {
             .arg(system)
             .arg(state.as_str())
             .arg(theirs.unwrap_or(0))
+            .arg(generation)
             .invoke_async(&mut conn)
             .await?;
         let Ok(raised) = u64::try_from(raised) else {

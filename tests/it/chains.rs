@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use gaffer::api::{ApiOptions, hash_token};
 use gaffer::cluster::{self, Keys, SlotMap};
-use gaffer::queue_client::{ConnectOptions, QueueClient, RecordState};
+use gaffer::queue_client::{ConnectOptions, QueueClient, RecordState, TaskRecord};
 use gaffer::redis_server::free_port;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -480,16 +480,7 @@ async fn a_part_failing_fails_the_chain(rig: &Rig) {
     let error = chain["failed"]["error"].as_str().unwrap_or_default();
     assert!(error.ends_with("part 1 is unreadable"), "{chain}");
     // parse's failed route made a cleanup task for the failed part, in the same chain.
-    let cleanup = format!("{id}~1~1");
-    let clean = rig.client.queue(&rig.q("clean")).unwrap();
-    let rec = poll_some(Duration::from_secs(20), "the cleanup task done", || async {
-        clean
-            .record(&cleanup)
-            .await
-            .unwrap()
-            .filter(|r| r.state == RecordState::Done)
-    })
-    .await;
+    let (cleanup, rec) = cleanup_done(rig, &format!("{id}~1")).await;
     assert_eq!(rec.chain.as_deref(), Some(id.as_str()));
     // Its payload names the failed task and carries what that task was given.
     let given = &rec.result.as_ref().unwrap()["given"];
@@ -501,6 +492,22 @@ async fn a_part_failing_fails_the_chain(rig: &Rig) {
     );
     let (_, chain) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
     assert!(states(&chain).contains_key(&cleanup), "{chain}");
+}
+
+/// The cleanup task parse's failed route made for part `failed`, once done: its id and
+/// its record.
+async fn cleanup_done(rig: &Rig, failed: &str) -> (String, TaskRecord) {
+    let cleanup = format!("{failed}~1");
+    let clean = rig.client.queue(&rig.q("clean")).unwrap();
+    let rec = poll_some(Duration::from_secs(20), "the cleanup task done", || async {
+        clean
+            .record(&cleanup)
+            .await
+            .unwrap()
+            .filter(|r| r.state == RecordState::Done)
+    })
+    .await;
+    (cleanup, rec)
 }
 
 /// A part whose handler asks for a retry at its last attempt fails for good too, and its
@@ -518,16 +525,7 @@ async fn a_part_retried_past_its_attempts_fails_the_chain(rig: &Rig) {
         error.starts_with("attempt 1 of 1 failed (max_attempts reached)"),
         "{chain}"
     );
-    let cleanup = format!("{id}~2~1");
-    let clean = rig.client.queue(&rig.q("clean")).unwrap();
-    let rec = poll_some(Duration::from_secs(20), "the cleanup task done", || async {
-        clean
-            .record(&cleanup)
-            .await
-            .unwrap()
-            .filter(|r| r.state == RecordState::Done)
-    })
-    .await;
+    let (_, rec) = cleanup_done(rig, &format!("{id}~2")).await;
     let given = &rec.result.as_ref().unwrap()["given"];
     assert_eq!(given["task"], format!("{id}~2"), "{given}");
     assert_eq!(given["error"], error, "{given}");
@@ -569,16 +567,7 @@ async fn a_part_lost_at_its_last_attempt_runs_its_failed_route(rig: &Rig) {
         .unwrap_or_else(|| panic!("{lost} in {chain}"));
     assert_eq!(failed["state"], "failed", "{chain}");
     assert_eq!(failed["error"], reason, "{chain}");
-    let clean = rig.client.queue(&rig.q("clean")).unwrap();
-    let cleanup = format!("{lost}~1");
-    let rec = poll_some(Duration::from_secs(20), "the cleanup task done", || async {
-        clean
-            .record(&cleanup)
-            .await
-            .unwrap()
-            .filter(|r| r.state == RecordState::Done)
-    })
-    .await;
+    let (_, rec) = cleanup_done(rig, &lost).await;
     let given = &rec.result.as_ref().unwrap()["given"];
     assert_eq!(
         (&given["task"], &given["error"]),

@@ -147,7 +147,10 @@ async fn a_requeued_or_thawed_task_goes_before_those_created_after_it() {
         reason: "bad".into(),
     };
     q.settle(&[SettleOp::new(&a, fail)]).await.unwrap();
-    assert_eq!(q.requeue_dead(Some(&[ids[0].clone()])).await.unwrap(), 1);
+    // (given twice: moved once)
+    let twice = [ids[0].clone(), ids[0].clone()];
+    assert_eq!(q.requeue_dead(Some(&twice)).await.unwrap(), 1);
+    assert_eq!(q.stats().await.unwrap().ready, 4);
     let a = next().await;
     assert_eq!(a.id, ids[0], "the requeued task first");
     q.ack(&[a]).await.unwrap();
@@ -170,6 +173,22 @@ async fn a_requeued_or_thawed_task_goes_before_those_created_after_it() {
     q.freeze(&f, "hold").await.unwrap();
     q.thaw(&f, "go").await.unwrap();
     for want in [&ids[3], &e, &f] {
+        let t = next().await;
+        assert_eq!(&t.id, want);
+        q.ack(&[t]).await.unwrap();
+    }
+
+    // Behind an older task that came back to the front (given back), ahead of newer ones.
+    let made = q
+        .enqueue_many(&(0..3).map(|_| NewTask::new("{}")).collect::<Vec<_>>())
+        .await
+        .unwrap();
+    let xyz: Vec<String> = made.into_iter().map(|e| e.id).collect();
+    q.freeze(&xyz[1], "hold").await.unwrap();
+    let x = next().await;
+    q.release(&[x]).await.unwrap();
+    q.thaw(&xyz[1], "go").await.unwrap();
+    for want in &xyz {
         let t = next().await;
         assert_eq!(&t.id, want);
         q.ack(&[t]).await.unwrap();

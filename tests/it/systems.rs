@@ -146,6 +146,14 @@ pub(crate) async fn enqueue(q: &Queue, n: usize) -> Vec<String> {
         .collect()
 }
 
+/// Switches system `partner` as `gaffer system partner …` does.
+async fn switch(rig: &Rig, state: SystemState) {
+    rig.client
+        .set_system(&rig.cfg, "partner", state)
+        .await
+        .unwrap();
+}
+
 /// Removes the calls queue's copy of its system's switch, as if it had just joined.
 async fn forget_switch(rig: &Rig) {
     let mut raw = rig.redis.raw().await;
@@ -221,10 +229,7 @@ async fn a_tick_that_read_the_switches_before_an_operator_switched_leaves_them_a
     // The manager read the switches (none yet), then an operator disabled the system
     // before the tick copied its reading to the queues.
     let before = client.read_switches().await.unwrap();
-    client
-        .set_system(cfg, "partner", SystemState::Disabled)
-        .await
-        .unwrap();
+    switch(&rig, SystemState::Disabled).await;
     let changed = client
         .reconcile_system_switches(cfg, &before)
         .await
@@ -240,10 +245,7 @@ async fn a_tick_that_read_the_switches_before_an_operator_switched_leaves_them_a
     // The other way round: a reading of the disable, then an enable.
     let disabled = client.read_switches().await.unwrap();
     assert_eq!(disabled.states["partner"], SystemState::Disabled);
-    client
-        .set_system(cfg, "partner", SystemState::Active)
-        .await
-        .unwrap();
+    switch(&rig, SystemState::Active).await;
     let changed = client
         .reconcile_system_switches(cfg, &disabled)
         .await
@@ -265,10 +267,7 @@ async fn a_tick_that_read_the_switches_before_an_operator_switched_leaves_them_a
     // A queue without its copy (it joined the system, say) gets it from a current reading.
     let now = client.read_switches().await.unwrap();
     forget_switch(&rig).await;
-    client
-        .set_system(cfg, "partner", SystemState::Paused)
-        .await
-        .unwrap();
+    switch(&rig, SystemState::Paused).await;
     let paused = client.read_switches().await.unwrap();
     assert!(
         client
@@ -290,10 +289,7 @@ async fn a_tick_that_read_the_switches_before_an_operator_switched_leaves_them_a
 
     // An older gaffer's `enable` counts no generation: a tick that read the disable
     // before it writes it back, but does not sweep that queue until it reads again.
-    client
-        .set_system(cfg, "partner", SystemState::Disabled)
-        .await
-        .unwrap();
+    switch(&rig, SystemState::Disabled).await;
     let disabled = client.read_switches().await.unwrap();
     let mut raw = rig.redis.raw().await;
     let _: () = redis::pipe()
@@ -343,10 +339,7 @@ async fn a_switch_outcounts_a_copy_the_cluster_lost_count_of() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    client
-        .set_system(cfg, "partner", SystemState::Active)
-        .await
-        .unwrap();
+    switch(&rig, SystemState::Active).await;
     let ids = enqueue(&q, 2).await;
     for id in &ids {
         assert_eq!(last_note(&q, id).await.0, RecordState::Waiting, "{id}");

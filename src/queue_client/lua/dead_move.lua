@@ -8,8 +8,14 @@ local now = now_ms()
 local action, lim = ARGV[1], tonumber(ARGV[2])
 local ids = {}
 if #ARGV > 3 then
+  -- (an id given twice is moved once: twice in a ready list, it would run twice)
+  local seen = {}
   for i = 4, #ARGV do
-    if redis.call('ZSCORE', K_DEAD, ARGV[i]) then ids[#ids + 1] = ARGV[i] end
+    local id = ARGV[i]
+    if not seen[id] and redis.call('ZSCORE', K_DEAD, id) then
+      seen[id] = true
+      ids[#ids + 1] = id
+    end
   end
 elseif action == 'requeue_front' then
   -- the newest first, each call's ahead of the last's: the oldest end up at the front

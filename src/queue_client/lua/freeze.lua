@@ -1,7 +1,7 @@
 -- ARGV: id, action ('freeze' | 'thaw'), note, ordered ('1': the queue runs its tasks in
--- creation order, so a thawed task created before the first one waiting goes before it;
--- one not yet due holds the queue as a retried head does, unless another head does
--- already).
+-- creation order, so a thawed task goes back in its place among the first 100 waiting,
+-- behind those created before it; one not yet due and created before the first one
+-- waiting holds the queue as a retried head does, unless another head does already).
 -- Freeze holds a waiting task (ready or delayed) out of reach of takers until it is
 -- thawed; thaw puts it back where its due time says (ready, or delayed while not due).
 -- Returns where the task is afterwards: 'frozen', 'ready' or 'delayed' (idempotent: a
@@ -39,24 +39,39 @@ local function created(meta)
   local enq, seq = string.match(meta, '^-?%d+:%d+:(%d+)%.?(%d*)')
   return tonumber(enq) or 0, tonumber(seq) or 0
 end
--- Whether the task of meta `mine` was created before the first one waiting at `pri`.
-local function before_the_first(mine, pri)
-  local first = redis.call('LRANGE', ready_list(pri), 0, 0)[1]
-  local theirs = first and meta_of(first)
-  if not theirs then return true end
+-- How many of the first tasks waiting at `pri` (at most 100 looked at) were created
+-- before the task of meta `mine`; nil when all of those were (it goes at the back).
+local LOOK = 100
+local function older_ahead(mine, pri)
+  local ahead = redis.call('LRANGE', ready_list(pri), 0, LOOK - 1)
+  local metas = metas_of(ahead)
   local a, s = created(mine)
-  local b, t = created(theirs)
-  return a < b or (a == b and s < t)
+  for i = 1, #ahead do
+    local theirs = metas[i]
+    if theirs then
+      local b, t = created(theirs)
+      if a < b or (a == b and s < t) then return i - 1 end
+    end
+  end
+  return #ahead == 0 and 0 or nil
 end
 local pri = parse_meta(m)
-local first = ARGV[4] == '1' and before_the_first(m, pri)
+local older = ARGV[4] == '1' and older_ahead(m, pri)
 local where = 'ready'
 if score > now then
   redis.call('ZADD', K_DELAYED, score, id)
-  if first and not redis.call('HGET', K_CONF, 'head') then redis.call('HSET', K_CONF, 'head', id) end
+  if older == 0 and not redis.call('HGET', K_CONF, 'head') then
+    redis.call('HSET', K_CONF, 'head', id)
+  end
   where = 'delayed'
+elseif older then
+  -- Back in its place among the first tasks waiting: behind those created before it.
+  local prefix = older > 0 and redis.call('LPOP', ready_list(pri), older) or {}
+  push_ready(pri, {id}, true)
+  push_ready(pri, prefix, true)
+  wake(1)
 else
-  push_ready(pri, {id}, first)
+  push_ready(pri, {id}, false)
   wake(1)
 end
 record(id, 'waiting', now, nil, '', '', note)
