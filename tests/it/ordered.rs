@@ -195,6 +195,33 @@ async fn a_requeued_or_thawed_task_goes_before_those_created_after_it() {
     }
 }
 
+/// The end of an ordered queue's task wakes a taker: another slot waiting for the lease
+/// to end (as slots change hands) takes the next task then, not at the lease's expiry.
+#[tokio::test]
+async fn an_ordered_tasks_end_wakes_a_taker() {
+    let rig =
+        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
+    let q = rig.queue("steps");
+    q.enqueue_many(&[NewTask::new("{}"), NewTask::new("{}")])
+        .await
+        .unwrap();
+    let a = q.take(1, Duration::from_secs(60)).await.unwrap();
+    let mut raw = rig.redis.raw().await;
+    let wake = "test:{steps}:wake";
+    let _: () = redis::cmd("DEL")
+        .arg(wake)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    q.ack(&a.tasks).await.unwrap();
+    let tokens: u64 = redis::cmd("LLEN")
+        .arg(wake)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(tokens, 1);
+}
+
 #[tokio::test]
 async fn a_priority_or_a_delay_is_refused_on_an_ordered_queue() {
     let rig =

@@ -210,6 +210,11 @@ end
 if n_stale > 0 then redis.call('HINCRBY', K_STATS, 'stale', n_stale) end
 if n_retried > 0 then redis.call('HINCRBY', K_STATS, 'retried', n_retried) end
 if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
+-- An ordered queue's takes wait while a task is leased: one that ended frees the next,
+-- and a taker waiting on the lease's hint (another slot, as slots change hands) is woken.
+if ordered and n_woken == 0 and (#acked > 0 or n_dead > 0) and redis.call('EXISTS', K_READY) == 1 then
+  n_woken = 1
+end
 wake(n_woken)
 for x = 1, k + m do
   if res[x] ~= 1 then return res end
