@@ -275,6 +275,11 @@ impl Queue {
                 Some(TaskChain::Global) => "1",
                 None if self.limits.starts_chains => "1",
                 _ => "0",
+            })
+            .arg(match &self.limits.system {
+                // (so its new tasks get the pause's note before any switch is set)
+                Some(sys) if sys.paused => format!("paused:{}", sys.name),
+                _ => String::new(),
             });
         for t in chunk {
             match (mode, &t.chain) {

@@ -488,7 +488,18 @@ async fn a_configured_pause_holds_until_resumed_at_run_time() {
     )
     .await;
     let q = rig.queue("calls");
-    enqueue(&q, 5).await;
+    let ids = enqueue(&q, 5).await;
+    // Held with the pause's note from their enqueue on, no switch set.
+    for id in &ids {
+        assert_eq!(
+            last_note(&q, id).await,
+            (
+                RecordState::Waiting,
+                "held: system partner is paused".into()
+            ),
+            "{id}"
+        );
+    }
     assert!(
         q.take(10, Duration::from_secs(60))
             .await

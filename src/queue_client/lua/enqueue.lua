@@ -2,7 +2,9 @@
 --   record), submitted_by, dedup ('a' active | 'r' record), intake (the config's value,
 --   used while no run-time switch is set), history_ttl_ms, root ('1': each task is the
 --   global task of its own chain: submitted with `chain`, or a task of a queue whose
---   `next` routes make follow-ups of every done task), then
+--   `next` routes make follow-ups of every done task), the config's system state
+--   ('paused:NAME' for a system the config starts paused, else ''; a run-time switch
+--   wins), then
 --   mode 'p':  n payloads (ids generated), or
 --   mode 'ip': n × (id, payload) (ids given: dedup applies), or
 --   mode 'ig': n × (id, payload, chain): follow-ups of chain G (ids derived from their
@@ -17,7 +19,7 @@
 -- live record) of another chain, or of none, is not a child an earlier run of the parent
 -- made: the call then creates nothing, and flags those 'c' (another chain's) or 'n' (no
 -- chain's) and the rest '-'. Replies stay small, which matters as much as the work.
-local H = 12
+local H = 13
 local now = now_ms()
 local n = tonumber(ARGV[1])
 local pri, delay, at = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -34,6 +36,9 @@ local cancel_note = 'cancelled on arrival: the intake of the queue is cancel'
 -- A disabled system cancels its queues' new tasks; a paused one holds them, saying why.
 local waiting_note = ''
 local sys_state, sys_name = system_switch()
+if not sys_state and ARGV[13] ~= '' then
+  sys_state, sys_name = string.match(ARGV[13], '^(%a+):(.*)$')
+end
 if sys_state == 'disabled' then
   cancel, cancel_note = true, 'system ' .. sys_name .. ' is disabled'
 elseif sys_state == 'paused' then
