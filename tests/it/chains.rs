@@ -617,6 +617,16 @@ async fn done_in(rig: &Rig, kind: &str, id: &str) -> String {
     rec["chain"].as_str().unwrap_or_default().to_string()
 }
 
+/// The ids of a chain document's tasks, in its order.
+fn task_ids(doc: &Value) -> Vec<&str> {
+    doc["tasks"]
+        .as_array()
+        .expect("a chain document lists its tasks")
+        .iter()
+        .map(|t| t["id"].as_str().expect("each task has an id"))
+        .collect()
+}
+
 /// The ids of a chain's tasks, as its endpoint lists them once it has ended.
 async fn chain_ids(rig: &Rig, chain: &str) -> Vec<String> {
     chain_ids_as(rig, TOKEN, chain).await
@@ -631,12 +641,7 @@ async fn chain_ids_as(rig: &Rig, token: &str, chain: &str) -> Vec<String> {
     })
     .await;
     assert_eq!(doc["state"], "done", "{doc}");
-    doc["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap().to_string())
-        .collect()
+    task_ids(&doc).into_iter().map(String::from).collect()
 }
 
 /// Two parents with one id never make one child between them: tasks of the same id in two
@@ -685,14 +690,8 @@ async fn same_ids_never_share_children(rig: &Rig) {
     let third = chain["id"].as_str().unwrap_or_default().to_string();
     assert!(third.starts_with(&format!("{again}@")), "{chain}");
     assert_eq!(chain["state"], "done", "{chain}");
-    let ids: Vec<&str> = chain["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        ids,
+        task_ids(&chain),
         [
             "twin".to_string(),
             format!("{third}~1"),
@@ -952,14 +951,8 @@ async fn generated_parent_ids_lead_to_derived_ones(rig: &Rig, first: &str) {
         },
     )
     .await;
-    let ids: Vec<&str> = doc["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        ids,
+        task_ids(&doc),
         [id.clone(), format!("{id}~1"), format!("{id}~2")],
         "{doc}"
     );
