@@ -169,16 +169,25 @@ pub async fn read(
             parent,
         })
         .collect();
-    let (mut state, failed) = state_of(&tasks);
-    if !settled && state == ChainState::Done {
-        state = ChainState::Running;
-    }
+    let (state, failed) = state_of(&tasks);
+    let state = as_read(state, settled);
     Ok(Some(ChainView {
         id: chain.to_string(),
         state,
         failed,
         tasks,
     }))
+}
+
+/// A chain's state as a reader shows it: a list that kept growing while it was read
+/// (`settled` false) may lack a task its parents made, so the chain is not shown done;
+/// a failure or a cancel found is one however the list grows.
+fn as_read(state: ChainState, settled: bool) -> ChainState {
+    if !settled && state == ChainState::Done {
+        ChainState::Running
+    } else {
+        state
+    }
 }
 
 /// Whether the global task's record is of the run that made the chain: its id may since
@@ -299,6 +308,14 @@ mod tests {
             &[("g", None), ("g~1", Some(Done))],
             (ChainState::Done, None),
         );
+    }
+
+    #[test]
+    fn a_list_still_growing_is_never_read_as_done() {
+        use ChainState::*;
+        let read = |settled| [Done, Failed, Cancelled, Running].map(|s| as_read(s, settled));
+        assert_eq!(read(true), [Done, Failed, Cancelled, Running]);
+        assert_eq!(read(false), [Running, Failed, Cancelled, Running]);
     }
 
     #[test]
