@@ -222,6 +222,62 @@ async fn an_ordered_tasks_end_wakes_a_taker() {
     assert_eq!(tokens, 1);
 }
 
+/// More dead letters than one call moves (1,000) requeued at once keep their order at the
+/// front of an ordered queue: oldest first, before the tasks that waited.
+#[tokio::test]
+async fn dead_letters_requeued_in_chunks_keep_their_order() {
+    let rig =
+        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
+    let q = rig.queue("steps");
+    let tasks: Vec<NewTask> = (0..1_050).map(|_| NewTask::new("{}")).collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    // (failed a batch at a time through a handle that does not hold to the order: the
+    // same keys, quicker than one at a time)
+    let plain = rig
+        .client
+        .queue_with("steps", gaffer::queue_client::QueueLimits::default())
+        .unwrap();
+    loop {
+        let batch = plain.take(100, Duration::from_secs(60)).await.unwrap();
+        if batch.tasks.is_empty() {
+            break;
+        }
+        let fail = || Settle::Fail {
+            reason: "bad".into(),
+        };
+        let ops: Vec<SettleOp> = batch
+            .tasks
+            .iter()
+            .map(|t| SettleOp::new(t, fail()))
+            .collect();
+        plain.settle(&ops).await.unwrap();
+    }
+    let waiting = q.enqueue(NewTask::new("{}")).await.unwrap().id;
+    let died: Vec<String> = q
+        .dead(0, 2_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(died.len(), 1_050);
+    assert_eq!(q.requeue_dead(None).await.unwrap(), 1_050);
+    let mut raw = rig.redis.raw().await;
+    let ready: Vec<String> = redis::cmd("LRANGE")
+        .arg("test:{steps}:ready:0")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let mut want = died;
+    want.push(waiting);
+    assert!(
+        ready == want,
+        "the ready list is not the dead letters' order, then the waiting one"
+    );
+}
+
 #[tokio::test]
 async fn a_priority_or_a_delay_is_refused_on_an_ordered_queue() {
     let rig =
