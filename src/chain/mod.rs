@@ -5,12 +5,12 @@
 //! the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (on a Redis Cluster its
 //! keys are in another slot than its tasks' queues): one string, `^` and the global task,
 //! `@RUN@` once a run of it made follow-ups, then each follow-up with its parent, every
-//! member length-prefixed (`LEN:QUEUE\x1fID`, so ids may hold any byte). A string, not a hash: a new chain is then one `SET NX PX`
-//! with its first follow-ups, and more are one `APPEND`, where a hash took a read, a
-//! write and an expiry per chain, the most of what a chain cost Redis. Members are added before their
-//! tasks are enqueued, and those before their parent is acked, each step idempotent, so a
-//! slot that dies anywhere in between leaves nothing a re-run parent does not redo
-//! exactly once. The chain's state is not stored: it is read from its members' records
+//! member length-prefixed (`LEN:QUEUE\x1fID`, so ids may hold any byte). A string, not a
+//! hash: a new chain is then one `SET NX PX` with its first follow-ups, and more are one
+//! `APPEND`, where a hash took a read, a write and an expiry per chain, the most of what a
+//! chain cost Redis. Members are added before their tasks are enqueued, and those before
+//! their parent is acked, each step idempotent, so a slot that dies anywhere in between
+//! leaves nothing a re-run parent does not redo exactly once. The chain's state is not stored: it is read from its members' records
 //! (`view`), which every queue script keeps in the same step as each state change, so no
 //! end of any task (a lease expiry included) can leave the chain out of date.
 //!
@@ -322,15 +322,6 @@ async fn claim_call(
         }
     }
     Ok(answers)
-}
-
-/// The global task of chain `chain`, if it has one.
-pub async fn root_of(
-    conn: &RedisConn,
-    namespace: &str,
-    chain: &str,
-) -> Result<Option<Member>, QueueError> {
-    Ok(stored(conn, namespace, chain).await?.map(|s| s.root))
 }
 
 /// Why tasks could not start chains of their own.

@@ -458,9 +458,9 @@ impl Queue {
             .await
     }
 
-    /// Sets the queue's switch to `value` (`STATE:NAME`) of generation `generation`, unless it
-    /// holds a newer one of that system; back to active wakes its takers. Returns whether
-    /// it was set.
+    /// Sets the queue's switch to `value` (`STATE:NAME`) of generation `generation`,
+    /// unless it holds a newer one of that system; back to active wakes its takers.
+    /// Returns whether it was set.
     async fn set_switch(&self, value: &str, generation: u64) -> Result<bool, QueueError> {
         let mut inv = self.invocation(&SYSTEM);
         inv.arg("set").arg(value).arg(generation);

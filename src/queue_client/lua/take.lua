@@ -43,14 +43,10 @@ if #expired > 0 then
     local m = meta_of(id)
     if m then
       local pri, ma = parse_meta(m)
-      if ma > 0 and a >= ma and ARGV[9] == '1' and a == ma then
-        local err = string.format(
-          'lease expired on attempt %d of %d (max_attempts reached): failed with its failed routes at its next take', a, ma)
-        back[#back + 1] = id
-        back_pris[#back_pris + 1] = pri
-        redis.call('HSET', K_ERR, id, err)
-        if tracked then record(id, 'waiting', now, a, nil, nil, err, {e = err, d = now}) end
-      elseif ma > 0 and a >= ma then
+      local last = ma > 0 and a >= ma
+      -- (on a queue with failed routes the last attempt comes back once more, see ARGV)
+      local once_more = last and ARGV[9] == '1' and a == ma
+      if last and not once_more then
         local err = string.format('lease expired on attempt %d of %d (max_attempts reached)', a, ma)
         redis.call('ZADD', K_DEAD, now, id)
         redis.call('HSET', K_ERR, id, err)
@@ -58,6 +54,10 @@ if #expired > 0 then
         if tracked then record(id, 'failed', now, a, nil, nil, err, {e = err}, history_ttl(ARGV[6])) end
       else
         local err = string.format('lease expired on attempt %d', a)
+        if once_more then
+          err = string.format('lease expired on attempt %d of %d (max_attempts reached): '
+            .. 'failed with its failed routes at its next take', a, ma)
+        end
         back[#back + 1] = id
         back_pris[#back_pris + 1] = pri
         redis.call('HSET', K_ERR, id, err)
