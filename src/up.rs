@@ -147,7 +147,8 @@ pub async fn run(
         pid: std::process::id(),
         redis: redis_url.clone(),
     };
-    std::fs::write(&state_file, serde_json::to_string(&state)?)
+    // (mode 0600: the URL may hold a password)
+    write_private(&state_file, serde_json::to_string(&state)?.as_bytes())
         .with_context(|| format!("writing {}", state_file.display()))?;
 
     let result = supervise(&opts, &redis_url, shutdown, interrupts).await;
@@ -164,7 +165,6 @@ pub async fn run(
 /// The demo's admin token: the one kept in the state directory, or a new one written
 /// there (readable by its owner only), so a restarted `up` keeps the same token.
 fn demo_token(state_dir: &Path) -> anyhow::Result<String> {
-    use std::os::unix::fs::OpenOptionsExt;
     let path = state_dir.join(TOKEN_FILE);
     if let Ok(t) = std::fs::read_to_string(&path)
         && !t.trim().is_empty()
@@ -172,15 +172,23 @@ fn demo_token(state_dir: &Path) -> anyhow::Result<String> {
         return Ok(t.trim().to_string());
     }
     let token = crate::api::new_token().context("making an api token")?;
+    write_private(&path, token.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(token)
+}
+
+/// Writes a file only its owner may read (a file written before with a wider mode is
+/// narrowed too).
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let mut file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
         .write(true)
         .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("writing {}", path.display()))?;
-    std::io::Write::write_all(&mut file, token.as_bytes())?;
-    Ok(token)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    std::io::Write::write_all(&mut file, bytes)
 }
 
 /// Where the api child listens: `GAFFER_API_LISTEN` when set (as the child reads it),

@@ -34,7 +34,14 @@ struct Cli {
     #[arg(long, global = true, env = "GAFFER_CONFIG", value_name = "PATH")]
     config: Option<PathBuf>,
     /// Redis URL, overriding [cluster].redis (redis://[user:password@]host:port/db)
-    #[arg(long, global = true, env = "GAFFER_REDIS", value_name = "URL")]
+    // (the variable's value is not shown in --help: it may hold a password)
+    #[arg(
+        long,
+        global = true,
+        env = "GAFFER_REDIS",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     redis: Option<String>,
     /// Log lines on stderr: `text` (time, level, message, key=value fields) or `json` (one
     /// object per line). The level comes from GAFFER_LOG, an env filter such as

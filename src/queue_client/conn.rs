@@ -324,23 +324,47 @@ pub async fn pubsub(url: &str, opts: &ConnectOptions) -> Result<redis::aio::PubS
     Ok(pubsub)
 }
 
-/// The URL with any password replaced, for messages and logs.
+/// The URL with any password replaced, for messages and logs: the one in its user info
+/// (`redis://user:PASSWORD@host`) and the one a unix socket's URL carries in its query
+/// (`redis+unix:///path?user=u&pass=PASSWORD`, which the redis crate also reads).
 pub fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.find(':') {
-                Some(colon) => format!(
-                    "{}{}:***{}",
-                    &url[..scheme + 3],
-                    &creds[..colon],
-                    &url[at..]
-                ),
-                None => url.to_string(),
-            }
+    let mut out = url.to_string();
+    for secret in url_passwords(url) {
+        out = out.replacen(&format!(":{secret}@"), ":***@", 1);
+        for key in PASSWORD_PARAMS {
+            out = out.replace(&format!("{key}={secret}"), &format!("{key}=***"));
         }
-        _ => url.to_string(),
     }
+    out
+}
+
+/// The query parameters of a Redis URL that hold a password.
+const PASSWORD_PARAMS: [&str; 2] = ["pass", "password"];
+
+/// The passwords a Redis URL holds, as written: its user info's, and its query's
+/// `pass=` / `password=` values (empty ones left out).
+pub fn url_passwords(url: &str) -> Vec<&str> {
+    let mut found = Vec::new();
+    let Some(scheme) = url.find("://") else {
+        return found;
+    };
+    let rest = &url[scheme + 3..];
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    if let Some((creds, _)) = before_query.rsplit_once('@')
+        && let Some((_, pw)) = creds.split_once(':')
+        && !pw.is_empty()
+    {
+        found.push(pw);
+    }
+    for pair in query.split(['&', '#']) {
+        if let Some((key, value)) = pair.split_once('=')
+            && PASSWORD_PARAMS.iter().any(|p| key.eq_ignore_ascii_case(p))
+            && !value.is_empty()
+        {
+            found.push(value);
+        }
+    }
+    found
 }
 
 /// A dedicated connection for blocking waits (BLPOP), which would stall every other user
@@ -440,6 +464,20 @@ mod tests {
         assert_eq!(
             redacted("redis://127.0.0.1:6379/0"),
             "redis://127.0.0.1:6379/0"
+        );
+        // A unix socket's URL carries its password in the query, where the redis crate
+        // reads it.
+        assert_eq!(
+            redacted("redis+unix:///run/redis.sock?user=gaffer&pass=s3cret"),
+            "redis+unix:///run/redis.sock?user=gaffer&pass=***"
+        );
+        assert_eq!(
+            redacted("unix:///run/redis.sock?db=1&password=s3cret"),
+            "unix:///run/redis.sock?db=1&password=***"
+        );
+        assert_eq!(
+            redacted("redis://gaffer:s3cret@host/0?protocol=resp3"),
+            "redis://gaffer:***@host/0?protocol=resp3"
         );
     }
 }

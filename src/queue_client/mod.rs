@@ -44,6 +44,7 @@ pub use checks::{json_deeper_than, validate_queue_name};
 pub use client::QueueClient;
 pub use conn::{
     ConnectOptions, PemFile, PemKind, RedisConn, TlsFileError, TlsFiles, Waiter, pubsub, redacted,
+    url_passwords,
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;

@@ -395,6 +395,9 @@ impl Exec {
         let parent = std::process::id();
         let mut cmd = Command::new(program);
         cmd.args(args)
+            // A URL given to gaffer in its environment may hold the Redis password: a
+            // handler, which may run as another user, gets none of it.
+            .env_remove("GAFFER_REDIS")
             .env("GAFFER_QUEUE", &ctx.queue.name)
             .env("GAFFER_SLOT", ctx.slot.to_string())
             .stdin(Stdio::piped())

@@ -361,3 +361,98 @@ async fn config_apply_masks_a_password_written_in_the_url() {
         "{source}"
     );
 }
+
+/// A password in the Redis URL gaffer is given through its environment, or in a unix
+/// socket's URL (whose query carries it), shows in no help text or error, and no exec
+/// handler inherits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_in_the_environment_or_a_socket_url_is_not_shown_or_handed_down() {
+    let redis = redis();
+    let dir = tempfile::tempdir().unwrap();
+    let port = port_of(&redis.url());
+    let url = format!("redis://default:{PASSWORD}@127.0.0.1:{port}/0");
+    let handler = dir.path().join("env.py");
+    std::fs::write(
+        &handler,
+        "import json, os, sys\n\
+         for line in sys.stdin:\n\
+         \x20   batch = json.loads(line)['batch']\n\
+         \x20   env = {k: os.environ.get(k) for k in ('GAFFER_REDIS', 'GAFFER_QUEUE')}\n\
+         \x20   print(json.dumps({'results': [{'id': t['id'], 'status': 'ok', 'result': env} for t in batch]}), flush=True)\n",
+    )
+    .unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nnamespace = \"env\"\n\n\
+             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"5s\"\nhttp = \"127.0.0.1:0\"\n\n\
+             [master]\nhttp = \"127.0.0.1:0\"\n\n\
+             [queues.work]\nhandler = \"exec\"\ncommand = [\"python3\", {:?}]\nmin_slots = 1\n",
+            handler.display().to_string()
+        ),
+    )
+    .unwrap();
+    let mut seen = Seen::default();
+
+    // Help, with the URL in the environment.
+    for args in [&["-h"][..], &["stats", "--help"], &["push", "-h"]] {
+        let o = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .args(args)
+            .env("GAFFER_REDIS", &url)
+            .output()
+            .unwrap();
+        seen.add_output(&format!("{args:?}"), &o);
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains("GAFFER_REDIS"),
+            "{args:?}: the variable is still named"
+        );
+    }
+    // An error naming a unix socket's URL.
+    let socket = format!(
+        "redis+unix://{}/none.sock?user=gaffer&pass={PASSWORD}",
+        dir.path().display()
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .args(["--redis", &socket, "stats"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(err.contains("pass=***"), "{err}");
+    seen.add("socket error", err);
+
+    // A handler run by a master given the URL in its environment.
+    let manager = Daemon::start(
+        &config,
+        dir.path(),
+        "manager",
+        &["manager"],
+        ("GAFFER_REDIS", url.clone()),
+    );
+    let master = Daemon::start(
+        &config,
+        dir.path(),
+        "master",
+        &["master", "--host", "h1"],
+        ("GAFFER_REDIS", url.clone()),
+    );
+    let client = QueueClient::connect(&url, "env", &ConnectOptions::default())
+        .await
+        .unwrap();
+    let q = client.queue("work").unwrap();
+    q.enqueue(gaffer::queue_client::NewTask::new("{}").id("e1"))
+        .await
+        .unwrap();
+    let result = poll_some(Duration::from_secs(60), "the task's result", || async {
+        q.record("e1").await.ok().flatten().and_then(|r| r.result)
+    })
+    .await;
+    assert_eq!(
+        result,
+        serde_json::json!({"GAFFER_REDIS": null, "GAFFER_QUEUE": "work"})
+    );
+    seen.add("manager log", manager.stop());
+    seen.add("master log", master.stop());
+    seen.assert_clean();
+}

@@ -209,6 +209,16 @@ async fn up_runs_the_demo_and_ctrl_c_leaves_nothing_behind() {
     // The task service answers with the demo's admin token, and a sync submit comes back
     // with the task done by a real slot.
     let token = std::fs::read_to_string(up.state.path().join("api-token")).unwrap();
+    // Its token and its state (the Redis URL, which may hold a password) are its owner's
+    // to read only.
+    for file in ["api-token", "up.json"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(up.state.path().join(file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{file}");
+    }
     assert!(
         up.log()
             .contains(&format!("admin token for this demo: {token}")),

@@ -45,13 +45,8 @@ fn without_password(source: &str, url: Option<&str>) -> Result<String, CliError>
         return Ok(source.to_string());
     }
     let text = source.replace(url, &masked);
-    let password = url
-        .split_once("://")
-        .and_then(|(_, rest)| rest.rsplit_once('@'))
-        .and_then(|(creds, _)| creds.split_once(':'))
-        .map(|(_, pw)| pw)
-        .unwrap_or_default();
-    if !password.is_empty() && text.contains(password) {
+    let passwords = crate::queue_client::url_passwords(url);
+    if passwords.iter().any(|pw| text.contains(pw)) {
         return Err(CliError::Usage(
             "[cluster].redis holds a password config apply cannot mask: move it to \
              [cluster].redis_password_file"
@@ -78,6 +73,17 @@ mod tests {
         assert_eq!(
             without_password(plain, Some("redis://db/0")).unwrap(),
             plain
+        );
+    }
+
+    #[test]
+    fn a_unix_socket_password_is_masked_too() {
+        let url = "redis+unix:///run/redis.sock?user=gaffer&pass=s3cret";
+        let source = format!("[cluster]\nredis = \"{url}\"\n");
+        let text = without_password(&source, Some(url)).unwrap();
+        assert!(
+            !text.contains("s3cret") && text.contains("pass=***"),
+            "{text}"
         );
     }
 
