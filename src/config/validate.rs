@@ -39,6 +39,10 @@ const DEDUP_NAMES: [&str; 2] = ["active", "record"];
 const MAX_PAYLOAD_LIMIT: u64 = 512 << 20;
 /// Smallest `[api].max_body` (docs/API.md: 1KiB to 512MiB).
 const MIN_MAX_BODY: u64 = 1 << 10;
+/// Shortest `[manager].tick`.
+const MIN_TICK: Duration = Duration::from_millis(100);
+/// Shortest `[manager].heartbeat_timeout`: two of a master's reports (one a second).
+const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest `[api].max_wait` (docs/API.md: at most 1h).
 const MAX_MAX_WAIT: Duration = Duration::from_secs(3600);
 
@@ -317,18 +321,43 @@ fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
             }
         },
     };
+    let tick = duration(
+        c,
+        "manager",
+        "tick",
+        raw.tick.clone(),
+        d.tick,
+        Zero::Refused,
+    );
+    at_least(
+        c,
+        "manager.tick",
+        &raw.tick,
+        tick,
+        MIN_TICK,
+        "each tick reads every queue's stats",
+    );
+    let heartbeat_timeout = duration(
+        c,
+        "manager",
+        "heartbeat_timeout",
+        raw.heartbeat_timeout.clone(),
+        d.heartbeat_timeout,
+        Zero::Refused,
+    );
+    at_least(
+        c,
+        "manager.heartbeat_timeout",
+        &raw.heartbeat_timeout,
+        heartbeat_timeout,
+        MIN_HEARTBEAT_TIMEOUT,
+        "masters report every second, so a shorter timeout declares live hosts dead",
+    );
     ManagerConfig {
         http: listen_addr(c, "manager.http", raw.http, d.http),
-        tick: duration(c, "manager", "tick", raw.tick, d.tick, Zero::Refused),
+        tick,
         timezone,
-        heartbeat_timeout: duration(
-            c,
-            "manager",
-            "heartbeat_timeout",
-            raw.heartbeat_timeout,
-            d.heartbeat_timeout,
-            Zero::Refused,
-        ),
+        heartbeat_timeout,
     }
 }
 
@@ -1408,7 +1437,45 @@ fn duration(
             c.error(value.span(), &join(path, key), "must be greater than zero");
             default
         }
+        // (every duration reaches Redis, the scripts and the slots as whole milliseconds:
+        // 500us would be a lease of 0 ms)
+        Ok(d) if d.subsec_nanos() % 1_000_000 != 0 => {
+            c.error(
+                value.span(),
+                &join(path, key),
+                format!(
+                    "must be a whole number of milliseconds, got {}: gaffer keeps time in milliseconds",
+                    humantime::format_duration(*d)
+                ),
+            );
+            default
+        }
         Ok(d) => *d,
+    }
+}
+
+/// A duration that must be at least `floor` (`why` says why), checked after [`duration`].
+fn at_least(
+    c: &mut Collector,
+    key: &str,
+    raw: &S<Human<Duration>>,
+    got: Duration,
+    floor: Duration,
+    why: &str,
+) {
+    if let Some(v) = raw
+        && got < floor
+        && v.get_ref().0.is_ok()
+    {
+        c.error(
+            v.span(),
+            key,
+            format!(
+                "must be at least {}, got {}: {why}",
+                humantime::format_duration(floor),
+                humantime::format_duration(got)
+            ),
+        );
     }
 }
 

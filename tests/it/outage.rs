@@ -317,7 +317,7 @@ async fn slots_of_a_on_h1(client: &QueueClient, keys: &Keys) -> Option<u32> {
         .map(|m| m.for_host("h1").get("a").copied().unwrap_or(0))
 }
 
-/// A config in `dir` for a manager that ticks every 200 ms and judges heartbeats after 1 s,
+/// A config in `dir` for a manager that ticks every 200 ms and judges heartbeats after 2 s,
 /// with one queue `a` of at least two slots.
 fn quick_manager_config(dir: &std::path::Path, redis_url: &str) -> std::path::PathBuf {
     let config = dir.join("config.toml");
@@ -325,7 +325,7 @@ fn quick_manager_config(dir: &std::path::Path, redis_url: &str) -> std::path::Pa
         &config,
         format!(
             "[cluster]\nredis = \"{redis_url}\"\nnamespace = \"test\"\n\n\
-             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"1s\"\n\n\
+             [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"2s\"\n\n\
              [queues.a]\nhandler = \"noop\"\nmin_slots = 2\n"
         ),
     )
@@ -404,7 +404,7 @@ async fn outage_moves_no_slot() {
     .await;
     let before = slot_pids();
 
-    // Not a synchronisation: the outage must outlast the heartbeat timeout (1 s) and the
+    // Not a synchronisation: the outage must outlast the heartbeat timeout (2 s) and the
     // manager's lease (3 s).
     redis.server.kill();
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -511,7 +511,7 @@ async fn a_freeze_longer_than_the_heartbeat_timeout_moves_no_slot() {
         .server
         .signal(nix::sys::signal::Signal::SIGSTOP)
         .unwrap();
-    // Not a synchronisation: the freeze must outlast the heartbeat timeout (1 s) and the
+    // Not a synchronisation: the freeze must outlast the heartbeat timeout (2 s) and the
     // manager's lease (3 s).
     tokio::time::sleep(Duration::from_secs(4)).await;
     redis
@@ -521,7 +521,7 @@ async fn a_freeze_longer_than_the_heartbeat_timeout_moves_no_slot() {
     let resumed = Instant::now();
     let mut seen = Vec::new();
     while resumed.elapsed() < Duration::from_secs(3) {
-        // The host reports again half a heartbeat timeout after the freeze.
+        // The host reports again a quarter of a heartbeat timeout after the freeze.
         if resumed.elapsed() > Duration::from_millis(500) {
             beating.store(true, Ordering::SeqCst);
         }
