@@ -150,10 +150,14 @@ impl Api {
     pub(super) async fn submit_chain_and_wait(
         &self,
         queue: &Queue,
+        key: &ApiKey,
         task: NewTask,
         wait: Duration,
     ) -> Answer {
         let made = queue.enqueue(task).await?;
+        if let Some(answer) = self.dedup_hit_of_another(queue, key, &made).await? {
+            return Ok(answer);
+        }
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());

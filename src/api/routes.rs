@@ -20,8 +20,8 @@ use crate::cluster;
 use crate::config::MAX_JSON_DEPTH;
 use crate::config::{ApiKey, Config, Intake};
 use crate::queue_client::{
-    FreezeResult, ListQuery, MAX_LIST_LIMIT, Queue, QueueClient, QueueLimits, RecordState,
-    TaskRecord, TaskState, json_deeper_than,
+    Enqueued, FreezeResult, ListQuery, MAX_LIST_LIMIT, Queue, QueueClient, QueueLimits,
+    RecordState, TaskRecord, TaskState, json_deeper_than,
 };
 
 /// What `POST …/tasks/{id}/freeze|thaw` asks.
@@ -270,7 +270,7 @@ impl Api {
             Submit::One {
                 task,
                 wait: Some(wait),
-            } if task.chain.is_some() => self.submit_chain_and_wait(queue, task, wait).await,
+            } if task.chain.is_some() => self.submit_chain_and_wait(queue, key, task, wait).await,
             Submit::Bulk(tasks) => {
                 let made = queue.enqueue_many(&tasks).await?;
                 let mut out = Vec::with_capacity(made.len());
@@ -293,6 +293,9 @@ impl Api {
                 }
                 let made = queue.enqueue(task).await?;
                 if let Some(wait) = wait {
+                    if let Some(answer) = self.dedup_hit_of_another(queue, key, &made).await? {
+                        return Ok(answer);
+                    }
                     let (ended, rec) = self.wait_end(queue, &made.id, wait).await?;
                     let status = if ended {
                         StatusCode::OK
@@ -311,6 +314,30 @@ impl Api {
                 ))
             }
         }
+    }
+
+    /// A sync submit that found another key's task under its id is answered as a submit
+    /// without `wait` is (the id, the task's state, `created: false`), not with that
+    /// task's record, result or chain, which this key may not see.
+    pub(super) async fn dedup_hit_of_another(
+        &self,
+        queue: &Queue,
+        key: &ApiKey,
+        made: &Enqueued,
+    ) -> Result<Option<(StatusCode, serde_json::Value)>, ApiError> {
+        if made.created {
+            return Ok(None);
+        }
+        let Some(rec) = queue.record(&made.id).await? else {
+            return Ok(None);
+        };
+        if self.owns(key, &rec).await? {
+            return Ok(None);
+        }
+        Ok(Some((
+            StatusCode::ACCEPTED,
+            json!({"id": made.id, "queue": queue.name(), "state": rec.state, "created": false}),
+        )))
     }
 
     /// The state of an existing task: its record's, or for an untracked queue where the

@@ -366,6 +366,29 @@ async fn a_non_admin_key_sees_only_what_it_submitted() {
         2,
         "an admin key sees every task"
     );
+    // A sync submit under another key's id is answered as one without `wait`: the state,
+    // not that task's record.
+    let (st, body) = s
+        .submit(SHOP, r#"{"payload": 1, "id": "theirs", "wait": "1s"}"#)
+        .await;
+    assert_eq!(
+        (st, body),
+        (
+            202,
+            json!({"id": "theirs", "queue": "emails", "state": "waiting", "created": false})
+        )
+    );
+    // An id one key's ended task had, used again by another key: the first key's listing
+    // no longer shows it.
+    let (st, _) = s
+        .call("DELETE", "/v1/queues/emails/tasks/mine", Some(SHOP), None)
+        .await;
+    assert_eq!(st, 200);
+    s.submit(OPS, r#"{"payload": 2, "id": "mine"}"#).await;
+    let (_, page) = s.get("/v1/queues/emails/tasks", SHOP).await;
+    assert_eq!(task_ids(&page), Vec::<&str>::new());
+    let (_, page) = s.get("/v1/queues/emails/tasks", OPS).await;
+    assert_eq!(task_ids(&page), ["mine", "theirs"]);
     s.stop().await;
 }
 

@@ -397,6 +397,17 @@ async fn intake_closed_refuses_and_cancel_records(client: QueueClient, name: &st
     assert!(q.record("t1").await.unwrap().is_none());
     assert_eq!(q.stats().await.unwrap().enqueued_total, 0);
 
+    // A dead letter, which a new task under its id supersedes (below, while the intake
+    // cancels).
+    q.set_intake(None).await.unwrap();
+    q.enqueue(NewTask::new("{}").id("d1")).await.unwrap();
+    let b = q.take(1, Duration::from_secs(30)).await.unwrap();
+    let failed = Settle::Fail {
+        reason: "bad".into(),
+    };
+    settle_one(&q, &b.tasks[0], failed).await;
+    assert_eq!(q.find("d1").await.unwrap().unwrap().state, TaskState::Dead);
+
     q.set_intake(Some(Intake::Cancel)).await.unwrap();
     let made = q.enqueue(NewTask::new("{}").id("t2")).await.unwrap();
     assert_eq!(
@@ -411,9 +422,24 @@ async fn intake_closed_refuses_and_cancel_records(client: QueueClient, name: &st
         Some("cancelled on arrival: the intake of the queue is cancel")
     );
 
+    // The dead letter's id: recorded as cancelled, and nothing of the dead letter left
+    // behind to hold the id once the intake opens again.
+    let made = q.enqueue(NewTask::new("{}").id("d1")).await.unwrap();
+    assert_eq!(
+        (made.created, made.state),
+        (true, Some(RecordState::Cancelled))
+    );
+    assert!(q.find("d1").await.unwrap().is_none(), "nothing left of d1");
+
     // Dropping the switch returns to the config's value.
     q.set_intake(None).await.unwrap();
     assert_eq!(q.intake().await.unwrap(), Intake::Open);
+    let made = q.enqueue(NewTask::new("{}").id("d1")).await.unwrap();
+    assert_eq!(
+        (made.created, made.state),
+        (true, Some(RecordState::Waiting))
+    );
+    assert_eq!(q.find("d1").await.unwrap().unwrap().state, TaskState::Ready);
     let made = q.enqueue(NewTask::new("{}").id("t3")).await.unwrap();
     assert_eq!(made.state, Some(RecordState::Waiting));
     // The config's own value applies while no switch is set.

@@ -57,8 +57,11 @@ local base = redis.call('INCRBY', K_SEQ, n) - n
 local payloads, ids, seqs, flags = {}, {}, {}, nil
 -- per created task: its chain's global task ('' none), when any task has one
 local chains = nil
--- the created tasks' record keys, when the dedup lookup made them
-local created_keys = nil
+-- the created tasks' record keys, and the records their ids had (false: none), when the
+-- lookup made them
+local created_keys, olds = nil, nil
+-- dead letters a new task under their id replaced
+local superseded = {}
 local created = 0
 
 -- The chain ('' none) of the task (its value) or else the record holding a follow-up's
@@ -104,10 +107,11 @@ if mode == 'p' then
   if root then chains = ids end
 else
   -- Dedup against records: one whose time is up must not count (see record_get.lua).
-  if dedup_record then
-    expire_records(now, 100)
-    created_keys = {}
-  end
+  if dedup_record then expire_records(now, 100) end
+  -- A tracked queue reads the records the ids have: to dedup against them, and so that a
+  -- new task under an ended one's id leaves that task's submitter's index (see
+  -- records_new).
+  if track then created_keys, olds = {}, {} end
   -- What exists already, looked up in one command each for the whole call: a command
   -- from Lua per task cost more than the lookups themselves.
   local given = {}
@@ -115,7 +119,7 @@ else
   -- (a task of either layout has its field in K_PAYLOAD: see task_value)
   local values_now = hmget(K_PAYLOAD, given)
   local recs_now, rec_keys = {}, {}
-  if dedup_record then
+  if dedup_record or track then
     for i = 1, n do rec_keys[i] = rec_key(given[i]) end
     recs_now = mget(rec_keys)
   end
@@ -132,10 +136,11 @@ else
         redis.call('ZREM', K_DEAD, id)
         redis.call('HDEL', K_ERR, id)
         redis.call('HDEL', K_ATT, id)
+        superseded[#superseded + 1] = id
       else
         fresh = false
       end
-    elseif recs_now[i] and rec_live(id, now) then
+    elseif dedup_record and recs_now[i] and rec_live(id, now) then
       -- the finished task's record still lives, and the queue dedups against it
       fresh = false
     end
@@ -150,7 +155,10 @@ else
     if fresh then
       seen[id] = true
       created = created + 1
-      if created_keys then created_keys[created] = rec_keys[i] end
+      if created_keys then
+        created_keys[created] = rec_keys[i]
+        olds[created] = recs_now[i]
+      end
       payloads[2 * created - 1] = id
       ids[created] = id
       local s = string.format('%d', base + i)
@@ -176,10 +184,15 @@ else
 end
 
 if created > 0 and cancel then
-  -- Recorded and ended at once: nothing enqueued, nothing to run.
+  -- Recorded and ended at once: nothing enqueued, nothing to run. A dead letter it
+  -- superseded leaves its value too (a new task's value would have replaced it).
+  if #superseded > 0 then
+    bulk('HDEL', K_PAYLOAD, superseded)
+    legacy_forget(superseded)
+  end
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      cancel_note, ttl, mode ~= 'p', chains, created_keys)
+      cancel_note, ttl, mode ~= 'p', chains, created_keys, olds)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -195,7 +208,8 @@ elseif created > 0 then
     push_ready(pri, ids, false)
   end
   if track then
-    records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains, created_keys)
+    records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains,
+      created_keys, olds)
   end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)

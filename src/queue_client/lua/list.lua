@@ -26,6 +26,9 @@ while found < limit and looked < cap do
     used = used + 1
     last = rows[i + 1]
     local v = rec_visible(id, now, due)
+    -- (a submitter's index entry left by a gaffer before records_new cleaned them up: the
+    -- id now holds another submitter's task)
+    if v and by ~= '' and rec_submitter(v) ~= by then v = nil end
     local r = v and rec_current(id, v, due)
     if r and (want == '' or r[1] == want) then
       out[#out + 1] = id

@@ -1024,7 +1024,10 @@ end
 -- `chains`: nil, or per task the id of its chain's global task ('' for none); a task of
 -- a chain shows `chain:G` as its submitter and is left out of the submitter indexes
 -- (they would grow by one per chain). `keys`: nil, or the records' keys, made already.
-local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains, keys)
+-- `olds`: nil, or per task the record its id had (false: none): a task that ended under
+-- the id leaves its submitter's index, which would otherwise list the new task to that
+-- submitter (and keep the entry after the new record goes).
+local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains, keys, olds)
   local first = entry(state, now, 0, '', '', note)
   -- The fields all tasks share, turned into text once: a number made text costs Lua a
   -- printf, which per task is a good part of an enqueue.
@@ -1062,6 +1065,17 @@ local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms
     bulk('ZADD', submitter_index(by), scored)
     -- so that dropping the queue finds every submitter's index
     redis.call('HSET', K_CONF, 'by:' .. by, 1)
+  end
+  if olds then
+    local left = {}
+    for i, id in ipairs(ids) do
+      local b = olds[i] and rec_submitter(olds[i]) or ''
+      if b ~= '' and b ~= by then
+        left[b] = left[b] or {}
+        table.insert(left[b], id)
+      end
+    end
+    for b, bids in pairs(left) do bulk('ZREM', submitter_index(b), bids) end
   end
 end
 
