@@ -218,7 +218,7 @@ impl Queue {
             Granted::None(wait) => return Ok(Batch::rate_limited(wait)),
         };
         let batch = self.take_granted(n, lease).await?;
-        self.refund_tokens(n, batch.tasks.len()).await?;
+        self.refund_tokens(n, batch.tasks.len()).await;
         Ok(batch)
     }
 
@@ -283,7 +283,7 @@ impl Queue {
         let mut conn = self.conn.clone();
         let (settled, taken): (Vec<i64>, Vec<Value>) = inv.invoke_async(&mut conn).await?;
         let batch = parse_take(taken)?;
-        self.refund_tokens(n, batch.tasks.len()).await?;
+        self.refund_tokens(n, batch.tasks.len()).await;
         Ok((order.results(settled)?, batch))
     }
 
@@ -441,12 +441,14 @@ impl Queue {
     /// of its priority's list with no attempt counted, so the next take hands it out at
     /// the same attempt. For a batch a slot took but will not run (it is stopping, or the
     /// batch waited past its lease). Fenced like a settle: a lease no longer held is
-    /// left alone and reported stale.
+    /// left alone and reported stale. A long task whose cancel was asked ends cancelled
+    /// instead (it would otherwise run again elsewhere before its cancel was seen).
     pub async fn release(&self, tasks: &[LeasedTask]) -> Result<Vec<SettleResult>, QueueError> {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
         let mut inv = self.invocation(&SCRIPTS.release);
+        inv.arg(self.ttl_arg());
         for t in tasks {
             inv.arg(&t.id).arg(t.token).arg(t.attempt);
         }

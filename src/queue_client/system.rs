@@ -407,20 +407,24 @@ impl Queue {
         }
     }
 
-    /// Hands back the tokens of a take that got fewer tasks than it had tokens for.
-    pub(super) async fn refund_tokens(
-        &self,
-        granted: usize,
-        taken: usize,
-    ) -> Result<(), QueueError> {
+    /// Hands back the tokens of a take that got fewer tasks than it had tokens for. Best
+    /// effort, so it returns nothing: the take's tasks are leased already, and a refund
+    /// that fails (Redis, or on a Redis Cluster the bucket's node, gone for a moment) only
+    /// leaves the bucket short for a second, where failing the take would leave its tasks
+    /// to expire with an attempt counted, unrun.
+    pub(super) async fn refund_tokens(&self, granted: usize, taken: usize) {
         let Some((key, rate)) = self.bucket() else {
-            return Ok(());
+            return;
         };
         if taken < granted {
             let back = (granted - taken) as i64;
-            let _: (i64, i64) = self.bucket_call(&key, rate, granted, -back).await?;
+            let refund: Result<(i64, i64), QueueError> =
+                self.bucket_call(&key, rate, granted, -back).await;
+            if let Err(e) = refund {
+                tracing::warn!(queue = %self.name(), tokens = back, error = %e,
+                    "could not hand unused rate tokens back; the system starts fewer tasks for a moment");
+            }
         }
-        Ok(())
     }
 
     fn bucket(&self) -> Option<(String, f64)> {

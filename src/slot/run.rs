@@ -361,7 +361,7 @@ impl Serving {
         if Instant::now() >= taken.lease_until {
             tracing::warn!(queue = %self.cfg.name, slot = self.slot, tasks = taken.batch.tasks.len(),
                 "a batch taken ahead outlived its lease before the handler was free; giving it back");
-            self.give_back(&taken.batch.tasks).await;
+            self.give_back(&taken.batch.tasks, taken.lease_until).await;
             if std::mem::take(&mut self.announced) {
                 self.reporter.send(&SlotEvent::Idle {
                     slot: self.slot,
@@ -377,23 +377,33 @@ impl Serving {
     /// leaves it to others at once, with no attempt counted.
     async fn give_back_ahead(&mut self) {
         if let Some(taken) = self.ahead.take() {
-            self.give_back(&taken.batch.tasks).await;
+            self.give_back(&taken.batch.tasks, taken.lease_until).await;
         }
     }
 
     /// Hands leased tasks back to the queue unstarted (a batch taken ahead, or the rest
-    /// of a batch cut short by a stop); on failure their leases expire by themselves.
-    /// Returns how many were stale (their lease already gone elsewhere).
-    async fn give_back(&self, tasks: &[LeasedTask]) -> u32 {
+    /// of a batch cut short by a stop). A transient failure is retried, as a settle is,
+    /// until their leases run out (`lease_until`): a lease that expires counts an attempt
+    /// the task never had, and at `max_attempts` dead-letters it unrun. Returns how many
+    /// were stale (their lease already gone elsewhere).
+    async fn give_back(&self, tasks: &[LeasedTask], lease_until: Instant) -> u32 {
         if tasks.is_empty() {
             return 0;
         }
-        match self.queue.release(tasks).await {
-            Ok(results) => count_stale(&results),
-            Err(e) => {
-                tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
-                    "giving back unstarted tasks failed; they come back when their leases expire");
-                0
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_SETTLE_BACKOFF);
+        loop {
+            match self.queue.release(tasks).await {
+                Ok(results) => return count_stale(&results),
+                Err(e) if e.is_transient() && Instant::now() < lease_until => {
+                    tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                        "giving back unstarted tasks failed, retrying");
+                    backoff.pause().await;
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
+                        "giving back unstarted tasks failed; they come back when their leases expire");
+                    return 0;
+                }
             }
         }
     }
@@ -484,7 +494,7 @@ impl Serving {
             // goes first, so the rest of this one lands before it, as they were taken.
             self.give_back_ahead().await;
         }
-        let mut stale = self.give_back(&unstarted).await;
+        let mut stale = self.give_back(&unstarted, lease_until).await;
         if !unstarted.is_empty() {
             tracing::info!(queue = %self.cfg.name, slot, settled = tasks.len(), returned = unstarted.len(),
                 "asked to stop: the batch's unstarted tasks went back to the queue");
@@ -539,7 +549,13 @@ impl Serving {
     /// settles.
     async fn settle_and_take(&mut self, ops: &[SettleOp], lease_until: Instant) -> u32 {
         self.recycle = self.over_memory_limit();
-        if !self.stopping && self.recycle.is_none() && self.ahead.is_none() {
+        // (a stop asked while the batch ran, not yet seen as `stopping`, takes nothing
+        // either: it would only have to give the next batch back)
+        if !self.stopping
+            && !self.stop.is_cancelled()
+            && self.recycle.is_none()
+            && self.ahead.is_none()
+        {
             let (n, lease) = (self.cfg.batch_size as usize, self.cfg.lease);
             let sent = Instant::now();
             match self.queue.settle_take(ops, n, lease).await {

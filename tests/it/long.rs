@@ -760,6 +760,34 @@ async fn a_cancelled_long_task_whose_slot_died_ends_cancelled_when_its_lease_run
     );
 }
 
+/// A slot that hands a long task back (its host drains) after its cancel was asked ends
+/// it cancelled: handed back, it would start again elsewhere before its cancel was seen.
+#[tokio::test]
+async fn a_long_task_handed_back_after_its_cancel_was_asked_ends_cancelled() {
+    let redis = TestRedis::start();
+    let q = bare_long_queue(&redis, "watch").await;
+    enqueue(&q, "x", "{}").await;
+    enqueue(&q, "y", "{}").await;
+    let taken = q.take(2, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(taken.tasks.len(), 2);
+    q.cancel_with("x", "cancelled by test").await.unwrap();
+    let results = q.release(&taken.tasks).await.unwrap();
+    assert_eq!(results.len(), 2);
+    let rec = record(&q, "x").await;
+    assert_eq!(rec.state, RecordState::Cancelled);
+    assert_eq!(
+        rec.history.unwrap().last().unwrap().note.as_deref(),
+        Some("cancelled by test")
+    );
+    // The other goes back to wait, and only it is handed out next.
+    assert_eq!(record(&q, "y").await.state, RecordState::Waiting);
+    let next = q.take(2, Duration::from_secs(30)).await.unwrap();
+    let ids: Vec<&str> = next.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["y"]);
+    let stats = q.stats().await.unwrap();
+    assert_eq!((stats.cancelled_total, stats.leased), (1, 1));
+}
+
 #[tokio::test]
 async fn renewal_reports_a_cancel_and_a_lost_lease_and_a_returned_task_ends_cancelled() {
     use gaffer::queue_client::{LongSettled, Renewal, Settle, SettleOp};

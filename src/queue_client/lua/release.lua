@@ -4,16 +4,27 @@
 -- priority's list (it was taken before everything behind it). No attempt is counted: a
 -- take counts nothing in K_ATT (only an ended attempt does), so the next take hands the
 -- task out at the same attempt.
--- ARGV: (id, token, attempt) triples (the attempt is not needed here). Returns one code per task: 1 returned, 0 stale (no
--- lease with this token: it expired and was reclaimed, or was settled or cancelled).
+-- A long task whose cancel was asked while it ran ends cancelled here, as a lease that
+-- runs out does (end_expired_cancels): handed back, it would start again on another slot
+-- before its cancel was seen.
+-- ARGV: history_ttl_ms, then (id, token, attempt) triples (the attempt is not needed
+-- here). Returns one code per task: 1 returned (or ended cancelled), 0 stale (no lease
+-- with this token: it expired and was reclaimed, or was settled or cancelled).
 local toks = {}
-for i = 2, #ARGV, 3 do toks[#toks + 1] = ARGV[i] end
+for i = 3, #ARGV, 3 do toks[#toks + 1] = ARGV[i] end
 batches_split(toks)
+local cancels = redis.call('EXISTS', K_CANCEL) == 1
+local now = cancels and now_ms()
 local res, back, pris = {}, {}, {}
-for i = 1, #ARGV, 3 do
+for i = 2, #ARGV, 3 do
   local id = ARGV[i]
+  local member = ARGV[i + 1] .. ':' .. id
   local m = meta_of(id)
-  if m and redis.call('ZREM', K_LEASED, ARGV[i + 1] .. ':' .. id) == 1 then
+  if cancels and m and redis.call('HEXISTS', K_CANCEL, id) == 1
+      and redis.call('ZSCORE', K_LEASED, member) then
+    cancel_end(id, member, now, nil, nil, nil, history_ttl(ARGV[1]))
+    res[#res + 1] = 1
+  elseif m and redis.call('ZREM', K_LEASED, member) == 1 then
     back[#back + 1] = id
     pris[#pris + 1] = parse_meta(m)
     res[#res + 1] = 1
