@@ -402,7 +402,12 @@ impl Exec {
             .env("GAFFER_SLOT", ctx.slot.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .stderr(Stdio::piped())
+            // A group of its own, which every signal the slot sends it goes to: a command
+            // that starts its worker as a subprocess (`sh -c '…; …'`) has it stopped
+            // too, where a signal to the child alone left it running, holding the reply
+            // pipe (a cancel that never ended, a long task run twice).
+            .process_group(0);
         // SAFETY: prctl and getppid are async-signal-safe and touch no memory of the
         // parent; the errors built here do not allocate.
         unsafe {
@@ -457,6 +462,7 @@ impl Exec {
             return;
         };
         let pid = running.process.id();
+        signal(pid, Signal::SIGKILL);
         let _ = running.process.kill();
         match running.process.wait() {
             Ok(status) => {
@@ -792,9 +798,11 @@ fn watch_stop(ctx: &SlotContext, id: &str, pid: u32, mut stdin: File, done: &Ato
     }
 }
 
-/// Sends `sig` to the child; one that is already gone needs nothing.
+/// Sends `sig` to the child's process group (the child and what it started); one that
+/// is already gone needs nothing. The group's id is the child's pid, which cannot have
+/// been reused while the child is not reaped (this slot reaps it).
 fn signal(pid: u32, sig: Signal) {
-    if let Err(e) = kill(Pid::from_raw(pid as i32), sig) {
+    if let Err(e) = kill(Pid::from_raw(-(pid as i32)), sig) {
         tracing::debug!(target: "gaffer::exec", pid, "cannot send {sig}: {e}");
     }
 }

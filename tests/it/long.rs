@@ -103,10 +103,15 @@ impl Hosts {
         let script = dir.path().join("child.py");
         std::fs::write(&script, CHILD).unwrap();
         let config = dir.path().join("config.toml");
-        let queues = queues.replace(
-            "{child}",
-            &format!("[\"python3\", \"{}\"]", script.display()),
-        );
+        let queues = queues
+            .replace(
+                "{child}",
+                &format!("[\"python3\", \"{}\"]", script.display()),
+            )
+            .replace(
+                "{wrapped}",
+                &format!("[\"sh\", \"-c\", \"python3 {}; true\"]", script.display()),
+            );
         let text = format!(
             "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
              [manager]\ntick = \"500ms\"\nheartbeat_timeout = \"3s\"\n\n\
@@ -423,6 +428,32 @@ async fn exec_long_tasks_run_and_are_cancelled_over_the_api_and_the_cli() {
     enqueue(&q, "c", "{}").await;
     running(&h, &q, "c").await;
     stop.cancel();
+}
+
+/// A command that runs its worker as a subprocess (a shell that goes on after it): the
+/// cancel's signals reach the worker too, and the task ends cancelled.
+#[tokio::test]
+async fn a_cancel_stops_a_worker_the_exec_command_started_as_a_subprocess() {
+    let mut h = Hosts::start(
+        r#"
+[queues.wrapped]
+kind = "long"
+handler = "exec"
+command = {wrapped}
+lease = "5s"
+cancel_grace = "1s"
+"#,
+    )
+    .await;
+    h.publish(1, &[("h1", "wrapped", 1)]).await;
+    h.master("h1");
+    h.slots_up("h1", 1).await;
+    let q = h.queue("wrapped");
+    // (it ignores the cancel line: only SIGTERM ends it)
+    enqueue(&q, "w", "{}").await;
+    let worker = running(&h, &q, "w").await;
+    q.cancel_with("w", "cancelled by test").await.unwrap();
+    child_gone_then_cancelled(&q, "w", worker).await;
 }
 
 #[tokio::test]
