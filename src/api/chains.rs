@@ -12,7 +12,7 @@ use super::routes::Api;
 use super::submit::Submit;
 use crate::chain::{self, ChainError, ChainTargets, ChainView};
 use crate::config::ApiKey;
-use crate::queue_client::{NewTask, Queue, TaskRecord};
+use crate::queue_client::{NewTask, Queue, QueueError, TaskRecord};
 
 type Answer = Result<(StatusCode, Value), ApiError>;
 
@@ -129,6 +129,17 @@ impl Api {
                 "chain needs records to follow, and queue {} keeps none (track = false)",
                 queue.name()
             )));
+        }
+        // The refusals the enqueue would answer come first: a refused task must leave no
+        // chain claimed under its id.
+        for t in tasks.iter() {
+            queue.check(t)?;
+        }
+        if queue.intake().await? == crate::config::Intake::Closed {
+            return Err(QueueError::IntakeClosed {
+                queue: queue.name().to_string(),
+            }
+            .into());
         }
         let ttl = self.chain_targets().ttl;
         let chained = tasks.iter_mut().filter(|t| t.chain.is_some()).collect();

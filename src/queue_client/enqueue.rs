@@ -137,8 +137,10 @@ impl TakenBy {
 }
 
 impl Queue {
-    /// Refuses a task the queue cannot take: too large, a bad id, due too far ahead.
-    fn check(&self, task: &NewTask) -> Result<(), QueueError> {
+    /// Refuses a task the queue cannot take: too large, a bad id, due too far ahead. The
+    /// enqueue runs it too; a caller that writes something before enqueueing (a chain's
+    /// claim) runs it first, so a refused task leaves nothing behind.
+    pub fn check(&self, task: &NewTask) -> Result<(), QueueError> {
         if task.payload.len() as u64 > self.limits.max_payload {
             return Err(QueueError::PayloadTooLarge {
                 queue: self.name.to_string(),

@@ -419,6 +419,10 @@ async fn every_refusal_names_what_and_changes_nothing() {
     let before = s.dump().await;
     let big_payload = format!(r#"{{"payload": "{}"}}"#, "x".repeat(1500));
     let big_body = format!(r#"{{"payload": "{}"}}"#, "x".repeat(3000));
+    let big_chain = format!(
+        r#"{{"payload": "{}", "id": "c9", "chain": true}}"#,
+        "x".repeat(1500)
+    );
     let cases: Vec<Refusal> = vec![
         (
             "POST",
@@ -549,6 +553,15 @@ async fn every_refusal_names_what_and_changes_nothing() {
             413,
             "request body exceeds the limit of 2.0 KiB ([api].max_body)",
         ),
+        // (a chain's global task is claimed before its enqueue: not when it is refused)
+        (
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(&big_chain),
+            413,
+            "payload of 1502 bytes exceeds the limit of 1024 bytes of queue emails",
+        ),
         (
             "PUT",
             "/v1/queues/emails/tasks",
@@ -593,14 +606,16 @@ async fn every_refusal_names_what_and_changes_nothing() {
         )
     );
     let before = s.dump().await;
-    let (st, body) = s.submit(SHOP, r#"{"payload": 1}"#).await;
-    assert_eq!(
-        (st, body),
-        (
-            409,
-            json!({"error": "the intake of queue emails is closed: it accepts no new tasks"})
-        )
-    );
+    for body in [r#"{"payload": 1}"#, r#"{"payload": 1, "id": "c10", "chain": true}"#] {
+        let (st, body) = s.submit(SHOP, body).await;
+        assert_eq!(
+            (st, body),
+            (
+                409,
+                json!({"error": "the intake of queue emails is closed: it accepts no new tasks"})
+            )
+        );
+    }
     assert_eq!(s.dump().await, before);
     s.stop().await;
 }
