@@ -606,7 +606,10 @@ async fn every_refusal_names_what_and_changes_nothing() {
         )
     );
     let before = s.dump().await;
-    for body in [r#"{"payload": 1}"#, r#"{"payload": 1, "id": "c10", "chain": true}"#] {
+    for body in [
+        r#"{"payload": 1}"#,
+        r#"{"payload": 1, "id": "c10", "chain": true}"#,
+    ] {
         let (st, body) = s.submit(SHOP, body).await;
         assert_eq!(
             (st, body),

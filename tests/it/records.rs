@@ -27,6 +27,7 @@ crate::harness::on_both!(
     tasks_from_before_tracking_get_no_record,
     intake_closed_refuses_and_cancel_records,
     dedup_record_keeps_a_finished_id,
+    dedup_record_lets_go_of_ids_whose_records_are_due,
     listing_pages_by_cursor_filters_and_submitters,
 );
 
@@ -476,6 +477,50 @@ async fn dedup_record_keeps_a_finished_id(client: QueueClient, name: &str) {
         };
         assert_eq!(rec.state, want, "{dedup:?}");
     }
+}
+
+/// Records that ended together (acks of a batch split in two calls: one expiry list per
+/// call) and whose time is up, more of them than an enqueue sweeps first: none of their
+/// ids still counts as taken for `dedup = "record"`, as none is shown to readers.
+async fn dedup_record_lets_go_of_ids_whose_records_are_due(client: QueueClient, name: &str) {
+    let q = client
+        .queue_with(
+            name,
+            QueueLimits {
+                dedup: Dedup::Record,
+                history_ttl: Duration::from_millis(200),
+                ..limits()
+            },
+        )
+        .unwrap();
+    let tasks = |_| -> Vec<NewTask> {
+        (0..150)
+            .map(|i| NewTask::new("{}").id(format!("r{i}")))
+            .collect()
+    };
+    q.enqueue_many(&tasks(())).await.unwrap();
+    let b = q.take(150, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), 150);
+    let (first, second) = b.tasks.split_at(75);
+    q.ack(first).await.unwrap();
+    q.ack(second).await.unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the records' time is up",
+        || async { q.record("r149").await.unwrap().is_none() },
+    )
+    .await;
+    let made = q.enqueue_many(&tasks(())).await.unwrap();
+    let kept: Vec<&str> = made
+        .iter()
+        .filter(|m| !m.created)
+        .map(|m| m.id.as_str())
+        .collect();
+    assert_eq!(
+        kept,
+        Vec::<&str>::new(),
+        "ids held by records no reader shows"
+    );
 }
 
 async fn listing_pages_by_cursor_filters_and_submitters(client: QueueClient, name: &str) {

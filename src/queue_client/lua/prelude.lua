@@ -914,27 +914,6 @@ local function done_of(id, cache)
   return d
 end
 
--- The record of `id` unless its time is up (then it is deleted now rather than at the
--- next sweep): what readers see.
-local function rec_live(id, now)
-  local v = redis.call('GET', rec_key(id))
-  if not v then return nil end
-  local exp = redis.call('ZSCORE', K_EXP, id)
-  if not exp then
-    local d = done_of(id, {})
-    if d then exp = d[1] end
-  end
-  if exp and tonumber(exp) <= now then
-    local b = rec_submitter(v)
-    if b ~= '' then redis.call('ZREM', submitter_index(b), id) end
-    redis.call('ZREM', K_IDX, id)
-    redis.call('DEL', rec_key(id))
-    redis.call('ZREM', K_EXP, id)
-    return nil
-  end
-  return v
-end
-
 -- The moments of the lists of records ended together whose time is up (expire_batched),
 -- as a set. It costs one read of the due, not yet swept lists, which the sweeps of takes
 -- and the manager's housekeeping keep few; a read fetches it once, and only when a record
@@ -973,6 +952,22 @@ local function rec_visible(id, now, due)
     if d and d[1] <= now then return nil end
   end
   return v
+end
+
+-- The record of `id` unless its time is up, by the same rule readers see it by
+-- (rec_visible: its own moment, its batch's list's or its run's); one whose time is up
+-- is deleted now rather than at the next sweep, so a dedup never counts a record no
+-- reader would show.
+local function rec_live(id, now)
+  local v = redis.call('GET', rec_key(id))
+  if not v then return nil end
+  if rec_visible(id, now, {}) then return v end
+  local b = rec_submitter(v)
+  if b ~= '' then redis.call('ZREM', submitter_index(b), id) end
+  redis.call('ZREM', K_IDX, id)
+  redis.call('DEL', rec_key(id))
+  redis.call('ZREM', K_EXP, id)
+  return nil
 end
 
 -- A record as readers get it: {s, p, a, m, c, d, u, b, e, r, g} (state, attempt and
