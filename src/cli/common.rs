@@ -149,9 +149,31 @@ impl Global {
             })?;
             opts.password = Some(pw.trim_end_matches(['\n', '\r']).to_string());
         }
+        refuse_tls_files_over_plain(cfg, &url)?;
         opts.tls = tls_files(cfg)?;
         warn_if_insecure(&url);
         Ok((url, opts))
+    }
+}
+
+/// TLS files with a URL that is not `rediss://` would connect in plain text, the files
+/// unused: config validation refuses them beside a plain `[cluster].redis`, and this the
+/// URL in use, which may come from `--redis`, `GAFFER_REDIS` or `gaffer up` instead.
+fn refuse_tls_files_over_plain(cfg: &Config, url: &str) -> Result<(), CliError> {
+    let c = &cfg.cluster;
+    let set = [
+        ("redis_ca_file", &c.redis_ca_file),
+        ("redis_cert_file", &c.redis_cert_file),
+        ("redis_key_file", &c.redis_key_file),
+    ]
+    .into_iter()
+    .find_map(|(key, f)| f.as_ref().map(|_| key));
+    match set {
+        Some(key) if !url.starts_with("rediss://") => Err(CliError::Usage(format!(
+            "[cluster].{key} is set, but the Redis URL in use ({}) is not rediss://:              refusing to connect without TLS (use a rediss:// URL, or drop the TLS files)",
+            redacted(url)
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -288,6 +288,34 @@ fn unreachable_redis_is_a_runtime_failure() {
     assert!(!err.contains("hunter2"), "password leaked: {err}");
 }
 
+/// TLS files in the config with a plain URL given apart from it (`--redis` here): refused
+/// as bad usage, rather than connecting in plain text with the files unused.
+#[test]
+fn tls_files_with_a_plain_url_from_the_command_line_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[cluster]\nredis_ca_file = \"/nonexistent/ca.pem\"\n\n[queues.a]\nhandler = \"noop\"\n",
+    )
+    .unwrap();
+    let port = gaffer::redis_server::free_port().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--redis")
+        .arg(format!("redis://127.0.0.1:{port}/0"))
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("[cluster].redis_ca_file is set") && err.contains("not rediss://"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bench_reports_gaffer_beside_the_bare_loop() {
     let env = Env::new();
