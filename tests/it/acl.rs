@@ -376,10 +376,15 @@ async fn a_producer_pushes_to_its_queue_and_nowhere_else() {
     assert_ok(&redis, "push", &o).await;
     let o = gaffer(&config, &["push", "work", "--count", "50"]);
     assert_ok(&redis, "push --count", &o).await;
+    let o = gaffer(
+        &config,
+        &["push", "work", "--chain", "--id", "c1", "--payload", "{}"],
+    );
+    assert_ok(&redis, "push --chain", &o).await;
     redis.assert_nothing_refused().await;
     let admin = redis.admin_client().await;
     let s = admin.queue("work").unwrap().stats().await.unwrap();
-    assert_eq!(s.ready, 51);
+    assert_eq!(s.ready, 52);
 
     // Its ACL names its queues: another one is refused, in Redis's words.
     let o = gaffer(&config, &["push", "other", "--payload", "{}"]);
