@@ -176,7 +176,11 @@ impl Api {
             if view.state.is_end() {
                 return Ok((StatusCode::OK, view.to_json()));
             }
-            if left.is_zero() || !self.ended.connected(left).await {
+            let watching = tokio::select! {
+                w = self.ended.connected(left) => w,
+                () = self.shutdown.cancelled() => false,
+            };
+            if left.is_zero() || !watching {
                 return Ok((StatusCode::ACCEPTED, view.to_json()));
             }
             let mut registrations = Vec::new();

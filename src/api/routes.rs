@@ -366,8 +366,12 @@ impl Api {
         loop {
             let mut registration = self.ended.register(queue.name(), id);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            // Without the subscription an end could pass unseen: wait for it first.
-            let watching = self.ended.connected(left).await;
+            // Without the subscription an end could pass unseen: wait for it first (not
+            // past a stop, which answers every waiting request at once).
+            let watching = tokio::select! {
+                w = self.ended.connected(left) => w,
+                () = self.shutdown.cancelled() => false,
+            };
             let rec = if watching {
                 queue.watch(id).await?
             } else {

@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime};
 use serde::Deserialize;
 
 use super::error::ApiError;
-use crate::queue_client::{MAX_BATCH, NewTask, TaskChain};
+use crate::config::MAX_JSON_DEPTH;
+use crate::queue_client::{MAX_BATCH, NewTask, TaskChain, json_deeper_than};
 
 /// One task as submitted.
 #[derive(Debug, Deserialize)]
@@ -98,7 +99,15 @@ fn task(
     let payload = raw
         .payload
         .ok_or_else(|| ApiError::bad_request("missing field `payload`"))?;
-    let mut task = NewTask::new(payload.to_string()).submitted_by(by);
+    let payload = payload.to_string();
+    // (the body's own depth is checked before parsing, with room for its envelope: a
+    // payload alone may nest no deeper than a slot accepts, or the task would fail there)
+    if json_deeper_than(payload.as_bytes(), MAX_JSON_DEPTH) {
+        return Err(ApiError::bad_request(format!(
+            "payload nested deeper than {MAX_JSON_DEPTH} levels"
+        )));
+    }
+    let mut task = NewTask::new(payload).submitted_by(by);
     if raw.chain == Some(true) {
         task.chain = Some(TaskChain::Global);
     }
@@ -191,6 +200,14 @@ mod tests {
             "wait 2m exceeds the limit of 1m ([api].max_wait)"
         );
         assert_eq!(err(r#"{"tasks": []}"#), "tasks must hold at least one task");
+        let nested = |n| format!(r#"{{"payload": {}{}}}"#, "[".repeat(n), "]".repeat(n));
+        assert_eq!(err(&nested(65)), "payload nested deeper than 64 levels");
+        assert!(parse(nested(64).as_bytes(), "k", Duration::from_secs(60)).is_ok());
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        assert_eq!(
+            err(&format!(r#"{{"tasks": [{{"payload": {deep}}}]}}"#)),
+            "tasks[0]: payload nested deeper than 64 levels"
+        );
         assert_eq!(
             err(r#"{"tasks": [{"payload": 1}, {"payload": 2, "wait": "1s"}]}"#),
             "tasks[1]: wait is for a single submit, not a bulk one"
