@@ -329,6 +329,17 @@ fn child_main(
     let report = ctx
         .report_fd
         .map(|fd| unsafe { UnixDatagram::from_raw_fd(fd) });
+    // The master cleared close-on-exec for the zygote to inherit it; an exec handler (or
+    // anything it starts) must not, or it could send the master this slot's events.
+    if let Some(r) = &report
+        && let Err(e) = nix::fcntl::fcntl(
+            r,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+    {
+        eprintln!("slot {slot}: setting close-on-exec on the report socket: {e}");
+        return EXIT_FATAL;
+    }
     let connect = ConnectOptions {
         password: ctx.init.password.clone(),
         tls: ctx.init.tls.clone(),

@@ -364,7 +364,7 @@ async fn config_apply_masks_a_password_written_in_the_url() {
 
 /// A password in the Redis URL gaffer is given through its environment, or in a unix
 /// socket's URL (whose query carries it), shows in no help text or error, and no exec
-/// handler inherits it.
+/// handler inherits it (nor the slot's report socket to its master).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_in_the_environment_or_a_socket_url_is_not_shown_or_handed_down() {
     let redis = redis();
@@ -378,6 +378,11 @@ async fn a_password_in_the_environment_or_a_socket_url_is_not_shown_or_handed_do
          for line in sys.stdin:\n\
          \x20   batch = json.loads(line)['batch']\n\
          \x20   env = {k: os.environ.get(k) for k in ('GAFFER_REDIS', 'GAFFER_QUEUE')}\n\
+         \x20   fds = []\n\
+         \x20   for f in os.listdir('/proc/self/fd'):\n\
+         \x20       try: fds.append(os.readlink('/proc/self/fd/' + f))\n\
+         \x20       except OSError: pass\n\
+         \x20   env['sockets'] = sum(1 for f in fds if f.startswith('socket:'))\n\
          \x20   print(json.dumps({'results': [{'id': t['id'], 'status': 'ok', 'result': env} for t in batch]}), flush=True)\n",
     )
     .unwrap();
@@ -450,7 +455,7 @@ async fn a_password_in_the_environment_or_a_socket_url_is_not_shown_or_handed_do
     .await;
     assert_eq!(
         result,
-        serde_json::json!({"GAFFER_REDIS": null, "GAFFER_QUEUE": "work"})
+        serde_json::json!({"GAFFER_REDIS": null, "GAFFER_QUEUE": "work", "sockets": 0})
     );
     seen.add("manager log", manager.stop());
     seen.add("master log", master.stop());
