@@ -395,6 +395,10 @@ impl Serving {
             match self.queue.release(tasks).await {
                 Ok(results) => return count_stale(&results),
                 Err(e) if e.is_transient() && Instant::now() < lease_until => {
+                    self.reporter.send(&SlotEvent::Progress {
+                        slot: self.slot,
+                        pid: self.pid,
+                    });
                     tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
                         "giving back unstarted tasks failed, retrying");
                     backoff.pause().await;
@@ -570,12 +574,17 @@ impl Serving {
                     "settle and take failed; settling alone"),
             }
         }
+        let (slot, pid, reporter) = (self.slot, self.pid, &self.reporter);
+        // (a slot retrying its settle through an outage is not hung: the master's
+        // watchdog must not kill it, and run its tasks again)
+        let progress = || reporter.send(&SlotEvent::Progress { slot, pid });
         settle(
             &self.queue,
             ops,
             lease_until,
             &self.stop,
             &mut self.stopping,
+            &progress,
         )
         .await
     }
@@ -860,19 +869,22 @@ async fn extend(queue: &Queue, tasks: &[LeasedTask], lease: Duration) -> bool {
 /// expiry too: until another taker reclaims them, expired leases still take their
 /// holder's settle (and a reclaimed one refuses it as stale, harmlessly), so giving up
 /// would only make the tasks run again. A stopping slot gives up once the leases have
-/// passed; the tasks come back by themselves. Returns the count of stale settles.
+/// passed; the tasks come back by themselves. Each retry calls `progress`. Returns the
+/// count of stale settles.
 async fn settle(
     queue: &Queue,
     ops: &[SettleOp],
     lease_until: Instant,
     stop: &CancellationToken,
     stopping: &mut bool,
+    progress: &dyn Fn(),
 ) -> u32 {
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_SETTLE_BACKOFF);
     loop {
         match queue.settle(ops).await {
             Ok(results) => return count_stale(&results),
             Err(e) if e.is_transient() && (!*stopping || Instant::now() < lease_until) => {
+                progress();
                 tracing::warn!(queue = queue.name(), error = %e, "settle failed, retrying");
                 tokio::select! {
                     () = backoff.pause() => {}

@@ -11,7 +11,7 @@ use gaffer::config::{Handler as HandlerConfig, QueueConfig};
 use gaffer::queue_client::{ConnectOptions, NewTask, QueueClient};
 use gaffer::redis_server::RedisServerOptions;
 use gaffer::slot::{
-    EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotSpec, Task, run_slot,
+    EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotEvent, SlotSpec, Task, run_slot,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -65,8 +65,23 @@ fn start_slot<H: Handler + Send + 'static>(
     queue: QueueConfig,
     handler: H,
 ) -> (CancellationToken, std::thread::JoinHandle<i32>) {
-    // The master's end of the report socket lives as long as the slot.
+    let (stop, slot, _events) = start_slot_reporting(redis, queue, handler);
+    (stop, slot)
+}
+
+/// [`start_slot`], also handing back the master's end of the slot's report socket (the
+/// slot's thread keeps one too, so it lives as long as the slot).
+fn start_slot_reporting<H: Handler + Send + 'static>(
+    redis: &TestRedis,
+    queue: QueueConfig,
+    handler: H,
+) -> (
+    CancellationToken,
+    std::thread::JoinHandle<i32>,
+    UnixDatagram,
+) {
     let (report, events) = UnixDatagram::pair().unwrap();
+    let ours = events.try_clone().unwrap();
     let spec = SlotSpec {
         queue,
         slot: 1,
@@ -85,6 +100,7 @@ fn start_slot<H: Handler + Send + 'static>(
             let _events = events;
             run_slot(spec, Box::new(handler), Some(token))
         }),
+        ours,
     )
 }
 
@@ -170,7 +186,7 @@ async fn a_settle_outlives_an_outage_longer_than_the_lease() {
         },
         handled: handled.clone(),
     };
-    let (stop, slot) = start_slot(&redis, cfg.clone(), handler);
+    let (stop, slot, events) = start_slot_reporting(&redis, cfg.clone(), handler);
     eventually(Duration::from_secs(20), "the task handed out", || async {
         q.stats().await.unwrap().leased == 1
     })
@@ -180,6 +196,19 @@ async fn a_settle_outlives_an_outage_longer_than_the_lease() {
     release.store(true, Ordering::SeqCst);
     // Not a synchronisation: the outage must outlast the lease, whatever the slot does.
     tokio::time::sleep((cfg.lease + Duration::from_secs(1)).saturating_sub(down.elapsed())).await;
+    // Meanwhile the slot, retrying its settle, told its master it is not hung (its
+    // watchdog kills a slot silent past max_batch_time, and the task would run again).
+    events.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut progress = 0;
+    while let Ok(n) = events.recv(&mut buf) {
+        let ev: SlotEvent = serde_json::from_slice(&buf[..n]).unwrap();
+        progress += usize::from(matches!(ev, SlotEvent::Progress { .. }));
+    }
+    assert!(
+        progress >= 2,
+        "progress reports during the outage: {progress}"
+    );
     redis.server.restart().unwrap();
     eventually(Duration::from_secs(20), "the task acked", || async {
         q.stats().await.is_ok_and(|s| s.acked_total == 1)
