@@ -3,7 +3,7 @@
 //! `failed`, both ends keep records (a chain is followed through its tasks' records), and
 //! no route leads back to where it started (a chain of routes alone would never end).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 use toml::Spanned;
@@ -30,6 +30,12 @@ pub(super) fn routes(
     let Some(DeValue::Table(tables)) = find(root, "queues").map(Spanned::get_ref) else {
         return;
     };
+    // A queue whose table had errors of its own is missing from `queues`: a route to it is
+    // not a second error.
+    let declared: BTreeSet<String> = tables
+        .iter()
+        .map(|(n, _)| n.get_ref().to_string())
+        .collect();
     let mut written: BTreeMap<String, Vec<Written>> = BTreeMap::new();
     for (name, value) in tables.iter() {
         let name: &str = name.get_ref();
@@ -40,7 +46,7 @@ pub(super) fn routes(
             continue;
         };
         let path = join(&join("queues", name), "next");
-        let routes = queue_routes(c, &path, next, queues);
+        let routes = queue_routes(c, &path, next, queues, &declared);
         if let Some(q) = queues.get_mut(name) {
             if !routes.is_empty() && !q.track {
                 c.error(
@@ -62,6 +68,7 @@ fn queue_routes(
     path: &str,
     next: &Spanned<DeValue>,
     queues: &BTreeMap<String, QueueConfig>,
+    declared: &BTreeSet<String>,
 ) -> Vec<Written> {
     let DeValue::Array(items) = next.get_ref() else {
         c.error(
@@ -83,7 +90,7 @@ fn queue_routes(
         let Some(raw) = deserialize::<RawRoute>(c, item, &at) else {
             continue;
         };
-        if let Some(w) = route(c, &at, item.span(), raw, queues) {
+        if let Some(w) = route(c, &at, item.span(), raw, queues, declared) {
             out.push(w);
         }
     }
@@ -96,6 +103,7 @@ fn route(
     span: Range<usize>,
     raw: RawRoute,
     queues: &BTreeMap<String, QueueConfig>,
+    declared: &BTreeSet<String>,
 ) -> Option<Written> {
     let on = match raw.on.as_ref().map(|o| (o.get_ref().as_str(), o.span())) {
         None | Some(("done", _)) => Some(RouteOn::Done),
@@ -119,6 +127,7 @@ fn route(
     };
     let (name, qspan) = (queue.get_ref().clone(), queue.span());
     match queues.get(&name) {
+        None if declared.contains(&name) => return None,
         None => {
             c.error(qspan.clone(), &join(at, "queue"), unknown_queue(&name));
             return None;

@@ -213,6 +213,20 @@ fn references_to_broken_tables_do_not_cascade() {
         e,
         ["t.toml:2:11: queues.a.handler: expected a string, found integer `3`"]
     );
+    // Nor a route to it; nor the checks of keys that depend on a value refused already.
+    let e = errors(
+        "[queues.a]\nhandler = 3\n[queues.b]\nhandler = \"noop\"\nnext = [{queue = \"a\"}]\n\
+         [queues.c]\nhandler = \"noop\"\nordered = true\nbatch_size = 0\n\
+         [queues.d]\nhandler = \"noop\"\nkind = \"lon\"\ncancel_grace = \"1s\"\n",
+    );
+    assert_eq!(
+        e,
+        [
+            "t.toml:2:11: queues.a.handler: expected a string, found integer `3`",
+            "t.toml:9:14: queues.c.batch_size: must be greater than zero, found 0",
+            "t.toml:12:8: queues.d.kind: unknown kind `lon`, expected `batch` or `long`",
+        ]
+    );
 }
 
 #[test]

@@ -452,10 +452,12 @@ fn ordered(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig)
     if !out.ordered {
         return;
     }
-    if raw.batch_size.is_none() {
+    let written = raw.batch_size.as_ref().map(|b| *b.get_ref());
+    if written.is_none() {
         // One at a time is what an ordered queue means: its default batch.
         out.batch_size = 1;
-    } else if out.batch_size != 1 {
+    } else if out.batch_size != 1 && written == Some(i64::from(out.batch_size)) {
+        // (a batch_size that was itself refused is reported once, as that)
         c.error(
             o.span(),
             &join(path, "ordered"),
@@ -494,18 +496,22 @@ fn bind_systems(
 /// other keys only mean something for such a queue.
 fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig) {
     let path = q.path;
+    let mut kind_known = true;
     if let Some(k) = &raw.kind {
         match QueueKind::parse(k.get_ref()) {
             Some(kind) => out.kind = kind,
-            None => c.error(
-                k.span(),
-                &join(path, "kind"),
-                format!(
-                    "unknown kind `{}`, expected {}",
-                    k.get_ref(),
-                    backticked(&QueueKind::NAMES)
-                ),
-            ),
+            None => {
+                kind_known = false;
+                c.error(
+                    k.span(),
+                    &join(path, "kind"),
+                    format!(
+                        "unknown kind `{}`, expected {}",
+                        k.get_ref(),
+                        backticked(&QueueKind::NAMES)
+                    ),
+                )
+            }
         }
     }
     out.cancel_grace = duration(
@@ -520,7 +526,8 @@ fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueCon
         .max_per_host
         .clone()
         .map(|v| int(c, path, "max_per_host", Some(v), 1, 1, i64::from(u32::MAX)));
-    if !out.is_long() {
+    // (after an unknown kind, which was meant is not known: its keys are not errors too)
+    if !out.is_long() && kind_known {
         for (key, span) in [
             ("cancel_grace", raw.cancel_grace.as_ref().map(Spanned::span)),
             ("max_per_host", raw.max_per_host.as_ref().map(Spanned::span)),
