@@ -212,15 +212,18 @@ impl Queue {
 
     /// The queue's intake as it is now: the run-time switch when set, else the config's.
     pub async fn intake(&self) -> Result<crate::config::Intake, QueueError> {
+        Ok(self.intake_switch().await?.unwrap_or(self.limits.intake))
+    }
+
+    /// The queue's run-time intake switch, if one is set.
+    pub async fn intake_switch(&self) -> Result<Option<crate::config::Intake>, QueueError> {
         let mut conn = self.conn.clone();
         let v: Option<String> = redis::cmd("HGET")
             .arg(self.keys.conf())
             .arg("intake")
             .query_async(&mut conn)
             .await?;
-        Ok(v.as_deref()
-            .and_then(crate::config::Intake::parse)
-            .unwrap_or(self.limits.intake))
+        Ok(v.as_deref().and_then(crate::config::Intake::parse))
     }
 
     /// Switches the queue's intake at run time; `None` drops the switch, so the config's

@@ -656,10 +656,22 @@ fn intake_switches_shows_and_resets() {
     );
     assert_eq!(stats_json(&env)["queues"]["emails"]["enqueued_total"], 0);
 
+    let json: Value = serde_json::from_str(&intake(&["--json"])).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!({"queue": "emails", "intake": "closed", "configured": "open", "switched": true})
+    );
+    // A switch to the config's own value is still a switch (a config change won't move it).
+    assert_eq!(
+        intake(&["open"]),
+        "emails: intake open (run-time switch; the config says open)"
+    );
     assert_eq!(
         intake(&["--reset"]),
         "emails: intake open (no run-time switch: the config's value)"
     );
+    let json: Value = serde_json::from_str(&intake(&["--json"])).unwrap();
+    assert_eq!(json["switched"], false, "{json}");
     let o = env.gaffer(&["push", "emails", "--payload", "{}"]);
     assert!(o.status.success(), "{}", stderr(&o));
 

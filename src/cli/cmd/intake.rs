@@ -24,6 +24,10 @@ pub struct IntakeArgs {
     /// Drop the run-time switch: the config's intake applies again
     #[arg(long, conflicts_with = "value")]
     pub reset: bool,
+    /// Print {"queue", "intake", "configured", "switched"} as JSON: the intake in force,
+    /// the config's, and whether a run-time switch is set
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `gaffer intake`: prints the intake in force (and whether it is the run-time switch or
@@ -34,21 +38,25 @@ pub async fn run(global: &Global, args: IntakeArgs) -> Result<(), CliError> {
     let queue = &args.queue;
     if let Some(value) = args.value {
         q.set_intake(Some(value)).await?;
-        println!(
-            "{queue}: intake {} (run-time switch; the config says {})",
-            value.as_str(),
-            configured.as_str()
-        );
-        return Ok(());
-    }
-    if args.reset {
+    } else if args.reset {
         q.set_intake(None).await?;
     }
-    let now = q.intake().await?;
-    let from = match (args.reset, now == configured) {
-        (true, _) => "no run-time switch: the config's value".to_string(),
-        (false, true) => "the config's value".to_string(),
-        (false, false) => format!("run-time switch; the config says {}", configured.as_str()),
+    let switch = q.intake_switch().await?;
+    let now = switch.unwrap_or(configured);
+    if args.json {
+        let out = serde_json::json!({
+            "queue": queue,
+            "intake": now.as_str(),
+            "configured": configured.as_str(),
+            "switched": switch.is_some(),
+        });
+        println!("{out}");
+        return Ok(());
+    }
+    let from = match (switch, args.reset) {
+        (Some(_), _) => format!("run-time switch; the config says {}", configured.as_str()),
+        (None, true) => "no run-time switch: the config's value".to_string(),
+        (None, false) => "the config's value".to_string(),
     };
     println!("{queue}: intake {} ({from})", now.as_str());
     Ok(())
