@@ -9,7 +9,7 @@ use std::time::Duration;
 use gaffer::queue_client::{Queue, QueueClient, Worker};
 use serde_json::Value;
 
-use crate::harness::TestRedis;
+use crate::harness::{TestRedis, eventually};
 
 const CONFIG: &str = r#"
 [cluster]
@@ -625,6 +625,42 @@ async fn tasks_freeze_thaw_and_cancel_note_the_cli() {
     let o = env.gaffer(&["tasks", "thaw", "emails", "f1"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("it is cancelled"), "{}", stderr(&o));
+}
+
+/// Ctrl-C during a push of many chunks stops it between chunks and says how far it got,
+/// which is what Redis holds.
+#[tokio::test]
+async fn ctrl_c_stops_a_long_push_between_chunks_and_says_how_far_it_got() {
+    let env = Env::new();
+    let child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(env.config())
+        .arg("--redis")
+        .arg(env.redis.url())
+        .args(["push", "emails", "--count", "1000000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let client = env.client().await;
+    let q = client.queue("emails").unwrap();
+    eventually(Duration::from_secs(60), "the push under way", || async {
+        q.stats().await.is_ok_and(|s| s.enqueued_total > 0)
+    })
+    .await;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    let enqueued = q.stats().await.unwrap().enqueued_total;
+    assert!(enqueued < 1_000_000, "the push ran to its end: {err}");
+    assert!(
+        err.contains(&format!(
+            "interrupted: {enqueued} of 1000000 tasks sent to emails ({enqueued} enqueued"
+        )),
+        "{err}"
+    );
 }
 
 #[test]

@@ -154,9 +154,28 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
     }
     let total = tasks.len();
     let show_progress = total > PUSH_CHUNK && std::io::stderr().is_terminal();
+    // Ctrl-C (or SIGTERM) between chunks stops after the chunk in flight and says how
+    // far it got: killed mid-push, a rerun without ids would enqueue the first part twice.
+    let interrupted = if total > PUSH_CHUNK {
+        Some(crate::signals::shutdown_on_term().map_err(|e| CliError::Runtime(e.into()))?)
+    } else {
+        None
+    };
     let (mut created, mut cancelled) = (0usize, 0usize);
     let mut ids = Vec::new();
     for (i, chunk) in tasks.chunks(PUSH_CHUNK).enumerate() {
+        if interrupted.as_ref().is_some_and(|t| t.is_cancelled()) {
+            let sent = i * PUSH_CHUNK;
+            if show_progress {
+                eprintln!();
+            }
+            return Err(CliError::Runtime(anyhow::anyhow!(
+                "interrupted: {sent} of {total} tasks sent to {} ({created} enqueued, {} already pending); the other {} were not sent",
+                args.queue,
+                sent - created,
+                total - sent
+            )));
+        }
         let done = q.enqueue_many(chunk).await?;
         created += done.iter().filter(|e| e.created).count();
         cancelled += done
