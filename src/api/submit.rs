@@ -39,7 +39,8 @@ pub enum Submit {
         /// `"wait"`: hold the request until the task ends, at most this long.
         wait: Option<Duration>,
     },
-    /// `{"tasks": [...]}`: enqueued together, all or nothing.
+    /// `{"tasks": [...]}`: checked together, all or nothing, then enqueued in parts (see
+    /// docs/API.md: a refusal only Redis gives, between parts, leaves the parts before it).
     Bulk(Vec<NewTask>),
 }
 
