@@ -80,6 +80,11 @@ impl Leadership {
         }
     }
 
+    /// Leases from now on last `ttl` (a published config changed the tick).
+    pub fn set_ttl(&mut self, ttl: Duration) {
+        self.ttl = ttl;
+    }
+
     /// The epoch of the lease held, 0 when not leading.
     pub fn epoch(&self) -> u64 {
         self.epoch

@@ -240,13 +240,25 @@ impl Blind {
 impl Manager {
     /// Ticks every `[manager].tick` until `shutdown`.
     async fn tick_until(&mut self, shutdown: &CancellationToken) {
-        let mut tick = tokio::time::interval(self.opts.config.manager.tick);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = |period| {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick
+        };
+        let mut period = self.opts.config.manager.tick;
+        let mut tick = every(period);
         telemetry::started(&self.opts.id);
         loop {
             tokio::select! {
                 _ = tick.tick() => self.tick(shutdown).await,
                 () = shutdown.cancelled() => break,
+            }
+            // A published config may have changed the tick: the next one comes a new
+            // period after this one.
+            if self.opts.config.manager.tick != period {
+                period = self.opts.config.manager.tick;
+                tick = every(period);
+                tick.reset();
             }
         }
     }
@@ -357,7 +369,15 @@ impl Manager {
                             queues = cfg.queues.len(),
                             "adopting the published config"
                         );
+                        if cfg.manager.http != self.opts.config.manager.http {
+                            tracing::warn!(
+                                version,
+                                "[manager].http changed in the published config: it applies at the manager's next start"
+                            );
+                        }
                         self.opts.config = cfg;
+                        // (three ticks of the new tick: see lease_ttl)
+                        self.leadership.set_ttl(self.opts.lease_ttl());
                     }
                     Err(e) => {
                         tracing::error!(version, error = %e, "cannot adopt the published config")

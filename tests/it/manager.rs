@@ -451,4 +451,27 @@ async fn operators_pause_drain_and_apply_through_redis() {
     .await;
     assert!(stats["manager"]["epoch"].as_u64() >= Some(1), "{stats}");
     assert_eq!(stats["queues"]["b"]["wanted"], 1, "{stats}");
+
+    // A new tick published: the manager's leadership lease follows it (three ticks, at
+    // least 3 s: 200ms kept it at 3 s, 2s makes it 6 s).
+    let text = std::fs::read_to_string(&c.config)
+        .unwrap()
+        .replace("tick = \"200ms\"", "tick = \"2s\"");
+    std::fs::write(&c.config, text).unwrap();
+    let out = c.cli(&["config", "apply"]);
+    assert!(out.contains("version 2"), "{out}");
+    let lease = Keys::new("test").lease();
+    eventually(
+        Duration::from_secs(15),
+        "the lease lasts three of the new ticks",
+        || async {
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(&lease)
+                .query_async(&mut c.client.connection())
+                .await
+                .unwrap();
+            ttl > 3500
+        },
+    )
+    .await;
 }
