@@ -465,6 +465,17 @@ impl Master {
             tracing::warn!("SIGHUP: no config file to re-read");
             return;
         };
+        // The published config is the cluster's: a file read on one host would run that
+        // host apart from the manager and the api (and the next publish would not even
+        // bring it back, being no newer than the version this master last adopted).
+        if self.orders.config_version > 0 {
+            tracing::warn!(
+                version = self.orders.config_version,
+                path = %path.display(),
+                "SIGHUP: a published config is in force; the file is not read (publish it with `gaffer config apply`)"
+            );
+            return;
+        }
         let source = match std::fs::read_to_string(&path) {
             Ok(s) => s,
             Err(e) => {

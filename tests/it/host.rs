@@ -684,6 +684,28 @@ async fn surplus_slots_stop_and_new_queues_start_on_reload() {
         assert!(Instant::now() < deadline, "the old zygote did not retire");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+
+    // Once a config is published (the same queues: no new zygote), a SIGHUP no longer
+    // reads the file, which now names a queue the cluster's config does not.
+    let zygote = s["zygote_pids"][0].as_u64().unwrap();
+    let published = std::fs::read_to_string(&m.config).unwrap();
+    gaffer::cluster::publish_config(&mut m.client.connection(), &Keys::new("test"), &published)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(10), "the master adopts it", || async {
+        m.log().contains("adopting the published config")
+    })
+    .await;
+    let reloads = || m.log().matches("config reloaded").count();
+    let before = reloads();
+    std::fs::write(&m.config, published + "\n[queues.c]\nhandler = \"noop\"\n").unwrap();
+    kill(m.pid(), nix::sys::signal::Signal::SIGHUP);
+    eventually(Duration::from_secs(10), "the SIGHUP refused", || async {
+        m.log().contains("a published config is in force")
+    })
+    .await;
+    assert_eq!(reloads(), before, "{}", m.log());
+    assert_eq!(m.status().unwrap()["zygote_pids"][0].as_u64(), Some(zygote));
 }
 
 #[tokio::test]
