@@ -496,19 +496,9 @@ impl Exec {
         Ok(self.child.as_mut().expect("started just above"))
     }
 
-    /// Sends the batch and reads the reply; any error means the child can no longer be
-    /// trusted to be in step with us.
-    fn exchange(
-        &mut self,
-        ctx: &SlotContext,
-        request: &Request<'_>,
-    ) -> Result<Vec<Option<ReplyStatus>>, ChildError> {
-        self.send(ctx, request)?;
-        self.receive(request)
-    }
-
-    /// [`exchange`](Self::exchange) for a batch queue's batch, passing the slot's stop to
-    /// the child as the stop line while the child has the batch ([`StopWriter`]).
+    /// Sends a batch queue's batch and reads the reply (any error means the child can no
+    /// longer be trusted to be in step with us), passing the slot's stop to the child as
+    /// the stop line while the child has the batch ([`StopWriter`]).
     fn exchange_stoppable(
         &mut self,
         ctx: &SlotContext,
@@ -539,7 +529,15 @@ impl Exec {
 
     /// Writes the batch line to the child (started first if need be).
     fn send(&mut self, ctx: &SlotContext, request: &Request<'_>) -> Result<(), ChildError> {
-        let running = self.running(ctx)?;
+        self.running(ctx)?;
+        self.send_started(request)
+    }
+
+    /// Writes the batch line to the child as it is, not reaped nor replaced if it exited
+    /// (the write then fails): a watcher holding its pid must never signal another
+    /// process that reused it.
+    fn send_started(&mut self, request: &Request<'_>) -> Result<(), ChildError> {
+        let running = self.child.as_mut().ok_or(ChildError::ClosedBeforeReply)?;
         // Compact JSON escapes control characters inside strings, so this is one line.
         let mut line = serde_json::to_vec(request).map_err(ChildError::Encode)?;
         line.push(b'\n');
@@ -574,7 +572,7 @@ impl Exec {
         Ok(parse_reply(&reply, &ids)?)
     }
 
-    /// [`exchange`](Self::exchange) for a long queue's task, while a watcher thread stops
+    /// Sends a long queue's task and reads the reply, while a watcher thread stops
     /// the child when the slot asks ([`watch_stop`]): the handler thread is blocked
     /// reading the reply meanwhile, so the cancel line and the signals come from another.
     fn exchange_long(
@@ -599,7 +597,10 @@ impl Exec {
                 tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
                     "cannot watch the long task for a cancel: {e}; it runs until it returns");
             }
-            let r = self.exchange(ctx, request);
+            // (the child `pid` names, which the watcher may signal)
+            let r = self
+                .send_started(request)
+                .and_then(|()| self.receive(request));
             done.store(true, Ordering::Release);
             ctx.cancel.wake();
             r
