@@ -321,37 +321,22 @@ fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
             }
         },
     };
-    let tick = duration(
+    let tick = duration_at_least(
         c,
-        "manager",
-        "tick",
-        raw.tick.clone(),
+        ("manager", "tick"),
+        raw.tick,
         d.tick,
-        Zero::Refused,
+        (MIN_TICK, "each tick reads every queue's stats"),
     );
-    at_least(
+    let heartbeat_timeout = duration_at_least(
         c,
-        "manager.tick",
-        &raw.tick,
-        tick,
-        MIN_TICK,
-        "each tick reads every queue's stats",
-    );
-    let heartbeat_timeout = duration(
-        c,
-        "manager",
-        "heartbeat_timeout",
-        raw.heartbeat_timeout.clone(),
+        ("manager", "heartbeat_timeout"),
+        raw.heartbeat_timeout,
         d.heartbeat_timeout,
-        Zero::Refused,
-    );
-    at_least(
-        c,
-        "manager.heartbeat_timeout",
-        &raw.heartbeat_timeout,
-        heartbeat_timeout,
-        MIN_HEARTBEAT_TIMEOUT,
-        "masters report every second, so a shorter timeout declares live hosts dead",
+        (
+            MIN_HEARTBEAT_TIMEOUT,
+            "masters report every second, so a shorter timeout declares live hosts dead",
+        ),
     );
     ManagerConfig {
         http: listen_addr(c, "manager.http", raw.http, d.http),
@@ -1461,29 +1446,35 @@ fn duration(
     }
 }
 
-/// A duration that must be at least `floor` (`why` says why), checked after [`duration`].
-fn at_least(
+/// A duration (refused at zero) that must be at least `floor.0`: `floor.1` says why.
+fn duration_at_least(
     c: &mut Collector,
-    key: &str,
-    raw: &S<Human<Duration>>,
-    got: Duration,
-    floor: Duration,
-    why: &str,
-) {
-    if let Some(v) = raw
-        && got < floor
-        && v.get_ref().0.is_ok()
+    (path, key): (&str, &str),
+    raw: S<Human<Duration>>,
+    default: Duration,
+    floor: (Duration, &str),
+) -> Duration {
+    let span = raw
+        .as_ref()
+        .filter(|v| v.get_ref().0.is_ok())
+        .map(|v| v.span());
+    let got = duration(c, path, key, raw, default, Zero::Refused);
+    if let Some(span) = span
+        && got < floor.0
+        && !got.is_zero()
     {
         c.error(
-            v.span(),
-            key,
+            span,
+            &join(path, key),
             format!(
-                "must be at least {}, got {}: {why}",
-                humantime::format_duration(floor),
-                humantime::format_duration(got)
+                "must be at least {}, got {}: {}",
+                humantime::format_duration(floor.0),
+                humantime::format_duration(got),
+                floor.1
             ),
         );
     }
+    got
 }
 
 fn size(
