@@ -240,25 +240,28 @@ impl Blind {
 impl Manager {
     /// Ticks every `[manager].tick` until `shutdown`.
     async fn tick_until(&mut self, shutdown: &CancellationToken) {
-        let every = |period| {
-            let mut tick = tokio::time::interval(period);
+        let every = |first: Duration, period| {
+            let start = tokio::time::Instant::now() + first;
+            let mut tick = tokio::time::interval_at(start, period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick
         };
         let mut period = self.opts.config.manager.tick;
-        let mut tick = every(period);
+        let mut tick = every(Duration::ZERO, period);
         telemetry::started(&self.opts.id);
         loop {
             tokio::select! {
                 _ = tick.tick() => self.tick(shutdown).await,
                 () = shutdown.cancelled() => break,
             }
-            // A published config may have changed the tick: the next one comes a new
-            // period after this one.
-            if self.opts.config.manager.tick != period {
-                period = self.opts.config.manager.tick;
-                tick = every(period);
-                tick.reset();
+            // A published config may have changed the tick. The next one comes within the
+            // shorter of the two periods: this tick renewed the lease for three of the
+            // old ones, and a longer new period would let it run out before the renewal
+            // that makes it three of the new.
+            let new = self.opts.config.manager.tick;
+            if new != period {
+                tick = every(period.min(new), new);
+                period = new;
             }
         }
     }

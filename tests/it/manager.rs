@@ -453,14 +453,25 @@ async fn operators_pause_drain_and_apply_through_redis() {
     assert_eq!(stats["queues"]["b"]["wanted"], 1, "{stats}");
 
     // A new tick published: the manager's leadership lease follows it (three ticks, at
-    // least 3 s: 200ms kept it at 3 s, 2s makes it 6 s).
+    // least 3 s: 200ms kept it at 3 s, 5s makes it 15 s), and it is renewed before the
+    // old one runs out (a first new tick 5 s away would have let it lapse: a new epoch).
+    let lease = Keys::new("test").lease();
+    let holder = || async {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(&lease)
+            .query_async(&mut c.client.connection())
+            .await
+            .unwrap();
+        v
+    };
+    let before = holder().await;
+    assert!(before.is_some());
     let text = std::fs::read_to_string(&c.config)
         .unwrap()
-        .replace("tick = \"200ms\"", "tick = \"2s\"");
+        .replace("tick = \"200ms\"", "tick = \"5s\"");
     std::fs::write(&c.config, text).unwrap();
     let out = c.cli(&["config", "apply"]);
     assert!(out.contains("version 2"), "{out}");
-    let lease = Keys::new("test").lease();
     eventually(
         Duration::from_secs(15),
         "the lease lasts three of the new ticks",
@@ -470,8 +481,9 @@ async fn operators_pause_drain_and_apply_through_redis() {
                 .query_async(&mut c.client.connection())
                 .await
                 .unwrap();
-            ttl > 3500
+            ttl > 6000
         },
     )
     .await;
+    assert_eq!(holder().await, before, "the lease lapsed: a new epoch");
 }
