@@ -387,6 +387,14 @@ async fn a_non_admin_key_sees_only_what_it_submitted() {
     s.submit(OPS, r#"{"payload": 2, "id": "mine"}"#).await;
     let (_, page) = s.get("/v1/queues/emails/tasks", SHOP).await;
     assert_eq!(task_ids(&page), Vec::<&str>::new());
+    // (and its index holds it no more: not only hidden from it)
+    let left: Option<f64> = redis::cmd("ZSCORE")
+        .arg("test:{emails}:idx:shop")
+        .arg("mine")
+        .query_async(&mut s.redis.raw().await)
+        .await
+        .unwrap();
+    assert_eq!(left, None);
     let (_, page) = s.get("/v1/queues/emails/tasks", OPS).await;
     assert_eq!(task_ids(&page), ["mine", "theirs"]);
     s.stop().await;

@@ -62,6 +62,8 @@ local chains = nil
 local created_keys, olds = nil, nil
 -- dead letters a new task under their id replaced
 local superseded = {}
+-- whether any created task's id had a record (else `olds` is not handed on)
+local any_old = false
 local created = 0
 
 -- The chain ('' none) of the task (its value) or else the record holding a follow-up's
@@ -119,10 +121,25 @@ else
   -- (a task of either layout has its field in K_PAYLOAD: see task_value)
   local values_now = hmget(K_PAYLOAD, given)
   local recs_now, rec_keys = {}, {}
-  if dedup_record or track then
+  if dedup_record then
     for i = 1, n do rec_keys[i] = rec_key(given[i]) end
     recs_now = mget(rec_keys)
+  elseif track then
+    -- Only the records of ids no task holds: the others are dedup hits, whose records
+    -- (histories, results) need not be copied in (a superseded dead letter's is read below).
+    local want, at = {}, {}
+    for i = 1, n do
+      rec_keys[i] = rec_key(given[i])
+      if not values_now[i] then
+        want[#want + 1] = rec_keys[i]
+        at[#at + 1] = i
+      end
+    end
+    local got = mget(want)
+    for j, i in ipairs(at) do recs_now[i] = got[j] end
   end
+  -- what the records' visibility reads once for the whole call (see rec_visible)
+  local due = {}
   local seen, fl, foreign = {}, {}, false
   for i = 1, n do
     local o = H + per * (i - 1) + 1
@@ -137,10 +154,11 @@ else
         redis.call('HDEL', K_ERR, id)
         redis.call('HDEL', K_ATT, id)
         superseded[#superseded + 1] = id
+        if track and not dedup_record then recs_now[i] = redis.call('GET', rec_keys[i]) end
       else
         fresh = false
       end
-    elseif dedup_record and recs_now[i] and rec_live(id, now) then
+    elseif dedup_record and recs_now[i] and rec_live(id, recs_now[i], now, due) then
       -- the finished task's record still lives, and the queue dedups against it
       fresh = false
     end
@@ -158,6 +176,7 @@ else
       if created_keys then
         created_keys[created] = rec_keys[i]
         olds[created] = recs_now[i]
+        any_old = any_old or recs_now[i]
       end
       payloads[2 * created - 1] = id
       ids[created] = id
@@ -183,13 +202,16 @@ else
   if foreign then return {base, (string.gsub(flags, '[^cn]', '-'))} end
 end
 
+if not any_old then olds = nil end
+-- A superseded dead letter of the layout before metas moved into the value leaves its meta
+-- (which would otherwise win over the new task's); under cancel, its value too (no new
+-- value replaces it).
+if #superseded > 0 then
+  legacy_forget(superseded)
+  if cancel then bulk('HDEL', K_PAYLOAD, superseded) end
+end
 if created > 0 and cancel then
-  -- Recorded and ended at once: nothing enqueued, nothing to run. A dead letter it
-  -- superseded leaves its value too (a new task's value would have replaced it).
-  if #superseded > 0 then
-    bulk('HDEL', K_PAYLOAD, superseded)
-    legacy_forget(superseded)
-  end
+  -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
       cancel_note, ttl, mode ~= 'p', chains, created_keys, olds)

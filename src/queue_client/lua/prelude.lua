@@ -935,9 +935,7 @@ end
 -- (record_done_many), so its last entry ends exactly at a due moment; or, done by a batch
 -- ack that wrote nothing to it, when its run is due (done_of). `due` holds what one
 -- script has read of these (a table, filled on first use; pass it on to rec_current).
-local function rec_visible(id, now, due)
-  local v = redis.call('GET', rec_key(id))
-  if not v then return nil end
+local function rec_visible_value(id, v, now, due)
   local exp = redis.call('ZSCORE', K_EXP, id)
   if exp then
     if tonumber(exp) <= now then return nil end
@@ -954,14 +952,19 @@ local function rec_visible(id, now, due)
   return v
 end
 
--- The record of `id` unless its time is up, by the same rule readers see it by
--- (rec_visible: its own moment, its batch's list's or its run's); one whose time is up
--- is deleted now rather than at the next sweep, so a dedup never counts a record no
--- reader would show.
-local function rec_live(id, now)
+-- rec_visible_value of the record of `id` as stored (nil: none).
+local function rec_visible(id, now, due)
   local v = redis.call('GET', rec_key(id))
   if not v then return nil end
-  if rec_visible(id, now, {}) then return v end
+  return rec_visible_value(id, v, now, due)
+end
+
+-- The record `v` of `id` unless its time is up, by the same rule readers see it by
+-- (rec_visible: its own moment, its batch's list's or its run's); one whose time is up
+-- is deleted now rather than at the next sweep, so a dedup never counts a record no
+-- reader would show. `due` as for rec_visible.
+local function rec_live(id, v, now, due)
+  if rec_visible_value(id, v, now, due) then return v end
   local b = rec_submitter(v)
   if b ~= '' then redis.call('ZREM', submitter_index(b), id) end
   redis.call('ZREM', K_IDX, id)
