@@ -135,8 +135,11 @@ pub(super) struct Orders {
     pub(super) max_epoch: u64,
     /// `gaffer drain HOST`: no slots here, but the master stays up and reporting.
     pub(super) drain_requested: bool,
-    /// Version of the config adopted from `gaffer config apply` (0: the file's).
+    /// Version of the newest config published with `gaffer config apply` that was read
+    /// (0: none), adopted or not.
     pub(super) config_version: u64,
+    /// Whether the config running is a published one (else the file's).
+    pub(super) runs_published: bool,
 }
 
 /// The loop's own bookkeeping, beside the master's state.
@@ -313,6 +316,7 @@ impl Master {
                 max_epoch: 0,
                 drain_requested: false,
                 config_version: 0,
+                runs_published: false,
             },
             zygotes: Zygotes::new(events, report_peer),
             slots: Slots::new(),
@@ -412,6 +416,7 @@ impl Master {
                 match published.config {
                     Ok(cfg) => {
                         tracing::info!(version, "adopting the published config");
+                        self.orders.runs_published = true;
                         self.adopt(cfg, published.source).await;
                     }
                     Err(e) => {
@@ -468,7 +473,9 @@ impl Master {
         // The published config is the cluster's: a file read on one host would run that
         // host apart from the manager and the api (and the next publish would not even
         // bring it back, being no newer than the version this master last adopted).
-        if self.orders.config_version > 0 {
+        // (one this host could not adopt, a handler it lacks, leaves it on its file, which
+        // a SIGHUP may still re-read)
+        if self.orders.runs_published {
             tracing::warn!(
                 version = self.orders.config_version,
                 path = %path.display(),

@@ -692,11 +692,12 @@ async fn surplus_slots_stop_and_new_queues_start_on_reload() {
     gaffer::cluster::publish_config(&mut m.client.connection(), &Keys::new("test"), &published)
         .await
         .unwrap();
+    let reloads = || m.log().matches("config reloaded").count();
+    let before = reloads();
     eventually(Duration::from_secs(10), "the master adopts it", || async {
-        m.log().contains("adopting the published config")
+        m.log().contains("adopting the published config") && reloads() > before
     })
     .await;
-    let reloads = || m.log().matches("config reloaded").count();
     let before = reloads();
     std::fs::write(&m.config, published + "\n[queues.c]\nhandler = \"noop\"\n").unwrap();
     kill(m.pid(), nix::sys::signal::Signal::SIGHUP);
