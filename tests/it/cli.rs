@@ -311,7 +311,8 @@ fn tls_files_with_a_plain_url_from_the_command_line_are_refused() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
-        err.contains("[cluster].redis_ca_file is set") && err.contains("not rediss://"),
+        err.contains("[cluster].redis_ca_file is set")
+            && err.contains("is not rediss://: refusing to connect without TLS"),
         "{err}"
     );
 }

@@ -156,27 +156,45 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
     let show_progress = total > PUSH_CHUNK && std::io::stderr().is_terminal();
     // Ctrl-C (or SIGTERM) between chunks stops after the chunk in flight and says how
     // far it got: killed mid-push, a rerun without ids would enqueue the first part twice.
-    let interrupted = if total > PUSH_CHUNK {
-        Some(crate::signals::shutdown_on_term().map_err(|e| CliError::Runtime(e.into()))?)
+    // A second one stops at once, the chunk in flight or not.
+    let stop = if total > PUSH_CHUNK {
+        Some(crate::signals::stop_on_term().map_err(|e| CliError::Runtime(e.into()))?)
     } else {
         None
+    };
+    let chains_left = if args.chain {
+        "; their chains were claimed and stay so until they expire"
+    } else {
+        ""
     };
     let (mut created, mut cancelled) = (0usize, 0usize);
     let mut ids = Vec::new();
     for (i, chunk) in tasks.chunks(PUSH_CHUNK).enumerate() {
-        if interrupted.as_ref().is_some_and(|t| t.is_cancelled()) {
-            let sent = i * PUSH_CHUNK;
+        let sent = i * PUSH_CHUNK;
+        if stop.as_ref().is_some_and(|s| s.first.is_cancelled()) {
             if show_progress {
                 eprintln!();
             }
             return Err(CliError::Runtime(anyhow::anyhow!(
-                "interrupted: {sent} of {total} tasks sent to {} ({created} enqueued, {} already pending); the other {} were not sent",
+                "interrupted: {sent} of {total} tasks sent to {} ({created} enqueued, {} already pending); the other {} were not sent{chains_left}",
                 args.queue,
                 sent - created,
                 total - sent
             )));
         }
-        let done = q.enqueue_many(chunk).await?;
+        let done = match &stop {
+            Some(s) => tokio::select! {
+                done = q.enqueue_many(chunk) => done?,
+                () = s.second.cancelled() => {
+                    return Err(CliError::Runtime(anyhow::anyhow!(
+                        "interrupted twice: stopped at once, {sent} of {total} tasks sent to {} before the {} in flight, which may or may not be enqueued{chains_left}",
+                        args.queue,
+                        chunk.len()
+                    )));
+                }
+            },
+            None => q.enqueue_many(chunk).await?,
+        };
         created += done.iter().filter(|e| e.created).count();
         cancelled += done
             .iter()
