@@ -459,8 +459,11 @@ impl Api {
     async fn cancel(&self, queue: &Queue, key: &ApiKey, id: &str) -> Answer {
         let rec = self.own_record(queue, key, id).await?;
         if !rec.state.is_end() {
+            // (the task whose record was checked: not one another key submitted under its
+            // id meanwhile)
+            let owner = rec.submitted_by.as_deref().unwrap_or_default();
             queue
-                .cancel_with(id, &format!("cancelled by key {}", key.name))
+                .cancel_owned(id, &format!("cancelled by key {}", key.name), owner)
                 .await?;
         }
         // An ended task stays as it ended: the record tells the caller it was too late.
@@ -470,26 +473,33 @@ impl Api {
 
     async fn freeze(&self, queue: &Queue, key: &ApiKey, id: &str, op: Hold) -> Answer {
         let rec = self.own_record(queue, key, id).await?;
-        let result = match op {
-            Hold::Freeze => {
-                let note = format!("frozen by key {}", key.name);
-                queue.freeze(id, &note).await?
-            }
-            Hold::Thaw => {
-                let note = format!("thawed by key {}", key.name);
-                queue.thaw(id, &note).await?
-            }
+        let owner = rec.submitted_by.as_deref().unwrap_or_default();
+        let (freeze, verb) = match op {
+            Hold::Freeze => (true, "frozen"),
+            Hold::Thaw => (false, "thawed"),
         };
+        let note = format!("{verb} by key {}", key.name);
+        let result = queue.hold_owned(id, freeze, &note, owner).await?;
         match result {
             FreezeResult::Done => {
                 let rec = queue.record(id).await?.unwrap_or(rec);
                 Ok((StatusCode::OK, json!(rec)))
             }
             FreezeResult::Unknown | FreezeResult::NotApplicable => {
-                Err(ApiError::conflict(format!(
-                    "task {id} is {}: only a waiting task can be frozen, and only a frozen one thawed",
-                    rec.state
-                )))
+                // The state as it is now, which the one checked may no longer be; and a
+                // task submitted under the id by another key since is none of its own.
+                match queue.record(id).await? {
+                    Some(now) if now.submitted_by == rec.submitted_by => {
+                        Err(ApiError::conflict(format!(
+                            "task {id} is {}: only a waiting task can be frozen, and only a frozen one thawed",
+                            now.state
+                        )))
+                    }
+                    _ => Err(ApiError::not_found(format!(
+                        "no task {id} in queue {}",
+                        queue.name()
+                    ))),
+                }
             }
         }
     }

@@ -89,7 +89,7 @@ impl Queue {
 
     /// Looks a task up by id.
     pub async fn find(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, None, "").await
+        self.find_or_cancel(id, None, "", "").await
     }
 
     /// Removes a task by id, whatever its state, and returns what it was. A leased task's
@@ -98,13 +98,26 @@ impl Queue {
     /// [`TaskState::Cancelling`], its record says cancelling, and its slot ends it
     /// cancelled once it has stopped it.
     pub async fn cancel(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some("cancelled"), "").await
+        self.find_or_cancel(id, Some("cancelled"), "", "").await
     }
 
     /// Like [`cancel`](Self::cancel), with `note` (who cancelled, why) in the record's
     /// history.
     pub async fn cancel_with(&self, id: &str, note: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some(note), "").await
+        self.find_or_cancel(id, Some(note), "", "").await
+    }
+
+    /// Like [`cancel_with`](Self::cancel_with), only while the task's record names `owner`
+    /// as its submitter, checked in the same step (`None`: it does not, or no task): a
+    /// caller that checked who may cancel a task then cancels that task, never another
+    /// one submitted under its id since.
+    pub async fn cancel_owned(
+        &self,
+        id: &str,
+        note: &str,
+        owner: &str,
+    ) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, Some(note), "", owner).await
     }
 
     /// Cancels a waiting task (ready or delayed) with `note`, only while the queue's
@@ -117,16 +130,18 @@ impl Queue {
         system: &str,
         note: &str,
     ) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some(note), system).await
+        self.find_or_cancel(id, Some(note), system, "").await
     }
 
     /// find.lua: look up `id`, and cancel it with the note when `cancel` is given; only
-    /// a waiting task while `system` is disabled when `system` is not empty.
+    /// a waiting task while `system` is disabled when `system` is not empty; only while
+    /// its record's submitter is `owner` when that is not empty.
     async fn find_or_cancel(
         &self,
         id: &str,
         cancel: Option<&str>,
         system: &str,
+        owner: &str,
     ) -> Result<Option<TaskInfo>, QueueError> {
         // No task has an empty id, and the payload hash keeps a field by that name for
         // itself (see `pinned` in lua/prelude.lua).
@@ -139,7 +154,8 @@ impl Queue {
             .arg(cancel.unwrap_or(""))
             .arg(self.ttl_arg())
             .arg(self.limits.kind.as_str())
-            .arg(system);
+            .arg(system)
+            .arg(owner);
         let mut conn = self.conn.clone();
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
         let Some(r) = reply else { return Ok(None) };
@@ -179,13 +195,27 @@ impl Queue {
     /// Holds a waiting task until [`thaw`](Self::thaw): takers do not see it meanwhile.
     /// `note` goes into its history (who froze it, why).
     pub async fn freeze(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
-        self.freeze_call(id, "freeze", note).await
+        self.freeze_call(id, "freeze", note, "").await
+    }
+
+    /// [`freeze`](Self::freeze) or [`thaw`](Self::thaw) (`freeze` false), only while the
+    /// task's record names `owner` as its submitter, checked in the same step (else
+    /// [`FreezeResult::Unknown`]); see [`cancel_owned`](Self::cancel_owned).
+    pub async fn hold_owned(
+        &self,
+        id: &str,
+        freeze: bool,
+        note: &str,
+        owner: &str,
+    ) -> Result<FreezeResult, QueueError> {
+        let action = if freeze { "freeze" } else { "thaw" };
+        self.freeze_call(id, action, note, owner).await
     }
 
     /// Releases a frozen task: ready at once, or delayed while its due time is ahead; on
     /// an ordered queue before the tasks waiting (created after it).
     pub async fn thaw(&self, id: &str, note: &str) -> Result<FreezeResult, QueueError> {
-        self.freeze_call(id, "thaw", note).await
+        self.freeze_call(id, "thaw", note, "").await
     }
 
     async fn freeze_call(
@@ -193,13 +223,18 @@ impl Queue {
         id: &str,
         action: &str,
         note: &str,
+        owner: &str,
     ) -> Result<FreezeResult, QueueError> {
         if id.is_empty() {
             // (the name of the hashes' own field, see `find_or_cancel`)
             return Ok(FreezeResult::Unknown);
         }
         let mut inv = self.invocation(&SCRIPTS.freeze);
-        inv.arg(id).arg(action).arg(note).arg(self.ordered_arg());
+        inv.arg(id)
+            .arg(action)
+            .arg(note)
+            .arg(self.ordered_arg())
+            .arg(owner);
         let mut conn = self.conn.clone();
         let reply: Option<String> = inv.invoke_async(&mut conn).await?;
         Ok(match (action, reply.as_deref()) {

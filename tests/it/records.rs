@@ -28,6 +28,7 @@ crate::harness::on_both!(
     intake_closed_refuses_and_cancel_records,
     dedup_record_keeps_a_finished_id,
     dedup_record_lets_go_of_ids_whose_records_are_due,
+    an_owned_cancel_or_hold_acts_only_on_its_owners_task,
     listing_pages_by_cursor_filters_and_submitters,
 );
 
@@ -521,6 +522,46 @@ async fn dedup_record_lets_go_of_ids_whose_records_are_due(client: QueueClient, 
         Vec::<&str>::new(),
         "ids held by records no reader shows"
     );
+}
+
+/// A cancel, freeze or thaw on behalf of the task's submitter (as the api checked it) does
+/// nothing once the id holds another submitter's task, in the same step.
+async fn an_owned_cancel_or_hold_acts_only_on_its_owners_task(client: QueueClient, name: &str) {
+    let q = client.queue_with(name, limits()).unwrap();
+    q.enqueue(NewTask::new("{}").id("t1").submitted_by("shop"))
+        .await
+        .unwrap();
+    assert!(
+        q.cancel_owned("t1", "by ops", "ops")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        q.hold_owned("t1", true, "by ops", "ops").await.unwrap(),
+        FreezeResult::Unknown
+    );
+    assert_eq!(record(&q, "t1").await.state, RecordState::Waiting);
+    assert_eq!(
+        q.hold_owned("t1", true, "by shop", "shop").await.unwrap(),
+        FreezeResult::Done
+    );
+    assert_eq!(
+        q.hold_owned("t1", false, "by ops", "ops").await.unwrap(),
+        FreezeResult::Unknown
+    );
+    assert_eq!(record(&q, "t1").await.state, RecordState::Frozen);
+    assert_eq!(
+        q.hold_owned("t1", false, "by shop", "shop").await.unwrap(),
+        FreezeResult::Done
+    );
+    assert!(
+        q.cancel_owned("t1", "by shop", "shop")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(record(&q, "t1").await.state, RecordState::Cancelled);
 }
 
 async fn listing_pages_by_cursor_filters_and_submitters(client: QueueClient, name: &str) {

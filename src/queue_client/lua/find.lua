@@ -1,13 +1,16 @@
 -- ARGV: id, cancel ('1' removes the task), note (the cancelled record's history note),
 -- history_ttl_ms, the queue's kind ('long': a running task is asked to stop, state
 -- 'cancelling', rather than removed), a system ('' none: the sweep of a disable cancels
--- only a waiting task, and only while the queue's switch says that system is disabled).
--- Returns nil when unknown (or, for a sweep, not cancelled), else
+-- only a waiting task, and only while the queue's switch says that system is disabled),
+-- an owner ('' any: else only a task whose record names it as its submitter, so a caller
+-- that checked who may act on the task acts on that task, not one submitted since).
+-- Returns nil when unknown (or, for a sweep, not cancelled; or not the owner's), else
 -- {state, score, meta, attempts, payload, error, lease token or ''}; a leased task's
 -- attempts count the one under way.
 local now = now_ms()
 local id = ARGV[1]
 local sweep = ARGV[6] or ''
+if not rec_owned_by(id, ARGV[7] or '') then return nil end
 if sweep ~= '' then
   local st, name = system_switch()
   if st ~= 'disabled' or name ~= sweep then return nil end

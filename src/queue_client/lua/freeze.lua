@@ -9,6 +9,8 @@
 -- its state as it is ('leased', 'dead'); nil when unknown.
 local now = now_ms()
 local id, action, note = ARGV[1], ARGV[2], ARGV[3]
+-- ARGV[5], an owner: see find.lua
+if not rec_owned_by(id, ARGV[5] or '') then return nil end
 local state, score, m = locate(id, now)
 if not state then return nil end
 if action == 'freeze' then

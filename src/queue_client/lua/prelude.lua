@@ -792,6 +792,13 @@ local function rec_submitter(v)
   return string.sub(v, pos, (j or pos) - 1)
 end
 
+-- Whether the record of `id` names `owner` as its submitter ('' : anyone's, no read).
+local function rec_owned_by(id, owner)
+  if owner == '' then return true end
+  local v = redis.call('GET', rec_key(id))
+  return v ~= false and v ~= nil and rec_submitter(v) == owner
+end
+
 -- Deletes the records of `ids` (their stored values in `vals`) with their index entries,
 -- so the indexes never hold more than the records.
 local function rec_delete(ids, vals)
