@@ -1461,7 +1461,6 @@ fn duration_at_least(
     let got = duration(c, path, key, raw, default, Zero::Refused);
     if let Some(span) = span
         && got < floor.0
-        && !got.is_zero()
     {
         c.error(
             span,

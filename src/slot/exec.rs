@@ -463,7 +463,6 @@ impl Exec {
         };
         let pid = running.process.id();
         signal(pid, Signal::SIGKILL);
-        let _ = running.process.kill();
         match running.process.wait() {
             Ok(status) => {
                 tracing::debug!(target: "gaffer::exec", pid, %status, "exec child stopped")

@@ -49,6 +49,11 @@ impl Reporter {
             let _ = sock.send(&bytes);
         }
     }
+
+    /// Tells the master's watchdog the slot is working, not hung.
+    fn progress(&self, slot: u32, pid: u32) {
+        self.send(&SlotEvent::Progress { slot, pid });
+    }
 }
 
 /// Runs a slot to its end and returns its exit code; SIGTERM stops it after the batch
@@ -228,7 +233,7 @@ async fn run(
         queue: cfg.clone(),
         slot,
         progress: Some(Arc::new(move || {
-            progress_reporter.send(&SlotEvent::Progress { slot, pid });
+            progress_reporter.progress(slot, pid);
         })),
         cancel: cancel.clone(),
         stop: handler_stop.clone(),
@@ -395,10 +400,7 @@ impl Serving {
             match self.queue.release(tasks).await {
                 Ok(results) => return count_stale(&results),
                 Err(e) if e.is_transient() && Instant::now() < lease_until => {
-                    self.reporter.send(&SlotEvent::Progress {
-                        slot: self.slot,
-                        pid: self.pid,
-                    });
+                    self.reporter.progress(self.slot, self.pid);
                     tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
                         "giving back unstarted tasks failed, retrying");
                     backoff.pause().await;
@@ -577,7 +579,7 @@ impl Serving {
         let (slot, pid, reporter) = (self.slot, self.pid, &self.reporter);
         // (a slot retrying its settle through an outage is not hung: the master's
         // watchdog must not kill it, and run its tasks again)
-        let progress = || reporter.send(&SlotEvent::Progress { slot, pid });
+        let progress = || reporter.progress(slot, pid);
         settle(
             &self.queue,
             ops,

@@ -796,22 +796,29 @@ end
 local function rec_owned_by(id, owner)
   if owner == '' then return true end
   local v = redis.call('GET', rec_key(id))
-  return v ~= false and v ~= nil and rec_submitter(v) == owner
+  return v and rec_submitter(v) == owner
 end
 
--- Deletes the records of `ids` (their stored values in `vals`) with their index entries,
--- so the indexes never hold more than the records.
-local function rec_delete(ids, vals)
-  local by, keys = {}, {}
+-- Takes `ids` out of the submitter indexes their records `vals` (false: none) name,
+-- except `keep`'s.
+local function submitters_unindex(ids, vals, keep)
+  local by = {}
   for i, id in ipairs(ids) do
-    keys[i] = rec_key(id)
     local b = vals[i] and rec_submitter(vals[i]) or ''
-    if b ~= '' then
+    if b ~= '' and b ~= keep then
       by[b] = by[b] or {}
       table.insert(by[b], id)
     end
   end
   for b, bids in pairs(by) do bulk('ZREM', submitter_index(b), bids) end
+end
+
+-- Deletes the records of `ids` (their stored values in `vals`) with their index entries,
+-- so the indexes never hold more than the records.
+local function rec_delete(ids, vals)
+  local keys = {}
+  for i, id in ipairs(ids) do keys[i] = rec_key(id) end
+  submitters_unindex(ids, vals, '')
   bulk('ZREM', K_IDX, ids)
   bulk('DEL', nil, keys)
 end
@@ -972,10 +979,7 @@ end
 -- reader would show. `due` as for rec_visible.
 local function rec_live(id, v, now, due)
   if rec_visible_value(id, v, now, due) then return v end
-  local b = rec_submitter(v)
-  if b ~= '' then redis.call('ZREM', submitter_index(b), id) end
-  redis.call('ZREM', K_IDX, id)
-  redis.call('DEL', rec_key(id))
+  rec_delete({id}, {v})
   redis.call('ZREM', K_EXP, id)
   return nil
 end
@@ -1071,17 +1075,7 @@ local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms
     -- so that dropping the queue finds every submitter's index
     redis.call('HSET', K_CONF, 'by:' .. by, 1)
   end
-  if olds then
-    local left = {}
-    for i, id in ipairs(ids) do
-      local b = olds[i] and rec_submitter(olds[i]) or ''
-      if b ~= '' and b ~= by then
-        left[b] = left[b] or {}
-        table.insert(left[b], id)
-      end
-    end
-    for b, bids in pairs(left) do bulk('ZREM', submitter_index(b), bids) end
-  end
+  if olds then submitters_unindex(ids, olds, by) end
 end
 
 -- The system switch of the queue: state ('active' | 'paused' | 'disabled') and system

@@ -297,10 +297,7 @@ impl Serving {
             guard.arm(stop_at);
         }
         // The master's watchdog sees a live slot, however long the task runs.
-        self.reporter.send(&SlotEvent::Progress {
-            slot: self.slot,
-            pid: self.pid,
-        });
+        self.reporter.progress(self.slot, self.pid);
     }
 
     fn stop_long_now(&self, run: &mut LongRun) {
