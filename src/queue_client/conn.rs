@@ -472,6 +472,10 @@ mod tests {
             "redis+unix:///run/redis.sock?user=gaffer&pass=***"
         );
         assert_eq!(
+            redacted("unix:///run/redis.sock?db=1&password=s3cret"),
+            "unix:///run/redis.sock?db=1&password=***"
+        );
+        assert_eq!(
             redacted("unix:///run/redis.sock?db=1&Password=s3cret"),
             "unix:///run/redis.sock?db=1&Password=***"
         );
