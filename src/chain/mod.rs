@@ -24,7 +24,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::queue_client::{QueueError, QueueLimits, RedisConn};
+use crate::queue_client::{ChainWrites, QueueError, QueueLimits, RedisConn, RefusedClaims};
 
 pub use view::{ChainState, ChainTask, ChainView, read};
 
@@ -227,82 +227,38 @@ async fn claim_call(
     claims: &[Claim<'_>],
     ttl: Duration,
 ) -> Result<Vec<RootClaim>, QueueError> {
-    if claims.is_empty() {
-        return Ok(Vec::new());
-    }
-    // Per chain: only the chain's own global task sets its lifetime or adds to it, so a
-    // refused claim changes nothing. A list without a global task (its follow-ups were
-    // added after it expired) gets one at its head. A run's claim writes the run after
-    // the global task (RUN_MARK, see `stored`); a submit's claim (NO_RUN) writes none,
-    // and the first run's claim writes its own. Another run's list is refused with the
-    // holder '', and a list a gaffer that did not tell runs apart gave members becomes
-    // the first run's that claims it, marked `@=RUN@`, its members as they were and none
-    // added, answered '=' (its children keep their old ids) to that run and refused to
-    // any other.
-    // SET, GET, APPEND and PEXPIRE: commands the ACL lines of the slots and the api grant
-    // (docs/SECURITY.md).
-    static CLAIM: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-        // (per chain two arguments: the list's head as this claim would write it, `^`,
-        // the global task and `@RUN@` unless a submit's, and the members; the head's
-        // parts are taken apart only when the chain exists already, which is rare)
-        redis::Script::new(
-            "local ttl, a, out = ARGV[1], 2, {} \
-             for i = 1, #KEYS do \
-               local key, mine, mem = KEYS[i], ARGV[a], ARGV[a + 1] \
-               local holder = true \
-               if not redis.call('SET', key, mine .. mem, 'NX', 'PX', ttl) then \
-                 local n = string.match(mine, '^%^(%d+):') or '0' \
-                 local cut = #n + 2 + tonumber(n) \
-                 local head = string.sub(mine, 1, cut) \
-                 local run = string.match(string.sub(mine, cut + 1), '^@([^@]*)@') \
-                 local v = redis.call('GET', key) or '' \
-                 if string.sub(v, 1, cut) == head then \
-                   local rest = string.sub(v, cut + 1) \
-                   local theirs = string.match(rest, '^@([^@]*)@') \
-                   if run == nil or theirs == run then \
-                     if #mem > 0 then redis.call('APPEND', key, mem) end \
-                     redis.call('PEXPIRE', key, ttl) \
-                   elseif theirs == nil and rest == '' then \
-                     redis.call('SET', key, mine .. mem, 'PX', ttl) \
-                   elseif theirs == nil then \
-                     redis.call('SET', key, head .. '@=' .. run .. '@' .. rest, 'PX', ttl) \
-                     holder = '=' \
-                   elseif theirs == '=' .. run then \
-                     redis.call('PEXPIRE', key, ttl) \
-                     holder = '=' \
-                   else \
-                     holder = '' \
-                   end \
-                 elseif string.sub(v, 1, 1) ~= '^' then \
-                   redis.call('SET', key, mine .. v .. mem, 'PX', ttl) \
-                 else \
-                   local m = string.match(v, '^%^(%d+):') or '0' \
-                   holder = string.sub(v, 2, #m + 2 + tonumber(m)) \
-                 end \
-               end \
-               if holder ~= true then out[#out + 1] = i; out[#out + 1] = holder end \
-               a = a + 2 \
-             end \
-             return out",
-        )
-    });
-    let mut inv = CLAIM.prepare_invoke();
-    inv.arg(ttl.as_millis().max(1) as u64);
+    let refused = writes(namespace, claims, &[], ttl).write(conn).await?;
+    answers(claims, refused)
+}
+
+/// The writes of `claims` and then of `adds` (follow-ups with their parents, by chain),
+/// as one call makes them (`lua/claim.lua` in `queue_client`).
+pub fn writes(
+    namespace: &str,
+    claims: &[Claim<'_>],
+    adds: &[(&str, &[(Member, Member)])],
+    ttl: Duration,
+) -> ChainWrites {
+    let mut w = ChainWrites::new(ttl);
     for c in claims {
         let mut head = format!("{}{}", ROOT_MARK as char, encode(c.root));
         if c.run != NO_RUN {
             let mark = RUN_MARK as char;
             head = format!("{head}{mark}{}{mark}", c.run);
         }
-        inv.key(key(namespace, c.chain));
-        inv.arg(head).arg(encode_pairs(c.members));
+        w.claim(key(namespace, c.chain), head, encode_pairs(c.members));
     }
-    let mut conn = conn.clone();
-    // Only the chains another task (or run) holds come back, as (position from 1,
-    // holder): a reply per chain was most of what a batch's claims cost the slot.
-    let taken: Vec<(usize, Vec<u8>)> = inv.invoke_async(&mut conn).await?;
+    for (chain, members) in adds.iter().filter(|(_, m)| !m.is_empty()) {
+        w.add(key(namespace, chain), encode_pairs(members));
+    }
+    w
+}
+
+/// What each of `claims` answered, in their order, from the claims the call refused
+/// (the first of its lists are the claims: see [`writes`]).
+pub fn answers(claims: &[Claim<'_>], refused: RefusedClaims) -> Result<Vec<RootClaim>, QueueError> {
     let mut answers = vec![RootClaim::Ours; claims.len()];
-    for (i, holder) in taken {
+    for (i, holder) in refused {
         let answer = i.checked_sub(1).and_then(|i| answers.get_mut(i));
         let holder = match &holder[..] {
             b"" => Some(Err(RootClaim::EarlierRun)),
@@ -431,8 +387,10 @@ pub async fn start_global(
     Ok(())
 }
 
-/// Adds follow-ups (each with its parent) to chains they are in, idempotently: one pipeline on one server; on a Redis Cluster, where
-/// each chain has a slot of its own, one per chain, all in flight together.
+/// Adds follow-ups (each with its parent) to chains they are in, idempotently (a member
+/// added twice, by a parent run again, is listed twice; readers keep the first): one
+/// call on one server; on a Redis Cluster, where each chain has a slot of its own, one
+/// per chain, all in flight together.
 pub async fn add_many(
     conn: &RedisConn,
     namespace: &str,
@@ -440,42 +398,18 @@ pub async fn add_many(
     ttl: Duration,
 ) -> Result<(), QueueError> {
     match conn {
-        RedisConn::Single(_) => add_pipeline(conn, namespace, adds, ttl).await,
+        RedisConn::Single(_) => writes(namespace, &[], adds, ttl)
+            .write(conn)
+            .await
+            .map(|_| ()),
         RedisConn::Cluster(_) => {
-            let each = adds
-                .iter()
-                .map(|a| add_pipeline(conn, namespace, std::slice::from_ref(a), ttl));
+            let each = adds.iter().map(|a| {
+                let w = writes(namespace, &[], std::slice::from_ref(a), ttl);
+                async move { w.write(conn).await }
+            });
             futures::future::try_join_all(each).await.map(|_| ())
         }
     }
-}
-
-async fn add_pipeline(
-    conn: &RedisConn,
-    namespace: &str,
-    adds: &[(&str, &[(Member, Member)])],
-    ttl: Duration,
-) -> Result<(), QueueError> {
-    // APPEND and PEXPIRE: commands the slots' ACL already grants (docs/SECURITY.md). A
-    // member added twice (a parent run again) is listed twice; readers keep the first.
-    let mut pipe = redis::pipe();
-    for (chain, members) in adds.iter().filter(|(_, m)| !m.is_empty()) {
-        let key = key(namespace, chain);
-        pipe.cmd("APPEND")
-            .arg(&key)
-            .arg(encode_pairs(members))
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(ttl.as_millis().max(1) as u64)
-            .ignore();
-    }
-    if pipe.is_empty() {
-        return Ok(());
-    }
-    let mut conn = conn.clone();
-    let () = pipe.query_async(&mut conn).await?;
-    Ok(())
 }
 
 /// Whether a task submitted under an id whose record is `record` would be a new run

@@ -7,7 +7,7 @@ use redis::Value;
 use super::lease::MetaChain;
 use super::reply::string;
 use super::scripts::SCRIPTS;
-use super::{LeasedTask, Queue, QueueError};
+use super::{LeasedTask, NewTask, Queue, QueueError, RedisConn};
 
 /// What a follow-up step needs to know of one parent task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,5 +130,138 @@ impl Queue {
         }
         let mut conn = self.conn.clone();
         Ok(inv.invoke_async(&mut conn).await?)
+    }
+}
+
+/// Writes to chains' member lists (`lua/claim.lua`): claims of new chains and members
+/// added to chains, in one call on one server. What the lists hold is `crate::chain`'s:
+/// here they are keys and strings.
+#[derive(Debug, Clone, Default)]
+pub struct ChainWrites {
+    keys: Vec<String>,
+    /// Per list: its head as a claim writes it ('' for an add), and the members.
+    args: Vec<String>,
+    ttl_ms: u64,
+}
+
+/// The claims a [`ChainWrites`] call refused: (position among its lists from 1, the
+/// holder as the list stores it, or `''` / `'='`: see `lua/claim.lua`).
+pub type RefusedClaims = Vec<(usize, Vec<u8>)>;
+
+/// What an enqueue after chain writes did (see [`Queue::enqueue_after_chains`]).
+#[derive(Debug)]
+pub enum AfterChains {
+    /// Every claim was the caller's: the tasks were enqueued (as `enqueue_many` says).
+    Enqueued(Vec<super::Enqueued>),
+    /// Some claims were refused: nothing was enqueued (the lists claimed were written).
+    Refused(RefusedClaims),
+}
+
+impl ChainWrites {
+    /// Writes whose lists live `ttl` after them.
+    pub fn new(ttl: std::time::Duration) -> Self {
+        ChainWrites {
+            ttl_ms: ttl.as_millis().max(1) as u64,
+            ..Default::default()
+        }
+    }
+
+    /// Claims the list `key` with the head `head`, then appends `members`.
+    pub fn claim(&mut self, key: String, head: String, members: String) {
+        debug_assert!(!head.is_empty());
+        self.keys.push(key);
+        self.args.push(head);
+        self.args.push(members);
+    }
+
+    /// Appends `members` to the list `key`.
+    pub fn add(&mut self, key: String, members: String) {
+        self.keys.push(key);
+        self.args.push(String::new());
+        self.args.push(members);
+    }
+
+    /// How many lists it writes.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether it writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Writes them alone, in one call: every list must be in one hash slot (one server,
+    /// or a single list).
+    pub async fn write(&self, conn: &RedisConn) -> Result<RefusedClaims, QueueError> {
+        if self.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = SCRIPTS.claim.prepare_invoke();
+        inv.arg(self.ttl_ms);
+        for k in &self.keys {
+            inv.key(k);
+        }
+        for a in &self.args {
+            inv.arg(a);
+        }
+        let mut conn = conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+}
+
+impl Queue {
+    /// Writes `chains`, then (only when no claim among them was refused) enqueues
+    /// `tasks`, in one call for the first chunk of tasks: a slot's follow-ups then cost
+    /// one call with their chains, where two in turn made a batch wait twice. On one
+    /// server only (the chains' keys are in other slots than the queue's).
+    pub async fn enqueue_after_chains(
+        &self,
+        tasks: &[NewTask],
+        chains: &ChainWrites,
+    ) -> Result<AfterChains, QueueError> {
+        if !matches!(self.conn, RedisConn::Single(_)) {
+            return Err(QueueError::Invalid(
+                "chains and an enqueue share a call on one server only".into(),
+            ));
+        }
+        for t in tasks {
+            self.check(t)?;
+        }
+        let Some(&first) = super::enqueue::chunks(tasks).first() else {
+            return Ok(AfterChains::Enqueued(Vec::new()));
+        };
+        let rest = &tasks[first.len()..];
+        let mut inv = self.enqueue_invocation_with(&SCRIPTS.claim_enqueue, first);
+        for k in &chains.keys {
+            inv.key(k);
+        }
+        for a in &chains.args {
+            inv.arg(a);
+        }
+        inv.arg(chains.ttl_ms);
+        let mut conn = self.conn.clone();
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        let bad = |e: redis::ParsingError| QueueError::Protocol(format!("claim and enqueue: {e}"));
+        let mut out = match reply.as_slice() {
+            [Value::Int(-2), refused] => {
+                let refused: RefusedClaims =
+                    redis::from_redis_value(refused.clone()).map_err(bad)?;
+                return Ok(AfterChains::Refused(refused));
+            }
+            [Value::Int(base), flags] => {
+                let flags: Vec<u8> = redis::from_redis_value(flags.clone()).map_err(bad)?;
+                self.enqueued_reply(first, *base, flags)?
+            }
+            other => {
+                return Err(QueueError::Protocol(format!(
+                    "claim and enqueue returned {other:?}"
+                )));
+            }
+        };
+        if !rest.is_empty() {
+            out.extend(self.enqueue_many(rest).await?);
+        }
+        Ok(AfterChains::Enqueued(out))
     }
 }

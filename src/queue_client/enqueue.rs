@@ -228,9 +228,19 @@ impl Queue {
 
     /// One script call: a chunk of tasks that share their options.
     async fn enqueue_chunk(&self, chunk: &[NewTask]) -> Result<Vec<Enqueued>, QueueError> {
-        let inv = self.enqueue_invocation(chunk);
+        let inv = self.enqueue_invocation_with(&SCRIPTS.enqueue, chunk);
         let mut conn = self.conn.clone();
         let (base, flags): (i64, Vec<u8>) = inv.invoke_async(&mut conn).await?;
+        self.enqueued_reply(chunk, base, flags)
+    }
+
+    /// What the enqueue script answered for `chunk`: its tasks, or the intake closed.
+    pub(super) fn enqueued_reply(
+        &self,
+        chunk: &[NewTask],
+        base: i64,
+        flags: Vec<u8>,
+    ) -> Result<Vec<Enqueued>, QueueError> {
         if base < 0 {
             return Err(QueueError::IntakeClosed {
                 queue: self.name.to_string(),
@@ -239,9 +249,14 @@ impl Queue {
         enqueued(chunk, base as u64, flags)
     }
 
-    /// The enqueue script's call for a chunk: the options of its first task (they are all
-    /// the same), the queue's limits, then the payloads (with their ids when given).
-    fn enqueue_invocation(&self, chunk: &[NewTask]) -> redis::ScriptInvocation<'static> {
+    /// The call of `script` (enqueue.lua, or a script that ends in it) for a chunk: the
+    /// options of its first task (they are all the same), the queue's limits, then the
+    /// payloads (with their ids when given).
+    pub(super) fn enqueue_invocation_with<'a>(
+        &self,
+        script: &'a redis::Script,
+        chunk: &[NewTask],
+    ) -> redis::ScriptInvocation<'a> {
         let first = &chunk[0];
         let at_ms = first
             .at
@@ -253,7 +268,7 @@ impl Queue {
         } else {
             first.delay.as_millis() as u64
         };
-        let mut inv = self.invocation(&SCRIPTS.enqueue);
+        let mut inv = self.invocation(script);
         inv.arg(chunk.len())
             .arg(first.priority)
             .arg(delay_ms)
@@ -336,7 +351,7 @@ fn enqueued(chunk: &[NewTask], base: u64, flags: Vec<u8>) -> Result<Vec<Enqueued
 /// The tasks in chunks for one script call each: at most `ENQUEUE_CHUNK` tasks and
 /// `ENQUEUE_CHUNK_BYTES` of payload. A script call shares its options, so chunks also end
 /// where the options change.
-fn chunks(tasks: &[NewTask]) -> Vec<&[NewTask]> {
+pub(super) fn chunks(tasks: &[NewTask]) -> Vec<&[NewTask]> {
     let mut chunks: Vec<&[NewTask]> = Vec::new();
     let mut start = 0;
     let mut bytes = 0;

@@ -39,7 +39,7 @@ mod scripts;
 mod stats;
 mod system;
 
-pub use chained::ChainFacts;
+pub use chained::{AfterChains, ChainFacts, ChainWrites, RefusedClaims};
 pub use checks::{json_deeper_than, validate_queue_name};
 pub use client::QueueClient;
 pub use conn::{

@@ -23,6 +23,8 @@ pub(crate) struct Scripts {
     pub housekeep: Script,
     pub chain: Script,
     pub long: Script,
+    pub claim: Script,
+    pub claim_enqueue: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -189,6 +191,25 @@ fn long_with_settle() -> Script {
     ))
 }
 
+/// claim.lua alone: its lists are all the keys, the lifetime its first argument.
+fn claim_alone() -> Script {
+    Script::new(&format!(
+        "{}\nreturn claim_chains(1, 2, ARGV[1])",
+        include_str!("lua/claim.lua")
+    ))
+}
+
+/// claim.lua, then enqueue.lua's body as its function `enqueue_part`, like
+/// [`settle_then_take`]: a slot's follow-ups and the chains they go in, in one call.
+fn claim_then_enqueue() -> Script {
+    with_prelude(&format!(
+        "{}\nlocal function enqueue_part()\n{}\nend\n{}",
+        include_str!("lua/claim.lua"),
+        include_str!("lua/enqueue.lua"),
+        include_str!("lua/claim_enqueue.lua"),
+    ))
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     enqueue: with_prelude(include_str!("lua/enqueue.lua")),
     take: with_prelude(include_str!("lua/take.lua")),
@@ -206,6 +227,8 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     housekeep: with_prelude(include_str!("lua/housekeep.lua")),
     chain: with_prelude(include_str!("lua/chain.lua")),
     long: long_with_settle(),
+    claim: claim_alone(),
+    claim_enqueue: claim_then_enqueue(),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag
@@ -349,6 +372,7 @@ mod tests {
             include_str!("lua/chain.lua"),
             include_str!("lua/long.lua"),
             include_str!("lua/system.lua"),
+            include_str!("lua/claim_enqueue.lua"),
         ];
         for body in bodies {
             let given = prelude_for(body);

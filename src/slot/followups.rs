@@ -8,7 +8,8 @@
 //! (deduplicating against records too) finds the children already made. Each step is
 //! idempotent and, on a Redis Cluster, where a parent, its children and its chain live in
 //! different slots, touches one key or one queue at a time (on one server a batch's
-//! chains share a call). A batch without follow-ups pays nothing.
+//! chains share a call, the first of its children's enqueues too when no chain needs
+//! a new name). A batch without follow-ups pays nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -20,7 +21,8 @@ use crate::chain::{self, ChainTargets, Claim, Member, RootClaim};
 use crate::config::{QueueConfig, RouteOn};
 use crate::host::handler::Outcome;
 use crate::queue_client::{
-    ChainFacts, LeasedTask, MAX_ID_LEN, NewTask, Queue, QueueClient, QueueError, TaskChain,
+    AfterChains, ChainFacts, ChainWrites, LeasedTask, MAX_ID_LEN, NewTask, Queue, QueueClient,
+    QueueError, RedisConn, TaskChain,
 };
 
 /// Longest pause between attempts to create a batch's follow-ups while Redis fails.
@@ -68,6 +70,9 @@ struct Named {
     /// (`RootClaim::OursBefore`).
     before: bool,
 }
+
+/// A follow-up and its parent, as a chain lists them.
+type Pair = (Member, Member);
 
 /// Why a parent's follow-ups were not made.
 enum Refusal {
@@ -211,13 +216,10 @@ impl FollowUps {
         if children.is_empty() {
             return Ok(());
         }
-        let (chains, too_long) = self.link(tasks, &mut children, &facts).await?;
-        let mut refused: Vec<(usize, Refusal)> = too_long
-            .into_iter()
-            .map(|(p, why)| (p, Refusal::Taken(why)))
-            .collect();
-        children.retain(|c| !refused.iter().any(|(p, _)| *p == c.parent));
-        refused.extend(self.enqueue(&children, &chains).await?);
+        let refused = match self.in_one_call(tasks, &mut children, &facts).await? {
+            Some(refused) => refused,
+            None => self.link_then_enqueue(tasks, &mut children, &facts).await?,
+        };
         for (parent, refusal) in refused {
             if failed_parents.insert(parent) {
                 outcomes[parent] = match refusal {
@@ -231,6 +233,90 @@ impl FollowUps {
         }
         hold_for_tests();
         Ok(())
+    }
+
+    /// On one server, where a queue's keys and the chains' share a script: the chains'
+    /// writes (claims of the chains parents start, members added to those they are in)
+    /// and the children's enqueue in one call, which spares the batch a call waited for
+    /// in turn. It applies when every parent's chain is known (its meta or record names
+    /// it) and claims of chains under those names are all the parents': `None` when not
+    /// (a parent whose record names no chain yet, a chain another task or run holds),
+    /// and [`FollowUps::link_then_enqueue`] takes over, which redoes the writes (each
+    /// idempotent) and renames what it must. Returns the parents whose children a queue
+    /// refused, as [`FollowUps::enqueue`] does.
+    async fn in_one_call(
+        &mut self,
+        tasks: &[LeasedTask],
+        children: &mut [Child],
+        facts: &BTreeMap<usize, ChainFacts>,
+    ) -> Result<Option<Vec<(usize, Refusal)>>, QueueError> {
+        if !matches!(self.client.connection(), RedisConn::Single(_)) {
+            return Ok(None);
+        }
+        let mut chains = BTreeMap::new();
+        for c in children.iter() {
+            let Some(chain) = facts.get(&c.parent).and_then(|f| f.chain.clone()) else {
+                return Ok(None);
+            };
+            chains.insert(c.parent, chain);
+        }
+        // Its own chain's children take their ids from its name (see `link`).
+        let own = self.cfg.name.clone();
+        let starts = |parent: usize| chain::started_by(&own, &tasks[parent].id, &chains[&parent]);
+        for c in children.iter_mut().filter(|c| starts(c.parent)) {
+            c.id = chain::derived_id(&chains[&c.parent], c.n);
+            if c.id.len() > MAX_ID_LEN {
+                return Ok(None);
+            }
+        }
+        // per parent that starts a chain: its member, its run, its children
+        let mut roots: BTreeMap<usize, (Member, String, Vec<Pair>)> = BTreeMap::new();
+        let mut adds: BTreeMap<&str, Vec<Pair>> = BTreeMap::new();
+        for c in children.iter() {
+            let parent = Member::new(&own, &tasks[c.parent].id);
+            let pair = (Member::new(&c.queue, &c.id), parent.clone());
+            if starts(c.parent) {
+                let run = tasks[c.parent].meta.run().unwrap_or_default();
+                roots
+                    .entry(c.parent)
+                    .or_insert_with(|| (parent, run, Vec::new()))
+                    .2
+                    .push(pair);
+            } else {
+                adds.entry(&chains[&c.parent]).or_default().push(pair);
+            }
+        }
+        let claims: Vec<Claim> = roots
+            .iter()
+            .map(|(p, (root, run, members))| Claim {
+                chain: &chains[p],
+                root,
+                run,
+                members,
+            })
+            .collect();
+        let adds: Vec<(&str, &[(Member, Member)])> =
+            adds.iter().map(|(c, m)| (*c, m.as_slice())).collect();
+        let writes = chain::writes(self.client.namespace(), &claims, &adds, self.targets.ttl);
+        self.enqueue(children, &chains, Some(writes)).await
+    }
+
+    /// Puts the children in their chains ([`FollowUps::link`]), then enqueues them.
+    async fn link_then_enqueue(
+        &mut self,
+        tasks: &[LeasedTask],
+        children: &mut Vec<Child>,
+        facts: &BTreeMap<usize, ChainFacts>,
+    ) -> Result<Vec<(usize, Refusal)>, QueueError> {
+        let (chains, too_long) = self.link(tasks, children, facts).await?;
+        let mut refused: Vec<(usize, Refusal)> = too_long
+            .into_iter()
+            .map(|(p, why)| (p, Refusal::Taken(why)))
+            .collect();
+        children.retain(|c| !refused.iter().any(|(p, _)| *p == c.parent));
+        let enqueued = self.enqueue(children, &chains, None).await?;
+        refused.extend(enqueued.unwrap_or_default());
+        Ok(refused)
     }
 
     /// Every child of the batch: the queue's routes for how each task ended, then the
@@ -532,15 +618,17 @@ impl FollowUps {
         Ok(out)
     }
 
-    /// Enqueues the children, one call per target queue. Returns the parents whose
-    /// children a queue refused: its intake closed (for now), or an id held by a task
-    /// that is not in the parent's chain (for good; see `lua/enqueue.lua`), when the
-    /// others' are enqueued again without them.
+    /// Enqueues the children, one call per target queue, the first after `writes` when
+    /// given (in the same call). Returns the parents whose children a queue refused: its
+    /// intake closed (for now), or an id held by a task that is not in the parent's chain
+    /// (for good; see `lua/enqueue.lua`), when the others' are enqueued again without
+    /// them; `None`, with nothing enqueued, when a claim among `writes` was refused.
     async fn enqueue(
         &mut self,
         children: &[Child],
         chains: &BTreeMap<usize, String>,
-    ) -> Result<Vec<(usize, Refusal)>, QueueError> {
+        mut writes: Option<ChainWrites>,
+    ) -> Result<Option<Vec<(usize, Refusal)>>, QueueError> {
         let mut by_queue: BTreeMap<&str, Vec<&Child>> = BTreeMap::new();
         for c in children {
             by_queue.entry(&c.queue).or_default().push(c);
@@ -557,7 +645,15 @@ impl FollowUps {
                             .chain(TaskChain::FollowUp(chains[&c.parent].clone()))
                     })
                     .collect();
-                let made = match handle.enqueue_many(&tasks).await {
+                let made = match writes.take() {
+                    Some(writes) => match handle.enqueue_after_chains(&tasks, &writes).await {
+                        Ok(AfterChains::Enqueued(made)) => Ok(made),
+                        Ok(AfterChains::Refused(_)) => return Ok(None),
+                        Err(e) => Err(e),
+                    },
+                    None => handle.enqueue_many(&tasks).await,
+                };
+                let made = match made {
                     Ok(made) => made,
                     Err(QueueError::IntakeClosed { .. }) => {
                         refused.extend(kids.iter().map(|c| {
@@ -592,7 +688,7 @@ impl FollowUps {
                 refused.extend(taken);
             }
         }
-        Ok(refused)
+        Ok(Some(refused))
     }
 
     fn handle(&mut self, queue: &str) -> Result<Queue, QueueError> {

@@ -1449,3 +1449,168 @@ async fn chains_under_slot_kills_make_each_child_once() {
         .count();
     eprintln!("{kills} kills, {again} of {PARENTS} ids run again, {dead} parents not done");
 }
+
+/// On one server a slot writes its follow-ups' chains and enqueues them in one call
+/// (`Queue::enqueue_after_chains`): chains its parents start are claimed, others added
+/// to, and the children enqueued. A claim another task holds enqueues nothing (the slot
+/// then renames, the slow way), and an intake closed refuses as a plain enqueue does.
+#[tokio::test]
+async fn follow_ups_and_their_chains_take_one_call_on_one_server() {
+    use gaffer::chain::{self, Claim, Member};
+    use gaffer::config::Intake;
+    use gaffer::queue_client::{AfterChains, NewTask, QueueLimits, TaskChain};
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let ns = client.namespace().to_string();
+    let kids = client.queue_with("kids", QueueLimits::default()).unwrap();
+    let ttl = Duration::from_secs(60);
+    let evals = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut redis.raw().await)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>()
+    };
+    let kid = |id: &str, chain: &str| {
+        NewTask::new("{}")
+            .id(id)
+            .chain(TaskChain::FollowUp(chain.into()))
+    };
+    // Two parents start chains a~ and b~, a third is in chain g already.
+    let (a, b, p) = (
+        Member::new("steps", "a"),
+        Member::new("steps", "b"),
+        Member::new("steps", "p"),
+    );
+    let a_kids = [(Member::new("kids", "a~1"), a.clone())];
+    let b_kids = [(Member::new("kids", "b~1"), b.clone())];
+    let p_kids = [(Member::new("kids", "p~1"), p.clone())];
+    let claims = [
+        Claim {
+            chain: "a",
+            root: &a,
+            run: "5.1",
+            members: &a_kids,
+        },
+        Claim {
+            chain: "b",
+            root: &b,
+            run: "5.2",
+            members: &b_kids,
+        },
+    ];
+    let adds: [(&str, &[(Member, Member)]); 1] = [("g", &p_kids)];
+    let tasks = [kid("a~1", "a"), kid("b~1", "b"), kid("p~1", "g")];
+    // (a first call loads the script: a call Redis answers NOSCRIPT counts too)
+    let w = Member::new("steps", "w");
+    let warm = [Claim {
+        chain: "w",
+        root: &w,
+        run: "5.0",
+        members: &[],
+    }];
+    let writes = chain::writes(&ns, &warm, &[], ttl);
+    kids.enqueue_after_chains(&[kid("w~1", "w")], &writes)
+        .await
+        .unwrap();
+    let before = evals().await;
+    let writes = chain::writes(&ns, &claims, &adds, ttl);
+    let AfterChains::Enqueued(made) = kids.enqueue_after_chains(&tasks, &writes).await.unwrap()
+    else {
+        panic!("every claim was the parents'")
+    };
+    assert_eq!(
+        evals().await - before,
+        1,
+        "one call for the chains and the children"
+    );
+    assert!(made.iter().all(|e| e.created), "{made:?}");
+    assert_eq!(kids.stats().await.unwrap().ready, 4);
+    let conn = client.connection();
+    for (chain, root, pairs) in [("a", &a, &a_kids), ("b", &b, &b_kids)] {
+        let m = chain::members(&conn, &ns, chain).await.unwrap().unwrap();
+        assert_eq!(&m.root, root);
+        assert_eq!(m.follow, pairs.to_vec());
+    }
+    let raw: Vec<u8> = redis::cmd("GET")
+        .arg(chain::key(&ns, "g"))
+        .query_async(&mut redis.raw().await)
+        .await
+        .unwrap();
+    let raw = String::from_utf8_lossy(&raw);
+    assert_eq!(
+        raw, "8:kids\u{1f}p~17:steps\u{1f}p",
+        "added to, not claimed"
+    );
+
+    // Chain c is another task's: nothing is enqueued, and the answer says who holds it.
+    let (c, other) = (Member::new("steps", "c"), Member::new("elsewhere", "c"));
+    raw_cmd(
+        &redis,
+        "SET",
+        &[
+            &chain::key(&ns, "c"),
+            &chain_list(("elsewhere", "c"), None, &[]),
+        ],
+    )
+    .await;
+    let c_kids = [(Member::new("kids", "c~1"), c.clone())];
+    let claims = [
+        Claim {
+            chain: "d",
+            root: &Member::new("steps", "d"),
+            run: "5.3",
+            members: &[],
+        },
+        Claim {
+            chain: "c",
+            root: &c,
+            run: "5.4",
+            members: &c_kids,
+        },
+    ];
+    let writes = chain::writes(&ns, &claims, &[], ttl);
+    let AfterChains::Refused(refused) = kids
+        .enqueue_after_chains(&[kid("c~1", "c")], &writes)
+        .await
+        .unwrap()
+    else {
+        panic!("chain c is another task's")
+    };
+    let answers = chain::answers(&claims, refused).unwrap();
+    assert_eq!(
+        answers,
+        [chain::RootClaim::Ours, chain::RootClaim::Taken(other)]
+    );
+    assert_eq!(kids.stats().await.unwrap().ready, 4, "nothing enqueued");
+    assert!(kids.record("c~1").await.unwrap().is_none());
+
+    // A closed intake refuses the children; the claims stand, as before an enqueue.
+    kids.set_intake(Some(Intake::Closed)).await.unwrap();
+    let e = Member::new("steps", "e");
+    let claims = [Claim {
+        chain: "e",
+        root: &e,
+        run: "5.5",
+        members: &[],
+    }];
+    let writes = chain::writes(&ns, &claims, &[], ttl);
+    let err = kids
+        .enqueue_after_chains(&[kid("e~1", "e")], &writes)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("intake"), "{err}");
+    assert!(chain::members(&conn, &ns, "e").await.unwrap().is_some());
+    assert_eq!(kids.stats().await.unwrap().ready, 4);
+}
