@@ -153,7 +153,8 @@ pub type RefusedClaims = Vec<(usize, Vec<u8>)>;
 pub enum AfterChains {
     /// Every claim was the caller's: the tasks were enqueued (as `enqueue_many` says).
     Enqueued(Vec<super::Enqueued>),
-    /// Some claims were refused: nothing was enqueued (the lists claimed were written).
+    /// Some claims were refused: nothing was enqueued (the other claims and the adds were
+    /// written).
     Refused(RefusedClaims),
 }
 
@@ -229,7 +230,11 @@ impl Queue {
             self.check(t)?;
         }
         let Some(&first) = super::enqueue::chunks(tasks).first() else {
-            return Ok(AfterChains::Enqueued(Vec::new()));
+            let refused = chains.write(&self.conn).await?;
+            return Ok(match refused.is_empty() {
+                true => AfterChains::Enqueued(Vec::new()),
+                false => AfterChains::Refused(refused),
+            });
         };
         let rest = &tasks[first.len()..];
         let mut inv = self.enqueue_invocation_with(&SCRIPTS.claim_enqueue, first);

@@ -372,9 +372,15 @@ mod tests {
             include_str!("lua/chain.lua"),
             include_str!("lua/long.lua"),
             include_str!("lua/system.lua"),
-            include_str!("lua/claim_enqueue.lua"),
         ];
-        for body in bodies {
+        // (the script that ends in enqueue.lua, as `claim_then_enqueue` puts it together)
+        let claim_enqueue = format!(
+            "{}\nlocal function enqueue_part()\n{}\nend\n{}",
+            include_str!("lua/claim.lua"),
+            include_str!("lua/enqueue.lua"),
+            include_str!("lua/claim_enqueue.lua"),
+        );
+        for body in bodies.into_iter().chain([claim_enqueue.as_str()]) {
             let given = prelude_for(body);
             let defined: std::collections::HashSet<&str> = prelude_items(&given)
                 .iter()
@@ -386,6 +392,10 @@ mod tests {
             }
             assert!(given.len() < PRELUDE.len(), "{}", &body[..60]);
         }
+        // claim.lua runs alone without the prelude (`claim_alone`): it may use none of it.
+        let claim = include_str!("lua/claim.lua");
+        let used: Vec<&str> = identifiers(claim).filter(|n| all.contains(n)).collect();
+        assert!(used.is_empty(), "claim.lua uses prelude names {used:?}");
     }
 
     #[test]

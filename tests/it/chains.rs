@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::request;
-use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some, shared_cluster_url};
+use crate::harness::{
+    ANY_LOAD, TestRedis, eventually, poll_some, script_calls, shared_cluster_url,
+};
 use crate::host::{gone, http_get};
 
 const TOKEN: &str = "chain-token";
@@ -800,18 +802,7 @@ async fn a_wait_on_a_task_not_made_yet_sleeps(rig: &Rig) {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let scripts = || async {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut rig.client.connection())
-            .await
-            .unwrap();
-        let line = info.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
-        line.and_then(|l| l.split("calls=").nth(1))
-            .and_then(|c| c.split(',').next())
-            .and_then(|c| c.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let scripts = || script_calls(rig.client.connection());
     let before = scripts().await;
     let path = format!("/v1/queues/{first}/tasks");
     let body = r#"{"payload": {}, "id": "sleepy", "delay": "5s", "chain": true, "wait": "1s"}"#;
@@ -1025,34 +1016,15 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
 
     // A slot learns the same from the metas its take returned, and asks Redis only for
     // what those do not say.
-    let scripts_run = |raw: redis::aio::MultiplexedConnection| async move {
-        let mut raw = raw;
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum::<u64>()
-    };
     let taken = routed.take(10, Duration::from_secs(30)).await.unwrap();
     let parents: Vec<_> = taken.tasks.iter().collect();
-    let before = scripts_run(raw.clone()).await;
+    let before = script_calls(raw.clone()).await;
     let facts = routed
         .parents_chain_facts(&parents, &[true, true])
         .await
         .unwrap();
     assert_eq!(
-        scripts_run(raw.clone()).await,
+        script_calls(raw.clone()).await,
         before,
         "no call for what metas say"
     );
@@ -1464,24 +1436,7 @@ async fn follow_ups_and_their_chains_take_one_call_on_one_server() {
     let ns = client.namespace().to_string();
     let kids = client.queue_with("kids", QueueLimits::default()).unwrap();
     let ttl = Duration::from_secs(60);
-    let evals = || async {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut redis.raw().await)
-            .await
-            .unwrap();
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum::<u64>()
-    };
+    let evals = || async { script_calls(redis.raw().await).await };
     let kid = |id: &str, chain: &str| {
         NewTask::new("{}")
             .id(id)
@@ -1595,6 +1550,52 @@ async fn follow_ups_and_their_chains_take_one_call_on_one_server() {
     );
     assert_eq!(kids.stats().await.unwrap().ready, 4, "nothing enqueued");
     assert!(kids.record("c~1").await.unwrap().is_none());
+    let d = chain::members(&conn, &ns, "d").await.unwrap().unwrap();
+    assert_eq!(
+        d.root,
+        Member::new("steps", "d"),
+        "the claim before it stands"
+    );
+
+    // Tasks of any enqueue mode (here ids generated) find the lists' arguments after
+    // their own, and no tasks at all still writes the lists.
+    let f = Member::new("steps", "f");
+    let f_kids = [(Member::new("kids", "f~1"), f.clone())];
+    let claims = [Claim {
+        chain: "f",
+        root: &f,
+        run: "5.6",
+        members: &f_kids,
+    }];
+    let writes = chain::writes(&ns, &claims, &[], ttl);
+    let made = kids
+        .enqueue_after_chains(&[NewTask::new("{}")], &writes)
+        .await
+        .unwrap();
+    assert!(
+        matches!(made, AfterChains::Enqueued(ref m) if m.len() == 1),
+        "{made:?}"
+    );
+    let m = chain::members(&conn, &ns, "f").await.unwrap().unwrap();
+    assert_eq!(
+        (m.root, m.run.as_deref(), m.follow),
+        (f, Some("5.6"), f_kids.to_vec())
+    );
+    let h = Member::new("steps", "h");
+    let claims = [Claim {
+        chain: "h",
+        root: &h,
+        run: "5.7",
+        members: &[],
+    }];
+    let writes = chain::writes(&ns, &claims, &[], ttl);
+    let made = kids.enqueue_after_chains(&[], &writes).await.unwrap();
+    assert!(
+        matches!(made, AfterChains::Enqueued(ref m) if m.is_empty()),
+        "{made:?}"
+    );
+    assert!(chain::members(&conn, &ns, "h").await.unwrap().is_some());
+    assert_eq!(kids.stats().await.unwrap().ready, 5);
 
     // A closed intake refuses the children; the claims stand, as before an enqueue.
     kids.set_intake(Some(Intake::Closed)).await.unwrap();
@@ -1612,5 +1613,5 @@ async fn follow_ups_and_their_chains_take_one_call_on_one_server() {
         .unwrap_err();
     assert!(err.to_string().contains("intake"), "{err}");
     assert!(chain::members(&conn, &ns, "e").await.unwrap().is_some());
-    assert_eq!(kids.stats().await.unwrap().ready, 4);
+    assert_eq!(kids.stats().await.unwrap().ready, 5);
 }

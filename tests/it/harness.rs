@@ -171,6 +171,27 @@ fn redis_cli_tls(cmd: &mut std::process::Command, tls: Option<&TestCerts>) {
 /// [`TestRedis::start`] and [`TestRedis::with_aof`] TLS-only servers and
 /// [`shared_cluster_client`] a client of a TLS-only cluster, each with certificates the
 /// harness makes (`.ci/run` runs the queue and record tests so).
+/// Script calls (`EVALSHA` and `EVAL`, a call Redis answered NOSCRIPT included) the
+/// server behind `conn` has run since its start.
+pub async fn script_calls<C: redis::aio::ConnectionLike + Send>(mut conn: C) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 pub fn tls_mode() -> bool {
     std::env::var("GAFFER_TEST_TLS").is_ok_and(|v| v == "1")
 }
