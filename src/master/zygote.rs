@@ -132,6 +132,9 @@ fn run(registry: &Registry) -> anyhow::Result<()> {
     if master.is_some_and(|pid| nix::unistd::getppid().as_raw() != pid) {
         anyhow::bail!("the master exited before the zygote started");
     }
+    // The processes a dead slot's handler left (a subprocess of its exec command) come
+    // to us rather than to init, so that `reap` can end them.
+    nix::sys::prctl::set_child_subreaper(true)?;
     let report_fd: Option<i32> = std::env::var(REPORT_FD_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
@@ -369,17 +372,54 @@ fn switch_user(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Reaps every child that exited: slots, reported to the master, and orphans (see
+/// [`end_orphans`]), which are ended too after anything exited.
 fn reap(children: &mut BTreeMap<i32, u32>) -> anyhow::Result<()> {
+    let mut any = false;
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(pid, code)) => exited(children, pid, Some(code), None)?,
             Ok(WaitStatus::Signaled(pid, sig, _)) => {
                 exited(children, pid, None, Some(sig as i32))?;
             }
-            Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => return Ok(()),
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => {}
+            Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => break,
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(e.into()),
+        }
+        any = true;
+    }
+    if any {
+        end_orphans(children);
+    }
+    Ok(())
+}
+
+/// Kills the zygote's children that are not slots, with their process groups: the
+/// zygote forks only slots, so any other child is a process a slot's handler started
+/// and left when the slot died (killed by the watchdog, a deadline or the OOM killer,
+/// which run no destructors), adopted here because the zygote is a child subreaper. An
+/// exec child dies with its slot (PDEATHSIG), but a command's own subprocesses
+/// (`sh -c 'python3 w.py; …'`) would run on, a long task's worker twice once its task
+/// runs again. Each kill makes another exit, and the reap after it looks again, so
+/// processes adopted in turn (a subprocess of a subprocess) are found too. A group the
+/// zygote shares (a Rust handler's subprocess, left in the slot's group) is not
+/// signalled: the zygote and the live slots are in it.
+fn end_orphans(children: &BTreeMap<i32, u32>) {
+    let me = nix::unistd::getpid().as_raw();
+    let my_group = nix::unistd::getpgrp().as_raw();
+    let Ok(all) = procfs::process::all_processes() else {
+        return;
+    };
+    let orphans = all
+        .filter_map(|p| p.ok()?.stat().ok())
+        .filter(|s| s.ppid == me && !children.contains_key(&s.pid));
+    for s in orphans {
+        tracing::warn!(pid = s.pid, group = s.pgrp, command = %s.comm,
+            "killing a process a dead slot's handler left behind");
+        let _ = nix::sys::signal::kill(Pid::from_raw(s.pid), Signal::SIGKILL);
+        if s.pgrp > 1 && s.pgrp != my_group {
+            let _ = nix::sys::signal::killpg(Pid::from_raw(s.pgrp), Signal::SIGKILL);
         }
     }
 }

@@ -111,6 +111,14 @@ impl Hosts {
             .replace(
                 "{wrapped}",
                 &format!("[\"sh\", \"-c\", \"python3 {}; true\"]", script.display()),
+            )
+            .replace(
+                "{sleeper}",
+                &format!(
+                    "[\"sh\", \"-c\", \"sleep 1000 & echo $! > {}; exec python3 {}\"]",
+                    dir.path().join("sleeper.pid").display(),
+                    script.display()
+                ),
             );
         let text = format!(
             "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
@@ -456,6 +464,44 @@ cancel_grace = "1s"
     child_gone_then_cancelled(&q, "w", worker).await;
 }
 
+/// A slot killed outright (SIGKILL, as the watchdog, a deadline or the OOM killer kill
+/// it) leaves nothing its exec command started: the exec child dies with the slot, and
+/// the zygote, which adopts what the child left (here a `sleep` that reads no stdin and
+/// so would never notice), ends the rest. Without that, it ran on.
+#[tokio::test]
+async fn a_slot_killed_outright_leaves_no_process_of_its_exec_command() {
+    let mut h = Hosts::start(
+        r#"
+[queues.sleeper]
+kind = "long"
+handler = "exec"
+command = {sleeper}
+lease = "5s"
+"#,
+    )
+    .await;
+    h.publish(1, &[("h1", "sleeper", 1)]).await;
+    h.master("h1");
+    h.slots_up("h1", 1).await;
+    let q = h.queue("sleeper");
+    enqueue(&q, "s", "{}").await;
+    let worker = running(&h, &q, "s").await;
+    let pid_file = h.dir.path().join("sleeper.pid");
+    let sleeper: u32 = poll_some(Duration::from_secs(10), "the sleeper's pid", || async {
+        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
+    })
+    .await;
+    assert!(!gone(sleeper), "the sleeper runs");
+    let slot = parent_of(worker).expect("the worker's slot");
+    signal(&[slot], Signal::SIGKILL);
+    eventually(
+        Duration::from_secs(10),
+        "the worker and the sleeper gone",
+        || async { gone(worker) && gone(sleeper) },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_rust_handler_sees_its_long_task_cancelled_and_the_slot_goes_on() {
     let mut h =
@@ -535,6 +581,13 @@ fn tree(pid: u32) -> Vec<u32> {
         i += 1;
     }
     out
+}
+
+/// The parent of `pid`, while it runs.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn signal(pids: &[u32], sig: Signal) {
