@@ -2,8 +2,9 @@
 //! shared by every role.
 //!
 //! Loading never stops at the first mistake: the document is parsed once with spans, each
-//! section, queue, system and schedule is deserialized on its own, and then values are
-//! checked for meaning. Every problem found is returned together as [`Diagnostics`], each
+//! section, queue, system and schedule is deserialized on its own (a key serde refuses
+//! is reported and taken out, and the rest of its table read again), and then values
+//! are checked for meaning. Every problem found is returned together as [`Diagnostics`], each
 //! naming `file:line:col` and the key, so `gaffer config check` fixes a file in one pass.
 
 mod error;

@@ -586,6 +586,37 @@ fn api_unknown_keys_are_named() {
     );
 }
 
+/// Serde stops at the first key it refuses; the table is read again without it, so every
+/// bad key of a table is reported at once, and nothing that only follows from a refused
+/// key (a required key refused, or misspelt, is not also "missing").
+#[test]
+fn one_refused_key_does_not_hide_the_rest_of_its_table() {
+    assert_eq!(
+        errors(
+            "[queues.a]\nhandler = \"noop\"\nbatch_sise = 5\nmax_attempts = \"x\"\nmin_slots = -1\n"
+        ),
+        [
+            "t.toml:3:1: queues.a.batch_sise: unknown key `batch_sise`, did you mean `batch_size`?",
+            "t.toml:4:16: queues.a.max_attempts: expected an integer, found string \"x\"",
+            "t.toml:5:13: queues.a.min_slots: must be at least 0, found -1",
+        ]
+    );
+    assert_eq!(
+        errors("[queues.a]\nhandler = 5\nmax_slots = -2\n"),
+        [
+            "t.toml:2:11: queues.a.handler: expected a string, found integer `5`",
+            "t.toml:3:13: queues.a.max_slots: must be greater than zero, found -2",
+        ]
+    );
+    assert_eq!(
+        errors("[queues.a]\nhandlr = \"noop\"\n[manager]\ntick = \"1s\"\nbogus = 1\n"),
+        [
+            "t.toml:2:1: queues.a.handlr: unknown key `handlr`, did you mean `handler`?",
+            "t.toml:5:1: manager.bogus: unknown key `bogus`, expected one of `tick`, `timezone`, `heartbeat_timeout` or `http`",
+        ]
+    );
+}
+
 #[test]
 fn api_keys_must_be_tables() {
     assert_eq!(

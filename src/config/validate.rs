@@ -1578,19 +1578,46 @@ fn section<T: DeserializeOwned>(c: &mut Collector, root: &DeTable, key: &str) ->
     deserialize(c, value, key)
 }
 
+/// A table read into its raw struct. Serde stops at the first key it refuses (unknown,
+/// or of the wrong type), so that key is reported, taken out, and the rest read again,
+/// until the rest reads: one bad key does not hide the others of its table. Whatever
+/// validation would then say of a key taken out (a required key now missing) is not
+/// said: its own error is the one that counts (`Collector::quiet`).
 pub(super) fn deserialize<T: DeserializeOwned>(
     c: &mut Collector,
     value: &Spanned<DeValue>,
     path: &str,
 ) -> Option<T> {
-    match T::deserialize(ValueDeserializer::from(value.clone())) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            let span = e.span().unwrap_or_else(|| value.span());
-            let key = locate(value.get_ref(), path, span.start).unwrap_or_else(|| path.to_owned());
-            c.error(span, &key, humanize(e.message()));
-            None
+    let mut value = value.clone();
+    loop {
+        let e = match T::deserialize(ValueDeserializer::from(value.clone())) {
+            Ok(t) => return Some(t),
+            Err(e) => e,
+        };
+        let span = e.span().unwrap_or_else(|| value.span());
+        let key = locate(value.get_ref(), path, span.start).unwrap_or_else(|| path.to_owned());
+        let message = humanize(e.message());
+        // (a key misspelt: the one it was meant to be is not missing either)
+        if let Some((_, meant)) = message.split_once("did you mean `") {
+            c.quiet(&join(path, meant.split('`').next().unwrap_or_default()));
         }
+        c.error(span.clone(), &key, message);
+        let DeValue::Table(table) = value.get_mut() else {
+            return None;
+        };
+        // (the key of this table the refused one is, or is inside)
+        let Some(at) = table
+            .iter()
+            .position(|(k, v)| k.span().contains(&span.start) || v.span().contains(&span.start))
+        else {
+            return None;
+        };
+        let Some((k, _)) = table.iter().nth(at) else {
+            return None;
+        };
+        let k = k.clone();
+        c.quiet(&join(path, k.get_ref()));
+        table.remove(&k);
     }
 }
 
