@@ -177,6 +177,12 @@ pub(crate) fn line_col(source: &str, offset: usize) -> (usize, usize) {
     (line, column)
 }
 
+/// The key a "missing required key `KEY`…" message names.
+fn message_key(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("missing required key `")?;
+    rest.split_once('`').map(|(key, _)| key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,10 +213,4 @@ mod tests {
         };
         assert_eq!(d.to_string(), "c.toml:3:7: queues.a: unclosed array");
     }
-}
-
-/// The key a "missing required key `KEY`…" message names.
-fn message_key(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("missing required key `")?;
-    rest.split_once('`').map(|(key, _)| key)
 }

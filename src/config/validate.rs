@@ -1599,22 +1599,17 @@ pub(super) fn deserialize<T: DeserializeOwned>(
         let message = humanize(e.message());
         // (a key misspelt: the one it was meant to be is not missing either)
         if let Some((_, meant)) = message.split_once("did you mean `") {
-            c.quiet(&join(path, meant.split('`').next().unwrap_or_default()));
+            let table = key.rsplit_once('.').map_or(path, |(table, _)| table);
+            c.quiet(&join(table, meant.split('`').next().unwrap_or_default()));
         }
         c.error(span.clone(), &key, message);
         let DeValue::Table(table) = value.get_mut() else {
             return None;
         };
         // (the key of this table the refused one is, or is inside)
-        let Some(at) = table
+        let (k, _) = table
             .iter()
-            .position(|(k, v)| k.span().contains(&span.start) || v.span().contains(&span.start))
-        else {
-            return None;
-        };
-        let Some((k, _)) = table.iter().nth(at) else {
-            return None;
-        };
+            .find(|(k, v)| k.span().contains(&span.start) || v.span().contains(&span.start))?;
         let k = k.clone();
         c.quiet(&join(path, k.get_ref()));
         table.remove(&k);
