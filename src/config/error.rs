@@ -100,8 +100,6 @@ pub(crate) struct Collector<'a> {
     source: &'a str,
     origin: &'a str,
     found: Vec<(usize, Diagnostic)>,
-    /// Key paths refused already, whose further errors would only follow from that.
-    quiet: Vec<String>,
 }
 
 impl<'a> Collector<'a> {
@@ -110,34 +108,10 @@ impl<'a> Collector<'a> {
             source,
             origin,
             found: Vec::new(),
-            quiet: Vec::new(),
         }
-    }
-
-    /// From now on no error is collected for the key `path` or inside it: it was refused
-    /// already and taken out, and what follows from its absence is not news.
-    pub(crate) fn quiet(&mut self, path: &str) {
-        self.quiet.push(path.to_owned());
     }
 
     pub(crate) fn error(&mut self, span: Range<usize>, key: &str, message: impl Into<String>) {
-        let message = message.into();
-        let inside = |q: &String| {
-            key.strip_prefix(q.as_str())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
-        };
-        // (a table's missing required key is said at the table: `missing required key `K``)
-        let missing = message_key(&message);
-        let missing_quiet = |q: &String| {
-            missing.is_some_and(|k| {
-                q.strip_prefix(key)
-                    .and_then(|rest| rest.strip_prefix('.'))
-                    .is_some_and(|rest| rest == k)
-            })
-        };
-        if self.quiet.iter().any(|q| inside(q) || missing_quiet(q)) {
-            return;
-        }
         let offset = span.start.min(self.source.len());
         let (line, column) = line_col(self.source, offset);
         self.found.push((
@@ -147,7 +121,7 @@ impl<'a> Collector<'a> {
                 line,
                 column,
                 key: key.to_owned(),
-                message,
+                message: message.into(),
             },
         ));
     }
@@ -175,12 +149,6 @@ pub(crate) fn line_col(source: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let column = before[line_start..].chars().count() + 1;
     (line, column)
-}
-
-/// The key a "missing required key `KEY`…" message names.
-fn message_key(message: &str) -> Option<&str> {
-    let rest = message.strip_prefix("missing required key `")?;
-    rest.split_once('`').map(|(key, _)| key)
 }
 
 #[cfg(test)]

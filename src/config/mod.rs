@@ -3,8 +3,8 @@
 //!
 //! Loading never stops at the first mistake: the document is parsed once with spans, each
 //! section, queue, system and schedule is deserialized on its own (a key serde refuses
-//! is reported and taken out, and the rest of its table read again), and then values
-//! are checked for meaning. Every problem found is returned together as [`Diagnostics`], each
+//! is reported and taken out, and the rest of its table read again for the others), and
+//! then the values of the tables serde read whole are checked for meaning. Every problem found is returned together as [`Diagnostics`], each
 //! naming `file:line:col` and the key, so `gaffer config check` fixes a file in one pass.
 
 mod error;

@@ -1580,29 +1580,26 @@ fn section<T: DeserializeOwned>(c: &mut Collector, root: &DeTable, key: &str) ->
 
 /// A table read into its raw struct. Serde stops at the first key it refuses (unknown,
 /// or of the wrong type), so that key is reported, taken out, and the rest read again,
-/// until the rest reads: one bad key does not hide the others of its table. Whatever
-/// validation would then say of a key taken out (a required key now missing) is not
-/// said: its own error is the one that counts (`Collector::quiet`).
+/// until the rest reads: every refused key of a table is reported at once. A table with
+/// a refused key is then not checked for meaning (`None`): its checks across keys (a
+/// `kind` for `cancel_grace`, `admin` for `queues`, `min_slots` against `max_slots`)
+/// would judge the others against a default in place of what was written.
 pub(super) fn deserialize<T: DeserializeOwned>(
     c: &mut Collector,
     value: &Spanned<DeValue>,
     path: &str,
 ) -> Option<T> {
     let mut value = value.clone();
+    let mut refused = false;
     loop {
         let e = match T::deserialize(ValueDeserializer::from(value.clone())) {
-            Ok(t) => return Some(t),
+            Ok(t) => return (!refused).then_some(t),
             Err(e) => e,
         };
+        refused = true;
         let span = e.span().unwrap_or_else(|| value.span());
         let key = locate(value.get_ref(), path, span.start).unwrap_or_else(|| path.to_owned());
-        let message = humanize(e.message());
-        // (a key misspelt: the one it was meant to be is not missing either)
-        if let Some((_, meant)) = message.split_once("did you mean `") {
-            let table = key.rsplit_once('.').map_or(path, |(table, _)| table);
-            c.quiet(&join(table, meant.split('`').next().unwrap_or_default()));
-        }
-        c.error(span.clone(), &key, message);
+        c.error(span.clone(), &key, humanize(e.message()));
         let DeValue::Table(table) = value.get_mut() else {
             return None;
         };
@@ -1611,7 +1608,6 @@ pub(super) fn deserialize<T: DeserializeOwned>(
             .iter()
             .find(|(k, v)| k.span().contains(&span.start) || v.span().contains(&span.start))?;
         let k = k.clone();
-        c.quiet(&join(path, k.get_ref()));
         table.remove(&k);
     }
 }

@@ -10,7 +10,7 @@
 //! exit once the last child is gone. It dies with the master (PDEATHSIG), and its slots
 //! die with it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixDatagram;
@@ -227,6 +227,7 @@ fn serve(
         }
         reap(&mut children)?;
         if retiring && children.is_empty() {
+            end_orphans_before_exit();
             return Ok(());
         }
         let mut fds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
@@ -395,32 +396,68 @@ fn reap(children: &mut BTreeMap<i32, u32>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Kills the zygote's children that are not slots, with their process groups: the
-/// zygote forks only slots, so any other child is a process a slot's handler started
-/// and left when the slot died (killed by the watchdog, a deadline or the OOM killer,
-/// which run no destructors), adopted here because the zygote is a child subreaper. An
-/// exec child dies with its slot (PDEATHSIG), but a command's own subprocesses
+/// Kills what a dead slot's handler left: the zygote forks only slots, so any other
+/// child is a process adopted here (the zygote is a child subreaper) because its parent
+/// died. A slot killed outright (the watchdog, a deadline, the OOM killer: no destructors
+/// run) takes its exec child with it (PDEATHSIG), but the command's own subprocesses
 /// (`sh -c 'python3 w.py; …'`) would run on, a long task's worker twice once its task
-/// runs again. Each kill makes another exit, and the reap after it looks again, so
-/// processes adopted in turn (a subprocess of a subprocess) are found too. A group the
-/// zygote shares (a Rust handler's subprocess, left in the slot's group) is not
-/// signalled: the zygote and the live slots are in it.
+/// runs again. An orphan is killed with its process group once that group's leader (the
+/// exec child) is gone or orphaned too: a live slot's command may leave a process of
+/// its own behind on purpose (`(sidecar &)`), which stays while its task runs. A group
+/// the zygote shares (a Rust handler's subprocess, in the slots' group) is left alone:
+/// which slot it served cannot be told. Each kill makes another exit, and the reap after
+/// it looks again, so processes adopted in turn are found too.
 fn end_orphans(children: &BTreeMap<i32, u32>) {
     let me = nix::unistd::getpid().as_raw();
     let my_group = nix::unistd::getpgrp().as_raw();
     let Ok(all) = procfs::process::all_processes() else {
         return;
     };
-    let orphans = all
-        .filter_map(|p| p.ok()?.stat().ok())
-        .filter(|s| s.ppid == me && !children.contains_key(&s.pid));
-    for s in orphans {
-        tracing::warn!(pid = s.pid, group = s.pgrp, command = %s.comm,
-            "killing a process a dead slot's handler left behind");
-        let _ = nix::sys::signal::kill(Pid::from_raw(s.pid), Signal::SIGKILL);
-        if s.pgrp > 1 && s.pgrp != my_group {
-            let _ = nix::sys::signal::killpg(Pid::from_raw(s.pgrp), Signal::SIGKILL);
+    let stats: Vec<procfs::process::Stat> = all.filter_map(|p| p.ok()?.stat().ok()).collect();
+    let parent_of = |pid: i32| stats.iter().find(|s| s.pid == pid).map(|s| s.ppid);
+    let mut groups = BTreeSet::new();
+    for s in stats
+        .iter()
+        .filter(|s| s.ppid == me && !children.contains_key(&s.pid))
+    {
+        if s.pgrp <= 1 || s.pgrp == my_group {
+            continue;
         }
+        // (the leader alive under its slot: the group is a live task's)
+        if parent_of(s.pgrp).is_some_and(|p| p != me) {
+            continue;
+        }
+        if s.state != 'Z' {
+            tracing::warn!(pid = s.pid, group = s.pgrp, command = %s.comm,
+                "killing a process a dead slot's handler left behind");
+        }
+        groups.insert(s.pgrp);
+    }
+    for g in groups {
+        if let Err(e) = nix::sys::signal::killpg(Pid::from_raw(g), Signal::SIGKILL)
+            && e != nix::errno::Errno::ESRCH
+        {
+            tracing::warn!(group = g, error = %e, "cannot kill a dead slot's processes");
+        }
+    }
+}
+
+/// A retiring zygote's last step: what its slots' handlers left is ended and reaped, so
+/// none is handed to init when it exits. Bounded: a process it cannot kill (another
+/// user's, under a zygote that is not root) does not keep it alive.
+fn end_orphans_before_exit() {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let none = BTreeMap::new();
+    while std::time::Instant::now() < deadline {
+        end_orphans(&none);
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Err(nix::errno::Errno::ECHILD) => return,
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

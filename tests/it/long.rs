@@ -115,8 +115,8 @@ impl Hosts {
             .replace(
                 "{sleeper}",
                 &format!(
-                    "[\"sh\", \"-c\", \"sleep 1000 & echo $! > {}; exec python3 {}\"]",
-                    dir.path().join("sleeper.pid").display(),
+                    "[\"sh\", \"-c\", \"(sleep 1000 & echo $! > {}.$$); exec python3 {}\"]",
+                    dir.path().join("sleeper").display(),
                     script.display()
                 ),
             );
@@ -466,8 +466,9 @@ cancel_grace = "1s"
 
 /// A slot killed outright (SIGKILL, as the watchdog, a deadline or the OOM killer kill
 /// it) leaves nothing its exec command started: the exec child dies with the slot, and
-/// the zygote, which adopts what the child left (here a `sleep` that reads no stdin and
-/// so would never notice), ends the rest. Without that, it ran on.
+/// the zygote, which adopts what the child left (here a `sleep` the command put in the
+/// background, which reads no stdin and so would never notice), ends the rest. The same
+/// left by a live slot's command stays while its task runs.
 #[tokio::test]
 async fn a_slot_killed_outright_leaves_no_process_of_its_exec_command() {
     let mut h = Hosts::start(
@@ -480,26 +481,35 @@ lease = "5s"
 "#,
     )
     .await;
-    h.publish(1, &[("h1", "sleeper", 1)]).await;
+    h.publish(1, &[("h1", "sleeper", 2)]).await;
     h.master("h1");
-    h.slots_up("h1", 1).await;
+    h.slots_up("h1", 2).await;
     let q = h.queue("sleeper");
-    enqueue(&q, "s", "{}").await;
-    let worker = running(&h, &q, "s").await;
-    let pid_file = h.dir.path().join("sleeper.pid");
-    let sleeper: u32 = poll_some(Duration::from_secs(10), "the sleeper's pid", || async {
-        std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok()
-    })
-    .await;
-    assert!(!gone(sleeper), "the sleeper runs");
-    let slot = parent_of(worker).expect("the worker's slot");
+    enqueue(&q, "s1", "{}").await;
+    enqueue(&q, "s2", "{}").await;
+    let workers = [running(&h, &q, "s1").await, running(&h, &q, "s2").await];
+    let mut sleepers = Vec::new();
+    for w in workers {
+        let file = h.dir.path().join(format!("sleeper.{w}"));
+        let pid: u32 = poll_some(Duration::from_secs(10), "a sleeper's pid", || async {
+            std::fs::read_to_string(&file).ok()?.trim().parse().ok()
+        })
+        .await;
+        assert!(!gone(pid), "the sleeper runs");
+        sleepers.push(pid);
+    }
+    let slot = parent_of(workers[0]).expect("the first worker's slot");
     signal(&[slot], Signal::SIGKILL);
     eventually(
         Duration::from_secs(10),
-        "the worker and the sleeper gone",
-        || async { gone(worker) && gone(sleeper) },
+        "the first worker and sleeper gone",
+        || async { gone(workers[0]) && gone(sleepers[0]) },
     )
     .await;
+    assert!(
+        !gone(workers[1]) && !gone(sleepers[1]),
+        "the live slot's task and what its command left run on"
+    );
 }
 
 #[tokio::test]
