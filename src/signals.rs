@@ -76,6 +76,21 @@ pub fn shutdown_on_sigterm() -> std::io::Result<CancellationToken> {
     Ok(token)
 }
 
+/// A token cancelled by the first `signum` to arrive (a slot's [`RETIRE_SIGNAL`]).
+/// Installs the handler at once; must be called inside a Tokio runtime.
+///
+/// [`RETIRE_SIGNAL`]: crate::host::proto::RETIRE_SIGNAL
+pub fn token_on(signum: i32) -> std::io::Result<CancellationToken> {
+    let mut sig = signal(SignalKind::from_raw(signum))?;
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        sig.recv().await;
+        cancel.cancel();
+    });
+    Ok(token)
+}
+
 /// Every SIGINT as a stream, for an edge that gives a repeated Ctrl-C a meaning of its own
 /// (`gaffer up`: a second press kills the role it is stopping).
 pub fn interrupts() -> std::io::Result<tokio::signal::unix::Signal> {

@@ -20,6 +20,12 @@ pub const EXIT_RECYCLE: i32 = 75;
 /// Exit code of a slot that could not start or hit an unrecoverable error (EX_SOFTWARE).
 pub const EXIT_FATAL: i32 = 70;
 
+/// The signal a master sends a slot busy with a long task that it would stop if it could
+/// (one of an older zygote's, or beyond what the map wants of its queue): finish the task
+/// in hand, then exit ([`EXIT_STOPPED`]) instead of taking another. SIGTERM would hand
+/// the task back (a drain); this lets it end by itself.
+pub const RETIRE_SIGNAL: i32 = libc::SIGUSR1;
+
 /// What a slot needs to run, handed over by the zygote in the forked child.
 #[derive(Debug)]
 pub struct SlotSpec {

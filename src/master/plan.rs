@@ -12,8 +12,10 @@
 //! - a queue's slots beyond what it wants stop, idle ones first, then those still
 //!   starting, busy ones last, and the youngest first within each;
 //! - a busy slot of a long queue (`kind = "long"`) never stops, for a roll-over or a
-//!   surplus: its task runs until it returns or is cancelled, and a new map or config
-//!   reaches it once its task ended (a drain still stops it);
+//!   surplus: its task runs until it returns or is cancelled; such a slot is retired
+//!   instead (`RETIRE_SIGNAL`: it exits once its task ended, taking no other, so a new
+//!   map or config reaches it even under a backlog that would keep it busy; a drain
+//!   still stops it);
 //! - slots are started only from a ready zygote that takes requests and preloaded the
 //!   queue, for queues not backing off after crashes, highest priority first, until the
 //!   host holds `capacity` slots (stopping ones not counted); capacity never stops a slot.
@@ -113,53 +115,90 @@ pub(super) struct Plan {
     /// Slots to stop (SIGTERM: finish the task in hand, give the rest back), by number: each queue in name order, its
     /// older generation first, then its surplus in stop order.
     pub stop: Vec<u32>,
+    /// Busy slots of long queues the plan would stop if it could (an older generation's,
+    /// or beyond what their queue wants): asked to exit once their task ended.
+    pub retire: Vec<u32>,
     /// Queues to start one slot for each, in the order to ask the zygote.
     pub spawn: Vec<String>,
 }
 
 /// Decides which slots stop and which start; see the module's rules.
 pub(super) fn plan(input: &PlanInput) -> Plan {
-    let (stop, kept) = surplus(input);
-    // Stopping slots free their place: only those that go on running count.
-    let running = kept.values().sum();
+    let Surplus {
+        stop,
+        retire,
+        kept,
+        running,
+    } = surplus(input);
     let spawn = spawns(input, &kept, running);
-    Plan { stop, spawn }
+    Plan {
+        stop,
+        retire,
+        spawn,
+    }
 }
 
-/// The slots to stop, and how many each queue keeps running.
-fn surplus(input: &PlanInput) -> (Vec<u32>, BTreeMap<&str, usize>) {
-    let mut running: BTreeMap<&str, Vec<(u32, &SlotView)>> = BTreeMap::new();
+/// What the plan takes away: the slots to stop, those to retire, and what is left.
+struct Surplus<'a> {
+    stop: Vec<u32>,
+    retire: Vec<u32>,
+    /// How many slots each queue keeps that go on (retiring ones not counted: the queue
+    /// has their places back at once, within the host's capacity).
+    kept: BTreeMap<&'a str, usize>,
+    /// Slots that keep running for now, retiring ones included: stopping slots free
+    /// their place, retiring ones only once their task ended.
+    running: usize,
+}
+
+/// The slots to stop or retire, and how many each queue keeps running.
+fn surplus(input: &PlanInput) -> Surplus<'_> {
+    let mut by_queue: BTreeMap<&str, Vec<(u32, &SlotView)>> = BTreeMap::new();
     for (&n, s) in &input.slots {
         if s.state != SlotState::Stopping {
-            running.entry(&s.queue).or_default().push((n, s));
+            by_queue.entry(&s.queue).or_default().push((n, s));
         }
     }
     let roll_over = input.zygote.ready;
     let current = input.zygote.generation;
     let mut stop = Vec::new();
+    let mut retire = BTreeSet::new();
     let mut kept = BTreeMap::new();
-    for (queue, mut slots) in running {
+    let mut running_total = 0;
+    for (queue, mut slots) in by_queue {
         let long = input.long.contains(queue);
         let pinned = |s: &SlotView| long && s.state == SlotState::Busy;
+        // Old slots busy with a long task retire: they still hold their place on the
+        // host, but not one of those the queue wants.
         if roll_over {
-            stop.extend(
-                slots
-                    .iter()
-                    .filter(|(_, s)| s.generation != current && !pinned(s))
-                    .map(|&(n, _)| n),
-            );
-            slots.retain(|(_, s)| s.generation == current || pinned(s));
+            for &(n, s) in slots.iter().filter(|(_, s)| s.generation != current) {
+                if pinned(s) {
+                    retire.insert(n);
+                    running_total += 1;
+                } else {
+                    stop.push(n);
+                }
+            }
+            slots.retain(|(_, s)| s.generation == current);
         }
         // Stable: equal ranks and ages keep slot-number order. Pinned slots are busy, so
-        // they sort last and only the others can make up the surplus.
+        // they sort last and only the others can make up the surplus; the pinned ones
+        // beyond it retire, youngest first.
         slots.sort_by_key(|(_, s)| (s.state.stop_rank(), Reverse(s.spawned_at)));
         let want = input.wanted.get(queue).map_or(0, |w| w.slots) as usize;
         let stoppable = slots.iter().filter(|(_, s)| !pinned(s)).count();
-        let surplus = slots.len().saturating_sub(want).min(stoppable);
+        let excess = slots.len().saturating_sub(want);
+        let surplus = excess.min(stoppable);
         stop.extend(slots.drain(..surplus).map(|(n, _)| n));
-        kept.insert(queue, slots.len());
+        retire.extend(slots.iter().take(excess - surplus).map(|&(n, _)| n));
+        running_total += slots.len();
+        kept.insert(queue, slots.len() - (excess - surplus));
     }
-    (stop, kept)
+    Surplus {
+        stop,
+        retire: retire.into_iter().collect(),
+        kept,
+        running: running_total,
+    }
 }
 
 /// The slots to start, given how many each queue keeps and the host's total.

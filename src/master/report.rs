@@ -61,6 +61,8 @@ struct SlotStatus<'a> {
     age_seconds: f64,
     /// Spawn request to first take, in ms; null until the slot is ready.
     ready_ms: Option<f64>,
+    /// Asked to exit once its long task ended (an old generation's, or a surplus).
+    retiring: bool,
 }
 
 /// Σ PSS of `pids`, leaving out those that cannot be read.
@@ -213,6 +215,7 @@ impl Master {
                     batches: s.batches,
                     age_seconds: (now - s.spawned_at).as_secs_f64(),
                     ready_ms: s.ready_after.map(|d| d.as_secs_f64() * 1000.0),
+                    retiring: s.retiring,
                 })
                 .collect(),
         };

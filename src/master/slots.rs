@@ -15,7 +15,7 @@ use super::zygote::ZygoteRequest;
 use crate::backoff::Backoff;
 use crate::cluster::QueueReport;
 use crate::config::Config;
-use crate::host::proto::{EXIT_RECYCLE, EXIT_STOPPED, SlotEvent};
+use crate::host::proto::{EXIT_RECYCLE, EXIT_STOPPED, RETIRE_SIGNAL, SlotEvent};
 
 /// The pause after a queue's second crash in a row; it doubles with every further one.
 const CRASH_BACKOFF: Duration = Duration::from_millis(500);
@@ -46,6 +46,8 @@ pub(super) struct SlotProc {
     pub(super) exit_reason: Option<String>,
     /// From the spawn request to the slot's first take (fork, runtime, Redis, init).
     pub(super) ready_after: Option<Duration>,
+    /// Asked to retire ([`RETIRE_SIGNAL`]): it exits once its long task ended.
+    pub(super) retiring: bool,
 }
 
 impl SlotProc {
@@ -62,6 +64,7 @@ impl SlotProc {
             batches: 0,
             exit_reason: None,
             ready_after: None,
+            retiring: false,
         }
     }
 }
@@ -273,7 +276,27 @@ impl Master {
         let now = Instant::now();
         let plan = plan::plan(&self.plan_input(now));
         self.stop_slots(&plan.stop, now);
+        self.retire_slots(&plan.retire);
         self.spawn_slots(plan.spawn, now).await;
+    }
+
+    /// Asks busy slots of long queues to exit once their task ended, taking no other
+    /// (`RETIRE_SIGNAL`), once each.
+    fn retire_slots(&mut self, retire: &[u32]) {
+        for n in retire {
+            let Some(s) = self.slots.procs.get_mut(n) else {
+                continue;
+            };
+            if let (false, Some(pid)) = (s.retiring, s.pid) {
+                s.retiring = true;
+                tracing::info!(slot = n, pid, queue = %s.queue, generation = s.generation,
+                    "retiring a slot busy with a long task: it exits once its task ended");
+                signal_pid(
+                    pid,
+                    Signal::try_from(RETIRE_SIGNAL).unwrap_or(Signal::SIGUSR1),
+                );
+            }
+        }
     }
 
     /// Asks the slots to stop (SIGTERM: they finish the task in hand and give the rest of their batch back), within `drain_timeout`.

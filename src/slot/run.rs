@@ -16,7 +16,9 @@ use crate::config::QueueConfig;
 use crate::host::handler::{
     Cancellation, Handler, HandlerError, Outcome, SlotContext, SlotStop, Task, check_payload_size,
 };
-use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
+use crate::host::proto::{
+    EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, RETIRE_SIGNAL, SlotEvent, SlotSpec,
+};
 use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
 
@@ -205,11 +207,17 @@ async fn run(
         chains,
     } = spec;
     let pid = std::process::id();
-    let stop = match stop {
-        Some(token) => token,
-        None => match crate::signals::shutdown_on_sigterm() {
-            Ok(token) => token,
-            Err(e) => return (EXIT_FATAL, format!("installing the SIGTERM handler: {e}")),
+    // (a slot started in-process by a test is stopped by its token alone)
+    let (stop, retire) = match stop {
+        Some(token) => (token, CancellationToken::new()),
+        None => match (
+            crate::signals::shutdown_on_sigterm(),
+            crate::signals::token_on(RETIRE_SIGNAL),
+        ) {
+            (Ok(stop), Ok(retire)) => (stop, retire),
+            (Err(e), _) | (_, Err(e)) => {
+                return (EXIT_FATAL, format!("installing the signal handlers: {e}"));
+            }
         },
     };
     // Waits out a Redis outage like every daemon; an error waiting cannot fix (a wrong
@@ -252,6 +260,7 @@ async fn run(
         worker,
         reporter,
         stop,
+        retire,
         stopping: false,
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
         ahead: None,
@@ -283,6 +292,9 @@ struct Serving {
     reporter: Reporter,
     /// Cancelled by SIGTERM (or the caller).
     stop: CancellationToken,
+    /// Cancelled by [`RETIRE_SIGNAL`]: a long queue's slot ends once its task in hand
+    /// has ended, taking no other.
+    retire: CancellationToken,
     /// Asked to stop: the batch in hand is finished and settled, then the slot exits.
     stopping: bool,
     /// Pauses after failed takes and wake-up waits.
@@ -329,6 +341,13 @@ impl Serving {
             if self.stopping {
                 self.give_back_ahead().await;
                 return (EXIT_STOPPED, "asked to stop".into());
+            }
+            if self.retire.is_cancelled() && self.cfg.is_long() {
+                self.give_back_ahead().await;
+                return (
+                    EXIT_STOPPED,
+                    "retired: its long task ended and the master asked it to take no other".into(),
+                );
             }
             let taken = match self.ahead.take() {
                 Some(taken) => match self.still_ours(taken).await {

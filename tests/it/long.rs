@@ -512,6 +512,60 @@ lease = "5s"
     );
 }
 
+/// A long queue's slot of an older zygote, busy when a new one is ready, retires: it
+/// keeps its task, its place goes to a slot of the new zygote at once (room allowing),
+/// and once its task ended it takes no other, even with tasks waiting. Before, it took
+/// the next task as soon as its own ended, and under a backlog never rolled over.
+#[tokio::test]
+async fn an_old_busy_long_slot_retires_once_a_new_zygote_is_ready() {
+    let mut h = Hosts::start(
+        r#"
+[queues.watch]
+kind = "long"
+handler = "exec"
+command = {child}
+lease = "5s"
+"#,
+    )
+    .await;
+    h.publish(1, &[("h1", "watch", 1)]).await;
+    let master = h.master("h1");
+    h.slots_up("h1", 1).await;
+    let q = h.queue("watch");
+    enqueue(&q, "a", r#"{"on_cancel": "stop"}"#).await;
+    let first = running(&h, &q, "a").await;
+    let old_slot = parent_of(first).expect("a's slot");
+    enqueue(&q, "b", "{}").await;
+    enqueue(&q, "c", "{}").await;
+    // A queue more in the config: a new zygote, of generation 2.
+    let text =
+        std::fs::read_to_string(&h.config).unwrap() + "\n[queues.extra]\nhandler = \"noop\"\n";
+    std::fs::write(&h.config, text).unwrap();
+    signal(&[master], Signal::SIGHUP);
+    let port = h.http.iter().find(|(n, _)| n == "h1").unwrap().1;
+    eventually(Duration::from_secs(20), "the old slot retiring", || async {
+        http_get(port, "/status")
+            .and_then(|b| serde_json::from_str::<Value>(&b).ok())
+            .is_some_and(|s| {
+                slots(&s)
+                    .iter()
+                    .any(|x| x["pid"] == old_slot && x["retiring"] == true && x["state"] == "busy")
+            })
+    })
+    .await;
+    // The new zygote's slot takes the next task while the old one keeps its own.
+    let second = running(&h, &q, "b").await;
+    assert_ne!(parent_of(second), Some(old_slot), "b ran on the old slot");
+    assert!(!gone(first), "a runs on: a retiring slot keeps its task");
+    q.cancel_with("a", "test").await.unwrap();
+    eventually(Duration::from_secs(10), "the old slot gone", || async {
+        gone(old_slot)
+    })
+    .await;
+    assert!(h.pids("start", "c").is_empty(), "the retiring slot took c");
+    assert_eq!(record(&q, "c").await.state, RecordState::Waiting);
+}
+
 #[tokio::test]
 async fn a_rust_handler_sees_its_long_task_cancelled_and_the_slot_goes_on() {
     let mut h =

@@ -142,6 +142,9 @@ fn render(input: &PlanInput, plan: &Plan) -> String {
         );
     }
     let _ = writeln!(out, "stop: {:?}", plan.stop);
+    if !plan.retire.is_empty() {
+        let _ = writeln!(out, "retire: {:?}", plan.retire);
+    }
     let _ = writeln!(out, "spawn: {:?}", plan.spawn);
     out
 }
@@ -158,8 +161,8 @@ use SlotState::{Busy, Idle, Spawning, Starting, Stopping};
 #[test]
 fn a_busy_long_slot_never_stops() {
     // watch (long) is no longer wanted here and the new zygote is ready: its idle slot
-    // and its old idle one stop, its busy ones (either generation) keep their tasks.
-    // images (batch) shrinks as always, busy last.
+    // and its old idle one stop, its busy ones (either generation) keep their tasks and
+    // retire (they exit once it ended). images (batch) shrinks as always, busy last.
     check(
         "busy_long_slots_stay",
         Case::new()
@@ -171,6 +174,27 @@ fn a_busy_long_slot_never_stops() {
             .slot_of(1, 4, "watch", Idle, 500)
             .slot(5, "images", Busy, 10)
             .slot(6, "images", Busy, 20),
+    );
+}
+
+#[test]
+fn an_old_busy_long_slot_retires_and_its_place_is_taken_at_once() {
+    // A new zygote is ready. watch wants 2: its old busy slot retires and no longer
+    // counts, so its current idle slot stays and one more starts beside the retiring
+    // one (room for it). tail wants 1 and has only an old busy slot: it retires and a
+    // new one starts; the old holds its place until its task ends, so capacity 4 is
+    // full.
+    check(
+        "old_busy_long_slots_retire",
+        Case::new()
+            .long("watch")
+            .long("tail")
+            .want("watch", 2, 0)
+            .want("tail", 1, 0)
+            .capacity(4)
+            .slot_of(1, 1, "watch", Busy, 500)
+            .slot(2, "watch", Idle, 50)
+            .slot_of(1, 3, "tail", Busy, 500),
     );
 }
 
@@ -395,24 +419,33 @@ fn assert_queue(
         .filter(|(_, s)| s.queue == queue && running(s))
         .map(|(&n, s)| (n, s))
         .collect();
-    // A busy slot of a long queue never stops.
+    // A busy slot of a long queue never stops, and only such a slot retires.
     let pinned = |s: &SlotView| input.long.contains(queue) && s.state == Busy;
+    let retired = |n: &u32| plan.retire.contains(n);
     for (n, s) in &mine {
         if pinned(s) {
             assert!(!stopped.contains(n), "#{n} busy with a long task stopped");
+        } else {
+            assert!(!retired(n), "#{n} retired but not busy with a long task");
         }
     }
-    // Once the new zygote is ready, no old slot keeps running but those.
+    // Once the new zygote is ready, no old slot keeps running: those busy with a long
+    // task retire, the others stop.
     if roll_over {
         for (n, s) in &mine {
-            if s.generation != current && !pinned(s) {
-                assert!(stopped.contains(n), "#{n} of an old zygote kept");
+            if s.generation != current {
+                let gone = if pinned(s) {
+                    retired(n)
+                } else {
+                    stopped.contains(n)
+                };
+                assert!(gone, "#{n} of an old zygote kept");
             }
         }
     }
     let candidates: Vec<(u32, &SlotView)> = mine
         .into_iter()
-        .filter(|(_, s)| !roll_over || s.generation == current || pinned(s))
+        .filter(|(_, s)| !roll_over || s.generation == current)
         .collect();
     let (gone, stay): (Vec<_>, Vec<_>) = candidates.iter().partition(|(n, _)| stopped.contains(n));
     // Exactly the surplus stops (as far as slots may stop), and it stops first: idle
@@ -429,16 +462,25 @@ fn assert_queue(
             assert!(key(gs) <= key(ks), "{queue}: #{g} stopped before #{k}");
         }
     }
-    // Never more than wanted.
+    // Busy long slots beyond the surplus retire, exactly as many as it lacks.
+    let retiring = stay.iter().filter(|(n, _)| retired(n)).count();
+    assert_eq!(
+        gone.len() + retiring,
+        candidates.len().saturating_sub(want),
+        "{queue}: stopped and retired make the surplus"
+    );
+    // Never more than wanted go on.
     let started = plan.spawn.iter().filter(|q| *q == queue).count();
-    let busy_long = stay.iter().filter(|(_, s)| pinned(s)).count();
     assert!(
-        stay.len() + started <= want.max(busy_long),
+        stay.len() - retiring + started <= want,
         "{queue} over-started"
     );
     // A queue left short while it could start slots is short of capacity, and no queue
     // of lower priority started any.
-    if input.wanted.contains_key(queue) && eligible(input, queue) && stay.len() + started < want {
+    if input.wanted.contains_key(queue)
+        && eligible(input, queue)
+        && stay.len() - retiring + started < want
+    {
         assert!(
             kept_total + plan.spawn.len() >= capacity,
             "{queue} short with room"
