@@ -66,14 +66,7 @@ pub fn shutdown_on_term() -> std::io::Result<CancellationToken> {
 /// A token cancelled by SIGTERM alone: a slot's stop. SIGINT is left alone because a
 /// Ctrl-C in a terminal reaches the whole process group, and the slot's master decides.
 pub fn shutdown_on_sigterm() -> std::io::Result<CancellationToken> {
-    let mut term = signal(SignalKind::terminate())?;
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    tokio::spawn(async move {
-        term.recv().await;
-        cancel.cancel();
-    });
-    Ok(token)
+    token_on(libc::SIGTERM)
 }
 
 /// A token cancelled by the first `signum` to arrive (a slot's [`RETIRE_SIGNAL`]).

@@ -442,7 +442,7 @@ async fn exec_long_tasks_run_and_are_cancelled_over_the_api_and_the_cli() {
 /// cancel's signals reach the worker too, and the task ends cancelled.
 #[tokio::test]
 async fn a_cancel_stops_a_worker_the_exec_command_started_as_a_subprocess() {
-    let mut h = Hosts::start(
+    let (h, q, _) = one_long_queue(
         r#"
 [queues.wrapped]
 kind = "long"
@@ -451,12 +451,10 @@ command = {wrapped}
 lease = "5s"
 cancel_grace = "1s"
 "#,
+        "wrapped",
+        1,
     )
     .await;
-    h.publish(1, &[("h1", "wrapped", 1)]).await;
-    h.master("h1");
-    h.slots_up("h1", 1).await;
-    let q = h.queue("wrapped");
     // (it ignores the cancel line: only SIGTERM ends it)
     enqueue(&q, "w", "{}").await;
     let worker = running(&h, &q, "w").await;
@@ -471,7 +469,7 @@ cancel_grace = "1s"
 /// left by a live slot's command stays while its task runs.
 #[tokio::test]
 async fn a_slot_killed_outright_leaves_no_process_of_its_exec_command() {
-    let mut h = Hosts::start(
+    let (h, q, _) = one_long_queue(
         r#"
 [queues.sleeper]
 kind = "long"
@@ -479,12 +477,10 @@ handler = "exec"
 command = {sleeper}
 lease = "5s"
 "#,
+        "sleeper",
+        2,
     )
     .await;
-    h.publish(1, &[("h1", "sleeper", 2)]).await;
-    h.master("h1");
-    h.slots_up("h1", 2).await;
-    let q = h.queue("sleeper");
     enqueue(&q, "s1", "{}").await;
     enqueue(&q, "s2", "{}").await;
     let workers = [running(&h, &q, "s1").await, running(&h, &q, "s2").await];
@@ -518,7 +514,7 @@ lease = "5s"
 /// the next task as soon as its own ended, and under a backlog never rolled over.
 #[tokio::test]
 async fn an_old_busy_long_slot_retires_once_a_new_zygote_is_ready() {
-    let mut h = Hosts::start(
+    let (h, q, master) = one_long_queue(
         r#"
 [queues.watch]
 kind = "long"
@@ -526,12 +522,10 @@ handler = "exec"
 command = {child}
 lease = "5s"
 "#,
+        "watch",
+        1,
     )
     .await;
-    h.publish(1, &[("h1", "watch", 1)]).await;
-    let master = h.master("h1");
-    h.slots_up("h1", 1).await;
-    let q = h.queue("watch");
     enqueue(&q, "a", r#"{"on_cancel": "stop"}"#).await;
     let first = running(&h, &q, "a").await;
     let old_slot = parent_of(first).expect("a's slot");
@@ -596,7 +590,7 @@ async fn a_rust_handler_sees_its_long_task_cancelled_and_the_slot_goes_on() {
 
 #[tokio::test]
 async fn a_long_task_that_returns_is_settled_by_its_outcome() {
-    let mut h = Hosts::start(
+    let (h, q, _) = one_long_queue(
         r#"
 [queues.watch]
 kind = "long"
@@ -606,12 +600,10 @@ lease = "5s"
 max_attempts = 2
 retry = { backoff = "fixed", base = "100ms", max = "100ms" }
 "#,
+        "watch",
+        2,
     )
     .await;
-    h.publish(1, &[("h1", "watch", 2)]).await;
-    h.master("h1");
-    h.slots_up("h1", 2).await;
-    let q = h.queue("watch");
     enqueue(&q, "ok", r#"{"run_s": 0.3}"#).await;
     enqueue(&q, "bad", r#"{"run_s": 0.3, "then": "fail"}"#).await;
     eventually(Duration::from_secs(20), "ok done, bad failed", || async {
@@ -621,6 +613,17 @@ retry = { backoff = "fixed", base = "100ms", max = "100ms" }
     .await;
     assert_eq!(h.pids("start", "ok").len(), 1);
     assert_eq!(h.pids("start", "bad").len(), 2, "retried once by policy");
+}
+
+/// Hosts with one long queue (`table`, a TOML table of queue `name`), its master on
+/// host h1 with `slots` of its slots up: the hosts, the queue, the master's pid.
+async fn one_long_queue(table: &str, name: &str, slots: u32) -> (Hosts, Queue, u32) {
+    let mut h = Hosts::start(table).await;
+    h.publish(1, &[("h1", name, slots)]).await;
+    let master = h.master("h1");
+    h.slots_up("h1", slots as usize).await;
+    let q = h.queue(name);
+    (h, q, master)
 }
 
 /// Every process under `pid` (children first found by their parent), `pid` first.
@@ -1025,7 +1028,7 @@ async fn a_draining_master_hands_its_long_tasks_back_unfinished() {
 
 #[tokio::test]
 async fn a_long_task_that_returns_makes_its_follow_ups_and_a_cancelled_one_none() {
-    let mut h = Hosts::start(
+    let (h, q, _) = one_long_queue(
         r#"
 [queues.watch]
 kind = "long"
@@ -1039,12 +1042,10 @@ next = [{ queue = "after", on = "done" }]
 handler = "noop"
 max_slots = 1
 "#,
+        "watch",
+        2,
     )
     .await;
-    h.publish(1, &[("h1", "watch", 2)]).await;
-    h.master("h1");
-    h.slots_up("h1", 2).await;
-    let q = h.queue("watch");
     let after = h.client.queue("after").unwrap();
     // Returns done with a result and a follow-up of its own: the route's child gets the
     // result, the handler's its own payload, both before the parent is settled.
