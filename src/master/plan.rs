@@ -65,6 +65,9 @@ pub(super) struct SlotView {
     pub state: SlotState,
     /// When the master asked for it: the youngest surplus slot stops first.
     pub spawned_at: Instant,
+    /// Asked to retire by an earlier plan: it exits once its task ended, so it is none of
+    /// the slots its queue keeps.
+    pub retiring: bool,
 }
 
 /// What this host is to run of one queue.
@@ -167,19 +170,18 @@ fn surplus(input: &PlanInput) -> Surplus<'_> {
     for (queue, mut slots) in by_queue {
         let long = input.long.contains(queue);
         let pinned = |s: &SlotView| long && s.state == SlotState::Busy;
-        // Old slots busy with a long task retire: they still hold their place on the
-        // host, but not one of those the queue wants.
-        if roll_over {
-            for &(n, s) in slots.iter().filter(|(_, s)| s.generation != current) {
-                if pinned(s) {
-                    retire.insert(n);
-                    running_total += 1;
-                } else {
-                    stop.push(n);
-                }
+        // Old slots busy with a long task retire, and those retired before stay so:
+        // they still hold their place on the host, but not one of those the queue wants.
+        for &(n, s) in slots.iter() {
+            let old = roll_over && s.generation != current;
+            if s.retiring || old && pinned(s) {
+                retire.insert(n);
+                running_total += 1;
+            } else if old {
+                stop.push(n);
             }
-            slots.retain(|(_, s)| s.generation == current);
         }
+        slots.retain(|&(n, s)| !(retire.contains(&n) || roll_over && s.generation != current));
         // Stable: equal ranks and ages keep slot-number order. Pinned slots are busy, so
         // they sort last and only the others can make up the surplus; the pinned ones
         // beyond it retire, youngest first.

@@ -241,6 +241,7 @@ impl Master {
                     generation: s.generation,
                     state: s.state,
                     spawned_at: s.spawned_at,
+                    retiring: s.retiring,
                 };
                 (n, view)
             })

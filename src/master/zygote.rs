@@ -408,23 +408,36 @@ fn reap(children: &mut BTreeMap<i32, u32>) -> anyhow::Result<()> {
 /// which slot it served cannot be told. Each kill makes another exit, and the reap after
 /// it looks again, so processes adopted in turn are found too.
 fn end_orphans(children: &BTreeMap<i32, u32>) {
+    end_orphans_with(children, false);
+}
+
+/// [`end_orphans`]; `last` (no slot left) kills those in the zygote's own group too, by
+/// pid, since none of them can be a live slot's. Returns whether it found any orphan.
+fn end_orphans_with(children: &BTreeMap<i32, u32>, last: bool) -> bool {
     let me = nix::unistd::getpid().as_raw();
     let my_group = nix::unistd::getpgrp().as_raw();
     let Ok(all) = procfs::process::all_processes() else {
-        return;
+        return false;
     };
     let stats: Vec<procfs::process::Stat> = all.filter_map(|p| p.ok()?.stat().ok()).collect();
     let parent_of = |pid: i32| stats.iter().find(|s| s.pid == pid).map(|s| s.ppid);
     let mut groups = BTreeSet::new();
+    let mut any = false;
     for s in stats
         .iter()
         .filter(|s| s.ppid == me && !children.contains_key(&s.pid))
     {
-        if s.pgrp <= 1 || s.pgrp == my_group {
+        any = true;
+        if last && s.pgrp == my_group && s.state != 'Z' {
+            let _ = nix::sys::signal::kill(Pid::from_raw(s.pid), Signal::SIGKILL);
             continue;
         }
-        // (the leader alive under its slot: the group is a live task's)
-        if parent_of(s.pgrp).is_some_and(|p| p != me) {
+        // (the leader alive under its slot, or a slot itself: the group is a live task's)
+        if s.pgrp <= 1
+            || s.pgrp == my_group
+            || children.contains_key(&s.pgrp)
+            || parent_of(s.pgrp).is_some_and(|p| p != me)
+        {
             continue;
         }
         if s.state != 'Z' {
@@ -440,6 +453,7 @@ fn end_orphans(children: &BTreeMap<i32, u32>) {
             tracing::warn!(group = g, error = %e, "cannot kill a dead slot's processes");
         }
     }
+    any
 }
 
 /// A retiring zygote's last step: what its slots' handlers left is ended and reaped, so
@@ -448,8 +462,7 @@ fn end_orphans(children: &BTreeMap<i32, u32>) {
 fn end_orphans_before_exit() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     let none = BTreeMap::new();
-    while std::time::Instant::now() < deadline {
-        end_orphans(&none);
+    while std::time::Instant::now() < deadline && end_orphans_with(&none, true) {
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
                 Err(nix::errno::Errno::ECHILD) => return,

@@ -190,6 +190,15 @@ fn panicked(p: &Box<dyn std::any::Any + Send>) -> Panicked {
 /// How a slot's life ends: its exit code and why.
 type End = (i32, String);
 
+/// The end of a slot the master retired ([`RETIRE_SIGNAL`]): its task in hand ended, and
+/// it took no other.
+fn retired() -> End {
+    (
+        EXIT_STOPPED,
+        "retired: the master asked it to take no task after the one in hand".into(),
+    )
+}
+
 async fn run(
     stop: Option<CancellationToken>,
     spec: SlotSpec,
@@ -292,8 +301,9 @@ struct Serving {
     reporter: Reporter,
     /// Cancelled by SIGTERM (or the caller).
     stop: CancellationToken,
-    /// Cancelled by [`RETIRE_SIGNAL`]: a long queue's slot ends once its task in hand
-    /// has ended, taking no other.
+    /// Cancelled by [`RETIRE_SIGNAL`]: the slot ends once its task in hand has ended,
+    /// taking no other (sent to long queues' slots, and to a batch slot the master
+    /// counts as one since a reload made its queue long).
     retire: CancellationToken,
     /// Asked to stop: the batch in hand is finished and settled, then the slot exits.
     stopping: bool,
@@ -342,12 +352,9 @@ impl Serving {
                 self.give_back_ahead().await;
                 return (EXIT_STOPPED, "asked to stop".into());
             }
-            if self.retire.is_cancelled() && self.cfg.is_long() {
+            if self.retire.is_cancelled() {
                 self.give_back_ahead().await;
-                return (
-                    EXIT_STOPPED,
-                    "retired: its long task ended and the master asked it to take no other".into(),
-                );
+                return retired();
             }
             let taken = match self.ahead.take() {
                 Some(taken) => match self.still_ours(taken).await {
@@ -360,6 +367,11 @@ impl Serving {
                     Err(end) => return end,
                 },
             };
+            // (retired while the take was in flight: a long task would keep it for hours)
+            if self.retire.is_cancelled() {
+                self.give_back(&taken.batch.tasks, taken.lease_until).await;
+                return retired();
+            }
             if self.cfg.is_long() {
                 self.run_long(taken).await;
             } else {
@@ -475,6 +487,8 @@ impl Serving {
                 }
             },
             () = self.stop.cancelled() => self.stopping = true,
+            // (the loop's top sees it)
+            () = self.retire.cancelled() => {}
         }
         Ok(None)
     }
