@@ -72,7 +72,7 @@ pub fn shutdown_on_sigterm() -> std::io::Result<CancellationToken> {
 /// A token cancelled by the first `signum` to arrive (a slot's [`RETIRE_SIGNAL`]).
 /// Installs the handler at once; must be called inside a Tokio runtime.
 ///
-/// [`RETIRE_SIGNAL`]: crate::host::proto::RETIRE_SIGNAL
+/// [`RETIRE_SIGNAL`]: crate::slot::RETIRE_SIGNAL
 pub fn token_on(signum: i32) -> std::io::Result<CancellationToken> {
     let mut sig = signal(SignalKind::from_raw(signum))?;
     let token = CancellationToken::new();

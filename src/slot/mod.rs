@@ -17,5 +17,7 @@ pub use crate::host::handler::{
     Done, FollowUp, Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, Registry,
     SlotContext, Task, check_json_depth, check_payload_size,
 };
-pub use crate::host::proto::{EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, SlotEvent, SlotSpec};
+pub use crate::host::proto::{
+    EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, RETIRE_SIGNAL, SlotEvent, SlotSpec,
+};
 pub use run::{run_slot, slot_main};
