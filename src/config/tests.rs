@@ -610,6 +610,14 @@ fn every_refused_key_of_a_table_is_reported_at_once() {
             "t.toml:5:13: queues.a.max_slots: expected an integer, found boolean `true`",
         ]
     );
+    // A table opened by its own header, before its parent's keys (valid TOML).
+    assert_eq!(
+        errors("[queues.a.retry]\nbakoff = 1\n[queues.a]\nhandler = \"noop\"\nmax_slot = 2\n"),
+        [
+            "t.toml:2:1: queues.a.retry.bakoff: unknown key `bakoff`, did you mean `backoff`?",
+            "t.toml:5:1: queues.a.max_slot: unknown key `max_slot`, did you mean `max_slots`?",
+        ]
+    );
     assert_eq!(
         errors("[queues.a]\nhandlr = \"noop\"\n[manager]\ntick = \"1s\"\nbogus = 1\n"),
         [
