@@ -1428,190 +1428,213 @@ async fn chains_under_slot_kills_make_each_child_once() {
 /// then renames, the slow way), and an intake closed refuses as a plain enqueue does.
 #[tokio::test]
 async fn follow_ups_and_their_chains_take_one_call_on_one_server() {
-    use gaffer::chain::{self, Claim, Member};
-    use gaffer::config::Intake;
-    use gaffer::queue_client::{AfterChains, NewTask, QueueLimits, TaskChain};
     let redis = TestRedis::start();
     let client = redis.client().await;
-    let ns = client.namespace().to_string();
-    let kids = client.queue_with("kids", QueueLimits::default()).unwrap();
-    let ttl = Duration::from_secs(60);
-    let evals = || async { script_calls(redis.raw().await).await };
-    let kid = |id: &str, chain: &str| {
-        NewTask::new("{}")
-            .id(id)
-            .chain(TaskChain::FollowUp(chain.into()))
+    let one = OneCall {
+        ns: client.namespace().to_string(),
+        kids: client
+            .queue_with("kids", gaffer::queue_client::QueueLimits::default())
+            .unwrap(),
+        conn: client.connection(),
+        redis,
     };
-    // Two parents start chains a~ and b~, a third is in chain g already.
-    let (a, b, p) = (
-        Member::new("steps", "a"),
-        Member::new("steps", "b"),
-        Member::new("steps", "p"),
-    );
-    let a_kids = [(Member::new("kids", "a~1"), a.clone())];
-    let b_kids = [(Member::new("kids", "b~1"), b.clone())];
-    let p_kids = [(Member::new("kids", "p~1"), p.clone())];
-    let claims = [
-        Claim {
-            chain: "a",
-            root: &a,
-            run: "5.1",
-            members: &a_kids,
-        },
-        Claim {
-            chain: "b",
-            root: &b,
-            run: "5.2",
-            members: &b_kids,
-        },
-    ];
-    let adds: [(&str, &[(Member, Member)]); 1] = [("g", &p_kids)];
-    let tasks = [kid("a~1", "a"), kid("b~1", "b"), kid("p~1", "g")];
-    // (a first call loads the script: a call Redis answers NOSCRIPT counts too)
-    let w = Member::new("steps", "w");
-    let warm = [Claim {
-        chain: "w",
-        root: &w,
-        run: "5.0",
-        members: &[],
-    }];
-    let writes = chain::writes(&ns, &warm, &[], ttl);
-    kids.enqueue_after_chains(&[kid("w~1", "w")], &writes)
-        .await
-        .unwrap();
-    let before = evals().await;
-    let writes = chain::writes(&ns, &claims, &adds, ttl);
-    let AfterChains::Enqueued(made) = kids.enqueue_after_chains(&tasks, &writes).await.unwrap()
-    else {
-        panic!("every claim was the parents'")
-    };
-    assert_eq!(
-        evals().await - before,
-        1,
-        "one call for the chains and the children"
-    );
-    assert!(made.iter().all(|e| e.created), "{made:?}");
-    assert_eq!(kids.stats().await.unwrap().ready, 4);
-    let conn = client.connection();
-    for (chain, root, pairs) in [("a", &a, &a_kids), ("b", &b, &b_kids)] {
-        let m = chain::members(&conn, &ns, chain).await.unwrap().unwrap();
-        assert_eq!(&m.root, root);
-        assert_eq!(m.follow, pairs.to_vec());
+    one.claims_adds_and_children_go_in_one_call().await;
+    one.a_claim_held_elsewhere_enqueues_nothing().await;
+    one.tasks_of_any_mode_or_none_still_write_the_chains().await;
+    one.a_closed_intake_leaves_the_claims().await;
+}
+
+/// What the steps of `follow_ups_and_their_chains_take_one_call_on_one_server` share:
+/// queue `kids` and its chains, parents in queue `steps`.
+struct OneCall {
+    redis: TestRedis,
+    ns: String,
+    kids: gaffer::queue_client::Queue,
+    conn: gaffer::queue_client::RedisConn,
+}
+
+/// The claim of the chain named as its global task `root`'s id.
+fn claim<'a>(
+    root: &'a gaffer::chain::Member,
+    run: &'a str,
+    members: &'a [(gaffer::chain::Member, gaffer::chain::Member)],
+) -> gaffer::chain::Claim<'a> {
+    gaffer::chain::Claim {
+        chain: &root.id,
+        root,
+        run,
+        members,
     }
-    let raw: Vec<u8> = redis::cmd("GET")
-        .arg(chain::key(&ns, "g"))
-        .query_async(&mut redis.raw().await)
-        .await
-        .unwrap();
-    let raw = String::from_utf8_lossy(&raw);
-    assert_eq!(
-        raw, "8:kids\u{1f}p~17:steps\u{1f}p",
-        "added to, not claimed"
-    );
+}
 
-    // Chain c is another task's: nothing is enqueued, and the answer says who holds it.
-    let (c, other) = (Member::new("steps", "c"), Member::new("elsewhere", "c"));
-    raw_cmd(
-        &redis,
-        "SET",
-        &[
-            &chain::key(&ns, "c"),
-            &chain_list(("elsewhere", "c"), None, &[]),
-        ],
-    )
-    .await;
-    let c_kids = [(Member::new("kids", "c~1"), c.clone())];
-    let claims = [
-        Claim {
-            chain: "d",
-            root: &Member::new("steps", "d"),
-            run: "5.3",
-            members: &[],
-        },
-        Claim {
-            chain: "c",
-            root: &c,
-            run: "5.4",
-            members: &c_kids,
-        },
-    ];
-    let writes = chain::writes(&ns, &claims, &[], ttl);
-    let AfterChains::Refused(refused) = kids
-        .enqueue_after_chains(&[kid("c~1", "c")], &writes)
-        .await
-        .unwrap()
-    else {
-        panic!("chain c is another task's")
-    };
-    let answers = chain::answers(&claims, refused).unwrap();
-    assert_eq!(
-        answers,
-        [chain::RootClaim::Ours, chain::RootClaim::Taken(other)]
-    );
-    assert_eq!(kids.stats().await.unwrap().ready, 4, "nothing enqueued");
-    assert!(kids.record("c~1").await.unwrap().is_none());
-    let d = chain::members(&conn, &ns, "d").await.unwrap().unwrap();
-    assert_eq!(
-        d.root,
-        Member::new("steps", "d"),
-        "the claim before it stands"
-    );
+/// A follow-up in chain `chain`.
+fn kid(id: &str, chain: &str) -> gaffer::queue_client::NewTask {
+    gaffer::queue_client::NewTask::new("{}")
+        .id(id)
+        .chain(gaffer::queue_client::TaskChain::FollowUp(chain.into()))
+}
 
-    // Tasks of any enqueue mode (here ids generated) find the lists' arguments after
-    // their own, and no tasks at all still writes the lists.
-    let f = Member::new("steps", "f");
-    let f_kids = [(Member::new("kids", "f~1"), f.clone())];
-    let claims = [Claim {
-        chain: "f",
-        root: &f,
-        run: "5.6",
-        members: &f_kids,
-    }];
-    let writes = chain::writes(&ns, &claims, &[], ttl);
-    let made = kids
-        .enqueue_after_chains(&[NewTask::new("{}")], &writes)
-        .await
-        .unwrap();
-    assert!(
-        matches!(made, AfterChains::Enqueued(ref m) if m.len() == 1),
-        "{made:?}"
-    );
-    let m = chain::members(&conn, &ns, "f").await.unwrap().unwrap();
-    assert_eq!(
-        (m.root, m.run.as_deref(), m.follow),
-        (f, Some("5.6"), f_kids.to_vec())
-    );
-    let h = Member::new("steps", "h");
-    let claims = [Claim {
-        chain: "h",
-        root: &h,
-        run: "5.7",
-        members: &[],
-    }];
-    let writes = chain::writes(&ns, &claims, &[], ttl);
-    let made = kids.enqueue_after_chains(&[], &writes).await.unwrap();
-    assert!(
-        matches!(made, AfterChains::Enqueued(ref m) if m.is_empty()),
-        "{made:?}"
-    );
-    assert!(chain::members(&conn, &ns, "h").await.unwrap().is_some());
-    assert_eq!(kids.stats().await.unwrap().ready, 5);
+impl OneCall {
+    const TTL: Duration = Duration::from_secs(60);
 
-    // A closed intake refuses the children; the claims stand, as before an enqueue.
-    kids.set_intake(Some(Intake::Closed)).await.unwrap();
-    let e = Member::new("steps", "e");
-    let claims = [Claim {
-        chain: "e",
-        root: &e,
-        run: "5.5",
-        members: &[],
-    }];
-    let writes = chain::writes(&ns, &claims, &[], ttl);
-    let err = kids
-        .enqueue_after_chains(&[kid("e~1", "e")], &writes)
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("intake"), "{err}");
-    assert!(chain::members(&conn, &ns, "e").await.unwrap().is_some());
-    assert_eq!(kids.stats().await.unwrap().ready, 5);
+    fn writes(
+        &self,
+        claims: &[gaffer::chain::Claim<'_>],
+        adds: &[(&str, &[(gaffer::chain::Member, gaffer::chain::Member)])],
+    ) -> gaffer::queue_client::ChainWrites {
+        gaffer::chain::writes(&self.ns, claims, adds, Self::TTL)
+    }
+
+    async fn members(&self, chain: &str) -> Option<gaffer::chain::Members> {
+        gaffer::chain::members(&self.conn, &self.ns, chain)
+            .await
+            .unwrap()
+    }
+
+    async fn ready(&self) -> u64 {
+        self.kids.stats().await.unwrap().ready
+    }
+
+    /// Two parents start chains a and b, a third is in chain g already: one call.
+    async fn claims_adds_and_children_go_in_one_call(&self) {
+        use gaffer::chain::Member;
+        use gaffer::queue_client::AfterChains;
+        let (a, b, p) = (
+            Member::new("steps", "a"),
+            Member::new("steps", "b"),
+            Member::new("steps", "p"),
+        );
+        let a_kids = [(Member::new("kids", "a~1"), a.clone())];
+        let b_kids = [(Member::new("kids", "b~1"), b.clone())];
+        let p_kids = [(Member::new("kids", "p~1"), p.clone())];
+        let claims = [claim(&a, "5.1", &a_kids), claim(&b, "5.2", &b_kids)];
+        let adds: [(&str, &[(Member, Member)]); 1] = [("g", &p_kids)];
+        let tasks = [kid("a~1", "a"), kid("b~1", "b"), kid("p~1", "g")];
+        // (a first call loads the script: a call Redis answers NOSCRIPT counts too)
+        let w = Member::new("steps", "w");
+        let warm = self.writes(&[claim(&w, "5.0", &[])], &[]);
+        self.kids
+            .enqueue_after_chains(&[kid("w~1", "w")], &warm)
+            .await
+            .unwrap();
+        let before = script_calls(self.redis.raw().await).await;
+        let writes = self.writes(&claims, &adds);
+        let AfterChains::Enqueued(made) = self
+            .kids
+            .enqueue_after_chains(&tasks, &writes)
+            .await
+            .unwrap()
+        else {
+            panic!("every claim was the parents'")
+        };
+        assert_eq!(
+            script_calls(self.redis.raw().await).await - before,
+            1,
+            "one call for the chains and the children"
+        );
+        assert!(made.iter().all(|e| e.created), "{made:?}");
+        assert_eq!(self.ready().await, 4);
+        for (chain, root, pairs) in [("a", &a, &a_kids), ("b", &b, &b_kids)] {
+            let m = self.members(chain).await.unwrap();
+            assert_eq!(&m.root, root);
+            assert_eq!(m.follow, pairs.to_vec());
+        }
+        let raw: Vec<u8> = redis::cmd("GET")
+            .arg(gaffer::chain::key(&self.ns, "g"))
+            .query_async(&mut self.redis.raw().await)
+            .await
+            .unwrap();
+        let raw = String::from_utf8_lossy(&raw);
+        assert_eq!(
+            raw, "8:kids\u{1f}p~17:steps\u{1f}p",
+            "added to, not claimed"
+        );
+    }
+
+    /// Chain c is another task's: nothing is enqueued, and the answer says who holds it.
+    async fn a_claim_held_elsewhere_enqueues_nothing(&self) {
+        use gaffer::chain::{Member, RootClaim};
+        use gaffer::queue_client::AfterChains;
+        let (c, d, other) = (
+            Member::new("steps", "c"),
+            Member::new("steps", "d"),
+            Member::new("elsewhere", "c"),
+        );
+        let held = chain_list(("elsewhere", "c"), None, &[]);
+        raw_cmd(
+            &self.redis,
+            "SET",
+            &[&gaffer::chain::key(&self.ns, "c"), &held],
+        )
+        .await;
+        let c_kids = [(Member::new("kids", "c~1"), c.clone())];
+        let claims = [claim(&d, "5.3", &[]), claim(&c, "5.4", &c_kids)];
+        let writes = self.writes(&claims, &[]);
+        let AfterChains::Refused(refused) = self
+            .kids
+            .enqueue_after_chains(&[kid("c~1", "c")], &writes)
+            .await
+            .unwrap()
+        else {
+            panic!("chain c is another task's")
+        };
+        let answers = gaffer::chain::answers(&claims, refused).unwrap();
+        assert_eq!(answers, [RootClaim::Ours, RootClaim::Taken(other)]);
+        assert_eq!(self.ready().await, 4, "nothing enqueued");
+        assert!(self.kids.record("c~1").await.unwrap().is_none());
+        assert_eq!(
+            self.members("d").await.unwrap().root,
+            d,
+            "the claim before it stands"
+        );
+    }
+
+    /// Tasks of any enqueue mode (here ids generated) find the lists' arguments after
+    /// their own, and no tasks at all still writes the lists.
+    async fn tasks_of_any_mode_or_none_still_write_the_chains(&self) {
+        use gaffer::chain::Member;
+        use gaffer::queue_client::{AfterChains, NewTask};
+        let f = Member::new("steps", "f");
+        let f_kids = [(Member::new("kids", "f~1"), f.clone())];
+        let writes = self.writes(&[claim(&f, "5.6", &f_kids)], &[]);
+        let made = self
+            .kids
+            .enqueue_after_chains(&[NewTask::new("{}")], &writes)
+            .await
+            .unwrap();
+        assert!(
+            matches!(made, AfterChains::Enqueued(ref m) if m.len() == 1),
+            "{made:?}"
+        );
+        let m = self.members("f").await.unwrap();
+        assert_eq!(
+            (m.root, m.run.as_deref(), m.follow),
+            (f, Some("5.6"), f_kids.to_vec())
+        );
+        let h = Member::new("steps", "h");
+        let writes = self.writes(&[claim(&h, "5.7", &[])], &[]);
+        let made = self.kids.enqueue_after_chains(&[], &writes).await.unwrap();
+        assert!(
+            matches!(made, AfterChains::Enqueued(ref m) if m.is_empty()),
+            "{made:?}"
+        );
+        assert!(self.members("h").await.is_some());
+        assert_eq!(self.ready().await, 5);
+    }
+
+    /// A closed intake refuses the children; the claims stand, as before an enqueue.
+    async fn a_closed_intake_leaves_the_claims(&self) {
+        use gaffer::config::Intake;
+        self.kids.set_intake(Some(Intake::Closed)).await.unwrap();
+        let e = gaffer::chain::Member::new("steps", "e");
+        let writes = self.writes(&[claim(&e, "5.5", &[])], &[]);
+        let err = self
+            .kids
+            .enqueue_after_chains(&[kid("e~1", "e")], &writes)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("intake"), "{err}");
+        assert!(self.members("e").await.is_some());
+        assert_eq!(self.ready().await, 5);
+    }
 }
