@@ -444,11 +444,35 @@ impl Queue {
     /// left alone and reported stale. A long task whose cancel was asked ends cancelled
     /// instead (it would otherwise run again elsewhere before its cancel was seen).
     pub async fn release(&self, tasks: &[LeasedTask]) -> Result<Vec<SettleResult>, QueueError> {
+        self.release_noted(tasks, "").await
+    }
+
+    /// Hands back a long task its slot stopped before it ended (a drain, a smaller map),
+    /// as [`Queue::release`] does, except that it ran: its record keeps the run and a
+    /// waiting entry with `note`, at the attempts it had used before this one (none is
+    /// counted for a run its slot cut short).
+    pub async fn hand_back_started(
+        &self,
+        task: &LeasedTask,
+        note: &str,
+    ) -> Result<SettleResult, QueueError> {
+        // (an empty note would read as a task that never started)
+        let note = if note.is_empty() { "handed back" } else { note };
+        let mut r = self.release_noted(std::slice::from_ref(task), note).await?;
+        Ok(r.pop().unwrap_or(SettleResult::Stale))
+    }
+
+    async fn release_noted(
+        &self,
+        tasks: &[LeasedTask],
+        note: &str,
+    ) -> Result<Vec<SettleResult>, QueueError> {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
+        let (host, slot) = self.worker_args();
         let mut inv = self.invocation(&SCRIPTS.release);
-        inv.arg(self.ttl_arg());
+        inv.arg(self.ttl_arg()).arg(note).arg(host).arg(slot);
         for t in tasks {
             inv.arg(&t.id).arg(t.token).arg(t.attempt);
         }

@@ -20,4 +20,4 @@ pub use crate::host::handler::{
 pub use crate::host::proto::{
     EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, RETIRE_SIGNAL, SlotEvent, SlotSpec,
 };
-pub use run::{run_slot, slot_main};
+pub use run::{HANDED_BACK_NOTE, run_slot, slot_main};

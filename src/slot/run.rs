@@ -23,10 +23,12 @@ use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
 
 mod long;
+
 use crate::queue_client::{
     Batch, LeasedTask, Queue, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult,
     Waiter,
 };
+pub use long::HANDED_BACK_NOTE;
 
 /// First pause after a failed attempt to reach Redis (or to settle).
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);

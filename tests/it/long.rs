@@ -1023,7 +1023,33 @@ async fn a_draining_master_hands_its_long_tasks_back_unfinished() {
         ),
         (1, 0, 0, 0)
     );
-    assert_eq!(record(&q, "a").await.attempt, 0, "no attempt counted");
+    let rec = record(&q, "a").await;
+    assert_eq!(rec.attempt, 0, "no attempt counted");
+    // The run it had stays in its history, and why it waits again.
+    assert_eq!(
+        states(&rec),
+        [
+            RecordState::Waiting,
+            RecordState::Running,
+            RecordState::Waiting
+        ]
+    );
+    let history = rec.history.unwrap();
+    assert_eq!(
+        (history[1].attempt, history[1].host.as_deref()),
+        (1, Some("h1"))
+    );
+    assert_eq!(
+        (history[2].attempt, history[2].host.as_deref()),
+        (0, Some("h1"))
+    );
+    assert_eq!(
+        history[2].note.as_deref(),
+        Some(gaffer::slot::HANDED_BACK_NOTE)
+    );
+    // Taken again, it runs at the same attempt.
+    let again = q.take(1, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(again.tasks[0].attempt, 1);
 }
 
 #[tokio::test]

@@ -7,16 +7,22 @@
 -- A long task whose cancel was asked while it ran ends cancelled here, as a lease that
 -- runs out does (end_expired_cancels): handed back, it would start again on another slot
 -- before its cancel was seen.
--- ARGV: history_ttl_ms, then (id, token, attempt) triples (the attempt is not needed
--- here). Returns one code per task: 1 returned (or ended cancelled), 0 stale (no lease
--- with this token: it expired and was reclaimed, or was settled or cancelled).
+-- A long task its slot stopped before it ended (a drain, a smaller map) did run: its
+-- record keeps the run and says why it waits again (the note), at the attempts it had
+-- used before (none counted for this one: the next run has the same number).
+-- ARGV: history_ttl_ms, note ('' for tasks that never started), host, slot, then (id,
+-- token, attempt) triples. Returns one code per task: 1 returned (or ended cancelled), 0
+-- stale (no lease with this token: it expired and was reclaimed, or was settled or
+-- cancelled).
+local FIRST = 5
+local note = ARGV[2]
 local toks = {}
-for i = 3, #ARGV, 3 do toks[#toks + 1] = ARGV[i] end
+for i = FIRST + 1, #ARGV, 3 do toks[#toks + 1] = ARGV[i] end
 batches_split(toks)
 local cancels = redis.call('EXISTS', K_CANCEL) == 1
-local now = cancels and now_ms()
-local res, back, pris = {}, {}, {}
-for i = 2, #ARGV, 3 do
+local now = (cancels or note ~= '') and now_ms()
+local res, back, pris, atts = {}, {}, {}, {}
+for i = FIRST, #ARGV, 3 do
   local id = ARGV[i]
   local member = ARGV[i + 1] .. ':' .. id
   local m = meta_of(id)
@@ -26,6 +32,7 @@ for i = 2, #ARGV, 3 do
     res[#res + 1] = 1
   elseif m and redis.call('ZREM', K_LEASED, member) == 1 then
     back[#back + 1] = id
+    atts[#atts + 1] = tonumber(ARGV[i + 2])
     pris[#pris + 1] = parse_meta(m)
     res[#res + 1] = 1
   else
@@ -34,8 +41,15 @@ for i = 2, #ARGV, 3 do
 end
 -- At the front, in the order they were taken, ahead of everything that was behind them.
 push_ready_grouped(pris, back, true)
--- The take's running entries are still beside the records: they go unwritten, so the record
--- keeps no trace of a take that never ran and counted no attempt.
-run_end(back)
+-- The take's running entries are still beside the records: a take that never ran goes
+-- unwritten, so the record keeps no trace of it.
+if note == '' then
+  run_end(back)
+else
+  for k, id in ipairs(back) do
+    -- (an untracked task has no record: record() only drops its running entry)
+    record(id, 'waiting', now, math.max(atts[k] - 1, 0), ARGV[3], ARGV[4], note)
+  end
+end
 wake(#back)
 return res

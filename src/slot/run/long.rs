@@ -40,6 +40,11 @@ const HANDLER_STOP_WAIT: Duration = Duration::from_millis(500);
 /// late enough that a slot that runs stops its task itself first.
 const GUARD_AFTER_STOP: Duration = Duration::from_millis(500);
 
+/// The note of the waiting entry a long task's record gets when its slot was stopped
+/// before the task ended, so the history tells the cut-short run from a retry.
+pub const HANDED_BACK_NOTE: &str =
+    "handed back unfinished: its slot was asked to stop (a drain, a shutdown or a smaller map)";
+
 /// The kernel's copy of a long task's deadline: a CLOCK_MONOTONIC timer that sends this
 /// process SIGKILL, which a stopped process receives too. Dropping it disarms it.
 struct DeadlineGuard(Option<Timer>);
@@ -80,8 +85,9 @@ enum LongEnd {
     /// The handler returned on its own or after a cancel: its follow-ups made and
     /// settled by its outcome, or ended cancelled (no follow-ups) when a cancel was asked.
     Returned,
-    /// The slot was asked to stop (a drain, a smaller map): the task goes back unstarted
-    /// for another slot, no attempt counted.
+    /// The slot was asked to stop (a drain, a smaller map): the task goes back to wait
+    /// for another slot, no attempt counted, its record keeping the run
+    /// ([`HANDED_BACK_NOTE`]).
     HandedBack,
     /// The lease is gone or could not be renewed in time: nothing is settled; another
     /// slot may run the task already.
@@ -310,7 +316,11 @@ impl Serving {
         match run.end {
             LongEnd::LeaseLost => true,
             LongEnd::HandedBack => {
-                if let Err(e) = self.queue.release(std::slice::from_ref(&run.task)).await {
+                if let Err(e) = self
+                    .queue
+                    .hand_back_started(&run.task, HANDED_BACK_NOTE)
+                    .await
+                {
                     tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
                         "handing the long task back failed; it comes back when its lease expires");
                 }
