@@ -8,7 +8,7 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::routes::Api;
+use super::routes::{Api, WAIT_RECHECK};
 use super::submit::Submit;
 use crate::chain::{self, ChainError, ChainTargets, ChainView};
 use crate::config::ApiKey;
@@ -155,9 +155,9 @@ impl Api {
 
     /// `"chain": true` with `"wait"`: enqueues the global task, then holds the request
     /// until the whole chain has ended (200 with the chain) or `wait` passed (202 with
-    /// the chain as it stands). Woken by each of its tasks' ends, never by polling: it
-    /// watches every task of the chain not yet ended, and looks again at each end (a
-    /// task's follow-ups join the chain before it ends, so none can slip by).
+    /// the chain as it stands). Woken by each of its tasks' ends: it watches every task of
+    /// the chain not yet ended, and looks again at each end (a task's follow-ups join the
+    /// chain before it ends, so none can slip by), and every [`WAIT_RECHECK`] besides.
     pub(super) async fn submit_chain_and_wait(
         &self,
         queue: &Queue,
@@ -170,6 +170,10 @@ impl Api {
             return Ok(answer);
         }
         let deadline = tokio::time::Instant::now() + wait;
+        // Tasks found ended that the chain's view still showed unended: their id holds a
+        // task of another chain (or run). Looked at again once, then only waited on, so
+        // such a task does not spin this loop until the deadline.
+        let mut seen_ended = std::collections::BTreeSet::new();
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let view = self.run_chain(queue, &made.id).await?;
@@ -177,11 +181,15 @@ impl Api {
                 return Ok((StatusCode::OK, view.to_json()));
             }
             let watching = tokio::select! {
-                w = self.ended.connected(left) => w,
+                w = self.ended.connected(left.min(WAIT_RECHECK)) => w,
                 () = self.shutdown.cancelled() => false,
             };
-            if left.is_zero() || !watching {
+            if tokio::time::Instant::now() >= deadline || self.shutdown.is_cancelled() {
                 return Ok((StatusCode::ACCEPTED, view.to_json()));
+            }
+            if !watching {
+                // (the wait for the subscription was the pause before the next look)
+                continue;
             }
             let mut registrations = Vec::new();
             let mut ended_meanwhile = false;
@@ -194,18 +202,27 @@ impl Api {
                 // (A task listed before it is made, or not yet made again, has no record
                 // to watch: its parent, listed too and not ended, wakes this wait.)
                 if let Some(q) = self.queues.get(&t.member.queue) {
-                    ended_meanwhile |= q
+                    let ended = q
                         .watch(&t.member.id)
                         .await?
                         .is_some_and(|r| r.state.is_end());
+                    ended_meanwhile |= ended && seen_ended.insert(t.member.clone());
                 }
             }
-            if ended_meanwhile || registrations.is_empty() {
+            if ended_meanwhile {
                 continue;
             }
-            let woken = futures::future::select_all(registrations.iter_mut().map(|r| &mut r.woken));
+            // (no registration: no unended task is listed, and the next look decides)
+            let woken = async {
+                if registrations.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                let _ = futures::future::select_all(registrations.iter_mut().map(|r| &mut r.woken))
+                    .await;
+            };
             tokio::select! {
                 _ = woken => continue,
+                () = tokio::time::sleep(WAIT_RECHECK) => continue,
                 () = tokio::time::sleep_until(deadline) => {}
                 () = self.shutdown.cancelled() => {}
             }

@@ -127,6 +127,9 @@ async fn listen(
 ) {
     let mut backoff =
         crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    // The last subscribe error logged, so that a refusal that lasts (an ACL without the
+    // channels) is said once as a warning, not at every retry.
+    let mut said: Option<String> = None;
     loop {
         let subscribed = async {
             let mut ps = pubsub(&url, &connect).await?;
@@ -140,6 +143,7 @@ async fn listen(
         match ps {
             Ok(ps) => {
                 backoff.reset();
+                said = None;
                 ended.connected.send_replace(true);
                 tracing::debug!(redis = %redacted(&url), "listening for the end of watched tasks");
                 let mut messages = ps.into_on_message();
@@ -160,7 +164,15 @@ async fn listen(
                 tracing::warn!(redis = %redacted(&url), "lost the subscription to task ends; reconnecting");
             }
             Err(e) => {
-                tracing::debug!(redis = %redacted(&url), error = %e, "cannot subscribe to task ends");
+                let text = e.to_string();
+                if said.as_deref() == Some(text.as_str()) {
+                    tracing::debug!(redis = %redacted(&url), error = %e, "cannot subscribe to task ends");
+                } else {
+                    // Until it can, a sync wait is woken only by its periodic look.
+                    tracing::warn!(redis = %redacted(&url), pattern = %pattern, error = %e,
+                        "cannot subscribe to task ends; sync waits see ends only by looking again every few seconds (an ACL needs the channels &NS:{{*}}:ended)");
+                    said = Some(text);
+                }
             }
         }
         ended.connected.send_replace(false);

@@ -54,6 +54,12 @@ impl ApiError {
         Self::new(StatusCode::CONFLICT, message)
     }
 
+    /// 410: the task ended and its record is gone: its id already holds a new task that
+    /// another key submitted.
+    pub fn gone(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GONE, message)
+    }
+
     /// 413: the body or a payload over its limit.
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, message)
@@ -74,6 +80,11 @@ impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         if e.is_transient() {
             return ApiError::unavailable(format!("redis unreachable: {e}"));
+        }
+        if e.is_out_of_memory() {
+            return ApiError::unavailable(format!(
+                "redis refuses writes: it is at its maxmemory ({e})"
+            ));
         }
         match e {
             QueueError::PayloadTooLarge { .. } => ApiError::too_large(e.to_string()),

@@ -37,6 +37,10 @@ enum Hold {
 const MAX_BODY_DEPTH: usize = MAX_JSON_DEPTH + 3;
 /// Records per page when a listing does not say.
 const DEFAULT_LIST_LIMIT: usize = 100;
+/// How often a waiting request looks at what it waits for even without a wake-up: the
+/// subscription that wakes it can die without a word (a connection a NAT or a failover
+/// dropped silently), and then only this read ends the wait before its deadline.
+pub(super) const WAIT_RECHECK: Duration = Duration::from_secs(5);
 
 /// What every request shares.
 pub struct Api {
@@ -291,12 +295,14 @@ impl Api {
                         queue.name()
                     )));
                 }
+                let by = task.submitted_by.clone();
                 let made = queue.enqueue(task).await?;
                 if let Some(wait) = wait {
                     if let Some(answer) = self.dedup_hit_of_another(queue, key, &made).await? {
                         return Ok(answer);
                     }
-                    let (ended, rec) = self.wait_end(queue, &made.id, wait).await?;
+                    let owner = made.created.then_some(by);
+                    let (ended, rec) = self.wait_end(queue, &made.id, wait, owner).await?;
                     let status = if ended {
                         StatusCode::OK
                     } else {
@@ -354,22 +360,37 @@ impl Api {
         })
     }
 
-    /// Holds the request until the task ends or `wait` passes; true when it ended. No
-    /// polling: it sleeps until the task's end is published (see `ended`).
+    /// Holds the request until the task ends or `wait` passes; true when it ended.
+    /// `owner`: the task's submitter, when known (`Some(None)`: none). It
+    /// sleeps until the task's end is published (see `ended`), looking again every
+    /// [`WAIT_RECHECK`] besides, and so without the subscription (lost, or refused by an
+    /// ACL).
     async fn wait_end(
         &self,
         queue: &Queue,
         id: &str,
         wait: Duration,
+        mut owner: Option<Option<String>>,
     ) -> Result<(bool, TaskRecord), ApiError> {
         let deadline = tokio::time::Instant::now() + wait;
+        // The submitter of the task waited on: `owner` when the caller made it, else the
+        // first record read's. Under `dedup = "active"` its id may hold another key's task
+        // once it ended, whose record this request must not answer with.
+        let mine = |rec: TaskRecord, owner: &mut Option<Option<String>>| {
+            let first = owner.get_or_insert_with(|| rec.submitted_by.clone());
+            if *first == rec.submitted_by {
+                Ok(rec)
+            } else {
+                Err(replaced(queue, id))
+            }
+        };
         loop {
             let mut registration = self.ended.register(queue.name(), id);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            // Without the subscription an end could pass unseen: wait for it first (not
-            // past a stop, which answers every waiting request at once).
+            // Without the subscription an end could pass unseen: wait for it first, a
+            // while (not past a stop, which answers every waiting request at once).
             let watching = tokio::select! {
-                w = self.ended.connected(left) => w,
+                w = self.ended.connected(left.min(WAIT_RECHECK)) => w,
                 () = self.shutdown.cancelled() => false,
             };
             let rec = if watching {
@@ -383,18 +404,27 @@ impl Api {
                     queue.name()
                 ))
             })?;
+            let rec = mine(rec, &mut owner)?;
             if rec.state.is_end() {
                 return Ok((true, rec));
             }
-            if !watching {
+            if tokio::time::Instant::now() >= deadline || self.shutdown.is_cancelled() {
                 return Ok((false, rec));
+            }
+            if !watching {
+                // (the wait for the subscription was the pause before the next look)
+                continue;
             }
             tokio::select! {
                 _ = &mut registration.woken => continue,
+                () = tokio::time::sleep(WAIT_RECHECK) => continue,
                 () = tokio::time::sleep_until(deadline) => {}
                 () = self.shutdown.cancelled() => {}
             }
-            let rec = queue.record(id).await?.unwrap_or(rec);
+            let rec = match queue.record(id).await? {
+                Some(now) => mine(now, &mut owner)?,
+                None => rec,
+            };
             return Ok((rec.state.is_end(), rec));
         }
     }
@@ -467,8 +497,10 @@ impl Api {
                 .await?;
         }
         // An ended task stays as it ended: the record tells the caller it was too late.
-        let rec = queue.record(id).await?.unwrap_or(rec);
-        Ok((StatusCode::OK, json!(rec)))
+        match queue.record(id).await? {
+            Some(now) if now.submitted_by != rec.submitted_by => Err(replaced(queue, id)),
+            now => Ok((StatusCode::OK, json!(now.unwrap_or(rec)))),
+        }
     }
 
     async fn freeze(&self, queue: &Queue, key: &ApiKey, id: &str, op: Hold) -> Answer {
@@ -655,6 +687,15 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r
+}
+
+/// The answer for a task that ended while a request followed it and whose id already
+/// holds another key's task (`dedup = "active"`): its record is gone.
+fn replaced(queue: &Queue, id: &str) -> ApiError {
+    ApiError::gone(format!(
+        "task {id} of queue {} ended and its id already holds a new task another key submitted: its record is gone",
+        queue.name()
+    ))
 }
 
 #[cfg(test)]

@@ -59,12 +59,21 @@ impl QueueError {
                                 | ServerErrorKind::TryAgain
                                 | ServerErrorKind::MasterDown
                                 | ServerErrorKind::ClusterDown
+                                // a primary demoted by a failover, until the
+                                // connection reaches the new one
+                                | ServerErrorKind::ReadOnly
                         )
                     )
             }
             QueueError::Connect(_) => true,
             _ => false,
         }
+    }
+
+    /// True when Redis refused a write for want of memory (`maxmemory` reached): nothing
+    /// was written, and the same call may succeed once memory is freed.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, QueueError::Redis(e) if e.code() == Some("OOM"))
     }
 }
 

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gaffer::cluster::{self, HostReport, Keys, SlotMap};
 use gaffer::queue_client::{NewTask, QueueLimits};
@@ -276,15 +276,20 @@ async fn call(addr: std::net::SocketAddr, method: &str, path: &str, body: &str) 
     (status, json)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_api_submits_views_lists_cancels_and_waits_under_its_acl() {
-    let redis = AclRedis::start("api");
-    let dir = tempfile::tempdir().unwrap();
+/// An api in-process under `redis`'s ACL, with an admin key for queue `work`.
+async fn start_api(
+    redis: &AclRedis,
+    dir: &Path,
+) -> (
+    std::net::SocketAddr,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     let keys = format!(
         "[api.keys.shop]\ntoken_sha256 = {:?}\nqueues = [\"work\"]\nadmin = true\n",
         gaffer::api::hash_token(TOKEN)
     );
-    let config = write_config(dir.path(), &redis, &keys);
+    let config = write_config(dir, redis, &keys);
     let cfg = gaffer::config::load(&config).unwrap();
     let mut opts = gaffer::api::ApiOptions::new(cfg, redis.url());
     opts.connect = redis.options();
@@ -293,6 +298,76 @@ async fn the_api_submits_views_lists_cancels_and_waits_under_its_acl() {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let api = tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
     let addr = rx.await.expect("the api binds");
+    (addr, stop, api)
+}
+
+/// The first batch a take of queue `work` finds.
+async fn take_some(q: &gaffer::queue_client::Queue) -> gaffer::queue_client::Batch {
+    crate::harness::poll_some(Duration::from_secs(10), "a task to take", || {
+        let q = q.clone();
+        async move {
+            let b = q.take(10, Duration::from_secs(30)).await.ok()?;
+            (!b.tasks.is_empty()).then_some(b)
+        }
+    })
+    .await
+}
+
+/// An api whose ACL lacks the channels of task ends (the easy mistake) answers a sync
+/// wait once its task ended, by looking again, long before the wait runs out; and one
+/// whose task's id another submitter's task took meanwhile answers 410, never with that
+/// task's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_wait_without_the_channels_sees_its_end_and_never_another_keys_task() {
+    let redis = AclRedis::start_with("api", |line| line.replace(" &gaffer:{*}:ended", ""));
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, stop, api) = start_api(&redis, dir.path()).await;
+    let admin = redis.admin_client().await;
+    let q = admin.queue("work").unwrap();
+    let wait = Duration::from_secs(60);
+    let submit = |id: &'static str| {
+        tokio::spawn(async move {
+            let body = format!(r#"{{"payload": 1, "id": "{id}", "wait": "60s"}}"#);
+            let (st, rec) = call(addr, "POST", "/v1/queues/work/tasks", &body).await;
+            (st, rec, Instant::now())
+        })
+    };
+
+    let waiting = submit("w");
+    let batch = take_some(&q).await;
+    q.ack(&batch.tasks).await.unwrap();
+    let acked = Instant::now();
+    let (st, rec, answered) = waiting.await.unwrap();
+    assert_eq!((st, rec["state"].clone()), (200, json!("done")), "{rec}");
+    assert!(
+        answered.duration_since(acked) < wait / 2,
+        "the end was seen only at the wait's end"
+    );
+
+    let waiting = submit("x");
+    let batch = take_some(&q).await;
+    q.ack(&batch.tasks).await.unwrap();
+    q.enqueue_many(&[NewTask::new("2".to_owned()).id("x").submitted_by("other")])
+        .await
+        .unwrap();
+    let (st, body, _) = waiting.await.unwrap();
+    assert_eq!(st, 410, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("its id already holds a new task"),
+        "{body}"
+    );
+    stop.cancel();
+    api.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_submits_views_lists_cancels_and_waits_under_its_acl() {
+    let redis = AclRedis::start("api");
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, stop, api) = start_api(&redis, dir.path()).await;
 
     let (st, body) = call(
         addr,
@@ -339,14 +414,7 @@ async fn the_api_submits_views_lists_cancels_and_waits_under_its_acl() {
     });
     let admin = redis.admin_client().await;
     let q = admin.queue("work").unwrap();
-    let batch = crate::harness::poll_some(Duration::from_secs(10), "the sync task", || {
-        let q = q.clone();
-        async move {
-            let b = q.take(10, Duration::from_secs(30)).await.ok()?;
-            (!b.tasks.is_empty()).then_some(b)
-        }
-    })
-    .await;
+    let batch = take_some(&q).await;
     // Acked once the api waits for it (its id is in the queue's watch set).
     redis
         .eventually(Duration::from_secs(10), "the api waits", || async {
