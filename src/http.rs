@@ -15,7 +15,7 @@ use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -27,6 +27,23 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// How long to stop accepting after running out of file descriptors or memory, so the
 /// loop does not spin while the condition lasts.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// How long a connection may take to send a request's head, counted from when the server
+/// waits for one: a client that trickles its headers, and a keep-alive connection idle
+/// that long, are closed, so neither holds a connection forever (the default of
+/// `[api].read_timeout`, and the daemons' `/metrics` and `/status` endpoint's).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most connections served at once; more wait in the listen backlog until one closes.
+/// Kept well below the descriptor limit, so the daemon's own connections (Redis, files)
+/// never run out because of its clients.
+pub fn max_connections() -> usize {
+    let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(1024);
+    let soft = usize::try_from(soft).unwrap_or(usize::MAX);
+    (soft / 4 * 3).clamp(16, 16_384)
+}
 
 /// What the server answers with.
 #[derive(Clone)]
@@ -54,6 +71,7 @@ pub async fn serve(
             let response = respond(&routes, &request);
             async move { response }
         },
+        HEADER_READ_TIMEOUT,
         shutdown,
     )
     .await
@@ -61,10 +79,13 @@ pub async fn serve(
 
 /// The accept loop behind [`serve`], for any async handler: HTTP/1 with keep-alive, one
 /// task per connection, the same shutdown (stop accepting, a grace period for requests in
-/// flight, then cut). The task service's API runs on it too.
+/// flight, then cut), a connection's request head read within `read_timeout` (see
+/// [`HEADER_READ_TIMEOUT`]), at most [`max_connections`] at once. The task service's API
+/// runs on it too.
 pub async fn serve_with<H, F>(
     listener: TcpListener,
     handler: H,
+    read_timeout: Duration,
     shutdown: CancellationToken,
 ) -> io::Result<()>
 where
@@ -73,13 +94,23 @@ where
 {
     let handler = Arc::new(handler);
     let mut connections = JoinSet::new();
+    let limit = max_connections();
+    let mut at_limit_said = false;
     loop {
+        let full = connections.len() >= limit;
+        if full && !at_limit_said {
+            tracing::warn!(
+                connections = limit,
+                "http connections at their limit; new ones wait until one closes"
+            );
+        }
+        at_limit_said = full;
         let stream = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
             // Reaps finished connections so a long-lived server does not accumulate them.
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-            accepted = listener.accept() => match accepted {
+            accepted = listener.accept(), if !full => match accepted {
                 Ok((stream, _peer)) => stream,
                 Err(e) => match classify_accept_error(&e) {
                     AcceptError::Connection => {
@@ -107,7 +138,10 @@ where
                 let response = handler(request);
                 async move { Ok::<_, Infallible>(response.await) }
             });
-            let connection = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(read_timeout)
+                .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,

@@ -48,6 +48,11 @@ impl ApiError {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, message)
     }
 
+    /// 408: the request's body did not arrive in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, message)
+    }
+
     /// 409: the queue's intake is closed, or the task is not in a state the action
     /// applies to.
     pub fn conflict(message: impl Into<String>) -> Self {

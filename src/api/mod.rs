@@ -150,6 +150,7 @@ pub async fn run(
             let api = serving.read().expect("api state lock").clone();
             api.handle(request)
         },
+        opts.config.api.read_timeout,
         stop.clone(),
     ));
     let mut config_tick = tokio::time::interval(CONFIG_TICK);

@@ -173,7 +173,12 @@ impl Api {
             ("tasks", [_, _, q, _]) => {
                 let queue = self.queue(q, key)?;
                 if *method == Method::POST {
-                    let body = read_body(request, self.config.api.max_body).await?;
+                    let body = read_body(
+                        request,
+                        self.config.api.max_body,
+                        self.config.api.read_timeout,
+                    )
+                    .await?;
                     self.submit(queue, key, &body).await
                 } else {
                     self.list(queue, key, request.uri().query()).await
@@ -202,7 +207,12 @@ impl Api {
                 let queue = self.queue(q, key)?;
                 match *action {
                     "intake" => {
-                        let body = read_body(request, self.config.api.max_body).await?;
+                        let body = read_body(
+                            request,
+                            self.config.api.max_body,
+                            self.config.api.read_timeout,
+                        )
+                        .await?;
                         self.set_intake(queue, &body).await
                     }
                     _ => self.pause(q, *action == "pause").await,
@@ -639,7 +649,11 @@ fn names(methods: &[Method]) -> String {
 
 /// Reads a body up to `limit` bytes; a declared or actual length past it is refused before
 /// anything is parsed.
-async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiError> {
+async fn read_body(
+    request: Request<Incoming>,
+    limit: u64,
+    timeout: Duration,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::too_large(format!(
             "request body exceeds the limit of {} ([api].max_body)",
@@ -654,10 +668,15 @@ async fn read_body(request: Request<Incoming>, limit: u64) -> Result<Bytes, ApiE
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    match Limited::new(request.into_body(), limit as usize)
-        .collect()
-        .await
-    {
+    let body = Limited::new(request.into_body(), limit as usize).collect();
+    // (a client that trickles it would hold a connection and a buffer)
+    let Ok(body) = tokio::time::timeout(timeout, body).await else {
+        return Err(ApiError::request_timeout(format!(
+            "the request body did not arrive within {} ([api].read_timeout)",
+            humantime::format_duration(timeout)
+        )));
+    };
+    match body {
         Ok(body) => Ok(body.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Err(e) => Err(ApiError::bad_request(format!("reading the body: {e}"))),

@@ -461,6 +461,9 @@ pub struct ApiConfig {
     pub max_body: u64,
     /// Longest a submit may wait for its task (`"wait"`).
     pub max_wait: Duration,
+    /// How long a client may take to send a request's head (and a keep-alive connection
+    /// may stay idle), and then its body: a slow or stalled client is cut off.
+    pub read_timeout: Duration,
     /// API keys by name; the name is what records show as `submitted_by`.
     pub keys: BTreeMap<String, ApiKey>,
 }
@@ -471,6 +474,7 @@ impl Default for ApiConfig {
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 9480)),
             max_body: 4 << 20,
             max_wait: Duration::from_secs(60),
+            read_timeout: crate::http::HEADER_READ_TIMEOUT,
             keys: BTreeMap::new(),
         }
     }

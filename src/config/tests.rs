@@ -81,6 +81,7 @@ fn design_example_parses() {
     assert_eq!(c.api.listen.to_string(), "127.0.0.1:9480");
     assert_eq!(c.api.max_body, 4 << 20);
     assert_eq!(c.api.max_wait, Duration::from_secs(60));
+    assert_eq!(c.api.read_timeout, Duration::from_secs(30));
     let shop = &c.api.keys["shop"];
     assert_eq!(shop.name, "shop");
     assert_eq!(&shop.token_sha256[..2], &[0x9f, 0x86]);
@@ -386,6 +387,7 @@ intake = "cancel"
 listen = "0.0.0.0:8080"
 max_body = "1KiB"
 max_wait = "1h"
+read_timeout = "5s"
 
 [api.keys.shop]
 token_sha256 = "{TEST_SHA}"
@@ -417,6 +419,7 @@ queues = ["*"]
     assert_eq!(c.api.listen.to_string(), "0.0.0.0:8080");
     assert_eq!(c.api.max_body, 1024);
     assert_eq!(c.api.max_wait, Duration::from_secs(3600));
+    assert_eq!(c.api.read_timeout, Duration::from_secs(5));
     assert_eq!(c.api.keys.len(), 3);
 
     let shop = &c.api.keys["shop"];
@@ -541,6 +544,16 @@ fn api_listen_beyond_loopback_needs_a_key() {
             "t.toml:3:1: api.keys.shop: missing required key `token_sha256`, the token's SHA-256 as 64 hex digits: `gaffer api hash-token` prints it for a token on stdin"
         ]
     );
+}
+
+#[test]
+fn api_read_timeout_is_between_zero_and_10m() {
+    assert_eq!(
+        errors("[api]\nread_timeout = \"11m\"\n"),
+        ["t.toml:2:16: api.read_timeout: must be at most 10m"]
+    );
+    assert_eq!(errors("[api]\nread_timeout = \"0s\"\n").len(), 1);
+    assert!(errors("[api]\nread_timeout = \"10m\"\n").is_empty());
 }
 
 #[test]

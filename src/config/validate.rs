@@ -43,6 +43,8 @@ const MIN_MAX_BODY: u64 = 1 << 10;
 const MIN_TICK: Duration = Duration::from_millis(100);
 /// Shortest `[manager].heartbeat_timeout`: two of a master's reports (one a second).
 const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest `[api].read_timeout`: a client slower than that is no client.
+const MAX_READ_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest `[api].max_wait` (docs/API.md: at most 1h).
 const MAX_MAX_WAIT: Duration = Duration::from_secs(3600);
 
@@ -1182,10 +1184,25 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         c.error(v.span(), "api.max_wait", "must be at most 1h");
     }
 
+    let read_timeout = duration(
+        c,
+        "api",
+        "read_timeout",
+        raw.read_timeout.clone(),
+        d.read_timeout,
+        Zero::Refused,
+    );
+    if read_timeout > MAX_READ_TIMEOUT
+        && let Some(v) = &raw.read_timeout
+    {
+        c.error(v.span(), "api.read_timeout", "must be at most 10m");
+    }
+
     ApiConfig {
         listen,
         max_body,
         max_wait,
+        read_timeout,
         keys,
     }
 }

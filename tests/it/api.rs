@@ -842,3 +842,52 @@ async fn a_sync_submit_is_woken_on_a_redis_cluster() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// A client that sends its request's head or body too slowly, or keeps a connection idle,
+/// is cut off after `[api].read_timeout`: the stalled head's connection is closed, the
+/// stalled body's answered 408 naming the limit, the idle keep-alive connection closed
+/// after its answer. Without the timeout each would hold its connection for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_are_cut_off_after_the_read_timeout() {
+    let redis = TestRedis::start();
+    let text = config_text("").replace(
+        "max_wait = \"10s\"",
+        "max_wait = \"10s\"\nread_timeout = \"1s\"",
+    );
+    let (addr, stop, task) = start_api(test_config(&text), redis.url()).await;
+    let open = |first: String| async move {
+        let mut conn = TcpStream::connect(addr).await.unwrap();
+        conn.write_all(first.as_bytes()).await.unwrap();
+        conn
+    };
+    let head = open("GET /healthz HTTP/1.1\r\nHost: t\r\n".into()).await;
+    let body = open(format!(
+        "POST /v1/queues/emails/tasks HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {SHOP}\r\n\
+         Content-Length: 100\r\n\r\n{{\"payload\""
+    ))
+    .await;
+    let idle = open(format!(
+        "GET /healthz HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {OPS}\r\n\r\n"
+    ))
+    .await;
+    // Everything the server sends until it closes the connection.
+    let until_closed = |mut conn: TcpStream| async move {
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut got))
+            .await
+            .expect("the server closes the connection")
+            .unwrap();
+        String::from_utf8_lossy(&got).into_owned()
+    };
+    let (head, body, idle) =
+        tokio::join!(until_closed(head), until_closed(body), until_closed(idle));
+    assert!(!head.starts_with("HTTP/1.1 2"), "{head}");
+    assert!(body.starts_with("HTTP/1.1 408"), "{body}");
+    assert!(
+        body.contains("the request body did not arrive within 1s ([api].read_timeout)"),
+        "{body}"
+    );
+    assert!(idle.starts_with("HTTP/1.1 200"), "{idle}");
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
