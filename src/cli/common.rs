@@ -120,7 +120,34 @@ impl Global {
         let (url, opts) = self.redis_target(cfg)?;
         QueueClient::connect(&url, &cfg.cluster.namespace, &opts)
             .await
-            .map_err(|e| CliError::Runtime(e.into()))
+            .map_err(|e| {
+                // What and where: the URL (its password masked) and which setting gave it,
+                // since a stale `GAFFER_REDIS` is not shown by `--help`.
+                let said = format!(
+                    "redis at {} (from {}): {e}",
+                    redacted(&url),
+                    self.redis_source(cfg)
+                );
+                let refused = matches!(&e, QueueError::Redis(r)
+                    if r.kind() == redis::ErrorKind::AuthenticationFailed);
+                match e {
+                    // Waiting cannot fix these: a setting must change.
+                    QueueError::Invalid(_) | QueueError::Certificate(_) => CliError::Usage(said),
+                    _ if refused => CliError::Usage(said),
+                    _ => CliError::Runtime(anyhow::anyhow!(said)),
+                }
+            })
+    }
+
+    /// Where the Redis URL in use comes from, as [`Global::redis_target`] chooses it.
+    fn redis_source(&self, cfg: &Config) -> String {
+        if self.redis.is_some() {
+            "--redis or GAFFER_REDIS".into()
+        } else if cfg.cluster.redis.is_some() {
+            format!("[cluster].redis in {}", self.config_path().display())
+        } else {
+            format!("the `gaffer up` of {}", self.state_dir().display())
+        }
     }
 
     /// The Redis URL and connect options: `--redis` over `[cluster].redis`, the password

@@ -285,7 +285,33 @@ fn unreachable_redis_is_a_runtime_failure() {
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
     assert!(err.contains("cannot connect to redis"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "redis at redis://gaffer:***@127.0.0.1:{port}/0 (from --redis or GAFFER_REDIS)"
+        )),
+        "{err}"
+    );
     assert!(!err.contains("hunter2"), "password leaked: {err}");
+}
+
+/// A Redis URL that cannot be right (here a stale `GAFFER_REDIS` without its scheme) is
+/// bad usage, exit 2, and the error says which URL and where it came from.
+#[test]
+fn a_bad_redis_url_is_bad_usage_naming_the_url_and_its_source() {
+    let env = Env::new();
+    let o = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(env.config())
+        .env("GAFFER_REDIS", "localhost:6379")
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("redis at localhost:6379 (from --redis or GAFFER_REDIS): bad redis url"),
+        "{err}"
+    );
 }
 
 /// TLS files in the config with a plain URL given apart from it (`--redis` here): refused
