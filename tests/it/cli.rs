@@ -243,9 +243,24 @@ async fn dead_letters_listed_requeued_purged_and_cancel() {
     assert_eq!(rows[0]["payload"]["n"], 0, "payload shown as JSON");
 
     let first = rows[0]["id"].as_str().unwrap();
-    let o = env.gaffer(&["tasks", "requeue", "emails", first]);
+    let o = env.gaffer(&["tasks", "requeue", "emails", first, "nope"]);
     assert_eq!(stdout(&o).trim(), "requeued 1 dead letters of emails");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("1 of the 2 ids named are not dead letters of emails"),
+        "{}",
+        stderr(&o)
+    );
+    // All of them, with no terminal to ask: refused unless --yes, nothing deleted.
     let o = env.gaffer(&["tasks", "purge", "emails"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("purging every dead letter of emails needs --yes"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stats_json(&env)["queues"]["emails"]["dead"], 2);
+    let o = env.gaffer(&["tasks", "purge", "emails", "--yes"]);
     assert_eq!(
         stdout(&o).trim(),
         "purged 2 dead letters of emails",

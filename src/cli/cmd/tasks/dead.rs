@@ -22,16 +22,21 @@ pub struct DeadArgs {
 /// Arguments of `gaffer tasks requeue`.
 #[derive(Args)]
 pub struct RequeueArgs {
+    /// The queue whose dead letters go back to wait
     pub queue: String,
+    /// The dead letters to requeue; none: all of them
     pub ids: Vec<String>,
 }
 
 /// Arguments of `gaffer tasks purge`.
 #[derive(Args)]
 pub struct PurgeArgs {
+    /// The queue whose dead letters are deleted
     pub queue: String,
+    /// The dead letters to delete; none: all of them (asked first on a terminal, and
+    /// refused without one unless --yes)
     pub ids: Vec<String>,
-    /// Do not ask
+    /// Purge all without asking
     #[arg(long, short)]
     pub yes: bool,
 }
@@ -77,14 +82,33 @@ pub async fn requeue(global: &Global, args: RequeueArgs) -> Result<(), CliError>
         .requeue_dead((!ids.is_empty()).then_some(&ids[..]))
         .await?;
     println!("requeued {n} dead letters of {}", args.queue);
-    Ok(())
+    all_named_found(&args.queue, ids, n)
+}
+
+/// An error (exit 1, as for a cancel of an unknown task) when fewer dead letters were
+/// moved than distinct ids were named.
+fn all_named_found(queue: &str, ids: &[String], moved: u64) -> Result<(), CliError> {
+    let named = ids.iter().collect::<std::collections::BTreeSet<_>>().len() as u64;
+    if ids.is_empty() || moved >= named {
+        return Ok(());
+    }
+    Err(CliError::Runtime(anyhow::anyhow!(
+        "{} of the {named} ids named are not dead letters of {queue}",
+        named - moved
+    )))
 }
 
 /// `gaffer tasks purge QUEUE [ID…]`: asks first on a terminal when purging all.
 pub async fn purge(global: &Global, args: PurgeArgs) -> Result<(), CliError> {
     let (_, q) = open_queue(global, &args.queue).await?;
     let (queue, ids) = (&args.queue, &args.ids);
-    if ids.is_empty() && !args.yes && std::io::stdin().is_terminal() {
+    if ids.is_empty() && !args.yes && !std::io::stdin().is_terminal() {
+        // (cron, a pipe, `ssh host cmd`: nobody to ask, so nothing is deleted unasked)
+        return Err(CliError::Usage(format!(
+            "purging every dead letter of {queue} needs --yes where no terminal can ask (or name the ids)"
+        )));
+    }
+    if ids.is_empty() && !args.yes {
         let n = q.stats().await?.dead;
         eprint!("purge all {n} dead letters of {queue}? [y/N] ");
         let _ = std::io::stderr().flush();
@@ -99,5 +123,5 @@ pub async fn purge(global: &Global, args: PurgeArgs) -> Result<(), CliError> {
     }
     let n = q.purge_dead((!ids.is_empty()).then_some(&ids[..])).await?;
     println!("purged {n} dead letters of {queue}");
-    Ok(())
+    all_named_found(queue, ids, n)
 }
