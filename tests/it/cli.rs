@@ -772,3 +772,49 @@ fn api_hash_token_hashes_stdin_and_refuses_nothing() {
     assert!(stdout(&o).is_empty());
     assert!(stderr(&o).contains("no token"), "{}", stderr(&o));
 }
+
+/// A bulk push that Redis refuses partway (here at its `maxmemory`) says how far it got,
+/// as an interrupted one does: a rerun without ids would enqueue what was sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_refused_partway_says_how_far_it_got() {
+    let env = Env::new();
+    let mut raw = env.redis.raw().await;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let used: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    // Room for the first chunk of 10,000 tasks (about 5.5 MB), not for six.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(used + (8 << 20))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let o = env.gaffer(&["push", "emails", "--count", "60000"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("OOM"), "{err}");
+    let (sent, rest) = err
+        .split_once(" of 60000 tasks sent to emails before (")
+        .unwrap_or_else(|| panic!("no progress in {err:?}"));
+    let sent: u64 = sent.rsplit(' ').next().unwrap().parse().unwrap();
+    let created: u64 = rest.split(' ').next().unwrap().parse().unwrap();
+    assert!(sent >= 10_000 && sent % 10_000 == 0, "{err}");
+    assert_eq!(created, sent, "{err}");
+    assert!(err.contains("the other"), "{err}");
+    // What Redis holds: the chunks reported, and at most the chunk in flight besides.
+    let enqueued = stats_json(&env)["queues"]["emails"]["enqueued_total"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        (sent..=sent + 10_000).contains(&enqueued),
+        "{enqueued} of {err}"
+    );
+}

@@ -182,9 +182,27 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
                 total - sent
             )));
         }
+        // A failure says how far the push got, as an interrupt does: a rerun without ids
+        // would enqueue what was sent twice (and a chunk goes in several calls, of which
+        // some may have been made).
+        let failed = |e: crate::queue_client::QueueError| -> CliError {
+            if total == 1 {
+                return e.into();
+            }
+            if show_progress {
+                eprintln!();
+            }
+            CliError::Runtime(anyhow::anyhow!(
+                "{e}: {sent} of {total} tasks sent to {} before ({created} enqueued, {} already pending); the {} in flight may or may not be enqueued, and the other {} were not sent{chains_left}",
+                args.queue,
+                sent - created,
+                chunk.len(),
+                total - sent - chunk.len()
+            ))
+        };
         let done = match &stop {
             Some(s) => tokio::select! {
-                done = q.enqueue_many(chunk) => done?,
+                done = q.enqueue_many(chunk) => done.map_err(failed)?,
                 () = s.second.cancelled() => {
                     return Err(CliError::Runtime(anyhow::anyhow!(
                         "interrupted twice: stopped at once, {sent} of {total} tasks sent to {} before the {} in flight, which may or may not be enqueued{chains_left}",
@@ -193,7 +211,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
                     )));
                 }
             },
-            None => q.enqueue_many(chunk).await?,
+            None => q.enqueue_many(chunk).await.map_err(failed)?,
         };
         created += done.iter().filter(|e| e.created).count();
         cancelled += done
