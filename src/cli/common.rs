@@ -15,9 +15,13 @@ use crate::slot::Registry;
 /// A command's failure, sorted by exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
-    /// Bad usage or bad config: exit 2.
+    /// Bad usage: exit 2.
     #[error("{0}")]
     Usage(String),
+    /// A config with errors: exit 2, printed as it is, one `file:line:col: key: message`
+    /// per line with nothing before the first (editors and CI problem matchers read them).
+    #[error("{0}")]
+    Config(String),
     /// Anything that went wrong while running: exit 1.
     #[error(transparent)]
     Runtime(#[from] anyhow::Error),
@@ -50,7 +54,7 @@ impl CliError {
     /// The exit code this failure maps to.
     pub fn exit_code(&self) -> ExitCode {
         match self {
-            CliError::Usage(_) => ExitCode::from(2),
+            CliError::Usage(_) | CliError::Config(_) => ExitCode::from(2),
             CliError::Runtime(_) => ExitCode::from(1),
         }
     }
@@ -102,7 +106,10 @@ impl Global {
     /// Loads the config and keeps its text, for roles that hand it on (to the zygote).
     pub fn load_source(&self) -> Result<(Config, String), CliError> {
         let path = self.config_path();
-        let usage = |e: ConfigError| CliError::Usage(e.to_string());
+        let usage = |e: ConfigError| match e {
+            ConfigError::Invalid(d) => CliError::Config(d.to_string()),
+            e => CliError::Usage(e.to_string()),
+        };
         let source = std::fs::read_to_string(&path).map_err(|source| {
             usage(ConfigError::Io {
                 path: path.clone(),

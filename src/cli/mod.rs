@@ -175,6 +175,10 @@ pub fn run(registry: Registry) -> ExitCode {
     };
     match dispatch(cli.command, &global, cli.log_format) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Config(lines)) => {
+            eprintln!("{lines}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("gaffer: {e:#}");
             e.exit_code()
@@ -266,5 +270,24 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         super::Cli::command().debug_assert();
+    }
+
+    /// `--help` explains every argument and flag of every command an operator sees.
+    #[test]
+    fn every_argument_has_help() {
+        fn missing(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && !arg.is_hide_set() {
+                    out.push(format!("{path} {}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
+                missing(sub, &format!("{path} {}", sub.get_name()), out);
+            }
+        }
+        let mut out = Vec::new();
+        missing(&super::Cli::command(), "gaffer", &mut out);
+        assert!(out.is_empty(), "arguments without help: {out:#?}");
     }
 }

@@ -118,6 +118,10 @@ fn config_check_exit_codes() {
         err.contains("queues.x.min_slots"),
         "both errors at once: {err}"
     );
+    // Every line is `file:line:col: key: message`, the first too (problem matchers).
+    for line in err.lines() {
+        assert!(line.starts_with(&format!("{}:", bad.display())), "{err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

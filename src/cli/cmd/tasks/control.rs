@@ -9,7 +9,9 @@ use crate::queue_client::{FreezeResult, Queue, TaskState};
 /// One task: its queue and id.
 #[derive(Args)]
 pub struct TaskRef {
+    /// The task's queue
     pub queue: String,
+    /// The task's id
     pub id: String,
 }
 

@@ -10,6 +10,7 @@ use crate::cli::{CliError, Global};
 /// Arguments of `gaffer tasks dead`.
 #[derive(Args)]
 pub struct DeadArgs {
+    /// The queue whose dead letters are listed
     pub queue: String,
     /// How many to list
     #[arg(long, default_value_t = 50)]

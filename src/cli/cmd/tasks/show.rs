@@ -9,8 +9,11 @@ use crate::queue_client::{HistoryEntry, Queue, TaskRecord};
 /// Arguments of `gaffer tasks show`.
 #[derive(Args)]
 pub struct ShowArgs {
+    /// The task's queue
     pub queue: String,
+    /// The task's id (as `gaffer push` or the API answered it)
     pub id: String,
+    /// Print the record as the API answers it (one JSON object)
     #[arg(long)]
     pub json: bool,
 }
