@@ -822,3 +822,18 @@ async fn a_push_refused_partway_says_how_far_it_got() {
         "{enqueued} of {err}"
     );
 }
+
+/// Text `stats` shows each queue's load column, and says STALE, in the words the docs
+/// and the dashboard use, when no manager holds the lease.
+#[test]
+fn text_stats_show_load_and_a_stale_manager() {
+    let env = Env::new();
+    let o = env.gaffer(&["stats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let header = out.lines().next().unwrap();
+    assert!(header.trim_end().ends_with("wanted   load"), "{out}");
+    let emails = out.lines().find(|l| l.starts_with("emails ")).unwrap();
+    assert!(emails.trim_end().ends_with('-'), "no decision yet: {out}");
+    assert!(out.contains("STALE: no manager holds the lease"), "{out}");
+}

@@ -31,14 +31,16 @@ pub async fn run(global: &Global, args: StatsArgs) -> Result<(), CliError> {
             m.epoch.unwrap_or(0),
             m.map_version.unwrap_or(0)
         ),
-        None => println!("\nmanager: none holds the lease (map and decisions are stale)"),
+        None => println!(
+            "\nSTALE: no manager holds the lease (the map and decisions shown are the last ones written)"
+        ),
     }
     Ok(())
 }
 
 fn print_queues(snap: &Snapshot) {
     println!(
-        "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6}",
+        "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6} {:>6}",
         "queue",
         "ready",
         "delayed",
@@ -49,12 +51,20 @@ fn print_queues(snap: &Snapshot) {
         "retried",
         "stale",
         "slots",
-        "wanted"
+        "wanted",
+        "load"
     );
     for (name, q) in &snap.queues {
         let s = &q.stats;
+        // (the balancer's last measure: busy time and backlog over slot time, over 1 when
+        // demand exceeds the slots; `-` before one)
+        let load = q
+            .decision
+            .as_ref()
+            .and_then(|d| d.load)
+            .map_or_else(|| "-".to_string(), |l| format!("{l:.2}"));
         println!(
-            "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6}",
+            "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6} {:>6}",
             name,
             s.ready,
             s.delayed,
@@ -68,6 +78,7 @@ fn print_queues(snap: &Snapshot) {
             q.decision
                 .as_ref()
                 .map_or_else(|| "-".to_string(), |d| d.wanted.to_string()),
+            load,
         );
     }
 }
