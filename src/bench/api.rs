@@ -37,6 +37,9 @@ pub struct ApiBenchOptions {
     pub rate: f64,
     /// Sync submits whose wake-up is timed.
     pub wait_samples: usize,
+    /// Cancelled to stop early (Ctrl-C): the bench deletes its queue and stops its api
+    /// instance first (see `bench::interrupted`).
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 impl Default for ApiBenchOptions {
@@ -50,6 +53,7 @@ impl Default for ApiBenchOptions {
             bulk: 1000,
             rate: 1000.0,
             wait_samples: 300,
+            stop: tokio_util::sync::CancellationToken::new(),
         }
     }
 }
@@ -118,7 +122,8 @@ pub async fn run(
         token,
         path: format!("/v1/queues/{queue_name}/tasks"),
     };
-    let result = measure(opts, &target, &queue, &mut progress).await;
+    let result =
+        super::unless_stopped(&opts.stop, measure(opts, &target, &queue, &mut progress)).await;
     let _ = queue.delete_all().await;
     stop.cancel();
     server.await??;

@@ -274,7 +274,11 @@ async fn row(
         takers: &takers,
         counter: &counter,
     };
-    let result = rounds(opts, batch, &mut cluster, &sides, progress).await;
+    let result = super::unless_stopped(
+        &opts.base.stop,
+        rounds(opts, batch, &mut cluster, &sides, progress),
+    )
+    .await;
     stop(cluster.manager).await;
     let _ = q.delete_all().await;
     let _ = bare.delete().await;

@@ -43,6 +43,26 @@ pub struct BenchOptions {
     pub takers: Vec<usize>,
     /// Alternating rounds per figure; each side reports its median.
     pub rounds: usize,
+    /// Cancelled to stop early (Ctrl-C): the bench then deletes what it made and returns
+    /// [`interrupted`].
+    pub stop: tokio_util::sync::CancellationToken,
+}
+
+/// The error of a bench stopped through its `stop` token, after its cleanup.
+pub fn interrupted() -> anyhow::Error {
+    anyhow::anyhow!("interrupted: the bench's queues and keys were deleted")
+}
+
+/// `work`, unless `stop` is cancelled first: then [`interrupted`], `work` dropped (the
+/// caller's cleanup runs next).
+pub(crate) async fn unless_stopped<T>(
+    stop: &tokio_util::sync::CancellationToken,
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    tokio::select! {
+        r = work => r,
+        () = stop.cancelled() => Err(interrupted()),
+    }
 }
 
 impl Default for BenchOptions {
@@ -57,6 +77,7 @@ impl Default for BenchOptions {
             batches: vec![1, 10, 100],
             takers: vec![1, 2],
             rounds: 3,
+            stop: tokio_util::sync::CancellationToken::new(),
         }
     }
 }
@@ -333,7 +354,11 @@ pub async fn run(
         &opts.namespace,
         &format!("{prefix}.bare"),
     );
-    let result = measure(opts, &q, &bare, &payload, &mut progress).await;
+    let result = unless_stopped(
+        &opts.stop,
+        measure(opts, &q, &bare, &payload, &mut progress),
+    )
+    .await;
     // Clean up whatever happened; a failed bench must not leave its tasks behind.
     let _ = q.delete_all().await;
     let _ = bare.delete().await;

@@ -384,7 +384,13 @@ fn bench_reports_gaffer_beside_the_bare_loop() {
     assert_eq!(v["wakeup"]["samples"], 20);
     assert!(stderr(&o).contains("bench: "), "progress lines on stderr");
     // The bench cleans up after itself.
-    let keys: Vec<String> = redis::cmd("KEYS")
+    let keys = all_keys(&env);
+    assert!(keys.is_empty(), "left behind: {keys:?}");
+}
+
+/// Every key of the server.
+fn all_keys(env: &Env) -> Vec<String> {
+    redis::cmd("KEYS")
         .arg("*")
         .query(
             &mut redis::Client::open(env.redis.url())
@@ -392,7 +398,42 @@ fn bench_reports_gaffer_beside_the_bare_loop() {
                 .get_connection()
                 .unwrap(),
         )
+        .unwrap()
+}
+
+/// Ctrl-C during a bench deletes what the bench made before it exits: its queue lives in
+/// the configured namespace, often a production one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_bench_leaves_nothing_behind() {
+    let env = Env::new();
+    let child = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(env.config())
+        .args(["--redis", &env.redis.url()])
+        .args(["bench", "--tasks", "200000", "--rounds", "50"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    // Interrupted once its queue holds tasks.
+    eventually(Duration::from_secs(30), "the bench's tasks", || async {
+        all_keys(&env).iter().any(|k| k.contains("bench."))
+    })
+    .await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("interrupted: the bench's queues and keys were deleted"),
+        "{}",
+        stderr(&o)
+    );
+    let keys = all_keys(&env);
     assert!(keys.is_empty(), "left behind: {keys:?}");
 }
 

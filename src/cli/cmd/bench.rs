@@ -80,6 +80,18 @@ pub struct ApiBenchArgs {
     pub json: bool,
 }
 
+/// A token Ctrl-C (or SIGTERM) cancels, so that a bench stopped early deletes its queues
+/// and keys (and stops the roles `--e2e` started) before the process exits; a second one
+/// stops at once.
+fn stop_on_interrupt() -> Result<tokio_util::sync::CancellationToken, CliError> {
+    let stop = crate::signals::stop_on_term().map_err(|e| CliError::Runtime(e.into()))?;
+    tokio::spawn(async move {
+        stop.second.cancelled().await;
+        std::process::exit(130);
+    });
+    Ok(stop.first)
+}
+
 /// `gaffer bench`: the queue's figures beside the bare Lua loop's, same run, same Redis.
 pub async fn run(global: &Global, args: BenchArgs) -> Result<(), CliError> {
     if let Some(BenchCmd::Api(api)) = args.command {
@@ -96,6 +108,7 @@ pub async fn run(global: &Global, args: BenchArgs) -> Result<(), CliError> {
         payload_bytes: args.payload_bytes,
         wake_samples: args.samples,
         rounds: args.rounds,
+        stop: stop_on_interrupt()?,
         ..Default::default()
     };
     let tty = std::io::stderr().is_terminal();
@@ -177,6 +190,7 @@ async fn run_api(global: &Global, args: ApiBenchArgs) -> Result<(), CliError> {
         bulk: args.bulk.clamp(1, crate::queue_client::MAX_BATCH),
         rate: args.rate.max(1.0),
         wait_samples: args.samples,
+        stop: stop_on_interrupt()?,
     };
     let report = crate::bench::api::run(&opts, |what| eprintln!("bench api: {what}")).await?;
     if args.json {
