@@ -63,6 +63,6 @@ pub use record::{
 };
 pub use stats::QueueStats;
 pub use system::{
-    Switches, SystemChange, SystemError, SystemState, bucket_key, states as system_states,
-    switches_key, with_switches,
+    SweepProgress, Switches, SystemChange, SystemError, SystemState, bucket_key,
+    states as system_states, switches_key, with_switches,
 };

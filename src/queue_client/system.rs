@@ -83,6 +83,16 @@ impl SystemState {
     }
 }
 
+/// How far a switch's sweep got: in `queue`, `done` tasks cancelled (a disable) or noted
+/// (a pause) so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepProgress {
+    /// The queue being swept.
+    pub queue: String,
+    /// Its tasks handled so far.
+    pub done: u64,
+}
+
 /// What a switch did.
 #[derive(Debug, Clone, Serialize)]
 pub struct SystemChange {
@@ -237,6 +247,19 @@ impl QueueClient {
         system: &str,
         state: SystemState,
     ) -> Result<SystemChange, SystemError> {
+        self.set_system_reporting(cfg, system, state, &mut |_| {})
+            .await
+    }
+
+    /// [`set_system`](Self::set_system), telling `progress` after each chunk of its sweep
+    /// how far it got (a sweep of a large backlog takes a while).
+    pub async fn set_system_reporting(
+        &self,
+        cfg: &Config,
+        system: &str,
+        state: SystemState,
+        progress: &mut (dyn FnMut(&SweepProgress) + Send),
+    ) -> Result<SystemChange, SystemError> {
         let sys = cfg
             .systems
             .get(system)
@@ -266,10 +289,18 @@ impl QueueClient {
             if !queue.switch_system(system, state, generation).await? {
                 generation = self.outcount(&queue, system, state, generation).await?;
             }
+            let mut report = |done: u64| {
+                progress(&SweepProgress {
+                    queue: q.name.clone(),
+                    done,
+                })
+            };
             match state {
-                SystemState::Disabled => change.cancelled += queue.cancel_waiting(system).await?,
+                SystemState::Disabled => {
+                    change.cancelled += queue.cancel_waiting(system, &mut report).await?
+                }
                 SystemState::Paused if was != SystemState::Paused => {
-                    change.noted += queue.note_waiting(system).await?
+                    change.noted += queue.note_waiting(system, &mut report).await?
                 }
                 _ => {}
             }
@@ -481,8 +512,13 @@ impl Queue {
         Ok(inv.invoke_async::<i64>(&mut conn).await? == 1)
     }
 
-    /// Cancels every waiting task, from the head, in chunks; returns how many.
-    async fn cancel_waiting(&self, system: &str) -> Result<u64, QueueError> {
+    /// Cancels every waiting task, from the head, in chunks; returns how many. `report`
+    /// hears the count so far after each chunk.
+    async fn cancel_waiting(
+        &self,
+        system: &str,
+        report: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<u64, QueueError> {
         let mut total = 0;
         loop {
             let n = self.cancel_waiting_chunk(system).await?;
@@ -492,6 +528,7 @@ impl Queue {
                 return Ok(total);
             }
             total += n;
+            report(total);
         }
     }
 
@@ -516,7 +553,11 @@ impl Queue {
     }
 
     /// Adds "held: system NAME is paused" to every waiting task's record, in chunks.
-    async fn note_waiting(&self, system: &str) -> Result<u64, QueueError> {
+    async fn note_waiting(
+        &self,
+        system: &str,
+        report: &mut (dyn FnMut(u64) + Send),
+    ) -> Result<u64, QueueError> {
         let note = format!("held: system {system} is paused");
         let mut offset = 0u64;
         loop {
@@ -525,6 +566,7 @@ impl Queue {
             let mut conn = self.conn.clone();
             let n: u64 = inv.invoke_async(&mut conn).await?;
             offset += n;
+            report(offset);
             if n < SWEEP_CHUNK as u64 {
                 return Ok(offset);
             }

@@ -771,6 +771,11 @@ fn refusal_text(entry: &[redis::Value]) -> String {
 /// `gaffer --config CONFIG ARGS`: its stdout, failing the test (with stderr) on a non-zero
 /// exit.
 pub fn gaffer_ok(config: &std::path::Path, args: &[&str]) -> String {
+    gaffer_ok_with_stderr(config, args).0
+}
+
+/// [`gaffer_ok`], with what the command said on stderr (progress, warnings) too.
+pub fn gaffer_ok_with_stderr(config: &std::path::Path, args: &[&str]) -> (String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
         .arg("--config")
         .arg(config)
@@ -782,5 +787,8 @@ pub fn gaffer_ok(config: &std::path::Path, args: &[&str]) -> String {
         "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

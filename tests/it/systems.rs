@@ -184,8 +184,12 @@ async fn disable_cancels_waiting_and_new_tasks_with_the_note_and_enable_runs_aga
     let waiting = enqueue(&q, 100).await;
     enqueue(&other, 3).await;
 
-    let out = rig.cli(&["system", "partner", "disable"]);
+    let (out, said) =
+        crate::harness::gaffer_ok_with_stderr(&rig.config, &["system", "partner", "disable"]);
     assert!(out.contains("100 waiting tasks cancelled"), "{out}");
+    // The sweep's progress, on stderr (a line a second at most off a terminal: the first).
+    assert!(said.starts_with("system partner: "), "{said}");
+    assert!(said.contains(" cancelled in calls"), "{said}");
     let stats = q.stats().await.unwrap();
     assert_eq!((stats.ready, stats.delayed), (0, 0), "{stats:?}");
     for id in &waiting {

@@ -1,11 +1,13 @@
 //! `gaffer system [NAME [pause|resume|disable|enable]] [--json]`: external systems at run
 //! time, switched or listed with their state, queues, caps and use.
 
+use std::io::IsTerminal;
+
 use clap::{Args, ValueEnum};
 
 use crate::cli::{CliError, Global};
 use crate::cluster::snapshot::{self, SystemView};
-use crate::queue_client::{SystemChange, SystemError, SystemState};
+use crate::queue_client::{SweepProgress, SystemChange, SystemError, SystemState};
 
 /// Arguments of `gaffer system`.
 #[derive(Args)]
@@ -55,7 +57,30 @@ pub async fn run(global: &Global, args: SystemArgs) -> Result<(), CliError> {
     }
     let client = global.connect(&cfg).await?;
     if let (Some(name), Some(action)) = (&args.system, args.action) {
-        let change = client.set_system(&cfg, name, action.state()).await?;
+        // The switch holds from its first step on; the sweep after it (a note or a cancel
+        // per waiting task) can take minutes on a backlog, so it says how far it got. Cut
+        // short, the manager's tick goes on with it.
+        let tty = std::io::stderr().is_terminal();
+        let mut last_line: Option<std::time::Instant> = None;
+        let mut progress = |p: &SweepProgress| {
+            let verb = match action.state() {
+                SystemState::Disabled => "cancelled",
+                _ => "noted",
+            };
+            if tty {
+                eprint!("\r\x1b[2Ksystem {name}: {} {verb} in {}", p.done, p.queue);
+            } else if last_line.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(1)) {
+                // (a line a second at most where it goes to a log)
+                eprintln!("system {name}: {} {verb} in {}", p.done, p.queue);
+                last_line = Some(std::time::Instant::now());
+            }
+        };
+        let change = client
+            .set_system_reporting(&cfg, name, action.state(), &mut progress)
+            .await?;
+        if tty {
+            eprint!("\r\x1b[2K");
+        }
         print_change(&change, args.json)?;
         return Ok(());
     }
