@@ -203,6 +203,9 @@ pub struct Snapshot {
     pub manager: ManagerView,
     /// Per external system of the config, by name.
     pub systems: BTreeMap<String, SystemView>,
+    /// Hosts marked for draining (`gaffer drain`) that no master reports as: a mark made
+    /// ahead of a host's start, or a misspelt name, which stays until `--cancel`.
+    pub drain_marked_unknown: Vec<String>,
 }
 
 /// One external system: its state (run-time switch or config), its queues and caps, and
@@ -239,6 +242,11 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
     let manager = read_manager(&mut conn, &keys, map.as_ref()).await?;
     let timeout_ms = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
     let hosts = host_views(reports, &draining, at_ms, timeout_ms);
+    let drain_marked_unknown = draining
+        .iter()
+        .filter(|h| !hosts.contains_key(*h))
+        .cloned()
+        .collect();
     let cluster = ClusterView {
         map: map.as_ref(),
         decisions: &decisions,
@@ -257,6 +265,7 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
         map,
         manager,
         systems,
+        drain_marked_unknown,
     })
 }
 
@@ -509,6 +518,7 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
         "queues": qs,
         "hosts": hosts,
         "systems": systems_json(snap),
+        "drain_marked_unknown_hosts": snap.drain_marked_unknown,
         "manager": {
             "epoch": m.map_epoch,
             "map_version": m.map_version,

@@ -878,3 +878,34 @@ fn text_stats_show_load_and_a_stale_manager() {
     assert!(emails.trim_end().ends_with('-'), "no decision yet: {out}");
     assert!(out.contains("STALE: no manager holds the lease"), "{out}");
 }
+
+/// A drain mark for a host no master reports as (a host drained before it starts, or a
+/// misspelt name) is kept, said at once, and shown by `stats` until it is dropped.
+#[test]
+fn a_drain_mark_for_an_unknown_host_is_said_and_shown_until_dropped() {
+    let env = Env::new();
+    let o = env.gaffer(&["drain", "web7"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "no master has registered as \"web7\" (yet); marking it anyway (known hosts: none;"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let o = env.gaffer(&["stats"]);
+    assert!(
+        stdout(&o).contains("marked for draining, but no master reports as: web7"),
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(
+        stats_json(&env)["drain_marked_unknown_hosts"],
+        serde_json::json!(["web7"])
+    );
+    env.gaffer(&["drain", "web7", "--cancel"]);
+    assert_eq!(
+        stats_json(&env)["drain_marked_unknown_hosts"],
+        serde_json::json!([])
+    );
+}

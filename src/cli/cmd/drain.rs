@@ -23,7 +23,16 @@ pub async fn run(global: &Global, args: DrainArgs) -> Result<(), CliError> {
     let mut conn = client.connection();
     let known = crate::cluster::read_hosts(&mut conn, &keys).await?;
     if !known.contains_key(&host) && !cancel {
-        eprintln!("warning: no master has registered as {host:?} (yet); draining it anyway");
+        // Kept, so a host can be drained before it starts; shown by `stats` until undone.
+        let names: Vec<&str> = known.keys().map(String::as_str).collect();
+        eprintln!(
+            "warning: no master has registered as {host:?} (yet); marking it anyway (known hosts: {}; `gaffer drain {host} --cancel` drops the mark)",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            }
+        );
     }
     let changed = crate::cluster::set_draining(&mut conn, &keys, &host, !cancel).await?;
     let what = if cancel {

@@ -24,6 +24,12 @@ pub async fn run(global: &Global, args: StatsArgs) -> Result<(), CliError> {
     }
     print_queues(&snap);
     print_hosts(&snap);
+    if !snap.drain_marked_unknown.is_empty() {
+        println!(
+            "\nmarked for draining, but no master reports as: {} (`gaffer drain NAME --cancel` drops a mark)",
+            snap.drain_marked_unknown.join(", ")
+        );
+    }
     let m = &snap.manager;
     match &m.holder {
         Some(id) => println!(
