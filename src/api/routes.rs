@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::header::{ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -90,10 +90,20 @@ impl Api {
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let started = Instant::now();
         let (route, answer) = self.route(request).await;
-        let response = match answer {
+        let mut response = match answer {
             Ok(r) => r,
             Err(e) => json_response(e.status, &json!({ "error": e.message })),
         };
+        if matches!(
+            response.status(),
+            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
+        ) {
+            // The body was not read (whole): the connection cannot carry another request,
+            // and saying so lets the client stop sending rather than meet a reset.
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
         let class = match response.status().as_u16() {
             200..=299 => "2xx",
             400..=499 => "4xx",
@@ -186,6 +196,9 @@ impl Api {
             }
             ("task", [_, _, q, _, id]) => {
                 let queue = self.queue(q, key)?;
+                if key.admin && !queue.limits().track {
+                    return self.untracked_task(queue, key, id, method).await;
+                }
                 if *method == Method::DELETE {
                     self.cancel(queue, key, id).await
                 } else {
@@ -200,6 +213,9 @@ impl Api {
                 } else {
                     Hold::Thaw
                 };
+                if key.admin && !queue.limits().track {
+                    return self.untracked_hold(queue, key, id, op).await;
+                }
                 self.freeze(queue, key, id, op).await
             }
             ("queue_admin", [_, _, q, action]) => {
@@ -510,6 +526,66 @@ impl Api {
         match queue.record(id).await? {
             Some(now) if now.submitted_by != rec.submitted_by => Err(replaced(queue, id)),
             now => Ok((StatusCode::OK, json!(now.unwrap_or(rec)))),
+        }
+    }
+
+    /// A task of a queue that keeps no records (`track = false`), for an admin key (no
+    /// record names a submitter, so no other key may see it): what the queue holds of it,
+    /// `{id, queue, state}`; DELETE cancels it.
+    async fn untracked_task(
+        &self,
+        queue: &Queue,
+        key: &ApiKey,
+        id: &str,
+        method: &Method,
+    ) -> Answer {
+        let unknown = || ApiError::not_found(format!("no task {id} in queue {}", queue.name()));
+        let state = if *method == Method::DELETE {
+            let note = format!("cancelled by key {}", key.name);
+            match queue
+                .cancel_with(id, &note)
+                .await?
+                .ok_or_else(unknown)?
+                .state
+            {
+                TaskState::Cancelling => RecordState::Cancelling,
+                _ => RecordState::Cancelled,
+            }
+        } else {
+            queue.find(id).await?.ok_or_else(unknown)?;
+            self.state_of(queue, id).await?
+        };
+        Ok((
+            StatusCode::OK,
+            json!({"id": id, "queue": queue.name(), "state": state}),
+        ))
+    }
+
+    /// Freeze or thaw of a task of an untracked queue, for an admin key (see
+    /// [`Api::untracked_task`]).
+    async fn untracked_hold(&self, queue: &Queue, key: &ApiKey, id: &str, op: Hold) -> Answer {
+        let (verb, after) = match op {
+            Hold::Freeze => ("frozen", RecordState::Frozen),
+            Hold::Thaw => ("thawed", RecordState::Waiting),
+        };
+        let note = format!("{verb} by key {}", key.name);
+        let result = match op {
+            Hold::Freeze => queue.freeze(id, &note).await?,
+            Hold::Thaw => queue.thaw(id, &note).await?,
+        };
+        match result {
+            FreezeResult::Done => Ok((
+                StatusCode::OK,
+                json!({"id": id, "queue": queue.name(), "state": after}),
+            )),
+            FreezeResult::NotApplicable => Err(ApiError::conflict(format!(
+                "task {id} is {}: only a waiting task can be frozen, and only a frozen one thawed",
+                self.state_of(queue, id).await?
+            ))),
+            FreezeResult::Unknown => Err(ApiError::not_found(format!(
+                "no task {id} in queue {}",
+                queue.name()
+            ))),
         }
     }
 

@@ -883,6 +883,7 @@ async fn slow_and_idle_clients_are_cut_off_after_the_read_timeout() {
         tokio::join!(until_closed(head), until_closed(body), until_closed(idle));
     assert!(!head.starts_with("HTTP/1.1 2"), "{head}");
     assert!(body.starts_with("HTTP/1.1 408"), "{body}");
+    assert!(body.to_lowercase().contains("connection: close"), "{body}");
     assert!(
         body.contains("the request body did not arrive within 1s ([api].read_timeout)"),
         "{body}"
@@ -890,4 +891,76 @@ async fn slow_and_idle_clients_are_cut_off_after_the_read_timeout() {
     assert!(idle.starts_with("HTTP/1.1 200"), "{idle}");
     stop.cancel();
     task.await.unwrap().unwrap();
+}
+
+/// A queue that keeps no records (`track = false`): an admin key still sees, freezes,
+/// thaws and cancels its tasks from what the queue holds (`{id, queue, state}`); any other
+/// key, whose ownership no record can show, gets 404 as for a task it cannot see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_key_sees_freezes_and_cancels_tasks_of_an_untracked_queue() {
+    let s = Service::start().await;
+    let path = "/v1/queues/bulk/tasks";
+    let (st, body) = s
+        .call(
+            "POST",
+            path,
+            Some(SHOP),
+            Some(r#"{"payload": 1, "id": "u1"}"#),
+        )
+        .await;
+    assert_eq!(st, 202, "{body}");
+    let task = "/v1/queues/bulk/tasks/u1";
+    let (st, body) = s.get(task, SHOP).await;
+    assert_eq!(st, 404, "{body}");
+    let answer = |state: &str| json!({"id": "u1", "queue": "bulk", "state": state});
+    assert_eq!(s.get(task, OPS).await, (200, answer("waiting")));
+    assert_eq!(
+        s.post(&format!("{task}/freeze"), OPS).await,
+        (200, answer("frozen"))
+    );
+    let (st, body) = s.post(&format!("{task}/freeze"), OPS).await;
+    assert_eq!(st, 200, "freezing twice is harmless: {body}");
+    assert_eq!(
+        s.post(&format!("{task}/thaw"), OPS).await,
+        (200, answer("waiting"))
+    );
+    let (st, body) = s.post(&format!("{task}/thaw"), OPS).await;
+    assert_eq!(st, 200, "thawing twice is harmless: {body}");
+    assert_eq!(
+        s.call("DELETE", task, Some(OPS), None).await,
+        (200, answer("cancelled"))
+    );
+    let (st, body) = s.get(task, OPS).await;
+    assert_eq!(st, 404, "{body}");
+    let (st, body) = s.call("DELETE", task, Some(OPS), None).await;
+    assert_eq!(st, 404, "{body}");
+    s.stop().await;
+}
+
+/// A body refused by its declared length is answered 413 at once, before any of it is
+/// read, with `Connection: close`, and the connection closed: the client learns to stop
+/// sending rather than meet a reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_refused_before_it_is_sent_and_the_connection_closed() {
+    let s = Service::start().await;
+    let mut conn = TcpStream::connect(s.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/queues/emails/tasks HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {SHOP}\r\n\
+         Content-Length: 10000000\r\nExpect: 100-continue\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut got))
+        .await
+        .expect("the server answers and closes")
+        .unwrap();
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.starts_with("HTTP/1.1 413"), "{got}");
+    assert!(!got.contains("100 Continue"), "{got}");
+    assert!(got.to_lowercase().contains("connection: close"), "{got}");
+    assert!(
+        got.contains("request body exceeds the limit of 2.0 KiB ([api].max_body)"),
+        "{got}"
+    );
+    s.stop().await;
 }
