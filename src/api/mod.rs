@@ -101,6 +101,8 @@ enum Event {
     Stop,
     /// Time to look for a newer published config.
     ConfigTick,
+    /// The server's accept loop returned: its listener failed.
+    ServerEnded(Result<std::io::Result<()>, tokio::task::JoinError>),
 }
 
 /// The state every request reads; replaced whole when a newer config is adopted, so a
@@ -144,7 +146,7 @@ pub async fn run(
         let _ = tx.send(local);
     }
     let serving = current.clone();
-    let server = tokio::spawn(crate::http::serve_with(
+    let mut server = tokio::spawn(crate::http::serve_with(
         listener,
         move |request| {
             let api = serving.read().expect("api state lock").clone();
@@ -159,10 +161,18 @@ pub async fn run(
     loop {
         let event = tokio::select! {
             () = shutdown.cancelled() => Event::Stop,
+            served = &mut server => Event::ServerEnded(served),
             _ = config_tick.tick() => Event::ConfigTick,
         };
         match event {
             Event::Stop => break,
+            // The listener can no longer accept: an instance that serves nothing must not
+            // look alive to its supervisor, which restarts it.
+            Event::ServerEnded(served) => {
+                stop.cancel();
+                served??;
+                anyhow::bail!("the api's listener stopped accepting connections");
+            }
             Event::ConfigTick => {
                 adopt_published(&opts, &client, &ended, &stop, &current, &mut seen).await
             }
