@@ -186,19 +186,34 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
         // would enqueue what was sent twice (and a chunk goes in several calls, of which
         // some may have been made).
         let failed = |e: crate::queue_client::QueueError| -> CliError {
-            if total == 1 {
+            use crate::queue_client::QueueError::{Invalid, PayloadTooLarge};
+            // A refusal is found before any of its chunk is sent.
+            let refused = matches!(e, Invalid(_) | PayloadTooLarge { .. });
+            if total == 1 || (refused && sent == 0) {
                 return e.into();
             }
             if show_progress {
                 eprintln!();
             }
-            CliError::Runtime(anyhow::anyhow!(
-                "{e}: {sent} of {total} tasks sent to {} before ({created} enqueued, {} already pending); the {} in flight may or may not be enqueued, and the other {} were not sent{chains_left}",
+            let in_flight = if refused {
+                format!("the other {} were not sent", total - sent)
+            } else {
+                format!(
+                    "the {} in flight may or may not be enqueued, and the other {} were not sent",
+                    chunk.len(),
+                    total - sent - chunk.len()
+                )
+            };
+            let said = anyhow::anyhow!(
+                "{e}: {sent} of {total} tasks sent to {} before ({created} enqueued, {} already pending); {in_flight}{chains_left}",
                 args.queue,
                 sent - created,
-                chunk.len(),
-                total - sent - chunk.len()
-            ))
+            );
+            if refused {
+                CliError::Usage(format!("{said:#}"))
+            } else {
+                CliError::Runtime(said)
+            }
         };
         let done = match &stop {
             Some(s) => tokio::select! {
