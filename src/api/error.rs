@@ -13,6 +13,9 @@ pub struct ApiError {
     pub status: StatusCode,
     /// What was wrong, lower-case, naming the limit where there is one.
     pub message: String,
+    /// Whether the answer closes the connection: the request's body was not read whole,
+    /// so the connection cannot carry another request.
+    pub close: bool,
 }
 
 impl ApiError {
@@ -20,7 +23,14 @@ impl ApiError {
         Self {
             status,
             message: message.into(),
+            close: false,
         }
+    }
+
+    /// This refusal, answered with `Connection: close` (see [`ApiError::close`]).
+    pub fn closing(mut self) -> Self {
+        self.close = true;
+        self
     }
 
     /// 400: bad JSON, an unknown field, a bad duration or value.
@@ -85,6 +95,11 @@ impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         if e.is_transient() {
             return ApiError::unavailable(format!("redis unreachable: {e}"));
+        }
+        if e.is_read_only() {
+            return ApiError::unavailable(format!(
+                "redis refuses writes: the server is a replica (failing over?) ({e})"
+            ));
         }
         if e.is_out_of_memory() {
             return ApiError::unavailable(format!(

@@ -160,6 +160,8 @@ pub async fn run(
     let mut seen = 0u64;
     loop {
         let event = tokio::select! {
+            // (a stop first: the server ends too once it is asked to)
+            biased;
             () = shutdown.cancelled() => Event::Stop,
             served = &mut server => Event::ServerEnded(served),
             _ = config_tick.tick() => Event::ConfigTick,
@@ -168,6 +170,10 @@ pub async fn run(
             Event::Stop => break,
             // The listener can no longer accept: an instance that serves nothing must not
             // look alive to its supervisor, which restarts it.
+            Event::ServerEnded(served) if stop.is_cancelled() || shutdown.is_cancelled() => {
+                served??;
+                return Ok(());
+            }
             Event::ServerEnded(served) => {
                 stop.cancel();
                 served??;

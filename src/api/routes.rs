@@ -90,20 +90,18 @@ impl Api {
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<Full<Bytes>> {
         let started = Instant::now();
         let (route, answer) = self.route(request).await;
-        let mut response = match answer {
+        let response = match answer {
             Ok(r) => r,
-            Err(e) => json_response(e.status, &json!({ "error": e.message })),
+            Err(e) => {
+                let mut r = json_response(e.status, &json!({ "error": e.message }));
+                if e.close {
+                    // Saying so lets the client stop sending rather than meet a reset.
+                    r.headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                }
+                r
+            }
         };
-        if matches!(
-            response.status(),
-            StatusCode::PAYLOAD_TOO_LARGE | StatusCode::REQUEST_TIMEOUT
-        ) {
-            // The body was not read (whole): the connection cannot carry another request,
-            // and saying so lets the client stop sending rather than meet a reset.
-            response
-                .headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-        }
         let class = match response.status().as_u16() {
             200..=299 => "2xx",
             400..=499 => "4xx",
@@ -382,6 +380,7 @@ impl Api {
             Some(TaskState::Leased) => RecordState::Running,
             Some(TaskState::Dead) => RecordState::Failed,
             Some(TaskState::Frozen) => RecordState::Frozen,
+            Some(TaskState::Cancelling) => RecordState::Cancelling,
             _ => RecordState::Waiting,
         })
     }
@@ -735,6 +734,7 @@ async fn read_body(
             "request body exceeds the limit of {} ([api].max_body)",
             bytesize::ByteSize(limit)
         ))
+        .closing()
     };
     let declared = request
         .headers()
@@ -750,7 +750,8 @@ async fn read_body(
         return Err(ApiError::request_timeout(format!(
             "the request body did not arrive within {} ([api].read_timeout)",
             humantime::format_duration(timeout)
-        )));
+        ))
+        .closing());
     };
     match body {
         Ok(body) => Ok(body.to_bytes()),

@@ -135,8 +135,11 @@ impl Global {
                     redacted(&url),
                     self.redis_source(cfg)
                 );
+                // (no password where one is needed is NOAUTH, which the driver does not
+                // class as an authentication failure)
                 let refused = matches!(&e, QueueError::Redis(r)
-                    if r.kind() == redis::ErrorKind::AuthenticationFailed);
+                    if r.kind() == redis::ErrorKind::AuthenticationFailed
+                        || matches!(r.code(), Some("NOAUTH" | "WRONGPASS")));
                 match e {
                     // Waiting cannot fix these: a setting must change.
                     QueueError::Invalid(_) | QueueError::Certificate(_) => CliError::Usage(said),

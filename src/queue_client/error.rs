@@ -59,15 +59,20 @@ impl QueueError {
                                 | ServerErrorKind::TryAgain
                                 | ServerErrorKind::MasterDown
                                 | ServerErrorKind::ClusterDown
-                                // a primary demoted by a failover, until the
-                                // connection reaches the new one
-                                | ServerErrorKind::ReadOnly
                         )
                     )
             }
             QueueError::Connect(_) => true,
             _ => false,
         }
+    }
+
+    /// True when the server is a replica (a primary a failover demoted, or a replica's
+    /// URL): no write succeeds on this connection. Not transient: a daemon's role exits
+    /// and comes back with a fresh connection.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, QueueError::Redis(e)
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly))
     }
 
     /// True when Redis refused a write for want of memory (`maxmemory` reached): nothing
