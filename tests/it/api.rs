@@ -964,3 +964,32 @@ async fn a_body_over_the_limit_is_refused_before_it_is_sent_and_the_connection_c
     );
     s.stop().await;
 }
+
+/// Stopping the instance answers a sync submit that waits at once, with its record as it
+/// stands (202: not ended), rather than cutting the connection or holding the stop for
+/// the whole wait; the task itself stays in Redis to be looked up later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_answers_a_waiting_sync_submit_at_once() {
+    let s = Service::start().await;
+    let waiting = submit_in_background(
+        s.addr,
+        "emails",
+        SHOP,
+        r#"{"payload": 1, "id": "held", "wait": "10s"}"#,
+    );
+    eventually(Duration::from_secs(10), "the request waits", || async {
+        s.is_member("test:{emails}:watch", "held").await
+    })
+    .await;
+    let client = s.redis.client().await;
+    s.stop.cancel();
+    let (st, body) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("answered within the stop's grace, not at the wait's end")
+        .unwrap();
+    let rec: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((st, rec["state"].clone()), (202, json!("waiting")), "{rec}");
+    s.task.await.unwrap().unwrap();
+    let q = client.queue("emails").unwrap();
+    assert_eq!(q.stats().await.unwrap().ready, 1, "the task stays");
+}
