@@ -758,3 +758,24 @@ async fn a_queue_that_left_a_paused_system_is_released_by_the_manager() {
     .await;
     assert_eq!(got.tasks.len(), 3);
 }
+
+/// A take granted more rate tokens than it found tasks hands the rest back: the bucket
+/// counts only the tasks that started, so a queue of a rate-capped system that has little
+/// to do never starves the system's other queues of tokens.
+#[tokio::test]
+async fn a_take_that_finds_fewer_tasks_than_its_tokens_hands_the_rest_back() {
+    let rig = Rig::start(
+        "[systems.partner]\nrate = \"1000/s\"\n\n\
+         [queues.calls]\nhandler = \"noop\"\nsystem = \"partner\"\nbatch_size = 10\n",
+    )
+    .await;
+    let q = rig.queue("calls");
+    enqueue(&q, 3).await;
+    let taken = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(taken.tasks.len(), 3);
+    assert_eq!(rig.client.system_granted("partner").await.unwrap(), 3);
+    // An empty take keeps none.
+    let empty = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert!(empty.tasks.is_empty());
+    assert_eq!(rig.client.system_granted("partner").await.unwrap(), 3);
+}
