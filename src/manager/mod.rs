@@ -559,8 +559,14 @@ impl Manager {
         for (i, s) in cfg.schedules.iter().enumerate() {
             telemetry::schedule_known(&s.queue);
             let key = format!("{i}:{}:{}", s.queue, s.cron_source);
-            let last = leadership.last_fire(conn, &key).await?;
-            let from_ms = last.unwrap_or(now_ms - 1000).max(now_ms - 86_400_000);
+            let Some(last) = leadership.last_fire(conn, &key).await? else {
+                // First sight: from now on, kept as if it had fired now. A look back of a
+                // fixed second instead missed every fire that fell between two ticks
+                // until one happened to land in it.
+                leadership.claim_fire(conn, &key, now_ms).await?;
+                continue;
+            };
+            let from_ms = last.max(now_ms - 86_400_000);
             let from = chrono::DateTime::from_timestamp_millis(from_ms)
                 .unwrap_or_default()
                 .with_timezone(&tz);
@@ -585,9 +591,19 @@ impl Manager {
                 // Records name the schedule by its expression, as the config writes it
                 // ([[schedules]] have no names).
                 let by = format!("schedule:{}", s.cron_source);
-                queue
-                    .enqueue(NewTask::new(payload).id(id.clone()).submitted_by(by))
-                    .await?;
+                let task = NewTask::new(payload).id(id.clone()).submitted_by(by);
+                match queue.enqueue(task).await {
+                    Ok(_) => {}
+                    // Redis gone: the next tick goes on where this one stopped.
+                    Err(e) if e.is_transient() => return Err(e.into()),
+                    // Refused (a closed intake): this fire is dropped, said, and the
+                    // other schedules still fire.
+                    Err(e) => {
+                        tracing::warn!(queue = %s.queue, cron = %s.cron_source, fire_ms = ms,
+                            error = %e, "a schedule's fire was refused by its queue; skipped");
+                        continue;
+                    }
+                }
                 telemetry::ScheduleFired {
                     queue: &s.queue,
                     cron: &s.cron_source,

@@ -320,6 +320,61 @@ async fn a_dead_masters_slots_move_within_the_heartbeat_timeout() {
     );
 }
 
+/// A schedule whose fires fall between the manager's ticks fires every time from its
+/// first sight on: the first fire after the manager began leading, then each one after
+/// it. (Before, a schedule that had never fired looked back one second per tick, so its
+/// fires were a toss-up until one landed in that second.)
+#[tokio::test]
+async fn a_schedule_sparser_than_the_tick_misses_no_fire() {
+    let mut c = Cluster::start(
+        "[queues.tick]\nhandler = \"noop\"\n\n[[schedules]]\nqueue = \"tick\"\ncron = \"*/5 * * * * *\"\npayload = {}\n",
+    )
+    .await;
+    let text = std::fs::read_to_string(&c.config)
+        .unwrap()
+        .replace("tick = \"200ms\"", "tick = \"3s\"");
+    std::fs::write(&c.config, text).unwrap();
+    let m = c.manager(1);
+    let lease = gaffer::cluster::Keys::new("test").lease();
+    eventually(Duration::from_secs(20), "a leader", || async {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(&lease)
+            .query_async(&mut c.client.connection())
+            .await
+            .unwrap();
+        v.is_some()
+    })
+    .await;
+    let leading_ms = gaffer::cluster::now_ms() as i64;
+    let q = c.client.queue("tick").unwrap();
+    eventually(Duration::from_secs(30), "two fires", || async {
+        q.stats().await.unwrap().enqueued_total >= 2
+    })
+    .await;
+    signal(c.pid(m), Signal::SIGSTOP);
+    let tasks = q.take(10_000, Duration::from_secs(60)).await.unwrap().tasks;
+    let mut fires: Vec<i64> = tasks
+        .iter()
+        .map(|t| t.id.rsplit(':').next().unwrap().parse::<i64>().unwrap())
+        .collect();
+    fires.sort_unstable();
+    // The first boundary of five seconds after the lead began (its first tick saw the
+    // schedule then), give or take the tick that was under way.
+    let first_due = (leading_ms - 3000) / 5000 * 5000 + 5000;
+    assert!(
+        fires[0] <= first_due + 5000,
+        "first fire {} long after the first due {first_due}: {fires:?}",
+        fires[0]
+    );
+    let expected: Vec<i64> = (0..fires.len() as i64)
+        .map(|k| fires[0] + 5000 * k)
+        .collect();
+    assert_eq!(
+        fires, expected,
+        "every fire from the first, five seconds apart"
+    );
+}
+
 #[tokio::test]
 async fn schedules_fire_once_per_second_across_a_failover() {
     let mut c = Cluster::start(
