@@ -279,6 +279,13 @@ pub enum ReplyError {
         /// The start of the line, for the log.
         quote: String,
     },
+    /// The reply names a task that is not in the batch: it answers another batch (the
+    /// child wrote a line too many before), so the child is out of step.
+    #[error("reply for task {id:?}, which is not in the batch: the child is out of step")]
+    OutOfStep {
+        /// The id no task of the batch has.
+        id: String,
+    },
 }
 
 /// Why a batch could not be exchanged with the child: after any of these the child is no
@@ -353,8 +360,12 @@ pub fn parse_reply(
         return Err(malformed("expected a JSON object".to_owned()));
     }
     let reply: Reply = serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?;
+    let in_batch: std::collections::HashSet<&str> = batch_ids.iter().copied().collect();
     let mut by_id = HashMap::with_capacity(reply.results.len());
     for entry in reply.results {
+        if !in_batch.contains(entry.id.as_str()) {
+            return Err(ReplyError::OutOfStep { id: entry.id });
+        }
         by_id.entry(entry.id).or_insert(entry.status);
     }
     Ok(batch_ids.iter().map(|id| by_id.get(*id).cloned()).collect())
@@ -567,8 +578,18 @@ impl Exec {
                 ChildError::ClosedInReply
             });
         }
+        // More than the reply line already read: stdout carries replies only, and a
+        // line left over would be read as the next batch's reply.
+        let leftover = !running.stdout.buffer().is_empty();
+        let pid = running.process.id();
         let ids: Vec<&str> = request.batch.iter().map(|t| t.id).collect();
-        Ok(parse_reply(&reply, &ids)?)
+        let statuses = parse_reply(&reply, &ids)?;
+        if leftover {
+            tracing::warn!(target: "gaffer::exec", pid,
+                "the exec child wrote more than its reply line on stdout (log to stderr instead); restarting it");
+            self.stop();
+        }
+        Ok(statuses)
     }
 
     /// Sends a long queue's task and reads the reply, while a watcher thread stops
@@ -991,8 +1012,8 @@ for line in sys.stdin:
     }
 
     #[test]
-    fn results_match_by_id_first_wins_and_unknown_ids_are_ignored() {
-        let reply = r#"{"results":[{"id":"x","status":"ok"},{"id":"b","status":"fail","error":"one"},{"id":"a","status":"ok"},{"id":"b","status":"ok"}]}"#;
+    fn results_match_by_id_and_the_first_wins() {
+        let reply = r#"{"results":[{"id":"b","status":"fail","error":"one"},{"id":"a","status":"ok"},{"id":"b","status":"ok"}]}"#;
         let script =
             format!("import sys\nfor line in sys.stdin:\n    print({reply:?}, flush=True)\n");
         let ctx = python(&script);
@@ -1007,6 +1028,35 @@ for line in sys.stdin:
                 Outcome::done()
             ]
         );
+    }
+
+    /// A child that writes a line too many (a second reply, a print) would have every
+    /// later batch read the reply of the one before: the line left over, or a reply that
+    /// names a task not in the batch, restarts it.
+    #[test]
+    fn a_child_out_of_step_is_restarted() {
+        let script = "import json, sys\nfor line in sys.stdin:\n    ids = [t['id'] for t in json.loads(line)['batch']]\n    reply = json.dumps({'results': [{'id': i, 'status': 'ok'} for i in ids]})\n    print(reply, flush=True)\n    if 'twice' in ids:\n        print(reply, flush=True)\n";
+        let ctx = python(script);
+        let mut exec = started(&ctx);
+        let first = exec.child_pid().unwrap();
+        assert_eq!(
+            exec.handle(&ctx, &[task("twice", 1, "{}")]),
+            vec![Outcome::done()]
+        );
+        // The second line may come after the reply was read: then the next batch reads
+        // it, sees a task not its own, and fails (to be retried) with a new child.
+        let next = exec.handle(&ctx, &[task("next", 1, "{}")]);
+        assert_gone(first);
+        if next != vec![Outcome::done()] {
+            assert!(
+                matches!(&next[0], Outcome::Fail { reason } if reason.contains("out of step")),
+                "{next:?}"
+            );
+            assert_eq!(
+                exec.handle(&ctx, &[task("again", 1, "{}")]),
+                vec![Outcome::done()]
+            );
+        }
     }
 
     #[test]
@@ -1133,7 +1183,13 @@ for line in sys.stdin:
 
     #[test]
     fn parse_reply_gives_one_status_per_task_in_batch_order() {
-        let line = br#"{"results":[{"id":"c","status":"retry","delay_ms":5},{"id":"x","status":"ok"},{"id":"a","status":"ok"},{"id":"a","status":"fail"}],"more":1}"#;
+        let line = br#"{"results":[{"id":"c","status":"retry","delay_ms":5},{"id":"a","status":"ok"},{"id":"a","status":"fail"}],"more":1}"#;
+        // A task that is not in the batch: the reply answers another batch.
+        let other = br#"{"results":[{"id":"a","status":"ok"},{"id":"x","status":"ok"}]}"#;
+        assert_eq!(
+            parse_reply(other, &["a", "b"]),
+            Err(ReplyError::OutOfStep { id: "x".into() })
+        );
         assert_eq!(
             parse_reply(line, &["a", "b", "c"]),
             Ok(vec![
