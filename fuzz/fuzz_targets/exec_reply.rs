@@ -48,6 +48,9 @@ fuzz_target!(|data: &[u8]| {
             assert!(quote.chars().count() <= 200, "quote too long");
             let _ = e.to_string();
         }
+        Err(ReplyError::OutOfStep { id }) => {
+            assert!(!ids.contains(&id.as_str()), "{id} is in the batch, yet out of step")
+        }
         Err(e @ ReplyError::TooLong(_)) => panic!("the parser does not bound length: {e}"),
     }
 });
