@@ -207,7 +207,9 @@ struct RequestTask<'a> {
 
 #[derive(Deserialize)]
 struct Reply {
-    results: Vec<ReplyEntry>,
+    /// Each entry decoded on its own: one entry the slot cannot read fails its task
+    /// alone, not the batch-mates the child finished.
+    results: Vec<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -215,6 +217,12 @@ struct ReplyEntry {
     id: String,
     #[serde(flatten)]
     status: ReplyStatus,
+}
+
+/// Just the id of an entry whose status does not decode.
+#[derive(Deserialize)]
+struct EntryId {
+    id: String,
 }
 
 /// One task's result as the child reported it.
@@ -233,14 +241,49 @@ pub enum ReplyStatus {
     /// `"retry"`: try again after `delay_ms`, or after the queue's policy delay. The queue
     /// caps a delay at `queue_client::MAX_DELAY`.
     Retry {
-        /// The child's delay, in ms.
+        /// The child's delay, in ms (a whole number; `1500.0` counts, as some languages
+        /// write their floats).
+        #[serde(default, deserialize_with = "whole_ms")]
         delay_ms: Option<u64>,
     },
     /// `"fail"`: failed with `error`; retried by the queue's policy.
     Fail {
-        /// The child's reason.
+        /// The child's reason (an `error` that is not a string is kept as its JSON text).
+        #[serde(default, deserialize_with = "reason_text")]
         error: Option<String>,
     },
+    /// An entry with the task's id whose status the slot cannot read: the task fails
+    /// with the reason (never sent by a child: `status` cannot name it).
+    #[serde(skip)]
+    Unreadable {
+        /// What was wrong with the entry.
+        reason: String,
+    },
+}
+
+/// A delay in ms: a non-negative whole number, written as an integer or a float.
+fn whole_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(ms) = n.as_u64() {
+        return Ok(Some(ms));
+    }
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f.fract() == 0.0 && f <= u64::MAX as f64 => Ok(Some(f as u64)),
+        _ => Err(serde::de::Error::custom(format!(
+            "delay_ms must be a whole number of ms, got {n}"
+        ))),
+    }
+}
+
+/// A failure's reason: its text, or the JSON text of any other value.
+fn reason_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(other) => Some(other.to_string()),
+    })
 }
 
 /// One follow-up an `ok` result asks for.
@@ -362,11 +405,24 @@ pub fn parse_reply(
     let reply: Reply = serde_json::from_str(text).map_err(|e| malformed(e.to_string()))?;
     let in_batch: std::collections::HashSet<&str> = batch_ids.iter().copied().collect();
     let mut by_id = HashMap::with_capacity(reply.results.len());
-    for entry in reply.results {
-        if !in_batch.contains(entry.id.as_str()) {
-            return Err(ReplyError::OutOfStep { id: entry.id });
+    for value in reply.results {
+        let (id, status) = match ReplyEntry::deserialize(&value) {
+            Ok(entry) => (entry.id, entry.status),
+            // An entry without a readable id cannot be told apart from another batch's.
+            Err(e) => match EntryId::deserialize(&value) {
+                Ok(EntryId { id }) => (
+                    id,
+                    ReplyStatus::Unreadable {
+                        reason: format!("exec: unreadable result entry: {e}"),
+                    },
+                ),
+                Err(_) => return Err(malformed(format!("a result entry without an id: {e}"))),
+            },
+        };
+        if !in_batch.contains(id.as_str()) {
+            return Err(ReplyError::OutOfStep { id });
         }
-        by_id.entry(entry.id).or_insert(entry.status);
+        by_id.entry(id).or_insert(status);
     }
     Ok(batch_ids.iter().map(|id| by_id.get(*id).cloned()).collect())
 }
@@ -767,6 +823,7 @@ fn reply_outcome(status: Option<ReplyStatus>, task: &Task, queue: &QueueConfig) 
         Some(ReplyStatus::Fail { error }) => Outcome::Fail {
             reason: error.unwrap_or_else(|| "failed".to_owned()),
         },
+        Some(ReplyStatus::Unreadable { reason }) => Outcome::Fail { reason },
         None => Outcome::Fail {
             reason: "exec: no result for this task".to_owned(),
         },
@@ -1077,12 +1134,33 @@ for line in sys.stdin:
         assert_ne!(first, second);
     }
 
+    /// An entry with the task's id but a status the slot cannot read fails that task, naming
+    /// why; the child answered this batch, so it stays.
     #[test]
-    fn replies_of_the_wrong_shape_are_malformed() {
+    fn entries_of_the_wrong_shape_fail_their_task() {
         for reply in [
             r#"{"results":[{"id":"a","status":"maybe"}]}"#,
             r#"{"results":[{"id":"a"}]}"#,
             r#"{"results":[{"id":"a","status":"retry","delay_ms":-5}]}"#,
+        ] {
+            let script =
+                format!("import sys\nfor line in sys.stdin:\n    print({reply:?}, flush=True)\n");
+            let ctx = python(&script);
+            let mut exec = started(&ctx);
+            let child = exec.child_pid();
+            let outcomes = exec.handle(&ctx, &[task("a", 1, "{}")]);
+            assert!(
+                matches!(&outcomes[..], [Outcome::Fail { reason }] if reason.starts_with("exec: unreadable result entry")),
+                "{reply}: {outcomes:?}"
+            );
+            assert_eq!(exec.child_pid(), child, "{reply}");
+        }
+    }
+
+    #[test]
+    fn replies_of_the_wrong_shape_are_malformed() {
+        for reply in [
+            r#"{"results":[{"status":"ok"}]}"#,
             r#"{"results":{}}"#,
             r#"{"answers":[]}"#,
             r#"[]"#,
@@ -1179,6 +1257,37 @@ for line in sys.stdin:
             exec.handle(&ctx, &[task("next", 1, "{}")]),
             vec![fail("{}".into())]
         );
+    }
+
+    #[test]
+    fn an_entry_the_slot_cannot_read_fails_its_task_alone() {
+        let line = br#"{"results":[{"id":"a","status":"retry","delay_ms":1500.0},{"id":"b","status":"ok","next":[{"queue":"q","delay":"5m"}]},{"id":"c","status":"fail","error":{"code":3}},{"id":"d","status":"retry","delay_ms":1.5}]}"#;
+        let got = parse_reply(line, &["a", "b", "c", "d"]).unwrap();
+        assert_eq!(
+            got[0],
+            Some(ReplyStatus::Retry {
+                delay_ms: Some(1500)
+            })
+        );
+        assert!(
+            matches!(&got[1], Some(ReplyStatus::Unreadable { reason }) if reason.contains("unknown field `delay`")),
+            "{got:?}"
+        );
+        assert_eq!(
+            got[2],
+            Some(ReplyStatus::Fail {
+                error: Some(r#"{"code":3}"#.into())
+            })
+        );
+        assert!(
+            matches!(&got[3], Some(ReplyStatus::Unreadable { reason }) if reason.contains("whole number")),
+            "{got:?}"
+        );
+        // Without an id, an entry cannot be told from another batch's: the line is bad.
+        assert!(matches!(
+            parse_reply(br#"{"results":[{"status":"ok"}]}"#, &["a"]),
+            Err(ReplyError::Malformed { .. })
+        ));
     }
 
     #[test]
