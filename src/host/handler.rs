@@ -266,6 +266,8 @@ struct SlotStopInner {
     /// returned an outcome in their place (an exec child's reply after the stop line
     /// covers any subset of the batch, not only a prefix).
     unstarted: Mutex<Vec<usize>>,
+    /// Why the handler gave up (see [`SlotStop::give_up`]), once it did.
+    given_up: Mutex<Option<String>>,
 }
 
 impl SlotStop {
@@ -315,6 +317,27 @@ impl SlotStop {
             .unstarted
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = positions;
+    }
+
+    /// The handler cannot go on (an exec child that fails every batch): the stop is
+    /// asked, so the positions it leaves unstarted go back to the queue unstarted, and
+    /// the slot exits as crashed after this batch, so its master backs off and counts it.
+    pub(crate) fn give_up(&self, reason: String) {
+        *self
+            .inner
+            .given_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(reason);
+        self.ask();
+    }
+
+    /// Why the handler gave up, if it did.
+    pub(crate) fn given_up(&self) -> Option<String> {
+        self.inner
+            .given_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The positions [`leave_unstarted`](Self::leave_unstarted) gave for the batch just

@@ -49,7 +49,20 @@ pub struct Exec {
     /// Writes the stop line while a batch is in the child (batch queues; started with
     /// the first batch).
     stop_writer: Option<StopWriter>,
+    /// Batches in a row whose exchange with the child failed, no two in a row sharing a
+    /// task (see [`GIVE_UP_AFTER`]).
+    failed_in_a_row: u32,
+    /// The ids of the last batch whose exchange failed.
+    last_failed: Vec<String>,
 }
+
+/// Batches in a row a child may fail (crash, hang up, answer out of step) before the slot
+/// gives up: the batch in hand goes back unstarted, and the slot exits as crashed, so its
+/// master backs off and counts the crash (an alert) instead of the queue's tasks burning
+/// their attempts, batch after batch, against a child that cannot work. A failed batch
+/// that shares a task with the one before starts the count again: one poison task that
+/// kills the child at each attempt is the task's fault, and must reach the dead letters.
+const GIVE_UP_AFTER: u32 = 3;
 
 /// Whether the stop line went to the child while it had the batch: then a task its reply
 /// leaves out was not started, and goes back to the queue instead of failing.
@@ -701,6 +714,8 @@ impl Handler for Exec {
             child: None,
             max_reply: MAX_REPLY_BYTES,
             stop_writer: None,
+            failed_in_a_row: 0,
+            last_failed: Vec::new(),
         })
     }
 
@@ -750,13 +765,24 @@ impl Handler for Exec {
             self.exchange_stoppable(ctx, &request)
         };
         let (statuses, line) = match exchanged {
-            Ok(exchanged) => exchanged,
+            Ok(exchanged) => {
+                self.failed_in_a_row = 0;
+                self.last_failed.clear();
+                exchanged
+            }
             Err(why) => {
                 tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot,
                     pid = self.child.as_ref().map(|r| r.process.id()),
                     "exec batch failed: {why}; the child will be restarted");
                 self.stop();
                 let reason = format!("exec: {why}");
+                let ids: Vec<String> = request.batch.iter().map(|t| t.id.to_owned()).collect();
+                let again = ids.iter().any(|id| self.last_failed.contains(id));
+                self.failed_in_a_row = if again { 1 } else { self.failed_in_a_row + 1 };
+                self.last_failed = ids;
+                if self.failed_in_a_row >= GIVE_UP_AFTER && !ctx.queue.is_long() {
+                    return give_up(ctx, decided, &reason, self.failed_in_a_row);
+                }
                 return decided
                     .into_iter()
                     .map(|d| {
@@ -773,6 +799,27 @@ impl Handler for Exec {
         }
         outcomes
     }
+}
+
+/// The outcomes of a batch the slot gives up on (see [`GIVE_UP_AFTER`]): those decided
+/// before sending stand; the tasks sent to the child go back unstarted.
+fn give_up(ctx: &SlotContext, decided: Vec<Option<Outcome>>, why: &str, n: u32) -> Vec<Outcome> {
+    let reason = format!("{why}, {n} batches in a row: giving up (the slot exits as crashed)");
+    tracing::error!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot,
+        "{reason}; the batch goes back unstarted");
+    let sent: Vec<usize> = (0..decided.len())
+        .filter(|&i| decided[i].is_none())
+        .collect();
+    ctx.stop.leave_unstarted(sent);
+    ctx.stop.give_up(reason.clone());
+    decided
+        .into_iter()
+        .map(|d| {
+            d.unwrap_or_else(|| Outcome::Fail {
+                reason: reason.clone(),
+            })
+        })
+        .collect()
 }
 
 /// The batch's outcomes, in order, from those decided before sending (`decided`) and the
@@ -1085,6 +1132,37 @@ for line in sys.stdin:
                 Outcome::done()
             ]
         );
+    }
+
+    /// A child that cannot work (here it exits at once) fails two batches; at the third
+    /// the handler gives up: the batch goes back unstarted and the slot is told to exit as
+    /// crashed, so its master backs off rather than the tasks burning their attempts.
+    #[test]
+    fn a_child_that_fails_batch_after_batch_makes_the_slot_give_up() {
+        let ctx = python("import sys\nsys.exit(3)\n");
+        let mut exec = Exec::preload(&ctx.queue).unwrap();
+        let batch = |n: u32| {
+            vec![
+                task(&format!("a{n}"), 1, "{}"),
+                task(&format!("b{n}"), 1, "{}"),
+            ]
+        };
+        // The same task failing again (a poison task retried) starts the count again.
+        for n in [0, 0, 1] {
+            let outcomes = exec.handle(&ctx, &batch(n));
+            assert!(outcomes.iter().all(is_exec_failure), "{outcomes:?}");
+            assert_eq!(ctx.stop.given_up(), None);
+        }
+        exec.handle(&ctx, &batch(2));
+        assert!(
+            ctx.stop
+                .given_up()
+                .is_some_and(|r| r.contains("3 batches in a row")),
+            "{:?}",
+            ctx.stop.given_up()
+        );
+        assert!(ctx.should_stop());
+        assert_eq!(ctx.stop.take_unstarted(), vec![0, 1]);
     }
 
     /// A child that writes a line too many (a second reply, a print) would have every

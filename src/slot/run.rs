@@ -589,7 +589,10 @@ impl Serving {
     /// always, and the next batch is taken the usual way. Returns the count of stale
     /// settles.
     async fn settle_and_take(&mut self, ops: &[SettleOp], lease_until: Instant) -> u32 {
-        self.recycle = self.over_memory_limit();
+        self.recycle = match self.handler_stop.given_up() {
+            Some(reason) => Some((EXIT_FATAL, reason)),
+            None => self.over_memory_limit(),
+        };
         // (a stop asked while the batch ran, not yet seen as `stopping`, takes nothing
         // either: it would only have to give the next batch back)
         if !self.stopping
