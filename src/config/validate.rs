@@ -1170,33 +1170,20 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         c.error(v.span(), "api.max_body", "must be between 1KiB and 512MiB");
     }
 
-    let max_wait = duration(
+    let max_wait = duration_at_most(
         c,
-        "api",
-        "max_wait",
+        ("api", "max_wait"),
         raw.max_wait.clone(),
         d.max_wait,
-        Zero::Refused,
+        (MAX_MAX_WAIT, "1h"),
     );
-    if max_wait > MAX_MAX_WAIT
-        && let Some(v) = &raw.max_wait
-    {
-        c.error(v.span(), "api.max_wait", "must be at most 1h");
-    }
-
-    let read_timeout = duration(
+    let read_timeout = duration_at_most(
         c,
-        "api",
-        "read_timeout",
+        ("api", "read_timeout"),
         raw.read_timeout.clone(),
         d.read_timeout,
-        Zero::Refused,
+        (MAX_READ_TIMEOUT, "10m"),
     );
-    if read_timeout > MAX_READ_TIMEOUT
-        && let Some(v) = &raw.read_timeout
-    {
-        c.error(v.span(), "api.read_timeout", "must be at most 10m");
-    }
 
     ApiConfig {
         listen,
@@ -1461,6 +1448,28 @@ fn duration(
         }
         Ok(d) => *d,
     }
+}
+
+/// A duration (refused at zero) that must be at most `ceiling.0`, written `ceiling.1`.
+fn duration_at_most(
+    c: &mut Collector,
+    (path, key): (&str, &str),
+    raw: S<Human<Duration>>,
+    default: Duration,
+    ceiling: (Duration, &str),
+) -> Duration {
+    let span = raw.as_ref().map(|v| v.span());
+    let got = duration(c, path, key, raw, default, Zero::Refused);
+    if let Some(span) = span
+        && got > ceiling.0
+    {
+        c.error(
+            span,
+            &join(path, key),
+            format!("must be at most {}", ceiling.1),
+        );
+    }
+    got
 }
 
 /// A duration (refused at zero) that must be at least `floor.0`: `floor.1` says why.

@@ -85,9 +85,10 @@ fn submit_in_background(
     addr: SocketAddr,
     queue: &str,
     token: &'static str,
-    body: &'static str,
+    body: impl Into<String>,
 ) -> tokio::task::JoinHandle<(u16, Vec<u8>)> {
     let path = format!("/v1/queues/{queue}/tasks");
+    let body = body.into();
     tokio::spawn(
         async move { request(addr, "POST", &path, Some(token), Some(body.as_bytes())).await },
     )
@@ -130,6 +131,18 @@ impl Service {
     /// GETs `path` with `token`.
     async fn get(&self, path: &str, token: &str) -> (u16, Value) {
         self.call("GET", path, Some(token), None).await
+    }
+
+    /// A sync submit of task `id` to emails with a wait of 10 s, sent from its own task,
+    /// once it waits (its id is in the queue's watch set, prelude.lua).
+    async fn waiting_submit(&self, id: &'static str) -> tokio::task::JoinHandle<(u16, Vec<u8>)> {
+        let body = format!(r#"{{"payload": 1, "id": "{id}", "wait": "10s"}}"#);
+        let waiting = submit_in_background(self.addr, "emails", SHOP, body);
+        eventually(Duration::from_secs(10), "the request waits", || async {
+            self.is_member("test:{emails}:watch", id).await
+        })
+        .await;
+        waiting
     }
 
     /// Whether `member` is in the Redis set `key`.
@@ -634,18 +647,7 @@ async fn every_refusal_names_what_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sync_submit_is_woken_by_the_end_not_by_polling() {
     let s = Service::start().await;
-    let waiting = submit_in_background(
-        s.addr,
-        "emails",
-        SHOP,
-        r#"{"payload": 1, "id": "sync", "wait": "10s"}"#,
-    );
-    // The record is watched once the request waits.
-    eventually(Duration::from_secs(10), "the request waits", || async {
-        // Who waits for a task is in the queue's watch set (prelude.lua).
-        s.is_member("test:{emails}:watch", "sync").await
-    })
-    .await;
+    let waiting = s.waiting_submit("sync").await;
     // While it waits, the api sends Redis nothing: count what the server processes over
     // a while, less our own two INFO calls.
     let before = s.redis.commands_processed().await;
@@ -971,16 +973,7 @@ async fn a_body_over_the_limit_is_refused_before_it_is_sent_and_the_connection_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_answers_a_waiting_sync_submit_at_once() {
     let s = Service::start().await;
-    let waiting = submit_in_background(
-        s.addr,
-        "emails",
-        SHOP,
-        r#"{"payload": 1, "id": "held", "wait": "10s"}"#,
-    );
-    eventually(Duration::from_secs(10), "the request waits", || async {
-        s.is_member("test:{emails}:watch", "held").await
-    })
-    .await;
+    let waiting = s.waiting_submit("held").await;
     let client = s.redis.client().await;
     s.stop.cancel();
     let (st, body) = tokio::time::timeout(Duration::from_secs(5), waiting)

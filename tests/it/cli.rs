@@ -86,6 +86,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Fails the test, showing stderr, unless the command said `text` on stderr.
+fn assert_said(o: &Output, text: &str) {
+    assert!(stderr(o).contains(text), "{}", stderr(o));
+}
+
 fn stats_json(env: &Env) -> Value {
     let o = env.gaffer(&["stats", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -199,29 +204,17 @@ async fn bad_input_is_refused_and_enqueues_nothing() {
         Some("{\"ok\":1}\nnot json\n"),
     );
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("stdin:2: not a JSON payload"),
-        "{}",
-        stderr(&o)
-    );
+    assert_said(&o, "stdin:2: not a JSON payload");
     let o = env.gaffer(&["push", "nosuch", "--count", "1"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("not in the config (known: emails, reports)"),
-        "{}",
-        stderr(&o)
-    );
+    assert_said(&o, "not in the config (known: emails, reports)");
     let o = env.gaffer(&["push", "emails"]);
     assert_eq!(o.status.code(), Some(2));
     let big = env.dir.path().join("big.jsonl");
     std::fs::write(&big, format!("{{}}\n\"{}\"\n", "x".repeat(2 * 1024 * 1024))).unwrap();
     let o = env.gaffer(&["push", "emails", "--file", big.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("exceeds the limit of 1048576 bytes"),
-        "{}",
-        stderr(&o)
-    );
+    assert_said(&o, "exceeds the limit of 1048576 bytes");
     assert_eq!(stats_json(&env)["queues"]["emails"]["enqueued_total"], 0);
 }
 
@@ -250,19 +243,11 @@ async fn dead_letters_listed_requeued_purged_and_cancel() {
     let o = env.gaffer(&["tasks", "requeue", "emails", first, "nope"]);
     assert_eq!(stdout(&o).trim(), "requeued 1 dead letters of emails");
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        stderr(&o).contains("1 of the 2 ids named are not dead letters of emails"),
-        "{}",
-        stderr(&o)
-    );
+    assert_said(&o, "1 of the 2 ids named are not dead letters of emails");
     // All of them, with no terminal to ask: refused unless --yes, nothing deleted.
     let o = env.gaffer(&["tasks", "purge", "emails"]);
     assert_eq!(o.status.code(), Some(2));
-    assert!(
-        stderr(&o).contains("purging every dead letter of emails needs --yes"),
-        "{}",
-        stderr(&o)
-    );
+    assert_said(&o, "purging every dead letter of emails needs --yes");
     assert_eq!(stats_json(&env)["queues"]["emails"]["dead"], 2);
     let o = env.gaffer(&["tasks", "purge", "emails", "--yes"]);
     assert_eq!(
@@ -428,11 +413,7 @@ async fn an_interrupted_bench_leaves_nothing_behind() {
     .unwrap();
     let o = child.wait_with_output().unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("interrupted: the bench's queues and keys were deleted"),
-        "{}",
-        stderr(&o)
-    );
+    assert_said(&o, "interrupted: the bench's queues and keys were deleted");
     let keys = all_keys(&env);
     assert!(keys.is_empty(), "left behind: {keys:?}");
 }
@@ -772,11 +753,7 @@ fn intake_switches_shows_and_resets() {
 
     let o = env.gaffer(&["push", "emails", "--payload", "{}"]);
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
-    assert!(
-        stderr(&o).contains("the intake of queue emails is closed"),
-        "{}",
-        stderr(&o)
-    );
+    assert_said(&o, "the intake of queue emails is closed");
     assert_eq!(stats_json(&env)["queues"]["emails"]["enqueued_total"], 0);
 
     let json: Value = serde_json::from_str(&intake(&["--json"])).unwrap();
