@@ -594,7 +594,9 @@ impl Manager {
                 let task = NewTask::new(payload).id(id.clone()).submitted_by(by);
                 match queue.enqueue(task).await {
                     Ok(_) => {}
-                    // Redis gone: the next tick goes on where this one stopped.
+                    // Redis gone: this fire, claimed already, may be lost (claimed
+                    // first, so that a fenced-off manager never fires); the next tick
+                    // goes on after it.
                     Err(e) if e.is_transient() => return Err(e.into()),
                     // Refused (a closed intake): this fire is dropped, said, and the
                     // other schedules still fire.

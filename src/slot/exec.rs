@@ -54,6 +54,9 @@ pub struct Exec {
     failed_in_a_row: u32,
     /// The ids of the last batch whose exchange failed.
     last_failed: Vec<String>,
+    /// The child answered in step but wrote more after its reply: it is stopped once the
+    /// exchange is over, and the next batch starts a new one.
+    restart_after_reply: bool,
 }
 
 /// Batches in a row a child may fail (crash, hang up, answer out of step) before the slot
@@ -422,14 +425,18 @@ pub fn parse_reply(
         let (id, status) = match ReplyEntry::deserialize(&value) {
             Ok(entry) => (entry.id, entry.status),
             // An entry without a readable id cannot be told apart from another batch's.
-            Err(e) => match EntryId::deserialize(&value) {
-                Ok(EntryId { id }) => (
+            // (an object: serde also reads a struct from an array of its fields)
+            Err(e) => match EntryId::deserialize(&value)
+                .ok()
+                .filter(|_| value.is_object())
+            {
+                Some(EntryId { id }) => (
                     id,
                     ReplyStatus::Unreadable {
                         reason: format!("exec: unreadable result entry: {e}"),
                     },
                 ),
-                Err(_) => return Err(malformed(format!("a result entry without an id: {e}"))),
+                None => return Err(malformed(format!("a result entry without an id: {e}"))),
             },
         };
         if !in_batch.contains(id.as_str()) {
@@ -656,7 +663,9 @@ impl Exec {
         if leftover {
             tracing::warn!(target: "gaffer::exec", pid,
                 "the exec child wrote more than its reply line on stdout (log to stderr instead); restarting it");
-            self.stop();
+            // (stopped once the exchange is over: a long task's watcher may still hold
+            // the child's pid until then)
+            self.restart_after_reply = true;
         }
         Ok(statuses)
     }
@@ -716,6 +725,7 @@ impl Handler for Exec {
             stop_writer: None,
             failed_in_a_row: 0,
             last_failed: Vec::new(),
+            restart_after_reply: false,
         })
     }
 
@@ -768,6 +778,9 @@ impl Handler for Exec {
             Ok(exchanged) => {
                 self.failed_in_a_row = 0;
                 self.last_failed.clear();
+                if std::mem::take(&mut self.restart_after_reply) {
+                    self.stop();
+                }
                 exchanged
             }
             Err(why) => {
@@ -1361,11 +1374,18 @@ for line in sys.stdin:
             matches!(&got[3], Some(ReplyStatus::Unreadable { reason }) if reason.contains("whole number")),
             "{got:?}"
         );
-        // Without an id, an entry cannot be told from another batch's: the line is bad.
-        assert!(matches!(
-            parse_reply(br#"{"results":[{"status":"ok"}]}"#, &["a"]),
-            Err(ReplyError::Malformed { .. })
-        ));
+        // Without an id, an entry cannot be told from another batch's: the line is bad;
+        // so is an entry that is no object (serde would read its fields from an array).
+        for line in [
+            &br#"{"results":[{"status":"ok"}]}"#[..],
+            br#"{"results":[["a"]]}"#,
+        ] {
+            assert!(
+                matches!(parse_reply(line, &["a"]), Err(ReplyError::Malformed { .. })),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
     }
 
     #[test]

@@ -558,6 +558,11 @@ impl Serving {
             .filter(|_| !self.stopping && self.recycle.is_none() && !self.stop.is_cancelled())
             .map(|t| t.batch.tasks.len() as u32);
         self.announced = next.is_some();
+        // A batch the handler gave up on is no finished batch: the master takes one as the
+        // end of a crash streak, and must instead back off when this slot exits crashed.
+        if self.handler_stop.given_up().is_some() {
+            return;
+        }
         self.reporter.send(&SlotEvent::BatchDone {
             slot,
             pid,
