@@ -1,6 +1,5 @@
 //! `gaffer manager`: the cluster's role.
 
-use std::hash::BuildHasher;
 use std::net::SocketAddr;
 
 use clap::Args;
@@ -23,15 +22,10 @@ pub struct ManagerArgs {
 pub async fn run(global: &Global, args: ManagerArgs) -> Result<(), CliError> {
     let cfg = global.load()?;
     let (url, connect) = global.redis_target(&cfg)?;
-    // A nonce besides host and pid: two managers in containers that share a host name
-    // and both run as pid 1 would otherwise each take the other's lease for its own.
-    let nonce =
-        std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now());
     let id = format!(
-        "{}:{}:{:04x}",
+        "{}:{}",
         crate::master::sysinfo::host_name(),
-        std::process::id(),
-        nonce & 0xffff
+        std::process::id()
     );
     let http = args.http.unwrap_or(cfg.manager.http);
     let mut opts = crate::manager::ManagerOptions::new(cfg, url, id);
