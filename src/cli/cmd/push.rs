@@ -182,38 +182,19 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
                 total - sent
             )));
         }
-        // A failure says how far the push got, as an interrupt does: a rerun without ids
-        // would enqueue what was sent twice (and a chunk goes in several calls, of which
-        // some may have been made).
-        let failed = |e: crate::queue_client::QueueError| -> CliError {
-            use crate::queue_client::QueueError::{Invalid, PayloadTooLarge};
-            // A refusal is found before any of its chunk is sent.
-            let refused = matches!(e, Invalid(_) | PayloadTooLarge { .. });
-            if total == 1 || (refused && sent == 0) {
-                return e.into();
-            }
-            if show_progress {
+        let at = PushAt {
+            queue: &args.queue,
+            total,
+            sent,
+            created,
+            in_flight: chunk.len(),
+            chains_left,
+        };
+        let failed = |e| {
+            if show_progress && total > 1 {
                 eprintln!();
             }
-            let in_flight = if refused {
-                format!("the other {} were not sent", total - sent)
-            } else {
-                format!(
-                    "the {} in flight may or may not be enqueued, and the other {} were not sent",
-                    chunk.len(),
-                    total - sent - chunk.len()
-                )
-            };
-            let said = anyhow::anyhow!(
-                "{e}: {sent} of {total} tasks sent to {} before ({created} enqueued, {} already pending); {in_flight}{chains_left}",
-                args.queue,
-                sent - created,
-            );
-            if refused {
-                CliError::Usage(format!("{said:#}"))
-            } else {
-                CliError::Runtime(said)
-            }
+            at.failed(e)
         };
         let done = match &stop {
             Some(s) => tokio::select! {
@@ -278,5 +259,58 @@ fn report(args: &PushArgs, total: usize, created: usize, ids: &[String]) {
             args.queue,
             total - created
         );
+    }
+}
+
+/// How far a bulk push got when a chunk failed.
+struct PushAt<'a> {
+    queue: &'a str,
+    total: usize,
+    /// Tasks sent before the chunk that failed.
+    sent: usize,
+    /// Of those, the ones enqueued (the rest were pending already).
+    created: usize,
+    /// The failed chunk's tasks.
+    in_flight: usize,
+    /// What the error adds about chains claimed for the tasks.
+    chains_left: &'static str,
+}
+
+impl PushAt<'_> {
+    /// The error of a failed chunk, saying how far the push got, as an interrupt does: a
+    /// rerun without ids would enqueue what was sent twice (and a chunk goes in several
+    /// calls, of which some may have been made). A refusal (found before any of its chunk
+    /// is sent) stays bad usage.
+    fn failed(&self, e: crate::queue_client::QueueError) -> CliError {
+        use crate::queue_client::QueueError::{Invalid, PayloadTooLarge};
+        let refused = matches!(e, Invalid(_) | PayloadTooLarge { .. });
+        let PushAt {
+            queue,
+            total,
+            sent,
+            created,
+            in_flight,
+            chains_left,
+        } = *self;
+        if total == 1 || (refused && sent == 0) {
+            return e.into();
+        }
+        let rest = if refused {
+            format!("the other {} were not sent", total - sent)
+        } else {
+            format!(
+                "the {in_flight} in flight may or may not be enqueued, and the other {} were not sent",
+                total - sent - in_flight
+            )
+        };
+        let said = anyhow::anyhow!(
+            "{e}: {sent} of {total} tasks sent to {queue} before ({created} enqueued, {} already pending); {rest}{chains_left}",
+            sent - created,
+        );
+        if refused {
+            CliError::Usage(format!("{said:#}"))
+        } else {
+            CliError::Runtime(said)
+        }
     }
 }
