@@ -42,6 +42,14 @@ redis.call('SET', KEYS[2], map)
 return version
 "#;
 
+/// Write the balancer's decisions if the lease is still `id:epoch`. Returns 1, or 0 when
+/// fenced off.
+const WRITE_DECISIONS: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+redis.call('SET', KEYS[2], ARGV[3])
+return 1
+";
+
 /// Record a schedule's fire time if the lease is ours and the time is new. Returns 1
 /// when this manager should enqueue it, 0 otherwise.
 const FIRE: &str = r"
@@ -127,6 +135,27 @@ impl Leadership {
             return Ok(None);
         }
         Ok(Some(version))
+    }
+
+    /// Writes the balancer's `decisions` (JSON) under the lease; false when fenced off,
+    /// which also means this manager is no longer leading.
+    pub async fn write_decisions(
+        &mut self,
+        conn: &mut RedisConn,
+        decisions: &str,
+    ) -> Result<bool, QueueError> {
+        let n: i64 = Script::new(WRITE_DECISIONS)
+            .key(self.keys.lease())
+            .key(self.keys.decisions())
+            .arg(&self.id)
+            .arg(self.epoch)
+            .arg(decisions)
+            .invoke_async(conn)
+            .await?;
+        if n == 0 {
+            self.epoch = 0;
+        }
+        Ok(n == 1)
     }
 
     /// Claims one fire of schedule `key` at `fire_ms`; true when this manager must

@@ -32,6 +32,14 @@ pub use window::StatsWindow;
 /// Expired task records deleted per queue and tick, at most: bounds one script's time.
 const HOUSEKEEP_PER_TICK: usize = 1000;
 
+/// Whether reading the queues' statistics also deletes their expired records: the leader
+/// does, a standby only reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Housekeep {
+    Yes,
+    No,
+}
+
 /// Everything a manager needs; built by `gaffer manager` or by a test.
 #[derive(Debug, Clone)]
 pub struct ManagerOptions {
@@ -324,7 +332,17 @@ impl Manager {
             () = self.adopt_published_config() => {}
             () = shutdown.cancelled() => return,
         }
-        if self.leading {
+        if !self.leading {
+            // A standby keeps its window warm, so that taking over decides on the load it
+            // has seen rather than on none.
+            if let Err(error) = self.observe().await {
+                TickFailed {
+                    step: Step::Observe,
+                    error: &error,
+                }
+                .emit();
+            }
+        } else {
             if let Err(error) = self.decide().await {
                 TickFailed {
                     step: Step::Decide,
@@ -402,13 +420,16 @@ impl Manager {
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
         let hosts = self.host_states(&reports, &draining, now_ms);
-        let queue_stats = self.queue_stats().await?;
+        let queue_stats = self.queue_stats(Housekeep::Yes).await?;
         let sample = self.sample(&queue_stats, &reports);
         let period = self.recorder.observe(&sample, now_ms, hosts_now(&hosts));
         let stats = self.windows(sample, &queue_stats);
         let current = cluster::read_map(&mut self.conn, &self.keys)
             .await?
             .unwrap_or_default();
+        if !self.window.has_rates() {
+            return self.hold(current).await;
+        }
         let now = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
         // A system paused or disabled at run time counts as paused in the config.
         let switches = self.client.read_switches().await?;
@@ -428,7 +449,15 @@ impl Manager {
         telemetry::queues(&queue_stats, &out.decisions);
         telemetry::HostCounts::of(&hosts).emit();
         let decisions = serde_json::to_string(&out.decisions)?;
-        let () = self.conn.set(self.keys.decisions(), decisions).await?;
+        if !self
+            .leadership
+            .write_decisions(&mut self.conn, &decisions)
+            .await?
+        {
+            telemetry::fenced(&self.opts.id);
+            self.leading = false;
+            return Ok(());
+        }
         if out.map != current.hosts || current.epoch != self.leadership.epoch() {
             self.write_map(out.map).await?;
         }
@@ -473,14 +502,43 @@ impl Manager {
             .collect()
     }
 
-    /// Every configured queue's statistics; each queue's expired records go on the way.
-    async fn queue_stats(&self) -> anyhow::Result<BTreeMap<String, QueueStats>> {
+    /// A standby's tick: the cluster's counters into the window, nothing written.
+    async fn observe(&mut self) -> anyhow::Result<()> {
+        let reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
+        let queue_stats = self.queue_stats(Housekeep::No).await?;
+        let sample = self.sample(&queue_stats, &reports);
+        self.window.record(sample);
+        Ok(())
+    }
+
+    /// A leader whose window holds no rates yet (it started this tick) keeps the map as it
+    /// is, written under its own epoch, rather than deciding on no load: every queue would
+    /// read as idle, and a busy one lose its slots for a tick.
+    async fn hold(&mut self, current: SlotMap) -> anyhow::Result<()> {
+        tracing::info!(
+            epoch = self.leadership.epoch(),
+            "holding the map until the load window spans a tick"
+        );
+        if current.epoch != self.leadership.epoch() {
+            self.write_map(current.hosts).await?;
+        }
+        Ok(())
+    }
+
+    /// Every configured queue's statistics; with [`Housekeep::Yes`] each queue's expired
+    /// records go on the way.
+    async fn queue_stats(
+        &self,
+        housekeep: Housekeep,
+    ) -> anyhow::Result<BTreeMap<String, QueueStats>> {
         let mut queue_stats = BTreeMap::new();
         for (name, q) in &self.opts.config.queues {
             let queue = self.client.queue_with(name, QueueLimits::from(q))?;
             queue_stats.insert(name.clone(), queue.stats().await?);
-            // Records whose history_ttl ran out go even where no slot takes.
-            queue.housekeep(HOUSEKEEP_PER_TICK).await?;
+            if housekeep == Housekeep::Yes {
+                // Records whose history_ttl ran out go even where no slot takes.
+                queue.housekeep(HOUSEKEEP_PER_TICK).await?;
+            }
         }
         Ok(queue_stats)
     }

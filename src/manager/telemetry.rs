@@ -60,6 +60,8 @@ pub(crate) enum Step {
     Decide,
     /// Firing the schedules.
     Schedules,
+    /// A standby reading the cluster's counters into its window.
+    Observe,
 }
 
 impl Step {
@@ -67,6 +69,7 @@ impl Step {
         match self {
             Step::Decide => "decide",
             Step::Schedules => "schedules",
+            Step::Observe => "observe",
         }
     }
 }

@@ -148,6 +148,12 @@ impl StatsWindow {
         }
     }
 
+    /// Whether it holds two samples, so rates over a span: with one, every queue reads as
+    /// idle.
+    pub fn has_rates(&self) -> bool {
+        self.samples.len() >= 2
+    }
+
     /// Time between the oldest and the newest sample kept.
     pub fn span(&self) -> Duration {
         match (self.samples.front(), self.samples.back()) {

@@ -199,6 +199,20 @@ async fn a_fenced_manager_cannot_write() {
         !first.claim_fire(&mut conn, "s", 1).await.unwrap(),
         "fenced"
     );
+    assert!(
+        !first
+            .write_decisions(&mut conn, "[\"stale\"]")
+            .await
+            .unwrap(),
+        "fenced"
+    );
+    assert!(second.write_decisions(&mut conn, "[]").await.unwrap());
+    let decisions: String = redis::cmd("GET")
+        .arg(keys.decisions())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(decisions, "[]", "the fenced manager wrote nothing");
     assert_eq!(second.write_map(&mut conn, &map).await.unwrap(), Some(2));
     let stored = cluster::read_map(&mut conn, &keys).await.unwrap().unwrap();
     assert_eq!((stored.epoch, stored.version), (2, 2));
@@ -255,6 +269,85 @@ async fn failover_after_sigstop_and_no_stale_map_after_sigcont() {
     );
     let stale_log = c.log(&format!("manager{}.log", if leader == m1 { 1 } else { 2 }));
     assert!(stale_log.contains("leading=false"), "{stale_log}");
+}
+
+/// A host whose queue `a` keeps `busy` slots busy: its counters grow with the time since
+/// `since`, as a master's would.
+async fn busy_heartbeat(client: &QueueClient, host: &str, since: Instant, busy: f64) {
+    let t = since.elapsed().as_secs_f64();
+    let queue = gaffer::cluster::QueueReport {
+        processed_total: (100.0 * t) as u64,
+        busy_seconds_total: busy * t,
+        slot_lifetime_seconds_total: (busy + 1.0) * t,
+        ..Default::default()
+    };
+    let report = HostReport {
+        host: host.into(),
+        started_ms: 1,
+        ts_ms: cluster::now_ms(),
+        capacity: 20,
+        handlers: vec!["noop".into()],
+        queues: [("a".to_string(), queue)].into(),
+        ..HostReport::default()
+    };
+    cluster::publish_host(&mut client.connection(), &Keys::new("test"), &report)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_failover_keeps_a_busy_queues_slots() {
+    // Four slots' worth of work and nothing waiting: the balancer asks for five slots
+    // (at 80 % utilisation) from the busy time alone. A manager that took over with an
+    // empty window read the queue as idle and took them away for a tick.
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmax_slots = 10\n").await;
+    let since = Instant::now();
+    busy_heartbeat(&c.client, "h1", since, 4.0).await;
+    let m1 = c.manager(1);
+    let m2 = c.manager(2);
+    let before = poll_some(
+        Duration::from_secs(20),
+        "a map for the busy queue",
+        || async {
+            busy_heartbeat(&c.client, "h1", since, 4.0).await;
+            let placed = c.placed("a").await.get("h1").copied().unwrap_or(0);
+            (placed >= 4).then_some(placed)
+        },
+    )
+    .await;
+    let first = c.map().await.unwrap();
+    let leader = c.leader(m1, m2).await;
+    signal(c.pid(leader), Signal::SIGKILL);
+    let seen = std::sync::Mutex::new(Vec::new());
+    poll_some(
+        Duration::from_secs(30),
+        "the standby to take over",
+        || async {
+            busy_heartbeat(&c.client, "h1", since, 4.0).await;
+            let m = c.map().await?;
+            if m.epoch > first.epoch {
+                let a = m.hosts.get("h1").and_then(|q| q.get("a"));
+                seen.lock().unwrap().push(a.copied().unwrap_or(0));
+            }
+            // a few of the new leader's ticks
+            (seen.lock().unwrap().len() >= 30).then_some(())
+        },
+    )
+    .await;
+    let seen = seen.into_inner().unwrap();
+    assert!(
+        seen.iter().all(|&n| n >= 4),
+        "the new leader took the busy queue's slots away (it had {before}): {seen:?}"
+    );
+    // The first leader held the map on its first tick; the standby's window was warm.
+    let log = |i| c.log(&format!("manager{}.log", if i == m1 { 1 } else { 2 }));
+    let standby = if leader == m1 { m2 } else { m1 };
+    assert!(log(leader).contains("holding the map"), "{}", log(leader));
+    assert!(
+        !log(standby).contains("holding the map"),
+        "{}",
+        log(standby)
+    );
 }
 
 #[tokio::test]
