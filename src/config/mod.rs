@@ -152,6 +152,9 @@ pub struct ManagerConfig {
     pub timezone: chrono_tz::Tz,
     /// A host silent for this long is dead and its slots are placed elsewhere.
     pub heartbeat_timeout: Duration,
+    /// A host silent for this long is forgotten: its report leaves `stats` and `top`.
+    /// Always longer than `heartbeat_timeout`.
+    pub forget_hosts_after: Duration,
     /// Where the manager serves `/metrics` and `/status`; loopback by default.
     pub http: SocketAddr,
 }
@@ -162,6 +165,7 @@ impl Default for ManagerConfig {
             tick: Duration::from_secs(2),
             timezone: chrono_tz::UTC,
             heartbeat_timeout: Duration::from_secs(10),
+            forget_hosts_after: Duration::from_secs(24 * 3600),
             http: SocketAddr::from((Ipv4Addr::LOCALHOST, 9465)),
         }
     }

@@ -35,6 +35,7 @@ pub(crate) struct RawManager {
     pub tick: S<Human<Duration>>,
     pub timezone: S<String>,
     pub heartbeat_timeout: S<Human<Duration>>,
+    pub forget_hosts_after: S<Human<Duration>>,
     pub http: S<String>,
 }
 

@@ -22,6 +22,7 @@ fn design_example_parses() {
     assert_eq!(c.manager.tick, Duration::from_secs(2));
     assert_eq!(c.manager.timezone, chrono_tz::Europe::Moscow);
     assert_eq!(c.manager.heartbeat_timeout, Duration::from_secs(10));
+    assert_eq!(c.manager.forget_hosts_after, Duration::from_secs(24 * 3600));
     assert_eq!(c.master.memory_reserve, 512 << 20);
     assert_eq!(c.master.slot_estimate, 64 << 20);
     assert_eq!(c.master.drain_timeout, Duration::from_secs(60));
@@ -635,7 +636,7 @@ fn every_refused_key_of_a_table_is_reported_at_once() {
         errors("[queues.a]\nhandlr = \"noop\"\n[manager]\ntick = \"1s\"\nbogus = 1\n"),
         [
             "t.toml:2:1: queues.a.handlr: unknown key `handlr`, did you mean `handler`?",
-            "t.toml:5:1: manager.bogus: unknown key `bogus`, expected one of `tick`, `timezone`, `heartbeat_timeout` or `http`",
+            "t.toml:5:1: manager.bogus: unknown key `bogus`, expected one of `tick`, `timezone`, `heartbeat_timeout`, `forget_hosts_after` or `http`",
         ]
     );
 }

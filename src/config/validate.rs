@@ -340,12 +340,50 @@ fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
             "masters report every second, so a shorter timeout declares live hosts dead",
         ),
     );
+    let forget_hosts_after = forget_hosts_after(c, raw.forget_hosts_after, heartbeat_timeout);
     ManagerConfig {
         http: listen_addr(c, "manager.http", raw.http, d.http),
         tick,
         timezone,
         heartbeat_timeout,
+        forget_hosts_after,
     }
+}
+
+/// `[manager].forget_hosts_after`: longer than the heartbeat timeout, or a host would be
+/// forgotten before it counts as dead.
+fn forget_hosts_after(
+    c: &mut Collector,
+    raw: S<Human<Duration>>,
+    heartbeat_timeout: Duration,
+) -> Duration {
+    let span = raw
+        .as_ref()
+        .filter(|v| v.get_ref().0.is_ok())
+        .map(|v| v.span());
+    let default = ManagerConfig::default().forget_hosts_after;
+    let got = duration(
+        c,
+        "manager",
+        "forget_hosts_after",
+        raw,
+        default,
+        Zero::Refused,
+    );
+    if let Some(span) = span
+        && got <= heartbeat_timeout
+    {
+        c.error(
+            span,
+            "manager.forget_hosts_after",
+            format!(
+                "must be longer than heartbeat_timeout ({}), got {}: a host is forgotten only once it is dead",
+                humantime::format_duration(heartbeat_timeout),
+                humantime::format_duration(got)
+            ),
+        );
+    }
+    got
 }
 
 /// An `IP:PORT` to listen on; `default` (with an error collected) when it is not one.

@@ -50,6 +50,16 @@ redis.call('SET', KEYS[2], ARGV[3])
 return 1
 ";
 
+/// Delete a host's report if the lease is still `id:epoch` and the report is still the
+/// one read (a master that came back meanwhile wrote a new one). Returns 1 when deleted,
+/// 0 when the report changed, -1 when fenced off.
+const FORGET_HOST: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return -1 end
+if redis.call('HGET', KEYS[2], ARGV[3]) ~= ARGV[4] then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[3])
+return 1
+";
+
 /// Record a schedule's fire time if the lease is ours and the time is new. Returns 1
 /// when this manager should enqueue it, 0 otherwise.
 const FIRE: &str = r"
@@ -156,6 +166,30 @@ impl Leadership {
             self.epoch = 0;
         }
         Ok(n == 1)
+    }
+
+    /// Deletes `host`'s report if it is still `report` (its JSON as read); None when fenced
+    /// off, else whether it was deleted.
+    pub async fn forget_host(
+        &mut self,
+        conn: &mut RedisConn,
+        host: &str,
+        report: &str,
+    ) -> Result<Option<bool>, QueueError> {
+        let n: i64 = Script::new(FORGET_HOST)
+            .key(self.keys.lease())
+            .key(self.keys.hosts())
+            .arg(&self.id)
+            .arg(self.epoch)
+            .arg(host)
+            .arg(report)
+            .invoke_async(conn)
+            .await?;
+        if n < 0 {
+            self.epoch = 0;
+            return Ok(None);
+        }
+        Ok(Some(n == 1))
     }
 
     /// Claims one fire of schedule `key` at `fire_ms`; true when this manager must

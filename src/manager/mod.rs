@@ -416,7 +416,10 @@ impl Manager {
     /// changed, or this epoch has not written it yet) the new map.
     async fn decide(&mut self) -> anyhow::Result<()> {
         let now_ms = cluster::now_ms();
-        let reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
+        let mut reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
+        if !self.forget_silent_hosts(&mut reports, now_ms).await? {
+            return Ok(());
+        }
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
         let hosts = self.host_states(&reports, &draining, now_ms);
@@ -424,12 +427,11 @@ impl Manager {
         let sample = self.sample(&queue_stats, &reports);
         let period = self.recorder.observe(&sample, now_ms, hosts_now(&hosts));
         let stats = self.windows(sample, &queue_stats);
-        let current = cluster::read_map(&mut self.conn, &self.keys)
-            .await?
-            .unwrap_or_default();
+        let current = cluster::read_map(&mut self.conn, &self.keys).await?;
         if !self.window.has_rates() {
             return self.hold(current).await;
         }
+        let current = current.unwrap_or_default();
         let now = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
         // A system paused or disabled at run time counts as paused in the config.
         let switches = self.client.read_switches().await?;
@@ -502,6 +504,58 @@ impl Manager {
             .collect()
     }
 
+    /// Deletes the reports of hosts silent past `[manager].forget_hosts_after` (fenced,
+    /// and only a report still as silent when deleted: a master that came back keeps its
+    /// new one) and leaves them out of `reports`. False when fenced off.
+    async fn forget_silent_hosts(
+        &mut self,
+        reports: &mut BTreeMap<String, HostReport>,
+        now_ms: u64,
+    ) -> anyhow::Result<bool> {
+        let after = u64::try_from(self.opts.config.manager.forget_hosts_after.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(self.blind.tolerance_ms(self.monotonic_ms()));
+        let silent = |r: &HostReport| now_ms.saturating_sub(r.ts_ms) > after;
+        let candidates: Vec<String> = reports
+            .iter()
+            .filter(|(_, r)| silent(r))
+            .map(|(h, _)| h.clone())
+            .collect();
+        for host in candidates {
+            let raw: Option<String> = self.conn.hget(self.keys.hosts(), &host).await?;
+            let report = raw
+                .as_deref()
+                .and_then(|j| serde_json::from_str::<HostReport>(j).ok());
+            let (Some(raw), Some(report)) = (raw.as_deref(), report) else {
+                continue;
+            };
+            if !silent(&report) {
+                continue;
+            }
+            match self
+                .leadership
+                .forget_host(&mut self.conn, &host, raw)
+                .await?
+            {
+                None => {
+                    telemetry::fenced(&self.opts.id);
+                    self.leading = false;
+                    return Ok(false);
+                }
+                Some(true) => {
+                    telemetry::HostForgotten {
+                        host: &host,
+                        silent_ms: now_ms.saturating_sub(report.ts_ms),
+                    }
+                    .emit();
+                    reports.remove(&host);
+                }
+                Some(false) => {}
+            }
+        }
+        Ok(true)
+    }
+
     /// A standby's tick: the cluster's counters into the window, nothing written.
     async fn observe(&mut self) -> anyhow::Result<()> {
         let reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
@@ -514,12 +568,15 @@ impl Manager {
     /// A leader whose window holds no rates yet (it started this tick) keeps the map as it
     /// is, written under its own epoch, rather than deciding on no load: every queue would
     /// read as idle, and a busy one lose its slots for a tick.
-    async fn hold(&mut self, current: SlotMap) -> anyhow::Result<()> {
+    async fn hold(&mut self, current: Option<SlotMap>) -> anyhow::Result<()> {
         tracing::info!(
             epoch = self.leadership.epoch(),
             "holding the map until the load window spans a tick"
         );
-        if current.epoch != self.leadership.epoch() {
+        // (no map yet: nothing to hold, and no older leader's map to fence)
+        if let Some(current) = current
+            && current.epoch != self.leadership.epoch()
+        {
             self.write_map(current.hosts).await?;
         }
         Ok(())

@@ -22,6 +22,7 @@ pub(crate) fn started(id: &str) {
     counter!("gaffer_manager_tick_errors_total").absolute(0);
     counter!("gaffer_manager_map_writes_total").absolute(0);
     counter!("gaffer_manager_fenced_total").absolute(0);
+    counter!("gaffer_manager_hosts_forgotten_total").absolute(0);
     gauge!("gaffer_manager_map_version").set(0.0);
     gauge!("gaffer_cluster_slots_mapped").set(0.0);
 }
@@ -150,6 +151,25 @@ impl ScheduleFired<'_> {
         } = *self;
         tracing::info!(queue, cron, fire_ms, id, "schedule fired");
         counter!("gaffer_schedule_fires_total", "queue" => queue.to_owned()).increment(1);
+    }
+}
+
+/// A host silent past `[manager].forget_hosts_after` was forgotten: its report deleted.
+pub(crate) struct HostForgotten<'a> {
+    /// The host's name.
+    pub(crate) host: &'a str,
+    /// How long it had been silent, ms.
+    pub(crate) silent_ms: u64,
+}
+
+impl HostForgotten<'_> {
+    /// Logs and counts it.
+    pub(crate) fn emit(&self) {
+        let silent = humantime::format_duration(std::time::Duration::from_millis(
+            self.silent_ms / 1000 * 1000,
+        ));
+        tracing::info!(host = self.host, silent = %silent, "forgot a host silent past forget_hosts_after");
+        counter!("gaffer_manager_hosts_forgotten_total").increment(1);
     }
 }
 

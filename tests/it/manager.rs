@@ -34,12 +34,19 @@ struct Cluster {
     config: PathBuf,
     client: QueueClient,
     procs: Procs,
+    /// Lines added to `[manager]` after `FAST`'s.
+    manager_extra: String,
 }
 
 const FAST: &str = "[manager]\ntick = \"200ms\"\nheartbeat_timeout = \"2s\"\n\n";
 
 impl Cluster {
     async fn start(tables: &str) -> Self {
+        Self::start_with("", tables).await
+    }
+
+    /// A cluster whose `[manager]` also has the lines `manager_extra`.
+    async fn start_with(manager_extra: &str, tables: &str) -> Self {
         let redis = TestRedis::start();
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("config.toml");
@@ -49,6 +56,7 @@ impl Cluster {
             dir,
             config,
             procs: Procs(Vec::new()),
+            manager_extra: manager_extra.to_string(),
         };
         c.write_config(tables);
         c
@@ -56,8 +64,9 @@ impl Cluster {
 
     fn write_config(&self, tables: &str) {
         let text = format!(
-            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n{FAST}{tables}",
-            self.redis.url()
+            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n{FAST}{}\n{tables}",
+            self.redis.url(),
+            self.manager_extra
         );
         std::fs::write(&self.config, text).unwrap();
     }
@@ -348,6 +357,55 @@ async fn a_failover_keeps_a_busy_queues_slots() {
         "{}",
         log(standby)
     );
+}
+
+#[tokio::test]
+async fn a_host_silent_past_forget_hosts_after_is_forgotten() {
+    let mut c = Cluster::start_with(
+        "forget_hosts_after = \"3s\"\n",
+        "[queues.a]\nhandler = \"noop\"\nmin_slots = 2\n",
+    )
+    .await;
+    heartbeat(&c.client, "gone", 10).await;
+    let started = Instant::now();
+    c.manager(1);
+    let keys = Keys::new("test");
+    let hosts = || async {
+        let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(keys.hosts())
+            .query_async(&mut c.client.connection())
+            .await
+            .unwrap();
+        raw.into_keys().collect::<BTreeSet<_>>()
+    };
+    // `stays` keeps reporting; `gone` said nothing after its first report.
+    poll_some(
+        Duration::from_secs(30),
+        "the silent host to be forgotten",
+        || async {
+            heartbeat(&c.client, "stays", 10).await;
+            let now = hosts().await;
+            assert!(now.contains("stays"), "a live host was forgotten: {now:?}");
+            (!now.contains("gone")).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "forgotten before forget_hosts_after: {:?}",
+        started.elapsed()
+    );
+    // Dead for a while first: its slots moved to the live host.
+    let placed = c.placed("a").await;
+    assert_eq!(placed.keys().collect::<Vec<_>>(), ["stays"], "{placed:?}");
+    let log = c.log("manager1.log");
+    assert!(
+        log.contains("forgot a host") && log.contains("host=\"gone\""),
+        "{log}"
+    );
+    // A master that reports again is known again.
+    heartbeat(&c.client, "gone", 10).await;
+    assert!(hosts().await.contains("gone"));
 }
 
 #[tokio::test]
