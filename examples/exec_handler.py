@@ -29,6 +29,10 @@ back to the queue unstarted, no attempt counted. Ignoring it is allowed: the ful
 used, it only keeps the slot from moving sooner. A stop line that arrives after the reply
 (the batch was already answered) needs nothing. This template looks for it between tasks.
 
+When the slot ends in order (stopped, scaled down, recycled), stdin closes between
+batches: end at the end of input, after closing what you hold. A process still running 5 s
+later gets SIGTERM, then SIGKILL 2 s after that.
+
 A payload that is not JSON arrives as a JSON string. A task left out of the reply is
 retried by the queue's policy; an unreadable reply or an exit retries the whole batch and
 gaffer starts a new process. stdout belongs to the protocol: log to stderr, which gaffer

@@ -39,6 +39,10 @@ const MAX_LOG_LINE: usize = 64 << 10;
 /// How much of a malformed reply the failure reason quotes.
 const QUOTE_CHARS: usize = 200;
 
+/// How long a child has to exit after its stdin closes at the slot's orderly end, before
+/// it gets SIGTERM (then SIGKILL [`KILL_AFTER_TERM`] later).
+pub const EXIT_GRACE: Duration = Duration::from_secs(5);
+
 /// Runs the queue's `command` as a child and exchanges one request and one reply per
 /// batch with it.
 #[derive(Debug)]
@@ -890,9 +894,79 @@ fn reply_outcome(status: Option<ReplyStatus>, task: &Task, queue: &QueueConfig) 
     }
 }
 
+impl Exec {
+    /// Ends the child as a program reading requests expects at the slot's orderly end:
+    /// its stdin closes (end of input), it has [`EXIT_GRACE`] to exit, then SIGTERM and
+    /// [`KILL_AFTER_TERM`], then SIGKILL. Whatever it started in its group is killed
+    /// once it exited, before it is reaped (the group's id is its pid until then).
+    fn close(&mut self) {
+        // The stop writer's copy of stdin would keep the end of input from the child.
+        self.stop_writer = None;
+        let Some(Running {
+            mut process,
+            stdin,
+            stdout,
+        }) = self.child.take()
+        else {
+            return;
+        };
+        drop(stdin);
+        drop(stdout);
+        let pid = process.id();
+        let mut how = "exited at the end of its input";
+        let mut exited = exited_within(pid, EXIT_GRACE);
+        for (sig, wait) in [
+            (Signal::SIGTERM, KILL_AFTER_TERM),
+            (Signal::SIGKILL, Duration::MAX),
+        ] {
+            if exited {
+                break;
+            }
+            tracing::info!(target: "gaffer::exec", pid, signal = %sig,
+                "the exec child has not exited since its input ended");
+            signal(pid, sig);
+            how = if sig == Signal::SIGTERM {
+                "stopped by SIGTERM"
+            } else {
+                "killed"
+            };
+            exited = exited_within(pid, wait);
+        }
+        signal(pid, Signal::SIGKILL);
+        match process.wait() {
+            Ok(status) => {
+                tracing::debug!(target: "gaffer::exec", pid, %status, how, "exec child ended")
+            }
+            Err(e) => tracing::warn!(target: "gaffer::exec", pid, "cannot reap exec child: {e}"),
+        }
+    }
+}
+
+/// Whether the child `pid` exits within `wait` (it is not reaped: its pid, and so its
+/// group's id, stay its own). An error asking counts as exited: there is no child to wait
+/// for.
+fn exited_within(pid: u32, wait: Duration) -> bool {
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    let deadline = Instant::now().checked_add(wait);
+    // Polled: a child's exit comes as SIGCHLD, which belongs to the slot's runtime.
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match waitid(Id::Pid(Pid::from_raw(pid as i32)), flags) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(_) | Err(_) => return true,
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
 impl Drop for Exec {
     fn drop(&mut self) {
-        self.stop();
+        self.close();
     }
 }
 

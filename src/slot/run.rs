@@ -31,6 +31,12 @@ use crate::queue_client::{
 pub use long::HANDED_BACK_NOTE;
 
 /// First pause after a failed attempt to reach Redis (or to settle).
+/// Longest a slot's orderly end waits for its handler to be dropped (an exec child's
+/// close: end of input, grace, SIGTERM, SIGKILL) before the process exits anyway.
+const CLOSE_WAIT: Duration = Duration::from_secs(
+    super::exec::EXIT_GRACE.as_secs() + crate::config::KILL_AFTER_TERM.as_secs() + 1,
+);
+
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest pause between attempts to reach Redis.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -135,7 +141,12 @@ enum StartError {
 /// The handler lives on its own thread so a blocking `handle` never stops lease
 /// extension, and a panic is caught there without taking the slot down.
 struct Worker {
-    tx: std_mpsc::Sender<(Vec<Task>, oneshot::Sender<Handled>)>,
+    /// Batches to the thread; taken at the drop, which ends the thread's loop.
+    tx: Option<std_mpsc::Sender<(Vec<Task>, oneshot::Sender<Handled>)>>,
+    /// Disconnects when the thread has ended, its handler dropped.
+    ended: std_mpsc::Receiver<()>,
+    /// Whether a batch is in the handler.
+    busy: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A batch back from the handler thread (so its payloads need not be copied to go
@@ -146,9 +157,14 @@ impl Worker {
     fn start(mut handler: Box<dyn Handler>, ctx: SlotContext) -> Result<Worker, StartError> {
         let (tx, rx) = std_mpsc::channel::<(Vec<Task>, oneshot::Sender<Handled>)>();
         let (init_tx, init_rx) = std_mpsc::channel();
+        let (ended_tx, ended) = std_mpsc::channel::<()>();
+        let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let in_handler = busy.clone();
         std::thread::Builder::new()
             .name("handler".into())
             .spawn(move || {
+                // (dropped last, once the handler is)
+                let _ended = ended_tx;
                 // init runs on this thread too: whatever it starts (an exec child with
                 // PDEATHSIG) is tied to a thread that lives as long as the slot.
                 let init = std::panic::catch_unwind(AssertUnwindSafe(|| handler.init(&ctx)));
@@ -162,21 +178,45 @@ impl Worker {
                     return;
                 }
                 while let Ok((batch, reply)) = rx.recv() {
+                    in_handler.store(true, std::sync::atomic::Ordering::Release);
                     let r =
                         std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(&ctx, &batch)))
                             .map_err(|p| panicked(&p));
+                    in_handler.store(false, std::sync::atomic::Ordering::Release);
                     let _ = reply.send((batch, r));
                 }
+                // An exec child is closed here (see `Exec::close`).
+                drop(handler);
             })
             .map_err(StartError::Thread)?;
         init_rx.recv().map_err(|_| StartError::ThreadEnded)??;
-        Ok(Worker { tx })
+        Ok(Worker {
+            tx: Some(tx),
+            ended,
+            busy,
+        })
     }
 
     fn handle(&self, batch: Vec<Task>) -> oneshot::Receiver<Handled> {
         let (reply, rx) = oneshot::channel();
-        let _ = self.tx.send((batch, reply));
+        if let Some(tx) = &self.tx {
+            let _ = tx.send((batch, reply));
+        }
         rx
+    }
+}
+
+impl Drop for Worker {
+    /// Ends the handler thread and waits (at most [`CLOSE_WAIT`]) for its handler to be
+    /// dropped, so that an exec child gets its orderly end before the slot exits and
+    /// PDEATHSIG kills it. A thread still in `handle` (a handler that hangs, which the
+    /// slot gave up on) is not waited for.
+    fn drop(&mut self) {
+        self.tx = None;
+        if self.busy.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let _ = self.ended.recv_timeout(CLOSE_WAIT);
     }
 }
 

@@ -618,3 +618,66 @@ for line in sys.stdin:
     let s = q.stats().await.unwrap();
     assert_eq!((s.acked_total, s.ready, s.leased), (3, 0, 0), "{s:?}");
 }
+
+/// An exec child in Python that answers every task ok, and at the end of its input (or at
+/// SIGTERM, when `hold_on` keeps it past the end of its input) writes what ended it to the
+/// file `marker` and exits.
+fn closing_child(marker: &Path, hold_on: bool) -> Vec<String> {
+    let script = r#"
+import json, signal, sys, time
+marker, hold_on = sys.argv[1], sys.argv[2] == "1"
+def ended(how):
+    with open(marker, "w") as f:
+        f.write(how)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, lambda *_: ended("terminated"))
+for line in sys.stdin:
+    req = json.loads(line)
+    if "batch" in req:
+        out = [{"id": t["id"], "status": "ok"} for t in req["batch"]]
+        print(json.dumps({"results": out}), flush=True)
+while hold_on:
+    time.sleep(1)
+ended("end of input")
+"#;
+    vec![
+        "python3".into(),
+        "-c".into(),
+        script.into(),
+        marker.display().to_string(),
+        if hold_on { "1" } else { "0" }.into(),
+    ]
+}
+
+/// Runs a slot of `command` over two tasks, stops it once they are done, and returns
+/// what the child wrote to its marker file by the time the slot had exited.
+async fn exec_child_end(command: impl FnOnce(&Path) -> Vec<String>) -> String {
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ended");
+    let cfg = exec_queue("closing", command(&marker), 10);
+    let handler = Registry::builtin().preload(&cfg).unwrap();
+    let slot = InProcess::start(&redis, cfg, handler, &[("a", "1"), ("b", "2")]).await;
+    poll_some(Duration::from_secs(30), "both tasks done", || async {
+        let s = slot.q.stats().await.unwrap();
+        (s.acked_total == 2).then_some(())
+    })
+    .await;
+    slot.stop();
+    std::fs::read_to_string(&marker).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn an_exec_child_reads_the_end_of_its_input_when_its_slot_stops() {
+    let how = exec_child_end(|m| closing_child(m, false)).await;
+    assert_eq!(
+        how, "end of input",
+        "the child was killed before it could end"
+    );
+}
+
+#[tokio::test]
+async fn an_exec_child_past_the_end_of_its_input_gets_sigterm() {
+    let how = exec_child_end(|m| closing_child(m, true)).await;
+    assert_eq!(how, "terminated", "the child got no SIGTERM before SIGKILL");
+}
