@@ -59,6 +59,11 @@ pub struct HostReport {
     pub handlers: Vec<String>,
     /// Version of the slot map the host follows (0: none seen yet).
     pub map_version: u64,
+    /// The highest manager epoch the master has seen (it ignores maps of lower ones): a
+    /// manager whose epoch restarted below it (Redis lost its data) raises its own past it.
+    /// Absent in the reports of masters from before it: 0.
+    #[serde(default)]
+    pub map_epoch: u64,
     /// Per queue served or recently served.
     pub queues: BTreeMap<String, QueueReport>,
 }

@@ -153,7 +153,8 @@ pub struct ManagerConfig {
     /// A host silent for this long is dead and its slots are placed elsewhere.
     pub heartbeat_timeout: Duration,
     /// A host silent for this long is forgotten: its report leaves `stats` and `top`.
-    /// Always longer than `heartbeat_timeout`.
+    /// Always longer than `heartbeat_timeout`: by default 24h, or twice the timeout when
+    /// that is longer.
     pub forget_hosts_after: Duration,
     /// Where the manager serves `/metrics` and `/status`; loopback by default.
     pub http: SocketAddr,

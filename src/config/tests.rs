@@ -820,3 +820,17 @@ fn prefetch_is_refused_where_a_batch_may_outlive_its_lease() {
         ["t.toml:3:12: queues.a.prefetch: expected a boolean, found integer `1`"]
     );
 }
+
+#[test]
+fn forget_hosts_after_stays_longer_than_the_heartbeat_timeout() {
+    let src = "[manager]\nheartbeat_timeout = \"30h\"\n[queues.a]\nhandler = \"noop\"\n";
+    let c = parse(src, "t.toml").unwrap();
+    assert_eq!(c.manager.forget_hosts_after, Duration::from_secs(60 * 3600));
+    let src = "[manager]\nheartbeat_timeout = \"30s\"\nforget_hosts_after = \"30s\"\n[queues.a]\nhandler = \"noop\"\n";
+    assert_eq!(
+        errors(src),
+        [
+            "t.toml:3:22: manager.forget_hosts_after: must be longer than heartbeat_timeout (30s), got 30s: a host is forgotten only once it is dead"
+        ]
+    );
+}

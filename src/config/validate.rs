@@ -361,7 +361,10 @@ fn forget_hosts_after(
         .as_ref()
         .filter(|v| v.get_ref().0.is_ok())
         .map(|v| v.span());
-    let default = ManagerConfig::default().forget_hosts_after;
+    // (a heartbeat timeout of a day or more moves the default past it)
+    let default = ManagerConfig::default()
+        .forget_hosts_after
+        .max(heartbeat_timeout.saturating_mul(2));
     let got = duration(
         c,
         "manager",

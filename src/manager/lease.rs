@@ -50,6 +50,21 @@ redis.call('SET', KEYS[2], ARGV[3])
 return 1
 ";
 
+/// Raise the epoch of the lease `id:epoch` past ARGV[3] (the highest a master has seen):
+/// the counter goes past it too, so no later manager falls below it again. Returns the new
+/// epoch, or 0 when fenced off.
+const RAISE_EPOCH: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+local epoch = redis.call('INCR', KEYS[2])
+local floor = tonumber(ARGV[3])
+if epoch <= floor then
+  epoch = floor + 1
+  redis.call('SET', KEYS[2], epoch)
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. epoch, 'KEEPTTL')
+return epoch
+";
+
 /// Delete a host's report if the lease is still `id:epoch` and the report is still the
 /// one read (a master that came back meanwhile wrote a new one). Returns 1 when deleted,
 /// 0 when the report changed, -1 when fenced off.
@@ -166,6 +181,26 @@ impl Leadership {
             self.epoch = 0;
         }
         Ok(n == 1)
+    }
+
+    /// Raises this manager's epoch past `seen`, the highest epoch a master has seen: after
+    /// Redis lost its data the epoch counter starts again from 1, and masters ignore every
+    /// map below the highest epoch they saw. False when fenced off (no longer leading).
+    pub async fn raise_epoch(
+        &mut self,
+        conn: &mut RedisConn,
+        seen: u64,
+    ) -> Result<bool, QueueError> {
+        let epoch: u64 = Script::new(RAISE_EPOCH)
+            .key(self.keys.lease())
+            .key(self.keys.epoch())
+            .arg(&self.id)
+            .arg(self.epoch)
+            .arg(seen)
+            .invoke_async(conn)
+            .await?;
+        self.epoch = epoch;
+        Ok(epoch > 0)
     }
 
     /// Deletes `host`'s report if it is still `report` (its JSON as read); None when fenced

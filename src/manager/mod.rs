@@ -334,8 +334,14 @@ impl Manager {
         }
         if !self.leading {
             // A standby keeps its window warm, so that taking over decides on the load it
-            // has seen rather than on none.
-            if let Err(error) = self.observe().await {
+            // has seen rather than on none. Not while Redis does not answer (the outage
+            // log said so once); and a stop cuts it short, as it writes nothing.
+            if self.outage.is_out() {
+                // (nothing to read)
+            } else if let Some(Err(error)) = tokio::select! {
+                r = self.observe() => Some(r),
+                () = shutdown.cancelled() => None,
+            } {
                 TickFailed {
                     step: Step::Observe,
                     error: &error,
@@ -420,6 +426,9 @@ impl Manager {
         if !self.forget_silent_hosts(&mut reports, now_ms).await? {
             return Ok(());
         }
+        if !self.epoch_above_the_masters(&reports).await? {
+            return Ok(());
+        }
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
         let hosts = self.host_states(&reports, &draining, now_ms);
@@ -502,6 +511,32 @@ impl Manager {
                 )
             })
             .collect()
+    }
+
+    /// Raises this leader's epoch past every epoch a master reports having seen, should
+    /// one be as high: the epoch counter restarted (Redis lost its data, or was replaced),
+    /// and those masters would ignore every map of this leader. False when fenced off.
+    async fn epoch_above_the_masters(
+        &mut self,
+        reports: &BTreeMap<String, HostReport>,
+    ) -> anyhow::Result<bool> {
+        let seen = reports.values().map(|r| r.map_epoch).max().unwrap_or(0);
+        let was = self.leadership.epoch();
+        if seen <= was {
+            return Ok(true);
+        }
+        if !self.leadership.raise_epoch(&mut self.conn, seen).await? {
+            telemetry::fenced(&self.opts.id);
+            self.leading = false;
+            return Ok(false);
+        }
+        telemetry::EpochRaised {
+            was,
+            seen,
+            epoch: self.leadership.epoch(),
+        }
+        .emit();
+        Ok(true)
     }
 
     /// Deletes the reports of hosts silent past `[manager].forget_hosts_after` (fenced,

@@ -48,6 +48,30 @@ impl LeadershipChanged<'_> {
     }
 }
 
+/// The leader raised its epoch past one a master had seen: the epoch counter restarted.
+pub(crate) struct EpochRaised {
+    /// The leader's epoch before.
+    pub(crate) was: u64,
+    /// The highest epoch a master reported.
+    pub(crate) seen: u64,
+    /// The leader's epoch now.
+    pub(crate) epoch: u64,
+}
+
+impl EpochRaised {
+    /// Logs it and sets the epoch gauge.
+    pub(crate) fn emit(&self) {
+        let Self { was, seen, epoch } = *self;
+        tracing::warn!(
+            was,
+            seen,
+            epoch,
+            "a master has seen a higher epoch than this leader's (the epoch counter restarted: did redis lose its data?); raised past it"
+        );
+        gauge!("gaffer_manager_epoch").set(epoch as f64);
+    }
+}
+
 pub(crate) fn tick_done(took: Duration) {
     counter!("gaffer_manager_ticks_total").increment(1);
     histogram!("gaffer_manager_tick_seconds").record(took.as_secs_f64());

@@ -169,6 +169,7 @@ impl Master {
         r.slots = self.slots.procs.len() as u32;
         r.handlers = self.opts.registry.names();
         r.map_version = self.orders.map.as_ref().map_or(0, |m| m.version);
+        r.map_epoch = self.orders.max_epoch;
         r.queues = queues;
         r
     }

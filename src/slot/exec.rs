@@ -816,6 +816,11 @@ impl Handler for Exec {
         }
         outcomes
     }
+
+    /// The child's orderly end (see [`Exec::close_child`]).
+    fn close(&mut self) {
+        self.close_child();
+    }
 }
 
 /// The outcomes of a batch the slot gives up on (see [`GIVE_UP_AFTER`]): those decided
@@ -899,19 +904,20 @@ impl Exec {
     /// its stdin closes (end of input), it has [`EXIT_GRACE`] to exit, then SIGTERM and
     /// [`KILL_AFTER_TERM`], then SIGKILL. Whatever it started in its group is killed
     /// once it exited, before it is reaped (the group's id is its pid until then).
-    fn close(&mut self) {
+    fn close_child(&mut self) {
         // The stop writer's copy of stdin would keep the end of input from the child.
         self.stop_writer = None;
+        // (stdout stays open until the child is reaped: a child that writes at the end of
+        // its input must not die of SIGPIPE for it)
         let Some(Running {
             mut process,
             stdin,
-            stdout,
+            stdout: _stdout,
         }) = self.child.take()
         else {
             return;
         };
         drop(stdin);
-        drop(stdout);
         let pid = process.id();
         let mut how = "exited at the end of its input";
         let mut exited = exited_within(pid, EXIT_GRACE);
@@ -966,7 +972,7 @@ fn exited_within(pid: u32, wait: Duration) -> bool {
 
 impl Drop for Exec {
     fn drop(&mut self) {
-        self.close();
+        self.close_child();
     }
 }
 
@@ -1616,7 +1622,7 @@ for line in sys.stdin:
     }
 
     #[test]
-    fn dropping_the_handler_kills_and_reaps_the_child() {
+    fn dropping_the_handler_ends_and_reaps_the_child() {
         let (mut exec, ctx) = example();
         assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
         let pid = exec.child_pid().unwrap();

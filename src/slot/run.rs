@@ -30,13 +30,13 @@ use crate::queue_client::{
 };
 pub use long::HANDED_BACK_NOTE;
 
-/// First pause after a failed attempt to reach Redis (or to settle).
-/// Longest a slot's orderly end waits for its handler to be dropped (an exec child's
-/// close: end of input, grace, SIGTERM, SIGKILL) before the process exits anyway.
+/// Longest a slot's orderly end waits for its handler's [`Handler::close`] (an exec
+/// child's: end of input, grace, SIGTERM, SIGKILL) before the process exits anyway.
 const CLOSE_WAIT: Duration = Duration::from_secs(
-    super::exec::EXIT_GRACE.as_secs() + crate::config::KILL_AFTER_TERM.as_secs() + 1,
+    super::exec::EXIT_GRACE.as_secs() + crate::config::KILL_AFTER_TERM.as_secs() + 2,
 );
 
+/// First pause after a failed attempt to reach Redis (or to settle).
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest pause between attempts to reach Redis.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -143,7 +143,7 @@ enum StartError {
 struct Worker {
     /// Batches to the thread; taken at the drop, which ends the thread's loop.
     tx: Option<std_mpsc::Sender<(Vec<Task>, oneshot::Sender<Handled>)>>,
-    /// Disconnects when the thread has ended, its handler dropped.
+    /// Disconnects when the thread has ended, its handler closed.
     ended: std_mpsc::Receiver<()>,
     /// Whether a batch is in the handler.
     busy: Arc<std::sync::atomic::AtomicBool>,
@@ -185,8 +185,10 @@ impl Worker {
                     in_handler.store(false, std::sync::atomic::Ordering::Release);
                     let _ = reply.send((batch, r));
                 }
-                // An exec child is closed here (see `Exec::close`).
-                drop(handler);
+                // Closed, not dropped: freeing what `preload` built would write to pages
+                // shared with the zygote, for nothing, as the process is about to exit.
+                handler.close();
+                std::mem::forget(handler);
             })
             .map_err(StartError::Thread)?;
         init_rx.recv().map_err(|_| StartError::ThreadEnded)??;
@@ -207,8 +209,8 @@ impl Worker {
 }
 
 impl Drop for Worker {
-    /// Ends the handler thread and waits (at most [`CLOSE_WAIT`]) for its handler to be
-    /// dropped, so that an exec child gets its orderly end before the slot exits and
+    /// Ends the handler thread and waits (at most [`CLOSE_WAIT`]) for its handler's
+    /// `close`, so that an exec child gets its orderly end before the slot exits and
     /// PDEATHSIG kills it. A thread still in `handle` (a handler that hangs, which the
     /// slot gave up on) is not waited for.
     fn drop(&mut self) {

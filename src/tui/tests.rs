@@ -122,6 +122,7 @@ fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) 
         cpus: 4,
         handlers: vec!["noop".into(), "sleep".into(), "exec".into()],
         map_version: 17,
+        map_epoch: 3,
         queues: slots
             .iter()
             .map(|(q, n)| {

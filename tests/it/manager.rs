@@ -222,6 +222,43 @@ async fn a_fenced_manager_cannot_write() {
         .await
         .unwrap();
     assert_eq!(decisions, "[]", "the fenced manager wrote nothing");
+    // Forgetting a host: fenced, and only the report as it was read.
+    let report = HostReport {
+        host: "h".into(),
+        ..HostReport::default()
+    };
+    cluster::publish_host(&mut conn, &keys, &report)
+        .await
+        .unwrap();
+    let read = serde_json::to_string(&report).unwrap();
+    assert_eq!(
+        first.forget_host(&mut conn, "h", &read).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        second
+            .forget_host(&mut conn, "h", "{\"stale\":1}")
+            .await
+            .unwrap(),
+        Some(false),
+        "a report that changed since it was read is kept"
+    );
+    assert!(
+        cluster::read_hosts(&mut conn, &keys)
+            .await
+            .unwrap()
+            .contains_key("h")
+    );
+    assert_eq!(
+        second.forget_host(&mut conn, "h", &read).await.unwrap(),
+        Some(true)
+    );
+    assert!(
+        cluster::read_hosts(&mut conn, &keys)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(second.write_map(&mut conn, &map).await.unwrap(), Some(2));
     let stored = cluster::read_map(&mut conn, &keys).await.unwrap().unwrap();
     assert_eq!((stored.epoch, stored.version), (2, 2));
@@ -395,7 +432,7 @@ async fn a_host_silent_past_forget_hosts_after_is_forgotten() {
         "forgotten before forget_hosts_after: {:?}",
         started.elapsed()
     );
-    // Dead for a while first: its slots moved to the live host.
+    // A forgotten host holds no slots.
     let placed = c.placed("a").await;
     assert_eq!(placed.keys().collect::<Vec<_>>(), ["stays"], "{placed:?}");
     let log = c.log("manager1.log");
@@ -406,6 +443,49 @@ async fn a_host_silent_past_forget_hosts_after_is_forgotten() {
     // A master that reports again is known again.
     heartbeat(&c.client, "gone", 10).await;
     assert!(hosts().await.contains("gone"));
+}
+
+#[tokio::test]
+async fn a_manager_whose_epoch_restarted_below_the_masters_raises_it() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 2\n").await;
+    let keys = Keys::new("test");
+    let mut conn = c.client.connection();
+    // An epoch counter that has counted a few leaders already.
+    let () = redis::cmd("SET")
+        .arg(keys.epoch())
+        .arg(4)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    c.master("h1");
+    c.manager(1);
+    let report = |want_epoch: u64, want_slots: u32| {
+        let mut conn = c.client.connection();
+        let keys = keys.clone();
+        async move {
+            let hosts = cluster::read_hosts(&mut conn, &keys).await.unwrap();
+            let r = hosts.get("h1")?;
+            let slots = r.queues.get("a").map_or(0, |q| q.slots);
+            (r.map_epoch >= want_epoch && slots == want_slots).then_some(r.map_epoch)
+        }
+    };
+    poll_some(Duration::from_secs(30), "the master on epoch 5", || {
+        report(5, 2)
+    })
+    .await;
+    // Redis loses everything (a restart without persistence): the epoch counter with it.
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    // A change only a map the master accepts can bring about.
+    c.cli(&["pause", "a"]);
+    let epoch = poll_some(
+        Duration::from_secs(30),
+        "the master to follow a new map",
+        || report(6, 0),
+    )
+    .await;
+    assert!(epoch > 5, "{epoch}");
+    let log = c.log("manager1.log");
+    assert!(log.contains("raised past it"), "{log}");
 }
 
 #[tokio::test]
