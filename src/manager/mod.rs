@@ -5,6 +5,7 @@
 //!
 //! It knows nothing of masters or slots beyond the reports they leave in Redis.
 
+mod heartbeats;
 mod lease;
 pub mod ring;
 mod telemetry;
@@ -111,6 +112,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         recorder: ring::Recorder::new(opts.trace_period),
         ring_keys: ring::RingKeys::new(&opts.config.cluster.namespace),
         blind: Blind::default(),
+        heartbeats: heartbeats::Heartbeats::default(),
         outage: OutageLog::default(),
         clock: Instant::now(),
         config_version: 0,
@@ -187,6 +189,8 @@ struct Manager {
     leading: bool,
     /// When this manager last went without Redis, to judge heartbeats fairly after it.
     blind: Blind,
+    /// How long each host has been silent, on this manager's clock.
+    heartbeats: heartbeats::Heartbeats,
     /// Redis outages, logged as spells.
     outage: OutageLog,
     /// Origin of [`Manager::monotonic_ms`] and of the window's time.
@@ -423,7 +427,9 @@ impl Manager {
     async fn decide(&mut self) -> anyhow::Result<()> {
         let now_ms = cluster::now_ms();
         let mut reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
-        if !self.forget_silent_hosts(&mut reports, now_ms).await? {
+        self.heartbeats
+            .observe(&reports, self.monotonic_ms(), now_ms);
+        if !self.forget_silent_hosts(&mut reports).await? {
             return Ok(());
         }
         if !self.epoch_above_the_masters(&reports).await? {
@@ -431,7 +437,7 @@ impl Manager {
         }
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
-        let hosts = self.host_states(&reports, &draining, now_ms);
+        let hosts = self.host_states(&reports, &draining);
         let queue_stats = self.queue_stats(Housekeep::Yes).await?;
         let sample = self.sample(&queue_stats, &reports);
         let period = self.recorder.observe(&sample, now_ms, hosts_now(&hosts));
@@ -486,17 +492,18 @@ impl Manager {
         Ok(())
     }
 
-    /// The balancer's view of each reporting host at `now_ms`: alive while its report is
-    /// younger than the heartbeat timeout (plus the grace after an outage of our own).
+    /// The balancer's view of each reporting host now: alive while it has been silent
+    /// (see [`heartbeats`]) no longer than the heartbeat timeout, plus the grace after an
+    /// outage of our own.
     fn host_states(
         &self,
         reports: &BTreeMap<String, HostReport>,
         draining: &BTreeSet<String>,
-        now_ms: u64,
     ) -> BTreeMap<String, HostState> {
+        let mono = self.monotonic_ms();
         let timeout = u64::try_from(self.opts.config.manager.heartbeat_timeout.as_millis())
             .unwrap_or(u64::MAX)
-            .saturating_add(self.blind.tolerance_ms(self.monotonic_ms()));
+            .saturating_add(self.blind.tolerance_ms(mono));
         reports
             .iter()
             .map(|(name, r)| {
@@ -505,7 +512,10 @@ impl Manager {
                     HostState {
                         capacity: r.capacity,
                         handlers: r.handlers.iter().cloned().collect(),
-                        alive: now_ms.saturating_sub(r.ts_ms) <= timeout,
+                        alive: self
+                            .heartbeats
+                            .silent_ms(name, mono)
+                            .is_some_and(|s| s <= timeout),
                         draining: r.draining || draining.contains(name),
                     },
                 )
@@ -545,18 +555,17 @@ impl Manager {
     async fn forget_silent_hosts(
         &mut self,
         reports: &mut BTreeMap<String, HostReport>,
-        now_ms: u64,
     ) -> anyhow::Result<bool> {
+        let mono = self.monotonic_ms();
         let after = u64::try_from(self.opts.config.manager.forget_hosts_after.as_millis())
             .unwrap_or(u64::MAX)
-            .saturating_add(self.blind.tolerance_ms(self.monotonic_ms()));
-        let silent = |r: &HostReport| now_ms.saturating_sub(r.ts_ms) > after;
-        let candidates: Vec<String> = reports
-            .iter()
-            .filter(|(_, r)| silent(r))
-            .map(|(h, _)| h.clone())
+            .saturating_add(self.blind.tolerance_ms(mono));
+        let candidates: Vec<(String, u64)> = reports
+            .keys()
+            .filter_map(|h| Some((h.clone(), self.heartbeats.silent_ms(h, mono)?)))
+            .filter(|(_, silent)| *silent > after)
             .collect();
-        for host in candidates {
+        for (host, silent_ms) in candidates {
             let raw: Option<String> = self.conn.hget(self.keys.hosts(), &host).await?;
             let report = raw
                 .as_deref()
@@ -564,7 +573,8 @@ impl Manager {
             let (Some(raw), Some(report)) = (raw.as_deref(), report) else {
                 continue;
             };
-            if !silent(&report) {
+            // (a report that changed since is a master that came back)
+            if !self.heartbeats.is_last_seen(&report) {
                 continue;
             }
             match self
@@ -580,7 +590,7 @@ impl Manager {
                 Some(true) => {
                     telemetry::HostForgotten {
                         host: &host,
-                        silent_ms: now_ms.saturating_sub(report.ts_ms),
+                        silent_ms,
                     }
                     .emit();
                     reports.remove(&host);
@@ -594,6 +604,8 @@ impl Manager {
     /// A standby's tick: the cluster's counters into the window, nothing written.
     async fn observe(&mut self) -> anyhow::Result<()> {
         let reports = cluster::read_hosts(&mut self.conn, &self.keys).await?;
+        self.heartbeats
+            .observe(&reports, self.monotonic_ms(), cluster::now_ms());
         let queue_stats = self.queue_stats(Housekeep::No).await?;
         let sample = self.sample(&queue_stats, &reports);
         self.window.record(sample);

@@ -817,7 +817,7 @@ impl Handler for Exec {
         outcomes
     }
 
-    /// The child's orderly end (see [`Exec::close_child`]).
+    /// The child's orderly end: end of input, 5 s, SIGTERM, 2 s, SIGKILL to its group.
     fn close(&mut self) {
         self.close_child();
     }

@@ -162,9 +162,14 @@ fn signal(pid: u32, sig: Signal) {
 
 /// A host that is only a report: enough for the manager to place slots on it.
 async fn heartbeat(client: &QueueClient, host: &str, capacity: u32) {
+    heartbeat_skewed(client, host, capacity, 0).await;
+}
+
+/// [`heartbeat`] from a host whose clock is `skew_ms` ahead (negative: behind).
+async fn heartbeat_skewed(client: &QueueClient, host: &str, capacity: u32, skew_ms: i64) {
     let report = HostReport {
         host: host.into(),
-        ts_ms: cluster::now_ms(),
+        ts_ms: cluster::now_ms().saturating_add_signed(skew_ms),
         capacity,
         handlers: vec!["noop".into(), "sleep".into()],
         ..HostReport::default()
@@ -486,6 +491,36 @@ async fn a_manager_whose_epoch_restarted_below_the_masters_raises_it() {
     assert!(epoch > 5, "{epoch}");
     let log = c.log("manager1.log");
     assert!(log.contains("raised past it"), "{log}");
+}
+
+#[tokio::test]
+async fn hosts_are_judged_alive_by_their_reports_changing_not_by_their_clocks() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 2\n").await;
+    c.manager(1);
+    // A host whose clock runs a minute ahead: by the wall clocks, its last report would
+    // look fresh for a minute after it stopped.
+    poll_some(
+        Duration::from_secs(30),
+        "slots on the early host",
+        || async {
+            heartbeat_skewed(&c.client, "early", 10, 60_000).await;
+            c.placed("a").await.get("early").copied()
+        },
+    )
+    .await;
+    // It stops; one whose clock runs a minute behind reports instead (every report a
+    // minute old by the wall clocks, far past the 2 s timeout). The slots move to it
+    // within the heartbeat timeout.
+    poll_some(
+        Duration::from_secs(20),
+        "the slots on the late host",
+        || async {
+            heartbeat_skewed(&c.client, "late", 10, -60_000).await;
+            let placed = c.placed("a").await;
+            (placed.keys().collect::<Vec<_>>() == ["late"]).then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
