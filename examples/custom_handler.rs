@@ -52,6 +52,12 @@ impl Handler for Geocode {
         Ok(())
     }
 
+    fn close(&mut self) {
+        // Flush and close what `init` opened: the slot ends (stopped, scaled down,
+        // recycled). `Drop` does not run in a forked slot.
+        eprintln!("geocode slot closing");
+    }
+
     fn handle(&mut self, _ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
         batch
             .iter()

@@ -6,7 +6,8 @@
 //! check the leadership lease and write the map in one step) are single-slot on a Redis
 //! Cluster:
 //! - `NS:{cluster}:hosts`: hash, host name → JSON [`HostReport`], rewritten every master
-//!   tick; a host is alive while its `ts_ms` is within the manager's heartbeat timeout.
+//!   tick; the manager counts a host alive while its report keeps changing (its `ts_ms`
+//!   is compared only with its own earlier ones: `manager/heartbeats.rs`).
 //! - `NS:{cluster}:map`: string, JSON [`SlotMap`]: slots per host and queue, with the
 //!   writer's fencing epoch and a version.
 //! - `NS:{cluster}:lease`, `NS:{cluster}:epoch`: the manager's leadership (see

@@ -472,10 +472,11 @@ pub trait Handler: Send + 'static {
     /// simply ignores the stop and returns the whole batch's outcomes, as before.
     fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome>;
 
-    /// Runs once at the slot's orderly end (stopped, scaled down, recycled), after the
-    /// last batch, on the handler's thread: flush and close what `init` opened. The slot
-    /// waits for it (a few seconds at most) before it exits. The handler is not dropped
-    /// afterwards: the process exits, and freeing what `preload` built would only write to
+    /// Runs once when the slot ends on its own (stopped, scaled down, recycled, or after
+    /// an error it exits on) with no batch in the handler, on the handler's thread: flush
+    /// and close what `init` opened. The slot waits for it (a few seconds at most) before
+    /// it exits. In a forked slot the handler is not dropped afterwards (`Drop` does not
+    /// run): the process exits, and freeing what `preload` built would only write to
     /// memory shared with the zygote. Not called when the slot is killed.
     fn close(&mut self) {}
 }

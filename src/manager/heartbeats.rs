@@ -19,6 +19,8 @@ use crate::cluster::HostReport;
 #[derive(Debug, Default, Clone)]
 pub struct Heartbeats {
     seen: HashMap<String, Seen>,
+    /// When reports were last observed (monotonic ms).
+    last_observed: Option<i64>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +30,8 @@ struct Seen {
     /// When it last changed, on the manager's monotonic clock (ms, may lie before its
     /// origin for a report first seen old).
     changed_at: i64,
+    /// When this manager first saw the host (monotonic ms).
+    first_seen: i64,
 }
 
 impl Heartbeats {
@@ -35,26 +39,29 @@ impl Heartbeats {
     /// `wall_ms` (its wall clock); hosts no longer reporting are forgotten.
     pub fn observe(&mut self, reports: &BTreeMap<String, HostReport>, mono_ms: u64, wall_ms: u64) {
         let now = i64::try_from(mono_ms).unwrap_or(i64::MAX);
+        // A report that changed since the last look changed at most that long ago, and
+        // its age by the wall clocks says when within that gap (a host that died during a
+        // long gap is not fresh now); a skewed clock can cost at most the gap.
+        let gap = self
+            .last_observed
+            .map_or(i64::MAX, |t| now.saturating_sub(t));
+        self.last_observed = Some(now);
         self.seen.retain(|host, _| reports.contains_key(host));
         for (host, r) in reports {
+            let age = i64::try_from(wall_ms.saturating_sub(r.ts_ms)).unwrap_or(i64::MAX);
             match self.seen.get_mut(host) {
                 Some(s) if s.ts_ms == r.ts_ms => {}
                 Some(s) => {
-                    *s = Seen {
-                        ts_ms: r.ts_ms,
-                        changed_at: now,
-                    }
+                    s.ts_ms = r.ts_ms;
+                    s.changed_at = now.saturating_sub(age.min(gap));
                 }
                 None => {
-                    let age = i64::try_from(wall_ms.saturating_sub(r.ts_ms)).unwrap_or(i64::MAX);
-                    let changed_at = now.saturating_sub(age);
-                    self.seen.insert(
-                        host.clone(),
-                        Seen {
-                            ts_ms: r.ts_ms,
-                            changed_at,
-                        },
-                    );
+                    let seen = Seen {
+                        ts_ms: r.ts_ms,
+                        changed_at: now.saturating_sub(age),
+                        first_seen: now,
+                    };
+                    self.seen.insert(host.clone(), seen);
                 }
             }
         }
@@ -65,6 +72,16 @@ impl Heartbeats {
         let s = self.seen.get(host)?;
         let now = i64::try_from(mono_ms).unwrap_or(i64::MAX);
         Some(u64::try_from(now.saturating_sub(s.changed_at)).unwrap_or(0))
+    }
+
+    /// How long this manager has watched `host` at `mono_ms`: a host is forgotten only
+    /// once watched past a heartbeat timeout, so that its silence was measured by its
+    /// reports, not by the wall clocks of first sight.
+    pub fn watched_ms(&self, host: &str, mono_ms: u64) -> u64 {
+        let now = i64::try_from(mono_ms).unwrap_or(i64::MAX);
+        self.seen.get(host).map_or(0, |s| {
+            u64::try_from(now.saturating_sub(s.first_seen)).unwrap_or(0)
+        })
     }
 
     /// Whether `report` is the one last observed of its host (unchanged since).
@@ -107,7 +124,8 @@ mod tests {
         for s in 1..=5u64 {
             let ts = wall - 60_000 + s * 1000;
             hb.observe(&reports(&[("late", ts)]), s * 1000, wall + s * 1000);
-            assert_eq!(hb.silent_ms("late", s * 1000 + 300), Some(300));
+            // (a changed report counts from the last look at most: a tick, here 1 s)
+            assert_eq!(hb.silent_ms("late", s * 1000 + 300), Some(1300));
         }
     }
 
@@ -126,6 +144,17 @@ mod tests {
             );
         }
         assert_eq!(hb.silent_ms("early", 20_000), Some(20_000));
+    }
+
+    #[test]
+    fn a_report_that_changed_during_a_long_gap_is_no_fresher_than_its_age() {
+        let mut hb = Heartbeats::default();
+        let wall = 1_000_000_000;
+        hb.observe(&reports(&[("h", wall)]), 0, wall);
+        // Not observed for 30 s; the host's last report came 2 s into the gap.
+        hb.observe(&reports(&[("h", wall + 2_000)]), 30_000, wall + 30_000);
+        assert_eq!(hb.silent_ms("h", 30_000), Some(28_000));
+        assert_eq!(hb.watched_ms("h", 30_000), 30_000);
     }
 
     #[test]

@@ -61,7 +61,7 @@ if epoch <= floor then
   epoch = floor + 1
   redis.call('SET', KEYS[2], epoch)
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. epoch, 'KEEPTTL')
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%d', epoch), 'KEEPTTL')
 return epoch
 ";
 

@@ -33,6 +33,10 @@ pub use window::StatsWindow;
 /// Expired task records deleted per queue and tick, at most: bounds one script's time.
 const HOUSEKEEP_PER_TICK: usize = 1000;
 
+/// Epochs a master may report and a leader raise its own past: far beyond any count of
+/// leader changes, and exact in a Lua number.
+const MAX_EPOCH: u64 = 1 << 40;
+
 /// Whether reading the queues' statistics also deletes their expired records: the leader
 /// does, a standby only reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -530,8 +534,14 @@ impl Manager {
         &mut self,
         reports: &BTreeMap<String, HostReport>,
     ) -> anyhow::Result<bool> {
-        let seen = reports.values().map(|r| r.map_epoch).max().unwrap_or(0);
         let was = self.leadership.epoch();
+        // An epoch no leader change could reach (a corrupt report) is not followed.
+        let seen = reports
+            .values()
+            .map(|r| r.map_epoch)
+            .filter(|&e| e < MAX_EPOCH)
+            .max()
+            .unwrap_or(0);
         if seen <= was {
             return Ok(true);
         }
@@ -560,8 +570,14 @@ impl Manager {
         let after = u64::try_from(self.opts.config.manager.forget_hosts_after.as_millis())
             .unwrap_or(u64::MAX)
             .saturating_add(self.blind.tolerance_ms(mono));
+        // Watched past a heartbeat timeout first: at first sight a report's age is only
+        // what the wall clocks say, and a host whose clock runs far behind would be
+        // forgotten the moment it is seen, again at each report.
+        let watch = u64::try_from(self.opts.config.manager.heartbeat_timeout.as_millis())
+            .unwrap_or(u64::MAX);
         let candidates: Vec<(String, u64)> = reports
             .keys()
+            .filter(|h| self.heartbeats.watched_ms(h, mono) > watch)
             .filter_map(|h| Some((h.clone(), self.heartbeats.silent_ms(h, mono)?)))
             .filter(|(_, silent)| *silent > after)
             .collect();

@@ -907,17 +907,20 @@ impl Exec {
     fn close_child(&mut self) {
         // The stop writer's copy of stdin would keep the end of input from the child.
         self.stop_writer = None;
-        // (stdout stays open until the child is reaped: a child that writes at the end of
-        // its input must not die of SIGPIPE for it)
         let Some(Running {
             mut process,
             stdin,
-            stdout: _stdout,
+            mut stdout,
         }) = self.child.take()
         else {
             return;
         };
         drop(stdin);
+        // Read to its end and dropped: a child that writes at the end of its input must
+        // neither die of SIGPIPE nor block on a full pipe for it.
+        let _ = std::thread::Builder::new()
+            .name("exec-stdout-drain".into())
+            .spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         let pid = process.id();
         let mut how = "exited at the end of its input";
         let mut exited = exited_within(pid, EXIT_GRACE);

@@ -154,7 +154,13 @@ struct Worker {
 type Handled = (Vec<Task>, HandleResult);
 
 impl Worker {
-    fn start(mut handler: Box<dyn Handler>, ctx: SlotContext) -> Result<Worker, StartError> {
+    /// Starts the handler's thread; `forked`: the slot is a process of its own, which
+    /// exits after the handler's `close` (see below).
+    fn start(
+        mut handler: Box<dyn Handler>,
+        ctx: SlotContext,
+        forked: bool,
+    ) -> Result<Worker, StartError> {
         let (tx, rx) = std_mpsc::channel::<(Vec<Task>, oneshot::Sender<Handled>)>();
         let (init_tx, init_rx) = std_mpsc::channel();
         let (ended_tx, ended) = std_mpsc::channel::<()>();
@@ -185,10 +191,16 @@ impl Worker {
                     in_handler.store(false, std::sync::atomic::Ordering::Release);
                     let _ = reply.send((batch, r));
                 }
-                // Closed, not dropped: freeing what `preload` built would write to pages
-                // shared with the zygote, for nothing, as the process is about to exit.
-                handler.close();
-                std::mem::forget(handler);
+                if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| handler.close())) {
+                    tracing::warn!(queue = %ctx.queue.name, slot = ctx.slot,
+                        "handler close panicked: {}", panicked(&p));
+                }
+                // In a forked slot, closed but not dropped: freeing what `preload` built
+                // would write to pages shared with the zygote, for nothing, as the process
+                // is about to exit. A slot run inside another process drops it.
+                if forked {
+                    std::mem::forget(handler);
+                }
             })
             .map_err(StartError::Thread)?;
         init_rx.recv().map_err(|_| StartError::ThreadEnded)??;
@@ -260,6 +272,7 @@ async fn run(
         chains,
     } = spec;
     let pid = std::process::id();
+    let forked = stop.is_none();
     // (a slot started in-process by a test is stopped by its token alone)
     let (stop, retire) = match stop {
         Some(token) => (token, CancellationToken::new()),
@@ -299,7 +312,7 @@ async fn run(
         cancel: cancel.clone(),
         stop: handler_stop.clone(),
     };
-    let worker = match Worker::start(handler, ctx) {
+    let worker = match Worker::start(handler, ctx, forked) {
         Ok(w) => w,
         Err(e) => return (EXIT_FATAL, e.to_string()),
     };

@@ -268,6 +268,22 @@ async fn a_fenced_manager_cannot_write() {
     let stored = cluster::read_map(&mut conn, &keys).await.unwrap().unwrap();
     assert_eq!((stored.epoch, stored.version), (2, 2));
     assert!(!first.renew(&mut conn).await.unwrap(), "and it steps down");
+    // Raising the epoch past what masters saw: fenced; the counter goes past it too, and
+    // the lease keeps its time.
+    assert!(!first.raise_epoch(&mut conn, 10).await.unwrap(), "fenced");
+    assert!(second.raise_epoch(&mut conn, 10).await.unwrap());
+    assert_eq!(second.epoch(), 11);
+    let (lease, ttl, counter): (String, i64, u64) = redis::pipe()
+        .get(keys.lease())
+        .pttl(keys.lease())
+        .get(keys.epoch())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!((lease.as_str(), counter), ("second:11", 11));
+    assert!(ttl > 0, "{ttl}");
+    assert!(second.renew(&mut conn).await.unwrap());
+    assert_eq!(second.epoch(), 11, "renewed at the raised epoch");
 }
 
 #[tokio::test]

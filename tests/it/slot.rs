@@ -592,3 +592,65 @@ async fn one_datagram_ends_a_batch_and_starts_the_next() {
         ]
     );
 }
+
+/// Says "closed" when closed and "dropped" when dropped, and panics in `close` when told.
+struct Closes {
+    said: std::sync::mpsc::Sender<&'static str>,
+    panic_in_close: bool,
+}
+
+impl Handler for Closes {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Err(HandlerError::new("built by the test"))
+    }
+
+    fn handle(&mut self, _: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        vec![Outcome::done(); batch.len()]
+    }
+
+    fn close(&mut self) {
+        let _ = self.said.send("closed");
+        assert!(!self.panic_in_close, "close panics");
+    }
+}
+
+impl Drop for Closes {
+    fn drop(&mut self) {
+        let _ = self.said.send("dropped");
+    }
+}
+
+#[tokio::test]
+async fn a_handler_is_closed_when_its_slot_ends_and_a_panic_there_is_contained() {
+    for panic_in_close in [false, true] {
+        let redis = TestRedis::start();
+        let q = redis.client().await.queue("c").unwrap();
+        q.enqueue(NewTask::new("{}")).await.unwrap();
+        let cfg = QueueConfig::new("c", HandlerConfig::named(HandlerConfig::NOOP));
+        let (report, _events) = UnixDatagram::pair().unwrap();
+        let (said, heard) = std::sync::mpsc::channel();
+        let handler = Closes {
+            said,
+            panic_in_close,
+        };
+        let stop = CancellationToken::new();
+        let slot = {
+            let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+            std::thread::spawn(move || run_slot(spec, Box::new(handler), Some(stop)))
+        };
+        eventually(Duration::from_secs(20), "the task done", || async {
+            q.stats().await.unwrap().acked_total == 1
+        })
+        .await;
+        stop.cancel();
+        assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+        // Closed before the slot returned, then dropped (a slot in another process's
+        // thread drops its handler; a forked one only closes it).
+        let heard: Vec<_> = heard.try_iter().collect();
+        assert_eq!(
+            heard,
+            ["closed", "dropped"],
+            "panic_in_close: {panic_in_close}"
+        );
+    }
+}
