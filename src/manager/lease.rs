@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redis::Script;
+use redis::{Script, ScriptInvocation};
 
 use crate::cluster::{Keys, SlotMap};
 use crate::queue_client::{QueueError, RedisConn};
@@ -123,6 +123,14 @@ impl Leadership {
         self.epoch
     }
 
+    /// An invocation of `script`, fenced: its keys the lease and `key`, its first two
+    /// arguments this manager's id and epoch (the scripts compare the lease with them).
+    fn fenced<'a>(&self, script: &'a Script, key: String) -> ScriptInvocation<'a> {
+        let mut inv = script.key(self.keys.lease());
+        inv.key(key).arg(&self.id).arg(self.epoch);
+        inv
+    }
+
     /// Acquires or renews the lease; true while leading.
     pub async fn renew(&mut self, conn: &mut RedisConn) -> Result<bool, QueueError> {
         let epoch: u64 = Script::new(ACQUIRE)
@@ -147,11 +155,8 @@ impl Leadership {
         map.epoch = self.epoch;
         map.version = 0;
         let json = serde_json::to_string(&map).map_err(|e| QueueError::Protocol(e.to_string()))?;
-        let version: u64 = Script::new(WRITE_MAP)
-            .key(self.keys.lease())
-            .key(self.keys.map())
-            .arg(&self.id)
-            .arg(self.epoch)
+        let version: u64 = self
+            .fenced(&Script::new(WRITE_MAP), self.keys.map())
             .arg(json)
             .invoke_async(conn)
             .await?;
@@ -169,11 +174,8 @@ impl Leadership {
         conn: &mut RedisConn,
         decisions: &str,
     ) -> Result<bool, QueueError> {
-        let n: i64 = Script::new(WRITE_DECISIONS)
-            .key(self.keys.lease())
-            .key(self.keys.decisions())
-            .arg(&self.id)
-            .arg(self.epoch)
+        let n: i64 = self
+            .fenced(&Script::new(WRITE_DECISIONS), self.keys.decisions())
             .arg(decisions)
             .invoke_async(conn)
             .await?;
@@ -191,11 +193,8 @@ impl Leadership {
         conn: &mut RedisConn,
         seen: u64,
     ) -> Result<bool, QueueError> {
-        let epoch: u64 = Script::new(RAISE_EPOCH)
-            .key(self.keys.lease())
-            .key(self.keys.epoch())
-            .arg(&self.id)
-            .arg(self.epoch)
+        let epoch: u64 = self
+            .fenced(&Script::new(RAISE_EPOCH), self.keys.epoch())
             .arg(seen)
             .invoke_async(conn)
             .await?;
@@ -211,11 +210,8 @@ impl Leadership {
         host: &str,
         report: &str,
     ) -> Result<Option<bool>, QueueError> {
-        let n: i64 = Script::new(FORGET_HOST)
-            .key(self.keys.lease())
-            .key(self.keys.hosts())
-            .arg(&self.id)
-            .arg(self.epoch)
+        let n: i64 = self
+            .fenced(&Script::new(FORGET_HOST), self.keys.hosts())
             .arg(host)
             .arg(report)
             .invoke_async(conn)
@@ -235,11 +231,8 @@ impl Leadership {
         key: &str,
         fire_ms: i64,
     ) -> Result<bool, QueueError> {
-        let n: i64 = Script::new(FIRE)
-            .key(self.keys.lease())
-            .key(self.keys.schedules())
-            .arg(&self.id)
-            .arg(self.epoch)
+        let n: i64 = self
+            .fenced(&Script::new(FIRE), self.keys.schedules())
             .arg(key)
             .arg(fire_ms)
             .invoke_async(conn)
