@@ -1624,6 +1624,80 @@ for line in sys.stdin:
         assert_eq!(exec.child_pid(), None);
     }
 
+    /// A child that starts `sleep 1000` in its own group (its pid written to `pid_file`),
+    /// and then ends at the end of its input, or (when `stubborn`) ignores that and
+    /// SIGTERM too.
+    fn child_with_a_background_process(pid_file: &Path, stubborn: bool) -> SlotContext {
+        python(&format!(
+            r#"
+import signal, subprocess, sys, time
+p = subprocess.Popen(["sleep", "1000"])
+open({pid_file:?}, "w").write(str(p.pid))
+if {stubborn}:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for line in sys.stdin:
+    pass
+while {stubborn}:
+    time.sleep(1)
+"#,
+            pid_file = pid_file.display().to_string(),
+            stubborn = if stubborn { "True" } else { "False" },
+        ))
+    }
+
+    /// The pid the child wrote to `pid_file`, once it has.
+    fn written_pid(pid_file: &Path) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(pid) = std::fs::read_to_string(pid_file)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                return pid;
+            }
+            assert!(Instant::now() < deadline, "the child wrote no pid");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_child_that_ends_at_its_input_leaves_no_process_of_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let ctx = child_with_a_background_process(&pid_file, false);
+        let mut exec = started(&ctx);
+        let child = exec.child_pid().unwrap();
+        let background = written_pid(&pid_file);
+        let t0 = Instant::now();
+        exec.close_child();
+        assert!(
+            t0.elapsed() < EXIT_GRACE,
+            "the child ended at its input, not at a signal"
+        );
+        assert_gone(child);
+        assert_gone(background);
+    }
+
+    #[test]
+    fn a_child_that_ignores_its_end_of_input_and_sigterm_is_killed_after_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let ctx = child_with_a_background_process(&pid_file, true);
+        let mut exec = started(&ctx);
+        let child = exec.child_pid().unwrap();
+        let background = written_pid(&pid_file);
+        let t0 = Instant::now();
+        exec.close_child();
+        // (a lower bound: SIGKILL comes only after the grace and SIGTERM's wait)
+        assert!(
+            t0.elapsed() >= EXIT_GRACE + KILL_AFTER_TERM,
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_gone(child);
+        assert_gone(background);
+    }
+
     #[test]
     fn dropping_the_handler_ends_and_reaps_the_child() {
         let (mut exec, ctx) = example();
