@@ -8,6 +8,8 @@
 //! - `NS:{cluster}:hosts`: hash, host name → JSON [`HostReport`], rewritten every master
 //!   tick; the manager counts a host alive while its report keeps changing (its `ts_ms`
 //!   is compared only with its own earlier ones: `manager/heartbeats.rs`).
+//! - `NS:{cluster}:liveness`: string, JSON host → alive: the leader's verdicts at its last
+//!   decision, which `stats` and `top` show.
 //! - `NS:{cluster}:map`: string, JSON [`SlotMap`]: slots per host and queue, with the
 //!   writer's fencing epoch and a version.
 //! - `NS:{cluster}:lease`, `NS:{cluster}:epoch`: the manager's leadership (see
@@ -168,6 +170,12 @@ impl Keys {
     /// The manager's last decisions.
     pub fn decisions(&self) -> String {
         self.key("decisions")
+    }
+
+    /// The leader's verdicts on the hosts at its last decision: JSON, host name → alive.
+    /// `stats` and `top` show them rather than judge by clocks of their own.
+    pub fn liveness(&self) -> String {
+        self.key("liveness")
     }
 
     /// Last fire time per schedule.

@@ -241,7 +241,23 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
     let draining: BTreeSet<String> = conn.smembers(keys.draining()).await?;
     let manager = read_manager(&mut conn, &keys, map.as_ref()).await?;
     let timeout_ms = u64::try_from(cfg.manager.heartbeat_timeout.as_millis()).unwrap_or(u64::MAX);
-    let hosts = host_views(reports, &draining, at_ms, timeout_ms);
+    // The leader's verdicts while one leads (it times silence on its own clock, see
+    // `manager/heartbeats.rs`); the report's age by ours otherwise, and for a host it has
+    // not judged yet.
+    let verdicts: BTreeMap<String, bool> = match manager.holder {
+        Some(_) => {
+            let raw: Option<String> = conn.get(keys.liveness()).await?;
+            raw.and_then(|r| serde_json::from_str(&r).ok())
+                .unwrap_or_default()
+        }
+        None => BTreeMap::new(),
+    };
+    let judge = Judge {
+        verdicts: &verdicts,
+        at_ms,
+        timeout_ms,
+    };
+    let hosts = host_views(reports, &draining, &judge);
     let drain_marked_unknown = draining
         .iter()
         .filter(|h| !hosts.contains_key(*h))
@@ -345,17 +361,34 @@ async fn read_manager(
     })
 }
 
-/// Every host's report and what it means at `at_ms`: dead once older than `timeout_ms`.
+/// How a host is judged alive or dead.
+struct Judge<'a> {
+    /// The leading manager's verdicts, by host.
+    verdicts: &'a BTreeMap<String, bool>,
+    /// Now, for a host without a verdict: dead once its report is older than `timeout_ms`.
+    at_ms: u64,
+    timeout_ms: u64,
+}
+
+impl Judge<'_> {
+    fn alive(&self, name: &str, report: &HostReport) -> bool {
+        match self.verdicts.get(name) {
+            Some(&alive) => alive,
+            None => self.at_ms.saturating_sub(report.ts_ms) <= self.timeout_ms,
+        }
+    }
+}
+
+/// Every host's report and what it means.
 fn host_views(
     reports: BTreeMap<String, HostReport>,
     draining: &BTreeSet<String>,
-    at_ms: u64,
-    timeout_ms: u64,
+    judge: &Judge<'_>,
 ) -> BTreeMap<String, HostView> {
     reports
         .into_iter()
         .map(|(name, report)| {
-            let state = if at_ms.saturating_sub(report.ts_ms) > timeout_ms {
+            let state = if !judge.alive(&name, &report) {
                 HostState::Dead
             } else if report.draining {
                 HostState::Draining

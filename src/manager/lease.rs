@@ -42,11 +42,12 @@ redis.call('SET', KEYS[2], map)
 return version
 "#;
 
-/// Write the balancer's decisions if the lease is still `id:epoch`. Returns 1, or 0 when
-/// fenced off.
+/// Write the balancer's decisions and the hosts' liveness (KEYS[3], ARGV[4]) if the lease
+/// is still `id:epoch`. Returns 1, or 0 when fenced off.
 const WRITE_DECISIONS: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
 redis.call('SET', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[4])
 return 1
 ";
 
@@ -167,16 +168,19 @@ impl Leadership {
         Ok(Some(version))
     }
 
-    /// Writes the balancer's `decisions` (JSON) under the lease; false when fenced off,
-    /// which also means this manager is no longer leading.
+    /// Writes the balancer's `decisions` and the hosts' `liveness` (JSON both) under the
+    /// lease; false when fenced off, which also means this manager is no longer leading.
     pub async fn write_decisions(
         &mut self,
         conn: &mut RedisConn,
         decisions: &str,
+        liveness: &str,
     ) -> Result<bool, QueueError> {
         let n: i64 = self
             .fenced(&Script::new(WRITE_DECISIONS), self.keys.decisions())
+            .key(self.keys.liveness())
             .arg(decisions)
+            .arg(liveness)
             .invoke_async(conn)
             .await?;
         if n == 0 {

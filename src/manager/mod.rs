@@ -473,9 +473,12 @@ impl Manager {
         telemetry::queues(&queue_stats, &out.decisions);
         telemetry::HostCounts::of(&hosts).emit();
         let decisions = serde_json::to_string(&out.decisions)?;
+        let liveness: BTreeMap<&str, bool> =
+            hosts.iter().map(|(h, s)| (h.as_str(), s.alive)).collect();
+        let liveness = serde_json::to_string(&liveness)?;
         if !self
             .leadership
-            .write_decisions(&mut self.conn, &decisions)
+            .write_decisions(&mut self.conn, &decisions, &liveness)
             .await?
         {
             telemetry::fenced(&self.opts.id);

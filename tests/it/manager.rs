@@ -215,12 +215,12 @@ async fn a_fenced_manager_cannot_write() {
     );
     assert!(
         !first
-            .write_decisions(&mut conn, "[\"stale\"]")
+            .write_decisions(&mut conn, "[\"stale\"]", "{}")
             .await
             .unwrap(),
         "fenced"
     );
-    assert!(second.write_decisions(&mut conn, "[]").await.unwrap());
+    assert!(second.write_decisions(&mut conn, "[]", "{}").await.unwrap());
     let decisions: String = redis::cmd("GET")
         .arg(keys.decisions())
         .query_async(&mut conn)
@@ -537,6 +537,20 @@ async fn hosts_are_judged_alive_by_their_reports_changing_not_by_their_clocks() 
         },
     )
     .await;
+    // `stats` shows the leader's verdicts, not the age of the reports by its own clock.
+    heartbeat_skewed(&c.client, "late", 10, -60_000).await;
+    let stats: serde_json::Value = serde_json::from_str(&c.cli(&["stats", "--json"])).unwrap();
+    let state = |h: &str| {
+        stats["hosts"][h]["state"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string()
+    };
+    assert_eq!(
+        (state("late"), state("early")),
+        ("alive".into(), "dead".into()),
+        "{stats}"
+    );
 }
 
 #[tokio::test]
