@@ -1660,42 +1660,37 @@ while {stubborn}:
         }
     }
 
-    #[test]
-    fn a_child_that_ends_at_its_input_leaves_no_process_of_its_group() {
+    /// Starts a child with a background process (see
+    /// [`child_with_a_background_process`]), closes it, checks that neither is left, and
+    /// returns how long the close took.
+    fn close_with_a_background_process(stubborn: bool) -> Duration {
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("pid");
-        let ctx = child_with_a_background_process(&pid_file, false);
-        let mut exec = started(&ctx);
+        let mut exec = started(&child_with_a_background_process(&pid_file, stubborn));
         let child = exec.child_pid().unwrap();
         let background = written_pid(&pid_file);
         let t0 = Instant::now();
         exec.close_child();
-        assert!(
-            t0.elapsed() < EXIT_GRACE,
-            "the child ended at its input, not at a signal"
-        );
+        let took = t0.elapsed();
         assert_gone(child);
         assert_gone(background);
+        took
+    }
+
+    #[test]
+    fn a_child_that_ends_at_its_input_leaves_no_process_of_its_group() {
+        let took = close_with_a_background_process(false);
+        assert!(
+            took < EXIT_GRACE,
+            "the child ended at a signal, not at its input"
+        );
     }
 
     #[test]
     fn a_child_that_ignores_its_end_of_input_and_sigterm_is_killed_after_both() {
-        let dir = tempfile::tempdir().unwrap();
-        let pid_file = dir.path().join("pid");
-        let ctx = child_with_a_background_process(&pid_file, true);
-        let mut exec = started(&ctx);
-        let child = exec.child_pid().unwrap();
-        let background = written_pid(&pid_file);
-        let t0 = Instant::now();
-        exec.close_child();
+        let took = close_with_a_background_process(true);
         // (a lower bound: SIGKILL comes only after the grace and SIGTERM's wait)
-        assert!(
-            t0.elapsed() >= EXIT_GRACE + KILL_AFTER_TERM,
-            "{:?}",
-            t0.elapsed()
-        );
-        assert_gone(child);
-        assert_gone(background);
+        assert!(took >= EXIT_GRACE + KILL_AFTER_TERM, "{took:?}");
     }
 
     #[test]

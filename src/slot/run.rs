@@ -198,8 +198,12 @@ impl Worker {
                 // In a forked slot, closed but not dropped: freeing what `preload` built
                 // would write to pages shared with the zygote, for nothing, as the process
                 // is about to exit. A slot run inside another process drops it.
+                // (either way before `_ended` goes, which tells the slot the handler is
+                // done with: a captured value would be dropped only after it)
                 if forked {
                     std::mem::forget(handler);
+                } else {
+                    drop(handler);
                 }
             })
             .map_err(StartError::Thread)?;
