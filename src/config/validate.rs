@@ -357,36 +357,19 @@ fn forget_hosts_after(
     raw: S<Human<Duration>>,
     heartbeat_timeout: Duration,
 ) -> Duration {
-    let span = raw
-        .as_ref()
-        .filter(|v| v.get_ref().0.is_ok())
-        .map(|v| v.span());
     // (a heartbeat timeout of a day or more moves the default past it)
     let default = ManagerConfig::default()
         .forget_hosts_after
         .max(heartbeat_timeout.saturating_mul(2));
-    let got = duration(
-        c,
-        "manager",
-        "forget_hosts_after",
-        raw,
-        default,
-        Zero::Refused,
-    );
-    if let Some(span) = span
-        && got <= heartbeat_timeout
-    {
-        c.error(
-            span,
-            "manager.forget_hosts_after",
+    duration_checked(c, ("manager", "forget_hosts_after"), raw, default, |got| {
+        (got <= heartbeat_timeout).then(|| {
             format!(
                 "must be longer than heartbeat_timeout ({}), got {}: a host is forgotten only once it is dead",
                 humantime::format_duration(heartbeat_timeout),
                 humantime::format_duration(got)
-            ),
-        );
-    }
-    got
+            )
+        })
+    })
 }
 
 /// An `IP:PORT` to listen on; `default` (with an error collected) when it is not one.
@@ -1491,56 +1474,60 @@ fn duration(
     }
 }
 
-/// A duration (refused at zero) that must be at most `ceiling.0`, written `ceiling.1`.
-fn duration_at_most(
+/// A duration (refused at zero) that, when written, must pass `check`, which returns
+/// what is wrong with it.
+fn duration_checked(
     c: &mut Collector,
     (path, key): (&str, &str),
     raw: S<Human<Duration>>,
     default: Duration,
-    ceiling: (Duration, &str),
+    check: impl FnOnce(Duration) -> Option<String>,
 ) -> Duration {
-    let span = raw.as_ref().map(|v| v.span());
-    let got = duration(c, path, key, raw, default, Zero::Refused);
-    if let Some(span) = span
-        && got > ceiling.0
-    {
-        c.error(
-            span,
-            &join(path, key),
-            format!("must be at most {}", ceiling.1),
-        );
-    }
-    got
-}
-
-/// A duration (refused at zero) that must be at least `floor.0`: `floor.1` says why.
-fn duration_at_least(
-    c: &mut Collector,
-    (path, key): (&str, &str),
-    raw: S<Human<Duration>>,
-    default: Duration,
-    floor: (Duration, &str),
-) -> Duration {
+    // (a value that does not parse has its error already)
     let span = raw
         .as_ref()
         .filter(|v| v.get_ref().0.is_ok())
         .map(|v| v.span());
     let got = duration(c, path, key, raw, default, Zero::Refused);
     if let Some(span) = span
-        && got < floor.0
+        && let Some(wrong) = check(got)
     {
-        c.error(
-            span,
-            &join(path, key),
+        c.error(span, &join(path, key), wrong);
+    }
+    got
+}
+
+/// A duration (refused at zero) that must be at most `ceiling.0`, written `ceiling.1`.
+fn duration_at_most(
+    c: &mut Collector,
+    at: (&str, &str),
+    raw: S<Human<Duration>>,
+    default: Duration,
+    ceiling: (Duration, &str),
+) -> Duration {
+    duration_checked(c, at, raw, default, |got| {
+        (got > ceiling.0).then(|| format!("must be at most {}", ceiling.1))
+    })
+}
+
+/// A duration (refused at zero) that must be at least `floor.0`: `floor.1` says why.
+fn duration_at_least(
+    c: &mut Collector,
+    at: (&str, &str),
+    raw: S<Human<Duration>>,
+    default: Duration,
+    floor: (Duration, &str),
+) -> Duration {
+    duration_checked(c, at, raw, default, |got| {
+        (got < floor.0).then(|| {
             format!(
                 "must be at least {}, got {}: {}",
                 humantime::format_duration(floor.0),
                 humantime::format_duration(got),
                 floor.1
-            ),
-        );
-    }
-    got
+            )
+        })
+    })
 }
 
 fn size(

@@ -40,6 +40,11 @@ const MAX_EPOCH: u64 = 1 << 40;
 /// Queues whose statistics a tick reads at once (each a script call or two in flight).
 const QUEUES_AT_ONCE: usize = 64;
 
+/// `d` in whole milliseconds (saturating).
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// Whether reading the queues' statistics also deletes their expired records: the leader
 /// does, a standby only reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -302,9 +307,15 @@ impl Manager {
         }
     }
 
+    /// This manager's write was fenced off: another manager leads now.
+    fn fenced_off(&mut self) {
+        telemetry::fenced(&self.opts.id);
+        self.leading = false;
+    }
+
     /// Milliseconds since the manager started, on a clock no one can set.
     fn monotonic_ms(&self) -> u64 {
-        u64::try_from(self.clock.elapsed().as_millis()).unwrap_or(u64::MAX)
+        ms(self.clock.elapsed())
     }
 
     /// One tick; a stop request cuts short its first two steps, the lease renewal and
@@ -320,7 +331,6 @@ impl Manager {
         self.leading = match renewed {
             Ok(l) => {
                 self.outage.answered();
-                let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
                 let m = &self.opts.config.manager;
                 let (tick, timeout) = (ms(m.tick), ms(m.heartbeat_timeout));
                 self.blind.reached(self.monotonic_ms(), tick, timeout);
@@ -481,8 +491,7 @@ impl Manager {
             .write_decisions(&mut self.conn, &decisions, &liveness)
             .await?
         {
-            telemetry::fenced(&self.opts.id);
-            self.leading = false;
+            self.fenced_off();
             return Ok(());
         }
         if out.map != current.hosts || current.epoch != self.leadership.epoch() {
@@ -511,8 +520,7 @@ impl Manager {
         draining: &BTreeSet<String>,
     ) -> BTreeMap<String, HostState> {
         let mono = self.monotonic_ms();
-        let timeout = u64::try_from(self.opts.config.manager.heartbeat_timeout.as_millis())
-            .unwrap_or(u64::MAX)
+        let timeout = ms(self.opts.config.manager.heartbeat_timeout)
             .saturating_add(self.blind.tolerance_ms(mono));
         reports
             .iter()
@@ -552,8 +560,7 @@ impl Manager {
             return Ok(true);
         }
         if !self.leadership.raise_epoch(&mut self.conn, seen).await? {
-            telemetry::fenced(&self.opts.id);
-            self.leading = false;
+            self.fenced_off();
             return Ok(false);
         }
         telemetry::EpochRaised {
@@ -573,14 +580,12 @@ impl Manager {
         reports: &mut BTreeMap<String, HostReport>,
     ) -> anyhow::Result<bool> {
         let mono = self.monotonic_ms();
-        let after = u64::try_from(self.opts.config.manager.forget_hosts_after.as_millis())
-            .unwrap_or(u64::MAX)
+        let after = ms(self.opts.config.manager.forget_hosts_after)
             .saturating_add(self.blind.tolerance_ms(mono));
         // Watched past a heartbeat timeout first: at first sight a report's age is only
         // what the wall clocks say, and a host whose clock runs far behind would be
         // forgotten the moment it is seen, again at each report.
-        let watch = u64::try_from(self.opts.config.manager.heartbeat_timeout.as_millis())
-            .unwrap_or(u64::MAX);
+        let watch = ms(self.opts.config.manager.heartbeat_timeout);
         let candidates: Vec<(String, u64)> = reports
             .keys()
             .filter(|h| self.heartbeats.watched_ms(h, mono) > watch)
@@ -605,8 +610,7 @@ impl Manager {
                 .await?
             {
                 None => {
-                    telemetry::fenced(&self.opts.id);
-                    self.leading = false;
+                    self.fenced_off();
                     return Ok(false);
                 }
                 Some(true) => {
@@ -730,8 +734,7 @@ impl Manager {
                 .emit();
             }
             None => {
-                telemetry::fenced(&self.opts.id);
-                self.leading = false;
+                self.fenced_off();
             }
         }
         Ok(())
