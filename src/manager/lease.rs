@@ -76,14 +76,21 @@ redis.call('HDEL', KEYS[2], ARGV[3])
 return 1
 ";
 
-/// Record a schedule's fire time if the lease is ours and the time is new. Returns 1
-/// when this manager should enqueue it, 0 otherwise.
+/// Record a schedule's fire time if the lease is ours and the time is new, and mark it
+/// pending (ARGV[5] the pending field) until its task is enqueued. Returns 1 when this
+/// manager should enqueue it, 0 otherwise.
 const FIRE: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
 local last = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
 if tonumber(ARGV[4]) <= last then return 0 end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[4])
 return 1
+";
+
+/// Forget a schedule's pending fire once its task is enqueued, if it is still that fire.
+const FIRED: &str = r"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
 ";
 
 /// Let go of the lease if it is still ours (a clean stop hands over at once).
@@ -228,7 +235,9 @@ impl Leadership {
     }
 
     /// Claims one fire of schedule `key` at `fire_ms`; true when this manager must
-    /// enqueue it (leading, and no manager claimed this time before).
+    /// enqueue it (leading, and no manager claimed this time before). The fire stays
+    /// pending until [`Leadership::fired`] says its task was enqueued, so that a manager
+    /// that dies or loses Redis in between leaves it to the next tick, not lost.
     pub async fn claim_fire(
         &mut self,
         conn: &mut RedisConn,
@@ -239,20 +248,40 @@ impl Leadership {
             .fenced(&Script::new(FIRE), self.keys.schedules())
             .arg(key)
             .arg(fire_ms)
+            .arg(pending_field(key))
             .invoke_async(conn)
             .await?;
         Ok(n == 1)
     }
 
-    /// Last fire time claimed for schedule `key` (ms), if any.
+    /// Says that the task of schedule `key`'s fire at `fire_ms` is enqueued (or refused
+    /// for good): that fire is no longer pending.
+    pub async fn fired(
+        &self,
+        conn: &mut RedisConn,
+        key: &str,
+        fire_ms: i64,
+    ) -> Result<(), QueueError> {
+        let _: i64 = Script::new(FIRED)
+            .key(self.keys.schedules())
+            .arg(pending_field(key))
+            .arg(fire_ms)
+            .invoke_async(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Schedule `key`'s last fire time claimed (ms), if any, and its fire claimed but not
+    /// yet said enqueued, if any.
     pub async fn last_fire(
         &self,
         conn: &mut RedisConn,
         key: &str,
-    ) -> Result<Option<i64>, QueueError> {
-        let v: Option<i64> = redis::cmd("HGET")
+    ) -> Result<(Option<i64>, Option<i64>), QueueError> {
+        let v: (Option<i64>, Option<i64>) = redis::cmd("HMGET")
             .arg(self.keys.schedules())
             .arg(key)
+            .arg(pending_field(key))
             .query_async(conn)
             .await?;
         Ok(v)
@@ -269,4 +298,9 @@ impl Leadership {
         self.epoch = 0;
         Ok(())
     }
+}
+
+/// The field of the schedules hash holding schedule `key`'s pending fire.
+fn pending_field(key: &str) -> String {
+    format!("{key}:pending")
 }

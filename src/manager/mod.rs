@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::balancer::{self, HostState, Input};
 use crate::cluster::{self, HostReport, Keys, SlotMap};
-use crate::config::Config;
+use crate::config::{Config, Schedule};
 use crate::queue_client::{
     ConnectOptions, NewTask, OutageLog, QueueClient, QueueLimits, QueueStats, RedisConn,
 };
@@ -741,79 +741,105 @@ impl Manager {
     }
 
     /// Enqueues every schedule fire time since the last one claimed (at most a day back,
-    /// so a cluster that was down does not flood its queues), each exactly once across
-    /// managers: the claim is fenced, and the task id is derived from the fire time.
+    /// so a cluster that was down does not flood its queues), each once across managers:
+    /// the claim is fenced, the task id is derived from the fire time, and a fire claimed
+    /// but not yet enqueued (its manager died or lost Redis in between) is pending, and
+    /// enqueued by the next tick of whichever manager leads.
     async fn fire_schedules(&mut self) -> anyhow::Result<()> {
-        // Disjoint borrows: the config is read while the lease and connection are used.
-        let Manager {
-            opts,
-            leadership,
-            conn,
-            client,
-            ..
-        } = self;
-        let cfg = &opts.config;
-        let tz = cfg.manager.timezone;
         let now_ms = cluster::now_ms() as i64;
-        for (i, s) in cfg.schedules.iter().enumerate() {
-            telemetry::schedule_known(&s.queue);
-            let key = format!("{i}:{}:{}", s.queue, s.cron_source);
-            let Some(last) = leadership.last_fire(conn, &key).await? else {
-                // First sight: from now on, kept as if it had fired now. A look back of a
-                // fixed second instead missed every fire that fell between two ticks
-                // until one happened to land in it.
-                leadership.claim_fire(conn, &key, now_ms).await?;
-                continue;
-            };
-            let from_ms = last.max(now_ms - 86_400_000);
-            let from = chrono::DateTime::from_timestamp_millis(from_ms)
-                .unwrap_or_default()
-                .with_timezone(&tz);
-            let mut fires = Vec::new();
-            for t in s.cron.iter_after(from).take(1000) {
-                let ms = t.timestamp_millis();
-                if ms > now_ms {
-                    break;
-                }
-                fires.push(ms);
+        // (a copy: the config is read while the lease and connection are used)
+        let schedules = self.opts.config.schedules.clone();
+        for (i, s) in schedules.iter().enumerate() {
+            self.fire_schedule(i, s, now_ms).await?;
+        }
+        Ok(())
+    }
+
+    /// One schedule's pending fire, then its fires due since the last one claimed.
+    async fn fire_schedule(&mut self, i: usize, s: &Schedule, now_ms: i64) -> anyhow::Result<()> {
+        telemetry::schedule_known(&s.queue);
+        let key = format!("{i}:{}:{}", s.queue, s.cron_source);
+        let (last, pending) = self.leadership.last_fire(&mut self.conn, &key).await?;
+        if let Some(ms) = pending {
+            self.enqueue_fire(i, s, &key, ms, true).await?;
+        }
+        let Some(last) = last else {
+            // First sight: from now on, kept as if it had fired now (and then said
+            // enqueued: nothing was). A look back of a fixed second instead missed every
+            // fire that fell between two ticks until one happened to land in it.
+            if self
+                .leadership
+                .claim_fire(&mut self.conn, &key, now_ms)
+                .await?
+            {
+                self.leadership.fired(&mut self.conn, &key, now_ms).await?;
             }
-            let Some(q) = cfg.queues.get(&s.queue) else {
-                continue;
-            };
-            let queue = client.queue_with(&s.queue, QueueLimits::from(q))?;
-            for ms in fires {
-                if !leadership.claim_fire(conn, &key, ms).await? {
-                    break;
-                }
-                let id = format!("schedule:{i}:{ms}");
-                let payload = serde_json::to_vec(&s.payload)?;
-                // Records name the schedule by its expression, as the config writes it
-                // ([[schedules]] have no names).
-                let by = format!("schedule:{}", s.cron_source);
-                let task = NewTask::new(payload).id(id.clone()).submitted_by(by);
-                match queue.enqueue(task).await {
-                    Ok(_) => {}
-                    // Redis gone: this fire, claimed already, may be lost (claimed
-                    // first, so that a fenced-off manager never fires); the next tick
-                    // goes on after it.
-                    Err(e) if e.is_transient() => return Err(e.into()),
-                    // Refused (a closed intake): this fire is dropped, said, and the
-                    // other schedules still fire.
-                    Err(e) => {
-                        tracing::warn!(queue = %s.queue, cron = %s.cron_source, fire_ms = ms,
-                            error = %e, "a schedule's fire was refused by its queue; skipped");
-                        continue;
-                    }
-                }
-                telemetry::ScheduleFired {
+            return Ok(());
+        };
+        let from_ms = last.max(now_ms - 86_400_000);
+        let from = chrono::DateTime::from_timestamp_millis(from_ms)
+            .unwrap_or_default()
+            .with_timezone(&self.opts.config.manager.timezone);
+        let fires = s
+            .cron
+            .iter_after(from)
+            .take(1000)
+            .map(|t| t.timestamp_millis())
+            .take_while(|&ms| ms <= now_ms);
+        for ms in fires {
+            if !self.leadership.claim_fire(&mut self.conn, &key, ms).await? {
+                break;
+            }
+            self.enqueue_fire(i, s, &key, ms, false).await?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues schedule `i`'s task for the fire at `ms`, claimed under `key`, then says it
+    /// is no longer pending. `again`: a fire claimed by an earlier tick that may have
+    /// enqueued it: a tracked queue's record says whether it did (its dedup covers only
+    /// tasks still waiting or running); an untracked queue's task that already ran leaves
+    /// no trace, and runs again.
+    async fn enqueue_fire(
+        &mut self,
+        i: usize,
+        s: &Schedule,
+        key: &str,
+        ms: i64,
+        again: bool,
+    ) -> anyhow::Result<()> {
+        let Some(limits) = self.opts.config.queues.get(&s.queue).map(QueueLimits::from) else {
+            return Ok(());
+        };
+        let track = limits.track;
+        let queue = self.client.queue_with(&s.queue, limits)?;
+        let id = format!("schedule:{i}:{ms}");
+        let done_before = again && track && queue.record(&id).await?.is_some();
+        if !done_before {
+            let payload = serde_json::to_vec(&s.payload)?;
+            // Records name the schedule by its expression, as the config writes it
+            // ([[schedules]] have no names).
+            let by = format!("schedule:{}", s.cron_source);
+            let task = NewTask::new(payload).id(id.clone()).submitted_by(by);
+            match queue.enqueue(task).await {
+                Ok(_) => telemetry::ScheduleFired {
                     queue: &s.queue,
                     cron: &s.cron_source,
                     fire_ms: ms,
                     id: &id,
                 }
-                .emit();
+                .emit(),
+                // Redis gone: the fire stays pending, for the next tick.
+                Err(e) if e.is_transient() => return Err(e.into()),
+                // Refused (a closed intake): this fire is dropped, said, and the other
+                // schedules still fire.
+                Err(e) => {
+                    tracing::warn!(queue = %s.queue, cron = %s.cron_source, fire_ms = ms,
+                        error = %e, "a schedule's fire was refused by its queue; skipped");
+                }
             }
         }
+        self.leadership.fired(&mut self.conn, key, ms).await?;
         Ok(())
     }
 }

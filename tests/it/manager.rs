@@ -671,6 +671,72 @@ async fn a_schedule_sparser_than_the_tick_misses_no_fire() {
     );
 }
 
+/// A fire a manager claimed and then died (or lost Redis) before enqueueing stays pending,
+/// and the next leader enqueues it; one whose task it did enqueue, and which has run since,
+/// is not enqueued again (its tracked record says so). Before, the claim alone was kept
+/// and such a fire was lost.
+#[tokio::test]
+async fn a_claimed_fire_whose_enqueue_was_lost_is_enqueued_by_the_next_leader() {
+    // Yearly: no fire of its own falls within the test.
+    let cron = "0 0 0 1 1 *";
+    let mut c = Cluster::start(&format!(
+        "[queues.lost]\nhandler = \"noop\"\n\n[queues.made]\nhandler = \"noop\"\n\n\
+         [[schedules]]\nqueue = \"lost\"\ncron = \"{cron}\"\npayload = {{}}\n\n\
+         [[schedules]]\nqueue = \"made\"\ncron = \"{cron}\"\npayload = {{}}\n"
+    ))
+    .await;
+    let now = cluster::now_ms() as i64;
+    let fire = now - 60_000;
+    // What a manager that claimed `fire` for both schedules leaves when it dies: `lost`
+    // before its enqueue; `made` after it, its task since run and acked.
+    let made = c.client.queue("made").unwrap();
+    made.enqueue(
+        gaffer::queue_client::NewTask::new(b"{}".to_vec()).id(format!("schedule:1:{fire}")),
+    )
+    .await
+    .unwrap();
+    let b = made.take(1, Duration::from_secs(60)).await.unwrap();
+    made.ack(&b.tasks).await.unwrap();
+    let schedules = Keys::new("test").schedules();
+    let mut conn = c.client.connection();
+    let _: () = redis::cmd("HSET")
+        .arg(&schedules)
+        .arg(format!("0:lost:{cron}"))
+        .arg(now)
+        .arg(format!("0:lost:{cron}:pending"))
+        .arg(fire)
+        .arg(format!("1:made:{cron}"))
+        .arg(now)
+        .arg(format!("1:made:{cron}:pending"))
+        .arg(fire)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    c.manager(1);
+    let lost = c.client.queue("lost").unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "both pending fires settled",
+        || async {
+            let fields: Vec<String> = redis::cmd("HKEYS")
+                .arg(&schedules)
+                .query_async(&mut c.client.connection())
+                .await
+                .unwrap();
+            !fields.iter().any(|f| f.ends_with(":pending"))
+        },
+    )
+    .await;
+    let t = lost.take(10, Duration::from_secs(60)).await.unwrap().tasks;
+    let ids: Vec<&str> = t.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, [format!("schedule:0:{fire}")], "the lost fire, once");
+    assert_eq!(
+        made.stats().await.unwrap().enqueued_total,
+        1,
+        "the fire whose task ran is not enqueued again"
+    );
+}
+
 #[tokio::test]
 async fn schedules_fire_once_per_second_across_a_failover() {
     let mut c = Cluster::start(
