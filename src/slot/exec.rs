@@ -22,11 +22,12 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::config::{Handler as HandlerConfig, KILL_AFTER_TERM, QueueConfig};
 use crate::host::handler::{
-    Handler, HandlerError, Outcome, PayloadError, SlotContext, SlotStop, Stop, Task,
-    check_payload_size,
+    Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, SlotContext, SlotStop, Stop,
+    Task, check_json_depth, check_payload_size,
 };
 
 /// Longest reply line accepted from the child; a longer one is malformed, so a runaway
@@ -221,7 +222,7 @@ struct Request<'a> {
 #[derive(Serialize)]
 struct RequestTask<'a> {
     id: &'a str,
-    payload: serde_json::Value,
+    payload: Box<RawValue>,
     attempt: u32,
 }
 
@@ -456,24 +457,45 @@ pub fn parse_reply(
 /// [`MAX_JSON_DEPTH`](super::MAX_JSON_DEPTH) is rejected (a child's parser could crash
 /// on it and fail its batch-mates with it, attempt after attempt); anything else that is
 /// not JSON is sent as a JSON string, as the protocol says.
-fn request_payload(task: &Task, max_payload: u64) -> Result<serde_json::Value, Outcome> {
+///
+/// JSON goes to the child as the producer wrote it, byte for byte: read into a
+/// `serde_json::Value` and written again, integers past 64 bits became floats and an
+/// object's keys were sorted. Only JSON written over several lines is rewritten on one
+/// (a line is one request), which changes its whitespace alone.
+fn request_payload(task: &Task, max_payload: u64) -> Result<Box<RawValue>, Outcome> {
     let reject = |e: PayloadError| Outcome::Reject {
         reason: e.to_string(),
     };
     check_payload_size(&task.payload, max_payload).map_err(reject)?;
-    match task.json() {
-        Ok(value) => Ok(value),
+    match check_json_depth(&task.payload, MAX_JSON_DEPTH) {
+        Ok(()) => {}
         // The bracket scan refuses before parsing; only a payload that really is JSON
         // (checked without recursion, whatever its depth) is too deep rather than text.
-        Err(e @ PayloadError::TooDeep(_))
-            if serde_json::from_slice::<serde::de::IgnoredAny>(&task.payload).is_ok() =>
-        {
-            Err(reject(e))
+        Err(e) if serde_json::from_slice::<serde::de::IgnoredAny>(&task.payload).is_ok() => {
+            return Err(reject(e));
         }
-        Err(_) => Ok(serde_json::Value::String(
-            String::from_utf8_lossy(&task.payload).into(),
-        )),
+        Err(_) => return Ok(json_string(&task.payload)),
     }
+    let Ok(raw) = serde_json::from_slice::<&RawValue>(&task.payload) else {
+        return Ok(json_string(&task.payload));
+    };
+    if raw.get().contains(['\n', '\r']) {
+        // Valid JSON holds line breaks only as whitespace between tokens.
+        let value: serde_json::Value =
+            serde_json::from_str(raw.get()).expect("already read as JSON");
+        return Ok(to_raw(&value));
+    }
+    Ok(raw.to_owned())
+}
+
+/// A payload that is not JSON as the JSON string the protocol sends for it (bytes that
+/// are not UTF-8 replaced).
+fn json_string(payload: &[u8]) -> Box<RawValue> {
+    to_raw(&String::from_utf8_lossy(payload))
+}
+
+fn to_raw(value: &(impl Serialize + ?Sized)) -> Box<RawValue> {
+    serde_json::value::to_raw_value(value).expect("a JSON value or string always serialises")
 }
 
 impl Exec {
@@ -1182,6 +1204,43 @@ for line in sys.stdin:
         assert_eq!(reasons[1], r#""hello\nworld""#);
         assert_eq!(reasons[2], r#""\u0000caf\u00e9""#);
         assert_eq!(reasons[3], serde_json::to_string(&deep).unwrap());
+    }
+
+    /// The child reads what the producer wrote: big integers stay integers, keys keep their
+    /// order, numbers their spelling; only line breaks between tokens go.
+    #[test]
+    fn json_payloads_reach_the_child_as_written() {
+        // Echoes each payload's raw text, as the request line holds it.
+        let raw_echo = r#"
+import json, re, sys
+for line in sys.stdin:
+    ids = [t["id"] for t in json.loads(line)["batch"]]
+    texts = re.findall(r'"payload":(.*?),"attempt":', line)
+    out = [{"id": i, "status": "fail", "error": p} for i, p in zip(ids, texts)]
+    print(json.dumps({"results": out}), flush=True)
+"#;
+        let ctx = python(raw_echo);
+        let mut exec = started(&ctx);
+        let big = r#"{"z": 1, "a": 123456789012345678901234567890, "f": 1.10, "e": 1E2}"#;
+        let batch = vec![
+            task("big", 1, big),
+            task("padded", 1, "  [1,2]  "),
+            task("lines", 1, "{\n  \"b\": 2,\n  \"a\": 1\n}\n"),
+        ];
+        let reasons: Vec<String> = exec
+            .handle(&ctx, &batch)
+            .into_iter()
+            .map(|o| match o {
+                Outcome::Fail { reason } => reason,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect();
+        assert_eq!(reasons[0], big);
+        assert_eq!(reasons[1], "[1,2]");
+        // Written again on one line: whitespace is all that changes.
+        let lines: serde_json::Value = serde_json::from_str(&reasons[2]).unwrap();
+        assert_eq!(lines, serde_json::json!({"a": 1, "b": 2}));
+        assert!(!reasons[2].contains('\n'), "{}", reasons[2]);
     }
 
     #[test]
