@@ -14,7 +14,7 @@ use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -62,7 +62,15 @@ pub struct Exec {
     /// The child answered in step but wrote more after its reply: it is stopped once the
     /// exchange is over, and the next batch starts a new one.
     restart_after_reply: bool,
+    /// One per child whose stderr is still being forwarded (disconnected once read to its
+    /// end): the slot's orderly end waits for them, [`STDERR_FLUSH`] at most, so that a
+    /// child's last words (a traceback, a goodbye) reach the log before the slot exits.
+    stderr_open: Vec<mpsc::Receiver<()>>,
 }
+
+/// Longest wait at the slot's orderly end for its children's stderr to be logged to the
+/// end (a process the child left in the background may hold it open).
+const STDERR_FLUSH: Duration = Duration::from_secs(1);
 
 /// Batches in a row a child may fail (crash, hang up, answer out of step) before the slot
 /// gives up: the batch in hand goes back unstarted, and the slot exits as crashed, so its
@@ -503,7 +511,7 @@ impl Exec {
     /// slot keeps for its handler all its life: PDEATHSIG fires when the spawning *thread*
     /// exits, not the process, so a child started from a short-lived thread would be
     /// killed with that thread.
-    fn spawn(&self, ctx: &SlotContext) -> Result<Running, ChildError> {
+    fn spawn(&mut self, ctx: &SlotContext) -> Result<Running, ChildError> {
         let (program, args) = self.command.split_first().ok_or(ChildError::EmptyCommand)?;
         let parent = std::process::id();
         let mut cmd = Command::new(program);
@@ -551,14 +559,25 @@ impl Exec {
             unreachable!("all three streams are piped");
         };
         let (queue, slot) = (ctx.queue.name.clone(), ctx.slot);
+        // The log the slot's thread writes to, which a thread does not inherit.
+        let log = tracing::dispatcher::get_default(|d| d.clone());
+        let (read_to_end, open) = mpsc::channel::<()>();
         let forwarder = std::thread::Builder::new()
             .name(format!("exec-stderr-{pid}"))
-            .spawn(move || forward_stderr(stderr, &queue, slot, pid));
+            .spawn(move || {
+                let _read_to_end = read_to_end;
+                tracing::dispatcher::with_default(&log, || {
+                    forward_stderr(stderr, &queue, slot, pid)
+                })
+            });
         if let Err(source) = forwarder {
             let _ = process.kill();
             let _ = process.wait();
             return Err(ChildError::StderrThread { pid, source });
         }
+        self.stderr_open
+            .retain(|rx| matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)));
+        self.stderr_open.push(open);
         tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
             command = ?self.command, "exec child started");
         Ok(Running {
@@ -748,6 +767,7 @@ impl Handler for Exec {
             command: command.clone(),
             child: None,
             max_reply: MAX_REPLY_BYTES,
+            stderr_open: Vec::new(),
             stop_writer: None,
             failed_in_a_row: 0,
             last_failed: Vec::new(),
@@ -935,6 +955,7 @@ impl Exec {
             mut stdout,
         }) = self.child.take()
         else {
+            self.await_stderr();
             return;
         };
         drop(stdin);
@@ -969,6 +990,20 @@ impl Exec {
                 tracing::debug!(target: "gaffer::exec", pid, %status, how, "exec child ended")
             }
             Err(e) => tracing::warn!(target: "gaffer::exec", pid, "cannot reap exec child: {e}"),
+        }
+        self.await_stderr();
+    }
+
+    /// Waits until every child's stderr is logged to its end, [`STDERR_FLUSH`] at most.
+    fn await_stderr(&mut self) {
+        let deadline = Instant::now() + STDERR_FLUSH;
+        for open in self.stderr_open.drain(..) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            // (nothing is ever sent: the end is the sender's drop)
+            if open.recv_timeout(left) == Err(mpsc::RecvTimeoutError::Timeout) {
+                tracing::debug!(target: "gaffer::exec",
+                    "an exec child's stderr is still open at the slot's end; not waiting for it");
+            }
         }
     }
 }
@@ -1204,6 +1239,55 @@ for line in sys.stdin:
         assert_eq!(reasons[1], r#""hello\nworld""#);
         assert_eq!(reasons[2], r#""\u0000caf\u00e9""#);
         assert_eq!(reasons[3], serde_json::to_string(&deep).unwrap());
+    }
+
+    /// A sink for the log that a test reads back, as slow as a busy journal (20 µs a line).
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            std::thread::sleep(Duration::from_micros(20));
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What a child writes to stderr as its input ends (a goodbye, a traceback) is in the
+    /// slot's log by the time its orderly end is over: the slot then exits, and the lines
+    /// its forwarder had not yet read were lost.
+    #[test]
+    fn a_childs_last_stderr_lines_are_logged_before_the_close_returns() {
+        let script = r#"
+import json, sys
+for line in sys.stdin:
+    out = [{"id": t["id"], "status": "ok"} for t in json.loads(line)["batch"]]
+    print(json.dumps({"results": out}), flush=True)
+# One write, larger than the pipe holds: the child exits as soon as its end is in the pipe.
+sys.stderr.write("".join(f"goodbye {i} {'.' * 90}\n" for i in range(2000)))
+sys.stderr.flush()
+"#;
+        let log = Captured::default();
+        let sink = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let ctx = python(script);
+            let mut exec = started(&ctx);
+            assert_eq!(exec.handle(&ctx, &ok_batch()), vec![Outcome::done(); 2]);
+            exec.close();
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.contains("goodbye 1999 "),
+            "{}",
+            &text[text.len().saturating_sub(500)..]
+        );
     }
 
     /// The child reads what the producer wrote: big integers stay integers, keys keep their
