@@ -86,16 +86,19 @@ impl Cluster {
 
     /// Starts a manager; returns its index in `procs`.
     fn manager(&mut self, n: usize) -> usize {
+        self.manager_http(n).0
+    }
+
+    /// Starts a manager; returns its index in `procs` and its HTTP port.
+    fn manager_http(&mut self, n: usize) -> (usize, u16) {
+        let http = free_port().unwrap();
         let child = self
             .gaffer(&["manager"], &format!("manager{n}.log"))
-            .env(
-                "GAFFER_MANAGER_HTTP",
-                format!("127.0.0.1:{}", free_port().unwrap()),
-            )
+            .env("GAFFER_MANAGER_HTTP", format!("127.0.0.1:{http}"))
             .spawn()
             .unwrap();
         self.procs.0.push(child);
-        self.procs.0.len() - 1
+        (self.procs.0.len() - 1, http)
     }
 
     /// Starts a master for `host` with its own HTTP port.
@@ -668,6 +671,73 @@ async fn a_schedule_sparser_than_the_tick_misses_no_fire() {
     assert_eq!(
         fires, expected,
         "every fire from the first, five seconds apart"
+    );
+}
+
+/// A standby reads the cluster every tick (its load window stays warm) and writes nothing:
+/// Redis's count of changes to its data stays still over its ticks, with a queue, its
+/// tasks and a schedule due every second to tempt it.
+#[tokio::test]
+async fn a_standby_writes_nothing() {
+    let mut c = Cluster::start(
+        "[queues.a]\nhandler = \"noop\"\n\n[[schedules]]\nqueue = \"a\"\ncron = \"* * * * * *\"\npayload = {}\n",
+    )
+    .await;
+    let q = c.client.queue("a").unwrap();
+    for i in 0..3 {
+        q.enqueue(gaffer::queue_client::NewTask::new(b"{}".to_vec()).id(format!("t{i}")))
+            .await
+            .unwrap();
+    }
+    // Another manager leads, for longer than the test lasts.
+    let lease = Keys::new("test").lease();
+    let _: () = redis::cmd("SET")
+        .arg(&lease)
+        .arg("elsewhere:1:7")
+        .arg("PX")
+        .arg(600_000)
+        .query_async(&mut c.client.connection())
+        .await
+        .unwrap();
+    let (_m, http) = c.manager_http(1);
+    let ticks = || {
+        http_get(http, "/metrics").and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("gaffer_manager_ticks_total "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+    };
+    let first = poll_some(Duration::from_secs(20), "a first tick", || async {
+        ticks()
+    })
+    .await;
+    let changes = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("persistence")
+            .query_async(&mut c.client.connection())
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("rdb_changes_since_last_save:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("redis counts its changes")
+    };
+    let before = changes().await;
+    poll_some(Duration::from_secs(20), "five more ticks", || async {
+        ticks().filter(|&t| t >= first + 5.0)
+    })
+    .await;
+    assert_eq!(changes().await, before, "a standby changed redis's data");
+    let holder: String = redis::cmd("GET")
+        .arg(&lease)
+        .query_async(&mut c.client.connection())
+        .await
+        .unwrap();
+    assert_eq!(holder, "elsewhere:1:7");
+    assert_eq!(
+        q.stats().await.unwrap().enqueued_total,
+        3,
+        "no schedule fired"
     );
 }
 
