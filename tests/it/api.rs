@@ -986,3 +986,98 @@ async fn a_stop_answers_a_waiting_sync_submit_at_once() {
     let q = client.queue("emails").unwrap();
     assert_eq!(q.stats().await.unwrap().ready, 1, "the task stays");
 }
+
+/// An api serves at most three quarters of its descriptor limit's connections at once
+/// (`http::max_connections`), so its own (Redis, files) never run out: one connection
+/// more is held in the listen backlog, unanswered, until one closes, then served.
+#[tokio::test]
+async fn connections_past_the_cap_wait_until_one_closes() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    use std::os::unix::process::CommandExt;
+    // A soft limit of 100 descriptors: 75 connections at once.
+    const CAP: usize = 75;
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let port = gaffer::redis_server::free_port().unwrap();
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n[queues.a]\nhandler = \"noop\"\n\n\
+             [api]\nlisten = \"127.0.0.1:{port}\"\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"));
+    cmd.arg("--config")
+        .arg(&config)
+        .arg("api")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("api.log")).unwrap());
+    // SAFETY: setrlimit is a system call: async-signal-safe, no allocation.
+    unsafe {
+        cmd.pre_exec(move || {
+            setrlimit(Resource::RLIMIT_NOFILE, 100, hard).map_err(std::io::Error::from)
+        });
+    }
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _api = Killed(cmd.spawn().unwrap());
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    eventually(Duration::from_secs(20), "the api answering", || async {
+        TcpStream::connect(addr).await.is_ok()
+    })
+    .await;
+    // Each connection sends one request and keeps the connection (keep-alive): those
+    // served stay open, idle, until the test ends.
+    let mut conns = Vec::new();
+    for _ in 0..=CAP {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        conns.push((c, false));
+    }
+    async fn answered(conns: &mut [(TcpStream, bool)]) -> usize {
+        let mut buf = [0u8; 512];
+        for (c, done) in conns.iter_mut().filter(|(_, done)| !*done) {
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(5), c.read(&mut buf)).await
+            {
+                assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+                *done = true;
+            }
+        }
+        conns.iter().filter(|(_, done)| *done).count()
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while answered(&mut conns).await < CAP {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first {CAP} not all served"
+        );
+    }
+    // Room for the one past the cap to be served, were there no cap.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(answered(&mut conns).await, CAP, "served past the cap");
+    let log = std::fs::read_to_string(dir.path().join("api.log")).unwrap();
+    assert!(log.contains("http connections at their limit"), "{log}");
+    // One closes: the one held is served.
+    let served = conns.iter().position(|(_, done)| *done).unwrap();
+    drop(conns.remove(served));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while answered(&mut conns).await < CAP {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held one never served"
+        );
+    }
+}
