@@ -69,6 +69,32 @@ impl SlotProc {
     }
 }
 
+impl SlotProc {
+    /// Where the slot is in its life after its event `ev` at `now` (a stopping slot stays
+    /// stopping).
+    fn observe(&mut self, ev: &SlotEvent, now: Instant) {
+        self.last_progress = now;
+        if let SlotEvent::Ready { .. } = ev {
+            self.ready_after = Some(now - self.spawned_at);
+        }
+        if self.state == SlotState::Stopping {
+            return;
+        }
+        self.state = match ev {
+            SlotEvent::Ready { .. } | SlotEvent::Idle { .. } => SlotState::Idle,
+            SlotEvent::BatchStarted { .. } => SlotState::Busy,
+            SlotEvent::BatchDone { next, .. } if next.is_some() => SlotState::Busy,
+            SlotEvent::BatchDone { .. } => SlotState::Idle,
+            // A slot reports progress only with work in hand: one seen idle lost its
+            // BatchStarted (datagrams are dropped when the master's socket is full), and a
+            // long task's slot taken for idle would be stopped, its task cut short, where
+            // a busy one is left to finish or retired.
+            SlotEvent::Progress { .. } if self.state == SlotState::Idle => SlotState::Busy,
+            SlotEvent::Progress { .. } | SlotEvent::Exiting { .. } => self.state,
+        };
+    }
+}
+
 /// What the master keeps per queue.
 pub(super) struct QueueState {
     /// What is reported for the queue: counters since the master started.
@@ -405,32 +431,15 @@ impl Master {
         if s.pid.is_some_and(|p| p != pid) {
             return;
         }
-        s.last_progress = now;
-        let stopping = s.state == SlotState::Stopping;
+        s.observe(&ev, now);
         match ev {
-            SlotEvent::Ready { .. } => {
-                s.ready_after = Some(now - s.spawned_at);
-                if !stopping {
-                    s.state = SlotState::Idle;
-                }
-            }
-            SlotEvent::BatchStarted { .. } if !stopping => s.state = SlotState::Busy,
-            SlotEvent::Idle { .. } if !stopping => s.state = SlotState::Idle,
             SlotEvent::BatchDone {
                 tasks,
                 failed,
                 busy_ms,
                 stale,
-                next,
                 ..
             } => {
-                if !stopping {
-                    s.state = if next.is_some() {
-                        SlotState::Busy
-                    } else {
-                        SlotState::Idle
-                    };
-                }
                 s.batches += 1;
                 let queue = s.queue.clone();
                 let q = self.slots.queues.entry(queue.clone()).or_default();
@@ -463,6 +472,55 @@ pub(super) fn signal_pid(pid: u32, sig: Signal) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
             // EPERM: a slot of another user without CAP_KILL; it will not stop.
             Err(e) => tracing::warn!(pid, signal = %sig, error = %e, "cannot signal a slot"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc_in(state: SlotState) -> SlotProc {
+        let mut p = SlotProc::new("q".into(), 1, Instant::now());
+        p.state = state;
+        p
+    }
+
+    #[test]
+    fn progress_from_a_slot_seen_idle_makes_it_busy() {
+        let progress = SlotEvent::Progress { slot: 1, pid: 2 };
+        let mut idle = proc_in(SlotState::Idle);
+        idle.observe(&progress, Instant::now());
+        assert_eq!(idle.state, SlotState::Busy, "its BatchStarted was lost");
+        for state in [SlotState::Busy, SlotState::Stopping, SlotState::Starting] {
+            let mut p = proc_in(state);
+            p.observe(&progress, Instant::now());
+            assert_eq!(p.state, state);
+        }
+    }
+
+    #[test]
+    fn a_stopping_slot_stays_stopping_and_the_others_follow_their_events() {
+        let now = Instant::now();
+        let events = [
+            (SlotEvent::Ready { slot: 1, pid: 2 }, SlotState::Idle),
+            (
+                SlotEvent::BatchStarted {
+                    slot: 1,
+                    pid: 2,
+                    tasks: 3,
+                },
+                SlotState::Busy,
+            ),
+            (SlotEvent::Idle { slot: 1, pid: 2 }, SlotState::Idle),
+        ];
+        for (ev, after) in events {
+            let mut p = proc_in(SlotState::Starting);
+            p.observe(&ev, now);
+            assert_eq!(p.state, after, "{ev:?}");
+            let mut p = proc_in(SlotState::Stopping);
+            p.observe(&ev, now);
+            assert_eq!(p.state, SlotState::Stopping, "{ev:?}");
         }
     }
 }
