@@ -257,6 +257,10 @@ pub struct QueueConfig {
     /// Its system's configured `paused`: the state its takes start from while no run-time
     /// switch (`gaffer system NAME …`) is set.
     pub system_paused: bool,
+    /// The most rate tokens its system's bucket saves up: the largest `batch_size` of the
+    /// system's queues (0 when the system has no `rate`). One bucket for the whole system,
+    /// so a queue of small batches must not cut another's saved tokens down to its own.
+    pub system_burst: u32,
     /// Batch tasks that end by themselves, or long-running ones (a watcher, a consumer)
     /// that run until they return or are cancelled, one per slot.
     pub kind: QueueKind,
@@ -319,6 +323,7 @@ impl QueueConfig {
             ordered: false,
             system_rate: None,
             system_paused: false,
+            system_burst: 0,
             next: Vec::new(),
             kind: QueueKind::Batch,
             cancel_grace: DEFAULT_CANCEL_GRACE,

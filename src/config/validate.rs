@@ -493,10 +493,22 @@ fn bind_systems(
     queues: &mut BTreeMap<String, QueueConfig>,
     systems: &BTreeMap<String, SystemConfig>,
 ) {
+    // One bucket per system: it saves up to the largest batch of any of its queues.
+    let mut bursts: BTreeMap<String, u32> = BTreeMap::new();
+    for q in queues.values() {
+        if let Some(name) = &q.system {
+            let b = bursts.entry(name.clone()).or_default();
+            *b = (*b).max(q.batch_size);
+        }
+    }
     for q in queues.values_mut() {
-        if let Some(s) = q.system.as_ref().and_then(|name| systems.get(name)) {
+        let Some(name) = &q.system else { continue };
+        if let Some(s) = systems.get(name) {
             q.system_rate = s.rate;
             q.system_paused = s.paused;
+            if s.rate.is_some() {
+                q.system_burst = bursts.get(name).copied().unwrap_or(q.batch_size);
+            }
         }
     }
 }

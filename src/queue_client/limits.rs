@@ -63,6 +63,8 @@ pub struct SystemLimits {
     pub rate: Option<f64>,
     /// The config's `paused`: the state while no run-time switch is set.
     pub paused: bool,
+    /// The most tokens its rate bucket saves up (the largest batch of its queues).
+    pub burst: usize,
 }
 
 impl Default for QueueLimits {
@@ -99,6 +101,7 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
                 name: name.as_str().into(),
                 rate: q.system_rate.map(|r| r.per_second),
                 paused: q.system_paused,
+                burst: q.system_burst as usize,
             }),
             kind: q.kind,
             starts_chains: q.next.iter().any(|r| r.on == crate::config::RouteOn::Done),

@@ -425,12 +425,13 @@ impl Queue {
 
     /// Tokens for a take of up to `n`: all `n` when the queue's system has no rate.
     pub(super) async fn acquire_tokens(&self, n: usize) -> Result<Granted, QueueError> {
-        let Some((key, rate)) = self.bucket() else {
+        let Some((key, rate, burst)) = self.bucket() else {
             return Ok(Granted::Tasks(n));
         };
-        // The burst is one batch: over any second, a system starts at most its rate plus
-        // one batch.
-        let (got, wait): (i64, i64) = self.bucket_call(&key, rate, n, n as i64).await?;
+        // The burst is the system's largest batch, the same for all its queues: over any
+        // second, a system starts at most its rate plus one batch, and a queue of small
+        // batches does not throw away the tokens saved up for one of large batches.
+        let (got, wait): (i64, i64) = self.bucket_call(&key, rate, burst.max(n), n as i64).await?;
         if got > 0 {
             Ok(Granted::Tasks(got as usize))
         } else {
@@ -444,13 +445,14 @@ impl Queue {
     /// leaves the bucket short for a second, where failing the take would leave its tasks
     /// to expire with an attempt counted, unrun.
     pub(super) async fn refund_tokens(&self, granted: usize, taken: usize) {
-        let Some((key, rate)) = self.bucket() else {
+        let Some((key, rate, burst)) = self.bucket() else {
             return;
         };
         if taken < granted {
             let back = (granted - taken) as i64;
-            let refund: Result<(i64, i64), QueueError> =
-                self.bucket_call(&key, rate, granted, -back).await;
+            let refund: Result<(i64, i64), QueueError> = self
+                .bucket_call(&key, rate, burst.max(granted), -back)
+                .await;
             if let Err(e) = refund {
                 tracing::warn!(queue = %self.name(), tokens = back, error = %e,
                     "could not hand unused rate tokens back; the system starts fewer tasks for a moment");
@@ -458,11 +460,12 @@ impl Queue {
         }
     }
 
-    fn bucket(&self) -> Option<(String, f64)> {
+    /// The queue's system's bucket, its rate and its burst, when the system has a rate.
+    fn bucket(&self) -> Option<(String, f64, usize)> {
         let sys = self.limits.system.as_ref()?;
         let rate = sys.rate?;
         let ns = self.keys.namespace();
-        Some((bucket_key(ns, &sys.name), rate))
+        Some((bucket_key(ns, &sys.name), rate, sys.burst))
     }
 
     async fn bucket_call(

@@ -779,3 +779,44 @@ async fn a_take_that_finds_fewer_tasks_than_its_tokens_hands_the_rest_back() {
     assert!(empty.tasks.is_empty());
     assert_eq!(rig.client.system_granted("partner").await.unwrap(), 3);
 }
+
+/// A system's bucket saves up to its largest batch, whichever of its queues takes: a
+/// queue of single tasks taking first leaves the queue of batches of 100 the tokens saved
+/// for it (each take capped the bucket at its own batch, so the small queue's takes threw
+/// the rest away, and the system ran under its rate in batches of one).
+#[tokio::test]
+async fn a_systems_queues_share_one_burst_whatever_their_batches() {
+    let rig = Rig::start(
+        "[systems.partner]\nrate = \"10/s\"\n\n\
+         [queues.one]\nhandler = \"noop\"\nsystem = \"partner\"\nbatch_size = 1\n\n\
+         [queues.bulk]\nhandler = \"noop\"\nsystem = \"partner\"\nbatch_size = 100\n",
+    )
+    .await;
+    let (one, bulk) = (rig.queue("one"), rig.queue("bulk"));
+    enqueue(&one, 5).await;
+    enqueue(&bulk, 200).await;
+    // A fresh bucket is full: 100 tokens.
+    assert_eq!(
+        one.take(1, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .tasks
+            .len(),
+        1
+    );
+    let got = bulk
+        .take(100, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .tasks
+        .len();
+    assert!(got >= 99, "the batch queue got {got} of the 99 tokens left");
+    // Both took from one bucket: nothing more is saved until it refills (10 a second).
+    let more = bulk
+        .take(100, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .tasks
+        .len();
+    assert!(more <= 2, "{more} past the burst");
+}
