@@ -588,6 +588,51 @@ async fn a_rust_handler_sees_its_long_task_cancelled_and_the_slot_goes_on() {
     .await;
 }
 
+/// A long task whose handler does not return once asked to stop, here an exec child
+/// whose reply pipe stays open after the child was killed (held by a process it started in
+/// a session of its own, which its group's SIGKILL misses): its run is ended without it
+/// `cancel_grace` + 2 s + 1 s after the cancel, the record says cancelled, and the slot
+/// exits for a fresh one. Before, the record stayed `cancelling` for ever.
+#[tokio::test]
+async fn a_cancel_whose_handler_never_returns_still_ends_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let held = dir.path().join("held.pid");
+    // Every slot's child leaves one (a slot starts its child at once), killed once the master
+    // is gone (dropped after it), passed or failed: nothing else ever ends them.
+    struct Holders(PathBuf);
+    impl Drop for Holders {
+        fn drop(&mut self) {
+            let pids = std::fs::read_to_string(&self.0).unwrap_or_default();
+            let pids: Vec<u32> = pids.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            signal(&pids, Signal::SIGKILL);
+        }
+    }
+    let _holders = Holders(held.clone());
+    let mut h = Hosts::start(&format!(
+        "[queues.stuck]\nkind = \"long\"\nhandler = \"exec\"\n\
+         command = [\"sh\", \"-c\", \"setsid sh -c 'echo $$ >> {}; exec sleep 3601' & exec sleep 3600\"]\n\
+         lease = \"5s\"\ncancel_grace = \"1s\"\n",
+        held.display()
+    ))
+    .await;
+    h.publish(1, &[("h1", "stuck", 1)]).await;
+    h.master("h1");
+    h.slots_up("h1", 1).await;
+    let q = h.queue("stuck");
+    enqueue(&q, "x", "{}").await;
+    eventually(Duration::from_secs(30), "x running", || async {
+        record(&q, "x").await.state == RecordState::Running
+    })
+    .await;
+    q.cancel_with("x", "test").await.unwrap();
+    eventually(
+        cancel_bound(Duration::from_secs(4)),
+        "x cancelled",
+        || async { record(&q, "x").await.state == RecordState::Cancelled },
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_long_task_that_returns_is_settled_by_its_outcome() {
     let (h, q, _) = one_long_queue(
@@ -984,6 +1029,55 @@ async fn renewal_reports_a_cancel_and_a_lost_lease_and_a_returned_task_ends_canc
     ));
     assert_eq!(record(&q, "y").await.state, RecordState::Done);
     assert!(!q.end_cancelled(&t).await.unwrap(), "no lease left to end");
+}
+
+/// A renewal that reaches Redis after the lease ran out (it waited out a stall of Redis,
+/// its slot has stopped the task by then) does not bring the lease back: the task is free
+/// for the next take at once, not held for one more lease.
+#[tokio::test]
+async fn a_renewal_past_the_leases_expiry_is_refused() {
+    use gaffer::queue_client::Renewal;
+    let redis = TestRedis::start();
+    let q = bare_long_queue(&redis, "watch").await;
+    enqueue(&q, "x", "{}").await;
+    let t = q
+        .take(1, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .tasks
+        .remove(0);
+    // Until Redis's clock is past the lease (nothing reclaims it meanwhile: no take). A
+    // take of a first attempt leases it as a batch (`leased:b`).
+    let conn = redis.client().await.connection();
+    eventually(Duration::from_secs(10), "the lease past its expiry", || {
+        let mut conn = conn.clone();
+        async move {
+            let mut expiries = Vec::new();
+            for key in ["test:{watch}:leased", "test:{watch}:leased:b"] {
+                let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                    .arg(key)
+                    .arg(0)
+                    .arg(0)
+                    .arg("WITHSCORES")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                expiries.extend(first.into_iter().map(|(_, e)| e));
+            }
+            let (secs, micros): (u64, u64) =
+                redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+            let now = (secs * 1000 + micros / 1000) as f64;
+            expiries.len() == 1 && expiries[0] < now
+        }
+    })
+    .await;
+    assert_eq!(
+        q.renew_long(&t, Duration::from_secs(60)).await.unwrap(),
+        Renewal::Lost
+    );
+    let again = q.take(1, Duration::from_secs(5)).await.unwrap().tasks;
+    assert_eq!(again.len(), 1, "the task is free for the next take");
+    assert_eq!(again[0].id, "x");
 }
 
 #[tokio::test]

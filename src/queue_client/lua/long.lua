@@ -3,7 +3,8 @@
 -- the op, then id and token of the lease:
 --   'renew', id, token, lease_ms: extends the lease to lease_ms from now. Returns {1}
 --     renewed, {2, note} renewed with a cancel asked (note: who asked), {0} no lease with
---     this token: it ran out and another slot may hold the task, or the task ended.
+--     this token, or one past its expiry: it ran out and another slot may hold the task,
+--     or the task ended.
 --   'cancelled', id, token, attempt, host, slot, history_ttl_ms: the slot has stopped the
 --     task after a cancel: it ends cancelled. Returns {1}, or {0} when the lease was gone.
 --   'settle', id, token, attempt, host, slot, history_ttl_ms, then settle.lua's arguments
@@ -15,8 +16,12 @@ batches_split({ARGV[3]})
 local member = ARGV[3] .. ':' .. id
 local held = redis.call('ZSCORE', K_LEASED, member)
 if op == 'renew' then
-  if not held then return {0} end
-  redis.call('ZADD', K_LEASED, 'XX', now_ms() + tonumber(ARGV[4]), member)
+  -- A lease past its expiry is not brought back, reclaimed or not: its slot has stopped
+  -- the task by its own clock, and a renewal that waited out a stall of Redis would keep
+  -- the task from every other slot for one more lease.
+  local now = now_ms()
+  if not held or tonumber(held) <= now then return {0} end
+  redis.call('ZADD', K_LEASED, 'XX', now + tonumber(ARGV[4]), member)
   local note = redis.call('HGET', K_CANCEL, id)
   if note then return {2, note} end
   return {1}

@@ -25,7 +25,7 @@ use nix::time::ClockId;
 
 use super::{HandleResult, Panicked, Serving, Taken, merge_outcomes, screen, settle_ops};
 use crate::backoff::Backoff;
-use crate::config::{LONG_RENEW_EVERY, LONG_STOP_MARGIN};
+use crate::config::{KILL_AFTER_TERM, LONG_RENEW_EVERY, LONG_STOP_MARGIN};
 use crate::host::handler::{Outcome, Stop, Task};
 use crate::host::proto::{EXIT_RECYCLE, SlotEvent};
 use crate::queue_client::{LeasedTask, LongSettled, Renewal, Settle, SettleOp};
@@ -34,6 +34,13 @@ use crate::queue_client::{LeasedTask, LongSettled, Renewal, Settle, SettleOp};
 /// once; a handler still running then is ended with the slot's process (its master
 /// starts a new slot at once).
 const HANDLER_STOP_WAIT: Duration = Duration::from_millis(500);
+
+/// How long past its `cancel_grace` and [`KILL_AFTER_TERM`] a handler asked to stop (a
+/// cancel, the slot's stop) may take to return before its run is ended without it and the
+/// slot exits: a Rust handler that never looks at its cancel, or an exec child whose reply
+/// pipe a process it started in a session of its own holds open after the child was
+/// killed, would otherwise hold the task `cancelling` for ever.
+const STOP_SLACK: Duration = Duration::from_secs(1);
 
 /// How long after a long task's stop point the kernel kills a slot that has not stopped it
 /// (frozen, hung): inside [`LONG_STOP_MARGIN`], so still before the lease could pass, and
@@ -106,6 +113,9 @@ struct LongRun {
     cancelled: bool,
     /// The kernel's copy of the deadline while the handler runs.
     guard: Option<DeadlineGuard>,
+    /// Once the handler was asked to stop (a cancel, the slot's stop): when it must have
+    /// returned (see [`STOP_SLACK`]).
+    stop_by: Option<Instant>,
 }
 
 impl LongRun {
@@ -142,6 +152,7 @@ impl Serving {
             end: LongEnd::Returned,
             cancelled: false,
             guard: None,
+            stop_by: None,
         };
         if !self.fresh_lease(&mut run).await {
             return self.not_started(&run).await;
@@ -164,12 +175,21 @@ impl Serving {
                     reason: format!("handler panicked: {panic}"),
                 }],
             ),
-            None => {
+            None if run.end == LongEnd::LeaseLost => {
                 self.recycle = Some((
                     EXIT_RECYCLE,
                     "a long task's handler did not return after its lease was lost".into(),
                 ));
                 Vec::new()
+            }
+            None => {
+                let reason = format!(
+                    "the long task's handler did not return within {} of being asked to stop",
+                    humantime::format_duration(self.stop_wait())
+                );
+                self.recycle = Some((EXIT_RECYCLE, reason.clone()));
+                // (a cancel wins over it: the task ends cancelled; handed back, it is unused)
+                vec![Outcome::Fail { reason }]
             }
         };
         let failed = self.end_long(&mut run, outcome).await;
@@ -227,7 +247,7 @@ impl Serving {
 
     /// Hands the task to the handler and keeps its lease while it runs. Returns the
     /// handler's result, or `None` when it did not return within [`HANDLER_STOP_WAIT`]
-    /// of a stop at once.
+    /// of a stop at once, or by its run's `stop_by` once asked to stop.
     async fn watch_long(&mut self, run: &mut LongRun, tasks: Vec<Task>) -> Option<HandleResult> {
         let mut reply = if tasks.is_empty() {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -252,13 +272,20 @@ impl Serving {
                     self.stop_long_now(run);
                 }
                 () = tokio::time::sleep(HANDLER_STOP_WAIT), if stopped_now => return None,
+                () = tokio::time::sleep_until(run.stop_by.unwrap_or(run.lease_until).into()),
+                    if run.stop_by.is_some() && !stopped_now =>
+                {
+                    tracing::error!(queue = %self.cfg.name, slot = self.slot, task = %run.task.id,
+                        "the long task's handler has not returned since it was asked to stop; ending its run without it (the slot exits)");
+                    return None;
+                }
                 _ = renew_every.tick(), if !stopped_now => self.renew_long(run).await,
                 () = self.stop.cancelled(), if !self.stopping => {
                     self.stopping = true;
                     if !run.cancelled {
                         run.end = LongEnd::HandedBack;
                     }
-                    self.cancel.ask(Stop::Cancel);
+                    self.ask_stop(run);
                 }
             }
         }
@@ -281,7 +308,7 @@ impl Serving {
                         note = %note, "long task cancelled; stopping it");
                     run.cancelled = true;
                     run.end = LongEnd::Returned;
-                    self.cancel.ask(Stop::Cancel);
+                    self.ask_stop(run);
                 }
             }
             Ok(Ok(Renewal::Lost)) => {
@@ -304,6 +331,20 @@ impl Serving {
         }
         // The master's watchdog sees a live slot, however long the task runs.
         self.reporter.progress(self.slot, self.pid);
+    }
+
+    /// Asks the handler to stop (an exec child gets the cancel line, then SIGTERM after
+    /// `cancel_grace`, SIGKILL after [`KILL_AFTER_TERM`]), to have returned by
+    /// [`Serving::stop_wait`] from the first time it was asked.
+    fn ask_stop(&self, run: &mut LongRun) {
+        run.stop_by
+            .get_or_insert_with(|| Instant::now() + self.stop_wait());
+        self.cancel.ask(Stop::Cancel);
+    }
+
+    /// How long a handler asked to stop may take to return.
+    fn stop_wait(&self) -> Duration {
+        self.cfg.cancel_grace + KILL_AFTER_TERM + STOP_SLACK
     }
 
     fn stop_long_now(&self, run: &mut LongRun) {
