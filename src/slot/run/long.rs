@@ -32,8 +32,10 @@ use crate::queue_client::{LeasedTask, LongSettled, Renewal, Settle, SettleOp};
 
 /// How long a slot waits for a handler to return after its long task had to stop at
 /// once; a handler still running then is ended with the slot's process (its master
-/// starts a new slot at once).
-const HANDLER_STOP_WAIT: Duration = Duration::from_millis(500);
+/// starts a new slot at once). Well inside [`GUARD_AFTER_STOP`]: the wait starts at the
+/// stop point at the earliest, and a slot the kernel's timer kills first counts as a crash
+/// (its queue backed off) where one that exits itself is recycled at once.
+const HANDLER_STOP_WAIT: Duration = Duration::from_millis(300);
 
 /// How long past its `cancel_grace` and [`KILL_AFTER_TERM`] a handler asked to stop (a
 /// cancel, the slot's stop) may take to return before its run is ended without it and the
@@ -46,6 +48,8 @@ const STOP_SLACK: Duration = Duration::from_secs(1);
 /// (frozen, hung): inside [`LONG_STOP_MARGIN`], so still before the lease could pass, and
 /// late enough that a slot that runs stops its task itself first.
 const GUARD_AFTER_STOP: Duration = Duration::from_millis(500);
+
+const _: () = assert!(HANDLER_STOP_WAIT.as_millis() + 100 < GUARD_AFTER_STOP.as_millis());
 
 /// The note of the waiting entry a long task's record gets when its slot was stopped
 /// before the task ended, so the history tells the cut-short run from a retry.
