@@ -280,6 +280,9 @@ impl QueueClient {
             cancelled: 0,
             noted: 0,
         };
+        // Every queue's copy first, then the sweeps: a sweep of a large backlog takes a
+        // while, and the queues after it would go on taking under the old state meanwhile.
+        let mut queues = Vec::new();
         for q in cfg
             .queues
             .values()
@@ -289,9 +292,12 @@ impl QueueClient {
             if !queue.switch_system(system, state, generation).await? {
                 generation = self.outcount(&queue, system, state, generation).await?;
             }
+            queues.push(queue);
+        }
+        for queue in queues {
             let mut report = |done: u64| {
                 progress(&SweepProgress {
-                    queue: q.name.clone(),
+                    queue: queue.name().to_string(),
                     done,
                 })
             };

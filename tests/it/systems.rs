@@ -820,3 +820,50 @@ async fn a_systems_queues_share_one_burst_whatever_their_batches() {
         .len();
     assert!(more <= 2, "{more} past the burst");
 }
+
+/// A switch reaches every queue of its system before any sweep starts: while the first
+/// queue's backlog is being cancelled, the second already takes nothing (before, each
+/// queue's copy was written only after the sweep of the one before it, which for a large
+/// backlog let the later queues go on calling a disabled system for minutes).
+#[tokio::test]
+async fn a_switch_reaches_every_queue_before_the_sweeps() {
+    let rig = Rig::start(
+        "[systems.partner]\n\n\
+         [queues.a_first]\nhandler = \"noop\"\nsystem = \"partner\"\n\n\
+         [queues.b_second]\nhandler = \"noop\"\nsystem = \"partner\"\n",
+    )
+    .await;
+    enqueue(&rig.queue("a_first"), 50).await;
+    enqueue(&rig.queue("b_second"), 5).await;
+    let mut sync = redis::Client::open(rig.redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut seen_during_first = Vec::new();
+    let mut progress = |p: &gaffer::queue_client::SweepProgress| {
+        if p.queue == "a_first" {
+            let copy: Option<String> = redis::cmd("HGET")
+                .arg("test:{b_second}:conf")
+                .arg("system")
+                .query(&mut sync)
+                .unwrap();
+            seen_during_first.push(copy);
+        }
+    };
+    let change = rig
+        .client
+        .set_system_reporting(&rig.cfg, "partner", SystemState::Disabled, &mut progress)
+        .await
+        .unwrap();
+    assert_eq!(change.cancelled, 55);
+    assert!(
+        !seen_during_first.is_empty(),
+        "the first queue's sweep reported"
+    );
+    assert!(
+        seen_during_first
+            .iter()
+            .all(|c| c.as_deref() == Some("disabled:partner")),
+        "{seen_during_first:?}"
+    );
+}
