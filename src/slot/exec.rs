@@ -1216,6 +1216,17 @@ for line in sys.stdin:
         );
     }
 
+    /// The reasons of outcomes that must all be failures (an echoing child's answers).
+    fn fail_reasons(outcomes: Vec<Outcome>) -> Vec<String> {
+        outcomes
+            .into_iter()
+            .map(|o| match o {
+                Outcome::Fail { reason } => reason,
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    }
+
     #[test]
     fn a_payload_that_is_not_json_is_sent_as_a_string() {
         let ctx = python(ECHO);
@@ -1227,14 +1238,7 @@ for line in sys.stdin:
             task("binary", 1, "\u{0}caf\u{e9}"),
             task("deep", 1, &deep),
         ];
-        let reasons: Vec<String> = exec
-            .handle(&ctx, &batch)
-            .into_iter()
-            .map(|o| match o {
-                Outcome::Fail { reason } => reason,
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect();
+        let reasons = fail_reasons(exec.handle(&ctx, &batch));
         assert_eq!(reasons[0], r#"{"k": [1, 2]}"#);
         assert_eq!(reasons[1], r#""hello\nworld""#);
         assert_eq!(reasons[2], r#""\u0000caf\u00e9""#);
@@ -1311,14 +1315,7 @@ for line in sys.stdin:
             task("padded", 1, "  [1,2]  "),
             task("lines", 1, "{\n  \"b\": 2,\n  \"a\": 1\n}\n"),
         ];
-        let reasons: Vec<String> = exec
-            .handle(&ctx, &batch)
-            .into_iter()
-            .map(|o| match o {
-                Outcome::Fail { reason } => reason,
-                other => panic!("unexpected {other:?}"),
-            })
-            .collect();
+        let reasons = fail_reasons(exec.handle(&ctx, &batch));
         assert_eq!(reasons[0], big);
         assert_eq!(reasons[1], "[1,2]");
         // Written again on one line: whitespace is all that changes.
