@@ -57,8 +57,8 @@ impl Queue {
     }
 
     /// Puts dead letters back in the ready set with their attempts reset: the given ids,
-    /// or all of them (in chunks, so Redis is never blocked for long); on an ordered queue
-    /// at the front, before tasks created after them. Returns how many.
+    /// or all of those dead when it begins (in chunks, so Redis is never blocked for long);
+    /// on an ordered queue at the front, before tasks created after them. Returns how many.
     pub async fn requeue_dead(&self, ids: Option<&[String]>) -> Result<u64, QueueError> {
         let action = if self.limits.ordered {
             "requeue_front"
@@ -68,7 +68,8 @@ impl Queue {
         self.dead_move(action, ids).await
     }
 
-    /// Deletes dead letters: the given ids, or all of them. Returns how many.
+    /// Deletes dead letters: the given ids, or all of those dead when it begins. Returns
+    /// how many.
     pub async fn purge_dead(&self, ids: Option<&[String]>) -> Result<u64, QueueError> {
         self.dead_move("purge", ids).await
     }
@@ -85,22 +86,32 @@ impl Queue {
                 }
                 for chunk in chunks {
                     let mut inv = self.invocation(&SCRIPTS.dead_move);
-                    inv.arg(action).arg(chunk.len()).arg(REQUEUE_NOTE);
+                    inv.arg(action).arg(chunk.len()).arg(REQUEUE_NOTE).arg("");
                     for id in chunk {
                         inv.arg(id);
                     }
                     total += inv.invoke_async::<u64>(&mut conn).await?;
                 }
             }
-            None => loop {
-                let mut inv = self.invocation(&SCRIPTS.dead_move);
-                inv.arg(action).arg(HOUSEKEEPING_LIMIT).arg(REQUEUE_NOTE);
-                let n: u64 = inv.invoke_async(&mut conn).await?;
-                total += n;
-                if n == 0 {
-                    break;
+            // Those dead when it began: a handler that fails at once would otherwise feed
+            // the sweep for ever, each task requeued with its attempts reset (and a purge
+            // would delete dead letters no one had seen).
+            None => {
+                let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+                let cutoff = secs * 1000 + micros / 1000;
+                loop {
+                    let mut inv = self.invocation(&SCRIPTS.dead_move);
+                    inv.arg(action)
+                        .arg(HOUSEKEEPING_LIMIT)
+                        .arg(REQUEUE_NOTE)
+                        .arg(cutoff);
+                    let n: u64 = inv.invoke_async(&mut conn).await?;
+                    total += n;
+                    if n == 0 {
+                        break;
+                    }
                 }
-            },
+            }
         }
         Ok(total)
     }

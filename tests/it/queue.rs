@@ -32,6 +32,7 @@ crate::harness::on_both!(
     settle_take_rejects_a_stale_token_and_takes_the_next_batch,
     settle_take_settles_before_it_takes,
     a_take_that_empties_the_queue_spends_its_wake_ups,
+    a_sweep_of_all_dead_letters_takes_only_those_dead_when_it_began,
 );
 
 fn limits(max_attempts: u32) -> QueueLimits {
@@ -362,6 +363,68 @@ async fn fail_goes_to_dead_letters_with_reason(client: QueueClient, name: &str) 
     let s = q.stats().await.unwrap();
     assert_eq!((s.dead, s.requeued_total, s.purged_total), (0, 1, 2));
     assert!(q.find("f0").await.unwrap().is_none());
+}
+
+/// `requeue` and `purge` of all dead letters take those dead when they began, not those
+/// that die while they run: a handler that fails at once would feed a requeue for ever
+/// (each task back with its attempts reset), and a purge would delete dead letters no one
+/// had seen. One dead letter here dies "later" (its death moved a minute ahead).
+async fn a_sweep_of_all_dead_letters_takes_only_those_dead_when_it_began(
+    client: QueueClient,
+    name: &str,
+) {
+    let q = client.queue(name).unwrap();
+    for i in 0..4 {
+        q.enqueue(NewTask::new(format!("p{i}")).id(format!("d{i}")))
+            .await
+            .unwrap();
+    }
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    harness::fail_all(&q, &b.tasks, |_| "bad".to_string()).await;
+    let later = |id: &'static str| {
+        let mut conn = client.connection();
+        let key = format!("test:{{{name}}}:dead");
+        async move {
+            let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+            let n: u64 = redis::cmd("ZADD")
+                .arg(&key)
+                .arg("XX")
+                .arg("CH")
+                .arg((secs + 60) * 1000)
+                .arg(id)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(n, 1, "{id} is a dead letter");
+        }
+    };
+    later("d3").await;
+    assert_eq!(q.requeue_dead(None).await.unwrap(), 3);
+    let dead: Vec<String> = q
+        .dead(0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(dead, ["d3"]);
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    harness::fail_all(&q, &b.tasks, |_| "bad again".to_string()).await;
+    later("d0").await;
+    assert_eq!(
+        q.purge_dead(None).await.unwrap(),
+        2,
+        "d1 and d2, not d0 or d3"
+    );
+    let mut dead: Vec<String> = q
+        .dead(0, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    dead.sort();
+    assert_eq!(dead, ["d0", "d3"]);
 }
 
 async fn max_attempts_through_lease_expiry_dead_letters(client: QueueClient, name: &str) {

@@ -1,16 +1,18 @@
 -- ARGV: action ('requeue' | 'purge'; 'requeue_front' on an ordered queue, whose
 -- requeued tasks go before everything waiting, as they were created before it), limit,
--- note (the requeued records' history note), then ids (none: the oldest `limit` dead
--- letters).
+-- note (the requeued records' history note), cutoff (ms, by Redis's clock), then ids
+-- (none: the oldest `limit` dead letters that died by the cutoff: a sweep of all of them
+-- takes those there when it began, not the ones that die while it runs, which a handler
+-- that fails at once would feed it for ever, each requeued with its attempts reset).
 -- Returns how many were moved. Requeued tasks start afresh: zero attempts, no last error
 -- (an ack only cleans up the error of tasks past their first attempt).
 local now = now_ms()
-local action, lim = ARGV[1], tonumber(ARGV[2])
+local action, lim, cutoff = ARGV[1], tonumber(ARGV[2]), ARGV[4]
 local ids = {}
-if #ARGV > 3 then
+if #ARGV > 4 then
   -- (an id given twice is moved once: twice in a ready list, it would run twice)
   local seen = {}
-  for i = 4, #ARGV do
+  for i = 5, #ARGV do
     local id = ARGV[i]
     if not seen[id] and redis.call('ZSCORE', K_DEAD, id) then
       seen[id] = true
@@ -19,9 +21,10 @@ if #ARGV > 3 then
   end
 elseif action == 'requeue_front' then
   -- the newest first, each call's ahead of the last's: the oldest end up at the front
-  ids = redis.call('ZRANGE', K_DEAD, -lim, -1)
+  local newest = redis.call('ZRANGE', K_DEAD, cutoff, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, lim)
+  for i = #newest, 1, -1 do ids[#ids + 1] = newest[i] end
 else
-  ids = redis.call('ZRANGE', K_DEAD, 0, lim - 1)
+  ids = redis.call('ZRANGE', K_DEAD, '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, lim)
 end
 if #ids == 0 then return 0 end
 bulk('ZREM', K_DEAD, ids)
