@@ -366,3 +366,57 @@ async fn an_expired_lease_keeps_its_place_at_the_head() {
         (ids[0].as_str(), 2)
     );
 }
+
+/// What holds an ordered queue, taken away by an operator, wakes a taker as a task's end
+/// does: a cancel of the running task, a freeze or a cancel of a retried head not yet due.
+/// (Before, the queue's idle takers slept on the hold's hint, up to 30 s.)
+#[tokio::test]
+async fn an_ordered_queues_hold_removed_by_an_operator_wakes_a_taker() {
+    let rig =
+        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
+    let q = rig.queue("steps");
+    for id in ["a", "b", "c"] {
+        q.enqueue(NewTask::new("{}").id(id)).await.unwrap();
+    }
+    let mut raw = rig.redis.raw().await;
+    let a = q.take(1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(a.tasks[0].id, "a");
+    wake_tokens(&mut raw).await;
+    q.cancel("a").await.unwrap().expect("a was running");
+    assert_eq!(wake_tokens(&mut raw).await, 1, "a running task cancelled");
+    let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(b.tasks[0].id, "b");
+    let retry = Settle::Retry {
+        delay: Duration::from_secs(600),
+        priority: None,
+        reason: "later".into(),
+    };
+    q.settle(&[SettleOp::new(&b.tasks[0], retry)])
+        .await
+        .unwrap();
+    wake_tokens(&mut raw).await;
+    q.freeze("b", "held").await.unwrap();
+    assert_eq!(wake_tokens(&mut raw).await, 1, "a retried head frozen");
+    // Thawed before it is due, it holds the queue again; cancelled, it frees it.
+    q.thaw("b", "back").await.unwrap();
+    assert!(
+        q.take(1, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .tasks
+            .is_empty()
+    );
+    wake_tokens(&mut raw).await;
+    q.cancel("b").await.unwrap().expect("b was waiting");
+    assert_eq!(wake_tokens(&mut raw).await, 1, "a retried head cancelled");
+    let c = q.take(1, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(c.tasks[0].id, "c", "nothing holds the queue");
+}
+
+/// The wake-up tokens queue `steps` holds, which it then forgets.
+async fn wake_tokens(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let wake = "test:{steps}:wake";
+    let n: u64 = redis::cmd("LLEN").arg(wake).query_async(raw).await.unwrap();
+    let _: () = redis::cmd("DEL").arg(wake).query_async(raw).await.unwrap();
+    n
+}

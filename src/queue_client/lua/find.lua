@@ -56,5 +56,11 @@ elseif ARGV[2] == '1' then
   forget({id})
   redis.call('HINCRBY', K_STATS, 'cancelled', 1)
   record(id, 'cancelled', now, nil, '', '', ARGV[3] or '', nil, history_ttl(ARGV[4]))
+  -- On an ordered queue a lease, or a retried head not yet due, holds every take, and its
+  -- idle takers sleep on that hold's hint: one cancelled frees the next task at once.
+  if (state == 'leased' or state == 'delayed' or state == 'due')
+      and redis.call('EXISTS', K_READY) == 1 then
+    wake(1)
+  end
 end
 return out

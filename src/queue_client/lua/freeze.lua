@@ -23,6 +23,8 @@ if action == 'freeze' then
   elseif state == 'delayed' or state == 'due' then
     redis.call('ZREM', K_DELAYED, id)
     redis.call('ZADD', K_FROZEN, score, id)
+    -- (a retried head of an ordered queue held its takes, which sleep on its due time)
+    if ARGV[4] == '1' and redis.call('EXISTS', K_READY) == 1 then wake(1) end
   elseif state == 'frozen' then
     return 'frozen'
   else
