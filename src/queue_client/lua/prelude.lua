@@ -695,7 +695,9 @@ end
 
 -- The running entry ("at FS attempt FS host FS slot FS") of a task in a batch lease, or
 -- nil. O(batches in flight): one read looks until it finds the task; a script reading
--- many records (`cache.many` set) reads every batch once and keeps them in `cache`.
+-- many records (`cache.many` set) reads every batch once and keeps each of their tasks'
+-- entries by id in `cache`, so that a page of records costs the tasks in flight once, not
+-- once per record (a listing of a queue with thousands of tasks in batch leases did).
 local function batch_run_of(id, cache)
   if not cache.many then
     local _, v = batch_of(id)
@@ -703,24 +705,20 @@ local function batch_run_of(id, cache)
     local at, host, slot = batch_parts(v)
     return at .. FS .. '1' .. FS .. host .. FS .. slot .. FS
   end
-  if not cache.batches then
-    cache.batches = {}
+  if not cache.runs then
+    cache.runs = {}
     if redis.call('EXISTS', K_BATCHES) == 1 then
       for _, tok in ipairs(redis.call('ZRANGE', K_BATCHES, 0, -1)) do
         local v = redis.call('GET', batch_key(tok))
         if v then
           local at, host, slot, _, framed = batch_parts(v)
-          cache.batches[#cache.batches + 1] = {at .. FS .. '1' .. FS .. host .. FS .. slot .. FS, framed}
+          local entry = at .. FS .. '1' .. FS .. host .. FS .. slot .. FS
+          for each in string.gmatch(framed, '[^\31]+') do cache.runs[each] = entry end
         end
       end
     end
   end
-  if #cache.batches == 0 then return nil end
-  local probe = FS .. id .. FS
-  for _, b in ipairs(cache.batches) do
-    if string.find(b[2], probe, 1, true) then return b[1] end
-  end
-  return nil
+  return cache.runs[id]
 end
 
 -- When the next lease runs out, per task or batch (ms, Redis clock), or nil when none is held.
