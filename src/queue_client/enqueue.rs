@@ -167,6 +167,15 @@ impl Queue {
                     "task id {id:?} is invalid: ids starting with '#' are reserved for generated ids"
                 )));
             }
+            // A chain's name (its global task's id) is written into the records of its
+            // tasks, whose fields these two bytes separate: such an id would cut them.
+            let chained =
+                task.chain.is_some() || self.limits.starts_chains || self.limits.failed_routes;
+            if chained && id.contains(['\u{1e}', '\u{1f}']) {
+                return Err(QueueError::Invalid(format!(
+                    "task id {id:?} is invalid in a chain: it holds the byte 0x1e or 0x1f"
+                )));
+            }
         }
         if self.limits.ordered && task.priority != 0 {
             return Err(QueueError::Invalid(format!(

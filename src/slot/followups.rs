@@ -108,7 +108,7 @@ impl FollowUps {
         mut outcomes: Vec<Outcome>,
         lease_until: Instant,
     ) -> Vec<Outcome> {
-        self.refuse_unknown_targets(&mut outcomes);
+        self.refuse_unknown_targets(tasks, &mut outcomes);
         if !self.may_have_follow_ups(&outcomes) {
             return outcomes;
         }
@@ -131,10 +131,22 @@ impl FollowUps {
     }
 
     /// A handler's follow-up to a queue the config does not name, or one that keeps no
-    /// records, or with a payload over that queue's limit, fails its task for good.
-    fn refuse_unknown_targets(&self, outcomes: &mut [Outcome]) {
-        for o in outcomes.iter_mut() {
+    /// records, or with a payload over that queue's limit, fails its task for good; so do
+    /// follow-ups of a task whose id holds the byte 0x1e or 0x1f, which would cut the
+    /// records its chain's name is written into (a queue with routes refuses such ids at
+    /// enqueue; a handler's own follow-ups are known only now).
+    fn refuse_unknown_targets(&self, tasks: &[LeasedTask], outcomes: &mut [Outcome]) {
+        for (t, o) in tasks.iter().zip(outcomes.iter_mut()) {
             let Outcome::Done(done) = o else { continue };
+            if !done.next.is_empty() && t.id.contains(['\u{1e}', '\u{1f}']) {
+                *o = Outcome::Reject {
+                    reason: format!(
+                        "task id {:?} cannot start a chain: it holds the byte 0x1e or 0x1f",
+                        t.id
+                    ),
+                };
+                continue;
+            }
             let refusal = done.next.iter().find_map(|f| {
                 let Some(limits) = self.targets.queues.get(&f.queue) else {
                     return Some(format!("follow-up to unknown queue {:?}", f.queue));

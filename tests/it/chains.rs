@@ -601,6 +601,19 @@ async fn an_unknown_follow_up_queue_fails_its_task(rig: &Rig) {
         error.contains("follow-up to unknown queue \"nowhere\""),
         "{rec}"
     );
+    // A handler's follow-ups of a task whose id would cut its chain's records (a queue
+    // without routes takes the id; its follow-ups are known only once it ran).
+    let fetch = format!("/v1/queues/{}/tasks", rig.q("fetch"));
+    let (status, rec) = rig
+        .call(
+            "POST",
+            &fetch,
+            Some(r#"{"payload": {}, "id": "cut\u001fid", "wait": "30s"}"#),
+        )
+        .await;
+    assert_eq!((status, &rec["state"]), (200, &json!("failed")), "{rec}");
+    let error = rec["error"].as_str().unwrap_or_default();
+    assert!(error.contains("cannot start a chain"), "{rec}");
 }
 
 /// Submits a task with `id` to queue `kind` and waits for it to end; returns its record.
@@ -1637,4 +1650,38 @@ impl OneCall {
         assert!(self.members("e").await.is_some());
         assert_eq!(self.ready().await, 5);
     }
+}
+
+/// A chain's name is written into its tasks' records, whose fields the bytes 0x1e and
+/// 0x1f separate: an id holding one is refused where it would name a chain (a queue with
+/// routes, a global task, a follow-up), with the reason, and still taken elsewhere.
+#[tokio::test]
+async fn an_id_that_would_cut_its_chains_records_is_refused() {
+    use gaffer::queue_client::{NewTask, QueueError, QueueLimits, TaskChain};
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let routed = routed_queue(&client);
+    let plain = client.queue_with("plain", QueueLimits::default()).unwrap();
+    for id in ["a\u{1f}b", "a\u{1e}b"] {
+        let refusals = [
+            routed.enqueue(NewTask::new("{}").id(id)).await,
+            plain
+                .enqueue(NewTask::new("{}").id(id).chain(TaskChain::Global))
+                .await,
+            plain
+                .enqueue(
+                    NewTask::new("{}")
+                        .id(format!("{id}~1"))
+                        .chain(TaskChain::FollowUp(id.into())),
+                )
+                .await,
+        ];
+        for r in refusals {
+            let err = r.expect_err("refused");
+            assert!(matches!(err, QueueError::Invalid(_)), "{err}");
+            assert!(err.to_string().contains("0x1e or 0x1f"), "{err}");
+        }
+        plain.enqueue(NewTask::new("{}").id(id)).await.unwrap();
+    }
+    assert_eq!(routed.stats().await.unwrap().enqueued_total, 0);
 }
