@@ -30,7 +30,51 @@ crate::harness::on_both!(
     dedup_record_lets_go_of_ids_whose_records_are_due,
     an_owned_cancel_or_hold_acts_only_on_its_owners_task,
     listing_pages_by_cursor_filters_and_submitters,
+    a_task_retried_without_end_keeps_a_bounded_record,
 );
+
+/// A task retried without end (`max_attempts = 0`) with a long error each time keeps a
+/// record of bounded size: its history keeps its first entry and its newest 99, and a note
+/// or error is cut at 4 KiB, saying how much was left out. (Before, every attempt added
+/// its whole error, for as long as the task was retried, to a record that never expires.)
+async fn a_task_retried_without_end_keeps_a_bounded_record(client: QueueClient, name: &str) {
+    let limits = QueueLimits {
+        max_attempts: 0,
+        ..Default::default()
+    };
+    let q = client.queue_with(name, limits).unwrap();
+    q.enqueue(NewTask::new("{}").id("again")).await.unwrap();
+    // (a multi-byte character across the cut: the record stays UTF-8)
+    let long = format!("{}é{}", "x".repeat(4095), "y".repeat(100_000));
+    for attempt in 1..=80u32 {
+        let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+        assert_eq!(b.tasks[0].attempt, attempt);
+        let reason = if attempt == 80 {
+            long.clone()
+        } else {
+            format!("try {attempt}")
+        };
+        let retry = Settle::Retry {
+            delay: Duration::ZERO,
+            priority: None,
+            reason,
+        };
+        settle_one(&q, &b.tasks[0], retry).await;
+    }
+    let rec = record(&q, "again").await;
+    let history = rec.history.as_deref().expect("a history");
+    assert_eq!(history.len(), 100, "{:?}", history.first());
+    assert_eq!(history[0].state, RecordState::Waiting);
+    assert_eq!(history[0].attempt, 0, "the first entry stays");
+    let last = history.last().unwrap();
+    assert_eq!((last.state, last.attempt), (RecordState::Waiting, 80));
+    let note = last.note.as_deref().unwrap();
+    let kept = "x".repeat(4095);
+    assert_eq!(note, format!("{kept} ... (100002 bytes more)"));
+    assert_eq!(rec.error.as_deref(), Some(note));
+    let before = &history[history.len() - 3];
+    assert_eq!(before.note.as_deref(), Some("try 79"));
+}
 
 fn limits() -> QueueLimits {
     QueueLimits {

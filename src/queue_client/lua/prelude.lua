@@ -341,8 +341,20 @@ end
 
 -- Separators cannot appear inside a field; a note loses them rather than corrupting the
 -- record.
+-- Longest note or error a record keeps (bytes): a handler's error can be megabytes (an exec
+-- reply may be 64 MiB), and a task retried without end writes one per attempt.
+local NOTE_MAX = 4096
+
 local function clean(s)
   if not s or s == '' then return '' end
+  if #s > NOTE_MAX then
+    -- (cut between UTF-8 characters: back off while the next byte continues one)
+    local cut = NOTE_MAX
+    while cut > 0 and string.byte(s, cut + 1) >= 128 and string.byte(s, cut + 1) < 192 do
+      cut = cut - 1
+    end
+    s = string.sub(s, 1, cut) .. ' ... (' .. (#s - cut) .. ' bytes more)'
+  end
   return (string.gsub(s, '[\30\31]', ' '))
 end
 
@@ -399,6 +411,22 @@ local function entry(state, now, attempt, host, slot, note)
   return state .. FS .. now .. FS .. attempt .. FS .. host .. FS .. slot .. FS .. clean(note)
 end
 
+-- Most entries a history keeps: its first (how the task came) and its newest, so that a
+-- task retried without end (`max_attempts = 0`) keeps a record of bounded size.
+local HISTORY_MAX = 100
+
+-- `h` with the entries between its first and its newest HISTORY_MAX - 1 left out.
+local function history_trim(h)
+  local starts = {1}
+  local i = string.find(h, RS, 1, true)
+  while i do
+    starts[#starts + 1] = i + 1
+    i = string.find(h, RS, i + 1, true)
+  end
+  if #starts <= HISTORY_MAX then return h end
+  return string.sub(h, 1, starts[2] - 1) .. string.sub(h, starts[#starts - HISTORY_MAX + 2])
+end
+
 -- The history with one transition added: folded into the last entry (its count goes up)
 -- when state, attempt, host, slot and note are all the same.
 local function history_add(h, state, now, attempt, host, slot, note)
@@ -415,7 +443,7 @@ local function history_add(h, state, now, attempt, host, slot, note)
       return string.sub(h, 1, start - 1) .. st .. FS .. at .. FS .. body .. FS .. (tonumber(count) + 1)
     end
   end
-  return h .. RS .. e
+  return history_trim(h .. RS .. e)
 end
 
 -- A task ended: its record expires `ttl_ms` from now, and whoever waits for it is told.
