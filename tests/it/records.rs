@@ -31,7 +31,62 @@ crate::harness::on_both!(
     an_owned_cancel_or_hold_acts_only_on_its_owners_task,
     listing_pages_by_cursor_filters_and_submitters,
     a_task_retried_without_end_keeps_a_bounded_record,
+    a_listing_page_ends_early_past_its_bytes,
 );
+
+/// A listing page holds about 4 MiB of records at most: past it, the page ends early and
+/// its cursor goes on to the rest (before, `limit = 1000` on tasks with large results made
+/// a reply of the limit times the result, built whole in Redis's memory).
+async fn a_listing_page_ends_early_past_its_bytes(client: QueueClient, name: &str) {
+    let q = client
+        .queue_with(
+            name,
+            QueueLimits {
+                max_result: 2 << 20,
+                ..limits()
+            },
+        )
+        .unwrap();
+    let tasks: Vec<NewTask> = (0..5)
+        .map(|i| NewTask::new("{}").id(format!("r{i}")))
+        .collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let b = q.take(5, Duration::from_secs(30)).await.unwrap();
+    let result = format!(r#"{{"blob":"{}"}}"#, "x".repeat(1_500_000));
+    let ops: Vec<_> = b
+        .tasks
+        .iter()
+        .map(|t| {
+            SettleOp::new(
+                t,
+                Settle::AckWithResult {
+                    result: result.clone(),
+                },
+            )
+        })
+        .collect();
+    q.settle(&ops).await.unwrap();
+    let mut query = ListQuery {
+        state: None,
+        submitted_by: None,
+        cursor: None,
+        limit: 10,
+    };
+    let first = q.list(&query).await.unwrap();
+    let ids = |p: &gaffer::queue_client::ListPage| -> Vec<String> {
+        p.tasks.iter().map(|t| t.id.clone()).collect()
+    };
+    assert_eq!(
+        ids(&first),
+        ["r4", "r3", "r2"],
+        "4.5 MB: the third passes 4 MiB"
+    );
+    query.cursor = first.next_cursor.clone();
+    assert!(query.cursor.is_some(), "the page goes on");
+    let second = q.list(&query).await.unwrap();
+    assert_eq!(ids(&second), ["r1", "r0"]);
+    assert_eq!(second.next_cursor, None);
+}
 
 /// A task retried without end (`max_attempts = 0`) with a long error each time keeps a
 /// record of bounded size: its history keeps its first entry and its newest 99, and a note

@@ -4,7 +4,8 @@
 -- first. Writes nothing (see rec_visible): index entries of records whose time is up are
 -- passed over, and go with their records at the next sweep. A page may hold
 -- fewer than `limit` records while the cursor still goes on (the scan cap was reached
--- among records of other states): the client follows it.
+-- among records of other states, or the page's bytes reached PAGE_BYTES): the client
+-- follows it.
 local by, want, cursor = ARGV[1], ARGV[2], ARGV[3]
 local limit, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local idx = K_IDX
@@ -12,12 +13,16 @@ if by ~= '' then idx = submitter_index(by) end
 local top = '+inf'
 if cursor ~= '' then top = '(' .. cursor end
 local now = now_ms()
+-- The most bytes of records one page holds, about: results and errors can be large (a
+-- result up to the queue's max_result), and a reply is built whole in Redis's memory.
+local PAGE_BYTES = 4 * 1024 * 1024
+local bytes, full = 0, false
 -- (also the batches read once for every record of the page, see batch_run_of)
 local due = {many = true}
 local out = {''}
 local found, looked = 0, 0
 local last, exhausted = nil, false
-while found < limit and looked < cap do
+while found < limit and looked < cap and not full do
   local ask = math.min(cap - looked, 200)
   local rows = redis.call('ZRANGE', idx, top, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, ask, 'WITHSCORES')
   local used = 0
@@ -32,13 +37,17 @@ while found < limit and looked < cap do
     local r = v and rec_current(id, v, due)
     if r and (want == '' or r[1] == want) then
       out[#out + 1] = id
-      for j = 1, REC_VIEW_FIELDS do out[#out + 1] = r[j] end
+      for j = 1, REC_VIEW_FIELDS do
+        out[#out + 1] = r[j]
+        if type(r[j]) == 'string' then bytes = bytes + #r[j] end
+      end
       found = found + 1
-      if found == limit then break end
+      full = bytes >= PAGE_BYTES
+      if found == limit or full then break end
     end
   end
   looked = looked + used
-  if found < limit and #rows / 2 < ask then
+  if not full and found < limit and #rows / 2 < ask then
     exhausted = true
     break
   end
