@@ -31,11 +31,25 @@ pub struct DeadTask {
 }
 
 impl Queue {
-    /// Dead letters, oldest first.
+    /// Dead letters, oldest first: `limit` from the `offset`-th, read in chunks of
+    /// 1,000 (each script call reads every one's payload and error, so a
+    /// large `limit` must not block Redis in one call).
     pub async fn dead(&self, offset: usize, limit: usize) -> Result<Vec<DeadTask>, QueueError> {
-        if limit == 0 {
-            return Ok(Vec::new());
+        let mut out = Vec::with_capacity(limit.min(HOUSEKEEPING_LIMIT));
+        while out.len() < limit {
+            let want = (limit - out.len()).min(HOUSEKEEPING_LIMIT);
+            let chunk = self.dead_chunk(offset + out.len(), want).await?;
+            let short = chunk.len() < want;
+            out.extend(chunk);
+            if short {
+                break;
+            }
         }
+        Ok(out)
+    }
+
+    /// One call of [`Queue::dead`].
+    async fn dead_chunk(&self, offset: usize, limit: usize) -> Result<Vec<DeadTask>, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.dead_list);
         inv.arg(offset).arg(limit);
         let mut conn = self.conn.clone();

@@ -261,6 +261,15 @@ async fn dead_letters_requeued_in_chunks_keep_their_order() {
         .map(|d| d.id)
         .collect();
     assert_eq!(died.len(), 1_050);
+    // (read in calls of 1,000: one from an offset lines up with the whole)
+    let tail: Vec<String> = q
+        .dead(999, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(tail, died[999..]);
     assert_eq!(q.requeue_dead(None).await.unwrap(), 1_050);
     let mut raw = rig.redis.raw().await;
     let ready: Vec<String> = redis::cmd("LRANGE")

@@ -191,7 +191,10 @@ impl Serving {
                     "the long task's handler did not return within {} of being asked to stop",
                     humantime::format_duration(self.stop_wait())
                 );
-                self.recycle = Some((EXIT_RECYCLE, reason.clone()));
+                // (a slot asked to stop exits as stopped; its task is handed back)
+                if !self.stopping {
+                    self.recycle = Some((EXIT_RECYCLE, reason.clone()));
+                }
                 // (a cancel wins over it: the task ends cancelled; handed back, it is unused)
                 vec![Outcome::Fail { reason }]
             }
