@@ -339,12 +339,12 @@ local function submitter_index(by)
   return K_IDX .. ':' .. by
 end
 
--- Separators cannot appear inside a field; a note loses them rather than corrupting the
--- record.
 -- Longest note or error a record keeps (bytes): a handler's error can be megabytes (an exec
 -- reply may be 64 MiB), and a task retried without end writes one per attempt.
 local NOTE_MAX = 4096
 
+-- Separators cannot appear inside a field; a note loses them rather than corrupting the
+-- record, and is cut at NOTE_MAX.
 local function clean(s)
   if not s or s == '' then return '' end
   if #s > NOTE_MAX then
