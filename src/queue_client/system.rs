@@ -123,6 +123,21 @@ static OUTCOUNT: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
+// A queue's copy of a switch adopted by the cluster (ARGV: system, the copy's state, its
+// generation), where the cluster's count is behind it: the cluster lost that switch (its
+// hash's node failed over, or the hash was lost) while the queues kept it. Returns 1 when
+// adopted, 0 when the count is not behind (a later switch holds).
+static ADOPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "local f = 'gen:' .. ARGV[1] \
+         local theirs = tonumber(ARGV[3]) \
+         local count = tonumber(redis.call('HGET', KEYS[1], f)) or 0 \
+         if count >= theirs then return 0 end \
+         redis.call('HSET', KEYS[1], f, theirs, ARGV[1], ARGV[2]) \
+         return 1",
+    )
+});
+
 /// The run-time switches as one reading: each system's state and generation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Switches {
@@ -376,9 +391,44 @@ impl QueueClient {
             };
             if done {
                 changed.insert(q.name.clone());
+            } else {
+                self.adopt_newer_copy(&queue, system).await?;
             }
         }
         Ok(changed)
+    }
+
+    /// A queue's copy of `system`'s switch that the reading could not replace, being
+    /// newer: adopted by the cluster when its count is behind the copy (it lost that
+    /// switch), so what `gaffer system` shows and what the balancer decides on heal
+    /// within a tick to what the queues do. Where an operator switched meanwhile, the
+    /// count is not behind and nothing changes.
+    async fn adopt_newer_copy(&self, queue: &Queue, system: &str) -> Result<(), QueueError> {
+        let mut conn = self.connection();
+        let (copy, generation): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+            .arg(queue.keys.conf())
+            .arg("system")
+            .arg("system_gen")
+            .query_async(&mut conn)
+            .await?;
+        let Some((state, name)) = copy.as_deref().and_then(|c| c.split_once(':')) else {
+            return Ok(());
+        };
+        if name != system || SystemState::parse(state).is_none() {
+            return Ok(());
+        }
+        let adopted: i64 = ADOPT
+            .key(switches_key(self.namespace()))
+            .arg(system)
+            .arg(state)
+            .arg(generation.unwrap_or(0))
+            .invoke_async(&mut conn)
+            .await?;
+        if adopted == 1 {
+            tracing::warn!(system, state, generation, queue = %queue.name(),
+                "the cluster had lost a system's switch that its queues keep; adopted it");
+        }
+        Ok(())
     }
 
     /// Cancels what waits on the queues of systems `switches` says are disabled: tasks

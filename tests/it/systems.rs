@@ -867,3 +867,51 @@ async fn a_switch_reaches_every_queue_before_the_sweeps() {
         "{seen_during_first:?}"
     );
 }
+
+/// A switch the cluster lost while its queues kept it (the node of its hash failed over on
+/// a Redis Cluster, or the hash was lost) is adopted back from the queues by the manager's
+/// reconcile, so `gaffer system` and the balancer follow what the queues do within a tick
+/// (before, the system showed active, and got slots, while its queues cancelled every
+/// task). A switch an operator made after the reading is left as it is.
+#[tokio::test]
+async fn a_switch_the_cluster_lost_is_adopted_back_from_its_queues() {
+    let rig = Rig::start(PARTNER).await;
+    let (client, cfg) = (&rig.client, &rig.cfg);
+    client
+        .set_system(cfg, "partner", SystemState::Disabled)
+        .await
+        .unwrap();
+    let mut raw = rig.redis.raw().await;
+    let _: () = redis::cmd("DEL")
+        .arg("test:{cluster}:systems")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let lost = client.read_switches().await.unwrap();
+    assert!(!lost.states.contains_key("partner"), "{lost:?}");
+    client.reconcile_system_switches(cfg, &lost).await.unwrap();
+    let healed = client.read_switches().await.unwrap();
+    assert_eq!(healed.states["partner"], SystemState::Disabled);
+    assert_eq!(healed.gens["partner"], 1);
+    // An operator's switch after that reading: the stale reading changes nothing.
+    client
+        .set_system(cfg, "partner", SystemState::Active)
+        .await
+        .unwrap();
+    client.reconcile_system_switches(cfg, &lost).await.unwrap();
+    let now = client.read_switches().await.unwrap();
+    assert_eq!(
+        (now.states["partner"], now.gens["partner"]),
+        (SystemState::Active, 2)
+    );
+    let q = rig.queue("calls");
+    enqueue(&q, 1).await;
+    assert_eq!(
+        q.take(10, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .tasks
+            .len(),
+        1
+    );
+}
