@@ -339,15 +339,26 @@ async fn retry_with_delay_and_priority(client: QueueClient, name: &str) {
     assert_eq!(q.stats().await.unwrap().retried_total, 1);
 }
 
-async fn fail_goes_to_dead_letters_with_reason(client: QueueClient, name: &str) {
-    let q = client.queue(name).unwrap();
-    for i in 0..3 {
-        q.enqueue(NewTask::new(format!("p{i}")).id(format!("f{i}")))
+/// `n` dead letters in `q`, ids `PREFIX0`…, each failed with `reason(id)`.
+async fn dead_letters(
+    q: &gaffer::queue_client::Queue,
+    prefix: &str,
+    n: usize,
+    reason: impl Fn(&str) -> String,
+) {
+    for i in 0..n {
+        q.enqueue(NewTask::new(format!("p{i}")).id(format!("{prefix}{i}")))
             .await
             .unwrap();
     }
-    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
-    harness::fail_all(&q, &b.tasks, |id| format!("bad input in {id}")).await;
+    let b = q.take(n, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), n);
+    harness::fail_all(q, &b.tasks, reason).await;
+}
+
+async fn fail_goes_to_dead_letters_with_reason(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    dead_letters(&q, "f", 3, |id| format!("bad input in {id}")).await;
     let dead = q.dead(0, 10).await.unwrap();
     assert_eq!(dead.len(), 3);
     assert_eq!(dead[0].error, format!("bad input in {}", dead[0].id));
@@ -374,13 +385,7 @@ async fn a_sweep_of_all_dead_letters_takes_only_those_dead_when_it_began(
     name: &str,
 ) {
     let q = client.queue(name).unwrap();
-    for i in 0..4 {
-        q.enqueue(NewTask::new(format!("p{i}")).id(format!("d{i}")))
-            .await
-            .unwrap();
-    }
-    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
-    harness::fail_all(&q, &b.tasks, |_| "bad".to_string()).await;
+    dead_letters(&q, "d", 4, |_| "bad".to_string()).await;
     let later = |id: &'static str| {
         let mut conn = client.connection();
         let key = format!("test:{{{name}}}:dead");

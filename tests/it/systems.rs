@@ -147,6 +147,15 @@ pub(crate) async fn enqueue(q: &Queue, n: usize) -> Vec<String> {
 }
 
 /// Switches system `partner` as `gaffer system partner …` does.
+/// How many tasks a take of up to `n` from `q` gets (leased for a minute).
+async fn took(q: &Queue, n: usize) -> usize {
+    q.take(n, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .tasks
+        .len()
+}
+
 async fn switch(rig: &Rig, state: SystemState) {
     rig.client
         .set_system(&rig.cfg, "partner", state)
@@ -423,13 +432,7 @@ async fn pause_holds_tasks_with_a_note_and_resume_runs_them_all() {
         );
     }
     // A take hands out nothing while paused, whoever asks.
-    assert!(
-        q.take(10, Duration::from_secs(60))
-            .await
-            .unwrap()
-            .tasks
-            .is_empty()
-    );
+    assert_eq!(took(&q, 10).await, 0, "nothing while paused");
 
     // A running slot stops taking too: its wake-ups are spent, nothing is leased.
     rig.masters(&[("h1", "calls", 2)]).await;
@@ -504,25 +507,12 @@ async fn a_configured_pause_holds_until_resumed_at_run_time() {
             "{id}"
         );
     }
-    assert!(
-        q.take(10, Duration::from_secs(60))
-            .await
-            .unwrap()
-            .tasks
-            .is_empty()
-    );
+    assert_eq!(took(&q, 10).await, 0, "nothing while paused");
     let listed: serde_json::Value = serde_json::from_str(&rig.cli(&["stats", "--json"])).unwrap();
     assert_eq!(listed["systems"]["partner"]["state"], "paused", "{listed}");
     assert_eq!(listed["systems"]["partner"]["switched"], false, "{listed}");
     rig.cli(&["system", "partner", "resume"]);
-    assert_eq!(
-        q.take(10, Duration::from_secs(60))
-            .await
-            .unwrap()
-            .tasks
-            .len(),
-        5
-    );
+    assert_eq!(took(&q, 10).await, 5);
 }
 
 #[tokio::test]
@@ -796,28 +786,11 @@ async fn a_systems_queues_share_one_burst_whatever_their_batches() {
     enqueue(&one, 5).await;
     enqueue(&bulk, 200).await;
     // A fresh bucket is full: 100 tokens.
-    assert_eq!(
-        one.take(1, Duration::from_secs(30))
-            .await
-            .unwrap()
-            .tasks
-            .len(),
-        1
-    );
-    let got = bulk
-        .take(100, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .tasks
-        .len();
+    assert_eq!(took(&one, 1).await, 1);
+    let got = took(&bulk, 100).await;
     assert!(got >= 99, "the batch queue got {got} of the 99 tokens left");
     // Both took from one bucket: nothing more is saved until it refills (10 a second).
-    let more = bulk
-        .take(100, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .tasks
-        .len();
+    let more = took(&bulk, 100).await;
     assert!(more <= 2, "{more} past the burst");
 }
 
@@ -906,12 +879,5 @@ async fn a_switch_the_cluster_lost_is_adopted_back_from_its_queues() {
     );
     let q = rig.queue("calls");
     enqueue(&q, 1).await;
-    assert_eq!(
-        q.take(10, Duration::from_secs(60))
-            .await
-            .unwrap()
-            .tasks
-            .len(),
-        1
-    );
+    assert_eq!(took(&q, 10).await, 1);
 }
