@@ -466,10 +466,10 @@ pub fn parse_reply(
 /// on it and fail its batch-mates with it, attempt after attempt); anything else that is
 /// not JSON is sent as a JSON string, as the protocol says.
 ///
-/// JSON goes to the child as the producer wrote it, byte for byte: read into a
-/// `serde_json::Value` and written again, integers past 64 bits became floats and an
-/// object's keys were sorted. Only JSON written over several lines is rewritten on one
-/// (a line is one request), which changes its whitespace alone.
+/// JSON goes to the child as the producer wrote it, byte for byte (written again from a
+/// `serde_json::Value`, integers past 64 bits would become floats and an object's keys
+/// would be sorted). Only JSON written over several lines is rewritten on one (a line is
+/// one request), which changes its whitespace alone.
 fn request_payload(task: &Task, max_payload: u64) -> Result<Box<RawValue>, Outcome> {
     let reject = |e: PayloadError| Outcome::Reject {
         reason: e.to_string(),
