@@ -339,6 +339,16 @@ async fn retry_with_delay_and_priority(client: QueueClient, name: &str) {
     assert_eq!(q.stats().await.unwrap().retried_total, 1);
 }
 
+/// The ids of `q`'s first 100 dead letters, oldest first.
+async fn dead_ids(q: &gaffer::queue_client::Queue) -> Vec<String> {
+    q.dead(0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect()
+}
+
 /// `n` dead letters in `q`, ids `PREFIX0`…, each failed with `reason(id)`.
 async fn dead_letters(
     q: &gaffer::queue_client::Queue,
@@ -405,14 +415,7 @@ async fn a_sweep_of_all_dead_letters_takes_only_those_dead_when_it_began(
     };
     later("d3").await;
     assert_eq!(q.requeue_dead(None).await.unwrap(), 3);
-    let dead: Vec<String> = q
-        .dead(0, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|d| d.id)
-        .collect();
-    assert_eq!(dead, ["d3"]);
+    assert_eq!(dead_ids(&q).await, ["d3"]);
     let b = q.take(10, Duration::from_secs(30)).await.unwrap();
     harness::fail_all(&q, &b.tasks, |_| "bad again".to_string()).await;
     later("d0").await;
@@ -421,13 +424,7 @@ async fn a_sweep_of_all_dead_letters_takes_only_those_dead_when_it_began(
         2,
         "d1 and d2, not d0 or d3"
     );
-    let mut dead: Vec<String> = q
-        .dead(0, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|d| d.id)
-        .collect();
+    let mut dead = dead_ids(&q).await;
     dead.sort();
     assert_eq!(dead, ["d0", "d3"]);
 }
