@@ -67,9 +67,7 @@ impl SlotProc {
             retiring: false,
         }
     }
-}
 
-impl SlotProc {
     /// Where the slot is in its life after its event `ev` at `now` (a stopping slot stays
     /// stopping).
     fn observe(&mut self, ev: &SlotEvent, now: Instant) {

@@ -174,6 +174,17 @@ async fn forget_switch(rig: &Rig) {
         .unwrap();
 }
 
+/// The cluster's hash of switches lost (its node failed over, or it was deleted), while
+/// the queues keep their copies.
+async fn cluster_loses_its_switches(rig: &Rig) {
+    let mut raw = rig.redis.raw().await;
+    let _: () = redis::cmd("DEL")
+        .arg("test:{cluster}:systems")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+}
+
 /// The note of a task's last history entry, and its state.
 async fn last_note(q: &Queue, id: &str) -> (RecordState, String) {
     let r = q.record(id).await.unwrap().expect("a record");
@@ -346,12 +357,7 @@ async fn a_switch_outcounts_a_copy_the_cluster_lost_count_of() {
     for state in [SystemState::Paused, SystemState::Disabled] {
         client.set_system(cfg, "partner", state).await.unwrap();
     }
-    let mut raw = rig.redis.raw().await;
-    let _: () = redis::cmd("DEL")
-        .arg("test:{cluster}:systems")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    cluster_loses_its_switches(&rig).await;
     switch(&rig, SystemState::Active).await;
     let ids = enqueue(&q, 2).await;
     for id in &ids {
@@ -854,12 +860,7 @@ async fn a_switch_the_cluster_lost_is_adopted_back_from_its_queues() {
         .set_system(cfg, "partner", SystemState::Disabled)
         .await
         .unwrap();
-    let mut raw = rig.redis.raw().await;
-    let _: () = redis::cmd("DEL")
-        .arg("test:{cluster}:systems")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    cluster_loses_its_switches(&rig).await;
     let lost = client.read_switches().await.unwrap();
     assert!(!lost.states.contains_key("partner"), "{lost:?}");
     client.reconcile_system_switches(cfg, &lost).await.unwrap();
