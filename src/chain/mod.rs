@@ -41,7 +41,7 @@ const SEP: char = '\u{1f}';
 pub const DERIVED_SEP: char = '~';
 
 /// One task of a chain: its queue and id.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct Member {
     /// The task's queue.
     pub queue: String,

@@ -142,6 +142,9 @@ pub struct ChainWrites {
     /// Per list: its head as a claim writes it ('' for an add), and the members.
     args: Vec<String>,
     ttl_ms: u64,
+    /// The parents' leases key and their leases (token, id) that must still stand
+    /// ([`ChainWrites::check_leases`]).
+    leases: Option<(String, Vec<(u64, String)>)>,
 }
 
 /// The claims a [`ChainWrites`] call refused: (position among its lists from 1, the
@@ -156,6 +159,9 @@ pub enum AfterChains {
     /// Some claims were refused: nothing was enqueued (the other claims and the adds were
     /// written).
     Refused(RefusedClaims),
+    /// The leases of these parents (positions among those given to
+    /// [`ChainWrites::check_leases`], from 0) are gone: nothing was written.
+    LeasesGone(Vec<usize>),
 }
 
 impl ChainWrites {
@@ -173,6 +179,14 @@ impl ChainWrites {
         self.keys.push(key);
         self.args.push(head);
         self.args.push(members);
+    }
+
+    /// Makes the writes, and the enqueue after them, depend on the leases of `parents`
+    /// (tasks of `queue`) still standing: none is made when one is gone (see
+    /// [`AfterChains::LeasesGone`]). On one server, with an enqueue only.
+    pub fn check_leases(&mut self, queue: &Queue, parents: &[&super::LeasedTask]) {
+        let leases = parents.iter().map(|t| (t.token, t.id.clone())).collect();
+        self.leases = Some((queue.keys.leased().to_string(), leases));
     }
 
     /// Appends `members` to the list `key`.
@@ -245,10 +259,33 @@ impl Queue {
             inv.arg(a);
         }
         inv.arg(chains.ttl_ms);
+        let leases = chains
+            .leases
+            .as_ref()
+            .map_or(&[][..], |(_, l)| l.as_slice());
+        if let Some((key, _)) = &chains.leases {
+            inv.key(key);
+            for (token, id) in leases {
+                inv.arg(token).arg(id);
+            }
+        }
+        inv.arg(leases.len());
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         let bad = |e: redis::ParsingError| QueueError::Protocol(format!("claim and enqueue: {e}"));
         let mut out = match reply.as_slice() {
+            [Value::Int(-3), gone] => {
+                let gone: Vec<usize> = redis::from_redis_value(gone.clone()).map_err(bad)?;
+                if gone.iter().any(|&p| p == 0 || p > leases.len()) {
+                    return Err(QueueError::Protocol(format!(
+                        "claim and enqueue named parents {gone:?} of {}",
+                        leases.len()
+                    )));
+                }
+                return Ok(AfterChains::LeasesGone(
+                    gone.into_iter().map(|p| p - 1).collect(),
+                ));
+            }
             [Value::Int(-2), refused] => {
                 let refused: RefusedClaims =
                     redis::from_redis_value(refused.clone()).map_err(bad)?;

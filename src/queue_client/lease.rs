@@ -350,6 +350,30 @@ impl Queue {
         waiter.wait(self.keys.wake(), timeout).await
     }
 
+    /// Whether each of `tasks`' leases still stands, by position, reading only: false for
+    /// a task cancelled since it was taken (its lease removed), or reclaimed by another
+    /// slot after its lease ran out. One expired that nobody reclaimed still stands: its
+    /// settle would be taken.
+    pub async fn leases_held(&self, tasks: &[&LeasedTask]) -> Result<Vec<bool>, QueueError> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.invocation(&SCRIPTS.held);
+        for t in tasks {
+            inv.arg(t.token).arg(&t.id);
+        }
+        let mut conn = self.conn.clone();
+        let reply: Vec<i64> = inv.invoke_async(&mut conn).await?;
+        if reply.len() != tasks.len() {
+            return Err(QueueError::Protocol(format!(
+                "lease check of {} tasks answered {} values",
+                tasks.len(),
+                reply.len()
+            )));
+        }
+        Ok(reply.into_iter().map(|v| v == 1).collect())
+    }
+
     /// Settles leased tasks in one round trip. Each result says whether it was applied or
     /// rejected as stale.
     pub async fn settle(&self, ops: &[SettleOp]) -> Result<Vec<SettleResult>, QueueError> {

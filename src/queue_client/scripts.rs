@@ -25,6 +25,7 @@ pub(crate) struct Scripts {
     pub long: Script,
     pub claim: Script,
     pub claim_enqueue: Script,
+    pub held: Script,
 }
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
@@ -229,6 +230,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     long: long_with_settle(),
     claim: claim_alone(),
     claim_enqueue: claim_then_enqueue(),
+    held: with_prelude(include_str!("lua/held.lua")),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag
@@ -278,6 +280,11 @@ impl Keys {
 
     pub fn wake(&self) -> &str {
         &self.all[11]
+    }
+
+    /// The zset of the queue's per-task leases (batch leases are derived from it).
+    pub fn leased(&self) -> &str {
+        &self.all[2]
     }
 
     /// The key of a task's record.
@@ -372,6 +379,7 @@ mod tests {
             include_str!("lua/chain.lua"),
             include_str!("lua/long.lua"),
             include_str!("lua/system.lua"),
+            include_str!("lua/held.lua"),
         ];
         // (the script that ends in enqueue.lua, as `claim_then_enqueue` puts it together)
         let claim_enqueue = format!(

@@ -22,7 +22,7 @@ use crate::config::{QueueConfig, RouteOn};
 use crate::host::handler::Outcome;
 use crate::queue_client::{
     AfterChains, ChainFacts, ChainWrites, LeasedTask, MAX_ID_LEN, NewTask, Queue, QueueClient,
-    QueueError, RedisConn, TaskChain,
+    QueueError, RecordState, RedisConn, SettleResult, TaskChain,
 };
 
 /// Longest pause between attempts to create a batch's follow-ups while Redis fails.
@@ -74,6 +74,60 @@ struct Named {
 /// A follow-up and its parent, as a chain lists them.
 type Pair = (Member, Member);
 
+/// The parents whose children a queue refused, and each parent's chain.
+type Enqueued = (Vec<(usize, Refusal)>, BTreeMap<usize, String>);
+
+/// What [`FollowUps::in_one_call`] did.
+enum OneCall {
+    /// The children are made (but for the parents a queue refused).
+    Made(Enqueued),
+    /// It does not apply here: nothing was written (off one server, a chain not known
+    /// yet, a claim refused).
+    NotHere,
+    /// Nothing was written: these parents' leases (batch positions) are gone.
+    LeasesGone(Vec<usize>),
+}
+
+/// What [`FollowUps::enqueue`] did.
+enum Enqueue {
+    /// The children are enqueued, but for these parents' (a queue refused them).
+    Done(Vec<(usize, Refusal)>),
+    /// Nothing was enqueued: a claim among the writes was refused.
+    ClaimRefused,
+    /// Nothing was written: the leases of these parents (positions among those the
+    /// writes checked) are gone.
+    LeasesGone(Vec<usize>),
+}
+
+/// How many times [`FollowUps::after_settle`] tries to cancel a cancelled parent's
+/// follow-ups while Redis fails.
+const CANCEL_TRIES: u32 = 4;
+
+/// The follow-ups a batch made: by parent position, its chain and its children.
+#[derive(Debug, Default)]
+pub(super) struct Made {
+    by_parent: BTreeMap<usize, (String, Vec<Member>)>,
+}
+
+/// `kids`, then every task `listed` (a chain's follow-ups with their parents) puts below
+/// one of them, each once.
+fn below(kids: &[Member], listed: &[(Member, Member)]) -> Vec<Member> {
+    let mut children: HashMap<&Member, Vec<&Member>> = HashMap::new();
+    for (child, parent) in listed {
+        children.entry(parent).or_default().push(child);
+    }
+    let mut seen: std::collections::HashSet<&Member> = std::collections::HashSet::new();
+    let mut out: Vec<&Member> = Vec::new();
+    let mut todo: Vec<&Member> = kids.iter().rev().collect();
+    while let Some(m) = todo.pop() {
+        if seen.insert(m) {
+            out.push(m);
+            todo.extend(children.get(m).into_iter().flatten().rev());
+        }
+    }
+    out.into_iter().cloned().collect()
+}
+
 /// Why a parent's follow-ups were not made.
 enum Refusal {
     /// For now: the queue's intake is closed.
@@ -101,25 +155,28 @@ impl FollowUps {
 
     /// Creates the follow-ups of a handled batch, and returns the outcomes to settle: a
     /// task whose follow-ups cannot be made fails (a queue the config does not name) or
-    /// is retried (Redis failing until `lease_until`, a follow-up queue's intake closed).
+    /// is retried (Redis failing until `lease_until`, a follow-up queue's intake closed);
+    /// with the follow-ups made, for [`FollowUps::after_settle`]. A task whose lease is
+    /// gone (cancelled while it ran, or run again elsewhere) makes none.
     pub(super) async fn before_settle(
         &mut self,
         tasks: &[LeasedTask],
         mut outcomes: Vec<Outcome>,
         lease_until: Instant,
-    ) -> Vec<Outcome> {
+    ) -> (Vec<Outcome>, Made) {
         self.refuse_unknown_targets(tasks, &mut outcomes);
         if !self.may_have_follow_ups(&outcomes) {
-            return outcomes;
+            return (outcomes, Made::default());
         }
         let mut pause = Duration::from_millis(50);
         loop {
             match self.create(tasks, &mut outcomes).await {
-                Ok(()) => return outcomes,
+                Ok(made) => return (outcomes, made),
                 Err(e) if Instant::now() + pause >= lease_until => {
                     tracing::warn!(queue = %self.cfg.name, error = %e,
                         "follow-ups could not be created before the leases expire; the tasks run again");
-                    return retry_all(outcomes, &format!("follow-ups not created: {e}"));
+                    let outcomes = retry_all(outcomes, &format!("follow-ups not created: {e}"));
+                    return (outcomes, Made::default());
                 }
                 Err(e) => {
                     tracing::warn!(queue = %self.cfg.name, error = %e, "creating follow-ups failed, retrying");
@@ -128,6 +185,79 @@ impl FollowUps {
                 }
             }
         }
+    }
+
+    /// After the batch's settle (`results`, by position): a parent whose settle came back
+    /// stale may have been cancelled after its follow-ups were made (the check before
+    /// them passed). When its record says cancelled, its follow-ups and everything its
+    /// chain lists below them are cancelled too, with a note naming it: a cancel stops the
+    /// chain, as it does a task still waiting. (A parent run again elsewhere keeps them:
+    /// that run makes the same ids.) Best effort: Redis failing past a few tries leaves
+    /// them, and says so.
+    pub(super) async fn after_settle(
+        &mut self,
+        tasks: &[LeasedTask],
+        made: &Made,
+        results: &[SettleResult],
+    ) {
+        for (&p, (chain, kids)) in &made.by_parent {
+            if results.get(p) != Some(&SettleResult::Stale) {
+                continue;
+            }
+            let mut pause = Duration::from_millis(50);
+            for tries_left in (0..CANCEL_TRIES).rev() {
+                match self.cancel_below(&tasks[p].id, chain, kids).await {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        tracing::info!(queue = %self.cfg.name, task = %tasks[p].id, cancelled = n,
+                            "task cancelled while it ran: its follow-ups are cancelled too");
+                        break;
+                    }
+                    Err(e) if tries_left == 0 => {
+                        tracing::warn!(queue = %self.cfg.name, task = %tasks[p].id, error = %e,
+                            "the follow-ups of a task cancelled while it ran could not be cancelled");
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(MAX_PAUSE);
+                    }
+                }
+            }
+        }
+    }
+
+    /// When task `id` of this queue is cancelled, cancels `kids` and every task chain
+    /// `chain` lists below them; returns how many were cancelled.
+    async fn cancel_below(
+        &mut self,
+        id: &str,
+        chain: &str,
+        kids: &[Member],
+    ) -> Result<usize, QueueError> {
+        match self.own.record(id).await? {
+            Some(r) if r.state == RecordState::Cancelled => {}
+            _ => return Ok(0),
+        }
+        let listed = chain::members(&self.client.connection(), self.client.namespace(), chain)
+            .await?
+            .map(|m| m.follow)
+            .unwrap_or_default();
+        let note = format!(
+            "cancelled: task {id} of queue {}, which led to it, was cancelled while it ran",
+            self.cfg.name
+        );
+        let mut cancelled = 0;
+        for m in below(kids, &listed) {
+            if self
+                .handle(&m.queue)?
+                .cancel_with(&m.id, &note)
+                .await?
+                .is_some()
+            {
+                cancelled += 1;
+            }
+        }
+        Ok(cancelled)
     }
 
     /// A handler's follow-up to a queue the config does not name, or one that keeps no
@@ -201,11 +331,16 @@ impl FollowUps {
         &mut self,
         tasks: &[LeasedTask],
         outcomes: &mut [Outcome],
-    ) -> Result<(), QueueError> {
+    ) -> Result<Made, QueueError> {
         let on_failed = self.route_kinds().1;
-        let candidates: Vec<usize> = (0..tasks.len())
+        let mut candidates: Vec<usize> = (0..tasks.len())
             .filter(|&i| on_failed || !matches!(outcomes[i], Outcome::Retry { .. }))
             .collect();
+        // (on one server the check is part of the children's first call, `in_one_call`)
+        let single = matches!(self.client.connection(), RedisConn::Single(_));
+        if !single {
+            self.keep_held(tasks, &mut candidates).await?;
+        }
         let parents: Vec<&LeasedTask> = candidates.iter().map(|&i| &tasks[i]).collect();
         let starting: Vec<bool> = candidates
             .iter()
@@ -226,11 +361,31 @@ impl FollowUps {
             .filter(|c| !failed_parents.contains(&c.parent))
             .collect();
         if children.is_empty() {
-            return Ok(());
+            return Ok(Made::default());
         }
-        let refused = match self.in_one_call(tasks, &mut children, &facts).await? {
-            Some(refused) => refused,
-            None => self.link_then_enqueue(tasks, &mut children, &facts).await?,
+        let unchecked = match self.in_one_call(tasks, &mut children, &facts).await? {
+            OneCall::Made(done) => Err(done),
+            OneCall::LeasesGone(gone) => {
+                children.retain(|c| !gone.contains(&c.parent));
+                Ok(false)
+            }
+            OneCall::NotHere => Ok(single),
+        };
+        let (refused, chains) = match unchecked {
+            Err(done) => done,
+            Ok(unchecked) => {
+                if unchecked {
+                    let mut parents: Vec<usize> = children.iter().map(|c| c.parent).collect();
+                    parents.sort_unstable();
+                    parents.dedup();
+                    self.keep_held(tasks, &mut parents).await?;
+                    children.retain(|c| parents.contains(&c.parent));
+                }
+                if children.is_empty() {
+                    return Ok(Made::default());
+                }
+                self.link_then_enqueue(tasks, &mut children, &facts).await?
+            }
         };
         for (parent, refusal) in refused {
             if failed_parents.insert(parent) {
@@ -244,6 +399,38 @@ impl FollowUps {
             }
         }
         hold_for_tests();
+        let mut made = Made::default();
+        for c in children
+            .iter()
+            .filter(|c| !failed_parents.contains(&c.parent))
+        {
+            let Some(chain) = chains.get(&c.parent) else {
+                continue;
+            };
+            made.by_parent
+                .entry(c.parent)
+                .or_insert_with(|| (chain.clone(), Vec::new()))
+                .1
+                .push(Member::new(&c.queue, &c.id));
+        }
+        Ok(made)
+    }
+
+    /// Leaves out of `candidates` the tasks whose leases are gone: cancelled while they
+    /// ran, or reclaimed and run again by another slot (which makes their follow-ups).
+    /// Their settles come back stale. One read for the batch.
+    async fn keep_held(
+        &self,
+        tasks: &[LeasedTask],
+        candidates: &mut Vec<usize>,
+    ) -> Result<(), QueueError> {
+        let asked: Vec<&LeasedTask> = candidates.iter().map(|&i| &tasks[i]).collect();
+        let held = self.own.leases_held(&asked).await?;
+        let mut i = 0;
+        candidates.retain(|_| {
+            i += 1;
+            held[i - 1]
+        });
         Ok(())
     }
 
@@ -261,14 +448,14 @@ impl FollowUps {
         tasks: &[LeasedTask],
         children: &mut [Child],
         facts: &BTreeMap<usize, ChainFacts>,
-    ) -> Result<Option<Vec<(usize, Refusal)>>, QueueError> {
+    ) -> Result<OneCall, QueueError> {
         if !matches!(self.client.connection(), RedisConn::Single(_)) {
-            return Ok(None);
+            return Ok(OneCall::NotHere);
         }
         let mut chains = BTreeMap::new();
         for c in children.iter() {
             let Some(chain) = facts.get(&c.parent).and_then(|f| f.chain.clone()) else {
-                return Ok(None);
+                return Ok(OneCall::NotHere);
             };
             chains.insert(c.parent, chain);
         }
@@ -278,7 +465,7 @@ impl FollowUps {
         for c in children.iter_mut().filter(|c| starts(c.parent)) {
             c.id = chain::derived_id(&chains[&c.parent], c.n);
             if c.id.len() > MAX_ID_LEN {
-                return Ok(None);
+                return Ok(OneCall::NotHere);
             }
         }
         // per parent that starts a chain: its member, its run, its children
@@ -309,8 +496,19 @@ impl FollowUps {
             .collect();
         let adds: Vec<(&str, &[(Member, Member)])> =
             adds.iter().map(|(c, m)| (*c, m.as_slice())).collect();
-        let writes = chain::writes(self.client.namespace(), &claims, &adds, self.targets.ttl);
-        self.enqueue(children, &chains, Some(writes)).await
+        let mut writes = chain::writes(self.client.namespace(), &claims, &adds, self.targets.ttl);
+        let mut parents: Vec<usize> = children.iter().map(|c| c.parent).collect();
+        parents.sort_unstable();
+        parents.dedup();
+        let leased: Vec<&LeasedTask> = parents.iter().map(|&p| &tasks[p]).collect();
+        writes.check_leases(&self.own, &leased);
+        Ok(match self.enqueue(children, &chains, Some(writes)).await? {
+            Enqueue::Done(refused) => OneCall::Made((refused, chains)),
+            Enqueue::ClaimRefused => OneCall::NotHere,
+            Enqueue::LeasesGone(gone) => {
+                OneCall::LeasesGone(gone.into_iter().map(|i| parents[i]).collect())
+            }
+        })
     }
 
     /// Puts the children in their chains ([`FollowUps::link`]), then enqueues them.
@@ -319,16 +517,17 @@ impl FollowUps {
         tasks: &[LeasedTask],
         children: &mut Vec<Child>,
         facts: &BTreeMap<usize, ChainFacts>,
-    ) -> Result<Vec<(usize, Refusal)>, QueueError> {
+    ) -> Result<Enqueued, QueueError> {
         let (chains, too_long) = self.link(tasks, children, facts).await?;
         let mut refused: Vec<(usize, Refusal)> = too_long
             .into_iter()
             .map(|(p, why)| (p, Refusal::Taken(why)))
             .collect();
         children.retain(|c| !refused.iter().any(|(p, _)| *p == c.parent));
-        let enqueued = self.enqueue(children, &chains, None).await?;
-        refused.extend(enqueued.unwrap_or_default());
-        Ok(refused)
+        if let Enqueue::Done(more) = self.enqueue(children, &chains, None).await? {
+            refused.extend(more);
+        }
+        Ok((refused, chains))
     }
 
     /// Every child of the batch: the queue's routes for how each task ended, then the
@@ -634,13 +833,13 @@ impl FollowUps {
     /// given (in the same call). Returns the parents whose children a queue refused: its
     /// intake closed (for now), or an id held by a task that is not in the parent's chain
     /// (for good; see `lua/enqueue.lua`), when the others' are enqueued again without
-    /// them; `None`, with nothing enqueued, when a claim among `writes` was refused.
+    /// them; or that nothing was enqueued, the writes refused.
     async fn enqueue(
         &mut self,
         children: &[Child],
         chains: &BTreeMap<usize, String>,
         mut writes: Option<ChainWrites>,
-    ) -> Result<Option<Vec<(usize, Refusal)>>, QueueError> {
+    ) -> Result<Enqueue, QueueError> {
         let mut by_queue: BTreeMap<&str, Vec<&Child>> = BTreeMap::new();
         for c in children {
             by_queue.entry(&c.queue).or_default().push(c);
@@ -660,7 +859,8 @@ impl FollowUps {
                 let made = match writes.take() {
                     Some(writes) => match handle.enqueue_after_chains(&tasks, &writes).await {
                         Ok(AfterChains::Enqueued(made)) => Ok(made),
-                        Ok(AfterChains::Refused(_)) => return Ok(None),
+                        Ok(AfterChains::Refused(_)) => return Ok(Enqueue::ClaimRefused),
+                        Ok(AfterChains::LeasesGone(gone)) => return Ok(Enqueue::LeasesGone(gone)),
                         Err(e) => Err(e),
                     },
                     None => handle.enqueue_many(&tasks).await,
@@ -700,7 +900,7 @@ impl FollowUps {
                 refused.extend(taken);
             }
         }
-        Ok(Some(refused))
+        Ok(Enqueue::Done(refused))
     }
 
     fn handle(&mut self, queue: &str) -> Result<Queue, QueueError> {
@@ -743,25 +943,67 @@ fn retry_all(outcomes: Vec<Outcome>, reason: &str) -> Vec<Outcome> {
         .collect()
 }
 
-/// Test hook: with `GAFFER_TEST_HOLD_AFTER_FOLLOW_UPS=PATH` set, the first slot that has
+/// Test hooks: with `GAFFER_TEST_HOLD_AFTER_FOLLOW_UPS=PATH` set, the first slot that has
 /// just created follow-ups writes its pid to PATH and stops there, its batch unsettled, so
 /// a test can kill it at exactly that moment (the window this module's order exists for).
+/// With `GAFFER_TEST_PAUSE_AFTER_FOLLOW_UPS=PATH`, it writes its pid to PATH and waits
+/// there until `PATH.go` exists, so a test can act in that window (cancel the parent).
 /// Once PATH exists, slots go on as usual.
 fn hold_for_tests() {
-    let Some(path) = std::env::var_os("GAFFER_TEST_HOLD_AFTER_FOLLOW_UPS") else {
-        return;
-    };
-    let claimed = std::fs::OpenOptions::new()
+    if let Some(path) = std::env::var_os("GAFFER_TEST_HOLD_AFTER_FOLLOW_UPS")
+        && claim_test_hold(&path)
+    {
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    if let Some(mut path) = std::env::var_os("GAFFER_TEST_PAUSE_AFTER_FOLLOW_UPS")
+        && claim_test_hold(&path)
+    {
+        path.push(".go");
+        while !std::path::Path::new(&path).exists() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Whether this slot is the first to reach a test hold at `path` (and wrote its pid there).
+fn claim_test_hold(path: &std::ffi::OsStr) -> bool {
+    std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .open(&path)
+        .open(path)
         .and_then(|mut f| {
             std::io::Write::write_all(&mut f, std::process::id().to_string().as_bytes())
-        });
-    if claimed.is_err() {
-        return;
+        })
+        .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(id: &str) -> Member {
+        Member::new("q", id)
     }
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
+
+    #[test]
+    fn below_a_parent_is_every_task_its_chain_lists_under_it_once() {
+        let listed = [
+            (m("a~1"), m("a")),
+            (m("a~1~1"), m("a~1")),
+            (m("a~1~2"), m("a~1")),
+            (m("b~1"), m("b")),
+            (m("a~1~1~1"), m("a~1~1")),
+            // (a list never holds a cycle; a walk must end all the same)
+            (m("a~1"), m("a~1~1~1")),
+        ];
+        let ids = |v: Vec<Member>| v.into_iter().map(|m| m.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(below(&[m("a~1"), m("a~2")], &listed)),
+            ["a~1", "a~1~1", "a~1~1~1", "a~1~2", "a~2"]
+        );
+        assert_eq!(ids(below(&[m("b~1")], &listed)), ["b~1"]);
+        assert_eq!(ids(below(&[], &listed)), Vec::<String>::new());
     }
 }

@@ -599,7 +599,7 @@ impl Serving {
             tracing::info!(queue = %self.cfg.name, slot, settled = tasks.len(), returned = unstarted.len(),
                 "asked to stop: the batch's unstarted tasks went back to the queue");
         }
-        let outcomes = self
+        let (outcomes, made) = self
             .follow_ups
             .before_settle(&tasks, outcomes, lease_until)
             .await;
@@ -608,7 +608,9 @@ impl Serving {
             .iter()
             .filter(|op| !matches!(op.action, Settle::Ack))
             .count() as u32;
-        stale += self.settle_and_take(&ops, lease_until).await;
+        let results = self.settle_and_take(&ops, lease_until).await;
+        stale += count_stale(&results);
+        self.follow_ups.after_settle(&tasks, &made, &results).await;
         // The next batch is announced with this one's end when it surely goes to the
         // handler next (a stopping or recycling slot gives it back).
         let next = self
@@ -650,9 +652,13 @@ impl Serving {
     /// Settles a handled batch. A slot that goes on (not stopping, not due to recycle)
     /// and has no batch ahead yet takes its next batch in the same call, into `ahead`:
     /// one round trip per batch. When that call fails, the settle is retried alone, as
-    /// always, and the next batch is taken the usual way. Returns the count of stale
-    /// settles.
-    async fn settle_and_take(&mut self, ops: &[SettleOp], lease_until: Instant) -> u32 {
+    /// always, and the next batch is taken the usual way. Returns the settle's results
+    /// (none when it failed for good).
+    async fn settle_and_take(
+        &mut self,
+        ops: &[SettleOp],
+        lease_until: Instant,
+    ) -> Vec<SettleResult> {
         self.recycle = match self.handler_stop.given_up() {
             Some(reason) => Some((EXIT_FATAL, reason)),
             None => self.over_memory_limit(),
@@ -672,7 +678,7 @@ impl Serving {
                     if !next.tasks.is_empty() {
                         self.ahead = Some(Taken::new(next, sent));
                     }
-                    return count_stale(&results);
+                    return results;
                 }
                 Err(e) => tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
                     "settle and take failed; settling alone"),
@@ -974,7 +980,7 @@ async fn extend(queue: &Queue, tasks: &[LeasedTask], lease: Duration) -> bool {
 /// holder's settle (and a reclaimed one refuses it as stale, harmlessly), so giving up
 /// would only make the tasks run again. A stopping slot gives up once the leases have
 /// passed; the tasks come back by themselves. Each retry calls `progress`. Returns the
-/// count of stale settles.
+/// results (none when it gave up).
 async fn settle(
     queue: &Queue,
     ops: &[SettleOp],
@@ -982,11 +988,11 @@ async fn settle(
     stop: &CancellationToken,
     stopping: &mut bool,
     progress: &dyn Fn(),
-) -> u32 {
+) -> Vec<SettleResult> {
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_SETTLE_BACKOFF);
     loop {
         match queue.settle(ops).await {
-            Ok(results) => return count_stale(&results),
+            Ok(results) => return results,
             Err(e) if e.is_transient() && (!*stopping || Instant::now() < lease_until) => {
                 progress();
                 tracing::warn!(queue = queue.name(), error = %e, "settle failed, retrying");
@@ -998,7 +1004,7 @@ async fn settle(
             Err(e) => {
                 tracing::error!(queue = queue.name(), error = %e,
                     "settle failed; the tasks come back when their leases expire");
-                return 0;
+                return Vec::new();
             }
         }
     }

@@ -41,6 +41,8 @@ for line in sys.stdin:
         p = t["payload"] if isinstance(t["payload"], dict) else {}
         if p.get("slow"):
             time.sleep(0.05)
+        while p.get("gate") and not os.path.exists(p["gate"]):
+            time.sleep(0.02)
         with open(log, "a") as f:
             f.write(queue + " " + t["id"] + "\n")
         r = {"id": t["id"], "status": "ok"}
@@ -72,6 +74,9 @@ for line in sys.stdin:
         elif kind == "first":
             r["result"] = {"from": "first"}
             r["next"] = [{"queue": prefix + "after", "payload": {"from": "handler"}}]
+            if p.get("child_gate"):
+                r["result"]["gate"] = p["child_gate"]
+                r["next"][0]["payload"]["gate"] = p["child_gate"]
         elif kind in ("after", "clean"):
             r["result"] = {"given": t["payload"]}
         elif kind == "store" and p.get("bad_next"):
@@ -971,6 +976,134 @@ async fn a_slot_killed_between_follow_ups_and_ack_makes_each_child_once() {
 #[tokio::test]
 async fn a_slot_killed_between_follow_ups_and_ack_on_a_redis_cluster() {
     killed_between_follow_ups_and_ack(&shared_cluster_url(), "chains2", "ck").await;
+}
+
+/// A task cancelled while it runs stops its chain: cancelled before its handler returns,
+/// it makes no follow-up; cancelled after its follow-ups were made (in the window before
+/// its settle, held open by a test hook), they are cancelled with a note naming it.
+async fn cancelled_while_running(redis_url: &str, namespace: &str, prefix: &str) {
+    let probe = tempfile::tempdir().unwrap();
+    let pause = probe.path().join("pause");
+    let env = [(
+        "GAFFER_TEST_PAUSE_AFTER_FOLLOW_UPS",
+        pause.display().to_string(),
+    )];
+    let rig = Rig::start(redis_url, namespace, prefix, &env).await;
+    let first = rig.q("first");
+    let q_first = rig.client.queue(&first).unwrap();
+    let after = rig.client.queue(&rig.q("after")).unwrap();
+    let submit = |id: &'static str, payload: Value| {
+        let body = json!({"id": id, "payload": payload}).to_string();
+        let path = format!("/v1/queues/{first}/tasks");
+        let rig = &rig;
+        async move {
+            let (status, made) = rig.call("POST", &path, Some(&body)).await;
+            assert_eq!(status, 202, "{made}");
+        }
+    };
+    let cancel = |id: &'static str| {
+        let path = format!("/v1/queues/{first}/tasks/{id}");
+        let rig = &rig;
+        async move {
+            let (status, done) = rig.call("DELETE", &path, None).await;
+            assert_eq!(status, 200, "{done}");
+        }
+    };
+    let state_is = |id: &'static str, state: RecordState| {
+        let q = q_first.clone();
+        async move {
+            q.record(id)
+                .await
+                .unwrap()
+                .is_some_and(|r| r.state == state)
+        }
+    };
+
+    // Cancelled while its handler runs: no follow-up is made.
+    let gate = probe.path().join("gate");
+    submit("early", json!({"gate": gate})).await;
+    eventually(Duration::from_secs(30), "early running", || {
+        state_is("early", RecordState::Running)
+    })
+    .await;
+    cancel("early").await;
+    std::fs::write(&gate, "").unwrap();
+
+    // Cancelled after its follow-ups are made (held there, their handler held too).
+    let child_gate = probe.path().join("child-gate");
+    submit("late", json!({"child_gate": child_gate})).await;
+    poll_some(
+        Duration::from_secs(30),
+        "the slot paused after follow-ups",
+        || async {
+            std::fs::read_to_string(&pause)
+                .ok()
+                .filter(|p| !p.is_empty())
+        },
+    )
+    .await;
+    // (the slot settled early before it took late)
+    for child in ["early~1", "early~2"] {
+        assert!(after.find(child).await.unwrap().is_none(), "{child} made");
+        assert!(after.record(child).await.unwrap().is_none(), "{child} made");
+    }
+    assert!(state_is("early", RecordState::Cancelled).await);
+    cancel("late").await;
+    std::fs::write(probe.path().join("pause.go"), "").unwrap();
+    for child in ["late~1", "late~2"] {
+        let rec = poll_some(
+            Duration::from_secs(30),
+            "the follow-up cancelled",
+            || async {
+                after
+                    .record(child)
+                    .await
+                    .unwrap()
+                    .filter(|r| r.state == RecordState::Cancelled)
+            },
+        )
+        .await;
+        let note = rec
+            .history
+            .unwrap()
+            .last()
+            .unwrap()
+            .note
+            .clone()
+            .unwrap_or_default();
+        assert!(note.contains("task late of queue"), "{child}: {note}");
+    }
+    std::fs::write(&child_gate, "").unwrap();
+    let (_, chain) = rig.call("GET", "/v1/chains/late", None).await;
+    assert_eq!(chain["state"], "cancelled", "{chain}");
+    // The steps go on: a task after them runs with its follow-ups, and nothing of the
+    // cancelled ones changed since.
+    submit("next", json!({})).await;
+    poll_some(Duration::from_secs(30), "next's chain done", || async {
+        let (status, doc) = rig.call("GET", "/v1/chains/next", None).await;
+        (status == 200 && doc["state"] == "done").then_some(())
+    })
+    .await;
+    for child in ["late~1", "late~2"] {
+        let rec = after.record(child).await.unwrap().unwrap();
+        assert_eq!(rec.state, RecordState::Cancelled, "{child}");
+    }
+    assert_eq!(
+        after.stats().await.unwrap().enqueued_total,
+        4,
+        "late's and next's follow-ups only"
+    );
+}
+
+#[tokio::test]
+async fn a_task_cancelled_while_it_runs_stops_its_chain() {
+    let redis = TestRedis::start();
+    cancelled_while_running(&redis.url(), "test", "x").await;
+}
+
+#[tokio::test]
+async fn a_task_cancelled_while_it_runs_stops_its_chain_on_a_redis_cluster() {
+    cancelled_while_running(&shared_cluster_url(), "chains3", "cx").await;
 }
 
 /// What a follow-up step learns of its parents (`Queue::chain_facts`): from the meta an

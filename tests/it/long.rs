@@ -3,7 +3,7 @@
 //! they start and stop, a real api, the real CLI, real signals.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -177,9 +177,15 @@ impl Hosts {
 
     /// Starts a master for `host`; returns its pid.
     fn master(&mut self, host: &str) -> u32 {
+        self.master_with(host, &[])
+    }
+
+    /// Starts a master for `host` with `env` (and so its slots); returns its pid.
+    fn master_with(&mut self, host: &str, env: &[(&str, &Path)]) -> u32 {
         let http = free_port().unwrap();
         let child = self
             .gaffer(&["master", "--host", host], &format!("master-{host}.log"))
+            .envs(env.iter().copied())
             .env("GAFFER_MASTER_HTTP", format!("127.0.0.1:{http}"))
             .env("LONG_HOST", host)
             .spawn()
@@ -1208,6 +1214,74 @@ max_slots = 1
         after.stats().await.unwrap().enqueued_total,
         2,
         "w's two follow-ups only"
+    );
+}
+
+/// A long task cancelled after its follow-ups were made (in the window before its settle,
+/// held open by a test hook) ends cancelled, and so do they, with a note naming it.
+#[tokio::test]
+async fn a_long_task_cancelled_after_its_follow_ups_were_made_cancels_them() {
+    let mut h = Hosts::start(
+        r#"
+[queues.watch]
+kind = "long"
+handler = "exec"
+command = {child}
+lease = "5s"
+cancel_grace = "1s"
+next = [{ queue = "after", on = "done" }]
+
+[queues.after]
+handler = "noop"
+max_slots = 1
+"#,
+    )
+    .await;
+    let pause = h.dir.path().join("pause");
+    h.publish(1, &[("h1", "watch", 1)]).await;
+    h.master_with("h1", &[("GAFFER_TEST_PAUSE_AFTER_FOLLOW_UPS", &pause)]);
+    h.slots_up("h1", 1).await;
+    let q = h.queue("watch");
+    let after = h.client.queue("after").unwrap();
+    enqueue(&q, "w", r#"{"run_s": 0.2, "result": {"seen": 1}}"#).await;
+    poll_some(
+        Duration::from_secs(30),
+        "the slot paused after follow-ups",
+        || async {
+            std::fs::read_to_string(&pause)
+                .ok()
+                .filter(|p| !p.is_empty())
+        },
+    )
+    .await;
+    assert!(
+        after.find("w~1").await.unwrap().is_some(),
+        "the follow-up is made"
+    );
+    q.cancel_with("w", "test").await.unwrap();
+    std::fs::write(h.dir.path().join("pause.go"), "").unwrap();
+    eventually(Duration::from_secs(20), "w cancelled", || async {
+        record(&q, "w").await.state == RecordState::Cancelled
+    })
+    .await;
+    let child = poll_some(Duration::from_secs(20), "w~1 cancelled", || async {
+        after
+            .record("w~1")
+            .await
+            .unwrap()
+            .filter(|r| r.state == RecordState::Cancelled)
+    })
+    .await;
+    let note = child.history.unwrap().last().unwrap().note.clone();
+    assert!(
+        note.as_deref()
+            .unwrap_or("")
+            .contains("task w of queue watch"),
+        "{note:?}"
+    );
+    assert!(
+        after.find("w~1").await.unwrap().is_none(),
+        "no longer waiting"
     );
 }
 

@@ -1,6 +1,7 @@
 -- Chains' member lists (`crate::chain`): claims of new chains and members added to
 -- chains, written before the follow-ups they list are enqueued. KEYS from `k` on are the
--- lists; per list two arguments from ARGV[a] on: its head as a claim would write it (`^`,
+-- lists (up to KEYS[last], or the last key); per list two arguments from ARGV[a] on: its
+-- head as a claim would write it (`^`,
 -- the global task, and `@RUN@` unless a submit's claim; '' for a list only added to),
 -- and the members (follow-ups with their parents). Returns {position, holder} for each
 -- claim refused, positions from 1 (a reply per list was most of what a batch's claims
@@ -16,9 +17,9 @@
 -- already, which is rare.
 -- SET, GET, APPEND and PEXPIRE only: the commands the ACL lines of the slots and the api
 -- grant on chain keys (docs/SECURITY.md).
-local function claim_chains(k, a, ttl)
+local function claim_chains(k, a, ttl, last)
   local out, i = {}, 0
-  while KEYS[k] do
+  while k <= (last or #KEYS) do
     i = i + 1
     local key, mine, mem = KEYS[k], ARGV[a], ARGV[a + 1]
     local holder = true

@@ -749,6 +749,17 @@ local function batch_run_of(id, cache)
   return cache.runs[id]
 end
 
+-- Whether lease `tok` of task `id` still stands in the queue whose per-task leases are
+-- the zset `leased` (K_LEASED of this queue or, on one server, of another): its batch lease
+-- not split, or its own lease, expired or not (a settle still takes one nobody reclaimed).
+-- A cancel removes it. `whole` keeps per token whether its batch is whole, for one call.
+local function lease_stands(leased, tok, id, whole)
+  if whole[tok] == nil then
+    whole[tok] = redis.call('EXISTS', leased .. ':b:' .. tok) == 1
+  end
+  return whole[tok] or redis.call('ZSCORE', leased, tok .. ':' .. id) ~= false
+end
+
 -- When the next lease runs out, per task or batch (ms, Redis clock), or nil when none is held.
 local function earliest_lease()
   local first

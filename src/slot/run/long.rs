@@ -28,7 +28,8 @@ use crate::backoff::Backoff;
 use crate::config::{KILL_AFTER_TERM, LONG_RENEW_EVERY, LONG_STOP_MARGIN};
 use crate::host::handler::{Outcome, Stop, Task};
 use crate::host::proto::{EXIT_RECYCLE, SlotEvent};
-use crate::queue_client::{LeasedTask, LongSettled, Renewal, Settle, SettleOp};
+use crate::queue_client::{LeasedTask, LongSettled, Renewal, Settle, SettleOp, SettleResult};
+use crate::slot::followups::Made;
 
 /// How long a slot waits for a handler to return after its long task had to stop at
 /// once; a handler still running then is ended with the slot's process (its master
@@ -375,7 +376,7 @@ impl Serving {
                 true
             }
             LongEnd::Returned => {
-                let outcome = self.follow_ups_of(run, outcome).await;
+                let (outcome, made) = self.follow_ups_of(run, outcome).await;
                 if run.end == LongEnd::LeaseLost {
                     return true;
                 }
@@ -385,7 +386,18 @@ impl Serving {
                     return true;
                 };
                 let failed = !matches!(op.action, Settle::Ack | Settle::AckWithResult { .. });
-                match self.settle_long(run, &op).await {
+                let settled = self.settle_long(run, &op).await;
+                // (a cancel asked after the last renewal wins over the outcome: the
+                // follow-ups made meanwhile go with it)
+                if let Some(LongSettled::Cancelled | LongSettled::Settled(SettleResult::Stale)) =
+                    settled
+                {
+                    let task = std::slice::from_ref(&run.task);
+                    self.follow_ups
+                        .after_settle(task, &made, &[SettleResult::Stale])
+                        .await;
+                }
+                match settled {
                     Some(LongSettled::Cancelled) => true,
                     Some(LongSettled::Settled(_)) => failed,
                     None => true,
@@ -399,12 +411,16 @@ impl Serving {
     /// the outcome to settle. A task cancelled makes none: a last renewal first learns of
     /// a cancel asked since the previous one (and keeps the lease for the follow-ups'
     /// time); a lease found gone ends the run settling nothing.
-    async fn follow_ups_of(&mut self, run: &mut LongRun, outcome: Vec<Outcome>) -> Vec<Outcome> {
+    async fn follow_ups_of(
+        &mut self,
+        run: &mut LongRun,
+        outcome: Vec<Outcome>,
+    ) -> (Vec<Outcome>, Made) {
         if !run.cancelled {
             self.renew_long(run).await;
         }
         if run.cancelled || run.end == LongEnd::LeaseLost {
-            return outcome;
+            return (outcome, Made::default());
         }
         self.follow_ups
             .before_settle(std::slice::from_ref(&run.task), outcome, run.lease_until)
