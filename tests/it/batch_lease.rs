@@ -357,3 +357,80 @@ async fn a_batch_is_one_lease_and_its_ack_leaves_no_key() {
         "{left:?} {counted:?}"
     );
 }
+
+/// Every key of queue `name` (on one server) as `DUMP` returns it.
+async fn dump_queue(
+    conn: &mut redis::aio::MultiplexedConnection,
+    name: &str,
+) -> Vec<(String, Vec<u8>)> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("test:{{{name}}}:*"))
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for k in keys {
+        let v: Vec<u8> = redis::cmd("DUMP").arg(&k).query_async(conn).await.unwrap();
+        out.push((k, v));
+    }
+    out
+}
+
+/// A take Redis acknowledged and then lost (a restart that had not written it, a failover
+/// to a replica that had not received it: here the queue's keys put back as they were
+/// before it) never hands its lease token to the next taker: the lost take's holder is
+/// then stale, not settling the new holder's lease.
+#[tokio::test]
+async fn a_take_redis_lost_never_gives_its_token_to_the_next_taker() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let name = "lost_take";
+    let q = client.queue_with(name, tracked()).unwrap();
+    fill(&q, 2).await;
+    let before = dump_queue(&mut conn, name).await;
+    let lost = q.take(2, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(lost.tasks.len(), 2);
+    // Redis loses the take: every key of the queue back as it was.
+    let now: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("test:{{{name}}}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&now)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for (k, v) in &before {
+        let _: () = redis::cmd("RESTORE")
+            .arg(k)
+            .arg(0)
+            .arg(v)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let again = q.take(2, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(again.tasks.len(), 2, "the tasks are back");
+    assert_ne!(again.tasks[0].token, lost.tasks[0].token, "a new token");
+    let acks = |b: &gaffer::queue_client::Batch| {
+        b.tasks
+            .iter()
+            .map(|t| SettleOp::new(t, Settle::Ack))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        q.settle(&acks(&lost)).await.unwrap(),
+        all(SettleResult::Stale, 2),
+        "the lost take's holder settles nothing"
+    );
+    assert_eq!(
+        q.settle(&acks(&again)).await.unwrap(),
+        all(SettleResult::Done, 2)
+    );
+}

@@ -131,7 +131,15 @@ if k == 0 then
   end
   return {now, 0, hint}
 end
-local tok = redis.call('INCR', K_TOK)
+-- A lease token is never handed out twice, not even after Redis lost a take it had
+-- acknowledged (a restart with `appendfsync everysec`, a failover to a replica that had
+-- not received it), which sets the counter back: a token is at least Redis's clock in
+-- µs, which moved on meanwhile, so the slot that holds the lost one finds its lease gone
+-- (its settle stale, its renewal refused) rather than shared with the next taker. As
+-- text wherever it is joined (Lua prints a number this long in exponent form).
+local tok = math.max((tonumber(redis.call('GET', K_TOK)) or 0) + 1, now_us())
+local tok_s = string.format('%d', tok)
+redis.call('SET', K_TOK, tok_s)
 local exp = now + lease
 -- The score as text, made once: a number handed to redis.call is printed with printf
 -- and parsed back, per member.
@@ -148,12 +156,12 @@ if redis.call('EXISTS', K_ATT) == 1 then
   end
 end
 -- All first attempts, one at a time not asked: one batch lease (see prelude.lua).
-if not (first and ARGV[8] ~= '1' and batch_lease(tok, exp_s, ids, now, host, slot)) then
+if not (first and ARGV[8] ~= '1' and batch_lease(tok_s, exp_s, ids, now, host, slot)) then
   if first then
     for i = 1, k do atts[i] = 1 end
   end
   local leased = {}
-  local prefix = tok .. ':'
+  local prefix = tok_s .. ':'
   for i, id in ipairs(ids) do
     leased[2 * i - 1] = exp_s
     leased[2 * i] = prefix .. id
