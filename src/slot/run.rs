@@ -732,6 +732,7 @@ impl Serving {
         let fetch = prefetch(&self.queue, &self.cfg);
         tokio::pin!(fetch);
         let mut fetched = None;
+        let mut lost = vec![false; batch.tasks.len()];
         let (back, result) = loop {
             tokio::select! {
                 r = &mut reply => break r.unwrap_or_else(|_| (Vec::new(), Err(Panicked("handler thread ended".into())))),
@@ -740,7 +741,7 @@ impl Serving {
                     fetched = Some(r);
                 }
                 _ = extend_every.tick() => {
-                    if extend(&self.queue, &batch.tasks, lease).await {
+                    if extend(&self.queue, &batch.tasks, &mut lost, lease).await {
                         lease_until = Instant::now() + lease;
                     }
                 }
@@ -961,13 +962,25 @@ async fn prefetch(queue: &Queue, cfg: &QueueConfig) -> (Instant, Result<Batch, Q
     (sent, queue.take(cfg.batch_size as usize, cfg.lease).await)
 }
 
-async fn extend(queue: &Queue, tasks: &[LeasedTask], lease: Duration) -> bool {
-    let ops: Vec<SettleOp> = tasks
+/// Extends the leases of `tasks` but those `lost` marks, and marks those found gone
+/// (cancelled, or reclaimed by another slot): asking again would count a stale settle at
+/// every tick. Returns whether the call succeeded.
+async fn extend(queue: &Queue, tasks: &[LeasedTask], lost: &mut [bool], lease: Duration) -> bool {
+    let held: Vec<usize> = (0..tasks.len()).filter(|&i| !lost[i]).collect();
+    if held.is_empty() {
+        return true;
+    }
+    let ops: Vec<SettleOp> = held
         .iter()
-        .map(|t| SettleOp::new(t, Settle::Extend { lease }))
+        .map(|&i| SettleOp::new(&tasks[i], Settle::Extend { lease }))
         .collect();
     match queue.settle(&ops).await {
-        Ok(_) => true,
+        Ok(results) => {
+            for (&i, r) in held.iter().zip(results) {
+                lost[i] = r == SettleResult::Stale;
+            }
+            true
+        }
         Err(e) => {
             tracing::warn!(queue = queue.name(), error = %e, "extending leases failed");
             false

@@ -555,6 +555,57 @@ async fn a_prefetched_batch_whose_lease_ran_out_is_not_handled() {
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
 
+/// A task of a batch cancelled while its handler runs is extended no more: its lease is
+/// gone, and asking again counted a stale settle at every tick. The extension that finds
+/// it gone and its settle are stale once each; the rest of the batch is extended and
+/// acked as usual.
+#[tokio::test]
+async fn a_task_cancelled_mid_batch_is_not_extended_again() {
+    let redis = TestRedis::start();
+    let q = redis.client().await.queue("ext").unwrap();
+    q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
+        .await
+        .unwrap();
+    let (gate, seen, open) = Gate::new();
+    let mut cfg = prefetching("ext", Duration::from_millis(300));
+    cfg.batch_size = 2;
+    cfg.prefetch = false;
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let slot = {
+        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
+    };
+    eventually(
+        Duration::from_secs(20),
+        "a and b in the handler",
+        || async { seen.lock().unwrap().len() == 2 },
+    )
+    .await;
+    q.cancel("a").await.unwrap();
+    // b's lease is extended every 100 ms: wait for three extensions after the cancel.
+    let expiries = std::sync::Mutex::new(Vec::new());
+    eventually(Duration::from_secs(20), "three extensions of b", || async {
+        let at = q.find("b").await.unwrap().unwrap().at_ms;
+        let mut seen = expiries.lock().unwrap();
+        if seen.last() != Some(&at) {
+            seen.push(at);
+        }
+        seen.len() > 3
+    })
+    .await;
+    drop(open);
+    eventually(Duration::from_secs(20), "b acked", || async {
+        q.stats().await.unwrap().acked_total == 1
+    })
+    .await;
+    let s = q.stats().await.unwrap();
+    // (the first extension after the cancel finds a's lease gone, the settle once more)
+    assert_eq!(s.stale_total, 2, "one extension of a and its settle: {s:?}");
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+}
+
 /// In a slot's steady state the end of one batch and the start of the next, taken with
 /// its settle, travel in one datagram: the master hears of every batch's start once,
 /// from a `BatchStarted` or from the `next` of the batch before.
