@@ -98,7 +98,14 @@ impl Queue {
                 if action == "requeue_front" {
                     chunks.reverse();
                 }
-                for chunk in chunks {
+                let last = chunks.len().saturating_sub(1);
+                for (i, chunk) in chunks.into_iter().enumerate() {
+                    // (takes are held until the last chunk: see dead_move.lua)
+                    let action = if action == "requeue_front" && i < last {
+                        "requeue_front_more"
+                    } else {
+                        action
+                    };
                     let mut inv = self.invocation(&SCRIPTS.dead_move);
                     inv.arg(action).arg(chunk.len()).arg(REQUEUE_NOTE).arg("");
                     for id in chunk {

@@ -224,13 +224,10 @@ async fn an_ordered_tasks_end_wakes_a_taker() {
 
 /// More dead letters than one call moves (1,000) requeued at once keep their order at the
 /// front of an ordered queue: oldest first, before the tasks that waited.
-#[tokio::test]
-async fn dead_letters_requeued_in_chunks_keep_their_order() {
-    let rig =
-        Rig::start("[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n").await;
-    let q = rig.queue("steps");
-    let tasks: Vec<NewTask> = (0..1_050).map(|_| NewTask::new("{}")).collect();
-    q.enqueue_many(&tasks).await.unwrap();
+/// `n` tasks of the ordered queue `steps` on `rig`, all dead, in the order they died.
+async fn dead_letters(rig: &Rig, n: usize) -> Vec<String> {
+    let tasks: Vec<NewTask> = (0..n).map(|_| NewTask::new("{}")).collect();
+    rig.queue("steps").enqueue_many(&tasks).await.unwrap();
     // (failed a batch at a time through a handle that does not hold to the order: the
     // same keys, quicker than one at a time)
     let plain = rig
@@ -252,14 +249,25 @@ async fn dead_letters_requeued_in_chunks_keep_their_order() {
             .collect();
         plain.settle(&ops).await.unwrap();
     }
-    let waiting = q.enqueue(NewTask::new("{}")).await.unwrap().id;
-    let died: Vec<String> = q
-        .dead(0, 2_000)
+    rig.queue("steps")
+        .dead(0, 2 * n)
         .await
         .unwrap()
         .into_iter()
         .map(|d| d.id)
-        .collect();
+        .collect()
+}
+
+const STEPS: &str = "[queues.steps]\nhandler = \"noop\"\nordered = true\nbatch_size = 1\n";
+
+/// More dead letters than one call moves (1,000) requeued at once keep their order at the
+/// front of an ordered queue: oldest first, before the tasks that waited.
+#[tokio::test]
+async fn dead_letters_requeued_in_chunks_keep_their_order() {
+    let rig = Rig::start(STEPS).await;
+    let q = rig.queue("steps");
+    let died = dead_letters(&rig, 1_050).await;
+    let waiting = q.enqueue(NewTask::new("{}")).await.unwrap().id;
     assert_eq!(died.len(), 1_050);
     // (read in calls of 1,000: one from an offset lines up with the whole)
     let tail: Vec<String> = q
@@ -285,6 +293,46 @@ async fn dead_letters_requeued_in_chunks_keep_their_order() {
         ready == want,
         "the ready list is not the dead letters' order, then the waiting one"
     );
+}
+
+/// A take while dead letters go back to the front in chunks (the newest chunk first)
+/// waits for the last chunk: the first task it gets is the oldest, then the rest in
+/// order. Both ways: all those dead, and given ids.
+#[tokio::test]
+async fn a_take_during_a_requeue_in_chunks_waits_for_the_oldest() {
+    let rig = Rig::start(STEPS).await;
+    let q = rig.queue("steps");
+    for given in [false, true] {
+        let died = dead_letters(&rig, 2_500).await;
+        assert_eq!(died.len(), 2_500);
+        let requeue = {
+            let (q, died) = (q.clone(), died.clone());
+            tokio::spawn(async move {
+                match given {
+                    true => q.requeue_dead(Some(&died)).await,
+                    false => q.requeue_dead(None).await,
+                }
+            })
+        };
+        // Takes as fast as they come, between the requeue's chunks too.
+        let mut first = Vec::new();
+        while first.len() < 3 {
+            let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+            if let Some(t) = b.tasks.first() {
+                first.push(t.id.clone());
+                q.ack(&b.tasks).await.unwrap();
+            }
+        }
+        assert_eq!(requeue.await.unwrap().unwrap(), 2_500);
+        assert_eq!(first, died[..3], "given ids: {given}");
+        // (the rest run too: nothing is left held)
+        let mut left = 2_500 - 3;
+        while left > 0 {
+            let b = q.take(1, Duration::from_secs(60)).await.unwrap();
+            left -= b.tasks.len();
+            q.ack(&b.tasks).await.unwrap();
+        }
+    }
 }
 
 #[tokio::test]

@@ -1,5 +1,7 @@
 -- ARGV: action ('requeue' | 'purge'; 'requeue_front' on an ordered queue, whose
--- requeued tasks go before everything waiting, as they were created before it), limit,
+-- requeued tasks go before everything waiting, as they were created before it, and
+-- 'requeue_front_more' for a chunk of given ids that more chunks, older ones, follow: the
+-- queue's takes are held meanwhile, see REQUEUE_HOLD_MS), limit,
 -- note (the requeued records' history note), cutoff (ms, by Redis's clock), then ids
 -- (none: the oldest `limit` dead letters that died by the cutoff: a sweep of all of them
 -- takes those there when it began, not the ones that die while it runs, which a handler
@@ -8,6 +10,12 @@
 -- (an ack only cleans up the error of tasks past their first attempt).
 local now = now_ms()
 local action, lim, cutoff = ARGV[1], tonumber(ARGV[2]), ARGV[4]
+local front = action == 'requeue_front' or action == 'requeue_front_more'
+-- A requeue to the front in chunks puts the newest dead letters there first and the
+-- oldest last: a take between two chunks would run newer tasks before older ones. So an
+-- ordered queue takes nothing while chunks are to come (take_hold), for at most this long
+-- should the requeue stop half way (the chunks come one round trip apart).
+local REQUEUE_HOLD_MS = 10000
 local ids = {}
 if #ARGV > 4 then
   -- (an id given twice is moved once: twice in a ready list, it would run twice)
@@ -19,12 +27,21 @@ if #ARGV > 4 then
       ids[#ids + 1] = id
     end
   end
-elseif action == 'requeue_front' then
+elseif front then
   -- the newest first, each call's ahead of the last's: the oldest end up at the front
   local newest = redis.call('ZRANGE', K_DEAD, cutoff, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, lim)
   for i = #newest, 1, -1 do ids[#ids + 1] = newest[i] end
 else
   ids = redis.call('ZRANGE', K_DEAD, '-inf', cutoff, 'BYSCORE', 'LIMIT', 0, lim)
+end
+if front then
+  local more = action == 'requeue_front_more'
+    or (#ARGV == 4 and #ids == lim and redis.call('ZCOUNT', K_DEAD, '-inf', cutoff) > #ids)
+  if more then
+    redis.call('HSET', K_CONF, 'requeuing', now + REQUEUE_HOLD_MS)
+  else
+    redis.call('HDEL', K_CONF, 'requeuing')
+  end
 end
 if #ids == 0 then return 0 end
 bulk('ZREM', K_DEAD, ids)
@@ -35,7 +52,7 @@ else
   local metas = metas_of(ids)
   local pris = {}
   for i = 1, #ids do pris[i] = parse_meta(metas[i]) end
-  push_ready_grouped(pris, ids, action == 'requeue_front')
+  push_ready_grouped(pris, ids, front)
   bulk('HDEL', K_ATT, ids)
   bulk('HDEL', K_ERR, ids)
   for _, id in ipairs(ids) do

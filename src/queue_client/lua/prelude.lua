@@ -1145,12 +1145,16 @@ local function ordered_head_due(now)
 end
 
 -- Whether a take must hand out nothing, and the hint for the idle taker: a paused or
--- disabled system (hint -1: its resume wakes takers), or, on an ordered queue, a lease in
--- flight (hint: its expiry) or a retried head not yet due (hint: its due time).
+-- disabled system (hint -1: its resume wakes takers), or, on an ordered queue, a requeue
+-- of dead letters to its front with chunks to come (dead_move.lua; hint: when that hold
+-- runs out, and its last chunk wakes takers), a lease in flight (hint: its expiry) or a
+-- retried head not yet due (hint: its due time).
 local function take_hold(now, configured, ordered)
   local state = system_switch() or configured
   if state == 'paused' or state == 'disabled' then return true, -1 end
   if not ordered then return false end
+  local requeuing = tonumber(redis.call('HGET', K_CONF, 'requeuing'))
+  if requeuing and requeuing > now then return true, requeuing - now end
   local lease = earliest_lease()
   if lease then return true, math.max(0, lease - now) end
   local head = redis.call('HGET', K_CONF, 'head')
