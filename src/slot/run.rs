@@ -433,6 +433,14 @@ impl Serving {
                 self.give_back(&taken.batch.tasks, taken.lease_until).await;
                 return retired();
             }
+            // (asked to stop while the take was in flight: its tasks go back unstarted, as
+            // a batch taken ahead does, rather than to a handler asked to stop at once; a
+            // long task would start only to be stopped)
+            if self.stop.is_cancelled() {
+                self.stopping = true;
+                self.give_back(&taken.batch.tasks, taken.lease_until).await;
+                continue;
+            }
             if self.cfg.is_long() {
                 self.run_long(taken).await;
             } else {

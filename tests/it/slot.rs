@@ -606,6 +606,90 @@ async fn a_task_cancelled_mid_batch_is_not_extended_again() {
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
 
+/// Whether a client of `raw`'s server waits, blocked, in a script call (a take held by
+/// `CLIENT PAUSE`).
+async fn a_script_call_is_held(raw: &mut redis::aio::MultiplexedConnection) -> bool {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(raw)
+        .await
+        .unwrap();
+    list.lines()
+        .any(|l| l.contains(" flags=b ") && l.contains(" cmd=evalsha "))
+}
+
+/// A slot asked to stop while its take is in flight gives the batch that take leased back
+/// unstarted, with no attempt counted, rather than handing it to its handler only to ask
+/// it to stop at once.
+#[tokio::test]
+async fn a_batch_taken_while_the_slot_was_asked_to_stop_goes_back_unstarted() {
+    let redis = TestRedis::start();
+    let q = redis.client().await.queue("tk").unwrap();
+    let mut raw = redis.raw().await;
+    let (gate, seen, open) = Gate::new();
+    drop(open);
+    let mut cfg = prefetching("tk", Duration::from_secs(30));
+    cfg.batch_size = 2;
+    cfg.prefetch = false;
+    let (report, _events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let slot = {
+        let (spec, stop) = (spec(&redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
+    };
+    // Due in a moment; the slot's take of them is held by a pause of writes.
+    let delay = Duration::from_millis(300);
+    q.enqueue_many(&[
+        NewTask::new("1").id("a").delay(delay),
+        NewTask::new("2").id("b").delay(delay),
+    ])
+    .await
+    .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("WRITE")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the slot's take held", || async {
+        a_script_call_is_held(&mut redis.raw().await).await
+    })
+    .await;
+    // (a read: scripts wait out the pause)
+    let due: i64 = redis::cmd("ZSCORE")
+        .arg("test:{tk}:delayed")
+        .arg("b")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the tasks due", || async {
+        let (s, us): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut redis.raw().await)
+            .await
+            .unwrap();
+        s * 1000 + us / 1000 > due
+    })
+    .await;
+    stop.cancel();
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased, s.acked_total), (2, 0, 0), "{s:?}");
+    for id in ["a", "b"] {
+        assert_eq!(q.find(id).await.unwrap().unwrap().attempts, 0, "{id}");
+    }
+}
+
 /// In a slot's steady state the end of one batch and the start of the next, taken with
 /// its settle, travel in one datagram: the master hears of every batch's start once,
 /// from a `BatchStarted` or from the `next` of the batch before.
