@@ -363,28 +363,22 @@ impl FollowUps {
         if children.is_empty() {
             return Ok(Made::default());
         }
-        let unchecked = match self.in_one_call(tasks, &mut children, &facts).await? {
-            OneCall::Made(done) => Err(done),
+        let (refused, chains) = match self.in_one_call(tasks, &mut children, &facts).await? {
+            OneCall::Made(done) => done,
             OneCall::LeasesGone(gone) => {
                 children.retain(|c| !gone.contains(&c.parent));
-                Ok(false)
+                self.step_by_step(tasks, &mut children, &facts).await?
             }
-            OneCall::NotHere => Ok(single),
-        };
-        let (refused, chains) = match unchecked {
-            Err(done) => done,
-            Ok(unchecked) => {
-                if unchecked {
+            OneCall::NotHere => {
+                // (on one server the leases were not checked yet)
+                if single {
                     let mut parents: Vec<usize> = children.iter().map(|c| c.parent).collect();
                     parents.sort_unstable();
                     parents.dedup();
                     self.keep_held(tasks, &mut parents).await?;
                     children.retain(|c| parents.contains(&c.parent));
                 }
-                if children.is_empty() {
-                    return Ok(Made::default());
-                }
-                self.link_then_enqueue(tasks, &mut children, &facts).await?
+                self.step_by_step(tasks, &mut children, &facts).await?
             }
         };
         for (parent, refusal) in refused {
@@ -397,6 +391,9 @@ impl FollowUps {
                     Refusal::Taken(reason) => Outcome::Reject { reason },
                 };
             }
+        }
+        if children.is_empty() {
+            return Ok(Made::default());
         }
         hold_for_tests();
         let mut made = Made::default();
@@ -509,6 +506,19 @@ impl FollowUps {
                 OneCall::LeasesGone(gone.into_iter().map(|i| parents[i]).collect())
             }
         })
+    }
+
+    /// [`FollowUps::link_then_enqueue`], unless no child is left.
+    async fn step_by_step(
+        &mut self,
+        tasks: &[LeasedTask],
+        children: &mut Vec<Child>,
+        facts: &BTreeMap<usize, ChainFacts>,
+    ) -> Result<Enqueued, QueueError> {
+        if children.is_empty() {
+            return Ok(Default::default());
+        }
+        self.link_then_enqueue(tasks, children, facts).await
     }
 
     /// Puts the children in their chains ([`FollowUps::link`]), then enqueues them.
