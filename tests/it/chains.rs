@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::request;
 use crate::harness::{
-    ANY_LOAD, TestRedis, eventually, poll_some, script_calls, shared_cluster_url,
+    ANY_LOAD, TestRedis, eventually, held_after_follow_ups, poll_some, script_calls,
+    shared_cluster_url,
 };
 use crate::host::{gone, http_get};
 
@@ -859,16 +860,7 @@ async fn killed_between_follow_ups_and_ack(redis_url: &str, namespace: &str, pre
         )
         .await;
     assert_eq!(status, 202, "{made}");
-    let pid: u32 = poll_some(
-        Duration::from_secs(30),
-        "the slot held after its follow-ups",
-        || async {
-            std::fs::read_to_string(&hold)
-                .ok()
-                .and_then(|p| p.trim().parse().ok())
-        },
-    )
-    .await;
+    let pid: u32 = held_after_follow_ups(&hold).await.trim().parse().unwrap();
     // (The master may have killed it as hung already: either way it dies right here.)
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -1032,16 +1024,7 @@ async fn cancelled_while_running(redis_url: &str, namespace: &str, prefix: &str)
     // Cancelled after its follow-ups are made (held there, their handler held too).
     let child_gate = probe.path().join("child-gate");
     submit("late", json!({"child_gate": child_gate})).await;
-    poll_some(
-        Duration::from_secs(30),
-        "the slot paused after follow-ups",
-        || async {
-            std::fs::read_to_string(&pause)
-                .ok()
-                .filter(|p| !p.is_empty())
-        },
-    )
-    .await;
+    held_after_follow_ups(&pause).await;
     // (the slot settled early before it took late)
     for child in ["early~1", "early~2"] {
         assert!(after.find(child).await.unwrap().is_none(), "{child} made");

@@ -792,3 +792,15 @@ pub fn gaffer_ok_with_stderr(config: &std::path::Path, args: &[&str]) -> (String
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Waits for the slot a test hook holds after its follow-ups
+/// (`GAFFER_TEST_PAUSE_AFTER_FOLLOW_UPS` or `…_HOLD_…`, whose file `path` it writes its pid
+/// to); returns that pid as written.
+pub(crate) async fn held_after_follow_ups(path: &std::path::Path) -> String {
+    poll_some(
+        Duration::from_secs(30),
+        "the slot held after its follow-ups",
+        || async { std::fs::read_to_string(path).ok().filter(|p| !p.is_empty()) },
+    )
+    .await
+}

@@ -1152,10 +1152,8 @@ async fn a_draining_master_hands_its_long_tasks_back_unfinished() {
     assert_eq!(again.tasks[0].attempt, 1);
 }
 
-#[tokio::test]
-async fn a_long_task_that_returns_makes_its_follow_ups_and_a_cancelled_one_none() {
-    let (h, q, _) = one_long_queue(
-        r#"
+/// A long queue whose done route goes to a batch queue.
+const WATCH_THEN_AFTER: &str = r#"
 [queues.watch]
 kind = "long"
 handler = "exec"
@@ -1167,11 +1165,11 @@ next = [{ queue = "after", on = "done" }]
 [queues.after]
 handler = "noop"
 max_slots = 1
-"#,
-        "watch",
-        2,
-    )
-    .await;
+"#;
+
+#[tokio::test]
+async fn a_long_task_that_returns_makes_its_follow_ups_and_a_cancelled_one_none() {
+    let (h, q, _) = one_long_queue(WATCH_THEN_AFTER, "watch", 2).await;
     let after = h.client.queue("after").unwrap();
     // Returns done with a result and a follow-up of its own: the route's child gets the
     // result, the handler's its own payload, both before the parent is settled.
@@ -1221,22 +1219,7 @@ max_slots = 1
 /// held open by a test hook) ends cancelled, and so do they, with a note naming it.
 #[tokio::test]
 async fn a_long_task_cancelled_after_its_follow_ups_were_made_cancels_them() {
-    let mut h = Hosts::start(
-        r#"
-[queues.watch]
-kind = "long"
-handler = "exec"
-command = {child}
-lease = "5s"
-cancel_grace = "1s"
-next = [{ queue = "after", on = "done" }]
-
-[queues.after]
-handler = "noop"
-max_slots = 1
-"#,
-    )
-    .await;
+    let mut h = Hosts::start(WATCH_THEN_AFTER).await;
     let pause = h.dir.path().join("pause");
     h.publish(1, &[("h1", "watch", 1)]).await;
     h.master_with("h1", &[("GAFFER_TEST_PAUSE_AFTER_FOLLOW_UPS", &pause)]);
@@ -1244,16 +1227,7 @@ max_slots = 1
     let q = h.queue("watch");
     let after = h.client.queue("after").unwrap();
     enqueue(&q, "w", r#"{"run_s": 0.2, "result": {"seen": 1}}"#).await;
-    poll_some(
-        Duration::from_secs(30),
-        "the slot paused after follow-ups",
-        || async {
-            std::fs::read_to_string(&pause)
-                .ok()
-                .filter(|p| !p.is_empty())
-        },
-    )
-    .await;
+    crate::harness::held_after_follow_ups(&pause).await;
     assert!(
         after.find("w~1").await.unwrap().is_some(),
         "the follow-up is made"
