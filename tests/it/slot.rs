@@ -434,6 +434,44 @@ fn prefetching(name: &str, lease: Duration) -> QueueConfig {
     cfg
 }
 
+/// A queue of batches of 2, not prefetched, with the given lease.
+fn batches_of_two(name: &str, lease: Duration) -> QueueConfig {
+    let mut cfg = prefetching(name, lease);
+    cfg.batch_size = 2;
+    cfg.prefetch = false;
+    cfg
+}
+
+/// A slot of `cfg` whose handler is a [`Gate`], run in a thread as the master's zygote
+/// would start it.
+struct GatedSlot {
+    seen: Seen,
+    open: std::sync::mpsc::Sender<()>,
+    stop: CancellationToken,
+    slot: std::thread::JoinHandle<i32>,
+    /// The slot's report socket's other end, kept open while the slot runs.
+    _events: UnixDatagram,
+}
+
+impl GatedSlot {
+    fn start(redis: &TestRedis, cfg: QueueConfig) -> GatedSlot {
+        let (gate, seen, open) = Gate::new();
+        let (report, _events) = UnixDatagram::pair().unwrap();
+        let stop = CancellationToken::new();
+        let slot = {
+            let (spec, stop) = (spec(redis, cfg, report), stop.clone());
+            std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
+        };
+        GatedSlot {
+            seen,
+            open,
+            stop,
+            slot,
+            _events,
+        }
+    }
+}
+
 /// A prefetching slot (batch 1) on a queue of tasks a and b: a held in the handler by the
 /// gate, b taken ahead.
 struct Prefetched {
@@ -452,13 +490,13 @@ impl Prefetched {
         q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
             .await
             .unwrap();
-        let (gate, seen, open) = Gate::new();
-        let (report, _events) = UnixDatagram::pair().unwrap();
-        let stop = CancellationToken::new();
-        let slot = {
-            let (spec, stop) = (spec(redis, prefetching(name, lease), report), stop.clone());
-            std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
-        };
+        let GatedSlot {
+            seen,
+            open,
+            stop,
+            slot,
+            _events,
+        } = GatedSlot::start(redis, prefetching(name, lease));
         eventually(
             Duration::from_secs(20),
             "a in the handler, b prefetched",
@@ -555,39 +593,6 @@ async fn a_prefetched_batch_whose_lease_ran_out_is_not_handled() {
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
 
-/// A slot of a queue of batches of 2 (no prefetch) whose handler is a [`Gate`], run in a
-/// thread as the master's zygote would start it.
-struct GatedSlot {
-    seen: Seen,
-    open: std::sync::mpsc::Sender<()>,
-    stop: CancellationToken,
-    slot: std::thread::JoinHandle<i32>,
-    /// The slot's report socket's other end, kept open while the slot runs.
-    _events: UnixDatagram,
-}
-
-impl GatedSlot {
-    fn start(redis: &TestRedis, name: &str, lease: Duration) -> GatedSlot {
-        let (gate, seen, open) = Gate::new();
-        let mut cfg = prefetching(name, lease);
-        cfg.batch_size = 2;
-        cfg.prefetch = false;
-        let (report, _events) = UnixDatagram::pair().unwrap();
-        let stop = CancellationToken::new();
-        let slot = {
-            let (spec, stop) = (spec(redis, cfg, report), stop.clone());
-            std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
-        };
-        GatedSlot {
-            seen,
-            open,
-            stop,
-            slot,
-            _events,
-        }
-    }
-}
-
 /// A task of a batch cancelled while its handler runs is extended no more: its lease is
 /// gone, and asking again counted a stale settle at every tick. The extension that finds
 /// it gone and its settle are stale once each; the rest of the batch is extended and
@@ -605,7 +610,7 @@ async fn a_task_cancelled_mid_batch_is_not_extended_again() {
         stop,
         slot,
         _events,
-    } = GatedSlot::start(&redis, "ext", Duration::from_millis(300));
+    } = GatedSlot::start(&redis, batches_of_two("ext", Duration::from_millis(300)));
     eventually(
         Duration::from_secs(20),
         "a and b in the handler",
@@ -662,7 +667,7 @@ async fn a_batch_taken_while_the_slot_was_asked_to_stop_goes_back_unstarted() {
         stop,
         slot,
         _events,
-    } = GatedSlot::start(&redis, "tk", Duration::from_secs(30));
+    } = GatedSlot::start(&redis, batches_of_two("tk", Duration::from_secs(30)));
     drop(open);
     // Due in a moment; the slot's take of them is held by a pause of writes.
     let delay = Duration::from_millis(300);
