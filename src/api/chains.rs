@@ -8,13 +8,21 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::routes::{Api, WAIT_RECHECK};
+use super::routes::{Api, WAIT_RECHECK, replaced};
 use super::submit::Submit;
 use crate::chain::{self, ChainError, ChainTargets, ChainView};
 use crate::config::ApiKey;
 use crate::queue_client::{NewTask, Queue, QueueError, TaskRecord};
 
 type Answer = Result<(StatusCode, Value), ApiError>;
+
+/// The run a chain wait follows (see `Api::run_chain`): its creation time and submitter,
+/// and the name its chain had at the last look.
+struct RunPin {
+    created_at: String,
+    submitted_by: Option<String>,
+    name: String,
+}
 
 impl Api {
     fn chain_targets(&self) -> ChainTargets {
@@ -174,9 +182,10 @@ impl Api {
         // task of another chain (or run). Looked at again once, then only waited on, so
         // such a task does not spin this loop until the deadline.
         let mut seen_ended = std::collections::BTreeSet::new();
+        let mut pin = None;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let view = self.run_chain(queue, &made.id).await?;
+            let view = self.run_chain(queue, &made.id, &mut pin).await?;
             if view.state.is_end() {
                 return Ok((StatusCode::OK, view.to_json()));
             }
@@ -226,7 +235,7 @@ impl Api {
                 () = tokio::time::sleep_until(deadline) => {}
                 () = self.shutdown.cancelled() => {}
             }
-            let view = self.run_chain(queue, &made.id).await?;
+            let view = self.run_chain(queue, &made.id, &mut pin).await?;
             let status = if view.state.is_end() {
                 StatusCode::OK
             } else {
@@ -242,15 +251,39 @@ impl Api {
     /// there, the chain of its name can be an earlier run's (the earlier run ended between
     /// the submit's check and its enqueue), which leaves its record out: the run is then
     /// a chain of one task, itself, and a wait follows it until it makes follow-ups or
-    /// ends.
-    async fn run_chain(&self, queue: &Queue, id: &str) -> Result<ChainView, ApiError> {
+    /// ends. `pin` keeps the run the first look found: once it ended, its id may hold
+    /// another task (`dedup = "active"`), whose record is not this run's: another key's
+    /// answers 410, as a plain wait does; the key's own leaves the run's chain as last
+    /// named (and only a run that made no chain shows the new task, as a plain wait would).
+    async fn run_chain(
+        &self,
+        queue: &Queue,
+        id: &str,
+        pin: &mut Option<RunPin>,
+    ) -> Result<ChainView, ApiError> {
         let record = queue.record(id).await?;
+        if let (Some(p), Some(r)) = (pin.as_ref(), record.as_ref())
+            && r.created_at != p.created_at
+        {
+            if r.submitted_by != p.submitted_by {
+                return Err(replaced(queue, id));
+            }
+            let view = chain::read(&self.client, &self.chain_targets().queues, &p.name).await?;
+            return Ok(view.unwrap_or_else(|| ChainView::of_task(&p.name, r.clone())));
+        }
         let name = record
             .as_ref()
             .and_then(|r| r.chain.as_deref())
             .filter(|c| chain::started_by(queue.name(), id, c))
             .unwrap_or(id)
             .to_string();
+        if let Some(r) = &record {
+            *pin = Some(RunPin {
+                created_at: r.created_at.clone(),
+                submitted_by: r.submitted_by.clone(),
+                name: name.clone(),
+            });
+        }
         let view = chain::read(&self.client, &self.chain_targets().queues, &name).await?;
         let run_shown = |v: &ChainView| v.tasks.first().is_some_and(|t| t.record.is_some());
         match (view, record) {

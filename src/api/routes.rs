@@ -787,7 +787,7 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<
 
 /// The answer for a task that ended while a request followed it and whose id already
 /// holds another key's task (`dedup = "active"`): its record is gone.
-fn replaced(queue: &Queue, id: &str) -> ApiError {
+pub(super) fn replaced(queue: &Queue, id: &str) -> ApiError {
     ApiError::gone(format!(
         "task {id} of queue {} ended and its id already holds a new task another key submitted: its record is gone",
         queue.name()

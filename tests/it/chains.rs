@@ -801,6 +801,56 @@ async fn a_chain_with_a_fan_out_ends_when_all_its_tasks_do() {
     let rig = Rig::start(&redis.url(), "test", "a", &[]).await;
     fan_out_and_fail(&rig).await;
     a_wait_on_a_task_not_made_yet_sleeps(&rig).await;
+    a_chain_wait_never_answers_with_another_keys_task(&rig).await;
+}
+
+/// A sync chain submit whose global task ended while its chain runs on, and whose id
+/// another key then submitted a task under (`dedup = "active"`), answers 410 as a plain
+/// wait does, never that key's task as its chain.
+async fn a_chain_wait_never_answers_with_another_keys_task(rig: &Rig) {
+    let first = rig.q("first");
+    let path = format!("/v1/queues/{first}/tasks");
+    let gate = rig.dir.path().join("reused-gate");
+    let body =
+        json!({"id": "reused", "payload": {"child_gate": gate}, "chain": true, "wait": "60s"})
+            .to_string();
+    let waiting = {
+        let (addr, path) = (rig.api, path.clone());
+        tokio::spawn(async move {
+            let (status, body) =
+                request(addr, "POST", &path, Some(TOKEN), Some(body.as_bytes())).await;
+            (status, String::from_utf8_lossy(&body).to_string())
+        })
+    };
+    let q = rig.client.queue(&first).unwrap();
+    let record = || async { q.record("reused").await.unwrap() };
+    let ours = poll_some(Duration::from_secs(30), "the global task done", || async {
+        record().await.filter(|r| r.state == RecordState::Done)
+    })
+    .await;
+    let (status, theirs) = rig
+        .call_as(
+            OTHER_TOKEN,
+            "POST",
+            &path,
+            Some(r#"{"id": "reused", "payload": {}}"#),
+        )
+        .await;
+    assert_eq!(status, 202, "{theirs}");
+    eventually(
+        Duration::from_secs(30),
+        "the other key's task ended",
+        || async {
+            record()
+                .await
+                .is_some_and(|r| r.created_at != ours.created_at && r.state.is_end())
+        },
+    )
+    .await;
+    std::fs::write(&gate, "").unwrap();
+    let (status, answer) = waiting.await.unwrap();
+    assert_eq!(status, 410, "{answer}");
+    assert!(answer.contains("another key"), "{answer}");
 }
 
 /// A sync chain submit whose chain lists a task not made yet (its parent's slot died
