@@ -542,12 +542,14 @@ impl Api {
         let state = if *method == Method::DELETE {
             let note = format!("cancelled by key {}", key.name);
             match queue
-                .cancel_with(id, &note)
+                .cancel_unended(id, &note)
                 .await?
                 .ok_or_else(unknown)?
                 .state
             {
                 TaskState::Cancelling => RecordState::Cancelling,
+                // (a dead letter failed: it stays as it ended)
+                TaskState::Dead => RecordState::Failed,
                 _ => RecordState::Cancelled,
             }
         } else {

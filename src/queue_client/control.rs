@@ -77,6 +77,15 @@ pub enum FreezeResult {
     Unknown,
 }
 
+/// What a cancel does to a dead letter.
+#[derive(Debug, Clone, Copy)]
+enum Dead {
+    /// Removes it: an operator's cancel of a task that failed for good.
+    Cancel,
+    /// Leaves it: it has ended.
+    Keep,
+}
+
 impl Queue {
     /// benchmarks and decommissioning a queue type.
     pub async fn delete_all(&self) -> Result<(), QueueError> {
@@ -89,7 +98,7 @@ impl Queue {
 
     /// Looks a task up by id.
     pub async fn find(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, None, "", "").await
+        self.find_or_cancel(id, None, Dead::Keep, "", "").await
     }
 
     /// Removes a task by id, whatever its state, and returns what it was. A leased task's
@@ -98,26 +107,42 @@ impl Queue {
     /// [`TaskState::Cancelling`], its record says cancelling, and its slot ends it
     /// cancelled once it has stopped it.
     pub async fn cancel(&self, id: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some("cancelled"), "", "").await
+        self.find_or_cancel(id, Some("cancelled"), Dead::Cancel, "", "")
+            .await
     }
 
     /// Like [`cancel`](Self::cancel), with `note` (who cancelled, why) in the record's
     /// history.
     pub async fn cancel_with(&self, id: &str, note: &str) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some(note), "", "").await
+        self.find_or_cancel(id, Some(note), Dead::Cancel, "", "")
+            .await
+    }
+
+    /// Like [`cancel_with`](Self::cancel_with), but a task that has ended stays as it
+    /// ended, a dead letter too (it failed): for callers that looked at the task before
+    /// (it may have failed since), and those that stop what a task led to.
+    pub async fn cancel_unended(
+        &self,
+        id: &str,
+        note: &str,
+    ) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, Some(note), Dead::Keep, "", "")
+            .await
     }
 
     /// Like [`cancel_with`](Self::cancel_with), only while the task's record names `owner`
     /// as its submitter, checked in the same step (`None`: it does not, or no task): a
     /// caller that checked who may cancel a task then cancels that task, never another
-    /// one submitted under its id since.
+    /// one submitted under its id since. A dead letter stays as it is, as with
+    /// [`cancel_unended`](Self::cancel_unended).
     pub async fn cancel_owned(
         &self,
         id: &str,
         note: &str,
         owner: &str,
     ) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some(note), "", owner).await
+        self.find_or_cancel(id, Some(note), Dead::Keep, "", owner)
+            .await
     }
 
     /// Cancels a waiting task (ready or delayed) with `note`, only while the queue's
@@ -130,16 +155,19 @@ impl Queue {
         system: &str,
         note: &str,
     ) -> Result<Option<TaskInfo>, QueueError> {
-        self.find_or_cancel(id, Some(note), system, "").await
+        self.find_or_cancel(id, Some(note), Dead::Keep, system, "")
+            .await
     }
 
-    /// find.lua: look up `id`, and cancel it with the note when `cancel` is given; only
-    /// a waiting task while `system` is disabled when `system` is not empty; only while
-    /// its record's submitter is `owner` when that is not empty.
+    /// find.lua: look up `id`, and cancel it with the note when `cancel` is given (a
+    /// dead letter as `dead` says); only a waiting task while `system` is disabled when
+    /// `system` is not empty; only while its record's submitter is `owner` when that is
+    /// not empty.
     async fn find_or_cancel(
         &self,
         id: &str,
         cancel: Option<&str>,
+        dead: Dead,
         system: &str,
         owner: &str,
     ) -> Result<Option<TaskInfo>, QueueError> {
@@ -155,7 +183,11 @@ impl Queue {
             .arg(self.ttl_arg())
             .arg(self.limits.kind.as_str())
             .arg(system)
-            .arg(owner);
+            .arg(owner)
+            .arg(match dead {
+                Dead::Cancel => "0",
+                Dead::Keep => "1",
+            });
         let mut conn = self.conn.clone();
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
         let Some(r) = reply else { return Ok(None) };

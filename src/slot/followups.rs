@@ -250,7 +250,7 @@ impl FollowUps {
         for m in below(kids, &listed) {
             if self
                 .handle(&m.queue)?
-                .cancel_with(&m.id, &note)
+                .cancel_unended(&m.id, &note)
                 .await?
                 .is_some()
             {

@@ -936,6 +936,22 @@ async fn an_admin_key_sees_freezes_and_cancels_tasks_of_an_untracked_queue() {
     assert_eq!(st, 404, "{body}");
     let (st, body) = s.call("DELETE", task, Some(OPS), None).await;
     assert_eq!(st, 404, "{body}");
+    // A dead letter has ended (it failed): a cancel leaves it, to be requeued.
+    let bulk = s.redis.client().await.queue("bulk").unwrap();
+    bulk.enqueue(gaffer::queue_client::NewTask::new("2").id("u2"))
+        .await
+        .unwrap();
+    let taken = bulk.take(1, Duration::from_secs(30)).await.unwrap();
+    let fail = gaffer::queue_client::Settle::Fail {
+        reason: "bad".into(),
+    };
+    bulk.settle(&[gaffer::queue_client::SettleOp::new(&taken.tasks[0], fail)])
+        .await
+        .unwrap();
+    let dead = "/v1/queues/bulk/tasks/u2";
+    let failed = json!({"id": "u2", "queue": "bulk", "state": "failed"});
+    assert_eq!(s.call("DELETE", dead, Some(OPS), None).await, (200, failed));
+    assert_eq!(bulk.stats().await.unwrap().dead, 1, "the dead letter stays");
     s.stop().await;
 }
 

@@ -661,6 +661,20 @@ async fn an_owned_cancel_or_hold_acts_only_on_its_owners_task(client: QueueClien
             .is_some()
     );
     assert_eq!(record(&q, "t1").await.state, RecordState::Cancelled);
+    // A task that failed after the api looked at it (a dead letter now) has ended: the
+    // owner's cancel leaves it failed and its dead letter there, to be requeued.
+    q.enqueue(NewTask::new("{}").id("t2").submitted_by("shop"))
+        .await
+        .unwrap();
+    let b = q.take(1, Duration::from_secs(30)).await.unwrap();
+    let fail = Settle::Fail {
+        reason: "bad".into(),
+    };
+    q.settle(&[SettleOp::new(&b.tasks[0], fail)]).await.unwrap();
+    let info = q.cancel_owned("t2", "by shop", "shop").await.unwrap();
+    assert_eq!(info.map(|i| i.state), Some(TaskState::Dead));
+    assert_eq!(record(&q, "t2").await.state, RecordState::Failed);
+    assert_eq!(q.stats().await.unwrap().dead, 1);
 }
 
 async fn listing_pages_by_cursor_filters_and_submitters(client: QueueClient, name: &str) {

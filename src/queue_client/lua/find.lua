@@ -3,7 +3,9 @@
 -- 'cancelling', rather than removed), a system ('' none: the sweep of a disable cancels
 -- only a waiting task, and only while the queue's switch says that system is disabled),
 -- an owner ('' any: else only a task whose record names it as its submitter, so a caller
--- that checked who may act on the task acts on that task, not one submitted since).
+-- that checked who may act on the task acts on that task, not one submitted since),
+-- whether to leave a dead letter as it is ('1': it failed, it has ended; a cancel asked
+-- before it failed must not turn its failure into a cancel and delete the dead letter).
 -- Returns nil when unknown (or, for a sweep, not cancelled; or not the owner's), else
 -- {state, score, meta, attempts, payload, error, lease token or ''}; a leased task's
 -- attempts count the one under way.
@@ -19,6 +21,7 @@ end
 local state, score, m, member, tok = locate(id, now, ARGV[2] == '1' and sweep == '')
 if not state then return nil end
 if sweep ~= '' and state ~= 'ready' and state ~= 'due' and state ~= 'delayed' then return nil end
+local cancel = ARGV[2] == '1' and not (state == 'dead' and ARGV[8] == '1')
 local attempts = attempts_of(redis.call('HGET', K_ATT, id))
 if state == 'leased' then attempts = attempts + 1 end
 local out = {
@@ -28,7 +31,7 @@ local out = {
   tok or '',
 }
 if state == 'leased' and redis.call('HEXISTS', K_CANCEL, id) == 1 then out[1] = 'cancelling' end
-if ARGV[2] == '1' and state == 'leased' and ARGV[5] == 'long' then
+if cancel and state == 'leased' and ARGV[5] == 'long' then
   -- A running long task is stopped by its slot, which sees the cancel at its next renewal
   -- (long.lua) and ends the task cancelled once it has let it go.
   -- (HEXISTS and HSET: commands every role's ACL line grants, docs/SECURITY.md)
@@ -37,7 +40,7 @@ if ARGV[2] == '1' and state == 'leased' and ARGV[5] == 'long' then
     record(id, 'cancelling', now, nil, nil, nil, ARGV[3] or '')
   end
   out[1] = 'cancelling'
-elseif ARGV[2] == '1' then
+elseif cancel then
   redis.call('HDEL', K_CANCEL, id)
   if state == 'ready' then
     -- O(length of the list): cancelling is rare, and a ready task must leave no entry
