@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::error::ApiError;
 use super::routes::{Api, WAIT_RECHECK, replaced};
 use super::submit::Submit;
-use crate::chain::{self, ChainError, ChainTargets, ChainView};
+use crate::chain::{self, ChainError, ChainTargets, ChainTask, ChainView};
 use crate::config::ApiKey;
 use crate::queue_client::{NewTask, Queue, QueueError, TaskRecord};
 
@@ -194,29 +194,39 @@ impl Api {
                 () = self.shutdown.cancelled() => false,
             };
             if tokio::time::Instant::now() >= deadline || self.shutdown.is_cancelled() {
-                return Ok((StatusCode::ACCEPTED, view.to_json()));
+                // (the wait for the subscription may have taken seconds: look once more)
+                return self.chain_as_it_stands(queue, &made.id, &mut pin).await;
             }
             if !watching {
                 // (the wait for the subscription was the pause before the next look)
                 continue;
             }
-            let mut registrations = Vec::new();
-            let mut ended_meanwhile = false;
-            for t in view
+            let unended: Vec<&ChainTask> = view
                 .tasks
                 .iter()
                 .filter(|t| !t.record.as_ref().is_some_and(|r| r.state.is_end()))
-            {
-                registrations.push(self.ended.register(&t.member.queue, &t.member.id));
-                // (A task listed before it is made, or not yet made again, has no record
-                // to watch: its parent, listed too and not ended, wakes this wait.)
-                if let Some(q) = self.queues.get(&t.member.queue) {
-                    let ended = q
-                        .watch(&t.member.id)
-                        .await?
-                        .is_some_and(|r| r.state.is_end());
-                    ended_meanwhile |= ended && seen_ended.insert(t.member.clone());
-                }
+                .collect();
+            let mut registrations: Vec<_> = unended
+                .iter()
+                .map(|t| self.ended.register(&t.member.queue, &t.member.id))
+                .collect();
+            // (A task listed before it is made, or not yet made again, has no record to
+            // watch: its parent, listed too and not ended, wakes this wait.) All at once,
+            // within the deadline: a fan-out of thousands is one pipeline, not thousands
+            // of calls in turn.
+            let watches = unended.iter().filter_map(|t| {
+                let q = self.queues.get(&t.member.queue)?;
+                Some(async move { q.watch(&t.member.id).await.map(|r| (*t, r)) })
+            });
+            let Ok(watched) =
+                tokio::time::timeout_at(deadline, futures::future::try_join_all(watches)).await
+            else {
+                return self.chain_as_it_stands(queue, &made.id, &mut pin).await;
+            };
+            let mut ended_meanwhile = false;
+            for (t, rec) in watched? {
+                let ended = rec.is_some_and(|r| r.state.is_end());
+                ended_meanwhile |= ended && seen_ended.insert(t.member.clone());
             }
             if ended_meanwhile {
                 continue;
@@ -235,14 +245,25 @@ impl Api {
                 () = tokio::time::sleep_until(deadline) => {}
                 () = self.shutdown.cancelled() => {}
             }
-            let view = self.run_chain(queue, &made.id, &mut pin).await?;
-            let status = if view.state.is_end() {
-                StatusCode::OK
-            } else {
-                StatusCode::ACCEPTED
-            };
-            return Ok((status, view.to_json()));
+            return self.chain_as_it_stands(queue, &made.id, &mut pin).await;
         }
+    }
+
+    /// A chain wait's answer at its deadline (or a stop): the chain read once more, 200
+    /// when it has ended, else 202.
+    async fn chain_as_it_stands(
+        &self,
+        queue: &Queue,
+        id: &str,
+        pin: &mut Option<RunPin>,
+    ) -> Answer {
+        let view = self.run_chain(queue, id, pin).await?;
+        let status = if view.state.is_end() {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        };
+        Ok((status, view.to_json()))
     }
 
     /// The chain of the run of global task `id` that a submit made or found: the chain
