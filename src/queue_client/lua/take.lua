@@ -39,9 +39,10 @@ if #expired > 0 then
     local id = lease_parts(member)
     expired_ids[#expired_ids + 1] = id
     local a = attempts_of(redis.call('HGET', K_ATT, id)) + 1
-    redis.call('HSET', K_ATT, id, a)
     local m = meta_of(id)
     if m then
+      -- (a lease whose task is gone counts no attempt: nothing would ever delete it)
+      redis.call('HSET', K_ATT, id, a)
       local pri, ma = parse_meta(m)
       local last = ma > 0 and a >= ma
       -- (on a queue with failed routes the last attempt comes back once more, see ARGV)
@@ -167,7 +168,9 @@ if not (first and ARGV[8] ~= '1' and batch_lease(tok_s, exp_s, ids, now, host, s
     leased[2 * i] = prefix .. id
   end
   bulk('ZADD', K_LEASED, leased)
-  if tracked then run_begin(ids, now, atts, host, slot) end
+  -- (asked again: this take's sweep may have expired the queue's last record, and with it
+  -- the index, after which no settle would read or delete a running entry)
+  if tracked and redis.call('EXISTS', K_IDX) == 1 then run_begin(ids, now, atts, host, slot) end
 end
 -- Each value is the task's meta, a newline and its payload (see task_value).
 local payloads = hmget(K_PAYLOAD, ids)
