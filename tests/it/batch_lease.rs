@@ -434,3 +434,34 @@ async fn a_take_redis_lost_never_gives_its_token_to_the_next_taker() {
         all(SettleResult::Done, 2)
     );
 }
+
+/// A lease whose task is gone (its payload deleted under it) comes back as nothing and
+/// leaves no attempt count behind, which nothing would ever delete.
+#[tokio::test]
+async fn an_expired_lease_whose_task_is_gone_leaves_no_attempt_count() {
+    let redis = TestRedis::start();
+    let q = redis.client().await.queue_with("gone", tracked()).unwrap();
+    fill(&q, 1).await;
+    let mut raw = redis.raw().await;
+    // (a batch lease of one: split into its task's lease, then reclaimed, once expired)
+    let b = q.take(1, Duration::from_millis(1)).await.unwrap();
+    assert_eq!(b.tasks.len(), 1);
+    let _: () = redis::cmd("HDEL")
+        .arg("test:{gone}:payload")
+        .arg(&b.tasks[0].id)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    poll_some(Duration::from_secs(10), "the lease expired", || async {
+        let _ = q.take(1, Duration::from_secs(30)).await.unwrap();
+        (q.stats().await.unwrap().expired_total == 1).then_some(())
+    })
+    .await;
+    let counted: bool = redis::cmd("HEXISTS")
+        .arg("test:{gone}:att")
+        .arg(&b.tasks[0].id)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(!counted, "an attempt count left behind");
+}
