@@ -11,7 +11,7 @@ use gaffer::queue_client::{
     Settle, SettleOp, SettleResult, TaskRecord, TaskState, Worker,
 };
 
-use crate::harness::eventually;
+use crate::harness::{TestRedis, eventually};
 
 crate::harness::on_both!(
     history_done_first_time,
@@ -932,4 +932,71 @@ async fn a_whole_batch_without_good_numbers_writes_each_record() {
         .await
         .unwrap();
     assert_eq!(runs, 0, "no run was written");
+}
+
+/// Two lists of records that ended at one moment but were made with different
+/// `history_ttl`s (slots of an old and a new config acking in the same millisecond): the
+/// shorter one falling due hides none of the longer one's records.
+#[tokio::test]
+async fn a_shorter_history_ttl_at_the_same_moment_hides_no_longer_lived_record() {
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let mut raw = redis.raw().await;
+    let long = client.queue_with("ttls", limits()).unwrap();
+    let short = client
+        .queue_with(
+            "ttls",
+            QueueLimits {
+                history_ttl: Duration::from_millis(1),
+                ..limits()
+            },
+        )
+        .unwrap();
+    // Each ends through a list (an ack of part of a batch), one per TTL.
+    for (q, ids) in [(&long, ["keep", "k2"]), (&short, ["gone", "g2"])] {
+        for id in ids {
+            q.enqueue(NewTask::new("{}").id(id)).await.unwrap();
+        }
+        let b = q.take(2, Duration::from_secs(30)).await.unwrap();
+        assert_eq!(q.ack(&b.tasks[..1]).await.unwrap(), [SettleResult::Done]);
+    }
+    let lists: Vec<String> = redis::cmd("ZRANGE")
+        .arg("test:{ttls}:exp:b")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let week = week_list(&lists);
+    // The short TTL's list of keep's moment, as a slot of that config would have made it
+    // acking in the same millisecond: due at once.
+    let (exp, ttl) = week.split_once(':').unwrap();
+    let moment: u64 = exp.parse::<u64>().unwrap() - ttl.parse::<u64>().unwrap();
+    let member = format!("{}:1", moment + 1);
+    let _: () = redis::cmd("ZADD")
+        .arg("test:{ttls}:exp:b")
+        .arg(moment + 1)
+        .arg(&member)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("RPUSH")
+        .arg(format!("test:{{ttls}}:exp:b:{member}"))
+        .arg("other")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let kept = long.record("keep").await.unwrap();
+    assert_eq!(kept.map(|r| r.state), Some(RecordState::Done));
+    // (the short TTL's own record is due, and not shown)
+    assert!(short.record("gone").await.unwrap().is_none());
+}
+
+/// The member of the lists' zset made with the default TTL (a week) among `lists`.
+fn week_list(lists: &[String]) -> &str {
+    let week = gaffer::config::DEFAULT_HISTORY_TTL.as_millis().to_string();
+    lists
+        .iter()
+        .find(|m| m.ends_with(&format!(":{week}")))
+        .expect("a list of the default TTL")
 }

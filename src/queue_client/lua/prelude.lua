@@ -528,6 +528,19 @@ local function tell_watchers(ids)
   end
 end
 
+-- The record TTLs the lists of K_ENDS were made with, "TTL,TTL,…" in K_CONF 'ends_ttls'
+-- (few: one per `history_ttl` the queue had): a list is known by its end moment, and
+-- two lists of one moment made with different TTLs (a `history_ttl` changed while slots
+-- of the old and the new config ack) must not make each other's records due early
+-- (due_end_moments).
+local function ends_ttl_known(ttl_ms)
+  local known = redis.call('HGET', K_CONF, 'ends_ttls') or ''
+  local t = string.format('%d', ttl_ms)
+  if not string.find(',' .. known .. ',', ',' .. t .. ',', 1, true) then
+    redis.call('HSET', K_CONF, 'ends_ttls', known == '' and t or (known .. ',' .. t))
+  end
+end
+
 -- The ack's transition for many tasks at once: per task one APPEND of its running entry
 -- (without its state) and its done entry, nothing read; the records then expire `ttl_ms`
 -- from now, and whoever waits for one is told. `runs`: the running entries by position
@@ -559,6 +572,7 @@ local function records_done(ids, runs, now, attempts, host, slot, ttl_ms)
   local member = (now + ttl_ms) .. ':' .. ttl_ms
   bulk('RPUSH', ends_list(member), ids)
   redis.call('ZADD', K_ENDS, now + ttl_ms, member)
+  ends_ttl_known(ttl_ms)
   tell_watchers(ids)
 end
 
@@ -976,10 +990,29 @@ end
 -- and the manager's housekeeping keep few; a read fetches it once, and only when a record
 -- needs it.
 local function due_end_moments(now)
-  local set = {}
+  local set, ttls = {}, nil
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', K_ENDS, '-inf', now)) do
     local exp, ttl = string.match(member, '^(%d+):(%d+)$')
-    if exp then set[tonumber(exp) - tonumber(ttl)] = true end
+    local at = exp and tonumber(exp) - tonumber(ttl)
+    if at and set[at] == nil then
+      -- A list of the same moment made with another TTL and not due yet holds records
+      -- that are not due either (ended at the same moment, a longer life): the moment is
+      -- shown until it is due too, and its due list's own records go with the sweep.
+      if not ttls then
+        ttls = {}
+        for t in string.gmatch(redis.call('HGET', K_CONF, 'ends_ttls') or '', '%d+') do
+          ttls[#ttls + 1] = tonumber(t)
+        end
+      end
+      local due = true
+      for _, t in ipairs(ttls) do
+        if t ~= tonumber(ttl) then
+          local other = redis.call('ZSCORE', K_ENDS, string.format('%d:%d', at + t, t))
+          if other and tonumber(other) > now then due = false end
+        end
+      end
+      set[at] = due
+    end
   end
   return set
 end
