@@ -8,13 +8,23 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::routes::{Api, WAIT_RECHECK, replaced};
+use super::routes::{Api, DedupHit, WAIT_RECHECK, replaced};
 use super::submit::Submit;
 use crate::chain::{self, ChainError, ChainTargets, ChainTask, ChainView};
 use crate::config::ApiKey;
 use crate::queue_client::{NewTask, Queue, QueueError, TaskRecord};
 
 type Answer = Result<(StatusCode, Value), ApiError>;
+
+/// The chain a run of global task `id` of `queue` follows: the one its record names when
+/// that is a name the task started it under, else its id.
+fn run_chain_name(queue: &Queue, id: &str, record: Option<&TaskRecord>) -> String {
+    record
+        .and_then(|r| r.chain.as_deref())
+        .filter(|c| chain::started_by(queue.name(), id, c))
+        .unwrap_or(id)
+        .to_string()
+}
 
 /// The run a chain wait follows (see `Api::run_chain`): its creation time and submitter,
 /// and the name its chain had at the last look.
@@ -174,15 +184,21 @@ impl Api {
         wait: Duration,
     ) -> Answer {
         let made = queue.enqueue(task).await?;
-        if let Some(answer) = self.dedup_hit_of_another(queue, key, &made).await? {
-            return Ok(answer);
-        }
+        let found = match self.dedup_hit_of_another(queue, key, &made).await? {
+            DedupHit::Another(answer) => return Ok(answer),
+            DedupHit::Own(found) => found,
+        };
         let deadline = tokio::time::Instant::now() + wait;
         // Tasks found ended that the chain's view still showed unended: their id holds a
         // task of another chain (or run). Looked at again once, then only waited on, so
         // such a task does not spin this loop until the deadline.
         let mut seen_ended = std::collections::BTreeSet::new();
-        let mut pin = None;
+        // (the run the dedup check found, when it found one: the wait keeps to it)
+        let mut pin = found.map(|r| RunPin {
+            name: run_chain_name(queue, &made.id, Some(&r)),
+            created_at: r.created_at,
+            submitted_by: r.submitted_by,
+        });
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let view = self.run_chain(queue, &made.id, &mut pin).await?;
@@ -292,12 +308,7 @@ impl Api {
             let view = chain::read(&self.client, &self.chain_targets().queues, &p.name).await?;
             return Ok(view.unwrap_or_else(|| ChainView::of_task(&p.name, r.clone())));
         }
-        let name = record
-            .as_ref()
-            .and_then(|r| r.chain.as_deref())
-            .filter(|c| chain::started_by(queue.name(), id, c))
-            .unwrap_or(id)
-            .to_string();
+        let name = run_chain_name(queue, id, record.as_ref());
         if let Some(r) = &record {
             *pin = Some(RunPin {
                 created_at: r.created_at.clone(),

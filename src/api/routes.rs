@@ -322,10 +322,16 @@ impl Api {
                 let by = task.submitted_by.clone();
                 let made = queue.enqueue(task).await?;
                 if let Some(wait) = wait {
-                    if let Some(answer) = self.dedup_hit_of_another(queue, key, &made).await? {
-                        return Ok(answer);
-                    }
-                    let owner = made.created.then_some(by);
+                    let found = match self.dedup_hit_of_another(queue, key, &made).await? {
+                        DedupHit::Another(answer) => return Ok(answer),
+                        DedupHit::Own(found) => found,
+                    };
+                    // (the submitter the wait keeps to: the caller's, or the one the check
+                    // above found, so the id holding another key's task since is seen)
+                    let owner = match made.created {
+                        true => Some(by),
+                        false => found.map(|r| r.submitted_by),
+                    };
                     let (ended, rec) = self.wait_end(queue, &made.id, wait, owner).await?;
                     let status = if ended {
                         StatusCode::OK
@@ -348,23 +354,25 @@ impl Api {
 
     /// A sync submit that found another key's task under its id is answered as a submit
     /// without `wait` is (the id, the task's state, `created: false`), not with that
-    /// task's record, result or chain, which this key may not see.
+    /// task's record, result or chain, which this key may not see. Otherwise the record
+    /// found (none when the submit made the task, or there is none), for the wait to keep
+    /// to that task.
     pub(super) async fn dedup_hit_of_another(
         &self,
         queue: &Queue,
         key: &ApiKey,
         made: &Enqueued,
-    ) -> Result<Option<(StatusCode, serde_json::Value)>, ApiError> {
+    ) -> Result<DedupHit, ApiError> {
         if made.created {
-            return Ok(None);
+            return Ok(DedupHit::Own(None));
         }
         let Some(rec) = queue.record(&made.id).await? else {
-            return Ok(None);
+            return Ok(DedupHit::Own(None));
         };
         if self.owns(key, &rec).await? {
-            return Ok(None);
+            return Ok(DedupHit::Own(Some(Box::new(rec))));
         }
-        Ok(Some((
+        Ok(DedupHit::Another((
             StatusCode::ACCEPTED,
             json!({"id": made.id, "queue": queue.name(), "state": rec.state, "created": false}),
         )))
@@ -789,6 +797,15 @@ fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<
 
 /// The answer for a task that ended while a request followed it and whose id already
 /// holds another key's task (`dedup = "active"`): its record is gone.
+/// What a sync submit's check of a dedup hit found (see `Api::dedup_hit_of_another`).
+pub(super) enum DedupHit {
+    /// Another key's task: the answer.
+    Another((StatusCode, serde_json::Value)),
+    /// The caller's own task, or one it made: its record as read, if the submit did not
+    /// make it.
+    Own(Option<Box<TaskRecord>>),
+}
+
 pub(super) fn replaced(queue: &Queue, id: &str) -> ApiError {
     ApiError::gone(format!(
         "task {id} of queue {} ended and its id already holds a new task another key submitted: its record is gone",
