@@ -46,6 +46,26 @@ fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec
     }
 }
 
+/// A slot of `cfg` with `handler`, run in a thread as the master's zygote would start it:
+/// the thread, the other end of the socket it reports on, and the token that stops it.
+fn spawn_slot(
+    redis: &TestRedis,
+    cfg: QueueConfig,
+    handler: Box<dyn Handler>,
+) -> (
+    std::thread::JoinHandle<i32>,
+    UnixDatagram,
+    CancellationToken,
+) {
+    let (report, events) = UnixDatagram::pair().unwrap();
+    let stop = CancellationToken::new();
+    let thread = {
+        let (spec, stop) = (spec(redis, cfg, report), stop.clone());
+        std::thread::spawn(move || run_slot(spec, handler, Some(stop)))
+    };
+    (thread, events, stop)
+}
+
 /// A slot with the `PanicsOnce` handler, run in a thread as the master's zygote would
 /// start it, with the socket the master hears it on.
 struct PanickySlot {
@@ -56,12 +76,7 @@ struct PanickySlot {
 
 impl PanickySlot {
     fn start(redis: &TestRedis, cfg: QueueConfig) -> Self {
-        let (report, events) = UnixDatagram::pair().unwrap();
-        let stop = CancellationToken::new();
-        let thread = {
-            let (spec, stop) = (spec(redis, cfg, report), stop.clone());
-            std::thread::spawn(move || run_slot(spec, Box::new(PanicsOnce), Some(stop)))
-        };
+        let (thread, events, stop) = spawn_slot(redis, cfg, Box::new(PanicsOnce));
         PanickySlot {
             thread,
             events,
@@ -456,12 +471,7 @@ struct GatedSlot {
 impl GatedSlot {
     fn start(redis: &TestRedis, cfg: QueueConfig) -> GatedSlot {
         let (gate, seen, open) = Gate::new();
-        let (report, _events) = UnixDatagram::pair().unwrap();
-        let stop = CancellationToken::new();
-        let slot = {
-            let (spec, stop) = (spec(redis, cfg, report), stop.clone());
-            std::thread::spawn(move || run_slot(spec, Box::new(gate), Some(stop)))
-        };
+        let (slot, _events, stop) = spawn_slot(redis, cfg, Box::new(gate));
         GatedSlot {
             seen,
             open,
