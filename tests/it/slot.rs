@@ -486,12 +486,7 @@ impl GatedSlot {
 /// gate, b taken ahead.
 struct Prefetched {
     q: gaffer::queue_client::Queue,
-    seen: Seen,
-    open: std::sync::mpsc::Sender<()>,
-    stop: CancellationToken,
-    slot: std::thread::JoinHandle<i32>,
-    /// The slot's report socket's other end, kept open while the slot runs.
-    _events: UnixDatagram,
+    gated: GatedSlot,
 }
 
 impl Prefetched {
@@ -500,27 +495,16 @@ impl Prefetched {
         q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
             .await
             .unwrap();
-        let GatedSlot {
-            seen,
-            open,
-            stop,
-            slot,
-            _events,
-        } = GatedSlot::start(redis, prefetching(name, lease));
+        let gated = GatedSlot::start(redis, prefetching(name, lease));
         eventually(
             Duration::from_secs(20),
             "a in the handler, b prefetched",
-            || async { seen.lock().unwrap().len() == 1 && q.stats().await.unwrap().leased == 2 },
+            || async {
+                gated.seen.lock().unwrap().len() == 1 && q.stats().await.unwrap().leased == 2
+            },
         )
         .await;
-        Prefetched {
-            q,
-            seen,
-            open,
-            stop,
-            slot,
-            _events,
-        }
+        Prefetched { q, gated }
     }
 }
 
@@ -529,11 +513,14 @@ async fn a_prefetched_batch_goes_back_on_sigterm_without_an_attempt_counted() {
     let redis = TestRedis::start();
     let Prefetched {
         q,
-        seen,
-        open,
-        stop,
-        slot,
-        _events,
+        gated:
+            GatedSlot {
+                seen,
+                open,
+                stop,
+                slot,
+                _events,
+            },
     } = Prefetched::start(&redis, "pf", Duration::from_secs(30)).await;
     stop.cancel();
     open.send(()).unwrap();
@@ -563,11 +550,14 @@ async fn a_prefetched_batch_whose_lease_ran_out_is_not_handled() {
     // The batch in the handler has its lease extended; the one prefetched has not.
     let Prefetched {
         q,
-        seen,
-        open,
-        stop,
-        slot,
-        _events,
+        gated:
+            GatedSlot {
+                seen,
+                open,
+                stop,
+                slot,
+                _events,
+            },
     } = Prefetched::start(&redis, "pl", Duration::from_millis(300)).await;
     // b's lease runs out while a is still handled, and another taker reclaims it.
     let ours = crate::harness::poll_some(Duration::from_secs(10), "b reclaimed", || {
