@@ -952,13 +952,27 @@ async fn a_shorter_history_ttl_at_the_same_moment_hides_no_longer_lived_record()
             },
         )
         .unwrap();
-    // Each ends through a list (an ack of part of a batch), one per TTL.
-    for (q, ids) in [(&long, ["keep", "k2"]), (&short, ["gone", "g2"])] {
+    let redis_ms = || async {
+        let (s, us): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut redis.raw().await)
+            .await
+            .unwrap();
+        s * 1000 + us / 1000
+    };
+    // Each ends through a list (an ack of part of a batch), one per TTL, the short one a
+    // millisecond or more before the long one (at one moment, the short one's record
+    // would rightly stay as long as the long one's).
+    for (q, ids) in [(&short, ["gone", "g2"]), (&long, ["keep", "k2"])] {
         for id in ids {
             q.enqueue(NewTask::new("{}").id(id)).await.unwrap();
         }
         let b = q.take(2, Duration::from_secs(30)).await.unwrap();
         assert_eq!(q.ack(&b.tasks[..1]).await.unwrap(), [SettleResult::Done]);
+        let acked = redis_ms().await;
+        eventually(Duration::from_secs(10), "the next millisecond", || async {
+            redis_ms().await > acked
+        })
+        .await;
     }
     let lists: Vec<String> = redis::cmd("ZRANGE")
         .arg("test:{ttls}:exp:b")
@@ -988,11 +1002,7 @@ async fn a_shorter_history_ttl_at_the_same_moment_hides_no_longer_lived_record()
         .unwrap();
     // (a read at the moment itself would find that list not due yet either)
     eventually(Duration::from_secs(10), "the short list due", || async {
-        let (s, us): (u64, u64) = redis::cmd("TIME")
-            .query_async(&mut redis.raw().await)
-            .await
-            .unwrap();
-        s * 1000 + us / 1000 > moment + 1
+        redis_ms().await > moment + 1
     })
     .await;
     let kept = long.record("keep").await.unwrap();
