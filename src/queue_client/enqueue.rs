@@ -243,6 +243,13 @@ impl Queue {
         self.enqueued_reply(chunk, base, flags)
     }
 
+    /// Whether follow-ups go as packets: the queue's limits say so (see
+    /// [`super::QueueLimits::packets`]), it tracks (a packet is its tasks' records), and it runs
+    /// tasks in any order (an ordered queue's take hands out one task at a time).
+    fn as_packets(&self) -> bool {
+        self.limits.packets && self.limits.track && !self.limits.ordered
+    }
+
     /// What the enqueue script answered for `chunk`: its tasks, or the intake closed.
     pub(super) fn enqueued_reply(
         &self,
@@ -284,6 +291,7 @@ impl Queue {
             .arg(at_ms)
             .arg(first.max_attempts.unwrap_or(self.limits.max_attempts));
         let mode = match (&first.chain, &first.id) {
+            (Some(TaskChain::FollowUp(_)), _) if self.as_packets() => "ik",
             (Some(TaskChain::FollowUp(_)), _) => "ig",
             (_, Some(_)) => "ip",
             (_, None) => "p",
@@ -307,6 +315,10 @@ impl Queue {
                 Some(sys) if sys.paused => format!("paused:{}", sys.name),
                 _ => String::new(),
             });
+        if mode == "ik" {
+            push_packet_args(&mut inv, chunk);
+            return inv;
+        }
         for t in chunk {
             match (mode, &t.chain) {
                 ("p", _) => inv.arg(&t.payload[..]),
@@ -321,6 +333,27 @@ impl Queue {
         }
         inv
     }
+}
+
+/// A chunk of follow-ups as a packet's arguments (enqueue.lua mode `ik`): their ids, then
+/// their chains separated by 0x1f, then their payloads each framed `LEN:bytes`, so that
+/// the script neither takes in nor makes anything per task but the ids.
+fn push_packet_args(inv: &mut redis::ScriptInvocation<'_>, chunk: &[NewTask]) {
+    let mut chains: Vec<u8> = Vec::new();
+    let mut payloads: Vec<u8> = Vec::with_capacity(chunk.iter().map(|t| t.payload.len() + 8).sum());
+    for (i, t) in chunk.iter().enumerate() {
+        inv.arg(t.id.as_deref().unwrap_or_default());
+        if i > 0 {
+            chains.push(0x1f);
+        }
+        if let Some(TaskChain::FollowUp(g)) = &t.chain {
+            chains.extend_from_slice(g.as_bytes());
+        }
+        payloads.extend_from_slice(t.payload.len().to_string().as_bytes());
+        payloads.push(b':');
+        payloads.extend_from_slice(&t.payload);
+    }
+    inv.arg(chains).arg(payloads);
 }
 
 /// What the script's reply says of each task of a chunk: the generated ids count on from

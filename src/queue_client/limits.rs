@@ -51,6 +51,10 @@ pub struct QueueLimits {
     /// with its failed routes (a take cannot make follow-ups) instead of it being
     /// dead-lettered there.
     pub failed_routes: bool,
+    /// A slot's follow-ups to this queue are enqueued as packets, one per call
+    /// (docs/plans/chain-packets.md). Off until every reader of a task knows packets: no
+    /// config sets it yet.
+    pub packets: bool,
 }
 
 /// What a queue's takes owe its external system: the run-time switch is read beside the
@@ -82,6 +86,7 @@ impl Default for QueueLimits {
             kind: QueueKind::Batch,
             starts_chains: false,
             failed_routes: false,
+            packets: false,
         }
     }
 }
@@ -109,6 +114,7 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
                 .next
                 .iter()
                 .any(|r| r.on == crate::config::RouteOn::Failed),
+            packets: false,
         }
     }
 }

@@ -15,6 +15,7 @@ mod long;
 mod manager;
 mod ordered;
 mod outage;
+mod packets;
 mod preempt;
 mod queue;
 mod records;

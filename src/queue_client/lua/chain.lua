@@ -30,7 +30,7 @@ end
 -- and the record names none.
 local function chain_in_record(id, starting)
   local key = rec_key(id)
-  local v = redis.call('GET', key)
+  local v = rec_get(id, {})
   if not v then return false end
   local g = string.match(v, G_PAT)
   if g == '' and starting then
@@ -78,7 +78,7 @@ for i = 2, #ARGV, 2 do
   local id, g = ARGV[i], ARGV[i + 1]
   if g ~= id then meta_names(id, g) end
   local key = rec_key(id)
-  local v = redis.call('GET', key)
+  local v = rec_get(id, {})
   local now_g = v and string.match(v, G_PAT)
   if now_g == '' then
     -- the empty chain field ends the head: the chain goes just before the history

@@ -7,7 +7,8 @@
 -- was cancelled while it ran: see held.lua); {-2, refused} and enqueues nothing when a
 -- claim is refused (the slot then takes the way that renames chains); else what
 -- enqueue.lua returns.
--- (per task: mode 'p' a payload, 'ip' an id and a payload, 'ig' those and a chain)
+-- (per task: mode 'p' a payload, 'ip' an id and a payload, 'ig' those and a chain; mode
+-- 'ik' the ids, then two arguments for all)
 local n_leases = tonumber(ARGV[#ARGV])
 local last_list = #KEYS
 if n_leases > 0 then
@@ -20,8 +21,10 @@ if n_leases > 0 then
   if #gone > 0 then return {-3, gone} end
   last_list = #KEYS - 1
 end
-local per = ({p = 1, ip = 2, ig = 3})[ARGV[6]]
+-- (where the claims' arguments start: after the tasks', see enqueue.lua)
+local n = tonumber(ARGV[1])
+local tasks_end = 13 + ({p = n, ip = 2 * n, ig = 3 * n, ik = n + 2})[ARGV[6]]
 local ttl = ARGV[#ARGV - 1 - 2 * n_leases]
-local refused = claim_chains(19, 14 + per * tonumber(ARGV[1]), ttl, last_list)
+local refused = claim_chains(19, tasks_end + 1, ttl, last_list)
 if #refused > 0 then return {-2, refused} end
 return enqueue_part()

@@ -9,7 +9,11 @@
 --   mode 'ip': n × (id, payload) (ids given: dedup applies), or
 --   mode 'ig': n × (id, payload, chain): follow-ups of chain G (ids derived from their
 --              parent's; dedup against records too, so a parent run again after its slot
---              died finds the children it made, even those that already finished).
+--              died finds the children it made, even those that already finished), or
+--   mode 'ik': the follow-ups of 'ig' as n ids, then their chains separated by FS, then
+--              their payloads each framed "LEN:bytes" (two arguments the slot makes): kept
+--              as one packet (see prelude.lua) when the queue tracks, none of the ids has
+--              a task or a record, and nothing holds or delays them; else as in 'ig'.
 -- Options are shared by the call (the client splits calls where they differ), which keeps
 -- per-task arguments, the main cost of a bulk enqueue, to one or two.
 -- Returns {base, flags}: generated ids are '#' .. (base + i) for the i-th task (1-based),
@@ -25,9 +29,17 @@ local n = tonumber(ARGV[1])
 local pri, delay, at = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ma = ARGV[5]
 local mode = ARGV[6]
-local track, by, dedup_record = ARGV[7] == '1', ARGV[8], ARGV[9] == 'r' or mode == 'ig'
+local follow = mode == 'ig' or mode == 'ik'
+local track, by, dedup_record = ARGV[7] == '1', ARGV[8], ARGV[9] == 'r' or follow
 local root = ARGV[12] == '1'
 local per = (mode == 'ig') and 3 or 2
+-- Each task's id, payload and chain (a follow-up's) as sent.
+local arg_id = function(i) return ARGV[H + per * (i - 1) + 1] end
+local arg_payload = function(i) return ARGV[H + per * (i - 1) + 2] end
+local arg_chain = function(i) return ARGV[H + per * (i - 1) + 3] end
+if mode == 'ik' then
+  arg_id = function(i) return ARGV[H + i] end
+end
 local intake = redis.call('HGET', K_CONF, 'intake') or ARGV[10]
 local ttl = tonumber(ARGV[11])
 if intake == 'closed' then return {-1, ''} end
@@ -54,6 +66,51 @@ local due = now + delay
 if at > 0 then due = at end
 local is_delayed = due > now
 local base = redis.call('INCRBY', K_SEQ, n) - n
+
+-- Follow-ups as one packet: each gets its listing entry; the rest is written per call.
+local function as_packet()
+  if not (track and not cancel and waiting_note == '' and not is_delayed) then return false end
+  local ids = {}
+  for i = 1, n do ids[i] = ARGV[H + i] end
+  if string.find(table.concat(ids), '[\30\31]') or has_legacy() then return false end
+  for _, v in ipairs(redis.call('ZMSCORE', K_IDX, unpack(ids))) do
+    if v then return false end
+  end
+  for _, v in ipairs(redis.call('HMGET', K_PAYLOAD, unpack(ids))) do
+    if v then return false end
+  end
+  local scored = {}
+  for i = 1, n do
+    scored[2 * i - 1] = string.format('%d', base + i)
+    scored[2 * i] = ids[i]
+  end
+  redis.call('ZADD', K_IDX, unpack(scored))
+  packet_write(base, ids, ARGV[2], ma, now, due, ARGV[H + n + 1], ARGV[H + n + 2])
+  redis.call('HINCRBY', K_STATS, 'enqueued', n)
+  wake(n)
+  return true
+end
+if mode == 'ik' then
+  if as_packet() then return {base, string.rep('1', n)} end
+  -- One by one, as 'ig': the chains and payloads taken apart.
+  local chains, payloads = {}, {}
+  local block = ARGV[H + n + 1]
+  local from = 1
+  for i = 1, n do
+    local cut = string.find(block, FS, from, true) or (#block + 1)
+    chains[i] = string.sub(block, from, cut - 1)
+    from = cut + 1
+  end
+  block, from = ARGV[H + n + 2], 1
+  for i = 1, n do
+    local len = string.match(block, '^(%d+):', from)
+    local start = from + #len + 1
+    payloads[i] = string.sub(block, start, start + tonumber(len) - 1)
+    from = start + tonumber(len)
+  end
+  arg_chain = function(i) return chains[i] end
+  arg_payload = function(i) return payloads[i] end
+end
 local payloads, ids, seqs, flags = {}, {}, {}, nil
 -- per created task: its chain's global task ('' none), when any task has one
 local chains = nil
@@ -117,32 +174,34 @@ else
   -- What exists already, looked up in one command each for the whole call: a command
   -- from Lua per task cost more than the lookups themselves.
   local given = {}
-  for i = 1, n do given[i] = ARGV[H + per * (i - 1) + 1] end
+  for i = 1, n do given[i] = arg_id(i) end
   -- (a task of either layout has its field in K_PAYLOAD: see task_value)
   local values_now = hmget(K_PAYLOAD, given)
   local recs_now, rec_keys = {}, {}
+  -- (whether the queue has packets, read once: see rec_get)
+  local packets = {}
   if dedup_record then
     for i = 1, n do rec_keys[i] = rec_key(given[i]) end
-    recs_now = mget(rec_keys)
+    recs_now = rec_mget(given, rec_keys, packets)
   elseif track then
     -- Only the records of ids no task holds: the others are dedup hits, whose records
     -- (histories, results) need not be copied in (a superseded dead letter's is read below).
-    local want, at = {}, {}
+    local want, at, at_ids = {}, {}, {}
     for i = 1, n do
       rec_keys[i] = rec_key(given[i])
       if not values_now[i] then
         want[#want + 1] = rec_keys[i]
         at[#at + 1] = i
+        at_ids[#at_ids + 1] = given[i]
       end
     end
-    local got = mget(want)
+    local got = rec_mget(at_ids, want, packets)
     for j, i in ipairs(at) do recs_now[i] = got[j] end
   end
   -- what the records' visibility reads once for the whole call (see rec_visible)
   local due = {}
   local seen, fl, foreign = {}, {}, false
   for i = 1, n do
-    local o = H + per * (i - 1) + 1
     local id = given[i]
     local fresh = true
     if seen[id] then
@@ -154,7 +213,7 @@ else
         redis.call('HDEL', K_ERR, id)
         redis.call('HDEL', K_ATT, id)
         superseded[#superseded + 1] = id
-        if track and not dedup_record then recs_now[i] = redis.call('GET', rec_keys[i]) end
+        if track and not dedup_record then recs_now[i] = rec_get(id, packets) end
       else
         fresh = false
       end
@@ -163,9 +222,9 @@ else
       fresh = false
     end
     fl[i] = fresh and (cancel and 'x' or '1') or '0'
-    if per == 3 and not fresh and not seen[id] then
+    if follow and not fresh and not seen[id] then
       local holder = chain_held(id, values_now[i], recs_now[i])
-      if holder ~= ARGV[o + 2] then
+      if holder ~= arg_chain(i) then
         fl[i] = holder == '' and 'n' or 'c'
         foreign = true
       end
@@ -182,19 +241,19 @@ else
       ids[created] = id
       local s = string.format('%d', base + i)
       seqs[created] = s
-      if per == 3 then
+      if follow then
         chains = chains or {}
-        chains[created] = ARGV[o + 2]
+        chains[created] = arg_chain(i)
       elseif root then
         chains = chains or {}
         chains[created] = id
       end
       if not track then
-        payloads[2 * created] = task_value(meta, ARGV[o + 1])
-      elseif per == 3 then
-        payloads[2 * created] = meta .. '.' .. s .. ':c' .. ARGV[o + 2] .. '\n' .. ARGV[o + 1]
+        payloads[2 * created] = task_value(meta, arg_payload(i))
+      elseif follow then
+        payloads[2 * created] = meta .. '.' .. s .. ':c' .. arg_chain(i) .. '\n' .. arg_payload(i)
       else
-        payloads[2 * created] = meta .. '.' .. s .. (root and ':s\n' or ':\n') .. ARGV[o + 1]
+        payloads[2 * created] = meta .. '.' .. s .. (root and ':s\n' or ':\n') .. arg_payload(i)
       end
     end
   end

@@ -5,6 +5,11 @@ local K_PAYLOAD, K_META, K_ATT, K_ERR = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local K_STATS, K_SEQ, K_TOK, K_WAKE = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local K_REC, K_IDX, K_CONF, K_FROZEN = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local K_EXP, K_WATCH = KEYS[17], KEYS[18]
+-- Packets of follow-ups (see "Packets" below): the prefix of their names, the zset of live
+-- ones and the count of tasks their ready entries stand for beyond one each.
+local PACKET = '#p'
+local K_PKTS = K_REC .. PACKET .. 's'
+local K_PKTW = K_PKTS .. ':w'
 
 -- How many of ARGV are the script's arguments: a body that scripts.rs wraps in a function
 -- (settle.lua in settle_take, long) gets its own as a parameter, and may then be handed a
@@ -115,7 +120,7 @@ local function ready_count()
   for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
     total = total + redis.call('LLEN', ready_list(p))
   end
-  return total
+  return total + (tonumber(redis.call('GET', K_PKTW)) or 0)
 end
 
 -- meta = "priority:max_attempts:enqueued_ms" for an untracked task; a tracked one's goes
@@ -460,6 +465,107 @@ local function ended(id, now, ttl_ms)
   end
 end
 
+-- ---------------------------------------------------------------------------------------
+-- Packets (docs/plans/chain-packets.md). The follow-ups one enqueue call makes on a tracked
+-- queue can be kept as one packet instead of a task and a record each: BASE (text) is the
+-- call's record numbers less one, its n tasks are numbered BASE+1..BASE+n as any record,
+-- and each has its entry in K_IDX (so listings and done_of find them as any task).
+--   `K_REC .. '#p' .. BASE` (the store, which lives as long as a record of it does):
+--     "pri FS max_attempts FS created FS due FS n" RS FS id1 FS ... idn FS RS
+--     "chain1 FS ... chainn" — what records_new would have written of each task;
+--   the field `'#p' .. BASE` of K_PAYLOAD (its waiting part, while a task of it waits):
+--     FS id FS ... FS (those still waiting, in order) RS their payloads, each "LEN:bytes";
+--   its entry `'#p' .. BASE` in its priority's ready list, in place of the ids;
+--   K_PKTS: the live packets, member BASE scored by BASE + 1; K_PKTW: how many tasks the
+--   packets' ready entries stand for beyond one each (ready_count).
+-- No task id can start with "#p": ids a user gives cannot start with '#', generated ones
+-- are '#' and digits, and a follow-up's is its parent's and "~N". A task's record is read
+-- from its packet while it has no key of its own (rec_get); whatever writes a record
+-- writes the whole of it, which gives the task its key, and the key wins from then on.
+
+local function packet_store_key(base)
+  return K_REC .. PACKET .. base
+end
+
+-- The i-th (from 1) of the `sep`-separated fields of `s` after position `from` (the
+-- position of the separator before the first), and the end of it; nil past the last.
+local function nth_field(s, sep, from, i)
+  local pos = from
+  for _ = 1, i - 1 do
+    pos = string.find(s, sep, pos + 1, true)
+    if not pos then return nil end
+  end
+  local stop = string.find(s, sep, pos + 1, true)
+  return string.sub(s, pos + 1, (stop or (#s + 1)) - 1), stop
+end
+
+-- A packet store's parts: its shared fields as text (pri, ma, created, due), its count,
+-- and the positions of the RS before its ids and before its chains.
+local function packet_parts(v)
+  local ids_at = string.find(v, RS, 1, true)
+  local pri, ma, created, due, n = string.match(string.sub(v, 1, ids_at - 1),
+    '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(%d+)$')
+  local chains_at = string.find(v, RS, ids_at + 1, true)
+  return pri, ma, created, due, tonumber(n), ids_at, chains_at
+end
+
+-- The record of task number `seq` (a number), `id`, as its packet's enqueue would have
+-- written it (waiting; rec_current adds what came after), or nil when no packet holds it.
+local function packet_record_at(id, seq)
+  local b = redis.call('ZRANGE', K_PKTS, seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
+  if not b then return nil end
+  local v = redis.call('GET', packet_store_key(b))
+  if not v then return nil end
+  local pri, ma, created, due, n, ids_at, chains_at = packet_parts(v)
+  local i = seq - tonumber(b)
+  if i < 1 or i > n then return nil end
+  -- (the ids block starts with FS: its i-th id is the (i+1)-th field after the RS)
+  if nth_field(v, FS, ids_at + 1, i) ~= id then return nil end
+  -- (the chains end at the next RS, should the store ever hold more parts)
+  local chains = string.sub(v, chains_at, (string.find(v, RS, chains_at + 1, true) or (#v + 1)) - 1)
+  local g = nth_field(chains, FS, 1, i) or ''
+  return pri .. FS .. ma .. FS .. created .. FS .. due .. FS .. 'chain:' .. g .. FS .. FS
+    .. FS .. g .. RS .. entry('waiting', created, 0, '', '', '')
+end
+
+-- The stored record of `id`: its key's value, else (a task of a packet that no write has
+-- touched yet) its packet's (packet_record), else nil. `cache`: a table kept for one
+-- script (whether the queue has packets is read once).
+local function packet_record(id, cache)
+  if cache.no_packets == nil then cache.no_packets = redis.call('EXISTS', K_PKTS) == 0 end
+  if cache.no_packets then return nil end
+  local seq = redis.call('ZSCORE', K_IDX, id)
+  return seq and packet_record_at(id, tonumber(seq)) or nil
+end
+
+local function rec_get(id, cache)
+  return redis.call('GET', rec_key(id)) or packet_record(id, cache)
+end
+
+-- rec_get of many ids at once (false where there is none): their keys in `keys`.
+local function rec_mget(ids, keys, cache)
+  local vals = mget(keys)
+  for i, id in ipairs(ids) do
+    if not vals[i] then vals[i] = packet_record(id, cache) or false end
+  end
+  return vals
+end
+
+-- Writes the follow-ups `ids` (numbered base+1.. in K_IDX by the caller) as one packet
+-- of priority `pri`: `chains` and `payloads` as the slot sent them (chains separated by
+-- FS, payloads framed "LEN:bytes"). The shared fields are text already.
+local function packet_write(base, ids, pri, ma, created, due, chains, payloads)
+  local b = string.format('%d', base)
+  local framed = FS .. table.concat(ids, FS) .. FS
+  local name = PACKET .. b
+  redis.call('SET', packet_store_key(b),
+    pri .. FS .. ma .. FS .. created .. FS .. due .. FS .. #ids .. RS .. framed .. RS .. chains)
+  redis.call('HSET', K_PAYLOAD, name, framed .. RS .. payloads, '', PIN)
+  redis.call('ZADD', K_PKTS, base + 1, b)
+  redis.call('INCRBY', K_PKTW, #ids - 1)
+  push_ready(tonumber(pri), {name}, false)
+end
+
 -- Records one transition of a tracked task: new history entry and the fields in `set`
 -- (a table field name → value). A nil `attempt` keeps the last entry's; a nil `host`
 -- takes host and slot from the last entry (a lease that expired names the slot that lost
@@ -468,7 +574,7 @@ local function record(id, state, now, attempt, host, slot, note, set, ttl_ms)
   local run = redis.call('GET', run_key(id))
   if run then redis.call('DEL', run_key(id)) end
   local key = rec_key(id)
-  local v = redis.call('GET', key)
+  local v = rec_get(id, {})
   if not v then return false end
   local f, hist = rec_parse(v)
   if run then hist = hist .. RS .. 'running' .. FS .. run end
@@ -852,7 +958,7 @@ end
 -- Whether the record of `id` names `owner` as its submitter ('' : anyone's, no read).
 local function rec_owned_by(id, owner)
   if owner == '' then return true end
-  local v = redis.call('GET', rec_key(id))
+  local v = rec_get(id, {})
   return v and rec_submitter(v) == owner
 end
 
@@ -1044,7 +1150,7 @@ end
 
 -- rec_visible_value of the record of `id` as stored (nil: none).
 local function rec_visible(id, now, due)
-  local v = redis.call('GET', rec_key(id))
+  local v = rec_get(id, due)
   if not v then return nil end
   return rec_visible_value(id, v, now, due)
 end
