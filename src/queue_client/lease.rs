@@ -600,6 +600,21 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
 /// take.lua's reply when every task is at its first attempt:
 /// `{now, -token, expiry, {id, ...}, {payload, ...}}`.
 fn parse_first_attempts(reply: Vec<Value>, token: u64) -> Result<Batch, QueueError> {
+    if let [
+        now,
+        _,
+        exp,
+        Value::BulkString(store),
+        Value::BulkString(taken),
+    ] = &reply[..]
+    {
+        return Ok(Batch {
+            tasks: packet_tasks(store, taken, token)?,
+            now_ms: int(now)?,
+            expires_ms: int(exp)?,
+            next_hint: None,
+        });
+    }
     let mut it = reply.into_iter();
     let (
         Some(now),
@@ -639,6 +654,68 @@ fn parse_first_attempts(reply: Vec<Value>, token: u64) -> Result<Batch, QueueErr
         expires_ms: int(&exp)?,
         next_hint: None,
     })
+}
+
+/// The tasks a take handed out of a packet (`lua/prelude.lua`, "Packets"): `store` says
+/// what they share and each one's number and chain, `taken` their ids in take order and
+/// their payloads. Each task's meta is made here as its enqueue would have written it,
+/// so that the take need not loop over the tasks.
+fn packet_tasks(store: &[u8], taken: &[u8], token: u64) -> Result<Vec<LeasedTask>, QueueError> {
+    let bad = |what: &str| QueueError::Protocol(format!("take returned a packet {what}"));
+    let mut parts = store.split(|&b| b == RS);
+    let (Some(head), Some(ids), Some(chains)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(bad("store without its parts"));
+    };
+    let head = std::str::from_utf8(head).map_err(|_| bad("head that is not text"))?;
+    let shared: Vec<&str> = head.split('\u{1f}').collect();
+    let [pri, ma, created, _due, _n, base] = shared[..] else {
+        return Err(bad(&format!("head {head:?}")));
+    };
+    let base: u64 = base.parse().map_err(|_| bad(&format!("base {base:?}")))?;
+    // (each id's place in the packet: its number is the base and that place)
+    let places: std::collections::HashMap<&[u8], usize> =
+        framed(ids).enumerate().map(|(i, id)| (id, i)).collect();
+    let chains: Vec<&[u8]> = chains.split(|&b| b == FS).collect();
+    let mut parts = taken.splitn(3, |&b| b == RS);
+    let (Some(_), Some(ids), Some(mut payloads)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad("take without its parts"));
+    };
+    let mut tasks = Vec::new();
+    for id in framed(ids) {
+        let place = *places.get(id).ok_or_else(|| bad("task it does not hold"))?;
+        let colon = payloads
+            .iter()
+            .position(|&b| b == b':')
+            .ok_or_else(|| bad("payload without its length"))?;
+        let len: usize = std::str::from_utf8(&payloads[..colon])
+            .ok()
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| bad("payload length"))?;
+        let payload = payloads
+            .get(colon + 1..colon + 1 + len)
+            .ok_or_else(|| bad("payload cut short"))?;
+        payloads = &payloads[colon + 1 + len..];
+        let chain = String::from_utf8_lossy(chains.get(place).copied().unwrap_or_default());
+        let meta = format!("{pri}:{ma}:{created}.{}:c{chain}", base + place as u64 + 1);
+        tasks.push(LeasedTask {
+            id: String::from_utf8_lossy(id).into_owned(),
+            attempt: 1,
+            payload: payload.to_vec(),
+            token,
+            meta: TaskMeta::parse(meta.as_bytes()),
+        });
+    }
+    Ok(tasks)
+}
+
+/// The record separator and the field separator of the queue scripts (prelude.lua).
+const RS: u8 = 0x1e;
+const FS: u8 = 0x1f;
+
+/// The ids of a block framed by FS (`FS id FS id … FS`).
+fn framed(block: &[u8]) -> impl Iterator<Item = &[u8]> {
+    block.split(|&b| b == FS).filter(|id| !id.is_empty())
 }
 
 /// One task of a take's reply.

@@ -2,14 +2,23 @@
 //! one packet per enqueue call. Each case checks that readers find a packet's tasks as
 //! they find tasks enqueued one by one, on a single server and on the 3-master cluster.
 
+use std::time::Duration;
+
 use gaffer::queue_client::{
-    Enqueued, ListQuery, NewTask, Queue, QueueClient, QueueLimits, RecordState, TakenBy, TaskChain,
-    TaskRecord,
+    Enqueued, LeasedTask, ListQuery, NewTask, Queue, QueueClient, QueueLimits, RecordState, Settle,
+    SettleOp, SettleResult, TakenBy, TaskChain, TaskRecord, TaskState,
 };
+
+use crate::harness::poll_some;
 
 crate::harness::on_both!(
     a_packets_tasks_have_the_records_one_by_one_enqueues_write,
     a_packets_tasks_dedup_like_any_follow_ups,
+    a_packet_is_taken_whole_and_acked_without_a_write_per_task,
+    a_packet_is_taken_in_parts_behind_the_tasks_before_it,
+    a_retried_task_of_a_packet_runs_again_with_its_payload,
+    an_expired_take_of_a_packet_comes_back,
+    a_packets_tasks_are_found_cancelled_and_frozen_one_by_one,
 );
 
 /// Queue `name` with follow-ups kept as packets (`packets`) or one by one.
@@ -132,4 +141,274 @@ async fn a_packets_tasks_dedup_like_any_follow_ups(client: QueueClient, name: &s
     assert_eq!(taken[0].taken, Some(TakenBy::OtherChain), "{taken:?}");
     assert!(!taken[0].created);
     assert_eq!(q.stats().await.unwrap().ready, 4);
+}
+
+/// What a take handed out, as (id, payload) pairs.
+fn handed(tasks: &[LeasedTask]) -> Vec<(String, String)> {
+    tasks
+        .iter()
+        .map(|t| {
+            (
+                t.id.clone(),
+                String::from_utf8_lossy(&t.payload).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The three follow-ups of `kids` as a take hands them out.
+fn kids_handed() -> Vec<(String, String)> {
+    kids()
+        .into_iter()
+        .map(|t| {
+            let payload = String::from_utf8_lossy(&t.payload).into_owned();
+            (t.id.unwrap(), payload)
+        })
+        .collect()
+}
+
+/// Each state in a record's history.
+fn states(r: &TaskRecord) -> Vec<RecordState> {
+    r.history.iter().flatten().map(|e| e.state).collect()
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// A take hands out a whole packet as one batch lease, each task with its payload, chain
+/// and record number (so the batch's ack writes no record, and the records read done).
+async fn a_packet_is_taken_whole_and_acked_without_a_write_per_task(
+    client: QueueClient,
+    name: &str,
+) {
+    let q = queue(&client, &format!("{name}_kids"), true);
+    q.enqueue_many(&kids()).await.unwrap();
+    let b = q.take(10, LEASE).await.unwrap();
+    assert_eq!(handed(&b.tasks), kids_handed());
+    assert!(b.tasks.iter().all(|t| t.attempt == 1));
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased), (0, 3));
+    let running = q.record("G~2").await.unwrap().unwrap();
+    assert_eq!(running.state, RecordState::Running);
+    assert_eq!(
+        q.find("G~2").await.unwrap().unwrap().state,
+        TaskState::Leased
+    );
+    assert_eq!(q.ack(&b.tasks).await.unwrap(), vec![SettleResult::Done; 3]);
+    for (id, _) in kids_handed() {
+        let r = q.record(&id).await.unwrap().unwrap();
+        assert_eq!(r.state, RecordState::Done, "{id}");
+        assert_eq!(
+            states(&r),
+            [
+                RecordState::Waiting,
+                RecordState::Running,
+                RecordState::Done
+            ]
+        );
+        assert!(
+            !has_record_key(&client, &q, &id).await,
+            "{id} was written alone"
+        );
+        assert!(q.find(&id).await.unwrap().is_none());
+    }
+    assert_eq!(
+        q.record("H~1").await.unwrap().unwrap().chain.as_deref(),
+        Some("H")
+    );
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 3));
+    assert!(q.take(10, LEASE).await.unwrap().tasks.is_empty());
+}
+
+/// A take of fewer tasks than a packet holds hands out its first ones and leaves the rest
+/// waiting at the head; tasks queued before the packet go first, and a take stops at it.
+async fn a_packet_is_taken_in_parts_behind_the_tasks_before_it(client: QueueClient, name: &str) {
+    let q = queue(&client, &format!("{name}_kids"), true);
+    q.enqueue(NewTask::new("first").id("before")).await.unwrap();
+    let five: Vec<NewTask> = (1..=5)
+        .map(|i| kid(&format!("P~{i}"), "P", &format!("p{i}")))
+        .collect();
+    q.enqueue_many(&five).await.unwrap();
+    q.enqueue(NewTask::new("last").id("after")).await.unwrap();
+    assert_eq!(q.stats().await.unwrap().ready, 7);
+    let ids = |b: &gaffer::queue_client::Batch| -> Vec<String> {
+        b.tasks.iter().map(|t| t.id.clone()).collect()
+    };
+    let mut taken = Vec::new();
+    for (want, ready_after) in [
+        (vec!["before"], 6),
+        (vec!["P~1", "P~2"], 4),
+        (vec!["P~3", "P~4"], 2),
+        (vec!["P~5"], 1),
+        (vec!["after"], 0),
+    ] {
+        let b = q.take(2, LEASE).await.unwrap();
+        assert_eq!(ids(&b), want);
+        assert_eq!(
+            q.stats().await.unwrap().ready,
+            ready_after,
+            "after {want:?}"
+        );
+        taken.push(b);
+    }
+    let payloads: Vec<String> = taken[1..4]
+        .iter()
+        .flat_map(|b| handed(&b.tasks))
+        .map(|(_, p)| p)
+        .collect();
+    assert_eq!(payloads, ["p1", "p2", "p3", "p4", "p5"]);
+    for b in &taken {
+        assert!(
+            q.ack(&b.tasks)
+                .await
+                .unwrap()
+                .iter()
+                .all(|r| *r == SettleResult::Done)
+        );
+    }
+    for i in 1..=5 {
+        let r = q.record(&format!("P~{i}")).await.unwrap().unwrap();
+        assert_eq!(r.state, RecordState::Done);
+    }
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 7));
+}
+
+/// A retry of one task of a packet's batch (which splits it) makes that task an ordinary
+/// one: it comes back with its payload, its record keeps its history, and the others'
+/// acks stand.
+async fn a_retried_task_of_a_packet_runs_again_with_its_payload(client: QueueClient, name: &str) {
+    let q = queue(&client, &format!("{name}_kids"), true);
+    q.enqueue_many(&kids()).await.unwrap();
+    let b = q.take(10, LEASE).await.unwrap();
+    let ops: Vec<SettleOp> = b
+        .tasks
+        .iter()
+        .map(|t| {
+            let action = if t.id == "H~1" {
+                Settle::Retry {
+                    delay: Duration::ZERO,
+                    priority: None,
+                    reason: "again".into(),
+                }
+            } else {
+                Settle::Ack
+            };
+            SettleOp::new(t, action)
+        })
+        .collect();
+    assert_eq!(q.settle(&ops).await.unwrap(), vec![SettleResult::Done; 3]);
+    let again = q.take(10, LEASE).await.unwrap();
+    let got: Vec<_> = again
+        .tasks
+        .iter()
+        .map(|t| {
+            (
+                t.id.as_str(),
+                t.attempt,
+                String::from_utf8_lossy(&t.payload).into_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(got, [("H~1", 2, r#"{"n":3}"#.to_string())]);
+    let r = q.record("H~1").await.unwrap().unwrap();
+    assert_eq!(
+        states(&r),
+        [
+            RecordState::Waiting,
+            RecordState::Running,
+            RecordState::Waiting,
+            RecordState::Running
+        ]
+    );
+    assert_eq!(r.chain.as_deref(), Some("H"));
+    assert_eq!(
+        q.record("G~2").await.unwrap().unwrap().state,
+        RecordState::Done
+    );
+    assert_eq!(q.ack(&again.tasks).await.unwrap(), vec![SettleResult::Done]);
+    assert_eq!(
+        q.record("H~1").await.unwrap().unwrap().state,
+        RecordState::Done
+    );
+    assert_eq!(q.stats().await.unwrap().leased, 0);
+}
+
+/// A take of a packet whose lease runs out comes back as ordinary tasks, each with its
+/// payload, one attempt counted; the first holder's ack is stale.
+async fn an_expired_take_of_a_packet_comes_back(client: QueueClient, name: &str) {
+    let q = queue(&client, &format!("{name}_kids"), true);
+    q.enqueue_many(&kids()).await.unwrap();
+    let first = q.take(10, Duration::from_millis(100)).await.unwrap();
+    assert_eq!(first.tasks.len(), 3);
+    let second = poll_some(
+        Duration::from_secs(5),
+        "the packet back after its lease",
+        || {
+            let q = q.clone();
+            async move {
+                let b = q.take(10, LEASE).await.unwrap();
+                (!b.tasks.is_empty()).then_some(b)
+            }
+        },
+    )
+    .await;
+    assert_eq!(handed(&second.tasks), kids_handed());
+    assert!(second.tasks.iter().all(|t| t.attempt == 2));
+    assert_eq!(
+        q.ack(&first.tasks).await.unwrap(),
+        vec![SettleResult::Stale; 3]
+    );
+    assert_eq!(
+        q.ack(&second.tasks).await.unwrap(),
+        vec![SettleResult::Done; 3]
+    );
+    let r = q.record("G~1").await.unwrap().unwrap();
+    assert_eq!(r.state, RecordState::Done);
+    assert_eq!(r.attempt, 2);
+}
+
+/// A packet's waiting task is found with its payload, cancelled or frozen alone (the
+/// others still run), and a frozen one thawed runs with its payload.
+async fn a_packets_tasks_are_found_cancelled_and_frozen_one_by_one(
+    client: QueueClient,
+    name: &str,
+) {
+    let q = queue(&client, &format!("{name}_kids"), true);
+    q.enqueue_many(&kids()).await.unwrap();
+    let found = q.find("G~1").await.unwrap().unwrap();
+    assert_eq!(found.state, TaskState::Ready);
+    assert_eq!(found.payload, br#"{"n":1}"#.to_vec());
+    assert!(
+        !has_record_key(&client, &q, "G~1").await,
+        "a find writes nothing"
+    );
+    let cancelled = q.cancel("G~2").await.unwrap().unwrap();
+    assert_eq!(cancelled.state, TaskState::Ready);
+    assert_eq!(
+        q.record("G~2").await.unwrap().unwrap().state,
+        RecordState::Cancelled
+    );
+    assert_eq!(q.stats().await.unwrap().ready, 2);
+    q.freeze("H~1", "hold").await.unwrap();
+    assert_eq!(q.stats().await.unwrap().ready, 1);
+    let b = q.take(10, LEASE).await.unwrap();
+    assert_eq!(
+        handed(&b.tasks),
+        [("G~1".to_string(), r#"{"n":1}"#.to_string())]
+    );
+    q.ack(&b.tasks).await.unwrap();
+    q.thaw("H~1", "go").await.unwrap();
+    let b = q.take(10, LEASE).await.unwrap();
+    assert_eq!(
+        handed(&b.tasks),
+        [("H~1".to_string(), r#"{"n":3}"#.to_string())]
+    );
+    q.ack(&b.tasks).await.unwrap();
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.ready, s.leased, s.frozen, s.acked_total), (0, 0, 0, 2));
+    assert_eq!(
+        q.record("G~2").await.unwrap().unwrap().state,
+        RecordState::Cancelled
+    );
 }

@@ -18,9 +18,11 @@ for _, member in ipairs(redis.call('ZRANGE', K_LEASED, 0, -1)) do
   redis.call('DEL', run_key(lease_parts(member)))
 end
 for _, tok in ipairs(redis.call('ZRANGE', K_BATCHES, 0, -1)) do
-  redis.call('DEL', batch_key(tok))
+  redis.call('DEL', batch_key(tok), batch_key(tok) .. ':p')
 end
 redis.call('DEL', K_BATCHES, K_BATCHN)
+for _, b in ipairs(redis.call('ZRANGE', K_PKTS, 0, -1)) do redis.call('DEL', packet_store_key(b)) end
+redis.call('DEL', K_PKTS, K_PKTW)
 for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
   local by = string.match(f, '^by:(.*)$')
   if by then redis.call('DEL', submitter_index(by)) end

@@ -18,7 +18,9 @@ if sweep ~= '' then
   if st ~= 'disabled' or name ~= sweep then return nil end
 end
 -- A cancel changes the lease: a batch holding it is split first (see prelude.lua).
-local state, score, m, member, tok = locate(id, now, ARGV[2] == '1' and sweep == '')
+-- (a sweep splits no batch; a cancel, a sweep's too, takes a waiting task out of its packet)
+local state, score, m, member, tok, payload = locate(id, now, ARGV[2] == '1' and sweep == '',
+  ARGV[2] == '1')
 if not state then return nil end
 if sweep ~= '' and state ~= 'ready' and state ~= 'due' and state ~= 'delayed' then return nil end
 local cancel = ARGV[2] == '1' and not (state == 'dead' and ARGV[8] == '1')
@@ -26,7 +28,7 @@ local attempts = attempts_of(redis.call('HGET', K_ATT, id))
 if state == 'leased' then attempts = attempts + 1 end
 local out = {
   state == 'due' and 'ready' or state, score, m, attempts,
-  select(2, task_of(id)) or '',
+  select(2, task_of(id)) or payload or '',
   redis.call('HGET', K_ERR, id) or '',
   tok or '',
 }

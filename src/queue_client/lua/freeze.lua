@@ -11,7 +11,8 @@ local now = now_ms()
 local id, action, note = ARGV[1], ARGV[2], ARGV[3]
 -- ARGV[5], an owner: see find.lua
 if not rec_owned_by(id, ARGV[5] or '') then return nil end
-local state, score, m = locate(id, now)
+-- (a packet's waiting task is made an ordinary one before it is frozen)
+local state, score, m = locate(id, now, false, action == 'freeze')
 if not state then return nil end
 if action == 'freeze' then
   if state == 'ready' then

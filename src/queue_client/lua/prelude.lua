@@ -471,10 +471,11 @@ end
 -- call's record numbers less one, its n tasks are numbered BASE+1..BASE+n as any record,
 -- and each has its entry in K_IDX (so listings and done_of find them as any task).
 --   `K_REC .. '#p' .. BASE` (the store, which lives as long as a record of it does):
---     "pri FS max_attempts FS created FS due FS n" RS FS id1 FS ... idn FS RS
+--     "pri FS max_attempts FS created FS due FS n FS BASE" RS FS id1 FS ... idn FS RS
 --     "chain1 FS ... chainn" — what records_new would have written of each task;
 --   the field `'#p' .. BASE` of K_PAYLOAD (its waiting part, while a task of it waits):
---     FS id FS ... FS (those still waiting, in order) RS their payloads, each "LEN:bytes";
+--     their count RS FS id FS ... FS (those still waiting, in order) RS their payloads,
+--     each "LEN:bytes";
 --   its entry `'#p' .. BASE` in its priority's ready list, in place of the ids;
 --   K_PKTS: the live packets, member BASE scored by BASE + 1; K_PKTW: how many tasks the
 --   packets' ready entries stand for beyond one each (ready_count).
@@ -504,14 +505,15 @@ end
 local function packet_parts(v)
   local ids_at = string.find(v, RS, 1, true)
   local pri, ma, created, due, n = string.match(string.sub(v, 1, ids_at - 1),
-    '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(%d+)$')
+    '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31(%d+)\31')
   local chains_at = string.find(v, RS, ids_at + 1, true)
   return pri, ma, created, due, tonumber(n), ids_at, chains_at
 end
 
--- The record of task number `seq` (a number), `id`, as its packet's enqueue would have
--- written it (waiting; rec_current adds what came after), or nil when no packet holds it.
-local function packet_record_at(id, seq)
+-- What the packet holding task number `seq` (a number), `id`, says of it: its shared
+-- fields as text (pri, ma, created, due), its chain and the packet's BASE; nil when no
+-- packet holds it.
+local function packet_fields_at(id, seq)
   local b = redis.call('ZRANGE', K_PKTS, seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
   if not b then return nil end
   local v = redis.call('GET', packet_store_key(b))
@@ -523,9 +525,25 @@ local function packet_record_at(id, seq)
   if nth_field(v, FS, ids_at + 1, i) ~= id then return nil end
   -- (the chains end at the next RS, should the store ever hold more parts)
   local chains = string.sub(v, chains_at, (string.find(v, RS, chains_at + 1, true) or (#v + 1)) - 1)
-  local g = nth_field(chains, FS, 1, i) or ''
+  return pri, ma, created, due, nth_field(chains, FS, 1, i) or '', b
+end
+
+-- The record of a packet's task as its enqueue would have written it (waiting;
+-- rec_current adds what came after), from packet_fields_at.
+local function packet_record_of(pri, ma, created, due, g)
   return pri .. FS .. ma .. FS .. created .. FS .. due .. FS .. 'chain:' .. g .. FS .. FS
     .. FS .. g .. RS .. entry('waiting', created, 0, '', '', '')
+end
+
+-- The meta of a packet's task as its enqueue would have written it (see parse_meta).
+local function packet_meta_of(seq, pri, ma, created, g)
+  return pri .. ':' .. ma .. ':' .. created .. '.' .. string.format('%d', seq) .. ':c' .. g
+end
+
+-- packet_record_of task number `seq`, `id`, or nil when no packet holds it.
+local function packet_record_at(id, seq)
+  local pri, ma, created, due, g = packet_fields_at(id, seq)
+  return pri and packet_record_of(pri, ma, created, due, g) or nil
 end
 
 -- The stored record of `id`: its key's value, else (a task of a packet that no write has
@@ -551,6 +569,66 @@ local function rec_mget(ids, keys, cache)
   return vals
 end
 
+-- A packet's waiting part (or what a take of it handed out) as its count, the position of
+-- the RS before its ids and the position of the RS before its payloads.
+local function waiting_parts(v)
+  local ids_at = string.find(v, RS, 1, true)
+  local pays_at = string.find(v, RS, ids_at + 1, true)
+  return tonumber(string.sub(v, 1, ids_at - 1)), ids_at, pays_at
+end
+
+-- A waiting part's ids as a table, and the position of the RS before its payloads.
+local function waiting_ids(v)
+  local _, ids_at, pays_at = waiting_parts(v)
+  local ids = {}
+  for id in string.gmatch(string.sub(v, ids_at + 1, pays_at - 1), '[^\31]+') do
+    ids[#ids + 1] = id
+  end
+  return ids, pays_at
+end
+
+-- A waiting part's ids and payloads as tables.
+local function waiting_tasks(v)
+  local ids, pays_at = waiting_ids(v)
+  local payloads = {}
+  local from = pays_at + 1
+  for i = 1, #ids do
+    local len = string.match(v, '^(%d+):', from)
+    local start = from + #len + 1
+    payloads[i] = string.sub(v, start, start + tonumber(len) - 1)
+    from = start + tonumber(len)
+  end
+  return ids, payloads
+end
+
+-- Makes ordinary tasks of packet tasks `ids` (their payloads in `payloads`): each gets its
+-- field in K_PAYLOAD and, unless it has one, its record key, as a one-by-one enqueue
+-- would have written them. Every path that handles such a task alone (a retry, a cancel,
+-- an expiry) comes through here first, as a batch lease is split first.
+local function packet_unpack(ids, payloads)
+  if #ids == 0 then return end
+  local seqs = redis.call('ZMSCORE', K_IDX, unpack(ids))
+  local keys = {}
+  for i, id in ipairs(ids) do keys[i] = rec_key(id) end
+  local have = mget(keys)
+  local values, recs = {}, {}
+  for i, id in ipairs(ids) do
+    local seq = seqs[i] and tonumber(seqs[i])
+    local pri, ma, created, due, g
+    if seq then pri, ma, created, due, g = packet_fields_at(id, seq) end
+    if pri then
+      values[#values + 1] = id
+      values[#values + 1] = packet_meta_of(seq, pri, ma, created, g) .. '\n' .. payloads[i]
+      if not have[i] then
+        recs[#recs + 1] = keys[i]
+        recs[#recs + 1] = packet_record_of(pri, ma, created, due, g)
+      end
+    end
+  end
+  if #values > 0 then bulk('HSET', K_PAYLOAD, values) end
+  if #recs > 0 then bulk('MSET', nil, recs) end
+end
+
 -- Writes the follow-ups `ids` (numbered base+1.. in K_IDX by the caller) as one packet
 -- of priority `pri`: `chains` and `payloads` as the slot sent them (chains separated by
 -- FS, payloads framed "LEN:bytes"). The shared fields are text already.
@@ -559,8 +637,9 @@ local function packet_write(base, ids, pri, ma, created, due, chains, payloads)
   local framed = FS .. table.concat(ids, FS) .. FS
   local name = PACKET .. b
   redis.call('SET', packet_store_key(b),
-    pri .. FS .. ma .. FS .. created .. FS .. due .. FS .. #ids .. RS .. framed .. RS .. chains)
-  redis.call('HSET', K_PAYLOAD, name, framed .. RS .. payloads, '', PIN)
+    pri .. FS .. ma .. FS .. created .. FS .. due .. FS .. #ids .. FS .. b .. RS .. framed .. RS
+      .. chains)
+  redis.call('HSET', K_PAYLOAD, name, #ids .. RS .. framed .. RS .. payloads, '', PIN)
   redis.call('ZADD', K_PKTS, base + 1, b)
   redis.call('INCRBY', K_PKTW, #ids - 1)
   push_ready(tonumber(pri), {name}, false)
@@ -785,7 +864,8 @@ end
 
 local function batch_gone(tok, n)
   redis.call('ZREM', K_BATCHES, tok)
-  redis.call('DEL', batch_key(tok))
+  -- (with what a take of a packet kept of its tasks, see packet_take)
+  redis.call('DEL', batch_key(tok), batch_key(tok) .. ':p')
   redis.call('INCRBY', K_BATCHN, -n)
 end
 
@@ -796,6 +876,9 @@ local function batch_split(tok)
   if not v then return 0 end
   local exp = redis.call('ZSCORE', K_BATCHES, tok) or '0'
   local at, host, slot, n, framed = batch_parts(v)
+  -- a take of a packet: its tasks become ordinary ones first
+  local taken = redis.call('GET', batch_key(tok) .. ':p')
+  if taken then packet_unpack(waiting_tasks(taken)) end
   local ids, z, ones = {}, {}, {}
   for id in string.gmatch(framed, '\31([^\31]+)') do
     local i = #ids + 1
@@ -808,6 +891,49 @@ local function batch_split(tok)
   if redis.call('EXISTS', K_IDX) == 1 then run_begin(ids, at, ones, host, slot) end
   batch_gone(tok, n)
   return n
+end
+
+-- Hands out up to `n` tasks of packet `name`, whose entry heads ready list `list`, as
+-- batch lease `tok` (text; `exp_s` its expiry, as text): all of them when they are at
+-- most `n` (the entry goes), else the first `n` (the entry stays for the rest). What was
+-- taken is kept beside the batch (`batch_key(tok) .. ':p'`, a waiting part) until the
+-- batch goes whole or is split. Returns the packet's store and what was taken, for the
+-- slot to make each task of (lease.rs); nil when the packet is gone (its entry goes).
+local function packet_take(list, name, n, tok, exp_s, now, host, slot)
+  local v = redis.call('HGET', K_PAYLOAD, name)
+  local store = redis.call('GET', packet_store_key(string.sub(name, #PACKET + 1)))
+  if not (v and store) then
+    redis.call('LREM', list, 1, name)
+    return nil
+  end
+  local k, ids_at, pays_at = waiting_parts(v)
+  local taken = v
+  if k <= n then
+    redis.call('LPOP', list)
+    redis.call('HDEL', K_PAYLOAD, name)
+    redis.call('DECRBY', K_PKTW, k - 1)
+  else
+    -- the first n ids (up to the FS after the n-th) and the first n payloads
+    local cut = ids_at + 1
+    for _ = 1, n do cut = string.find(v, FS, cut + 1, true) end
+    local from = pays_at + 1
+    for _ = 1, n do
+      local len = string.match(v, '^(%d+):', from)
+      from = from + #len + 1 + tonumber(len)
+    end
+    taken = n .. RS .. string.sub(v, ids_at + 1, cut) .. RS .. string.sub(v, pays_at + 1, from - 1)
+    redis.call('HSET', K_PAYLOAD, name,
+      (k - n) .. RS .. string.sub(v, cut, pays_at - 1) .. RS .. string.sub(v, from))
+    redis.call('DECRBY', K_PKTW, n)
+    k = n
+  end
+  local _, t_ids, t_pays = waiting_parts(taken)
+  redis.call('ZADD', K_BATCHES, exp_s, tok)
+  redis.call('SET', batch_key(tok),
+    now .. FS .. host .. FS .. slot .. FS .. k .. RS .. string.sub(taken, t_ids + 1, t_pays - 1))
+  redis.call('SET', batch_key(tok) .. ':p', taken)
+  redis.call('INCRBY', K_BATCHN, k)
+  return store, taken
 end
 
 -- Splits every batch named in `toks` (tokens as text; repeats are fine).
@@ -900,6 +1026,68 @@ local function glob_escape(s)
   return (string.gsub(s, '([%*%?%[%]\\])', '\\%1'))
 end
 
+-- Takes waiting task `id` out of packet `name` (its waiting part `v`, priority `pri`) and
+-- makes it an ordinary ready task in the packet's place in its list (before its entry),
+-- for a path that handles it alone (a cancel). O(the packet and the list before it).
+local function packet_unpack_waiting(id, name, v, pri)
+  local ids, payloads = waiting_tasks(v)
+  local rest_ids, rest = {}, {}
+  local payload
+  for i, w in ipairs(ids) do
+    if w == id then
+      payload = payloads[i]
+    else
+      rest_ids[#rest_ids + 1] = w
+      rest[#rest + 1] = #payloads[i] .. ':' .. payloads[i]
+    end
+  end
+  if not payload then return end
+  local list = ready_list(pri)
+  if redis.call('LINSERT', list, 'BEFORE', name, id) < 0 then push_ready(pri, {id}, false) end
+  if #rest_ids == 0 then
+    redis.call('HDEL', K_PAYLOAD, name)
+    redis.call('LREM', list, 1, name)
+  else
+    redis.call('HSET', K_PAYLOAD, name, #rest_ids .. RS .. FS .. table.concat(rest_ids, FS) .. FS
+      .. RS .. table.concat(rest))
+    redis.call('DECRBY', K_PKTW, 1)
+  end
+  packet_unpack({id}, {payload})
+end
+
+-- A packet's task that is still to run, from its packet: 'waiting' (in the packet's
+-- waiting part) or 'leased' (in a batch lease a take of it made), its meta and its
+-- payload; nil when no packet holds it or it ran. With `unpack`, a waiting one is made an
+-- ordinary ready task first (packet_unpack_waiting). Reads O(the packet), and for a task
+-- not waiting O(batches in flight): for admin paths and readers only.
+local function packet_alive(id, unpack_it)
+  if redis.call('EXISTS', K_PKTS) == 0 then return nil end
+  local seq = tonumber(redis.call('ZSCORE', K_IDX, id))
+  if not seq then return nil end
+  local pri, ma, created, _, g, b = packet_fields_at(id, seq)
+  if not pri then return nil end
+  local m = packet_meta_of(seq, pri, ma, created, g)
+  local name = PACKET .. b
+  local v = redis.call('HGET', K_PAYLOAD, name)
+  local where, found = nil, v
+  if not (v and string.find(v, FS .. id .. FS, 1, true)) then
+    local tok = batch_of(id)
+    found = tok and redis.call('GET', batch_key(tok) .. ':p')
+    where = 'leased'
+  else
+    where = 'waiting'
+  end
+  if not found then return nil end
+  local ids, payloads = waiting_tasks(found)
+  for i, w in ipairs(ids) do
+    if w == id then
+      if unpack_it and where == 'waiting' then packet_unpack_waiting(id, name, v, tonumber(pri)) end
+      return where, m, payloads[i]
+    end
+  end
+  return nil
+end
+
 -- The lease of a task by id: O(tasks in flight), for admin paths (find, cancel) only.
 -- A task in a batch lease is found there; `split`: the batch is split first, so that the
 -- member returned is in K_LEASED for the caller to change.
@@ -924,10 +1112,19 @@ end
 
 -- Where a task is: 'ready', 'due' (delayed, due, not yet moved), 'delayed', 'leased',
 -- 'frozen' or 'dead' (nil when unknown), the score that goes with it (due time, lease expiry, time of
--- death), its meta, and its lease member and token when leased (`split`: see find_lease).
-local function locate(id, now, split)
+-- death), its meta, and its lease member and token when leased (`split`: see
+-- find_lease); last, the payload of a packet's task (nil for any other). `unpack`: a
+-- packet's waiting task is made an ordinary one first (packet_alive), for a caller that
+-- changes it (nil: as `split`).
+local function locate(id, now, split, unpack_it)
   local m = meta_of(id)
-  if not m then return nil end
+  local payload
+  if not m then
+    local where
+    if unpack_it == nil then unpack_it = split end
+    where, m, payload = packet_alive(id, unpack_it)
+    if not where then return nil end
+  end
   local s = redis.call('ZSCORE', K_DEAD, id)
   if s then return 'dead', tonumber(s), m end
   s = redis.call('ZSCORE', K_FROZEN, id)
@@ -938,8 +1135,9 @@ local function locate(id, now, split)
     return 'due', tonumber(s), m
   end
   local member, exp, tok = find_lease(id, split)
-  if member then return 'leased', exp, m, member, tok end
-  return 'ready', 0, m
+  -- (a packet's task not made ordinary: its payload, which no field holds)
+  if member then return 'leased', exp, m, member, tok, payload end
+  return 'ready', 0, m, nil, nil, payload
 end
 
 
@@ -976,14 +1174,50 @@ local function submitters_unindex(ids, vals, keep)
   for b, bids in pairs(by) do bulk('ZREM', submitter_index(b), bids) end
 end
 
+-- The packets (BASE → n, see "Packets") holding records of `ids`, before their index
+-- entries go.
+local function packets_of(ids)
+  local out = {}
+  local seqs = {}
+  for i = 1, #ids, CHUNK do
+    for _, q in ipairs(redis.call('ZMSCORE', K_IDX, unpack(ids, i, math.min(i + CHUNK - 1, #ids)))) do
+      seqs[#seqs + 1] = q
+    end
+  end
+  for _, q in ipairs(seqs) do
+    if q then
+      local b = redis.call('ZRANGE', K_PKTS, q, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
+      if b and not out[b] then
+        local v = redis.call('GET', packet_store_key(b))
+        local n = v and select(5, packet_parts(v))
+        if n and tonumber(q) <= tonumber(b) + n then out[b] = n end
+      end
+    end
+  end
+  return out
+end
+
+-- Deletes the stores of `packets` (packets_of) none of whose records is left: a packet
+-- lives as long as the last record read from it.
+local function packets_forget_empty(packets)
+  for b, n in pairs(packets) do
+    if redis.call('ZCOUNT', K_IDX, tonumber(b) + 1, tonumber(b) + n) == 0 then
+      redis.call('DEL', packet_store_key(b))
+      redis.call('ZREM', K_PKTS, b)
+    end
+  end
+end
+
 -- Deletes the records of `ids` (their stored values in `vals`) with their index entries,
 -- so the indexes never hold more than the records.
 local function rec_delete(ids, vals)
   local keys = {}
   for i, id in ipairs(ids) do keys[i] = rec_key(id) end
   submitters_unindex(ids, vals, '')
+  local packets = redis.call('EXISTS', K_PKTS) == 1 and packets_of(ids)
   bulk('ZREM', K_IDX, ids)
   bulk('DEL', nil, keys)
+  if packets then packets_forget_empty(packets) end
 end
 
 -- Expires up to `limit` records ended one at a time (K_EXP). Returns how many.

@@ -13,12 +13,43 @@
 --     (once per pause, never per tick); returns how many tasks were looked at.
 local op = ARGV[1]
 
+-- The waiting tasks of list `list` from `offset` on, at most `limit` added to `out`,
+-- where the entry of a packet (see prelude.lua) stands for its waiting tasks: a walk of
+-- the list, for a queue that has packets. Returns the offset left.
+local function waiting_in_packets(list, offset, limit, out)
+  local at = 0
+  while #out < limit do
+    local page = redis.call('LRANGE', list, at, at + 199)
+    if #page == 0 then break end
+    for _, e in ipairs(page) do
+      local ids = {e}
+      if string.sub(e, 1, #PACKET) == PACKET then
+        local v = redis.call('HGET', K_PAYLOAD, e)
+        ids = v and waiting_ids(v) or {}
+      end
+      for _, id in ipairs(ids) do
+        if offset > 0 then
+          offset = offset - 1
+        elseif #out < limit then
+          out[#out + 1] = id
+        end
+      end
+    end
+    at = at + #page
+  end
+  return offset
+end
+
 local function waiting_slice(offset, limit)
   local out = {}
+  local packets = redis.call('EXISTS', K_PKTS) == 1
   for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
     local list = ready_list(p)
     local len = redis.call('LLEN', list)
-    if offset >= len then
+    if packets then
+      offset = waiting_in_packets(list, offset, limit, out)
+      if #out >= limit then return out end
+    elseif offset >= len then
       offset = offset - len
     else
       for _, id in ipairs(redis.call('LRANGE', list, offset, offset + (limit - #out) - 1)) do

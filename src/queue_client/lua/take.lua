@@ -7,6 +7,8 @@
 -- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
 -- {now, -token, expiry, {id, ...}, {payload, ...}} when every one is at its first attempt
 -- (the common case: a number less per task to send, and no loop here to build it), or
+-- {now, -token, expiry, store, taken} when they are tasks of one packet (see prelude.lua:
+-- the packet's store, and the waiting part of the tasks taken), or
 -- {now, 0, hint_ms} when none: hint_ms = time until the next delayed task is due or the
 -- next lease expires (-1: nothing scheduled), so an idle taker knows when to look again.
 local now = now_ms()
@@ -102,11 +104,31 @@ local held, held_hint = take_hold(now, ARGV[7] or '', ARGV[8] == '1')
 if held then return {now, 0, held_hint} end
 if ARGV[8] == '1' then n = 1 end
 local ids = {}
+-- A packet's entry (see prelude.lua) at the head of a list is taken alone: a take hands
+-- out plain tasks or tasks of one packet, never both. Only a queue that has packets looks
+-- at what it takes before it takes it.
+local has_packets = tracked and redis.call('EXISTS', K_PKTS) == 1
+local packet_list, packet_name = nil, nil
 while #ids < n do
   local top = redis.call('ZRANGE', K_READY, 0, 0)[1]
   if not top then break end
-  local want = n - #ids
-  local got = redis.call('LPOP', ready_list(top), want)
+  local asked = n - #ids
+  local want = asked
+  local list = ready_list(top)
+  local stop = false
+  if has_packets then
+    local plain = 0
+    for _, e in ipairs(redis.call('LRANGE', list, 0, want - 1)) do
+      if string.sub(e, 1, #PACKET) == PACKET then
+        stop = true
+        if plain == 0 and #ids == 0 then packet_list, packet_name = list, e end
+        break
+      end
+      plain = plain + 1
+    end
+    want = plain
+  end
+  local got = want > 0 and redis.call('LPOP', list, want)
   if got then
     if #ids == 0 then
       ids = got
@@ -114,10 +136,42 @@ while #ids < n do
       for _, id in ipairs(got) do ids[#ids + 1] = id end
     end
   end
+  -- (a packet's entry ends what this take hands out)
+  if stop then break end
   -- fewer than asked means the list is now empty
-  if not got or #got < want then redis.call('ZREM', K_READY, top) end
+  if not got or #got < asked then redis.call('ZREM', K_READY, top) end
 end
 local k = #ids
+-- A lease token is never handed out twice, not even after Redis lost a take it had
+-- acknowledged (a restart with `appendfsync everysec`, a failover to a replica that had
+-- not received it), which sets the counter back: a token is at least Redis's clock in
+-- µs, which moved on meanwhile, so the slot that holds the lost one finds its lease gone
+-- (its settle stale, its renewal refused) rather than shared with the next taker. As
+-- text wherever it is joined (Lua prints a number this long in exponent form).
+local function new_token()
+  local tok = math.max((tonumber(redis.call('GET', K_TOK)) or 0) + 1, now_us())
+  local tok_s = string.format('%d', tok)
+  redis.call('SET', K_TOK, tok_s)
+  return tok, tok_s
+end
+if packet_list then
+  local tok, tok_s = new_token()
+  local exp = now + lease
+  local store, taken = packet_take(packet_list, packet_name, n, tok_s,
+    string.format('%d', exp), now, host, slot)
+  if redis.call('EXISTS', K_READY) == 1 and redis.call('LLEN', packet_list) == 0 then
+    redis.call('ZREM', K_READY, string.match(packet_list, ':(%-?%d+)$'))
+  end
+  if store then
+    -- (wake-ups as for plain tasks, below)
+    if redis.call('EXISTS', K_READY) == 0 then
+      redis.call('DEL', K_WAKE)
+    elseif tonumber(string.match(taken, '^%d+')) == n then
+      wake(1)
+    end
+    return {now, -tok, exp, store, taken}
+  end
+end
 if k == 0 then
   -- Nothing ready: wake-ups still listed are spent (their tasks were taken), and each
   -- would send an idle taker on another empty take.
@@ -132,15 +186,7 @@ if k == 0 then
   end
   return {now, 0, hint}
 end
--- A lease token is never handed out twice, not even after Redis lost a take it had
--- acknowledged (a restart with `appendfsync everysec`, a failover to a replica that had
--- not received it), which sets the counter back: a token is at least Redis's clock in
--- µs, which moved on meanwhile, so the slot that holds the lost one finds its lease gone
--- (its settle stale, its renewal refused) rather than shared with the next taker. As
--- text wherever it is joined (Lua prints a number this long in exponent form).
-local tok = math.max((tonumber(redis.call('GET', K_TOK)) or 0) + 1, now_us())
-local tok_s = string.format('%d', tok)
-redis.call('SET', K_TOK, tok_s)
+local tok, tok_s = new_token()
 local exp = now + lease
 -- The score as text, made once: a number handed to redis.call is printed with printf
 -- and parsed back, per member.
