@@ -244,10 +244,14 @@ impl Queue {
     }
 
     /// Whether follow-ups go as packets: the queue's limits say so (see
-    /// [`super::QueueLimits::packets`]), it tracks (a packet is its tasks' records), and it runs
-    /// tasks in any order (an ordered queue's take hands out one task at a time).
+    /// [`super::QueueLimits::packets`]), it tracks (a packet is its tasks' records), it
+    /// runs tasks in any order (an ordered queue's take hands out one task at a time), and
+    /// its tasks are batch tasks (a take of long tasks leases each alone).
     fn as_packets(&self) -> bool {
-        self.limits.packets && self.limits.track && !self.limits.ordered
+        self.limits.packets
+            && self.limits.track
+            && !self.limits.ordered
+            && self.limits.kind == crate::config::QueueKind::Batch
     }
 
     /// What the enqueue script answered for `chunk`: its tasks, or the intake closed.

@@ -19,6 +19,8 @@ crate::harness::on_both!(
     a_retried_task_of_a_packet_runs_again_with_its_payload,
     an_expired_take_of_a_packet_comes_back,
     a_packets_tasks_are_found_cancelled_and_frozen_one_by_one,
+    a_packets_tasks_know_their_chains_and_come_back_when_released,
+    a_packet_goes_with_its_last_record_and_with_its_queue,
 );
 
 /// Queue `name` with follow-ups kept as packets (`packets`) or one by one.
@@ -411,4 +413,100 @@ async fn a_packets_tasks_are_found_cancelled_and_frozen_one_by_one(
         q.record("G~2").await.unwrap().unwrap().state,
         RecordState::Cancelled
     );
+}
+
+/// What a follow-up step asks of its parents (`chain_facts`) is read from the packet of a
+/// task that has no field of its own; a released take of a packet comes back in take
+/// order at the same attempt, each task with its payload.
+async fn a_packets_tasks_know_their_chains_and_come_back_when_released(
+    client: QueueClient,
+    name: &str,
+) {
+    let q = queue(&client, &format!("{name}_kids"), true);
+    q.enqueue_many(&kids()).await.unwrap();
+    let b = q.take(10, LEASE).await.unwrap();
+    let facts = q
+        .chain_facts(&["G~1", "H~1"], &[false, false])
+        .await
+        .unwrap();
+    let got: Vec<_> = facts
+        .iter()
+        .map(|f| (f.chain.as_deref(), f.max_attempts))
+        .collect();
+    let ma = Some(QueueLimits::default().max_attempts);
+    assert_eq!(got, [(Some("G"), ma), (Some("H"), ma)]);
+    assert_eq!(
+        q.release(&b.tasks).await.unwrap(),
+        vec![SettleResult::Done; 3]
+    );
+    let again = q.take(10, LEASE).await.unwrap();
+    assert_eq!(handed(&again.tasks), kids_handed());
+    assert!(again.tasks.iter().all(|t| t.attempt == 1));
+    assert_eq!(
+        q.ack(&again.tasks).await.unwrap(),
+        vec![SettleResult::Done; 3]
+    );
+}
+
+/// The keys of `q` left in Redis, by their names after the queue's own part.
+async fn keys_left(client: &QueueClient, q: &Queue) -> Vec<String> {
+    let prefix = format!("{}:{{{}}}:", client.namespace(), q.name());
+    let mut conn = client.connection();
+    let mut out = Vec::new();
+    // (on the cluster, the queue's keys share its slot: KEYS there is one node's)
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for k in keys {
+        out.push(k[prefix.len()..].to_string());
+    }
+    out.sort();
+    out
+}
+
+/// A packet's store lives as long as a record read from it: once every record of it has
+/// expired, the store goes too; and deleting the queue deletes its packets.
+async fn a_packet_goes_with_its_last_record_and_with_its_queue(client: QueueClient, name: &str) {
+    let limits = QueueLimits {
+        packets: true,
+        history_ttl: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let q = client.queue_with(&format!("{name}_kids"), limits).unwrap();
+    q.enqueue_many(&kids()).await.unwrap();
+    assert!(
+        keys_left(&client, &q)
+            .await
+            .iter()
+            .any(|k| k.starts_with("r:#p"))
+    );
+    let b = q.take(10, LEASE).await.unwrap();
+    q.ack(&b.tasks).await.unwrap();
+    poll_some(
+        Duration::from_secs(10),
+        "the packet's records expired",
+        || {
+            let q = q.clone();
+            async move {
+                q.housekeep(100).await.unwrap();
+                q.record("G~1").await.unwrap().is_none().then_some(())
+            }
+        },
+    )
+    .await;
+    for (id, _) in kids_handed() {
+        assert!(q.record(&id).await.unwrap().is_none(), "{id}");
+    }
+    let left = keys_left(&client, &q).await;
+    assert!(!left.iter().any(|k| k.starts_with("r:")), "{left:?}");
+    // A packet waiting and one taken, then the queue deleted: nothing of it is left.
+    q.enqueue_many(&kids()).await.unwrap();
+    q.enqueue_many(&[kid("K~1", "K", "{}"), kid("K~2", "K", "{}")])
+        .await
+        .unwrap();
+    assert_eq!(q.take(10, LEASE).await.unwrap().tasks.len(), 3);
+    q.delete_all().await.unwrap();
+    assert_eq!(keys_left(&client, &q).await, Vec::<String>::new());
 }

@@ -196,6 +196,67 @@ const PARTNER: &str = "[systems.partner]\nmax_concurrency = 4\n\n\
     [queues.calls]\nhandler = \"noop\"\nsystem = \"partner\"\nbatch_size = 10\n\n\
     [queues.other]\nhandler = \"noop\"\n";
 
+/// A pause notes, and a disable cancels, the waiting tasks of a packet of follow-ups
+/// (docs/plans/chain-packets.md) as it does tasks enqueued one by one, each alone.
+#[tokio::test]
+async fn a_packets_waiting_tasks_are_noted_and_cancelled_by_the_switches() {
+    let rig = Rig::start(PARTNER).await;
+    let limits = QueueLimits {
+        packets: true,
+        ..QueueLimits::from(&rig.cfg.queues["calls"])
+    };
+    let q = rig.client.queue_with("calls", limits).unwrap();
+    let kids: Vec<NewTask> = (1..=5)
+        .map(|i| {
+            NewTask::new("{}")
+                .id(format!("G~{i}"))
+                .chain(gaffer::queue_client::TaskChain::FollowUp("G".into()))
+        })
+        .collect();
+    q.enqueue_many(&kids).await.unwrap();
+    q.enqueue(NewTask::new("{}").id("plain")).await.unwrap();
+    let mut raw = rig.redis.raw().await;
+    let alone: i64 = redis::cmd("EXISTS")
+        .arg("test:{calls}:r:G~3")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(alone, 0, "the follow-ups were enqueued as a packet");
+    let ids: Vec<String> = (1..=5)
+        .map(|i| format!("G~{i}"))
+        .chain(["plain".into()])
+        .collect();
+    let set = |state| rig.client.set_system(&rig.cfg, "partner", state);
+    let paused = set(SystemState::Paused).await.unwrap();
+    assert_eq!(paused.noted, 6, "{paused:?}");
+    for id in &ids {
+        let note = (
+            RecordState::Waiting,
+            "held: system partner is paused".into(),
+        );
+        assert_eq!(last_note(&q, id).await, note, "{id}");
+    }
+    let disabled = set(SystemState::Disabled).await.unwrap();
+    assert_eq!(disabled.cancelled, 6, "{disabled:?}");
+    for id in &ids {
+        let note = (RecordState::Cancelled, "system partner is disabled".into());
+        assert_eq!(last_note(&q, id).await, note, "{id}");
+    }
+    let stats = q.stats().await.unwrap();
+    assert_eq!(
+        (stats.ready, stats.leased, stats.cancelled_total),
+        (0, 0, 6)
+    );
+    set(SystemState::Active).await.unwrap();
+    assert!(
+        q.take(10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .tasks
+            .is_empty()
+    );
+}
+
 #[tokio::test]
 async fn disable_cancels_waiting_and_new_tasks_with_the_note_and_enable_runs_again() {
     let mut rig = Rig::start(PARTNER).await;

@@ -45,6 +45,16 @@ if op == 'get' then
   local ids = {}
   for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
   local metas = metas_of(ids)
+  -- (a packet's task the slot holds has no field of its own: its packet says, see
+  -- prelude.lua)
+  if redis.call('EXISTS', K_PKTS) == 1 then
+    for i, id in ipairs(ids) do
+      local seq = not metas[i] and tonumber(redis.call('ZSCORE', K_IDX, id))
+      local pri, ma, created, _, g
+      if seq then pri, ma, created, _, g = packet_fields_at(id, seq) end
+      if pri then metas[i] = packet_meta_of(seq, pri, ma, created, g) end
+    end
+  end
   for i, id in ipairs(ids) do
     local starts = string.byte(starting, i) == 49
     local g, ma = nil, ''

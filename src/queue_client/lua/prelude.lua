@@ -484,6 +484,12 @@ end
 -- from its packet while it has no key of its own (rec_get); whatever writes a record
 -- writes the whole of it, which gives the task its key, and the key wins from then on.
 
+-- Counts `d` more tasks in K_PKTW, which goes once it is 0 (a queue whose packets have
+-- all been taken keeps no key for them).
+local function packets_waiting_add(d)
+  if d ~= 0 and redis.call('INCRBY', K_PKTW, d) == 0 then redis.call('DEL', K_PKTW) end
+end
+
 local function packet_store_key(base)
   return K_REC .. PACKET .. base
 end
@@ -641,7 +647,7 @@ local function packet_write(base, ids, pri, ma, created, due, chains, payloads)
       .. chains)
   redis.call('HSET', K_PAYLOAD, name, #ids .. RS .. framed .. RS .. payloads, '', PIN)
   redis.call('ZADD', K_PKTS, base + 1, b)
-  redis.call('INCRBY', K_PKTW, #ids - 1)
+  packets_waiting_add(#ids - 1)
   push_ready(tonumber(pri), {name}, false)
 end
 
@@ -911,7 +917,7 @@ local function packet_take(list, name, n, tok, exp_s, now, host, slot)
   if k <= n then
     redis.call('LPOP', list)
     redis.call('HDEL', K_PAYLOAD, name)
-    redis.call('DECRBY', K_PKTW, k - 1)
+    packets_waiting_add(1 - k)
   else
     -- the first n ids (up to the FS after the n-th) and the first n payloads
     local cut = ids_at + 1
@@ -924,7 +930,7 @@ local function packet_take(list, name, n, tok, exp_s, now, host, slot)
     taken = n .. RS .. string.sub(v, ids_at + 1, cut) .. RS .. string.sub(v, pays_at + 1, from - 1)
     redis.call('HSET', K_PAYLOAD, name,
       (k - n) .. RS .. string.sub(v, cut, pays_at - 1) .. RS .. string.sub(v, from))
-    redis.call('DECRBY', K_PKTW, n)
+    packets_waiting_add(-n)
     k = n
   end
   local _, t_ids, t_pays = waiting_parts(taken)
@@ -1050,7 +1056,7 @@ local function packet_unpack_waiting(id, name, v, pri)
   else
     redis.call('HSET', K_PAYLOAD, name, #rest_ids .. RS .. FS .. table.concat(rest_ids, FS) .. FS
       .. RS .. table.concat(rest))
-    redis.call('DECRBY', K_PKTW, 1)
+    packets_waiting_add(-1)
   end
   packet_unpack({id}, {payload})
 end
