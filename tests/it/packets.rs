@@ -139,10 +139,30 @@ async fn a_packets_tasks_dedup_like_any_follow_ups(client: QueueClient, name: &s
     assert_eq!(made, [false, true]);
     assert!(has_record_key(&client, &q, "G~3").await);
     assert_eq!(q.stats().await.unwrap().ready, 4);
+    // A task submitted under a waiting packet task's id is that task (dedup), and so is
+    // one under the id of a packet task a take holds.
+    let same = q.enqueue(NewTask::new("{}").id("H~1")).await.unwrap();
+    assert!(!same.created, "{same:?}");
     let taken = q.enqueue_many(&[kid("G~2", "X", "{}")]).await.unwrap();
     assert_eq!(taken[0].taken, Some(TakenBy::OtherChain), "{taken:?}");
     assert!(!taken[0].created);
     assert_eq!(q.stats().await.unwrap().ready, 4);
+    let b = q.take(10, LEASE).await.unwrap();
+    assert_eq!(b.tasks.len(), 3, "the packet's three");
+    assert!(
+        !q.enqueue(NewTask::new("{}").id("G~1"))
+            .await
+            .unwrap()
+            .created
+    );
+    assert_eq!(q.ack(&b.tasks).await.unwrap(), vec![SettleResult::Done; 3]);
+    // Once done, its id takes a new task (the queue dedups against tasks, not records).
+    assert!(
+        q.enqueue(NewTask::new("{}").id("G~1"))
+            .await
+            .unwrap()
+            .created
+    );
 }
 
 /// What a take handed out, as (id, payload) pairs.

@@ -177,9 +177,13 @@ else
   for i = 1, n do given[i] = arg_id(i) end
   -- (a task of either layout has its field in K_PAYLOAD: see task_value)
   local values_now = hmget(K_PAYLOAD, given)
-  local recs_now, rec_keys = {}, {}
   -- (whether the queue has packets, read once: see rec_get)
   local packets = {}
+  -- a packet's task that has not ended exists as much as a task with a field
+  for i = 1, n do
+    if not values_now[i] then values_now[i] = packet_value(given[i], packets) or false end
+  end
+  local recs_now, rec_keys = {}, {}
   if dedup_record then
     for i = 1, n do rec_keys[i] = rec_key(given[i]) end
     recs_now = rec_mget(given, rec_keys, packets)

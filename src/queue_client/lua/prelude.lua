@@ -1331,6 +1331,20 @@ local function done_of(id, cache)
   return d
 end
 
+-- The value (a meta and an empty payload) standing for a packet's task that has not
+-- ended, for a caller that asks whether task `id` exists: a task of a packet that no
+-- write has touched either waits, is in a take's batch lease or was done by that batch's
+-- ack (any other end writes its record). nil for any other id.
+local function packet_value(id, cache)
+  if cache.no_packets == nil then cache.no_packets = redis.call('EXISTS', K_PKTS) == 0 end
+  if cache.no_packets or redis.call('EXISTS', rec_key(id)) == 1 then return nil end
+  local seq = tonumber(redis.call('ZSCORE', K_IDX, id))
+  local pri, ma, created, _, g
+  if seq then pri, ma, created, _, g = packet_fields_at(id, seq) end
+  if not pri or done_of(id, cache) then return nil end
+  return packet_meta_of(seq, pri, ma, created, g) .. '\n'
+end
+
 -- The moments of the lists of records ended together whose time is up (expire_batched),
 -- as a set. It costs one read of the due, not yet swept lists, which the sweeps of takes
 -- and the manager's housekeeping keep few; a read fetches it once, and only when a record
