@@ -51,9 +51,10 @@ pub struct QueueLimits {
     /// with its failed routes (a take cannot make follow-ups) instead of it being
     /// dead-lettered there.
     pub failed_routes: bool,
-    /// A slot's follow-ups to this queue are enqueued as packets, one per call
-    /// (docs/plans/chain-packets.md). Off until every reader of a task knows packets: no
-    /// config sets it yet.
+    /// A slot's follow-ups to this queue are enqueued as packets, one per call, where
+    /// the queue takes them (tracked batch queues that are not ordered; see
+    /// `lua/prelude.lua`, "Packets"). Every configured queue has it; off by default, so
+    /// that a queue made in code keeps the one-by-one layout unless it asks.
     pub packets: bool,
 }
 
@@ -114,7 +115,7 @@ impl From<&crate::config::QueueConfig> for QueueLimits {
                 .next
                 .iter()
                 .any(|r| r.on == crate::config::RouteOn::Failed),
-            packets: false,
+            packets: true,
         }
     }
 }
