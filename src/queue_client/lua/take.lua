@@ -116,7 +116,13 @@ while #ids < n do
   local want = asked
   local list = ready_list(top)
   local stop = false
-  if has_packets then
+  local head = has_packets and redis.call('LINDEX', list, 0)
+  if head and string.sub(head, 1, #PACKET) == PACKET then
+    -- (a queue fed by a chain's step holds mostly packets: one look)
+    stop = true
+    if #ids == 0 then packet_list, packet_name = list, head end
+    want = 0
+  elseif has_packets then
     local plain = 0
     for _, e in ipairs(redis.call('LRANGE', list, 0, want - 1)) do
       if string.sub(e, 1, #PACKET) == PACKET then
