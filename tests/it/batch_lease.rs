@@ -89,22 +89,7 @@ async fn a_retry_in_a_batch_leaves_the_other_acks_applied(client: QueueClient, n
     let q = client.queue_with(name, tracked()).unwrap();
     fill(&q, 10).await;
     let b = q.take(10, Duration::from_secs(30)).await.unwrap();
-    let ops: Vec<SettleOp> = b
-        .tasks
-        .iter()
-        .map(|t| {
-            let action = if t.id == "t004" {
-                Settle::Retry {
-                    delay: Duration::ZERO,
-                    priority: None,
-                    reason: "again".into(),
-                }
-            } else {
-                Settle::Ack
-            };
-            SettleOp::new(t, action)
-        })
-        .collect();
+    let ops = crate::harness::retry_one_ack_rest(&b.tasks, "t004");
     assert_eq!(q.settle(&ops).await.unwrap(), all(SettleResult::Done, 10));
     let again = q.take(10, Duration::from_secs(30)).await.unwrap();
     let got: Vec<_> = again

@@ -284,6 +284,30 @@ where
     }
 }
 
+/// Settle ops for a taken batch: task `id` retried at once (reason "again"), every other
+/// one acked.
+pub fn retry_one_ack_rest(
+    tasks: &[gaffer::queue_client::LeasedTask],
+    id: &str,
+) -> Vec<gaffer::queue_client::SettleOp> {
+    use gaffer::queue_client::{Settle, SettleOp};
+    tasks
+        .iter()
+        .map(|t| {
+            let action = if t.id == id {
+                Settle::Retry {
+                    delay: Duration::ZERO,
+                    priority: None,
+                    reason: "again".into(),
+                }
+            } else {
+                Settle::Ack
+            };
+            SettleOp::new(t, action)
+        })
+        .collect()
+}
+
 /// Fails every task of a batch with the reason `why(id)`, asserting each settle applied.
 pub async fn fail_all(
     q: &gaffer::queue_client::Queue,

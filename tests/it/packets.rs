@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use gaffer::queue_client::{
-    Enqueued, LeasedTask, ListQuery, NewTask, Queue, QueueClient, QueueLimits, RecordState, Settle,
-    SettleOp, SettleResult, TakenBy, TaskChain, TaskRecord, TaskState,
+    Enqueued, LeasedTask, ListQuery, NewTask, Queue, QueueClient, QueueLimits, RecordState,
+    SettleResult, TakenBy, TaskChain, TaskRecord, TaskState,
 };
 
 use crate::harness::poll_some;
@@ -303,22 +303,7 @@ async fn a_retried_task_of_a_packet_runs_again_with_its_payload(client: QueueCli
     let q = queue(&client, &format!("{name}_kids"), true);
     q.enqueue_many(&kids()).await.unwrap();
     let b = q.take(10, LEASE).await.unwrap();
-    let ops: Vec<SettleOp> = b
-        .tasks
-        .iter()
-        .map(|t| {
-            let action = if t.id == "H~1" {
-                Settle::Retry {
-                    delay: Duration::ZERO,
-                    priority: None,
-                    reason: "again".into(),
-                }
-            } else {
-                Settle::Ack
-            };
-            SettleOp::new(t, action)
-        })
-        .collect();
+    let ops = crate::harness::retry_one_ack_rest(&b.tasks, "H~1");
     assert_eq!(q.settle(&ops).await.unwrap(), vec![SettleResult::Done; 3]);
     let again = q.take(10, LEASE).await.unwrap();
     let got: Vec<_> = again
