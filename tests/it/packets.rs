@@ -21,6 +21,7 @@ crate::harness::on_both!(
     a_packets_tasks_are_found_cancelled_and_frozen_one_by_one,
     a_packets_tasks_know_their_chains_and_come_back_when_released,
     a_packet_goes_with_its_last_record_and_with_its_queue,
+    a_leased_task_is_found_whatever_the_payloads_waiting_beside_it_hold,
 );
 
 /// Queue `name` with follow-ups kept as packets (`packets`) or one by one.
@@ -514,4 +515,33 @@ async fn a_packet_goes_with_its_last_record_and_with_its_queue(client: QueueClie
     assert_eq!(q.take(10, LEASE).await.unwrap().tasks.len(), 3);
     q.delete_all().await.unwrap();
     assert_eq!(keys_left(&client, &q).await, Vec::<String>::new());
+}
+
+/// A task of a packet that a take holds is found leased (and can be cancelled) even when
+/// a payload still waiting in the packet holds its id between separators.
+async fn a_leased_task_is_found_whatever_the_payloads_waiting_beside_it_hold(
+    client: QueueClient,
+    name: &str,
+) {
+    let q = queue(&client, &format!("{name}_kids"), true);
+    let odd = "x\u{1f}A~1\u{1f}y";
+    q.enqueue_many(&[kid("A~1", "A", "{}"), kid("A~2", "A", odd)])
+        .await
+        .unwrap();
+    let b = q.take(1, LEASE).await.unwrap();
+    assert_eq!(handed(&b.tasks), [("A~1".to_string(), "{}".to_string())]);
+    assert_eq!(
+        q.find("A~1").await.unwrap().unwrap().state,
+        TaskState::Leased
+    );
+    assert_eq!(
+        q.cancel("A~1").await.unwrap().unwrap().state,
+        TaskState::Leased
+    );
+    assert_eq!(
+        q.record("A~1").await.unwrap().unwrap().state,
+        RecordState::Cancelled
+    );
+    let rest = q.take(10, LEASE).await.unwrap();
+    assert_eq!(handed(&rest.tasks), [("A~2".to_string(), odd.to_string())]);
 }

@@ -236,6 +236,9 @@ async fn a_packets_waiting_tasks_are_noted_and_cancelled_by_the_switches() {
         );
         assert_eq!(last_note(&q, id).await, note, "{id}");
     }
+    // Its record written, a packet's task still waits in its packet: its id is taken.
+    let again = q.enqueue(NewTask::new("{}").id("G~2")).await.unwrap();
+    assert!(!again.created, "{again:?}");
     let disabled = set(SystemState::Disabled).await.unwrap();
     assert_eq!(disabled.cancelled, 6, "{disabled:?}");
     for id in &ids {

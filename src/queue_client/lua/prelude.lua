@@ -739,6 +739,7 @@ end
 -- number for all.
 local function records_done(ids, runs, now, attempts, host, slot, ttl_ms)
   if #ids == 0 then return end
+  local packets = {}
   local head, tail = RS .. 'done' .. FS .. now .. FS, FS .. host .. FS .. slot .. FS
   local same_run = type(runs) == 'string'
   local same_att = type(attempts) == 'number'
@@ -757,8 +758,16 @@ local function records_done(ids, runs, now, attempts, host, slot, ttl_ms)
     end
     -- A task enqueued before its queue tracked has no record, and must not get half of
     -- one: APPEND has created the key exactly when the result is only what it appended.
+    -- A packet's task has its record in its packet: it gets that, with the entries.
     local key = rec_key(id)
-    if redis.call('APPEND', key, e) == #e then redis.call('DEL', key) end
+    if redis.call('APPEND', key, e) == #e then
+      local kept = packet_record(id, packets)
+      if kept then
+        redis.call('SET', key, kept .. e)
+      else
+        redis.call('DEL', key)
+      end
+    end
   end
   local member = (now + ttl_ms) .. ':' .. ttl_ms
   bulk('RPUSH', ends_list(member), ids)
@@ -1076,7 +1085,14 @@ local function packet_alive(id, unpack_it)
   local name = PACKET .. b
   local v = redis.call('HGET', K_PAYLOAD, name)
   local where, found = nil, v
-  if not (v and string.find(v, FS .. id .. FS, 1, true)) then
+  -- (among the ids: a payload may hold any bytes)
+  local waits = false
+  if v then
+    local _, ids_at, pays_at = waiting_parts(v)
+    local at = string.find(v, FS .. id .. FS, ids_at, true)
+    waits = at ~= nil and at < pays_at
+  end
+  if not waits then
     local tok = batch_of(id)
     found = tok and redis.call('GET', batch_key(tok) .. ':p')
     where = 'leased'
@@ -1332,12 +1348,16 @@ local function done_of(id, cache)
 end
 
 -- The value (a meta and an empty payload) standing for a packet's task that has not
--- ended, for a caller that asks whether task `id` exists: a task of a packet that no
--- write has touched either waits, is in a take's batch lease or was done by that batch's
--- ack (any other end writes its record). nil for any other id.
+-- ended, for a caller that asks whether task `id`, which has no field in K_PAYLOAD,
+-- exists: a task of a packet that has no field waits in the packet, is in a take's batch
+-- lease, or ended, which its record says (a cancel or failure wrote it) or else the run of
+-- its batch's ack (done_of). Its record may have a key while it waits (a pause's note
+-- wrote it). nil for any other id.
 local function packet_value(id, cache)
   if cache.no_packets == nil then cache.no_packets = redis.call('EXISTS', K_PKTS) == 0 end
-  if cache.no_packets or redis.call('EXISTS', rec_key(id)) == 1 then return nil end
+  if cache.no_packets then return nil end
+  local v = redis.call('GET', rec_key(id))
+  if v and is_end_state(select(2, last_entry(v))) then return nil end
   local seq = tonumber(redis.call('ZSCORE', K_IDX, id))
   local pri, ma, created, _, g
   if seq then pri, ma, created, _, g = packet_fields_at(id, seq) end

@@ -116,7 +116,8 @@ while #ids < n do
   local want = asked
   local list = ready_list(top)
   local stop = false
-  local head = has_packets and redis.call('LINDEX', list, 0)
+  -- (LRANGE, not LINDEX: a command every role's ACL line grants, docs/SECURITY.md)
+  local head = has_packets and redis.call('LRANGE', list, 0, 0)[1]
   if head and string.sub(head, 1, #PACKET) == PACKET then
     -- (a queue fed by a chain's step holds mostly packets: one look)
     stop = true
@@ -168,15 +169,15 @@ if packet_list then
   if redis.call('EXISTS', K_READY) == 1 and redis.call('LLEN', packet_list) == 0 then
     redis.call('ZREM', K_READY, string.match(packet_list, ':(%-?%d+)$'))
   end
-  if store then
-    -- (wake-ups as for plain tasks, below)
-    if redis.call('EXISTS', K_READY) == 0 then
-      redis.call('DEL', K_WAKE)
-    elseif tonumber(string.match(taken, '^%d+')) == n then
-      wake(1)
-    end
-    return {now, -tok, exp, store, taken}
+  -- (a packet gone from under its entry, which went: look again at once)
+  if not store then return {now, 0, 0} end
+  -- (wake-ups as for plain tasks, below)
+  if redis.call('EXISTS', K_READY) == 0 then
+    redis.call('DEL', K_WAKE)
+  elseif tonumber(string.match(taken, '^%d+')) == n then
+    wake(1)
   end
+  return {now, -tok, exp, store, taken}
 end
 if k == 0 then
   -- Nothing ready: wake-ups still listed are spent (their tasks were taken), and each
