@@ -507,8 +507,26 @@ async fn a_packet_goes_with_its_last_record_and_with_its_queue(client: QueueClie
     }
     let left = keys_left(&client, &q).await;
     assert!(!left.iter().any(|k| k.starts_with("r:")), "{left:?}");
-    // A packet waiting and one taken, then the queue deleted: nothing of it is left.
+    // Every id of a packet used again by a new task: the packet goes with the sweep.
     q.enqueue_many(&kids()).await.unwrap();
+    let b = q.take(10, LEASE).await.unwrap();
+    q.ack(&b.tasks).await.unwrap();
+    for (id, _) in kids_handed() {
+        assert!(q.enqueue(NewTask::new("{}").id(&id)).await.unwrap().created);
+    }
+    q.housekeep(100).await.unwrap();
+    let left = keys_left(&client, &q).await;
+    assert!(!left.iter().any(|k| k.starts_with("r:#p")), "{left:?}");
+    assert_eq!(
+        q.record("G~1").await.unwrap().unwrap().state,
+        RecordState::Waiting
+    );
+    let b = q.take(10, LEASE).await.unwrap();
+    assert_eq!(b.tasks.len(), 3);
+    q.ack(&b.tasks).await.unwrap();
+    // A packet waiting and one taken, then the queue deleted: nothing of it is left.
+    let three: Vec<NewTask> = (1..=3).map(|i| kid(&format!("M~{i}"), "M", "{}")).collect();
+    q.enqueue_many(&three).await.unwrap();
     q.enqueue_many(&[kid("K~1", "K", "{}"), kid("K~2", "K", "{}")])
         .await
         .unwrap();

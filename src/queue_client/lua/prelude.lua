@@ -1322,6 +1322,14 @@ end
 local function expire_records(now, limit)
   local n = expire_single(now, limit)
   if n < limit then n = n + expire_batched(now, limit - n) end
+  -- The oldest packet goes once none of its records is left, however they went: every
+  -- id of it may since hold a new task (numbered anew), whose record's end never looks
+  -- at the packet. One look per sweep; the oldest one lives least long.
+  if n < limit and redis.call('EXISTS', K_PKTS) == 1 then
+    local b = redis.call('ZRANGE', K_PKTS, 0, 0)[1]
+    local v = b and redis.call('GET', packet_store_key(b))
+    packets_forget_empty({[b] = v and select(5, packet_parts(v)) or 0})
+  end
   return n
 end
 
