@@ -87,7 +87,9 @@ local function as_packet()
   redis.call('ZADD', K_IDX, unpack(scored))
   packet_write(base, ids, ARGV[2], ma, now, due, ARGV[H + n + 1], ARGV[H + n + 2])
   redis.call('HINCRBY', K_STATS, 'enqueued', n)
-  wake(n)
+  -- One taker takes a packet (a take that leaves more of it wakes a peer): a wake-up per
+  -- task would send the rest on empty takes.
+  wake(1)
   return true
 end
 if mode == 'ik' then
