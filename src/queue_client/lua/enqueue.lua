@@ -103,13 +103,7 @@ if mode == 'ik' then
     chains[i] = string.sub(block, from, cut - 1)
     from = cut + 1
   end
-  block, from = ARGV[H + n + 2], 1
-  for i = 1, n do
-    local len = string.match(block, '^(%d+):', from)
-    local start = from + #len + 1
-    payloads[i] = string.sub(block, start, start + tonumber(len) - 1)
-    from = start + tonumber(len)
-  end
+  payloads = framed_payloads(ARGV[H + n + 2], 1, n)
   arg_chain = function(i) return chains[i] end
   arg_payload = function(i) return payloads[i] end
 end

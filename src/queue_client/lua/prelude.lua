@@ -583,6 +583,19 @@ local function waiting_parts(v)
   return tonumber(string.sub(v, 1, ids_at - 1)), ids_at, pays_at
 end
 
+-- The `n` payloads framed "LEN:bytes" one after another in `v` from position `from`,
+-- as a table (the slot frames them so, see enqueue.rs).
+local function framed_payloads(v, from, n)
+  local out = {}
+  for i = 1, n do
+    local len = string.match(v, '^(%d+):', from)
+    local start = from + #len + 1
+    out[i] = string.sub(v, start, start + tonumber(len) - 1)
+    from = start + tonumber(len)
+  end
+  return out
+end
+
 -- A waiting part's ids as a table, and the position of the RS before its payloads.
 local function waiting_ids(v)
   local _, ids_at, pays_at = waiting_parts(v)
@@ -596,15 +609,7 @@ end
 -- A waiting part's ids and payloads as tables.
 local function waiting_tasks(v)
   local ids, pays_at = waiting_ids(v)
-  local payloads = {}
-  local from = pays_at + 1
-  for i = 1, #ids do
-    local len = string.match(v, '^(%d+):', from)
-    local start = from + #len + 1
-    payloads[i] = string.sub(v, start, start + tonumber(len) - 1)
-    from = start + tonumber(len)
-  end
-  return ids, payloads
+  return ids, framed_payloads(v, pays_at + 1, #ids)
 end
 
 -- Makes ordinary tasks of packet tasks `ids` (their payloads in `payloads`): each gets its
@@ -857,15 +862,19 @@ local function batch_key(tok)
   return K_BATCHES .. ':' .. tok
 end
 
+-- Leases the `n` ids of `framed` (FS id FS … FS, all at their first attempt, none
+-- holding a separator) as batch `tok`, expiring at `exp_s` (text).
+local function batch_lease_framed(tok, exp_s, n, framed, now, host, slot)
+  redis.call('ZADD', K_BATCHES, exp_s, tok)
+  redis.call('SET', batch_key(tok), now .. FS .. host .. FS .. slot .. FS .. n .. RS .. framed)
+  redis.call('INCRBY', K_BATCHN, n)
+end
+
 -- Leases `ids` (all at their first attempt) as batch `tok`, unless an id holds a
 -- separator: then returns false and the caller leases them per task.
 local function batch_lease(tok, exp_s, ids, now, host, slot)
   if string.find(table.concat(ids), '[\30\31]') then return false end
-  local n = #ids
-  redis.call('ZADD', K_BATCHES, exp_s, tok)
-  redis.call('SET', batch_key(tok),
-    now .. FS .. host .. FS .. slot .. FS .. n .. RS .. FS .. table.concat(ids, FS) .. FS)
-  redis.call('INCRBY', K_BATCHN, n)
+  batch_lease_framed(tok, exp_s, #ids, FS .. table.concat(ids, FS) .. FS, now, host, slot)
   return true
 end
 
@@ -943,11 +952,8 @@ local function packet_take(list, name, n, tok, exp_s, now, host, slot)
     k = n
   end
   local _, t_ids, t_pays = waiting_parts(taken)
-  redis.call('ZADD', K_BATCHES, exp_s, tok)
-  redis.call('SET', batch_key(tok),
-    now .. FS .. host .. FS .. slot .. FS .. k .. RS .. string.sub(taken, t_ids + 1, t_pays - 1))
+  batch_lease_framed(tok, exp_s, k, string.sub(taken, t_ids + 1, t_pays - 1), now, host, slot)
   redis.call('SET', batch_key(tok) .. ':p', taken)
-  redis.call('INCRBY', K_BATCHN, k)
   return store, taken
 end
 
