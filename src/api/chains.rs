@@ -43,7 +43,7 @@ impl Api {
     /// A key sees a chain when it may see its global task.
     pub(super) async fn chain(&self, key: &ApiKey, id: &str) -> Answer {
         let unknown = || ApiError::not_found(format!("no chain {id}"));
-        let view = chain::read(&self.client, &self.chain_targets().queues, id)
+        let view = chain::read(&self.client, &self.chain_targets(), id)
             .await?
             .ok_or_else(unknown)?;
         if !self.may_see(key, &view).await? {
@@ -78,10 +78,15 @@ impl Api {
         let Some(chain) = rec.chain.as_deref().filter(|c| *c != rec.id) else {
             return Ok(false);
         };
-        let conn = self.client.connection();
-        let Some(list) = chain::members(&conn, self.client.namespace(), chain).await? else {
+        let Some(list) = chain::members_of(&self.client, &self.chain_targets(), chain).await?
+        else {
             return Ok(false);
         };
+        // (an unlisted chain's members are its global task's current run's only)
+        let member = chain::Member::new(&rec.queue, &rec.id);
+        if !list.follow.iter().any(|(m, _)| *m == member) {
+            return Ok(false);
+        }
         let Some(queue) = self.queues.get(&list.root.queue) else {
             return Ok(false);
         };
@@ -105,13 +110,11 @@ impl Api {
         // (A task of a queue with a done route names its own chain from its enqueue on;
         // until it has follow-ups, a chain of that id may still be another task's, or an
         // earlier run's of the same task, whose view then leaves this record out.)
-        let view = chain::read(&self.client, &targets.queues, own)
-            .await?
-            .filter(|v| {
-                v.tasks.first().is_some_and(|t| {
-                    t.member == chain::Member::new(&rec.queue, &rec.id) && t.record.is_some()
-                })
-            });
+        let view = chain::read(&self.client, &targets, own).await?.filter(|v| {
+            v.tasks.first().is_some_and(|t| {
+                t.member == chain::Member::new(&rec.queue, &rec.id) && t.record.is_some()
+            })
+        });
         if let Some(view) = view {
             let tasks: Vec<Value> = view
                 .tasks
@@ -159,9 +162,9 @@ impl Api {
             }
             .into());
         }
-        let ttl = self.chain_targets().ttl;
+        let targets = self.chain_targets();
         let chained = tasks.iter_mut().filter(|t| t.chain.is_some()).collect();
-        chain::start_global(&self.client, queue, chained, ttl)
+        chain::start_global(&self.client, queue, chained, &targets)
             .await
             .map_err(|e| match e {
                 ChainError::Taken { .. }
@@ -305,7 +308,7 @@ impl Api {
             if r.submitted_by != p.submitted_by {
                 return Err(replaced(queue, id));
             }
-            let view = chain::read(&self.client, &self.chain_targets().queues, &p.name).await?;
+            let view = chain::read(&self.client, &self.chain_targets(), &p.name).await?;
             return Ok(view.unwrap_or_else(|| ChainView::of_task(&p.name, r.clone())));
         }
         let name = run_chain_name(queue, id, record.as_ref());
@@ -316,7 +319,7 @@ impl Api {
                 name: name.clone(),
             });
         }
-        let view = chain::read(&self.client, &self.chain_targets().queues, &name).await?;
+        let view = chain::read(&self.client, &self.chain_targets(), &name).await?;
         let run_shown = |v: &ChainView| v.tasks.first().is_some_and(|t| t.record.is_some());
         match (view, record) {
             (Some(v), _) if run_shown(&v) => Ok(v),

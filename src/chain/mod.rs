@@ -24,7 +24,10 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::queue_client::{ChainWrites, QueueError, QueueLimits, RedisConn, RefusedClaims};
+use crate::queue_client::{
+    ChainWrites, QueueClient, QueueError, QueueLimits, RecordState, RedisConn, RefusedClaims,
+    TaskRecord,
+};
 
 pub use view::{ChainState, ChainTask, ChainView, read};
 
@@ -79,6 +82,17 @@ pub fn derived_id(parent: &str, n: usize) -> String {
     format!("{parent}{DERIVED_SEP}{n}")
 }
 
+/// What the route follow-ups of an unlisted chain take their ids from: the chain's name
+/// and the run of its global task that made them (`CHAIN@RUN`, so `CHAIN@RUN~1` is the
+/// first). A chain whose global task's follow-ups are all its queue's routes is kept
+/// without a member list, its tasks found from their records ([`members_of`]); naming
+/// them from the run keeps a later run of the same id (submitted again once it ended)
+/// from ever making an id an earlier run made, at any depth, with no list to tell the
+/// two apart.
+pub fn run_base(chain: &str, run: &str) -> String {
+    format!("{chain}{}{run}", RUN_MARK as char)
+}
+
 /// The name a task `id` of `queue` starts its chain under when another task's chain (or
 /// an earlier run's of the same task) already has its id: `QUEUE:ID`, and should that be
 /// taken too, `QUEUE:ID@RUN`.
@@ -118,6 +132,9 @@ pub fn new_global_id() -> String {
 pub struct ChainTargets {
     /// Every queue of the config.
     pub queues: BTreeMap<String, QueueLimits>,
+    /// Every queue's `next` routes, in the config's order: where a chain its routes
+    /// describe, which has no member list, finds its tasks (see [`members_of`]).
+    pub routes: BTreeMap<String, Vec<crate::config::Route>>,
     /// How long a chain's member list lives after its last member was added: twice the
     /// longest `history_ttl`, so it outlives the records it lists.
     pub ttl: Duration,
@@ -137,6 +154,11 @@ impl ChainTargets {
                 .queues
                 .values()
                 .map(|q| (q.name.clone(), QueueLimits::from(q)))
+                .collect(),
+            routes: cfg
+                .queues
+                .values()
+                .map(|q| (q.name.clone(), q.next.clone()))
                 .collect(),
             ttl: longest * 2,
         }
@@ -323,17 +345,21 @@ pub enum ChainError {
 
 /// Makes each of `tasks` the global task of a chain of its own, before they are enqueued
 /// on `queue`: a task without an id gets a fresh one ([`new_global_id`]); an id that is
-/// already some other task's chain refuses them all before anything is written; then
-/// each chain's global task is claimed.
+/// already some other task's chain (listed, or an unlisted chain of another queue with
+/// routes) refuses them all before anything is written; then each chain's global task
+/// is claimed, but in a queue with routes, whose chains are unlisted ([`run_base`]): a
+/// list there would make a run's follow-ups take other ids than a run of it before its
+/// slot died (a dedup hit) made, and readers find its tasks without one.
 pub async fn start_global(
     client: &crate::queue_client::QueueClient,
     on: &crate::queue_client::Queue,
     mut tasks: Vec<&mut crate::queue_client::NewTask>,
-    ttl: Duration,
+    targets: &ChainTargets,
 ) -> Result<(), ChainError> {
     let conn = client.connection();
     let ns = client.namespace();
     let queue = on.name();
+    let mut claims = Vec::new();
     for t in tasks.iter_mut() {
         t.chain = Some(crate::queue_client::TaskChain::Global);
         let id = t.id.get_or_insert_with(new_global_id).clone();
@@ -353,7 +379,7 @@ pub async fn start_global(
                 chain,
             });
         }
-        match stored(&conn, ns, &id).await? {
+        match stored_or_loose(&conn, ns, &id).await?.0 {
             Some(s) if s.root != Member::new(queue, &id) => {
                 return Err(ChainError::Taken {
                     chain: id,
@@ -370,18 +396,25 @@ pub async fn start_global(
                     queue: queue.to_string(),
                 });
             }
-            _ => {}
+            Some(_) => {}
+            None => {
+                if let Some((holder, _)) = route_root(client, targets, &id).await?
+                    && holder.queue != queue
+                {
+                    return Err(ChainError::Taken { chain: id, holder });
+                }
+            }
+        }
+        let limits = on.limits();
+        if !(limits.starts_chains || limits.failed_routes) {
+            claims.push(id);
         }
     }
-    for t in tasks.iter() {
-        let id = t.id.as_deref().unwrap_or_default();
+    for id in claims {
         if let RootClaim::Taken(holder) =
-            claim_root(&conn, ns, id, &Member::new(queue, id), ttl).await?
+            claim_root(&conn, ns, &id, &Member::new(queue, &id), targets.ttl).await?
         {
-            return Err(ChainError::Taken {
-                chain: id.to_string(),
-                holder,
-            });
+            return Err(ChainError::Taken { chain: id, holder });
         }
     }
     Ok(())
@@ -433,12 +466,156 @@ pub async fn members(
     namespace: &str,
     chain: &str,
 ) -> Result<Option<Members>, QueueError> {
-    let Some(mut m) = stored(conn, namespace, chain).await? else {
+    Ok(stored_or_loose(conn, namespace, chain).await?.0.map(sorted))
+}
+
+/// Whether chain `chain` has a list that names its global task (it is not unlisted).
+pub async fn has_list(conn: &RedisConn, namespace: &str, chain: &str) -> Result<bool, QueueError> {
+    Ok(stored_or_loose(conn, namespace, chain).await?.0.is_some())
+}
+
+/// A chain's members: its list's, when it has one that names its global task; else, for
+/// an unlisted chain (see [`run_base`]), read from its tasks' records: its global task in
+/// a queue with routes (the newest, should two such queues hold a task of that id in a
+/// chain of its own), then, once it has ended, its route follow-ups `G@RUN~N` (the N-th
+/// of its queue's routes for how it ended, in the config's order) whose records name the
+/// chain, then what the list of added members holds (every follow-up further down, and
+/// those a handler added). A parent's follow-ups exist before it ends, so a global task
+/// read ended has all of its. `None` when the chain is unknown.
+pub async fn members_of(
+    client: &QueueClient,
+    targets: &ChainTargets,
+    chain: &str,
+) -> Result<Option<Members>, QueueError> {
+    let conn = client.connection();
+    let (listed, loose) = stored_or_loose(&conn, client.namespace(), chain).await?;
+    if let Some(m) = listed {
+        return Ok(Some(sorted(m)));
+    }
+    let Some((root, root_rec)) = route_root(client, targets, chain).await? else {
         return Ok(None);
     };
+    let mut follow = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let Some(base) = record_run(client, targets, &root, &root_rec)
+        .await?
+        .map(|run| run_base(chain, &run))
+    else {
+        return Ok(Some(Members {
+            root,
+            run: None,
+            follow,
+        }));
+    };
+    let on = match root_rec.state {
+        RecordState::Done => Some(crate::config::RouteOn::Done),
+        RecordState::Failed => Some(crate::config::RouteOn::Failed),
+        _ => None,
+    };
+    if let Some(on) = on {
+        let routes = targets.routes.get(&root.queue).into_iter().flatten();
+        let kids: Vec<Member> = routes
+            .filter(|r| r.on == on)
+            .enumerate()
+            .map(|(n, r)| Member::new(&r.queue, derived_id(&base, n + 1)))
+            .collect();
+        let reads = kids
+            .iter()
+            .map(|m| view::record_of(client, &targets.queues, m));
+        for (kid, r) in kids.iter().zip(futures::future::try_join_all(reads).await?) {
+            if r.is_some_and(|r| r.chain.as_deref() == Some(chain)) && seen.insert(kid.clone()) {
+                follow.push((kid.clone(), root.clone()));
+            }
+        }
+    }
+    // What the list of added members holds, below this run's tasks only: a handler's
+    // follow-ups of the global task (named from its run), then everything below a member.
+    let own_kid = |kid: &Member| {
+        kid.id
+            .strip_prefix(base.as_str())
+            .is_some_and(|rest| rest.starts_with(DERIVED_SEP))
+    };
+    let mut members: std::collections::BTreeSet<Member> = seen.clone();
+    let mut rest = loose;
+    loop {
+        let before = rest.len();
+        rest.retain(|(kid, parent)| {
+            let ours = if *parent == root {
+                own_kid(kid)
+            } else {
+                members.contains(parent)
+            };
+            if ours && seen.insert(kid.clone()) {
+                members.insert(kid.clone());
+                follow.push((kid.clone(), parent.clone()));
+            }
+            !ours
+        });
+        if rest.len() == before {
+            break;
+        }
+    }
+    Ok(Some(sorted(Members {
+        root,
+        run: None,
+        follow,
+    })))
+}
+
+/// The run of a global task as its follow-ups' ids name it (its enqueue time and record
+/// number, as its meta says them: [`Claim::run`]), from its record and its queue's
+/// listing index; `None` when either is gone.
+async fn record_run(
+    client: &QueueClient,
+    targets: &ChainTargets,
+    root: &Member,
+    rec: &TaskRecord,
+) -> Result<Option<String>, QueueError> {
+    let Some(limits) = targets.queues.get(&root.queue) else {
+        return Ok(None);
+    };
+    let Ok(at) = chrono::DateTime::parse_from_rfc3339(&rec.created_at) else {
+        return Ok(None);
+    };
+    let queue = client.queue_with(&root.queue, limits.clone())?;
+    Ok(queue
+        .record_seq(&root.id)
+        .await?
+        .map(|seq| format!("{}.{seq}", at.timestamp_millis())))
+}
+
+/// The global task of chain `chain` when a queue with routes holds it under that id, in a
+/// chain of its own, with its record: the newest, should two queues hold one.
+async fn route_root(
+    client: &QueueClient,
+    targets: &ChainTargets,
+    chain: &str,
+) -> Result<Option<(Member, TaskRecord)>, QueueError> {
+    let candidates: Vec<Member> = targets
+        .routes
+        .iter()
+        .filter(|(_, routes)| !routes.is_empty())
+        .map(|(q, _)| Member::new(q, chain))
+        .collect();
+    let reads = candidates
+        .iter()
+        .map(|m| view::record_of(client, &targets.queues, m));
+    let recs = futures::future::try_join_all(reads).await?;
+    Ok(candidates
+        .into_iter()
+        .zip(recs)
+        .filter_map(|(m, r)| {
+            r.filter(|r| r.chain.as_deref() == Some(chain))
+                .map(|r| (m, r))
+        })
+        .max_by(|a, b| a.1.created_at.cmp(&b.1.created_at)))
+}
+
+/// Members with follow-ups in the order of their ids.
+fn sorted(mut m: Members) -> Members {
     m.follow
         .sort_by(|a, b| natural(&a.0.id).cmp(&natural(&b.0.id)).then(a.0.cmp(&b.0)));
-    Ok(Some(m))
+    m
 }
 
 /// A chain's member list.
@@ -471,25 +648,34 @@ impl Members {
 /// A chain's member list read and decoded: `^`, its global task, `@RUN@` once a run of
 /// it claimed the chain (RUN_MARK), then each follow-up with its parent. `None` without a
 /// global task.
-async fn stored(
+/// Also, for a list without a global task (follow-ups added to a chain that has no list
+/// of its own, or whose list expired), the pairs it holds.
+async fn stored_or_loose(
     conn: &RedisConn,
     namespace: &str,
     chain: &str,
-) -> Result<Option<Members>, QueueError> {
+) -> Result<(Option<Members>, Vec<(Member, Member)>), QueueError> {
     let mut conn = conn.clone();
     let raw: Option<Vec<u8>> = redis::cmd("GET")
         .arg(key(namespace, chain))
         .query_async(&mut conn)
         .await?;
-    let Some(raw) = raw else { return Ok(None) };
+    let Some(raw) = raw else {
+        return Ok((None, Vec::new()));
+    };
     let Some(rest) = raw.strip_prefix(&[ROOT_MARK]) else {
-        return Ok(None);
+        return Ok((None, pairs(decode(&raw))));
     };
     let Some((root, used)) = decode_one(rest) else {
-        return Ok(None);
+        return Ok((None, Vec::new()));
     };
     let (run, rest) = split_run(&rest[used..]);
-    let mut all = decode(rest);
+    let follow = pairs(decode(rest));
+    Ok((Some(Members { root, run, follow }), Vec::new()))
+}
+
+/// Decoded members as (follow-up, parent) pairs, each follow-up once (its first).
+fn pairs(mut all: impl Iterator<Item = Member>) -> Vec<(Member, Member)> {
     let mut seen = std::collections::BTreeSet::new();
     let mut follow = Vec::new();
     while let (Some(child), Some(parent)) = (all.next(), all.next()) {
@@ -497,7 +683,7 @@ async fn stored(
             follow.push((child, parent));
         }
     }
-    Ok(Some(Members { root, run, follow }))
+    follow
 }
 
 /// The run written after a list's global task (`@RUN@`), if any, and what follows it. A

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::{Member, members};
+use super::{ChainTargets, Member, members_of};
 use crate::queue_client::{QueueClient, QueueError, QueueLimits, RecordState, TaskRecord};
 
 /// Where a chain is, from its tasks' records.
@@ -119,15 +119,15 @@ impl ChainView {
 /// How many times a chain's member list and records are read over while it grows.
 const MAX_READS: usize = 5;
 
-/// Reads chain `chain`: its members and their records (each queue's records through
-/// `queues`' limits). `None` when no such chain is known.
+/// Reads chain `chain`: its members (`members_of`) and their records (each queue's
+/// records through its limits in `targets`). `None` when no such chain is known.
 pub async fn read(
     client: &QueueClient,
-    queues: &BTreeMap<String, QueueLimits>,
+    targets: &ChainTargets,
     chain: &str,
 ) -> Result<Option<ChainView>, QueueError> {
-    let conn = client.connection();
-    let Some(mut list) = members(&conn, client.namespace(), chain).await? else {
+    let queues = &targets.queues;
+    let Some(mut list) = members_of(client, targets, chain).await? else {
         return Ok(None);
     };
     // The member list and the records are read apart, so a parent can end between the
@@ -143,7 +143,7 @@ pub async fn read(
             .map(|m| record_of(client, queues, m));
         let records = futures::future::try_join_all(reads).await?;
         reads_left -= 1;
-        match members(&conn, client.namespace(), chain).await? {
+        match members_of(client, targets, chain).await? {
             Some(again) if again.follow.len() != list.follow.len() => {
                 if reads_left == 0 {
                     break (records, false);
@@ -204,7 +204,7 @@ pub(super) fn is_the_run(rec: &TaskRecord, chain: &str, run_at: Option<i64>) -> 
     }
 }
 
-async fn record_of(
+pub(super) async fn record_of(
     client: &QueueClient,
     queues: &BTreeMap<String, QueueLimits>,
     m: &Member,

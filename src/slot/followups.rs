@@ -36,6 +36,9 @@ pub(super) struct FollowUps {
     cfg: QueueConfig,
     targets: Arc<ChainTargets>,
     handles: HashMap<String, Queue>,
+    /// The batch's parents (positions) whose id another queue with routes holds, in a
+    /// chain of that id, from before them ([`FollowUps::held_elsewhere`]).
+    elsewhere: std::collections::BTreeSet<usize>,
 }
 
 /// A parent that starts a chain of its own (or adds to the one it started before).
@@ -60,6 +63,8 @@ struct Child {
     /// (see [`FollowUps::link`]).
     id: String,
     payload: Vec<u8>,
+    /// Made by one of its parent's queue's routes (not by its handler).
+    route: bool,
 }
 
 /// The chain a parent starts.
@@ -88,6 +93,14 @@ enum OneCall {
     LeasesGone(Vec<usize>),
 }
 
+/// The writes of [`FollowUps::in_one_call`]: the parents whose leases they check, and
+/// those whose chains go unlisted, each in the order the writes name them.
+struct OneCallWrites {
+    writes: ChainWrites,
+    parents: Vec<usize>,
+    unlisted: Vec<usize>,
+}
+
 /// What [`FollowUps::enqueue`] did.
 enum Enqueue {
     /// The children are enqueued, but for these parents' (a queue refused them).
@@ -97,6 +110,9 @@ enum Enqueue {
     /// Nothing was written: the leases of these parents (positions among those the
     /// writes checked) are gone.
     LeasesGone(Vec<usize>),
+    /// Nothing was written: these chains (positions among those the writes asked to go
+    /// unlisted) have a list.
+    Listed(Vec<usize>),
 }
 
 /// How many times [`FollowUps::after_settle`] tries to cancel a cancelled parent's
@@ -150,6 +166,7 @@ impl FollowUps {
             cfg,
             targets,
             handles: HashMap::new(),
+            elsewhere: Default::default(),
         }
     }
 
@@ -238,7 +255,7 @@ impl FollowUps {
             Some(r) if r.state == RecordState::Cancelled => {}
             _ => return Ok(0),
         }
-        let listed = chain::members(&self.client.connection(), self.client.namespace(), chain)
+        let listed = chain::members_of(&self.client, &self.targets, chain)
             .await?
             .map(|m| m.follow)
             .unwrap_or_default();
@@ -363,6 +380,7 @@ impl FollowUps {
         if children.is_empty() {
             return Ok(Made::default());
         }
+        self.elsewhere = self.held_elsewhere(tasks, &facts).await?;
         let (refused, chains) = match self.in_one_call(tasks, &mut children, &facts).await? {
             OneCall::Made(done) => done,
             OneCall::LeasesGone(gone) => {
@@ -413,6 +431,58 @@ impl FollowUps {
         Ok(made)
     }
 
+    /// The parents starting the chain of their own id whose id another queue with routes
+    /// holds in a chain of that id, made before them (or in the same ms, by a queue whose
+    /// name sorts first): that chain keeps the name, and theirs is renamed (`QUEUE:ID`),
+    /// as a claim would have it; every attempt of a parent finds the same (its record
+    /// then names the new name). Nothing is read when no other queue has routes.
+    async fn held_elsewhere(
+        &mut self,
+        tasks: &[LeasedTask],
+        facts: &BTreeMap<usize, ChainFacts>,
+    ) -> Result<std::collections::BTreeSet<usize>, QueueError> {
+        let mut out = std::collections::BTreeSet::new();
+        let roots: Vec<usize> = facts
+            .iter()
+            .filter(|(p, f)| f.chain.as_deref() == Some(tasks[**p].id.as_str()))
+            .map(|(p, _)| *p)
+            .collect();
+        let others: Vec<String> = self
+            .targets
+            .routes
+            .iter()
+            .filter(|(q, r)| !r.is_empty() && **q != self.cfg.name)
+            .map(|(q, _)| q.clone())
+            .collect();
+        if roots.is_empty() {
+            return Ok(out);
+        }
+        let ids: Vec<&str> = roots.iter().map(|&p| tasks[p].id.as_str()).collect();
+        for other in others {
+            let q = self.handle(&other)?;
+            for (&p, found) in roots.iter().zip(q.have_records(&ids).await?) {
+                if !found {
+                    continue;
+                }
+                let rec = &tasks[p];
+                let Some(theirs) = q.record(&rec.id).await? else {
+                    continue;
+                };
+                let at = chrono::DateTime::parse_from_rfc3339(&theirs.created_at)
+                    .map(|t| t.timestamp_millis())
+                    .ok();
+                let (Some(at), Some(mine)) = (at, rec.meta.enqueued_ms.map(|m| m as i64)) else {
+                    continue;
+                };
+                let first = (at, other.as_str()) < (mine, self.cfg.name.as_str());
+                if theirs.chain.as_deref() == Some(rec.id.as_str()) && first {
+                    out.insert(p);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Leaves out of `candidates` the tasks whose leases are gone: cancelled while they
     /// ran, or reclaimed and run again by another slot (which makes their follow-ups).
     /// Their settles come back stale. One read for the batch.
@@ -438,8 +508,10 @@ impl FollowUps {
     /// it) and claims of chains under those names are all the parents': `None` when not
     /// (a parent whose record names no chain yet, a chain another task or run holds),
     /// and [`FollowUps::link_then_enqueue`] takes over, which redoes the writes (each
-    /// idempotent) and renames what it must. Returns the parents whose children a queue
-    /// refused, as [`FollowUps::enqueue`] does.
+    /// idempotent) and renames what it must. A global task that may go unlisted
+    /// ([`FollowUps::unlisted_base`]) does, unless its chain has a list (the call then
+    /// says so, writes nothing, and is made again with that chain claimed). Returns the
+    /// parents whose children a queue refused, as [`FollowUps::enqueue`] does.
     async fn in_one_call(
         &mut self,
         tasks: &[LeasedTask],
@@ -454,15 +526,60 @@ impl FollowUps {
             let Some(chain) = facts.get(&c.parent).and_then(|f| f.chain.clone()) else {
                 return Ok(OneCall::NotHere);
             };
+            // (its chain is renamed: `link` does it)
+            if self.elsewhere.contains(&c.parent) {
+                return Ok(OneCall::NotHere);
+            }
             chains.insert(c.parent, chain);
         }
-        // Its own chain's children take their ids from its name (see `link`).
+        let mut listed = std::collections::BTreeSet::new();
+        loop {
+            let writes = match self.one_call_writes(tasks, children, &chains, &listed) {
+                Some(w) => w,
+                None => return Ok(OneCall::NotHere),
+            };
+            let OneCallWrites {
+                writes,
+                parents,
+                unlisted,
+            } = writes;
+            return Ok(match self.enqueue(children, &chains, Some(writes)).await? {
+                Enqueue::Done(refused) => OneCall::Made((refused, chains)),
+                Enqueue::ClaimRefused => OneCall::NotHere,
+                Enqueue::LeasesGone(gone) => {
+                    OneCall::LeasesGone(gone.into_iter().map(|i| parents[i]).collect())
+                }
+                Enqueue::Listed(found) => {
+                    listed.extend(found.into_iter().map(|i| unlisted[i]));
+                    continue;
+                }
+            });
+        }
+    }
+
+    /// The chain writes of [`FollowUps::in_one_call`], with the children's ids: a chain's
+    /// global task's children take their ids from its name (see `link`), or from its run
+    /// when it goes unlisted (every one not in `listed` that may). `None` when an id
+    /// would be too long (`link` then says which).
+    fn one_call_writes(
+        &self,
+        tasks: &[LeasedTask],
+        children: &mut [Child],
+        chains: &BTreeMap<usize, String>,
+        listed: &std::collections::BTreeSet<usize>,
+    ) -> Option<OneCallWrites> {
         let own = self.cfg.name.clone();
         let starts = |parent: usize| chain::started_by(&own, &tasks[parent].id, &chains[&parent]);
+        let unlisted: BTreeMap<usize, String> = chains
+            .iter()
+            .filter(|(p, _)| !listed.contains(*p))
+            .filter_map(|(&p, chain)| Some((p, self.unlisted_base(&tasks[p], chain)?)))
+            .collect();
         for c in children.iter_mut().filter(|c| starts(c.parent)) {
-            c.id = chain::derived_id(&chains[&c.parent], c.n);
+            let base = unlisted.get(&c.parent).unwrap_or(&chains[&c.parent]);
+            c.id = chain::derived_id(base, c.n);
             if c.id.len() > MAX_ID_LEN {
-                return Ok(OneCall::NotHere);
+                return None;
             }
         }
         // per parent that starts a chain: its member, its run, its children
@@ -471,7 +588,12 @@ impl FollowUps {
         for c in children.iter() {
             let parent = Member::new(&own, &tasks[c.parent].id);
             let pair = (Member::new(&c.queue, &c.id), parent.clone());
-            if starts(c.parent) {
+            if unlisted.contains_key(&c.parent) {
+                // (a handler's follow-ups are not found from the routes: they are listed)
+                if !c.route {
+                    adds.entry(&chains[&c.parent]).or_default().push(pair);
+                }
+            } else if starts(c.parent) {
                 let run = tasks[c.parent].meta.run().unwrap_or_default();
                 roots
                     .entry(c.parent)
@@ -493,19 +615,33 @@ impl FollowUps {
             .collect();
         let adds: Vec<(&str, &[(Member, Member)])> =
             adds.iter().map(|(c, m)| (*c, m.as_slice())).collect();
-        let mut writes = chain::writes(self.client.namespace(), &claims, &adds, self.targets.ttl);
+        let ns = self.client.namespace();
+        let mut writes = chain::writes(ns, &claims, &adds, self.targets.ttl);
+        for chain in unlisted.keys().map(|p| &chains[p]) {
+            writes.unlisted(chain::key(ns, chain));
+        }
         let mut parents: Vec<usize> = children.iter().map(|c| c.parent).collect();
         parents.sort_unstable();
         parents.dedup();
         let leased: Vec<&LeasedTask> = parents.iter().map(|&p| &tasks[p]).collect();
         writes.check_leases(&self.own, &leased);
-        Ok(match self.enqueue(children, &chains, Some(writes)).await? {
-            Enqueue::Done(refused) => OneCall::Made((refused, chains)),
-            Enqueue::ClaimRefused => OneCall::NotHere,
-            Enqueue::LeasesGone(gone) => {
-                OneCall::LeasesGone(gone.into_iter().map(|i| parents[i]).collect())
-            }
+        Some(OneCallWrites {
+            writes,
+            parents,
+            unlisted: unlisted.into_keys().collect(),
         })
+    }
+
+    /// What a global task's children take their ids from when its chain goes unlisted
+    /// (`chain::run_base`): a task in the chain of its own id (not renamed), of a queue
+    /// with routes (where readers look for it), whose meta names its run, on one server
+    /// (a Redis Cluster keeps every chain's list). `None` when it does not. Whether a
+    /// list of the chain is there is the enqueue's to say, in the same call.
+    fn unlisted_base(&self, task: &LeasedTask, chain: &str) -> Option<String> {
+        let single = matches!(self.client.connection(), RedisConn::Single(_));
+        let run = task.meta.run().filter(|r| r.contains('.'))?;
+        (single && chain == task.id && !self.cfg.next.is_empty())
+            .then(|| chain::run_base(chain, &run))
     }
 
     /// [`FollowUps::link_then_enqueue`], unless no child is left.
@@ -552,10 +688,13 @@ impl FollowUps {
         for (&i, fact) in facts {
             let task = &tasks[i];
             let mut next: Vec<(String, serde_json::Value)> = Vec::new();
+            // (a task's route follow-ups come first: see `chain::run_base`)
+            let mut routed = 0;
             match &outcomes[i] {
                 Outcome::Done(done) => {
                     let result = done.result.clone().unwrap_or(serde_json::Value::Null);
                     next.extend(self.routes(RouteOn::Done).map(|q| (q, result.clone())));
+                    routed = next.len();
                     next.extend(
                         done.next
                             .iter()
@@ -582,6 +721,9 @@ impl FollowUps {
                 }
                 _ => {}
             }
+            if !matches!(outcomes[i], Outcome::Done(_)) {
+                routed = next.len();
+            }
             out.extend(
                 next.into_iter()
                     .enumerate()
@@ -591,6 +733,7 @@ impl FollowUps {
                         queue,
                         id: chain::derived_id(&task.id, n + 1),
                         payload: payload.to_string().into_bytes(),
+                        route: n < routed,
                     }),
             );
         }
@@ -667,6 +810,12 @@ impl FollowUps {
             match facts.get(&parent).and_then(|f| f.chain.clone()) {
                 // Its own chain (just named by `chain_facts`, or started before): claimed
                 // again, which is idempotent, with the new members.
+                Some(chain) if self.elsewhere.contains(&parent) && chain == *id => {
+                    new_roots.push(NewRoot {
+                        named: false,
+                        ..of(&chain::renamed(&self.cfg.name, id, None))
+                    })
+                }
                 Some(chain) if chain::started_by(&self.cfg.name, id, &chain) => {
                     new_roots.push(of(&chain))
                 }
@@ -687,6 +836,20 @@ impl FollowUps {
         let conn = self.client.connection();
         let ns = self.client.namespace();
         let ttl = self.targets.ttl;
+        let unlisted = self.unlisted_roots(tasks, &mut new_roots).await?;
+        for (r, base) in &unlisted {
+            let parent = Member::new(&self.cfg.name, &tasks[r.parent].id);
+            for c in children.iter_mut().filter(|c| c.parent == r.parent) {
+                c.id = chain::derived_id(base, c.n);
+                if !c.route {
+                    in_chains
+                        .entry(r.chain.clone())
+                        .or_default()
+                        .push((Member::new(&c.queue, &c.id), parent.clone()));
+                }
+            }
+            chains.insert(r.parent, r.chain.clone());
+        }
         let adds: Vec<(&str, &[(Member, Member)])> = in_chains
             .iter()
             .map(|(chain, members)| (chain.as_str(), members.as_slice()))
@@ -699,6 +862,9 @@ impl FollowUps {
         let mut too_long = Vec::new();
         let mut pairs: Vec<(&str, &str)> = Vec::new();
         let mut before: BTreeMap<&str, Vec<(Member, Member)>> = BTreeMap::new();
+        for (r, _) in unlisted.iter().filter(|(r, _)| !r.named) {
+            pairs.push((tasks[r.parent].id.as_str(), r.chain.as_str()));
+        }
         for (r, named) in new_roots.iter().zip(&started) {
             let id = tasks[r.parent].id.as_str();
             let Named {
@@ -736,6 +902,35 @@ impl FollowUps {
         )
         .await?;
         Ok((chains, too_long))
+    }
+
+    /// Takes out of `new_roots` those whose chains go unlisted, each with what its
+    /// children's ids come from ([`FollowUps::unlisted_base`]): those whose chain has no
+    /// list (read apart from the enqueue, here: the way taken when the one call could not
+    /// be).
+    async fn unlisted_roots(
+        &self,
+        tasks: &[LeasedTask],
+        new_roots: &mut Vec<NewRoot>,
+    ) -> Result<Vec<(NewRoot, String)>, QueueError> {
+        let conn = self.client.connection();
+        let ns = self.client.namespace();
+        let maybe: Vec<(usize, String)> = new_roots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| Some((i, self.unlisted_base(&tasks[r.parent], &r.chain)?)))
+            .collect();
+        let reads = maybe
+            .iter()
+            .map(|(i, _)| chain::has_list(&conn, ns, &new_roots[*i].chain));
+        let listed = futures::future::try_join_all(reads).await?;
+        let mut out = Vec::new();
+        for ((i, base), listed) in maybe.into_iter().zip(listed).rev() {
+            if !listed {
+                out.push((new_roots.remove(i), base));
+            }
+        }
+        Ok(out)
     }
 
     /// A chain for each parent that starts one, with its follow-ups: under the chain
@@ -871,6 +1066,7 @@ impl FollowUps {
                         Ok(AfterChains::Enqueued(made)) => Ok(made),
                         Ok(AfterChains::Refused(_)) => return Ok(Enqueue::ClaimRefused),
                         Ok(AfterChains::LeasesGone(gone)) => return Ok(Enqueue::LeasesGone(gone)),
+                        Ok(AfterChains::Listed(found)) => return Ok(Enqueue::Listed(found)),
                         Err(e) => Err(e),
                     },
                     None => handle.enqueue_many(&tasks).await,

@@ -309,9 +309,7 @@ async fn lookup(
     let chain = match record.as_ref().and_then(|r| r.chain.as_deref()) {
         Some(g) => {
             let targets = crate::chain::ChainTargets::from_config(cfg);
-            crate::chain::read(c, &targets.queues, g)
-                .await?
-                .map(Box::new)
+            crate::chain::read(c, &targets, g).await?.map(Box::new)
         }
         None => None,
     };

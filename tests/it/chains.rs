@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::request;
 use crate::harness::{
-    ANY_LOAD, TestRedis, eventually, held_after_follow_ups, poll_some, script_calls,
+    ANY_LOAD, TestRedis, eventually, held_after_follow_ups, kid_ids, poll_some, script_calls,
     shared_cluster_url,
 };
 use crate::host::{gone, http_get};
@@ -320,13 +320,64 @@ async fn fan_out_and_fail(rig: &Rig) {
     same_ids_never_share_children(rig).await;
     a_list_from_before_runs_keeps_its_ids(rig).await;
     a_later_run_under_an_id_sees_only_its_own_chain(rig).await;
+    a_route_chain_writes_no_list_unless_it_has_one(rig).await;
+}
+
+/// On one server a route queue's global task writes no member list: its route's
+/// follow-up is found from the records, its handler's is listed as an added member; the
+/// chain's id is then taken for another queue's submit asking for a chain of it. A chain
+/// that has a list (claimed before its task ran, as a gaffer before unlisted chains did)
+/// keeps it, and its follow-ups take its name.
+async fn a_route_chain_writes_no_list_unless_it_has_one(rig: &Rig) {
+    if matches!(
+        rig.client.connection(),
+        gaffer::queue_client::RedisConn::Cluster(_)
+    ) {
+        return;
+    }
+    let first = rig.q("first");
+    assert_eq!(done_in(rig, "first", "bare").await, "bare");
+    let kids = route_kids(rig, "first", "bare", 2).await;
+    let mut want = vec!["bare".to_string()];
+    want.extend(kids.iter().cloned());
+    assert_eq!(chain_ids(rig, "bare").await, want);
+    let mut conn = rig.client.connection();
+    let raw: Option<String> = redis::cmd("GET")
+        .arg(gaffer::chain::key(&rig.namespace, "bare"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let raw = raw.expect("the handler's follow-up is listed");
+    assert!(!raw.starts_with('^'), "no global task: {raw}");
+    assert!(!raw.contains(&kids[0]), "the route's follow-up: {raw}");
+    assert!(raw.contains(&kids[1]), "the handler's follow-up: {raw}");
+    let fetch = format!("/v1/queues/{}/tasks", rig.q("fetch"));
+    let body = r#"{"payload": {}, "id": "bare", "chain": true}"#;
+    let (status, refused) = rig.call("POST", &fetch, Some(body)).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(
+        refused["error"],
+        format!("chain bare already exists, as the chain of task bare of queue {first}")
+    );
+    let list = chain_list((&first, "pre"), None, &[]);
+    let _: () = redis::cmd("SET")
+        .arg(gaffer::chain::key(&rig.namespace, "pre"))
+        .arg(list)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(done_in(rig, "first", "pre").await, "pre");
+    assert_eq!(chain_ids(rig, "pre").await, ["pre", "pre~1", "pre~2"]);
 }
 
 /// A key that submits a task under the id of another key's ended global task (a new run)
-/// sees its own run's chain, not the earlier run's, nor that chain's tasks.
+/// sees its own run's chain, not the earlier run's, nor that chain's tasks (on one server
+/// the chain keeps its name, unlisted, and shows the run the id holds now; listed, on a
+/// Redis Cluster, the new run's chain is renamed).
 async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
     let (first, after) = (rig.q("first"), rig.q("after"));
     assert_eq!(done_in(rig, "first", "mine").await, "mine");
+    let earlier = route_kids(rig, "first", "mine", 1).await.remove(0);
     let path = format!("/v1/queues/{first}/tasks");
     let body = r#"{"payload": {}, "id": "mine", "wait": "30s"}"#;
     let (status, rec) = rig.call_as(OTHER_TOKEN, "POST", &path, Some(body)).await;
@@ -335,24 +386,44 @@ async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
         (200, &Value::from("done")),
         "{rec}"
     );
-    let theirs = format!("{first}:mine");
+    let listed = matches!(
+        rig.client.connection(),
+        gaffer::queue_client::RedisConn::Cluster(_)
+    );
+    let theirs = if listed {
+        format!("{first}:mine")
+    } else {
+        "mine".to_string()
+    };
     assert_eq!(rec["chain"], theirs, "{rec}");
-    for path in [
-        "/v1/chains/mine".to_string(),
-        format!("/v1/queues/{after}/tasks/mine~1"),
-    ] {
-        let (status, doc) = rig.call_as(OTHER_TOKEN, "GET", &path, None).await;
-        assert_eq!(status, 404, "{path}: {doc}");
+    let (status, doc) = rig
+        .call_as(
+            OTHER_TOKEN,
+            "GET",
+            &format!("/v1/queues/{after}/tasks/{earlier}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 404, "{earlier}: {doc}");
+    if listed {
+        let (status, doc) = rig
+            .call_as(OTHER_TOKEN, "GET", "/v1/chains/mine", None)
+            .await;
+        assert_eq!(status, 404, "{doc}");
     }
     let (status, doc) = rig
         .call_as(OTHER_TOKEN, "GET", &format!("/v1/chains/{theirs}"), None)
         .await;
     assert_eq!(status, 200, "{doc}");
+    let kids = route_kids(rig, "first", "mine", 1).await;
+    assert_ne!(kids[0], earlier);
+    assert!(task_ids(&doc).contains(&kids[0].as_str()), "{doc}");
+    assert!(!task_ids(&doc).contains(&earlier.as_str()), "{doc}");
     let (status, doc) = rig
         .call_as(
             OTHER_TOKEN,
             "GET",
-            &format!("/v1/queues/{after}/tasks/{theirs}~1"),
+            &format!("/v1/queues/{after}/tasks/{}", kids[0]),
             None,
         )
         .await;
@@ -638,6 +709,17 @@ async fn done_in(rig: &Rig, kind: &str, id: &str) -> String {
     rec["chain"].as_str().unwrap_or_default().to_string()
 }
 
+/// The ids the global task `id` of queue `kind` gives its first `n` follow-ups.
+async fn route_kids(rig: &Rig, kind: &str, id: &str, n: usize) -> Vec<String> {
+    let q = rig.client.queue(&rig.q(kind)).unwrap();
+    let rec = q
+        .record(id)
+        .await
+        .unwrap()
+        .expect("the global task's record");
+    kid_ids(&rig.client, &q, &rec, n).await
+}
+
 /// The ids of a chain document's tasks, in its order.
 fn task_ids(doc: &Value) -> Vec<&str> {
     doc["tasks"]
@@ -667,9 +749,94 @@ async fn chain_ids_as(rig: &Rig, token: &str, chain: &str) -> Vec<String> {
 
 /// Two parents with one id never make one child between them: tasks of the same id in two
 /// queues routing to one queue, a task submitted again under its id after it ended (a
+/// new run, as `dedup = "active"` allows), each get children of their own. A global task
+/// of a queue with routes keeps its chain unlisted, its follow-ups named from its run
+/// (`ID@RUN~N`); the same id in another queue with routes is renamed, as a claim was. A
+/// child's id held by a task of another chain fails the parent, saying so.
+async fn same_ids_never_share_children(rig: &Rig) {
+    if matches!(
+        rig.client.connection(),
+        gaffer::queue_client::RedisConn::Cluster(_)
+    ) {
+        return same_ids_never_share_children_listed(rig).await;
+    }
+    let (first, after) = (rig.q("first"), rig.q("after"));
+    let twins = rig.q("twins");
+    assert_eq!(done_in(rig, "first", "twin").await, "twin");
+    let run1 = route_kids(rig, "first", "twin", 2).await;
+    let mut in_chain = vec!["twin".to_string()];
+    in_chain.extend(run1.iter().cloned());
+    assert_eq!(chain_ids(rig, "twin").await, in_chain);
+    // Another queue's task of that id: its chain is renamed, and its child's id with it.
+    let renamed = format!("{twins}:twin");
+    assert_eq!(done_in(rig, "twins", "twin").await, renamed);
+    assert_eq!(
+        chain_ids(rig, &renamed).await,
+        ["twin".to_string(), format!("{renamed}~1")]
+    );
+    // The same task again: a new run, whose children are named from it; the chain's view
+    // is the run the id holds now.
+    assert_eq!(done_in(rig, "first", "twin").await, "twin");
+    let run2 = route_kids(rig, "first", "twin", 2).await;
+    assert_ne!(run1, run2);
+    let mut in_chain = vec!["twin".to_string()];
+    in_chain.extend(run2.iter().cloned());
+    assert_eq!(chain_ids(rig, "twin").await, in_chain);
+    // And a third run, which a submit asking for its chain then finds (a dedup hit on the
+    // waiting task): the submit follows that run's chain.
+    let path = format!("/v1/queues/{first}/tasks");
+    let delayed = r#"{"payload": {}, "id": "twin", "delay": "2s"}"#;
+    let (status, rec) = rig.call("POST", &path, Some(delayed)).await;
+    assert_eq!(status, 202, "{rec}");
+    let follow = r#"{"payload": {}, "id": "twin", "chain": true, "wait": "30s"}"#;
+    let (status, chain) = rig.call("POST", &path, Some(follow)).await;
+    assert_eq!(status, 200, "{chain}");
+    assert_eq!(chain["id"], "twin", "{chain}");
+    assert_eq!(chain["state"], "done", "{chain}");
+    let run3 = route_kids(rig, "first", "twin", 2).await;
+    let mut in_chain = vec!["twin".to_string()];
+    in_chain.extend(run3.iter().cloned());
+    assert_eq!(task_ids(&chain), in_chain);
+    let runs = rig.runs();
+    let mut kids: Vec<String> = [run1, run2, run3].concat();
+    kids.push(format!("{renamed}~1"));
+    for id in &kids {
+        let n = runs.iter().filter(|(q, i)| *q == after && i == id).count();
+        assert_eq!(n, 1, "{id} ran once: {runs:?}");
+    }
+    // A submit asking for the chain of the task's ended runs starts a new run, with
+    // children of its own.
+    let body = r#"{"payload": {}, "id": "twin", "chain": true, "wait": "30s"}"#;
+    let (status, chain) = rig.call("POST", &path, Some(body)).await;
+    assert_eq!(status, 200, "{chain}");
+    let run4 = route_kids(rig, "first", "twin", 2).await;
+    assert!(!kids.contains(&run4[0]), "{run4:?}");
+    let mut in_chain = vec!["twin".to_string()];
+    in_chain.extend(run4);
+    assert_eq!(task_ids(&chain), in_chain, "{chain}");
+    // A task of no chain already has the id the route gives the child: the parent fails.
+    let delayed = r#"{"payload": {}, "id": "lone", "delay": "2s"}"#;
+    let (status, rec) = rig.call("POST", &path, Some(delayed)).await;
+    assert_eq!(status, 202, "{rec}");
+    let kid = route_kids(rig, "first", "lone", 1).await.remove(0);
+    let rec = run_to_end(rig, "after", &kid).await;
+    assert_eq!(rec["state"], "done");
+    let rec = run_to_end(rig, "first", "lone").await;
+    assert_eq!(rec["state"], "failed", "{rec}");
+    let error = rec["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "follow-up id {kid} on queue {after} is taken by a task of no chain"
+        )),
+        "{rec}"
+    );
+}
+
+/// [`same_ids_never_share_children`] where every chain is listed (a Redis Cluster): tasks of
+/// the same id in two queues routing to one queue, a task submitted again under its id after it ended (a
 /// new run, as `dedup = "active"` allows), each get children of their own, in chains of
 /// their own. A child's id held by a task of another chain fails the parent, saying so.
-async fn same_ids_never_share_children(rig: &Rig) {
+async fn same_ids_never_share_children_listed(rig: &Rig) {
     let (first, twins, after) = (rig.q("first"), rig.q("twins"), rig.q("after"));
     assert_eq!(done_in(rig, "first", "twin").await, "twin");
     // Another queue's task of that id: its chain is renamed, and its child's id with it.
@@ -935,7 +1102,8 @@ async fn killed_between_follow_ups_and_ack(redis_url: &str, namespace: &str, pre
         },
     )
     .await;
-    for child in ["job-1~1", "job-1~2"] {
+    let kids = route_kids(&rig, "first", "job-1", 2).await;
+    for child in &kids {
         eventually(Duration::from_secs(20), "each follow-up done", || async {
             after
                 .record(child)
@@ -948,8 +1116,8 @@ async fn killed_between_follow_ups_and_ack(redis_url: &str, namespace: &str, pre
     let runs = rig.runs();
     let count = |q: &str, id: &str| runs.iter().filter(|(rq, rid)| rq == q && rid == id).count();
     assert_eq!(count(&first, "job-1"), 2, "the parent ran again: {runs:?}");
-    assert_eq!(count(&rig.q("after"), "job-1~1"), 1, "{runs:?}");
-    assert_eq!(count(&rig.q("after"), "job-1~2"), 1, "{runs:?}");
+    assert_eq!(count(&rig.q("after"), &kids[0]), 1, "{runs:?}");
+    assert_eq!(count(&rig.q("after"), &kids[1]), 1, "{runs:?}");
     assert_eq!(
         runs.iter().filter(|(q, _)| *q == rig.q("after")).count(),
         2,
@@ -961,13 +1129,14 @@ async fn killed_between_follow_ups_and_ack(redis_url: &str, namespace: &str, pre
         "each child enqueued once"
     );
     // The route's child got the parent's result; the handler's its own payload.
-    let given = |id: &'static str| {
+    let given = |id: &str| {
         let after = after.clone();
-        async move { after.record(id).await.unwrap().unwrap().result.unwrap()["given"].clone() }
+        let id = id.to_string();
+        async move { after.record(&id).await.unwrap().unwrap().result.unwrap()["given"].clone() }
     };
-    assert_eq!(given("job-1~1").await, serde_json::json!({"from": "first"}));
+    assert_eq!(given(&kids[0]).await, serde_json::json!({"from": "first"}));
     assert_eq!(
-        given("job-1~2").await,
+        given(&kids[1]).await,
         serde_json::json!({"from": "handler"})
     );
     let (_, chain) = rig.call("GET", "/v1/chains/job-1", None).await;
@@ -1002,11 +1171,9 @@ async fn generated_parent_ids_lead_to_derived_ones(rig: &Rig, first: &str) {
         },
     )
     .await;
-    assert_eq!(
-        task_ids(&doc),
-        [id.clone(), format!("{id}~1"), format!("{id}~2")],
-        "{doc}"
-    );
+    let mut want = vec![id.clone()];
+    want.extend(route_kids(rig, "first", &id, 2).await);
+    assert_eq!(task_ids(&doc), want, "{doc}");
 }
 
 #[tokio::test]
@@ -1076,14 +1243,15 @@ async fn cancelled_while_running(redis_url: &str, namespace: &str, prefix: &str)
     submit("late", json!({"child_gate": child_gate})).await;
     held_after_follow_ups(&pause).await;
     // (the slot settled early before it took late)
-    for child in ["early~1", "early~2"] {
+    for child in &route_kids(&rig, "first", "early", 2).await {
         assert!(after.find(child).await.unwrap().is_none(), "{child} made");
         assert!(after.record(child).await.unwrap().is_none(), "{child} made");
     }
     assert!(state_is("early", RecordState::Cancelled).await);
     cancel("late").await;
     std::fs::write(probe.path().join("pause.go"), "").unwrap();
-    for child in ["late~1", "late~2"] {
+    let late_kids = route_kids(&rig, "first", "late", 2).await;
+    for child in &late_kids {
         let rec = poll_some(
             Duration::from_secs(30),
             "the follow-up cancelled",
@@ -1117,7 +1285,7 @@ async fn cancelled_while_running(redis_url: &str, namespace: &str, prefix: &str)
         (status == 200 && doc["state"] == "done").then_some(())
     })
     .await;
-    for child in ["late~1", "late~2"] {
+    for child in &late_kids {
         let rec = after.record(child).await.unwrap().unwrap();
         assert_eq!(rec.state, RecordState::Cancelled, "{child}");
     }
@@ -1290,7 +1458,7 @@ async fn a_follow_up_id_held_outside_its_chain_is_refused() {
     // under its id would be that task (a dedup hit), in chain G.
     let mut submit = NewTask::new("{}").id("G~2").chain(TaskChain::Global);
     let ttl = Duration::from_secs(60);
-    let refused = gaffer::chain::start_global(&client, &q, vec![&mut submit], ttl)
+    let refused = gaffer::chain::start_global(&client, &q, vec![&mut submit], &targets(ttl))
         .await
         .unwrap_err();
     assert_eq!(
@@ -1415,6 +1583,104 @@ async fn a_chain_is_claimed_by_one_run_of_its_global_task() {
     );
 }
 
+/// A chain kept without a member list (the global task of a queue with routes, on one
+/// server) is read from its records: the global task's route follow-ups for how it
+/// ended, named from its run and each counted when its record names the chain, then what
+/// the list of added members holds below them (a handler's follow-up of the global task
+/// named from the run, a member's follow-ups); an earlier run's tasks, listed there too,
+/// are not this run's.
+#[tokio::test]
+async fn an_unlisted_chain_is_read_from_its_records_and_its_run() {
+    use gaffer::chain::{self, ChainTargets, Member};
+    use gaffer::config::{Route, RouteOn};
+    use gaffer::queue_client::{NewTask, QueueLimits};
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let routed = routed_queue(&client);
+    let kids = client.queue_with("kids", QueueLimits::default()).unwrap();
+    let route = || Route {
+        queue: "kids".into(),
+        on: RouteOn::Done,
+    };
+    let targets = ChainTargets {
+        queues: [
+            ("routed".to_string(), routed.limits()),
+            ("kids".to_string(), kids.limits()),
+        ]
+        .into(),
+        routes: [
+            ("routed".to_string(), vec![route(), route(), route()]),
+            ("kids".to_string(), Vec::new()),
+        ]
+        .into(),
+        ttl: Duration::from_secs(60),
+    };
+    let ids = |m: chain::Members| -> Vec<(String, String)> {
+        m.follow.into_iter().map(|(c, p)| (c.id, p.id)).collect()
+    };
+    routed.enqueue(NewTask::new("{}").id("g")).await.unwrap();
+    let waiting = chain::members_of(&client, &targets, "g").await.unwrap();
+    let waiting = waiting.expect("a route queue's task is its chain's global task");
+    assert_eq!(waiting.root, Member::new("routed", "g"));
+    assert!(waiting.follow.is_empty());
+    let taken = routed.take(1, Duration::from_secs(30)).await.unwrap();
+    routed.ack(&taken.tasks).await.unwrap();
+    let rec = routed.record("g").await.unwrap().unwrap();
+    let base = kid_ids(&client, &routed, &rec, 1).await[0]
+        .trim_end_matches("~1")
+        .to_string();
+    assert!(base.starts_with("g@"), "{base}");
+    // The first two routes' follow-ups exist (the third's does not), and an earlier
+    // run's, in the same chain.
+    let earlier = "g@1.1";
+    let made = [
+        format!("{base}~1"),
+        format!("{base}~2"),
+        format!("{earlier}~1"),
+    ];
+    let made: Vec<NewTask> = made.iter().map(|id| kid(id, "g")).collect();
+    kids.enqueue_many(&made).await.unwrap();
+    let m = |q: &str, id: &str| Member::new(q, id);
+    let added = [
+        (
+            m("kids", &format!("{base}~2~1")),
+            m("kids", &format!("{base}~2")),
+        ),
+        (m("kids", &format!("{base}~4")), m("routed", "g")),
+        (
+            m("kids", &format!("{earlier}~1~1")),
+            m("kids", &format!("{earlier}~1")),
+        ),
+        (m("kids", &format!("{earlier}~4")), m("routed", "g")),
+    ];
+    let conn = client.connection();
+    chain::add_many(&conn, "test", &[("g", &added[..])], targets.ttl)
+        .await
+        .unwrap();
+    assert!(!chain::has_list(&conn, "test", "g").await.unwrap());
+    let list = chain::members_of(&client, &targets, "g")
+        .await
+        .unwrap()
+        .unwrap();
+    let g = "g".to_string();
+    assert_eq!(
+        ids(list),
+        [
+            (format!("{base}~1"), g.clone()),
+            (format!("{base}~2"), g.clone()),
+            (format!("{base}~2~1"), format!("{base}~2")),
+            (format!("{base}~4"), g.clone()),
+        ]
+    );
+    // Unknown: no list, and no route queue's task of that id in a chain of its own.
+    assert!(
+        chain::members_of(&client, &targets, "h")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
 /// A renamed chain goes in its global task's meta, so that the task's next attempt starts
 /// from that name; a submit asking for the chain of a task's earlier run is refused where
 /// the enqueue would make a new run, and not where it would find the run there
@@ -1444,7 +1710,7 @@ async fn a_chain_stays_with_the_run_that_made_it() {
         let client = client.clone();
         async move {
             let mut t = NewTask::new("{}").id("r1").chain(TaskChain::Global);
-            chain::start_global(&client, &q, vec![&mut t], ttl).await
+            chain::start_global(&client, &q, vec![&mut t], &targets(ttl)).await
         }
     };
     let refused = submit(routed.clone()).await.unwrap_err();
@@ -1462,7 +1728,10 @@ async fn a_chain_stays_with_the_run_that_made_it() {
     submit(by_record).await.expect("a dedup hit, not a new run");
 
     // The list's run (enqueued at 5) is not the record's (created at rec's time).
-    let queues = [("routed".to_string(), routed.limits())].into();
+    let queues = chain::ChainTargets {
+        queues: [("routed".to_string(), routed.limits())].into(),
+        ..Default::default()
+    };
     let view = chain::read(&client, &queues, "r1").await.unwrap().unwrap();
     assert_eq!(view.tasks[0].record, None, "another run's record: {rec:?}");
     let at = chrono::DateTime::parse_from_rfc3339(&rec.created_at)
@@ -1553,12 +1822,12 @@ async fn chains_under_slot_kills_make_each_child_once() {
     .await;
     let mut want = Vec::new();
     for p in parents.iter().filter(|p| p.state == RecordState::Done) {
-        let chain = p
-            .chain
-            .clone()
-            .expect("a route queue's task names its chain");
-        let kids = if p.queue == first.name() { 2 } else { 1 };
-        want.extend((1..=kids).map(|n| format!("{chain}~{n}")));
+        let (q, kids) = if p.queue == first.name() {
+            (&first, 2)
+        } else {
+            (&twins, 1)
+        };
+        want.extend(kid_ids(&rig.client, q, p, kids).await);
     }
     let children = poll_some(Duration::from_secs(120), "every child done", || {
         ended(after.clone(), want.clone())
@@ -1850,4 +2119,12 @@ async fn an_id_that_would_cut_its_chains_records_is_refused() {
         plain.enqueue(NewTask::new("{}").id(id)).await.unwrap();
     }
     assert_eq!(routed.stats().await.unwrap().enqueued_total, 0);
+}
+
+/// Chain targets that know no queue, whose lists live `ttl`.
+fn targets(ttl: Duration) -> gaffer::chain::ChainTargets {
+    gaffer::chain::ChainTargets {
+        ttl,
+        ..Default::default()
+    }
 }

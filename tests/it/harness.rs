@@ -828,3 +828,36 @@ pub(crate) async fn held_after_follow_ups(path: &std::path::Path) -> String {
     )
     .await
 }
+
+/// The ids the task of record `rec` (of queue `q`) gives its first `n` follow-ups: from
+/// its run (`ID@RUN~N`, its record's enqueue time and number) when it is the global task
+/// of an unlisted chain (on one server), else from its chain's name.
+pub async fn kid_ids(
+    client: &gaffer::queue_client::QueueClient,
+    q: &gaffer::queue_client::Queue,
+    rec: &gaffer::queue_client::TaskRecord,
+    n: usize,
+) -> Vec<String> {
+    let chain = rec
+        .chain
+        .clone()
+        .expect("a route queue's task names its chain");
+    let cluster = matches!(
+        client.connection(),
+        gaffer::queue_client::RedisConn::Cluster(_)
+    );
+    let base = if chain != rec.id || cluster {
+        chain
+    } else {
+        let at = chrono::DateTime::parse_from_rfc3339(&rec.created_at)
+            .unwrap()
+            .timestamp_millis();
+        let seq = q
+            .record_seq(&rec.id)
+            .await
+            .unwrap()
+            .expect("its listing entry");
+        format!("{chain}@{at}.{seq}")
+    };
+    (1..=n).map(|i| format!("{base}~{i}")).collect()
+}

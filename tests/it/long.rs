@@ -14,7 +14,7 @@ use gaffer::redis_server::free_port;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some};
+use crate::harness::{ANY_LOAD, TestRedis, eventually, kid_ids, poll_some};
 use crate::host::{gone, http_get, slots};
 
 /// The exec child of the tests' long queues: runs each task until its payload's `run_s`
@@ -1186,16 +1186,27 @@ async fn a_long_task_that_returns_makes_its_follow_ups_and_a_cancelled_one_none(
         record(&q, "w").await.state == RecordState::Done
     })
     .await;
-    let payload = |id: &'static str| {
+    let kids = kid_ids(&h.client, &q, &record(&q, "w").await, 2).await;
+    let payload = |id: String| {
         let after = after.clone();
         async move {
-            let info = after.find(id).await.unwrap().expect("the follow-up exists");
+            let info = after
+                .find(&id)
+                .await
+                .unwrap()
+                .expect("the follow-up exists");
             serde_json::from_slice::<Value>(&info.payload).unwrap()
         }
     };
-    assert_eq!(payload("w~1").await, serde_json::json!({"seen": 3}));
-    assert_eq!(payload("w~2").await, serde_json::json!({"from": "handler"}));
-    let child = after.record("w~1").await.unwrap().unwrap();
+    assert_eq!(
+        payload(kids[0].clone()).await,
+        serde_json::json!({"seen": 3})
+    );
+    assert_eq!(
+        payload(kids[1].clone()).await,
+        serde_json::json!({"from": "handler"})
+    );
+    let child = after.record(&kids[0]).await.unwrap().unwrap();
     assert_eq!(child.submitted_by.as_deref(), Some("chain:w"), "{child:?}");
     assert_eq!(child.chain.as_deref(), Some("w"), "{child:?}");
 
@@ -1207,7 +1218,8 @@ async fn a_long_task_that_returns_makes_its_follow_ups_and_a_cancelled_one_none(
     )
     .await;
     assert_eq!(h.pids("stop", "c").len(), 1, "c answered its cancel");
-    assert!(after.find("c~1").await.unwrap().is_none());
+    let c_kids = kid_ids(&h.client, &q, &record(&q, "c").await, 1).await;
+    assert!(after.find(&c_kids[0]).await.unwrap().is_none());
     assert_eq!(
         after.stats().await.unwrap().enqueued_total,
         2,
@@ -1228,8 +1240,11 @@ async fn a_long_task_cancelled_after_its_follow_ups_were_made_cancels_them() {
     let after = h.client.queue("after").unwrap();
     enqueue(&q, "w", r#"{"run_s": 0.2, "result": {"seen": 1}}"#).await;
     crate::harness::held_after_follow_ups(&pause).await;
+    let kid = kid_ids(&h.client, &q, &record(&q, "w").await, 1)
+        .await
+        .remove(0);
     assert!(
-        after.find("w~1").await.unwrap().is_some(),
+        after.find(&kid).await.unwrap().is_some(),
         "the follow-up is made"
     );
     q.cancel_with("w", "test").await.unwrap();
@@ -1238,9 +1253,9 @@ async fn a_long_task_cancelled_after_its_follow_ups_were_made_cancels_them() {
         record(&q, "w").await.state == RecordState::Cancelled
     })
     .await;
-    let child = poll_some(Duration::from_secs(20), "w~1 cancelled", || async {
+    let child = poll_some(Duration::from_secs(20), "w's child cancelled", || async {
         after
-            .record("w~1")
+            .record(&kid)
             .await
             .unwrap()
             .filter(|r| r.state == RecordState::Cancelled)
@@ -1254,7 +1269,7 @@ async fn a_long_task_cancelled_after_its_follow_ups_were_made_cancels_them() {
         "{note:?}"
     );
     assert!(
-        after.find("w~1").await.unwrap().is_none(),
+        after.find(&kid).await.unwrap().is_none(),
         "no longer waiting"
     );
 }

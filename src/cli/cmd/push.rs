@@ -147,8 +147,8 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
         .collect();
     let mut tasks = tasks;
     if args.chain {
-        let ttl = crate::chain::ChainTargets::from_config(&cfg).ttl;
-        crate::chain::start_global(&client, &q, tasks.iter_mut().collect(), ttl)
+        let targets = crate::chain::ChainTargets::from_config(&cfg);
+        crate::chain::start_global(&client, &q, tasks.iter_mut().collect(), &targets)
             .await
             .map_err(|e| CliError::Runtime(e.into()))?;
     }

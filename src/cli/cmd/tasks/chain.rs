@@ -22,7 +22,7 @@ pub async fn run(global: &Global, args: ChainArgs) -> Result<(), CliError> {
     let cfg = global.load()?;
     let client = global.connect(&cfg).await?;
     let targets = ChainTargets::from_config(&cfg);
-    let Some(view) = chain::read(&client, &targets.queues, &args.id).await? else {
+    let Some(view) = chain::read(&client, &targets, &args.id).await? else {
         return Err(CliError::runtime(format!("no chain {:?}", args.id)));
     };
     if args.json {
