@@ -2,7 +2,9 @@
 //! work (DESIGN.md "Chains, sync tasks and controls").
 //!
 //! A chain is identified by its global task's id. What it holds is its member list beside
-//! the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (on a Redis Cluster its
+//! the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (but for an unlisted
+//! chain, the global task of a queue with routes on one server, whose tasks are found
+//! from their records and named from its run: see [`run_base`] and [`members_of`]) (on a Redis Cluster its
 //! keys are in another slot than its tasks' queues): one string, `^` and the global task,
 //! `@RUN@` once a run of it made follow-ups, then each follow-up with its parent, every
 //! member length-prefixed (`LEN:QUEUE\x1fID`, so ids may hold any byte). A string, not a

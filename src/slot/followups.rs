@@ -442,6 +442,10 @@ impl FollowUps {
         facts: &BTreeMap<usize, ChainFacts>,
     ) -> Result<std::collections::BTreeSet<usize>, QueueError> {
         let mut out = std::collections::BTreeSet::new();
+        // (a Redis Cluster keeps every chain listed: its claims tell owners apart)
+        if !matches!(self.client.connection(), RedisConn::Single(_)) {
+            return Ok(out);
+        }
         let roots: Vec<usize> = facts
             .iter()
             .filter(|(p, f)| f.chain.as_deref() == Some(tasks[**p].id.as_str()))
@@ -454,28 +458,31 @@ impl FollowUps {
             .filter(|(q, r)| !r.is_empty() && **q != self.cfg.name)
             .map(|(q, _)| q.clone())
             .collect();
-        if roots.is_empty() {
+        if roots.is_empty() || others.is_empty() {
             return Ok(out);
         }
         let ids: Vec<&str> = roots.iter().map(|&p| tasks[p].id.as_str()).collect();
-        for other in others {
-            let q = self.handle(&other)?;
-            for (&p, found) in roots.iter().zip(q.have_records(&ids).await?) {
-                if !found {
-                    continue;
-                }
-                let rec = &tasks[p];
-                let Some(theirs) = q.record(&rec.id).await? else {
+        let mut handles = Vec::new();
+        for other in &others {
+            handles.push(self.handle(other)?);
+        }
+        let found = handles.iter().map(|q| q.have_records(&ids));
+        let found = futures::future::try_join_all(found).await?;
+        for (q, found) in handles.iter().zip(found) {
+            for (&p, _) in roots.iter().zip(found).filter(|(_, f)| *f) {
+                let task = &tasks[p];
+                let Some(theirs) = q.record(&task.id).await? else {
                     continue;
                 };
                 let at = chrono::DateTime::parse_from_rfc3339(&theirs.created_at)
                     .map(|t| t.timestamp_millis())
                     .ok();
-                let (Some(at), Some(mine)) = (at, rec.meta.enqueued_ms.map(|m| m as i64)) else {
+                let mine = task.meta.enqueued_ms.map(|m| m as i64);
+                let (Some(at), Some(mine)) = (at, mine) else {
                     continue;
                 };
-                let first = (at, other.as_str()) < (mine, self.cfg.name.as_str());
-                if theirs.chain.as_deref() == Some(rec.id.as_str()) && first {
+                let first = (at, q.name()) < (mine, self.cfg.name.as_str());
+                if theirs.chain.as_deref() == Some(task.id.as_str()) && first {
                     out.insert(p);
                 }
             }

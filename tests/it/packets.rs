@@ -1,4 +1,4 @@
-//! Packets (docs/plans/chain-packets.md): a slot's follow-ups to a tracked queue kept as
+//! Packets (ARCHITECTURE.md, invariant 36): a slot's follow-ups to a tracked queue kept as
 //! one packet per enqueue call. Each case checks that readers find a packet's tasks as
 //! they find tasks enqueued one by one, on a single server and on the 3-master cluster.
 

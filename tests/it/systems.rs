@@ -197,7 +197,7 @@ const PARTNER: &str = "[systems.partner]\nmax_concurrency = 4\n\n\
     [queues.other]\nhandler = \"noop\"\n";
 
 /// A pause notes, and a disable cancels, the waiting tasks of a packet of follow-ups
-/// (docs/plans/chain-packets.md) as it does tasks enqueued one by one, each alone.
+/// (ARCHITECTURE.md, invariant 36) as it does tasks enqueued one by one, each alone.
 #[tokio::test]
 async fn a_packets_waiting_tasks_are_noted_and_cancelled_by_the_switches() {
     let rig = Rig::start(PARTNER).await;

@@ -466,7 +466,7 @@ local function ended(id, now, ttl_ms)
 end
 
 -- ---------------------------------------------------------------------------------------
--- Packets (docs/plans/chain-packets.md). The follow-ups one enqueue call makes on a tracked
+-- Packets (ARCHITECTURE.md, invariant 36). The follow-ups one enqueue call makes on a tracked
 -- queue can be kept as one packet instead of a task and a record each: BASE (text) is the
 -- call's record numbers less one, its n tasks are numbered BASE+1..BASE+n as any record,
 -- and each has its entry in K_IDX (so listings and done_of find them as any task).
