@@ -27,8 +27,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::queue_client::{
-    ChainWrites, QueueClient, QueueError, QueueLimits, RecordState, RedisConn, RefusedClaims,
-    TaskRecord,
+    ChainWrites, QueueClient, QueueError, QueueLimits, RedisConn, RefusedClaims, TaskRecord,
 };
 
 pub use view::{ChainState, ChainTask, ChainView, read};
@@ -84,15 +83,16 @@ pub fn derived_id(parent: &str, n: usize) -> String {
     format!("{parent}{DERIVED_SEP}{n}")
 }
 
-/// What the route follow-ups of an unlisted chain take their ids from: the chain's name
-/// and the run of its global task that made them (`CHAIN@RUN`, so `CHAIN@RUN~1` is the
-/// first). A chain whose global task's follow-ups are all its queue's routes is kept
-/// without a member list, its tasks found from their records ([`members_of`]); naming
-/// them from the run keeps a later run of the same id (submitted again once it ended)
-/// from ever making an id an earlier run made, at any depth, with no list to tell the
-/// two apart.
-pub fn run_base(chain: &str, run: &str) -> String {
-    format!("{chain}{}{run}", RUN_MARK as char)
+/// What the follow-ups of an unlisted chain's global task take their ids from: its queue,
+/// the chain's name and the run of the global task that made them (`QUEUE:CHAIN@RUN`, as
+/// [`renamed`] names a chain's third name, so `QUEUE:CHAIN@RUN~1` is the first). The
+/// chain of a global task of a queue with routes is kept without a member list on one
+/// server, its tasks found from their records ([`members_of`]); naming them from the
+/// queue and the run keeps a later run of the same id (submitted again once it ended),
+/// and a task of the same id in another queue with routes, from ever making an id one of
+/// them made, at any depth, with no list to tell them apart.
+pub fn run_base(queue: &str, chain: &str, run: &str) -> String {
+    renamed(queue, chain, Some(run))
 }
 
 /// The name a task `id` of `queue` starts its chain under when another task's chain (or
@@ -347,8 +347,8 @@ pub enum ChainError {
 
 /// Makes each of `tasks` the global task of a chain of its own, before they are enqueued
 /// on `queue`: a task without an id gets a fresh one ([`new_global_id`]); an id that is
-/// already some other task's chain (listed, or an unlisted chain of another queue with
-/// routes) refuses them all before anything is written; then each chain's global task
+/// already some other task's chain (its list says so) refuses them all before anything
+/// is written; then each chain's global task
 /// is claimed, but in a queue with routes, whose chains are unlisted ([`run_base`]): a
 /// list there would make a run's follow-ups take other ids than a run of it before its
 /// slot died (a dedup hit) made, and readers find its tasks without one.
@@ -398,14 +398,7 @@ pub async fn start_global(
                     queue: queue.to_string(),
                 });
             }
-            Some(_) => {}
-            None => {
-                if let Some((holder, _)) = route_root(client, targets, &id).await?
-                    && holder.queue != queue
-                {
-                    return Err(ChainError::Taken { chain: id, holder });
-                }
-            }
+            _ => {}
         }
         let limits = on.limits();
         if !(limits.starts_chains || limits.failed_routes) {
@@ -471,19 +464,11 @@ pub async fn members(
     Ok(stored_or_loose(conn, namespace, chain).await?.0.map(sorted))
 }
 
-/// Whether chain `chain` has a list that names its global task (it is not unlisted).
-pub async fn has_list(conn: &RedisConn, namespace: &str, chain: &str) -> Result<bool, QueueError> {
-    Ok(stored_or_loose(conn, namespace, chain).await?.0.is_some())
-}
-
 /// A chain's members: its list's, when it has one that names its global task; else, for
-/// an unlisted chain (see [`run_base`]), read from its tasks' records: its global task in
-/// a queue with routes (the newest, should two such queues hold a task of that id in a
-/// chain of its own), then, once it has ended, its route follow-ups `G@RUN~N` (the N-th
-/// of its queue's routes for how it ended, in the config's order) whose records name the
-/// chain, then what the list of added members holds (every follow-up further down, and
-/// those a handler added). A parent's follow-ups exist before it ends, so a global task
-/// read ended has all of its. `None` when the chain is unknown.
+/// an unlisted chain (see [`run_base`]), read from its tasks' records ([`unlisted`]): its
+/// global task in a queue with routes whose record names the chain (the newest, should
+/// two such queues hold a task of that id), then its follow-ups. `None` when the chain
+/// is unknown.
 pub async fn members_of(
     client: &QueueClient,
     targets: &ChainTargets,
@@ -494,50 +479,63 @@ pub async fn members_of(
     if let Some(m) = listed {
         return Ok(Some(sorted(m)));
     }
-    let Some((root, root_rec)) = route_root(client, targets, chain).await? else {
+    let Some((root, rec)) = route_root(client, targets, chain).await? else {
         return Ok(None);
     };
-    let mut follow = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    let Some(base) = record_run(client, targets, &root, &root_rec)
-        .await?
-        .map(|run| run_base(chain, &run))
-    else {
-        return Ok(Some(Members {
-            root,
-            run: None,
-            follow,
-        }));
+    let mut members = Members {
+        root,
+        run: None,
+        follow: Vec::new(),
     };
-    let on = match root_rec.state {
-        RecordState::Done => Some(crate::config::RouteOn::Done),
-        RecordState::Failed => Some(crate::config::RouteOn::Failed),
-        _ => None,
+    unlisted(client, targets, chain, &mut members, &rec, loose).await?;
+    Ok(Some(sorted(members)))
+}
+
+/// Adds to `members` what an unlisted chain's global task (of record `rec`) made: its
+/// route follow-ups `QUEUE:G@RUN~N` (the N-th of its queue's done routes, or of its
+/// failed routes: whichever record is there and names the chain, whatever the global
+/// task's state, so that a task running again, or cancelled, shows what it made), then
+/// what `loose` (the list of added members) holds below this run's tasks: a handler's
+/// follow-ups of the global task (named from the run too) and every follow-up further
+/// down. An earlier run's tasks, in the same list, are not this run's.
+async fn unlisted(
+    client: &QueueClient,
+    targets: &ChainTargets,
+    chain: &str,
+    members: &mut Members,
+    rec: &TaskRecord,
+    loose: Vec<(Member, Member)>,
+) -> Result<(), QueueError> {
+    let root = members.root.clone();
+    let Some(run) = record_run(client, targets, &root, rec).await? else {
+        return Ok(());
     };
-    if let Some(on) = on {
-        let routes = targets.routes.get(&root.queue).into_iter().flatten();
-        let kids: Vec<Member> = routes
-            .filter(|r| r.on == on)
-            .enumerate()
-            .map(|(n, r)| Member::new(&r.queue, derived_id(&base, n + 1)))
-            .collect();
-        let reads = kids
-            .iter()
-            .map(|m| view::record_of(client, &targets.queues, m));
-        for (kid, r) in kids.iter().zip(futures::future::try_join_all(reads).await?) {
-            if r.is_some_and(|r| r.chain.as_deref() == Some(chain)) && seen.insert(kid.clone()) {
-                follow.push((kid.clone(), root.clone()));
-            }
+    let base = run_base(&root.queue, chain, &run);
+    let mut seen: std::collections::BTreeSet<Member> =
+        members.follow.iter().map(|(k, _)| k.clone()).collect();
+    let routes = targets.routes.get(&root.queue).cloned().unwrap_or_default();
+    let on = |on| routes.iter().filter(move |r| r.on == on);
+    let kids: Vec<Member> = [crate::config::RouteOn::Done, crate::config::RouteOn::Failed]
+        .into_iter()
+        .flat_map(|o| {
+            on(o)
+                .enumerate()
+                .map(|(n, r)| Member::new(&r.queue, derived_id(&base, n + 1)))
+        })
+        .collect();
+    let reads = kids
+        .iter()
+        .map(|m| view::record_of(client, &targets.queues, m));
+    for (kid, r) in kids.iter().zip(futures::future::try_join_all(reads).await?) {
+        if r.is_some_and(|r| r.chain.as_deref() == Some(chain)) && seen.insert(kid.clone()) {
+            members.follow.push((kid.clone(), root.clone()));
         }
     }
-    // What the list of added members holds, below this run's tasks only: a handler's
-    // follow-ups of the global task (named from its run), then everything below a member.
     let own_kid = |kid: &Member| {
         kid.id
             .strip_prefix(base.as_str())
             .is_some_and(|rest| rest.starts_with(DERIVED_SEP))
     };
-    let mut members: std::collections::BTreeSet<Member> = seen.clone();
     let mut rest = loose;
     loop {
         let before = rest.len();
@@ -545,11 +543,10 @@ pub async fn members_of(
             let ours = if *parent == root {
                 own_kid(kid)
             } else {
-                members.contains(parent)
+                seen.contains(parent)
             };
             if ours && seen.insert(kid.clone()) {
-                members.insert(kid.clone());
-                follow.push((kid.clone(), parent.clone()));
+                members.follow.push((kid.clone(), parent.clone()));
             }
             !ours
         });
@@ -557,11 +554,7 @@ pub async fn members_of(
             break;
         }
     }
-    Ok(Some(sorted(Members {
-        root,
-        run: None,
-        follow,
-    })))
+    Ok(())
 }
 
 /// The run of a global task as its follow-ups' ids name it (its enqueue time and record

@@ -37,7 +37,7 @@ impl Queue {
             .enumerate()
             .map(|(i, t)| {
                 let chain = match &t.meta.chain {
-                    MetaChain::Own => Some(t.id.clone()),
+                    MetaChain::Own | MetaChain::Unlisted => Some(t.id.clone()),
                     MetaChain::Of(g) => Some(g.clone()),
                     MetaChain::None if !starts(i) => None,
                     MetaChain::None | MetaChain::Unknown => return None,
@@ -145,9 +145,6 @@ pub struct ChainWrites {
     /// The parents' leases key and their leases (token, id) that must still stand
     /// ([`ChainWrites::check_leases`]).
     leases: Option<(String, Vec<(u64, String)>)>,
-    /// The lists of chains that go unlisted, which must have no global task
-    /// ([`ChainWrites::unlisted`]).
-    unlisted: Vec<String>,
 }
 
 /// The claims a [`ChainWrites`] call refused: (position among its lists from 1, the
@@ -162,9 +159,6 @@ pub enum AfterChains {
     /// Some claims were refused: nothing was enqueued (the other claims and the adds were
     /// written).
     Refused(RefusedClaims),
-    /// These chains (positions among those given to [`ChainWrites::unlisted`], from 0)
-    /// have a list with a global task, so they do not go unlisted: nothing was written.
-    Listed(Vec<usize>),
     /// The leases of these parents (positions among those given to
     /// [`ChainWrites::check_leases`], from 0) are gone: nothing was written.
     LeasesGone(Vec<usize>),
@@ -193,14 +187,6 @@ impl ChainWrites {
     pub fn check_leases(&mut self, queue: &Queue, parents: &[&super::LeasedTask]) {
         let leases = parents.iter().map(|t| (t.token, t.id.clone())).collect();
         self.leases = Some((queue.keys.leased().to_string(), leases));
-    }
-
-    /// Makes the writes, and the enqueue after them, depend on the list `key` having no
-    /// global task: a chain that goes unlisted (`crate::chain`) writes nothing, and
-    /// none is made when such a list is there (see [`AfterChains::Listed`]). On one
-    /// server, with an enqueue only.
-    pub fn unlisted(&mut self, key: String) {
-        self.unlisted.push(key);
     }
 
     /// Appends `members` to the list `key`.
@@ -266,7 +252,7 @@ impl Queue {
         };
         let rest = &tasks[first.len()..];
         let mut inv = self.enqueue_invocation_with(&SCRIPTS.claim_enqueue, first);
-        for k in chains.keys.iter().chain(&chains.unlisted) {
+        for k in &chains.keys {
             inv.key(k);
         }
         for a in &chains.args {
@@ -283,7 +269,7 @@ impl Queue {
                 inv.arg(token).arg(id);
             }
         }
-        inv.arg(leases.len()).arg(chains.unlisted.len());
+        inv.arg(leases.len());
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         let bad = |e: redis::ParsingError| QueueError::Protocol(format!("claim and enqueue: {e}"));
@@ -298,18 +284,6 @@ impl Queue {
                 }
                 return Ok(AfterChains::LeasesGone(
                     gone.into_iter().map(|p| p - 1).collect(),
-                ));
-            }
-            [Value::Int(-6), listed] => {
-                let listed: Vec<usize> = redis::from_redis_value(listed.clone()).map_err(bad)?;
-                if listed.iter().any(|&p| p == 0 || p > chains.unlisted.len()) {
-                    return Err(QueueError::Protocol(format!(
-                        "claim and enqueue named lists {listed:?} of {}",
-                        chains.unlisted.len()
-                    )));
-                }
-                return Ok(AfterChains::Listed(
-                    listed.into_iter().map(|p| p - 1).collect(),
                 ));
             }
             [Value::Int(-2), refused] => {

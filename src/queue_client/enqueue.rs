@@ -309,11 +309,7 @@ impl Queue {
             })
             .arg(self.limits.intake.as_str())
             .arg(self.ttl_arg())
-            .arg(match &first.chain {
-                Some(TaskChain::Global) => "1",
-                None if self.limits.starts_chains => "1",
-                _ => "0",
-            })
+            .arg(self.root_arg(&first.chain))
             .arg(match &self.limits.system {
                 // (so its new tasks get the pause's note before any switch is set)
                 Some(sys) if sys.paused => format!("paused:{}", sys.name),
@@ -439,6 +435,26 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
         &b.submitted_by,
         chain_kind(&b.chain),
     )
+}
+
+impl Queue {
+    /// The enqueue's `root` argument (`lua/enqueue.lua`): whether each task is the global
+    /// task of its own chain (submitted with `chain`, or a task of a queue with a done
+    /// route), and, for a queue with routes on one server, where its enqueue looks for a
+    /// list of that chain: with none, the chain is unlisted (`crate::chain::run_base`).
+    fn root_arg(&self, chain: &Option<TaskChain>) -> String {
+        let root = match chain {
+            Some(TaskChain::Global) => true,
+            None => self.limits.starts_chains,
+            Some(TaskChain::FollowUp(_)) => false,
+        };
+        let single = matches!(self.conn, super::RedisConn::Single(_));
+        match (root, single && self.limits.starts_chains) {
+            (false, _) => "0".into(),
+            (true, false) => "1".into(),
+            (true, true) => format!("u:{}:", self.keys.namespace()),
+        }
+    }
 }
 
 /// What of a task's chain its enqueue call shares: a follow-up's chain is passed per task.

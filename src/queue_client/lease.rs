@@ -44,6 +44,11 @@ pub(crate) struct TaskMeta {
 }
 
 impl TaskMeta {
+    /// Whether the task is the global task of an unlisted chain (`crate::chain::run_base`).
+    pub(crate) fn unlisted(&self) -> bool {
+        self.chain == MetaChain::Unlisted
+    }
+
     /// Which run of its id the task is: its enqueue time and record number
     /// (`ENQUEUED[.SEQ]`, as its meta has them), which differ for the same id submitted
     /// again after it ended.
@@ -66,6 +71,9 @@ pub(crate) enum MetaChain {
     None,
     /// The global task of its own chain.
     Own,
+    /// The global task of its own chain, kept without a member list (its enqueue found
+    /// none: `crate::chain::run_base`).
+    Unlisted,
     /// A follow-up in this chain, or the global task of a chain renamed so (another
     /// task's or run's chain had its id).
     Of(String),
@@ -73,7 +81,7 @@ pub(crate) enum MetaChain {
 
 impl TaskMeta {
     /// `priority:max_attempts:enqueued_ms[.SEQ][:CHAIN]`; CHAIN is '' (none), 's' (its
-    /// own) or 'c' and the chain's id.
+    /// own), 'u' (its own, unlisted) or 'c' and the chain's id.
     fn parse(meta: &[u8]) -> TaskMeta {
         let Ok(meta) = std::str::from_utf8(meta) else {
             return TaskMeta::default();
@@ -87,6 +95,7 @@ impl TaskMeta {
         let chain = match (enqueued, it.next()) {
             (Some(_), Some("")) => MetaChain::None,
             (Some(_), Some("s")) => MetaChain::Own,
+            (Some(_), Some("u")) => MetaChain::Unlisted,
             (Some(_), Some(c)) if c.starts_with('c') => MetaChain::Of(c[1..].to_string()),
             _ => MetaChain::Unknown,
         };
@@ -889,6 +898,7 @@ mod tests {
         assert_eq!(split_value(b"0:3:1.7:s\n".to_vec()).unwrap().0.seq, Some(7));
         let chain = |v: &[u8]| split_value(v.to_vec()).unwrap().0.chain;
         assert_eq!(chain(b"0:3:1:s\n"), MetaChain::Own);
+        assert_eq!(chain(b"0:3:1.4:u\n"), MetaChain::Unlisted);
         assert_eq!(chain(b"0:3:1:\nx"), MetaChain::None);
         // untracked, or written before metas kept the chain
         assert_eq!(chain(b"0:3:1\nx"), MetaChain::Unknown);

@@ -36,9 +36,6 @@ pub(super) struct FollowUps {
     cfg: QueueConfig,
     targets: Arc<ChainTargets>,
     handles: HashMap<String, Queue>,
-    /// The batch's parents (positions) whose id another queue with routes holds, in a
-    /// chain of that id, from before them ([`FollowUps::held_elsewhere`]).
-    elsewhere: std::collections::BTreeSet<usize>,
 }
 
 /// A parent that starts a chain of its own (or adds to the one it started before).
@@ -93,12 +90,11 @@ enum OneCall {
     LeasesGone(Vec<usize>),
 }
 
-/// The writes of [`FollowUps::in_one_call`]: the parents whose leases they check, and
-/// those whose chains go unlisted, each in the order the writes name them.
+/// The writes of [`FollowUps::in_one_call`], and the parents whose leases they check, in
+/// the order the writes name them.
 struct OneCallWrites {
     writes: ChainWrites,
     parents: Vec<usize>,
-    unlisted: Vec<usize>,
 }
 
 /// What [`FollowUps::enqueue`] did.
@@ -110,9 +106,6 @@ enum Enqueue {
     /// Nothing was written: the leases of these parents (positions among those the
     /// writes checked) are gone.
     LeasesGone(Vec<usize>),
-    /// Nothing was written: these chains (positions among those the writes asked to go
-    /// unlisted) have a list.
-    Listed(Vec<usize>),
 }
 
 /// How many times [`FollowUps::after_settle`] tries to cancel a cancelled parent's
@@ -166,7 +159,6 @@ impl FollowUps {
             cfg,
             targets,
             handles: HashMap::new(),
-            elsewhere: Default::default(),
         }
     }
 
@@ -380,7 +372,6 @@ impl FollowUps {
         if children.is_empty() {
             return Ok(Made::default());
         }
-        self.elsewhere = self.held_elsewhere(tasks, &facts).await?;
         let (refused, chains) = match self.in_one_call(tasks, &mut children, &facts).await? {
             OneCall::Made(done) => done,
             OneCall::LeasesGone(gone) => {
@@ -431,65 +422,6 @@ impl FollowUps {
         Ok(made)
     }
 
-    /// The parents starting the chain of their own id whose id another queue with routes
-    /// holds in a chain of that id, made before them (or in the same ms, by a queue whose
-    /// name sorts first): that chain keeps the name, and theirs is renamed (`QUEUE:ID`),
-    /// as a claim would have it; every attempt of a parent finds the same (its record
-    /// then names the new name). Nothing is read when no other queue has routes.
-    async fn held_elsewhere(
-        &mut self,
-        tasks: &[LeasedTask],
-        facts: &BTreeMap<usize, ChainFacts>,
-    ) -> Result<std::collections::BTreeSet<usize>, QueueError> {
-        let mut out = std::collections::BTreeSet::new();
-        // (a Redis Cluster keeps every chain listed: its claims tell owners apart)
-        if !matches!(self.client.connection(), RedisConn::Single(_)) {
-            return Ok(out);
-        }
-        let roots: Vec<usize> = facts
-            .iter()
-            .filter(|(p, f)| f.chain.as_deref() == Some(tasks[**p].id.as_str()))
-            .map(|(p, _)| *p)
-            .collect();
-        let others: Vec<String> = self
-            .targets
-            .routes
-            .iter()
-            .filter(|(q, r)| !r.is_empty() && **q != self.cfg.name)
-            .map(|(q, _)| q.clone())
-            .collect();
-        if roots.is_empty() || others.is_empty() {
-            return Ok(out);
-        }
-        let ids: Vec<&str> = roots.iter().map(|&p| tasks[p].id.as_str()).collect();
-        let mut handles = Vec::new();
-        for other in &others {
-            handles.push(self.handle(other)?);
-        }
-        let found = handles.iter().map(|q| q.have_records(&ids));
-        let found = futures::future::try_join_all(found).await?;
-        for (q, found) in handles.iter().zip(found) {
-            for (&p, _) in roots.iter().zip(found).filter(|(_, f)| *f) {
-                let task = &tasks[p];
-                let Some(theirs) = q.record(&task.id).await? else {
-                    continue;
-                };
-                let at = chrono::DateTime::parse_from_rfc3339(&theirs.created_at)
-                    .map(|t| t.timestamp_millis())
-                    .ok();
-                let mine = task.meta.enqueued_ms.map(|m| m as i64);
-                let (Some(at), Some(mine)) = (at, mine) else {
-                    continue;
-                };
-                let first = (at, q.name()) < (mine, self.cfg.name.as_str());
-                if theirs.chain.as_deref() == Some(task.id.as_str()) && first {
-                    out.insert(p);
-                }
-            }
-        }
-        Ok(out)
-    }
-
     /// Leaves out of `candidates` the tasks whose leases are gone: cancelled while they
     /// ran, or reclaimed and run again by another slot (which makes their follow-ups).
     /// Their settles come back stale. One read for the batch.
@@ -515,10 +447,9 @@ impl FollowUps {
     /// it) and claims of chains under those names are all the parents': `None` when not
     /// (a parent whose record names no chain yet, a chain another task or run holds),
     /// and [`FollowUps::link_then_enqueue`] takes over, which redoes the writes (each
-    /// idempotent) and renames what it must. A global task that may go unlisted
-    /// ([`FollowUps::unlisted_base`]) does, unless its chain has a list (the call then
-    /// says so, writes nothing, and is made again with that chain claimed). Returns the
-    /// parents whose children a queue refused, as [`FollowUps::enqueue`] does.
+    /// idempotent) and renames what it must. A global task whose chain is unlisted
+    /// ([`FollowUps::unlisted_base`]) writes nothing to it. Returns the parents whose
+    /// children a queue refused, as [`FollowUps::enqueue`] does.
     async fn in_one_call(
         &mut self,
         tasks: &[LeasedTask],
@@ -533,53 +464,35 @@ impl FollowUps {
             let Some(chain) = facts.get(&c.parent).and_then(|f| f.chain.clone()) else {
                 return Ok(OneCall::NotHere);
             };
-            // (its chain is renamed: `link` does it)
-            if self.elsewhere.contains(&c.parent) {
-                return Ok(OneCall::NotHere);
-            }
             chains.insert(c.parent, chain);
         }
-        let mut listed = std::collections::BTreeSet::new();
-        loop {
-            let writes = match self.one_call_writes(tasks, children, &chains, &listed) {
-                Some(w) => w,
-                None => return Ok(OneCall::NotHere),
-            };
-            let OneCallWrites {
-                writes,
-                parents,
-                unlisted,
-            } = writes;
-            return Ok(match self.enqueue(children, &chains, Some(writes)).await? {
-                Enqueue::Done(refused) => OneCall::Made((refused, chains)),
-                Enqueue::ClaimRefused => OneCall::NotHere,
-                Enqueue::LeasesGone(gone) => {
-                    OneCall::LeasesGone(gone.into_iter().map(|i| parents[i]).collect())
-                }
-                Enqueue::Listed(found) => {
-                    listed.extend(found.into_iter().map(|i| unlisted[i]));
-                    continue;
-                }
-            });
-        }
+        let Some(OneCallWrites { writes, parents }) =
+            self.one_call_writes(tasks, children, &chains)
+        else {
+            return Ok(OneCall::NotHere);
+        };
+        Ok(match self.enqueue(children, &chains, Some(writes)).await? {
+            Enqueue::Done(refused) => OneCall::Made((refused, chains)),
+            Enqueue::ClaimRefused => OneCall::NotHere,
+            Enqueue::LeasesGone(gone) => {
+                OneCall::LeasesGone(gone.into_iter().map(|i| parents[i]).collect())
+            }
+        })
     }
 
     /// The chain writes of [`FollowUps::in_one_call`], with the children's ids: a chain's
     /// global task's children take their ids from its name (see `link`), or from its run
-    /// when it goes unlisted (every one not in `listed` that may). `None` when an id
-    /// would be too long (`link` then says which).
+    /// when it is unlisted. `None` when an id would be too long (`link` then says which).
     fn one_call_writes(
         &self,
         tasks: &[LeasedTask],
         children: &mut [Child],
         chains: &BTreeMap<usize, String>,
-        listed: &std::collections::BTreeSet<usize>,
     ) -> Option<OneCallWrites> {
         let own = self.cfg.name.clone();
         let starts = |parent: usize| chain::started_by(&own, &tasks[parent].id, &chains[&parent]);
         let unlisted: BTreeMap<usize, String> = chains
             .iter()
-            .filter(|(p, _)| !listed.contains(*p))
             .filter_map(|(&p, chain)| Some((p, self.unlisted_base(&tasks[p], chain)?)))
             .collect();
         for c in children.iter_mut().filter(|c| starts(c.parent)) {
@@ -624,31 +537,23 @@ impl FollowUps {
             adds.iter().map(|(c, m)| (*c, m.as_slice())).collect();
         let ns = self.client.namespace();
         let mut writes = chain::writes(ns, &claims, &adds, self.targets.ttl);
-        for chain in unlisted.keys().map(|p| &chains[p]) {
-            writes.unlisted(chain::key(ns, chain));
-        }
         let mut parents: Vec<usize> = children.iter().map(|c| c.parent).collect();
         parents.sort_unstable();
         parents.dedup();
         let leased: Vec<&LeasedTask> = parents.iter().map(|&p| &tasks[p]).collect();
         writes.check_leases(&self.own, &leased);
-        Some(OneCallWrites {
-            writes,
-            parents,
-            unlisted: unlisted.into_keys().collect(),
-        })
+        Some(OneCallWrites { writes, parents })
     }
 
-    /// What a global task's children take their ids from when its chain goes unlisted
-    /// (`chain::run_base`): a task in the chain of its own id (not renamed), of a queue
-    /// with routes (where readers look for it), whose meta names its run, on one server
-    /// (a Redis Cluster keeps every chain's list). `None` when it does not. Whether a
-    /// list of the chain is there is the enqueue's to say, in the same call.
+    /// What a global task's children take their ids from when its chain is unlisted
+    /// (`chain::run_base`): its enqueue said so in its meta (a task of a queue with routes,
+    /// on one server, whose chain no list named), and its chain is still its id (not
+    /// renamed). `None` when it is not. Its meta is written once for the run, so every
+    /// attempt of it decides alike and makes the ids the first made.
     fn unlisted_base(&self, task: &LeasedTask, chain: &str) -> Option<String> {
-        let single = matches!(self.client.connection(), RedisConn::Single(_));
         let run = task.meta.run().filter(|r| r.contains('.'))?;
-        (single && chain == task.id && !self.cfg.next.is_empty())
-            .then(|| chain::run_base(chain, &run))
+        (task.meta.unlisted() && chain == task.id)
+            .then(|| chain::run_base(&self.cfg.name, chain, &run))
     }
 
     /// [`FollowUps::link_then_enqueue`], unless no child is left.
@@ -817,12 +722,6 @@ impl FollowUps {
             match facts.get(&parent).and_then(|f| f.chain.clone()) {
                 // Its own chain (just named by `chain_facts`, or started before): claimed
                 // again, which is idempotent, with the new members.
-                Some(chain) if self.elsewhere.contains(&parent) && chain == *id => {
-                    new_roots.push(NewRoot {
-                        named: false,
-                        ..of(&chain::renamed(&self.cfg.name, id, None))
-                    })
-                }
                 Some(chain) if chain::started_by(&self.cfg.name, id, &chain) => {
                     new_roots.push(of(&chain))
                 }
@@ -843,7 +742,7 @@ impl FollowUps {
         let conn = self.client.connection();
         let ns = self.client.namespace();
         let ttl = self.targets.ttl;
-        let unlisted = self.unlisted_roots(tasks, &mut new_roots).await?;
+        let unlisted = self.unlisted_roots(tasks, &mut new_roots);
         for (r, base) in &unlisted {
             let parent = Member::new(&self.cfg.name, &tasks[r.parent].id);
             for c in children.iter_mut().filter(|c| c.parent == r.parent) {
@@ -911,33 +810,22 @@ impl FollowUps {
         Ok((chains, too_long))
     }
 
-    /// Takes out of `new_roots` those whose chains go unlisted, each with what its
-    /// children's ids come from ([`FollowUps::unlisted_base`]): those whose chain has no
-    /// list (read apart from the enqueue, here: the way taken when the one call could not
-    /// be).
-    async fn unlisted_roots(
+    /// Takes out of `new_roots` those whose chains are unlisted, each with what its
+    /// children's ids come from ([`FollowUps::unlisted_base`]).
+    fn unlisted_roots(
         &self,
         tasks: &[LeasedTask],
         new_roots: &mut Vec<NewRoot>,
-    ) -> Result<Vec<(NewRoot, String)>, QueueError> {
-        let conn = self.client.connection();
-        let ns = self.client.namespace();
-        let maybe: Vec<(usize, String)> = new_roots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| Some((i, self.unlisted_base(&tasks[r.parent], &r.chain)?)))
-            .collect();
-        let reads = maybe
-            .iter()
-            .map(|(i, _)| chain::has_list(&conn, ns, &new_roots[*i].chain));
-        let listed = futures::future::try_join_all(reads).await?;
+    ) -> Vec<(NewRoot, String)> {
         let mut out = Vec::new();
-        for ((i, base), listed) in maybe.into_iter().zip(listed).rev() {
-            if !listed {
-                out.push((new_roots.remove(i), base));
+        let mut i = 0;
+        while i < new_roots.len() {
+            match self.unlisted_base(&tasks[new_roots[i].parent], &new_roots[i].chain) {
+                Some(base) => out.push((new_roots.remove(i), base)),
+                None => i += 1,
             }
         }
-        Ok(out)
+        out
     }
 
     /// A chain for each parent that starts one, with its follow-ups: under the chain
@@ -1073,7 +961,6 @@ impl FollowUps {
                         Ok(AfterChains::Enqueued(made)) => Ok(made),
                         Ok(AfterChains::Refused(_)) => return Ok(Enqueue::ClaimRefused),
                         Ok(AfterChains::LeasesGone(gone)) => return Ok(Enqueue::LeasesGone(gone)),
-                        Ok(AfterChains::Listed(found)) => return Ok(Enqueue::Listed(found)),
                         Err(e) => Err(e),
                     },
                     None => handle.enqueue_many(&tasks).await,

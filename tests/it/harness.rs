@@ -830,7 +830,7 @@ pub(crate) async fn held_after_follow_ups(path: &std::path::Path) -> String {
 }
 
 /// The ids the task of record `rec` (of queue `q`) gives its first `n` follow-ups: from
-/// its run (`ID@RUN~N`, its record's enqueue time and number) when it is the global task
+/// its queue and run (`QUEUE:ID@RUN~N`, RUN its record's enqueue time and number) when it is the global task
 /// of an unlisted chain (on one server), else from its chain's name.
 pub async fn kid_ids(
     client: &gaffer::queue_client::QueueClient,
@@ -857,7 +857,7 @@ pub async fn kid_ids(
             .await
             .unwrap()
             .expect("its listing entry");
-        format!("{chain}@{at}.{seq}")
+        format!("{}:{chain}@{at}.{seq}", q.name())
     };
     (1..=n).map(|i| format!("{base}~{i}")).collect()
 }

@@ -62,7 +62,7 @@ if op == 'get' then
     if m then
       local tail
       ma, tail = string.match(m, '^-?%d+:(%d+):%d+%.?%d*(.*)$')
-      if tail == ':s' then
+      if tail == ':s' or tail == ':u' then
         g = id
       elseif tail == ':' then
         if not starts then g = '' end

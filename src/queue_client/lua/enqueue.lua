@@ -2,7 +2,9 @@
 --   record), submitted_by, dedup ('a' active | 'r' record), intake (the config's value,
 --   used while no run-time switch is set), history_ttl_ms, root ('1': each task is the
 --   global task of its own chain: submitted with `chain`, or a task of a queue whose
---   `next` routes make follow-ups of every done task), the config's system state
+--   `next` routes make follow-ups of every done task; 'u:' and the namespace's prefix:
+--   the same, its chain unlisted unless a list names a global task for it, see
+--   root_field), the config's system state
 --   ('paused:NAME' for a system the config starts paused, else ''; a run-time switch
 --   wins), then
 --   mode 'p':  n payloads (ids generated), or
@@ -31,7 +33,19 @@ local ma = ARGV[5]
 local mode = ARGV[6]
 local follow = mode == 'ig' or mode == 'ik'
 local track, by, dedup_record = ARGV[7] == '1', ARGV[8], ARGV[9] == 'r' or follow
-local root = ARGV[12] == '1'
+local unlisted_at = string.match(ARGV[12], '^u:(.*)$')
+local root = ARGV[12] == '1' or unlisted_at ~= nil
+-- The CHAIN field of a new global task's meta: 'u' when its chain is unlisted
+-- (`crate::chain::run_base`: a task of a queue with routes, on one server, whose chain's
+-- id no list gives a global task, so that no claim is needed to tell it apart), else
+-- 's'. Decided once, here, for the task's whole run: every attempt's follow-ups then
+-- take the same ids, whatever lists appear meanwhile.
+local function root_field(id)
+  if not unlisted_at then return 's' end
+  local v = redis.call('GET', unlisted_at .. '{chain:' .. id .. '}:tasks')
+  if v and string.byte(v, 1) == 94 then return 's' end
+  return 'u'
+end
 local per = (mode == 'ig') and 3 or 2
 -- Each task's id, payload and chain (a follow-up's) as sent.
 local arg_id = function(i) return ARGV[H + per * (i - 1) + 1] end
@@ -125,7 +139,7 @@ local created = 0
 local function chain_held(id, value, rec)
   if value then
     local _, field = meta_chain_field(value_meta(value))
-    if field == 's' then return id end
+    if field == 's' or field == 'u' then return id end
     if field then return string.match(field, '^c(.*)$') or '' end
   end
   return rec and chain_of(rec) or ''
@@ -143,6 +157,7 @@ if mode == 'p' then
       local s = string.format('%d', base + i)
       local id = '#' .. s
       payloads[2 * i - 1] = id
+      if unlisted_at then post = ':' .. root_field(id) .. '\n' end
       payloads[2 * i] = pre .. s .. post .. ARGV[H + i]
       ids[i] = id
       -- (the records' index order)
@@ -253,7 +268,8 @@ else
       elseif follow then
         payloads[2 * created] = meta .. '.' .. s .. ':c' .. arg_chain(i) .. '\n' .. arg_payload(i)
       else
-        payloads[2 * created] = meta .. '.' .. s .. (root and ':s\n' or ':\n') .. arg_payload(i)
+        local field = root and root_field(id) or ''
+        payloads[2 * created] = meta .. '.' .. s .. ':' .. field .. '\n' .. arg_payload(i)
       end
     end
   end

@@ -127,7 +127,8 @@ end
 -- on ".SEQ:CHAIN": SEQ its record's sequence number (its score in K_IDX, which the slot
 -- hands back with its acks, see K_DONE), CHAIN what chains need to know of it without
 -- reading its record (chain.lua): '' (in no chain), 's' (the global task of its own
--- chain, which its record names), or 'c' and the chain's id (a follow-up). A meta written
+-- chain, which its record names), 'u' (the same, its chain unlisted: see enqueue.lua's
+-- root_field), or 'c' and the chain's id (a follow-up). A meta written
 -- before records were numbered has no ".SEQ"; one written before chains ends after
 -- enqueued_ms.
 local function parse_meta(m)
