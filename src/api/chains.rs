@@ -75,7 +75,11 @@ impl Api {
         if key.admin || rec.submitted_by.as_deref() == Some(key.name.as_str()) {
             return Ok(true);
         }
-        let Some(chain) = rec.chain.as_deref().filter(|c| *c != rec.id) else {
+        let Some(chain) = rec
+            .chain
+            .as_deref()
+            .filter(|c| !chain::started_by(&rec.queue, &rec.id, c))
+        else {
             return Ok(false);
         };
         let Some(list) = chain::members_of(&self.client, &self.chain_targets(), chain).await?

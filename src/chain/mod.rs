@@ -83,16 +83,17 @@ pub fn derived_id(parent: &str, n: usize) -> String {
     format!("{parent}{DERIVED_SEP}{n}")
 }
 
-/// What the follow-ups of an unlisted chain's global task take their ids from: its queue,
-/// the chain's name and the run of the global task that made them (`QUEUE:CHAIN@RUN`, as
-/// [`renamed`] names a chain's third name, so `QUEUE:CHAIN@RUN~1` is the first). The
-/// chain of a global task of a queue with routes is kept without a member list on one
-/// server, its tasks found from their records ([`members_of`]); naming them from the
-/// queue and the run keeps a later run of the same id (submitted again once it ended),
-/// and a task of the same id in another queue with routes, from ever making an id one of
-/// them made, at any depth, with no list to tell them apart.
-pub fn run_base(queue: &str, chain: &str, run: &str) -> String {
-    renamed(queue, chain, Some(run))
+/// What the follow-ups of an unlisted chain's global task take their ids from: the
+/// chain's name and the run of the global task that made them (`CHAIN@RUN`, so
+/// `CHAIN@RUN~1` is the first). A global task of a queue with a done route, on one server,
+/// gets an unlisted chain named `QUEUE:ID` at its enqueue (its meta says `u`: see
+/// `lua/enqueue.lua`), unless a list holds that name: no other task's chain can have that
+/// name, so no member list is written to claim it, and its tasks are found from their
+/// records ([`members_of`]). Naming them from the run keeps a later run of the same id
+/// (submitted again once it ended) from ever making an id an earlier run made, at any
+/// depth, with no list to tell the runs apart.
+pub fn run_base(chain: &str, run: &str) -> String {
+    format!("{chain}{}{run}", RUN_MARK as char)
 }
 
 /// The name a task `id` of `queue` starts its chain under when another task's chain (or
@@ -349,9 +350,9 @@ pub enum ChainError {
 /// on `queue`: a task without an id gets a fresh one ([`new_global_id`]); an id that is
 /// already some other task's chain (its list says so) refuses them all before anything
 /// is written; then each chain's global task
-/// is claimed, but in a queue with routes, whose chains are unlisted ([`run_base`]): a
-/// list there would make a run's follow-ups take other ids than a run of it before its
-/// slot died (a dedup hit) made, and readers find its tasks without one.
+/// is claimed, but in a queue with a done route on one server, whose chains are unlisted
+/// ([`run_base`]): they are named `QUEUE:ID`, which no other task's chain can be, and
+/// readers find their tasks without a list.
 pub async fn start_global(
     client: &crate::queue_client::QueueClient,
     on: &crate::queue_client::Queue,
@@ -400,8 +401,9 @@ pub async fn start_global(
             }
             _ => {}
         }
-        let limits = on.limits();
-        if !(limits.starts_chains || limits.failed_routes) {
+        // (where its enqueue may make its chain unlisted: see `Queue::root_arg`)
+        let single = matches!(conn, RedisConn::Single(_));
+        if !(single && on.limits().starts_chains) {
             claims.push(id);
         }
     }
@@ -479,7 +481,7 @@ pub async fn members_of(
     if let Some(m) = listed {
         return Ok(Some(sorted(m)));
     }
-    let Some((root, rec)) = route_root(client, targets, chain).await? else {
+    let Some((root, rec)) = unlisted_root(client, targets, chain).await? else {
         return Ok(None);
     };
     let mut members = Members {
@@ -510,7 +512,7 @@ async fn unlisted(
     let Some(run) = record_run(client, targets, &root, rec).await? else {
         return Ok(());
     };
-    let base = run_base(&root.queue, chain, &run);
+    let base = run_base(chain, &run);
     let mut seen: std::collections::BTreeSet<Member> =
         members.follow.iter().map(|(k, _)| k.clone()).collect();
     let routes = targets.routes.get(&root.queue).cloned().unwrap_or_default();
@@ -579,31 +581,25 @@ async fn record_run(
         .map(|seq| format!("{}.{seq}", at.timestamp_millis())))
 }
 
-/// The global task of chain `chain` when a queue with routes holds it under that id, in a
-/// chain of its own, with its record: the newest, should two queues hold one.
-async fn route_root(
+/// The global task of unlisted chain `chain` (`QUEUE:ID`, [`run_base`]) with its record:
+/// task `ID` of queue `QUEUE`, a queue with routes, whose record names the chain. `None`
+/// when there is no such task.
+async fn unlisted_root(
     client: &QueueClient,
     targets: &ChainTargets,
     chain: &str,
 ) -> Result<Option<(Member, TaskRecord)>, QueueError> {
-    let candidates: Vec<Member> = targets
-        .routes
-        .iter()
-        .filter(|(_, routes)| !routes.is_empty())
-        .map(|(q, _)| Member::new(q, chain))
-        .collect();
-    let reads = candidates
-        .iter()
-        .map(|m| view::record_of(client, &targets.queues, m));
-    let recs = futures::future::try_join_all(reads).await?;
-    Ok(candidates
-        .into_iter()
-        .zip(recs)
-        .filter_map(|(m, r)| {
-            r.filter(|r| r.chain.as_deref() == Some(chain))
-                .map(|r| (m, r))
-        })
-        .max_by(|a, b| a.1.created_at.cmp(&b.1.created_at)))
+    let Some((queue, id)) = chain.split_once(':') else {
+        return Ok(None);
+    };
+    if targets.routes.get(queue).is_none_or(|r| r.is_empty()) {
+        return Ok(None);
+    }
+    let root = Member::new(queue, id);
+    let rec = view::record_of(client, &targets.queues, &root).await?;
+    Ok(rec
+        .filter(|r| r.chain.as_deref() == Some(chain))
+        .map(|r| (root, r)))
 }
 
 /// Members with follow-ups in the order of their ids.

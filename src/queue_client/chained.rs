@@ -37,7 +37,8 @@ impl Queue {
             .enumerate()
             .map(|(i, t)| {
                 let chain = match &t.meta.chain {
-                    MetaChain::Own | MetaChain::Unlisted => Some(t.id.clone()),
+                    MetaChain::Own => Some(t.id.clone()),
+                    MetaChain::Unlisted => Some(crate::chain::renamed(&self.name, &t.id, None)),
                     MetaChain::Of(g) => Some(g.clone()),
                     MetaChain::None if !starts(i) => None,
                     MetaChain::None | MetaChain::Unknown => return None,

@@ -261,20 +261,6 @@ impl Queue {
         Ok(score.map(|s| s as u64))
     }
 
-    /// Whether each of `ids` has a record, in their order (one read of the listing index).
-    pub async fn have_records(&self, ids: &[&str]) -> Result<Vec<bool>, QueueError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut conn = self.conn.clone();
-        let scores: Vec<Option<f64>> = redis::cmd("ZMSCORE")
-            .arg(self.keys.index())
-            .arg(ids)
-            .query_async(&mut conn)
-            .await?;
-        Ok(scores.into_iter().map(|s| s.is_some()).collect())
-    }
-
     /// Like [`record`](Self::record), and marks that a caller waits for the task's end:
     /// when it ends, its id is published on [`ended_channel`](Self::ended_channel). Call
     /// it after subscribing, so the end cannot slip between the two.

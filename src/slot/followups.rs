@@ -546,14 +546,14 @@ impl FollowUps {
     }
 
     /// What a global task's children take their ids from when its chain is unlisted
-    /// (`chain::run_base`): its enqueue said so in its meta (a task of a queue with routes,
-    /// on one server, whose chain no list named), and its chain is still its id (not
-    /// renamed). `None` when it is not. Its meta is written once for the run, so every
-    /// attempt of it decides alike and makes the ids the first made.
+    /// (`chain::run_base`): its enqueue said so in its meta (a task of a queue with a done
+    /// route, on one server), and its chain is the one that gave it (`QUEUE:ID`). `None`
+    /// when it is not. Its meta is written once for the run, so every attempt of it
+    /// decides alike and makes the ids the first made.
     fn unlisted_base(&self, task: &LeasedTask, chain: &str) -> Option<String> {
         let run = task.meta.run().filter(|r| r.contains('.'))?;
-        (task.meta.unlisted() && chain == task.id)
-            .then(|| chain::run_base(&self.cfg.name, chain, &run))
+        let name = chain::renamed(&self.cfg.name, &task.id, None);
+        (task.meta.unlisted() && chain == name).then(|| chain::run_base(chain, &run))
     }
 
     /// [`FollowUps::link_then_enqueue`], unless no child is left.
@@ -743,8 +743,18 @@ impl FollowUps {
         let ns = self.client.namespace();
         let ttl = self.targets.ttl;
         let unlisted = self.unlisted_roots(tasks, &mut new_roots);
+        let mut too_long = Vec::new();
         for (r, base) in &unlisted {
             let parent = Member::new(&self.cfg.name, &tasks[r.parent].id);
+            let over = children
+                .iter()
+                .filter(|c| c.parent == r.parent)
+                .map(|c| chain::derived_id(base, c.n))
+                .find(|id| id.len() > MAX_ID_LEN);
+            if let Some(id) = over {
+                too_long.push((r.parent, self::too_long(&id)));
+                continue;
+            }
             for c in children.iter_mut().filter(|c| c.parent == r.parent) {
                 c.id = chain::derived_id(base, c.n);
                 if !c.route {
@@ -765,7 +775,6 @@ impl FollowUps {
             self.start_chains(tasks, &new_roots),
         )
         .await?;
-        let mut too_long = Vec::new();
         let mut pairs: Vec<(&str, &str)> = Vec::new();
         let mut before: BTreeMap<&str, Vec<(Member, Member)>> = BTreeMap::new();
         for (r, _) in unlisted.iter().filter(|(r, _)| !r.named) {

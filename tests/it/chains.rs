@@ -323,10 +323,10 @@ async fn fan_out_and_fail(rig: &Rig) {
     a_route_chain_writes_no_list_unless_it_has_one(rig).await;
 }
 
-/// On one server a route queue's global task writes no member list: its route's
-/// follow-up is found from the records, its handler's is listed as an added member. A
-/// chain that has a list when its global task is enqueued (claimed before, as a gaffer
-/// before unlisted chains did) keeps it: its follow-ups take its name.
+/// On one server a route queue's global task writes no member list: its chain is named
+/// `QUEUE:ID`, its route's follow-up is found from the records, its handler's is listed
+/// as an added member. A task whose unlisted chain's name a list already holds (an
+/// earlier run's, listed) is listed itself: its follow-ups take its chain's name.
 async fn a_route_chain_writes_no_list_unless_it_has_one(rig: &Rig) {
     if matches!(
         rig.client.connection(),
@@ -335,14 +335,15 @@ async fn a_route_chain_writes_no_list_unless_it_has_one(rig: &Rig) {
         return;
     }
     let first = rig.q("first");
-    assert_eq!(done_in(rig, "first", "bare").await, "bare");
+    let bare = format!("{first}:bare");
+    assert_eq!(done_in(rig, "first", "bare").await, bare);
     let kids = route_kids(rig, "first", "bare", 2).await;
     let mut want = vec!["bare".to_string()];
     want.extend(kids.iter().cloned());
-    assert_eq!(chain_ids(rig, "bare").await, want);
+    assert_eq!(chain_ids(rig, &bare).await, want);
     let mut conn = rig.client.connection();
     let raw: Option<String> = redis::cmd("GET")
-        .arg(gaffer::chain::key(&rig.namespace, "bare"))
+        .arg(gaffer::chain::key(&rig.namespace, &bare))
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -350,15 +351,32 @@ async fn a_route_chain_writes_no_list_unless_it_has_one(rig: &Rig) {
     assert!(!raw.starts_with('^'), "no global task: {raw}");
     assert!(!raw.contains(&kids[0]), "the route's follow-up: {raw}");
     assert!(raw.contains(&kids[1]), "the handler's follow-up: {raw}");
-    let list = chain_list((&first, "pre"), None, &[]);
+    let list = chain_list((&first, "pre"), Some("1.1"), &[]);
     let _: () = redis::cmd("SET")
-        .arg(gaffer::chain::key(&rig.namespace, "pre"))
+        .arg(gaffer::chain::key(&rig.namespace, &format!("{first}:pre")))
         .arg(list)
         .query_async(&mut conn)
         .await
         .unwrap();
     assert_eq!(done_in(rig, "first", "pre").await, "pre");
     assert_eq!(chain_ids(rig, "pre").await, ["pre", "pre~1", "pre~2"]);
+    // An id whose follow-ups' ids would be over the limit once named from its queue and
+    // run fails its task, saying so, and makes none.
+    let long = "l".repeat(gaffer::queue_client::MAX_ID_LEN - 16);
+    let rec = run_to_end(rig, "first", &long).await;
+    assert_eq!(rec["state"], "failed", "{rec}");
+    let error = rec["error"].as_str().unwrap_or_default();
+    assert!(error.contains("the chain is too deep"), "{rec}");
+    let after = rig.client.queue(&rig.q("after")).unwrap();
+    let newest = gaffer::queue_client::ListQuery {
+        limit: 100,
+        ..Default::default()
+    };
+    let made = after.list(&newest).await.unwrap();
+    assert!(
+        made.tasks.iter().all(|t| !t.id.contains(&long)),
+        "no follow-up made"
+    );
 }
 
 /// A key that submits a task under the id of another key's ended global task (a new run)
@@ -367,7 +385,15 @@ async fn a_route_chain_writes_no_list_unless_it_has_one(rig: &Rig) {
 /// Redis Cluster, the new run's chain is renamed).
 async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
     let (first, after) = (rig.q("first"), rig.q("after"));
-    assert_eq!(done_in(rig, "first", "mine").await, "mine");
+    let listed = matches!(
+        rig.client.connection(),
+        gaffer::queue_client::RedisConn::Cluster(_)
+    );
+    let mine = match listed {
+        true => "mine".to_string(),
+        false => format!("{first}:mine"),
+    };
+    assert_eq!(done_in(rig, "first", "mine").await, mine);
     let earlier = route_kids(rig, "first", "mine", 1).await.remove(0);
     let path = format!("/v1/queues/{first}/tasks");
     let body = r#"{"payload": {}, "id": "mine", "wait": "30s"}"#;
@@ -377,15 +403,9 @@ async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
         (200, &Value::from("done")),
         "{rec}"
     );
-    let listed = matches!(
-        rig.client.connection(),
-        gaffer::queue_client::RedisConn::Cluster(_)
-    );
-    let theirs = if listed {
-        format!("{first}:mine")
-    } else {
-        "mine".to_string()
-    };
+    // (renamed where listed, as an earlier run has the id's chain; unlisted, the run's
+    // chain is the name the earlier one had, which shows the run the id holds now)
+    let theirs = format!("{first}:mine");
     assert_eq!(rec["chain"], theirs, "{rec}");
     let (status, doc) = rig
         .call_as(
@@ -398,7 +418,7 @@ async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
     assert_eq!(status, 404, "{earlier}: {doc}");
     if listed {
         let (status, doc) = rig
-            .call_as(OTHER_TOKEN, "GET", "/v1/chains/mine", None)
+            .call_as(OTHER_TOKEN, "GET", &format!("/v1/chains/{mine}"), None)
             .await;
         assert_eq!(status, 404, "{doc}");
     }
@@ -509,11 +529,8 @@ async fn a_taken_chain_id_is_refused_or_renamed(
         .collect();
     // (first's route and its handler each make one, their ids from the chain's name, so
     // that they can never be the other chain's children's)
-    let kids = [
-        id.to_string(),
-        format!("{renamed}~1"),
-        format!("{renamed}~2"),
-    ];
+    let mut kids = vec![id.to_string()];
+    kids.extend(route_kids(rig, "first", id, 2).await);
     assert_eq!(other_ids, kids, "{other}");
     let (_, still) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
     assert_eq!(
@@ -700,6 +717,13 @@ async fn done_in(rig: &Rig, kind: &str, id: &str) -> String {
     rec["chain"].as_str().unwrap_or_default().to_string()
 }
 
+/// The chain task `id` of queue `kind` is in, as its record names it.
+async fn chain_of(rig: &Rig, kind: &str, id: &str) -> String {
+    let q = rig.client.queue(&rig.q(kind)).unwrap();
+    let rec = q.record(id).await.unwrap().expect("the task's record");
+    rec.chain.expect("a route queue's task names its chain")
+}
+
 /// The ids the global task `id` of queue `kind` gives its first `n` follow-ups.
 async fn route_kids(rig: &Rig, kind: &str, id: &str, n: usize) -> Vec<String> {
     let q = rig.client.queue(&rig.q(kind)).unwrap();
@@ -753,31 +777,28 @@ async fn same_ids_never_share_children(rig: &Rig) {
     }
     let (first, after) = (rig.q("first"), rig.q("after"));
     let twins = rig.q("twins");
-    assert_eq!(done_in(rig, "first", "twin").await, "twin");
+    let ours = format!("{first}:twin");
+    assert_eq!(done_in(rig, "first", "twin").await, ours);
     let run1 = route_kids(rig, "first", "twin", 2).await;
     let mut in_chain = vec!["twin".to_string()];
     in_chain.extend(run1.iter().cloned());
-    assert_eq!(chain_ids(rig, "twin").await, in_chain);
-    // Another queue's task of that id: its children are named from its queue, and the
-    // chain of that id shows the newest global task of it.
-    assert_eq!(done_in(rig, "twins", "twin").await, "twin");
+    assert_eq!(chain_ids(rig, &ours).await, in_chain);
+    // Another queue's task of that id: a chain of its own name, and children of its own.
+    let theirs = format!("{twins}:twin");
+    assert_eq!(done_in(rig, "twins", "twin").await, theirs);
     let twin_kid = route_kids(rig, "twins", "twin", 1).await;
-    assert!(
-        twin_kid[0].starts_with(&format!("{twins}:twin@")),
-        "{twin_kid:?}"
-    );
     assert_eq!(
-        chain_ids(rig, "twin").await,
+        chain_ids(rig, &theirs).await,
         ["twin".to_string(), twin_kid[0].clone()]
     );
     // The same task again: a new run, whose children are named from it; the chain's view
     // is the run the id holds now.
-    assert_eq!(done_in(rig, "first", "twin").await, "twin");
+    assert_eq!(done_in(rig, "first", "twin").await, ours);
     let run2 = route_kids(rig, "first", "twin", 2).await;
     assert_ne!(run1, run2);
     let mut in_chain = vec!["twin".to_string()];
     in_chain.extend(run2.iter().cloned());
-    assert_eq!(chain_ids(rig, "twin").await, in_chain);
+    assert_eq!(chain_ids(rig, &ours).await, in_chain);
     // And a third run, which a submit asking for its chain then finds (a dedup hit on the
     // waiting task): the submit follows that run's chain.
     let path = format!("/v1/queues/{first}/tasks");
@@ -787,7 +808,7 @@ async fn same_ids_never_share_children(rig: &Rig) {
     let follow = r#"{"payload": {}, "id": "twin", "chain": true, "wait": "30s"}"#;
     let (status, chain) = rig.call("POST", &path, Some(follow)).await;
     assert_eq!(status, 200, "{chain}");
-    assert_eq!(chain["id"], "twin", "{chain}");
+    assert_eq!(chain["id"], ours.as_str(), "{chain}");
     assert_eq!(chain["state"], "done", "{chain}");
     let run3 = route_kids(rig, "first", "twin", 2).await;
     let mut in_chain = vec!["twin".to_string()];
@@ -1131,13 +1152,14 @@ async fn killed_between_follow_ups_and_ack(redis_url: &str, namespace: &str, pre
         given(&kids[1]).await,
         serde_json::json!({"from": "handler"})
     );
-    let (_, chain) = rig.call("GET", "/v1/chains/job-1", None).await;
+    let name = chain_of(&rig, "first", "job-1").await;
+    let (_, chain) = rig.call("GET", &format!("/v1/chains/{name}"), None).await;
     assert_eq!(chain["state"], "done", "{chain}");
     assert_eq!(chain["tasks"].as_array().unwrap().len(), 3, "{chain}");
-    let (ok, json) = rig.cli_chain("job-1", true);
+    let (ok, json) = rig.cli_chain(&name, true);
     assert!(ok, "{json}");
     let doc: Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(doc["id"], "job-1");
+    assert_eq!(doc["id"], name.as_str());
     generated_parent_ids_lead_to_derived_ones(&rig, &first).await;
 }
 
@@ -1153,7 +1175,8 @@ async fn generated_parent_ids_lead_to_derived_ones(rig: &Rig, first: &str) {
     assert_eq!(status, 202, "{made}");
     let id = made["id"].as_str().unwrap().to_string();
     assert!(id.starts_with('#'), "{made}");
-    let chain = format!("/v1/chains/{}", id.replace('#', "%23"));
+    let name = chain_of(rig, "first", &id).await;
+    let chain = format!("/v1/chains/{}", name.replace('#', "%23"));
     let doc = poll_some(
         Duration::from_secs(30),
         "the generated id's chain done",
@@ -1267,13 +1290,15 @@ async fn cancelled_while_running(redis_url: &str, namespace: &str, prefix: &str)
         assert!(note.contains("task late of queue"), "{child}: {note}");
     }
     std::fs::write(&child_gate, "").unwrap();
-    let (_, chain) = rig.call("GET", "/v1/chains/late", None).await;
+    let late = chain_of(&rig, "first", "late").await;
+    let (_, chain) = rig.call("GET", &format!("/v1/chains/{late}"), None).await;
     assert_eq!(chain["state"], "cancelled", "{chain}");
     // The steps go on: a task after them runs with its follow-ups, and nothing of the
     // cancelled ones changed since.
     submit("next", json!({})).await;
+    let next = format!("/v1/chains/{}", chain_of(&rig, "first", "next").await);
     poll_some(Duration::from_secs(30), "next's chain done", || async {
-        let (status, doc) = rig.call("GET", "/v1/chains/next", None).await;
+        let (status, doc) = rig.call("GET", &next, None).await;
         (status == 200 && doc["state"] == "done").then_some(())
     })
     .await;
@@ -1328,10 +1353,11 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
         .await
         .unwrap();
     let chains: Vec<Option<&str>> = facts.iter().map(|f| f.chain.as_deref()).collect();
-    assert_eq!(chains, [Some("r1"), Some("G")]);
+    // (on one server a route queue's global task's chain is unlisted, `QUEUE:ID`)
+    assert_eq!(chains, [Some("routed:r1"), Some("G")]);
     assert_eq!(
         routed.record("r1").await.unwrap().unwrap().chain.as_deref(),
-        Some("r1"),
+        Some("routed:r1"),
         "a route queue's task names its own chain from its enqueue"
     );
     // A meta as written before it kept the chain: priority:max_attempts:enqueued_ms.
@@ -1368,7 +1394,7 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
         "no call for what metas say"
     );
     let chains: Vec<Option<&str>> = facts.iter().map(|f| f.chain.as_deref()).collect();
-    assert_eq!(chains, [Some("r1"), Some("G")]);
+    assert_eq!(chains, [Some("routed:r1"), Some("G")]);
     let taken = plain.take(10, Duration::from_secs(30)).await.unwrap();
     let parents: Vec<_> = taken.tasks.iter().collect();
     let facts = plain
@@ -1612,7 +1638,9 @@ async fn an_unlisted_chain_is_read_from_its_records_and_its_run() {
         m.follow.into_iter().map(|(c, p)| (c.id, p.id)).collect()
     };
     routed.enqueue(NewTask::new("{}").id("g")).await.unwrap();
-    let waiting = chain::members_of(&client, &targets, "g").await.unwrap();
+    let waiting = chain::members_of(&client, &targets, "routed:g")
+        .await
+        .unwrap();
     let waiting = waiting.expect("a route queue's task is its chain's global task");
     assert_eq!(waiting.root, Member::new("routed", "g"));
     assert!(waiting.follow.is_empty());
@@ -1632,7 +1660,7 @@ async fn an_unlisted_chain_is_read_from_its_records_and_its_run() {
         format!("{base}~2"),
         format!("{earlier}~1"),
     ];
-    let made: Vec<NewTask> = made.iter().map(|id| kid(id, "g")).collect();
+    let made: Vec<NewTask> = made.iter().map(|id| kid(id, "routed:g")).collect();
     kids.enqueue_many(&made).await.unwrap();
     let m = |q: &str, id: &str| Member::new(q, id);
     let added = [
@@ -1648,11 +1676,11 @@ async fn an_unlisted_chain_is_read_from_its_records_and_its_run() {
         (m("kids", &format!("{earlier}~4")), m("routed", "g")),
     ];
     let conn = client.connection();
-    chain::add_many(&conn, "test", &[("g", &added[..])], targets.ttl)
+    chain::add_many(&conn, "test", &[("routed:g", &added[..])], targets.ttl)
         .await
         .unwrap();
     let raw: String = redis::cmd("GET")
-        .arg(chain::key("test", "g"))
+        .arg(chain::key("test", "routed:g"))
         .query_async(&mut conn.clone())
         .await
         .unwrap();
@@ -1664,14 +1692,18 @@ async fn an_unlisted_chain_is_read_from_its_records_and_its_run() {
         (format!("{base}~2~1"), format!("{base}~2")),
         (format!("{base}~4"), g.clone()),
     ];
-    let running = chain::members_of(&client, &targets, "g").await.unwrap();
+    let running = chain::members_of(&client, &targets, "routed:g")
+        .await
+        .unwrap();
     assert_eq!(ids(running.unwrap()), want, "while it runs");
     routed.ack(&taken.tasks).await.unwrap();
-    let done = chain::members_of(&client, &targets, "g").await.unwrap();
+    let done = chain::members_of(&client, &targets, "routed:g")
+        .await
+        .unwrap();
     assert_eq!(ids(done.unwrap()), want, "once it is done");
-    // Unknown: no list, and no route queue's task of that id in a chain of its own.
+    // Unknown: no list, and no such task of a queue with routes.
     assert!(
-        chain::members_of(&client, &targets, "h")
+        chain::members_of(&client, &targets, "routed:h")
             .await
             .unwrap()
             .is_none()

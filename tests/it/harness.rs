@@ -830,8 +830,9 @@ pub(crate) async fn held_after_follow_ups(path: &std::path::Path) -> String {
 }
 
 /// The ids the task of record `rec` (of queue `q`) gives its first `n` follow-ups: from
-/// its queue and run (`QUEUE:ID@RUN~N`, RUN its record's enqueue time and number) when it is the global task
-/// of an unlisted chain (on one server), else from its chain's name.
+/// its chain's name and its run (`QUEUE:ID@RUN~N`, RUN its record's enqueue time and
+/// number) when it is the global task of an unlisted chain (named `QUEUE:ID`, with no
+/// list, on one server), else from its chain's name.
 pub async fn kid_ids(
     client: &gaffer::queue_client::QueueClient,
     q: &gaffer::queue_client::Queue,
@@ -842,11 +843,14 @@ pub async fn kid_ids(
         .chain
         .clone()
         .expect("a route queue's task names its chain");
-    let cluster = matches!(
-        client.connection(),
-        gaffer::queue_client::RedisConn::Cluster(_)
-    );
-    let base = if chain != rec.id || cluster {
+    let mut conn = client.connection();
+    let list: Option<String> = redis::cmd("GET")
+        .arg(gaffer::chain::key(client.namespace(), &chain))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let listed = list.is_some_and(|l| l.starts_with('^'));
+    let base = if listed || chain != format!("{}:{}", q.name(), rec.id) {
         chain
     } else {
         let at = chrono::DateTime::parse_from_rfc3339(&rec.created_at)
@@ -857,7 +861,7 @@ pub async fn kid_ids(
             .await
             .unwrap()
             .expect("its listing entry");
-        format!("{}:{chain}@{at}.{seq}", q.name())
+        format!("{chain}@{at}.{seq}")
     };
     (1..=n).map(|i| format!("{base}~{i}")).collect()
 }

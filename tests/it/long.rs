@@ -1207,8 +1207,12 @@ async fn a_long_task_that_returns_makes_its_follow_ups_and_a_cancelled_one_none(
         serde_json::json!({"from": "handler"})
     );
     let child = after.record(&kids[0]).await.unwrap().unwrap();
-    assert_eq!(child.submitted_by.as_deref(), Some("chain:w"), "{child:?}");
-    assert_eq!(child.chain.as_deref(), Some("w"), "{child:?}");
+    assert_eq!(
+        child.submitted_by.as_deref(),
+        Some("chain:watch:w"),
+        "{child:?}"
+    );
+    assert_eq!(child.chain.as_deref(), Some("watch:w"), "{child:?}");
 
     q.cancel_with("c", "test").await.unwrap();
     eventually(

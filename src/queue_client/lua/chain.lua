@@ -62,8 +62,10 @@ if op == 'get' then
     if m then
       local tail
       ma, tail = string.match(m, '^-?%d+:(%d+):%d+%.?%d*(.*)$')
-      if tail == ':s' or tail == ':u' then
+      if tail == ':s' then
         g = id
+      elseif tail == ':u' then
+        g = string.match(K_REC, '{(.-)}') .. ':' .. id
       elseif tail == ':' then
         if not starts then g = '' end
       elseif string.sub(tail, 1, 2) == ':c' then

@@ -35,16 +35,19 @@ local follow = mode == 'ig' or mode == 'ik'
 local track, by, dedup_record = ARGV[7] == '1', ARGV[8], ARGV[9] == 'r' or follow
 local unlisted_at = string.match(ARGV[12], '^u:(.*)$')
 local root = ARGV[12] == '1' or unlisted_at ~= nil
--- The CHAIN field of a new global task's meta: 'u' when its chain is unlisted
--- (`crate::chain::run_base`: a task of a queue with routes, on one server, whose chain's
--- id no list gives a global task, so that no claim is needed to tell it apart), else
--- 's'. Decided once, here, for the task's whole run: every attempt's follow-ups then
--- take the same ids, whatever lists appear meanwhile.
+-- A new global task's CHAIN field and chain: 'u' and QUEUE:ID when its chain is unlisted
+-- (`crate::chain::run_base`: a task of a queue with a done route, on one server; the
+-- queue in its name keeps it apart from any other task's chain, with no claim), unless a
+-- list with a global task holds that name (an earlier run's, listed); else 's' and its
+-- id. Decided once, here, for the task's whole run: every attempt's follow-ups then take
+-- the same ids, whatever lists appear meanwhile.
+local unlisted_queue = unlisted_at and string.match(K_REC, '{(.-)}')
 local function root_field(id)
-  if not unlisted_at then return 's' end
-  local v = redis.call('GET', unlisted_at .. '{chain:' .. id .. '}:tasks')
-  if v and string.byte(v, 1) == 94 then return 's' end
-  return 'u'
+  if not unlisted_at then return 's', id end
+  local name = unlisted_queue .. ':' .. id
+  local v = redis.call('GET', unlisted_at .. '{chain:' .. name .. '}:tasks')
+  if v and string.byte(v, 1) == 94 then return 's', id end
+  return 'u', name
 end
 local per = (mode == 'ig') and 3 or 2
 -- Each task's id, payload and chain (a follow-up's) as sent.
@@ -139,7 +142,8 @@ local created = 0
 local function chain_held(id, value, rec)
   if value then
     local _, field = meta_chain_field(value_meta(value))
-    if field == 's' or field == 'u' then return id end
+    if field == 's' then return id end
+    if field == 'u' then return string.match(K_REC, '{(.-)}') .. ':' .. id end
     if field then return string.match(field, '^c(.*)$') or '' end
   end
   return rec and chain_of(rec) or ''
@@ -153,11 +157,16 @@ if mode == 'p' then
   if track then
     -- (the meta's parts around the number made once: see task_value)
     local pre, post = meta .. '.', ':' .. (root and 's' or '') .. '\n'
+    if unlisted_at then chains = {} end
     for i = 1, n do
       local s = string.format('%d', base + i)
       local id = '#' .. s
       payloads[2 * i - 1] = id
-      if unlisted_at then post = ':' .. root_field(id) .. '\n' end
+      if unlisted_at then
+        local field
+        field, chains[i] = root_field(id)
+        post = ':' .. field .. '\n'
+      end
       payloads[2 * i] = pre .. s .. post .. ARGV[H + i]
       ids[i] = id
       -- (the records' index order)
@@ -174,7 +183,7 @@ if mode == 'p' then
   end
   created = n
   flags = string.rep(cancel and 'x' or '1', n)
-  if root then chains = ids end
+  if root and not chains then chains = ids end
 else
   -- Dedup against records: one whose time is up must not count (see record_get.lua).
   if dedup_record then expire_records(now, 100) end
@@ -256,19 +265,19 @@ else
       ids[created] = id
       local s = string.format('%d', base + i)
       seqs[created] = s
+      local field = ''
       if follow then
         chains = chains or {}
         chains[created] = arg_chain(i)
       elseif root then
         chains = chains or {}
-        chains[created] = id
+        field, chains[created] = root_field(id)
       end
       if not track then
         payloads[2 * created] = task_value(meta, arg_payload(i))
       elseif follow then
         payloads[2 * created] = meta .. '.' .. s .. ':c' .. arg_chain(i) .. '\n' .. arg_payload(i)
       else
-        local field = root and root_field(id) or ''
         payloads[2 * created] = meta .. '.' .. s .. ':' .. field .. '\n' .. arg_payload(i)
       end
     end

@@ -136,8 +136,8 @@ local function parse_meta(m)
   return tonumber(pri), tonumber(ma), tonumber(enq)
 end
 
--- A meta's head (priority:max_attempts:enqueued_ms[.SEQ]) and its CHAIN field ('', 's'
--- or 'c' and the chain; nil in a meta written before metas kept it).
+-- A meta's head (priority:max_attempts:enqueued_ms[.SEQ]) and its CHAIN field ('', 's',
+-- 'u' or 'c' and the chain; nil in a meta written before metas kept it).
 local function meta_chain_field(m)
   local head, rest = string.match(m, '^(%-?%d+:%d+:[%d%.]+)(.*)$')
   return head, rest and string.match(rest, '^:(.*)$')
@@ -1501,8 +1501,8 @@ end
 
 -- Creates the records of new tasks (all with the same options) and indexes them. An old
 -- finished record with the same id is replaced. `ttl_ms` > 0: they end at once.
--- `chains`: nil, or per task the id of its chain's global task ('' for none); a task of
--- a chain shows `chain:G` as its submitter and is left out of the submitter indexes
+-- `chains`: nil, or per task its chain ('' for none); a follow-up (a task of a chain it
+-- did not start) shows `chain:G` as its submitter and is left out of the submitter indexes
 -- (they would grow by one per chain). `keys`: nil, or the records' keys, made already.
 -- `olds`: nil, or per task the record its id had (false: none): a task that ended under
 -- the id leaves its submitter's index, which would otherwise list the new task to that
@@ -1515,12 +1515,14 @@ local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms
   local tail = FS .. FS .. FS
   local v = head .. by .. tail .. RS .. first
   local scored, kv = {}, {}
+  -- (a global task's chain is its id, or QUEUE:ID where it is unlisted: see enqueue.lua)
+  local own = chains and string.match(K_REC, '{(.-)}') .. ':'
   for i, id in ipairs(ids) do
     kv[2 * i - 1] = keys and keys[i] or rec_key(id)
     local g = chains and chains[i] or ''
     if g == '' then
       kv[2 * i] = v
-    elseif g == id then
+    elseif g == id or g == own .. id then
       kv[2 * i] = head .. by .. tail .. g .. RS .. first
     else
       kv[2 * i] = head .. 'chain:' .. g .. tail .. g .. RS .. first
