@@ -313,6 +313,22 @@ impl Api {
                 return Err(replaced(queue, id));
             }
             let view = chain::read(&self.client, &self.chain_targets(), &p.name).await?;
+            // (an unlisted chain's view is of the run its id holds now: this run's chain
+            // can no longer be read)
+            let later = |v: &ChainView| {
+                v.tasks
+                    .first()
+                    .and_then(|t| t.record.as_ref())
+                    .is_some_and(|rec| rec.created_at != p.created_at)
+            };
+            if view.as_ref().is_some_and(later) {
+                return Err(ApiError::gone(format!(
+                    "task {id} of queue {} ended and its id already holds a new run, which \
+                     its chain {} now shows",
+                    queue.name(),
+                    p.name
+                )));
+            }
             return Ok(view.unwrap_or_else(|| ChainView::of_task(&p.name, r.clone())));
         }
         let name = run_chain_name(queue, id, record.as_ref());
@@ -324,7 +340,11 @@ impl Api {
             });
         }
         let view = chain::read(&self.client, &self.chain_targets(), &name).await?;
-        let run_shown = |v: &ChainView| v.tasks.first().is_some_and(|t| t.record.is_some());
+        let run_shown = |v: &ChainView| {
+            v.tasks.first().is_some_and(|t| {
+                t.record.is_some() && t.member == chain::Member::new(queue.name(), id)
+            })
+        };
         match (view, record) {
             (Some(v), _) if run_shown(&v) => Ok(v),
             (_, Some(r)) => Ok(ChainView::of_task(&name, r)),

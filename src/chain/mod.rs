@@ -96,6 +96,22 @@ pub fn run_base(chain: &str, run: &str) -> String {
     format!("{chain}{}{run}", RUN_MARK as char)
 }
 
+/// The task whose unlisted chain the name `name` is (`QUEUE:ID` with QUEUE a queue with a
+/// done route: see [`run_base`]) when that is another task than `root`: only task ID of
+/// QUEUE may take that name, or `QUEUE:ID@RUN` (as its renames, when its chain is
+/// listed: [`started_by`]), so a list claimed
+/// under it by another task (one whose id holds a `:`) would hide that chain. `None` when
+/// the name is free to claim. On one server (a Redis Cluster keeps every chain listed).
+pub fn reserved(targets: &ChainTargets, name: &str, root: &Member) -> Option<Member> {
+    let (queue, id) = name.split_once(':')?;
+    let done_route = targets
+        .routes
+        .get(queue)
+        .is_some_and(|r| r.iter().any(|r| r.on == crate::config::RouteOn::Done));
+    let its_own = root.queue == queue && started_by(queue, &root.id, name);
+    (done_route && !its_own).then(|| Member::new(queue, id))
+}
+
 /// The name a task `id` of `queue` starts its chain under when another task's chain (or
 /// an earlier run's of the same task) already has its id: `QUEUE:ID`, and should that be
 /// taken too, `QUEUE:ID@RUN`.
@@ -382,6 +398,19 @@ pub async fn start_global(
                 chain,
             });
         }
+        // (its enqueue makes its chain unlisted, `QUEUE:ID`, unless that name has a list:
+        // then it claims the chain of its id as its follow-ups are made, renaming it when
+        // taken; see `Queue::root_arg`)
+        let single = matches!(conn, RedisConn::Single(_));
+        if single && on.limits().starts_chains {
+            continue;
+        }
+        if let Some(holder) = single
+            .then(|| reserved(targets, &id, &Member::new(queue, &id)))
+            .flatten()
+        {
+            return Err(ChainError::Taken { chain: id, holder });
+        }
         match stored_or_loose(&conn, ns, &id).await?.0 {
             Some(s) if s.root != Member::new(queue, &id) => {
                 return Err(ChainError::Taken {
@@ -401,11 +430,7 @@ pub async fn start_global(
             }
             _ => {}
         }
-        // (where its enqueue may make its chain unlisted: see `Queue::root_arg`)
-        let single = matches!(conn, RedisConn::Single(_));
-        if !(single && on.limits().starts_chains) {
-            claims.push(id);
-        }
+        claims.push(id);
     }
     for id in claims {
         if let RootClaim::Taken(holder) =

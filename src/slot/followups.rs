@@ -524,6 +524,13 @@ impl FollowUps {
                 adds.entry(&chains[&c.parent]).or_default().push(pair);
             }
         }
+        if roots
+            .iter()
+            .any(|(p, (root, _, _))| chain::reserved(&self.targets, &chains[p], root).is_some())
+        {
+            // (`link` renames it)
+            return None;
+        }
         let claims: Vec<Claim> = roots
             .iter()
             .map(|(p, (root, run, members))| Claim {
@@ -894,16 +901,37 @@ impl FollowUps {
                     None => asked.push((i, name, members)),
                 }
             }
+            // (a name kept for another task's unlisted chain is refused unwritten)
+            let single = matches!(conn, RedisConn::Single(_));
+            let kept: Vec<Option<Member>> = asked
+                .iter()
+                .map(|(i, name, _)| {
+                    single
+                        .then(|| chain::reserved(&self.targets, name, &roots[*i]))
+                        .flatten()
+                })
+                .collect();
             let claims: Vec<Claim> = asked
                 .iter()
-                .map(|(i, name, members)| Claim {
+                .zip(&kept)
+                .filter(|(_, k)| k.is_none())
+                .map(|((i, name, members), _)| Claim {
                     chain: name,
                     root: &roots[*i],
                     run: &runs[*i],
                     members,
                 })
                 .collect();
-            let answers = chain::claim_many(&conn, ns, &claims, ttl).await?;
+            let mut claimed = chain::claim_many(&conn, ns, &claims, ttl)
+                .await?
+                .into_iter();
+            let answers: Vec<RootClaim> = kept
+                .into_iter()
+                .map(|k| match k {
+                    Some(holder) => RootClaim::Taken(holder),
+                    None => claimed.next().unwrap_or(RootClaim::Ours),
+                })
+                .collect();
             todo.clear();
             for ((i, name, _), answer) in asked.into_iter().zip(answers) {
                 match answer {

@@ -360,22 +360,22 @@ async fn a_route_chain_writes_no_list_unless_it_has_one(rig: &Rig) {
         .unwrap();
     assert_eq!(done_in(rig, "first", "pre").await, "pre");
     assert_eq!(chain_ids(rig, "pre").await, ["pre", "pre~1", "pre~2"]);
-    // An id whose follow-ups' ids would be over the limit once named from its queue and
-    // run fails its task, saying so, and makes none.
+    // An id whose follow-ups' ids could be over the limit once named from its queue and
+    // run keeps its chain listed, under its id: its follow-ups are `ID~N`.
     let long = "l".repeat(gaffer::queue_client::MAX_ID_LEN - 16);
-    let rec = run_to_end(rig, "first", &long).await;
-    assert_eq!(rec["state"], "failed", "{rec}");
-    let error = rec["error"].as_str().unwrap_or_default();
-    assert!(error.contains("the chain is too deep"), "{rec}");
-    let after = rig.client.queue(&rig.q("after")).unwrap();
-    let newest = gaffer::queue_client::ListQuery {
-        limit: 100,
-        ..Default::default()
-    };
-    let made = after.list(&newest).await.unwrap();
-    assert!(
-        made.tasks.iter().all(|t| !t.id.contains(&long)),
-        "no follow-up made"
+    assert_eq!(done_in(rig, "first", &long).await, long);
+    assert_eq!(
+        chain_ids(rig, &long).await,
+        [long.clone(), format!("{long}~1"), format!("{long}~2")]
+    );
+    // Another queue's task whose id is such a chain's name (`QUEUE:ID`) cannot take it.
+    let fetch = format!("/v1/queues/{}/tasks", rig.q("fetch"));
+    let body = format!(r#"{{"payload": {{}}, "id": "{bare}", "chain": true}}"#);
+    let (status, refused) = rig.call("POST", &fetch, Some(&body)).await;
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(
+        refused["error"],
+        format!("chain {bare} already exists, as the chain of task bare of queue {first}")
     );
 }
 
@@ -792,10 +792,20 @@ async fn same_ids_never_share_children(rig: &Rig) {
         ["twin".to_string(), twin_kid[0].clone()]
     );
     // The same task again: a new run, whose children are named from it; the chain's view
-    // is the run the id holds now.
+    // is the run the id holds now, and its list of added members holds this run's only.
     assert_eq!(done_in(rig, "first", "twin").await, ours);
     let run2 = route_kids(rig, "first", "twin", 2).await;
     assert_ne!(run1, run2);
+    let mut conn = rig.client.connection();
+    let added: String = redis::cmd("GET")
+        .arg(gaffer::chain::key(&rig.namespace, &ours))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        added.contains(&run2[1]) && !added.contains(&run1[1]),
+        "{added}"
+    );
     let mut in_chain = vec!["twin".to_string()];
     in_chain.extend(run2.iter().cloned());
     assert_eq!(chain_ids(rig, &ours).await, in_chain);
@@ -1711,9 +1721,10 @@ async fn an_unlisted_chain_is_read_from_its_records_and_its_run() {
 }
 
 /// A renamed chain goes in its global task's meta, so that the task's next attempt starts
-/// from that name; a submit asking for the chain of a task's earlier run is refused where
-/// the enqueue would make a new run, and not where it would find the run there
-/// (`dedup = "record"`); a chain's view leaves out a global task's record of another run.
+/// from that name; a submit asking for the listed chain of a task's earlier run is refused
+/// where the enqueue would make a new run, and not where it would find the run there
+/// (`dedup = "record"`), nor where the new run's chain is unlisted; a chain's view leaves
+/// out a global task's record of another run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_stays_with_the_run_that_made_it() {
     use gaffer::chain::{self, ChainError};
@@ -1742,19 +1753,23 @@ async fn a_chain_stays_with_the_run_that_made_it() {
             chain::start_global(&client, &q, vec![&mut t], &targets(ttl)).await
         }
     };
-    let refused = submit(routed.clone()).await.unwrap_err();
+    // (through a handle without the done route, whose chains stay listed: one with it
+    // makes its new run's chain unlisted, `routed:r1`, which the list does not hold)
+    submit(routed.clone())
+        .await
+        .expect("an unlisted run of its own");
+    let listed = |dedup| {
+        let limits = QueueLimits {
+            dedup,
+            ..Default::default()
+        };
+        client.queue_with("routed", limits).unwrap()
+    };
+    let refused = submit(listed(Dedup::Active)).await.unwrap_err();
     assert!(matches!(refused, ChainError::Ended { .. }), "{refused}");
-    let by_record = client
-        .queue_with(
-            "routed",
-            QueueLimits {
-                starts_chains: true,
-                dedup: Dedup::Record,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-    submit(by_record).await.expect("a dedup hit, not a new run");
+    submit(listed(Dedup::Record))
+        .await
+        .expect("a dedup hit, not a new run");
 
     // The list's run (enqueued at 5) is not the record's (created at rec's time).
     let queues = chain::ChainTargets {

@@ -163,7 +163,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
         None
     };
     let chains_left = if args.chain {
-        "; their chains were claimed and stay so until they expire"
+        "; their chains were claimed (where their queue has no done route, or on a Redis Cluster) and stay so until they expire"
     } else {
         ""
     };

@@ -37,16 +37,22 @@ local unlisted_at = string.match(ARGV[12], '^u:(.*)$')
 local root = ARGV[12] == '1' or unlisted_at ~= nil
 -- A new global task's CHAIN field and chain: 'u' and QUEUE:ID when its chain is unlisted
 -- (`crate::chain::run_base`: a task of a queue with a done route, on one server; the
--- queue in its name keeps it apart from any other task's chain, with no claim), unless a
--- list with a global task holds that name (an earlier run's, listed); else 's' and its
--- id. Decided once, here, for the task's whole run: every attempt's follow-ups then take
--- the same ids, whatever lists appear meanwhile.
+-- queue in its name keeps it apart from any other task's chain, with no claim, see
+-- `crate::chain::reserved`), unless a list with a global task holds that name (an
+-- earlier run's, listed) or its follow-ups' ids (QUEUE:ID@RUN~N, RUN up to 40 bytes)
+-- could pass 256 bytes; else 's' and its id. Decided once, here, for the task's whole
+-- run: every attempt's follow-ups then take the same ids, whatever lists appear
+-- meanwhile. An earlier run's list of added members under the name goes: its tasks are
+-- not this run's, and the name would otherwise gather every run's.
 local unlisted_queue = unlisted_at and string.match(K_REC, '{(.-)}')
 local function root_field(id)
   if not unlisted_at then return 's', id end
   local name = unlisted_queue .. ':' .. id
-  local v = redis.call('GET', unlisted_at .. '{chain:' .. name .. '}:tasks')
+  if #name + 40 > 256 then return 's', id end
+  local key = unlisted_at .. '{chain:' .. name .. '}:tasks'
+  local v = redis.call('GET', key)
   if v and string.byte(v, 1) == 94 then return 's', id end
+  if v then redis.call('DEL', key) end
   return 'u', name
 end
 local per = (mode == 'ig') and 3 or 2
