@@ -492,7 +492,7 @@ pub async fn members(
 }
 
 /// A chain's members: its list's, when it has one that names its global task; else, for
-/// an unlisted chain (see [`run_base`]), read from its tasks' records ([`unlisted`]): its
+/// an unlisted chain (see [`run_base`]), read from its tasks' records (`unlisted`): its
 /// global task in a queue with routes whose record names the chain (the newest, should
 /// two such queues hold a task of that id), then its follow-ups. `None` when the chain
 /// is unknown.

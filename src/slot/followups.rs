@@ -2,7 +2,8 @@
 //!
 //! A task that is done (or has failed for good) may lead to follow-up tasks: its queue's
 //! `next` routes and those its handler adds. They are enqueued with ids derived from
-//! their parent's, after they are added to their chain's member list, and all that
+//! their parent's, after they are added to their chain's member list (but for an unlisted
+//! chain's route follow-ups of its global task: `chain::run_base`), and all that
 //! before the parent is settled: a slot that dies anywhere in between leaves its tasks'
 //! leases to expire, and the parents run again, make the same ids, and the enqueue
 //! (deduplicating against records too) finds the children already made. Each step is
@@ -784,9 +785,6 @@ impl FollowUps {
         .await?;
         let mut pairs: Vec<(&str, &str)> = Vec::new();
         let mut before: BTreeMap<&str, Vec<(Member, Member)>> = BTreeMap::new();
-        for (r, _) in unlisted.iter().filter(|(r, _)| !r.named) {
-            pairs.push((tasks[r.parent].id.as_str(), r.chain.as_str()));
-        }
         for (r, named) in new_roots.iter().zip(&started) {
             let id = tasks[r.parent].id.as_str();
             let Named {
