@@ -172,6 +172,7 @@ impl Api {
             .await
             .map_err(|e| match e {
                 ChainError::Taken { .. }
+                | ChainError::Reserved { .. }
                 | ChainError::Ended { .. }
                 | ChainError::InChain { .. } => ApiError::conflict(e.to_string()),
                 ChainError::Queue(q) => q.into(),

@@ -333,6 +333,18 @@ pub enum ChainError {
         /// Its global task.
         holder: Member,
     },
+    /// The id is the name an unlisted chain of another task has, or would have
+    /// ([`reserved`]): a chain of that name would hide it.
+    #[error(
+        "chain {chain} is kept for the chain of task {} of queue {}: submit the global task under another id",
+        .holder.id, .holder.queue
+    )]
+    Reserved {
+        /// The chain id asked for.
+        chain: String,
+        /// The task the name is kept for.
+        holder: Member,
+    },
     /// The id is the chain of an earlier run of the same task, which has ended: a new
     /// run in a chain of that id would mix its tasks with the earlier run's.
     #[error(
@@ -409,7 +421,7 @@ pub async fn start_global(
             .then(|| reserved(targets, &id, &Member::new(queue, &id)))
             .flatten()
         {
-            return Err(ChainError::Taken { chain: id, holder });
+            return Err(ChainError::Reserved { chain: id, holder });
         }
         match stored_or_loose(&conn, ns, &id).await?.0 {
             Some(s) if s.root != Member::new(queue, &id) => {

@@ -375,7 +375,10 @@ async fn a_route_chain_writes_no_list_unless_it_has_one(rig: &Rig) {
     assert_eq!(status, 409, "{refused}");
     assert_eq!(
         refused["error"],
-        format!("chain {bare} already exists, as the chain of task bare of queue {first}")
+        format!(
+            "chain {bare} is kept for the chain of task bare of queue {first}: submit the \
+             global task under another id"
+        )
     );
 }
 
