@@ -2,9 +2,9 @@
 //! work (DESIGN.md "Chains, sync tasks and controls").
 //!
 //! A chain is identified by its global task's id. What it holds is its member list beside
-//! the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own (but for an unlisted
-//! chain, the global task of a queue with routes on one server, whose tasks are found
-//! from their records and named from its run: see [`run_base`] and [`members_of`]) (on a Redis Cluster its
+//! the queues, `NS:{chain:ID}:tasks`, under a hash tag of its own; an unlisted chain (the
+//! global task's of a queue with a done route, on one server) has none, its tasks found
+//! from their records ([`run_base`], [`members_of`]). (On a Redis Cluster its
 //! keys are in another slot than its tasks' queues): one string, `^` and the global task,
 //! `@RUN@` once a run of it made follow-ups, then each follow-up with its parent, every
 //! member length-prefixed (`LEN:QUEUE\x1fID`, so ids may hold any byte). A string, not a
@@ -87,8 +87,9 @@ pub fn derived_id(parent: &str, n: usize) -> String {
 /// chain's name and the run of the global task that made them (`CHAIN@RUN`, so
 /// `CHAIN@RUN~1` is the first). A global task of a queue with a done route, on one server,
 /// gets an unlisted chain named `QUEUE:ID` at its enqueue (its meta says `u`: see
-/// `lua/enqueue.lua`), unless a list holds that name: no other task's chain can have that
-/// name, so no member list is written to claim it, and its tasks are found from their
+/// `lua/enqueue.lua`), unless a list holds that name or the ids would be too long: no
+/// other task's chain may have that name ([`reserved`]), so no member list is written to
+/// claim it, and its tasks are found from their
 /// records ([`members_of`]). Naming them from the run keeps a later run of the same id
 /// (submitted again once it ended) from ever making an id an earlier run made, at any
 /// depth, with no list to tell the runs apart.
@@ -99,9 +100,9 @@ pub fn run_base(chain: &str, run: &str) -> String {
 /// The task whose unlisted chain the name `name` is (`QUEUE:ID` with QUEUE a queue with a
 /// done route: see [`run_base`]) when that is another task than `root`: only task ID of
 /// QUEUE may take that name, or `QUEUE:ID@RUN` (as its renames, when its chain is
-/// listed: [`started_by`]), so a list claimed
-/// under it by another task (one whose id holds a `:`) would hide that chain. `None` when
-/// the name is free to claim. On one server (a Redis Cluster keeps every chain listed).
+/// listed: [`started_by`]), so a list claimed under it by another task (one whose id
+/// holds a `:`) would hide that chain. `None` when the name is free to claim. On one
+/// server (a Redis Cluster keeps every chain listed).
 pub fn reserved(targets: &ChainTargets, name: &str, root: &Member) -> Option<Member> {
     let (queue, id) = name.split_once(':')?;
     let done_route = targets
@@ -377,10 +378,9 @@ pub enum ChainError {
 /// Makes each of `tasks` the global task of a chain of its own, before they are enqueued
 /// on `queue`: a task without an id gets a fresh one ([`new_global_id`]); an id that is
 /// already some other task's chain (its list says so) refuses them all before anything
-/// is written; then each chain's global task
-/// is claimed, but in a queue with a done route on one server, whose chains are unlisted
-/// ([`run_base`]): they are named `QUEUE:ID`, which no other task's chain can be, and
-/// readers find their tasks without a list.
+/// is written; then each chain's global task is claimed, but in a queue with a done route
+/// on one server, whose chains are unlisted ([`run_base`]): named `QUEUE:ID`, which no
+/// other task's chain may be, their tasks found without a list.
 pub async fn start_global(
     client: &crate::queue_client::QueueClient,
     on: &crate::queue_client::Queue,
@@ -505,9 +505,8 @@ pub async fn members(
 
 /// A chain's members: its list's, when it has one that names its global task; else, for
 /// an unlisted chain (see [`run_base`]), read from its tasks' records (`unlisted`): its
-/// global task in a queue with routes whose record names the chain (the newest, should
-/// two such queues hold a task of that id), then its follow-ups. `None` when the chain
-/// is unknown.
+/// global task (task ID of queue QUEUE, whose record names the chain), then its
+/// follow-ups. `None` when the chain is unknown.
 pub async fn members_of(
     client: &QueueClient,
     targets: &ChainTargets,
@@ -521,16 +520,16 @@ pub async fn members_of(
     let Some((root, rec)) = unlisted_root(client, targets, chain).await? else {
         return Ok(None);
     };
-    let mut members = Members {
+    let follow = unlisted(client, targets, chain, &root, &rec, loose).await?;
+    Ok(Some(sorted(Members {
         root,
         run: None,
-        follow: Vec::new(),
-    };
-    unlisted(client, targets, chain, &mut members, &rec, loose).await?;
-    Ok(Some(sorted(members)))
+        follow,
+    })))
 }
 
-/// Adds to `members` what an unlisted chain's global task (of record `rec`) made: its
+/// What an unlisted chain's global task `root` (of record `rec`) made, with each one's
+/// parent: its
 /// route follow-ups `QUEUE:G@RUN~N` (the N-th of its queue's done routes, or of its
 /// failed routes: whichever record is there and names the chain, whatever the global
 /// task's state, so that a task running again, or cancelled, shows what it made), then
@@ -541,17 +540,16 @@ async fn unlisted(
     client: &QueueClient,
     targets: &ChainTargets,
     chain: &str,
-    members: &mut Members,
+    root: &Member,
     rec: &TaskRecord,
     loose: Vec<(Member, Member)>,
-) -> Result<(), QueueError> {
-    let root = members.root.clone();
-    let Some(run) = record_run(client, targets, &root, rec).await? else {
-        return Ok(());
+) -> Result<Vec<(Member, Member)>, QueueError> {
+    let mut follow = Vec::new();
+    let Some(run) = record_run(client, targets, root, rec).await? else {
+        return Ok(follow);
     };
     let base = run_base(chain, &run);
-    let mut seen: std::collections::BTreeSet<Member> =
-        members.follow.iter().map(|(k, _)| k.clone()).collect();
+    let mut seen = std::collections::BTreeSet::new();
     let routes = targets.routes.get(&root.queue).cloned().unwrap_or_default();
     let on = |on| routes.iter().filter(move |r| r.on == on);
     let kids: Vec<Member> = [crate::config::RouteOn::Done, crate::config::RouteOn::Failed]
@@ -567,7 +565,7 @@ async fn unlisted(
         .map(|m| view::record_of(client, &targets.queues, m));
     for (kid, r) in kids.iter().zip(futures::future::try_join_all(reads).await?) {
         if r.is_some_and(|r| r.chain.as_deref() == Some(chain)) && seen.insert(kid.clone()) {
-            members.follow.push((kid.clone(), root.clone()));
+            follow.push((kid.clone(), root.clone()));
         }
     }
     let own_kid = |kid: &Member| {
@@ -579,13 +577,13 @@ async fn unlisted(
     loop {
         let before = rest.len();
         rest.retain(|(kid, parent)| {
-            let ours = if *parent == root {
+            let ours = if parent == root {
                 own_kid(kid)
             } else {
                 seen.contains(parent)
             };
             if ours && seen.insert(kid.clone()) {
-                members.follow.push((kid.clone(), parent.clone()));
+                follow.push((kid.clone(), parent.clone()));
             }
             !ours
         });
@@ -593,7 +591,7 @@ async fn unlisted(
             break;
         }
     }
-    Ok(())
+    Ok(follow)
 }
 
 /// The run of a global task as its follow-ups' ids name it (its enqueue time and record
