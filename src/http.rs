@@ -71,21 +71,73 @@ pub async fn serve(
             let response = respond(&routes, &request);
             async move { response }
         },
-        HEADER_READ_TIMEOUT,
+        ConnectionRules::plain(HEADER_READ_TIMEOUT),
         shutdown,
     )
     .await
 }
 
+/// How a server started with [`serve_with`] treats its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionRules {
+    /// How long a connection may take to send a request's head (see
+    /// [`HEADER_READ_TIMEOUT`]).
+    pub read_timeout: Duration,
+    /// The most connections one peer address may hold at once; 0: no such limit. A
+    /// connection past it is answered 429 and closed, so one client cannot take every
+    /// connection the server serves.
+    pub per_peer: usize,
+    /// A connection that has not made an authenticated request this long after it was
+    /// accepted is closed once no request of it is in flight (see [`authenticated`]), so
+    /// clients without a token cannot hold connections for the whole `read_timeout`.
+    /// `None`: no such deadline (the daemons' endpoints have no tokens).
+    pub auth_timeout: Option<Duration>,
+}
+
+impl ConnectionRules {
+    /// The daemons' endpoint: the header deadline only.
+    pub fn plain(read_timeout: Duration) -> Self {
+        Self {
+            read_timeout,
+            per_peer: 0,
+            auth_timeout: None,
+        }
+    }
+}
+
+/// What a connection's handler may tell the accept loop about it; every request carries
+/// one in its extensions.
+#[derive(Debug, Default)]
+pub struct ConnectionState {
+    authenticated: std::sync::atomic::AtomicBool,
+    in_flight: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Marks the connection `request` came on as authenticated: it is then no longer held to
+/// [`ConnectionRules::auth_timeout`].
+pub fn authenticated<B>(request: &Request<B>) {
+    if let Some(state) = request.extensions().get::<Arc<ConnectionState>>() {
+        state
+            .authenticated
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How often at most a warning about connection limits is logged; the hits in between
+/// are counted into the next one.
+const LIMIT_WARN_INTERVAL: Duration = Duration::from_secs(60);
+
 /// The accept loop behind [`serve`], for any async handler: HTTP/1 with keep-alive, one
 /// task per connection, the same shutdown (stop accepting, a grace period for requests in
-/// flight, then cut), a connection's request head read within `read_timeout` (see
-/// [`HEADER_READ_TIMEOUT`]), at most [`max_connections`] at once. The task service's API
-/// runs on it too.
+/// flight, then cut), a connection's request head read within `rules.read_timeout`, at
+/// most [`max_connections`] at once and `rules.per_peer` per peer address, and
+/// connections that never authenticate closed after `rules.auth_timeout`. The task
+/// service's API runs on it too.
 pub async fn serve_with<H, F>(
     listener: TcpListener,
     handler: H,
-    read_timeout: Duration,
+    rules: ConnectionRules,
     shutdown: CancellationToken,
 ) -> io::Result<()>
 where
@@ -95,23 +147,28 @@ where
     let handler = Arc::new(handler);
     let mut connections = JoinSet::new();
     let limit = max_connections();
-    let mut at_limit_said = false;
+    let peers = Arc::new(PeerCounts::default());
+    let mut at_limit = LimitWarning::default();
+    let mut per_peer = LimitWarning::default();
+    let mut was_full = false;
     loop {
         let full = connections.len() >= limit;
-        if full && !at_limit_said {
+        if full && !was_full && at_limit.hit(std::time::Instant::now()) {
+            let hits = at_limit.take();
             tracing::warn!(
                 connections = limit,
+                hits,
                 "http connections at their limit; new ones wait until one closes"
             );
         }
-        at_limit_said = full;
-        let stream = tokio::select! {
+        was_full = full;
+        let (stream, peer) = tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
             // Reaps finished connections so a long-lived server does not accumulate them.
             Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept(), if !full => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => match classify_accept_error(&e) {
                     AcceptError::Connection => {
                         tracing::debug!(error = %e, "http accept failed");
@@ -128,31 +185,27 @@ where
                 },
             },
         };
+        let Some(held) = peers.enter(peer.ip(), rules.per_peer) else {
+            if per_peer.hit(std::time::Instant::now()) {
+                let hits = per_peer.take();
+                tracing::warn!(
+                    peer = %peer.ip(),
+                    limit = rules.per_peer,
+                    hits,
+                    "http connection refused: its peer holds its limit of connections"
+                );
+            }
+            connections.spawn(refuse_peer(stream, rules.per_peer));
+            continue;
+        };
         // Small request/response exchanges: waiting for more bytes to fill a segment only
         // adds latency.
         let _ = stream.set_nodelay(true);
         let handler = Arc::clone(&handler);
         let shutdown = shutdown.clone();
         connections.spawn(async move {
-            let service = service_fn(move |request| {
-                let response = handler(request);
-                async move { Ok::<_, Infallible>(response.await) }
-            });
-            let connection = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            let result = tokio::select! {
-                result = connection.as_mut() => result,
-                () = shutdown.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "http connection failed");
-            }
+            let _held = held;
+            serve_connection(stream, handler, rules, shutdown).await;
         });
     }
     drop(listener);
@@ -168,6 +221,170 @@ where
     }
     // Dropping the set aborts whatever is left.
     Ok(())
+}
+
+/// One connection, served until it closes, the server stops, or it is held to
+/// [`ConnectionRules::auth_timeout`] and never authenticated.
+async fn serve_connection<H, F>(
+    stream: tokio::net::TcpStream,
+    handler: Arc<H>,
+    rules: ConnectionRules,
+    shutdown: CancellationToken,
+) where
+    H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let state = Arc::new(ConnectionState::default());
+    let on_request = Arc::clone(&state);
+    let service = service_fn(move |mut request: Request<Incoming>| {
+        let state = Arc::clone(&on_request);
+        state
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        request.extensions_mut().insert(Arc::clone(&state));
+        let response = handler(request);
+        async move {
+            let response = response.await;
+            if state
+                .in_flight
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+                == 1
+            {
+                state.idle.notify_waiters();
+            }
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let connection = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(rules.read_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = unauthenticated_expiry(&state, rules.auth_timeout) => {
+            tracing::debug!("http connection closed: no authenticated request in time");
+            return;
+        }
+        () = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "http connection failed");
+    }
+}
+
+/// Resolves once a connection held to `timeout` has passed it without authenticating and
+/// has no request in flight; never for one that authenticated or has no such deadline.
+async fn unauthenticated_expiry(state: &ConnectionState, timeout: Option<Duration>) {
+    use std::sync::atomic::Ordering;
+    let Some(timeout) = timeout else {
+        return std::future::pending().await;
+    };
+    tokio::time::sleep(timeout).await;
+    loop {
+        // (registered before the look, so an end between the look and the wait is seen)
+        let idle = state.idle.notified();
+        if state.authenticated.load(Ordering::Relaxed) {
+            return std::future::pending().await;
+        }
+        if state.in_flight.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        idle.await;
+    }
+}
+
+/// Answers a connection past its peer's limit with 429 and closes it.
+async fn refuse_peer(mut stream: tokio::net::TcpStream, limit: usize) {
+    use tokio::io::AsyncWriteExt;
+    let body = serde_json::json!({
+        "error": format!(
+            "too many connections from this address: the limit is {limit} ([api].max_connections_per_peer)"
+        )
+    })
+    .to_string();
+    let answer = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    // (bounded: a peer that does not read must not keep this task)
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// Connections held per peer address.
+#[derive(Debug, Default)]
+struct PeerCounts {
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One connection counted against its peer; uncounted when dropped.
+struct PeerHold {
+    peers: Arc<PeerCounts>,
+    ip: std::net::IpAddr,
+}
+
+impl PeerCounts {
+    /// Counts a connection from `ip`, or `None` when it already holds `limit` (0: none).
+    fn enter(self: &Arc<Self>, ip: std::net::IpAddr, limit: usize) -> Option<PeerHold> {
+        let mut held = self.held.lock().expect("peer counts lock");
+        let n = held.entry(ip).or_default();
+        if limit > 0 && *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(PeerHold {
+            peers: Arc::clone(self),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerHold {
+    fn drop(&mut self) {
+        let mut held = self.peers.held.lock().expect("peer counts lock");
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// A warning said at most once per [`LIMIT_WARN_INTERVAL`], with how often its cause
+/// happened since it was last said: a limit hit again and again as connections turn over
+/// makes one line a minute, not one per hit.
+#[derive(Debug, Default)]
+pub struct LimitWarning {
+    last: Option<std::time::Instant>,
+    hits: u64,
+}
+
+impl LimitWarning {
+    /// Counts one hit at `now`; true when the warning is to be said now (then
+    /// [`take`](Self::take) the count).
+    pub fn hit(&mut self, now: std::time::Instant) -> bool {
+        self.hits += 1;
+        let due = self
+            .last
+            .is_none_or(|last| now.duration_since(last) >= LIMIT_WARN_INTERVAL);
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
+
+    /// The hits counted since the warning was last said, starting the count again.
+    pub fn take(&mut self) -> u64 {
+        std::mem::take(&mut self.hits)
+    }
 }
 
 /// What an accept error says about the listener.
@@ -363,6 +580,20 @@ mod tests {
         assert_eq!(status, 405);
         assert!(head.contains("allow: get"), "{head}");
         stop(server).await;
+    }
+
+    #[test]
+    fn a_limit_warning_is_said_once_a_minute_with_the_hits_between() {
+        let mut w = LimitWarning::default();
+        let t0 = std::time::Instant::now();
+        assert!(w.hit(t0));
+        assert_eq!(w.take(), 1);
+        for s in 1..=59 {
+            assert!(!w.hit(t0 + Duration::from_secs(s)), "said again after {s}s");
+        }
+        assert!(w.hit(t0 + Duration::from_secs(60)));
+        assert_eq!(w.take(), 60, "the 59 unsaid hits and this one");
+        assert!(!w.hit(t0 + Duration::from_secs(61)));
     }
 
     #[tokio::test]

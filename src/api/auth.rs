@@ -32,13 +32,9 @@ impl Keys {
                 "missing token: send Authorization: Bearer TOKEN",
             ));
         };
-        let token = header
-            .strip_prefix(b"Bearer ")
-            .or_else(|| header.strip_prefix(b"bearer "))
-            .ok_or_else(|| {
-                ApiError::unauthorized("malformed Authorization header: expected Bearer TOKEN")
-            })?;
-        let token = trim(token);
+        let token = bearer_token(header).ok_or_else(|| {
+            ApiError::unauthorized("malformed Authorization header: expected Bearer TOKEN")
+        })?;
         if token.is_empty() {
             return Err(ApiError::unauthorized("empty bearer token"));
         }
@@ -53,6 +49,20 @@ impl Keys {
         }
         found.ok_or_else(|| ApiError::unauthorized("unknown token"))
     }
+}
+
+/// The token of a `Bearer` credential, trimmed (empty when the header says only
+/// `Bearer`); `None` for another scheme. The scheme is matched without regard to case
+/// (RFC 9110, section 11.1), and proxies that trim a header's trailing white space turn
+/// `Bearer ` into `Bearer`, which is still the empty token.
+fn bearer_token(header: &[u8]) -> Option<&[u8]> {
+    let header = trim(header);
+    let scheme_end = header
+        .iter()
+        .position(|c| c.is_ascii_whitespace())
+        .unwrap_or(header.len());
+    let (scheme, rest) = header.split_at(scheme_end);
+    scheme.eq_ignore_ascii_case(b"bearer").then(|| trim(rest))
 }
 
 fn trim(b: &[u8]) -> &[u8] {
@@ -131,6 +141,19 @@ mod tests {
             "malformed Authorization header: expected Bearer TOKEN"
         );
         assert_eq!(refused(Some(b"Bearer ")), "empty bearer token");
+        assert_eq!(refused(Some(b"Bearer")), "empty bearer token");
+        assert_eq!(refused(Some(b"bearer  \t")), "empty bearer token");
+        for scheme in ["BEARER", "bearer", "BeArEr"] {
+            let header = format!("{scheme} s3cret");
+            assert_eq!(
+                keys.authenticate(Some(header.as_bytes())).unwrap().name,
+                "shop"
+            );
+        }
+        assert_eq!(
+            refused(Some(b"Bearers3cret")),
+            "malformed Authorization header: expected Bearer TOKEN"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::routes::{Api, DedupHit, WAIT_RECHECK, replaced};
 use super::submit::Submit;
 use crate::chain::{self, ChainError, ChainTargets, ChainTask, ChainView};
 use crate::config::ApiKey;
-use crate::queue_client::{NewTask, Queue, QueueError, TaskRecord};
+use crate::queue_client::{Enqueued, NewTask, Queue, QueueError, TaskRecord};
 
 type Answer = Result<(StatusCode, Value), ApiError>;
 
@@ -188,11 +188,10 @@ impl Api {
         &self,
         queue: &Queue,
         key: &ApiKey,
-        task: NewTask,
+        made: &Enqueued,
         wait: Duration,
     ) -> Answer {
-        let made = queue.enqueue(task).await?;
-        let found = match self.dedup_hit_of_another(queue, key, &made).await? {
+        let found = match self.dedup_hit_of_another(queue, key, made).await? {
             DedupHit::Another(answer) => return Ok(answer),
             DedupHit::Own(found) => found,
         };

@@ -16,6 +16,9 @@ pub struct ApiError {
     /// Whether the answer closes the connection: the request's body was not read whole,
     /// so the connection cannot carry another request.
     pub close: bool,
+    /// A write that failed without an answer from Redis may have happened: answered as
+    /// `"outcome": "unknown"` beside the error (see [`ApiError::outcome_unknown`]).
+    pub outcome_unknown: bool,
 }
 
 impl ApiError {
@@ -24,7 +27,16 @@ impl ApiError {
             status,
             message: message.into(),
             close: false,
+            outcome_unknown: false,
         }
+    }
+
+    /// This refusal of a write whose command may have reached Redis: the connection was
+    /// lost or timed out after it was sent, so the write may have been done. A client
+    /// retries such a submit with the same id, which deduplicates it.
+    pub fn outcome_unknown(mut self) -> Self {
+        self.outcome_unknown = true;
+        self
     }
 
     /// This refusal, answered with `Connection: close` (see [`ApiError::close`]).
@@ -88,6 +100,34 @@ impl ApiError {
     /// 500: something the api cannot explain (an unexpected reply from Redis).
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+}
+
+/// A submit's enqueue that failed: as any failure, but a transient one after the command
+/// may have been sent (a timeout, a connection dropped) leaves the outcome unknown, and
+/// says so.
+pub fn enqueue_failed(e: QueueError) -> ApiError {
+    let unknown = match &e {
+        QueueError::Redis(r) => {
+            !r.is_connection_refusal() && e.is_transient() && {
+                // (LOADING and the like are answers: the script did not run)
+                r.is_io_error() || r.is_timeout() || r.is_connection_dropped()
+            }
+        }
+        _ => false,
+    };
+    let err = ApiError::from(e);
+    if unknown {
+        ApiError {
+            message: format!(
+                "{}; the task may have been enqueued: retry with the same id to be sure it exists once",
+                err.message
+            ),
+            ..err
+        }
+        .outcome_unknown()
+    } else {
+        err
     }
 }
 

@@ -152,7 +152,11 @@ pub async fn run(
             let api = serving.read().expect("api state lock").clone();
             api.handle(request)
         },
-        opts.config.api.read_timeout,
+        crate::http::ConnectionRules {
+            read_timeout: opts.config.api.read_timeout,
+            per_peer: opts.config.api.max_connections_per_peer,
+            auth_timeout: Some(opts.config.api.auth_timeout),
+        },
         stop.clone(),
     ));
     let mut config_tick = tokio::time::interval(CONFIG_TICK);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, Keys};
 use super::ended::Ended;
-use super::error::ApiError;
+use super::error::{ApiError, enqueue_failed};
 use super::submit::{self, Submit};
 use crate::cluster;
 use crate::config::MAX_JSON_DEPTH;
@@ -41,6 +41,12 @@ const DEFAULT_LIST_LIMIT: usize = 100;
 /// subscription that wakes it can die without a word (a connection a NAT or a failover
 /// dropped silently), and then only this read ends the wait before its deadline.
 pub(super) const WAIT_RECHECK: Duration = Duration::from_secs(5);
+
+/// The first pause before a sync submit's wait tries Redis again after it failed; the
+/// pauses double up to [`WAIT_RETRY_CAP`].
+const WAIT_RETRY_FIRST: Duration = Duration::from_millis(100);
+/// The longest pause between a failing wait's tries.
+const WAIT_RETRY_CAP: Duration = Duration::from_secs(1);
 
 /// What every request shares.
 pub struct Api {
@@ -93,7 +99,11 @@ impl Api {
         let response = match answer {
             Ok(r) => r,
             Err(e) => {
-                let mut r = json_response(e.status, &json!({ "error": e.message }));
+                let mut body = json!({ "error": e.message });
+                if e.outcome_unknown {
+                    body["outcome"] = json!("unknown");
+                }
+                let mut r = json_response(e.status, &body);
                 if e.close {
                     // Saying so lets the client stop sending rather than meet a reset.
                     r.headers_mut()
@@ -138,7 +148,13 @@ impl Api {
                 ))),
             );
         };
-        if !allowed.contains(&method) {
+        // (HEAD is GET without the body, which hyper leaves out: load balancers ask it)
+        let as_get = if method == Method::HEAD {
+            Method::GET
+        } else {
+            method.clone()
+        };
+        if !allowed.contains(&as_get) {
             let mut e = json_response(
                 StatusCode::METHOD_NOT_ALLOWED,
                 &json!({ "error": format!("{method} is not allowed on {path}: use {}", names(allowed)) }),
@@ -158,10 +174,11 @@ impl Api {
             Ok(k) => k.clone(),
             Err(e) => return (route, Err(e)),
         };
+        crate::http::authenticated(&request);
         if route == "metrics" {
             return (route, Ok(self.render_metrics()));
         }
-        let answer = self.dispatch(route, &method, &seg, &key, request).await;
+        let answer = self.dispatch(route, &as_get, &seg, &key, request).await;
         (
             route,
             answer.map(|(status, body)| json_response(status, &body)),
@@ -298,9 +315,19 @@ impl Api {
             Submit::One {
                 task,
                 wait: Some(wait),
-            } if task.chain.is_some() => self.submit_chain_and_wait(queue, key, task, wait).await,
+            } if task.chain.is_some() => {
+                let made = queue.enqueue(task).await.map_err(enqueue_failed)?;
+                match self.submit_chain_and_wait(queue, key, &made, wait).await {
+                    // (the task exists: see the single submit's wait below)
+                    Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => Ok((
+                        StatusCode::ACCEPTED,
+                        accepted(queue, &made, Err(e.clone()), Some(&e)),
+                    )),
+                    answer => answer,
+                }
+            }
             Submit::Bulk(tasks) => {
-                let made = queue.enqueue_many(&tasks).await?;
+                let made = queue.enqueue_many(&tasks).await.map_err(enqueue_failed)?;
                 let mut out = Vec::with_capacity(made.len());
                 for m in made {
                     let state = match m.state {
@@ -320,36 +347,88 @@ impl Api {
                     )));
                 }
                 let by = task.submitted_by.clone();
-                let made = queue.enqueue(task).await?;
+                let made = queue.enqueue(task).await.map_err(enqueue_failed)?;
+                // From here the task exists: whatever fails now, the answer is 202 with
+                // its id, so a client never retries a submit that was done.
                 if let Some(wait) = wait {
-                    let found = match self.dedup_hit_of_another(queue, key, &made).await? {
-                        DedupHit::Another(answer) => return Ok(answer),
-                        DedupHit::Own(found) => found,
-                    };
-                    // (the submitter the wait keeps to: the caller's, or the one the check
-                    // above found, so the id holding another key's task since is seen)
-                    let owner = match made.created {
-                        true => Some(by),
-                        false => found.map(|r| r.submitted_by),
-                    };
-                    let (ended, rec) = self.wait_end(queue, &made.id, wait, owner).await?;
-                    let status = if ended {
-                        StatusCode::OK
-                    } else {
-                        StatusCode::ACCEPTED
-                    };
-                    return Ok((status, json!(rec)));
+                    return Ok(self.wait_after_submit(queue, key, &made, by, wait).await);
                 }
                 let state = match made.state {
-                    Some(s) => s,
-                    None => self.state_of(queue, &made.id).await?,
+                    Some(s) => Ok(s),
+                    None => self.state_of(queue, &made.id).await,
                 };
-                Ok((
-                    StatusCode::ACCEPTED,
-                    json!({"id": made.id, "queue": queue.name(), "state": state, "created": made.created}),
-                ))
+                Ok((StatusCode::ACCEPTED, accepted(queue, &made, state, None)))
             }
         }
+    }
+
+    /// A sync submit's wait, once its task is enqueued: its record at the end, or when
+    /// the wait ran out. Redis failing meanwhile does not end the wait before its
+    /// deadline (a restart or a failover often takes less); one that fails to the end
+    /// answers 202 with the id and says what failed (`wait_error`), never 503, since the
+    /// task exists.
+    async fn wait_after_submit(
+        &self,
+        queue: &Queue,
+        key: &ApiKey,
+        made: &Enqueued,
+        by: Option<String>,
+        wait: Duration,
+    ) -> (StatusCode, serde_json::Value) {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut backoff = crate::backoff::Backoff::new(WAIT_RETRY_FIRST, WAIT_RETRY_CAP);
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let e = match self.wait_once(queue, key, made, by.clone(), left).await {
+                Ok(answer) => return answer,
+                Err(e) => e,
+            };
+            let pause = backoff.next();
+            let unavailable = e.status == StatusCode::SERVICE_UNAVAILABLE;
+            if unavailable
+                && tokio::time::Instant::now() + pause < deadline
+                && !self.shutdown.is_cancelled()
+            {
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => continue,
+                    () = self.shutdown.cancelled() => {}
+                }
+            }
+            if unavailable {
+                let answer = accepted(queue, made, Err(e.clone()), Some(&e));
+                return (StatusCode::ACCEPTED, answer);
+            }
+            // (a 404 or 410 says what became of the task: more than a bare 202 would)
+            return (e.status, json!({"error": e.message, "id": made.id}));
+        }
+    }
+
+    /// One try of [`Api::wait_after_submit`], waiting at most `wait`.
+    async fn wait_once(
+        &self,
+        queue: &Queue,
+        key: &ApiKey,
+        made: &Enqueued,
+        by: Option<String>,
+        wait: Duration,
+    ) -> Answer {
+        let found = match self.dedup_hit_of_another(queue, key, made).await? {
+            DedupHit::Another(answer) => return Ok(answer),
+            DedupHit::Own(found) => found,
+        };
+        // (the submitter the wait keeps to: the caller's, or the one the check above
+        // found, so the id holding another key's task since is seen)
+        let owner = match made.created {
+            true => Some(by),
+            false => found.map(|r| r.submitted_by),
+        };
+        let (ended, rec) = self.wait_end(queue, &made.id, wait, owner).await?;
+        let status = if ended {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        };
+        Ok((status, json!(rec)))
     }
 
     /// A sync submit that found another key's task under its id is answered as a submit
@@ -431,12 +510,7 @@ impl Api {
             } else {
                 queue.record(id).await?
             };
-            let rec = rec.ok_or_else(|| {
-                ApiError::not_found(format!(
-                    "task {id} of queue {} keeps no record to wait on (track = false)",
-                    queue.name()
-                ))
-            })?;
+            let rec = rec.ok_or_else(|| lost_record(queue, id))?;
             let rec = mine(rec, &mut owner)?;
             if rec.state.is_end() {
                 return Ok((true, rec));
@@ -467,7 +541,7 @@ impl Api {
             limit: DEFAULT_LIST_LIMIT,
             ..Default::default()
         };
-        for (name, value) in query_pairs(query.unwrap_or("")) {
+        for (name, value) in query_pairs(query.unwrap_or(""))? {
             match name.as_str() {
                 "state" => {
                     q.state = Some(RecordState::parse(&value).ok_or_else(|| {
@@ -725,15 +799,26 @@ fn match_route(seg: &[&str]) -> Option<(&'static str, &'static [Method])> {
 }
 
 fn names(methods: &[Method]) -> String {
-    methods
-        .iter()
-        .map(Method::as_str)
-        .collect::<Vec<_>>()
-        .join(", ")
+    let mut names: Vec<&str> = Vec::with_capacity(methods.len() + 1);
+    for m in methods {
+        names.push(m.as_str());
+        if *m == Method::GET {
+            names.push(Method::HEAD.as_str());
+        }
+    }
+    names.join(", ")
 }
 
+/// The most of an over-limit body read (and dropped) before the 413 is answered: a client
+/// that sends its whole body before it reads (most HTTP libraries without
+/// `Expect: 100-continue`) would otherwise meet a connection reset, which discards the
+/// answer, instead of the 413. Past it, the answer goes at once.
+const MAX_DISCARD: u64 = 64 << 20;
+
 /// Reads a body up to `limit` bytes; a declared or actual length past it is refused before
-/// anything is parsed.
+/// anything is parsed. An over-limit body is read to its end and dropped (up to
+/// [`MAX_DISCARD`], within `timeout`) before the refusal, unless the client waits for
+/// `100 Continue` and so has sent nothing yet.
 async fn read_body(
     request: Request<Incoming>,
     limit: u64,
@@ -751,40 +836,104 @@ async fn read_body(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit) {
+    let expects_continue = request
+        .headers()
+        .get(hyper::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if let Some(n) = declared.filter(|&n| n > limit) {
+        // (without a 100 Continue the body is not sent; a body larger than what is worth
+        // reading to say no to is cut off as before)
+        if !expects_continue && n <= MAX_DISCARD {
+            let _ = tokio::time::timeout(timeout, discard(request.into_body())).await;
+        }
         return Err(too_large());
     }
-    let body = Limited::new(request.into_body(), limit as usize).collect();
+    let mut body = request.into_body();
+    let mut kept = Vec::new();
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let Ok(data) = frame?.into_data() else {
+                continue;
+            };
+            if (kept.len() + data.len()) as u64 > limit {
+                discard(body).await;
+                return Ok::<_, hyper::Error>(false);
+            }
+            kept.extend_from_slice(&data);
+        }
+        Ok(true)
+    };
     // (a client that trickles it would hold a connection and a buffer)
-    let Ok(body) = tokio::time::timeout(timeout, body).await else {
-        return Err(ApiError::request_timeout(format!(
+    match tokio::time::timeout(timeout, read).await {
+        Err(_) => Err(ApiError::request_timeout(format!(
             "the request body did not arrive within {} ([api].read_timeout)",
             humantime::format_duration(timeout)
         ))
-        .closing());
-    };
-    match body {
-        Ok(body) => Ok(body.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(ApiError::bad_request(format!("reading the body: {e}"))),
+        .closing()),
+        Ok(Ok(true)) => Ok(Bytes::from(kept)),
+        Ok(Ok(false)) => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError::bad_request(format!("reading the body: {e}")).closing()),
     }
 }
 
-/// `a=1&b=x%20y` as decoded pairs.
-fn query_pairs(query: &str) -> Vec<(String, String)> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let decode = |s: &str| {
-                percent_encoding::percent_decode_str(&s.replace('+', " "))
-                    .decode_utf8_lossy()
-                    .into_owned()
-            };
-            (decode(k), decode(v))
-        })
-        .collect()
+/// Reads and drops what is left of a body, up to [`MAX_DISCARD`] bytes.
+async fn discard(mut body: Incoming) {
+    let mut dropped = 0u64;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Some(data) = frame.data_ref() {
+            dropped += data.len() as u64;
+            if dropped > MAX_DISCARD {
+                return;
+            }
+        }
+    }
+}
+
+/// `a=1&b=x%20y` as decoded pairs; a name given twice is refused, since which of its
+/// values counts would be a guess.
+fn query_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(&s.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let (k, v) = (decode(k), decode(v));
+        if pairs.iter().any(|(seen, _)| *seen == k) {
+            return Err(ApiError::bad_request(format!(
+                "query parameter {k:?} given more than once: give each at most once"
+            )));
+        }
+        pairs.push((k, v));
+    }
+    Ok(pairs)
+}
+
+/// The answer to a submit that enqueued (or found) its task: its id and state. A state
+/// Redis could not be asked for is `null`, with why in `state_error`; a sync submit's wait
+/// that failed says why in `wait_error`.
+fn accepted(
+    queue: &Queue,
+    made: &Enqueued,
+    state: Result<RecordState, ApiError>,
+    wait_error: Option<&ApiError>,
+) -> serde_json::Value {
+    let mut answer = json!({"id": made.id, "queue": queue.name(), "created": made.created});
+    match state {
+        Ok(s) => answer["state"] = json!(s),
+        Err(e) => {
+            answer["state"] = serde_json::Value::Null;
+            if wait_error.is_none() {
+                answer["state_error"] = json!(e.message);
+            }
+        }
+    }
+    if let Some(e) = wait_error {
+        answer["wait_error"] = json!(e.message);
+    }
+    answer
 }
 
 fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
@@ -804,6 +953,23 @@ pub(super) enum DedupHit {
     /// The caller's own task, or one it made: its record as read, if the submit did not
     /// make it.
     Own(Option<Box<TaskRecord>>),
+}
+
+/// The answer for a wait whose task's record is not there: on a queue that keeps records,
+/// Redis lost it while the request waited.
+pub(super) fn lost_record(queue: &Queue, id: &str) -> ApiError {
+    if queue.limits().track {
+        ApiError::not_found(format!(
+            "task {id} of queue {} has no record any more: redis lost it while the request waited \
+             (restarted without its data, or failed over to a replica that lacked it); submit it again",
+            queue.name()
+        ))
+    } else {
+        ApiError::not_found(format!(
+            "task {id} of queue {} keeps no record to wait on (track = false)",
+            queue.name()
+        ))
+    }
 }
 
 pub(super) fn replaced(queue: &Queue, id: &str) -> ApiError {
@@ -833,19 +999,25 @@ mod tests {
         assert!(match_route(&["v2"]).is_none());
         assert_eq!(
             names(match_route(&["v1", "queues", "q", "tasks", "x"]).unwrap().1),
-            "GET, DELETE"
+            "GET, HEAD, DELETE"
         );
     }
 
     #[test]
     fn query_pairs_are_decoded() {
         assert_eq!(
-            query_pairs("state=done&cursor=c%2012&limit="),
+            query_pairs("state=done&cursor=c%2012&limit=").unwrap(),
             vec![
                 ("state".into(), "done".into()),
                 ("cursor".into(), "c 12".into()),
                 ("limit".into(), "".into())
             ]
+        );
+        assert_eq!(
+            query_pairs("state=done&limit=5&state=failed")
+                .unwrap_err()
+                .message,
+            "query parameter \"state\" given more than once: give each at most once"
         );
     }
 }

@@ -3,17 +3,23 @@
 
 use std::time::{Duration, SystemTime};
 
+use std::collections::HashMap;
+
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::error::ApiError;
 use crate::config::MAX_JSON_DEPTH;
 use crate::queue_client::{MAX_BATCH, NewTask, TaskChain, json_deeper_than};
 
-/// One task as submitted.
+/// One task as submitted. Its payload stays the body's own text until it is checked and
+/// compacted: a JSON tree built from it takes many times its size (a body of empty
+/// arrays, about twelve), and memory per request must stay near `[api].max_body`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawTask {
-    payload: Option<serde_json::Value>,
+struct RawTask<'a> {
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
     id: Option<String>,
     priority: Option<i32>,
     delay: Option<String>,
@@ -25,8 +31,9 @@ struct RawTask {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawBulk {
-    tasks: Vec<serde_json::Value>,
+struct RawBulk<'a> {
+    #[serde(borrow)]
+    tasks: Vec<&'a RawValue>,
 }
 
 /// A checked submit.
@@ -47,63 +54,71 @@ pub enum Submit {
 /// Parses and checks a submit body. `by` becomes every task's `submitted_by`;
 /// `max_wait` bounds `"wait"`.
 pub fn parse(body: &[u8], by: &str, max_wait: Duration) -> Result<Submit, ApiError> {
-    let value: serde_json::Value = serde_json::from_slice(body)
+    // (checked as JSON without building it; the keys of the top level alone say which
+    // form the body has)
+    let whole: &RawValue = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;
-    let is_bulk = value.as_object().is_some_and(|o| o.contains_key("tasks"));
-    if !value.is_object() {
+    if !whole.get().trim_start().starts_with('{') {
         return Err(ApiError::bad_request(
             "body must be a JSON object: {\"payload\": …} or {\"tasks\": […]}",
         ));
     }
-    if is_bulk {
-        let bulk: RawBulk = serde_json::from_value(value)
-            .map_err(|e| ApiError::bad_request(format!("bad bulk submit: {e}")))?;
-        if bulk.tasks.is_empty() {
-            return Err(ApiError::bad_request("tasks must hold at least one task"));
-        }
-        if bulk.tasks.len() > MAX_BATCH {
-            return Err(ApiError::too_large(format!(
-                "bulk of {} tasks exceeds the limit of {MAX_BATCH} tasks per request",
-                bulk.tasks.len()
-            )));
-        }
-        let tasks = bulk
-            .tasks
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let (task, wait) = task(v, by, max_wait).map_err(|e| ApiError {
-                    message: format!("tasks[{i}]: {}", e.message),
-                    ..e
-                })?;
-                if wait.is_some() {
-                    return Err(ApiError::bad_request(format!(
-                        "tasks[{i}]: wait is for a single submit, not a bulk one"
-                    )));
-                }
-                Ok(task)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        return Ok(Submit::Bulk(tasks));
+    let top: HashMap<String, &RawValue> = serde_json::from_str(whole.get())
+        .map_err(|e| ApiError::bad_request(format!("body is not valid JSON: {e}")))?;
+    if !top.contains_key("tasks") {
+        let (task, wait) = task(whole, by, max_wait)?;
+        return Ok(Submit::One { task, wait });
     }
-    let (task, wait) = task(value, by, max_wait)?;
-    Ok(Submit::One { task, wait })
+    let bulk: RawBulk = serde_json::from_str(whole.get())
+        .map_err(|e| ApiError::bad_request(format!("bad bulk submit: {}", without_position(&e))))?;
+    if bulk.tasks.is_empty() {
+        return Err(ApiError::bad_request("tasks must hold at least one task"));
+    }
+    if bulk.tasks.len() > MAX_BATCH {
+        return Err(ApiError::too_large(format!(
+            "bulk of {} tasks exceeds the limit of {MAX_BATCH} tasks per request",
+            bulk.tasks.len()
+        )));
+    }
+    let tasks = bulk
+        .tasks
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let (task, wait) = task(v, by, max_wait).map_err(|e| ApiError {
+                message: format!("tasks[{i}]: {}", e.message),
+                ..e
+            })?;
+            if wait.is_some() {
+                return Err(ApiError::bad_request(format!(
+                    "tasks[{i}]: wait is for a single submit, not a bulk one"
+                )));
+            }
+            Ok(task)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Submit::Bulk(tasks))
 }
 
 fn task(
-    value: serde_json::Value,
+    value: &RawValue,
     by: &str,
     max_wait: Duration,
 ) -> Result<(NewTask, Option<Duration>), ApiError> {
-    let raw: RawTask = serde_json::from_value(value)
-        .map_err(|e| ApiError::bad_request(format!("bad task: {e}")))?;
+    if !value.get().trim_start().starts_with('{') {
+        return Err(ApiError::bad_request(
+            "bad task: a task must be a JSON object",
+        ));
+    }
+    let raw: RawTask = serde_json::from_str(value.get())
+        .map_err(|e| ApiError::bad_request(format!("bad task: {}", without_position(&e))))?;
     let payload = raw
         .payload
         .ok_or_else(|| ApiError::bad_request("missing field `payload`"))?;
-    let payload = payload.to_string();
+    let payload = compact_json(payload.get());
     // (the body's own depth is checked before parsing, with room for its envelope: a
     // payload alone may nest no deeper than a slot accepts, or the task would fail there)
-    if json_deeper_than(payload.as_bytes(), MAX_JSON_DEPTH) {
+    if json_deeper_than(&payload, MAX_JSON_DEPTH) {
         return Err(ApiError::bad_request(format!(
             "payload nested deeper than {MAX_JSON_DEPTH} levels"
         )));
@@ -136,6 +151,40 @@ fn task(
         )));
     }
     Ok((task, wait))
+}
+
+/// What a field was wrong with, without serde's position in the text: the text parsed is
+/// a task's, not the body's, so its lines and columns would mislead.
+fn without_position(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    match text.rfind(" at line ") {
+        Some(i) if e.line() > 0 => text[..i].to_string(),
+        _ => text,
+    }
+}
+
+/// Valid JSON text without the white space between its tokens: what a payload is stored
+/// as, as it was when payloads were parsed into a tree and written out again (but with
+/// its keys in the submitter's order).
+fn compact_json(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else if b.is_ascii_whitespace() {
+            continue;
+        } else if b == b'"' {
+            in_string = true;
+        }
+        out.push(b);
+    }
+    out
 }
 
 fn duration(field: &str, text: &str) -> Result<Duration, ApiError> {
@@ -216,6 +265,108 @@ mod tests {
         assert_eq!(
             err(r#"{"tasks": [{"payload": 1}, {"id": "x"}]}"#),
             "tasks[1]: missing field `payload`"
+        );
+    }
+
+    /// Bytes the current thread holds allocated, and the most it held since the last
+    /// [`reset_peak`]: a submit is parsed on one thread, so this measures what parsing a
+    /// body takes whatever other tests do meanwhile.
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        pub struct Counting;
+
+        thread_local! {
+            static LIVE: Cell<isize> = const { Cell::new(0) };
+            static PEAK: Cell<isize> = const { Cell::new(0) };
+        }
+
+        fn track(delta: isize) {
+            let _ = LIVE.try_with(|live| {
+                live.set(live.get() + delta);
+                let _ = PEAK.try_with(|peak| peak.set(peak.get().max(live.get())));
+            });
+        }
+
+        // SAFETY: every call goes to the system allocator unchanged; the counting beside
+        // it touches only const-initialised thread locals, which never allocate.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                let p = unsafe { System.alloc(layout) };
+                if !p.is_null() {
+                    track(layout.size() as isize);
+                }
+                p
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                unsafe { System.dealloc(ptr, layout) };
+                track(-(layout.size() as isize));
+            }
+            unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+                let p = unsafe { System.realloc(ptr, layout, new) };
+                if !p.is_null() {
+                    track(new as isize - layout.size() as isize);
+                }
+                p
+            }
+        }
+
+        /// Starts a measurement; returns the bytes held now.
+        pub fn reset_peak() -> isize {
+            let live = LIVE.with(Cell::get);
+            PEAK.with(|p| p.set(live));
+            live
+        }
+
+        /// The most held since [`reset_peak`].
+        pub fn peak() -> isize {
+            PEAK.with(Cell::get)
+        }
+    }
+
+    #[global_allocator]
+    static ALLOCATOR: counting::Counting = counting::Counting;
+
+    /// What parsing `body` took at its peak, beyond what was held before, per byte of body.
+    fn memory_per_body_byte(body: &[u8]) -> f64 {
+        let before = counting::reset_peak();
+        let parsed = parse(body, "k", Duration::from_secs(60));
+        let peak = counting::peak() - before;
+        assert!(parsed.is_ok(), "{:?}", parsed.err());
+        drop(parsed);
+        peak as f64 / body.len() as f64
+    }
+
+    #[test]
+    fn a_body_takes_about_its_own_size_in_memory_while_parsed() {
+        // The body of the attack: about 3.9 MB of empty arrays, which as a JSON tree took
+        // about twelve times its size.
+        let arrays = vec!["[]"; 1_300_000].join(",");
+        let one = format!(r#"{{"payload": [{arrays}]}}"#);
+        let per_byte = memory_per_body_byte(one.as_bytes());
+        assert!(
+            per_byte < 2.5,
+            "one task: {per_byte:.1} bytes per body byte"
+        );
+        let part = vec!["[]"; 1_000].join(",");
+        let tasks = vec![format!(r#"{{"payload": [{part}]}}"#); 1_000].join(",");
+        let bulk = format!(r#"{{"tasks": [{tasks}]}}"#);
+        let per_byte = memory_per_body_byte(bulk.as_bytes());
+        assert!(per_byte < 2.5, "a bulk: {per_byte:.1} bytes per body byte");
+    }
+
+    #[test]
+    fn a_payload_is_kept_compact_in_the_submitters_key_order() {
+        let body = "{\"payload\": {\"b\": [1, 2],\n \"a\": \"x y\\\" z\"}}";
+        let Submit::One { task, .. } = parse(body.as_bytes(), "k", Duration::from_secs(1)).unwrap()
+        else {
+            panic!("one task")
+        };
+        assert_eq!(task.payload, br#"{"b":[1,2],"a":"x y\" z"}"#);
+        assert_eq!(
+            err("{\"tasks\": [1]}"),
+            "tasks[0]: bad task: a task must be a JSON object"
         );
     }
 

@@ -474,6 +474,12 @@ pub struct ApiConfig {
     /// How long a client may take to send a request's head (and a keep-alive connection
     /// may stay idle), and then its body: a slow or stalled client is cut off.
     pub read_timeout: Duration,
+    /// The most connections one peer address may hold at once (0: no limit); more are
+    /// answered 429 and closed.
+    pub max_connections_per_peer: usize,
+    /// How long a connection may go without an authenticated request before it is closed
+    /// (once no request of it is in flight).
+    pub auth_timeout: Duration,
     /// API keys by name; the name is what records show as `submitted_by`.
     pub keys: BTreeMap<String, ApiKey>,
 }
@@ -485,6 +491,8 @@ impl Default for ApiConfig {
             max_body: 4 << 20,
             max_wait: Duration::from_secs(60),
             read_timeout: crate::http::HEADER_READ_TIMEOUT,
+            max_connections_per_peer: 256,
+            auth_timeout: Duration::from_secs(10),
             keys: BTreeMap::new(),
         }
     }

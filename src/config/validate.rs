@@ -1220,12 +1220,30 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         d.read_timeout,
         (MAX_READ_TIMEOUT, "10m"),
     );
+    let max_connections_per_peer = int(
+        c,
+        "api",
+        "max_connections_per_peer",
+        raw.max_connections_per_peer.clone(),
+        d.max_connections_per_peer,
+        0,
+        1 << 20,
+    );
+    let auth_timeout = duration_at_most(
+        c,
+        ("api", "auth_timeout"),
+        raw.auth_timeout.clone(),
+        d.auth_timeout,
+        (MAX_READ_TIMEOUT, "10m"),
+    );
 
     ApiConfig {
         listen,
         max_body,
         max_wait,
         read_timeout,
+        max_connections_per_peer,
+        auth_timeout,
         keys,
     }
 }

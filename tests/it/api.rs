@@ -18,10 +18,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::harness::{TestRedis, eventually};
 
-const SHOP: &str = "shop-token";
-const OPS: &str = "ops-token";
+pub(crate) const SHOP: &str = "shop-token";
+pub(crate) const OPS: &str = "ops-token";
 
-fn config_text(extra: &str) -> String {
+pub(crate) fn config_text(extra: &str) -> String {
     format!(
         r#"
 [queues.emails]
@@ -56,14 +56,14 @@ admin = true
 }
 
 /// `text` parsed, in the tests' namespace.
-fn test_config(text: &str) -> Config {
+pub(crate) fn test_config(text: &str) -> Config {
     let mut config = gaffer::config::parse(text, "api-test.toml").unwrap();
     config.cluster.namespace = "test".into();
     config
 }
 
 /// An api instance on a free port of 127.0.0.1: its address, its stop, its task.
-async fn start_api(
+pub(crate) async fn start_api(
     config: Config,
     redis_url: String,
 ) -> (
@@ -589,7 +589,7 @@ async fn every_refusal_names_what_and_changes_nothing() {
             Some(SHOP),
             Some(""),
             405,
-            "PUT is not allowed on /v1/queues/emails/tasks: use GET, POST",
+            "PUT is not allowed on /v1/queues/emails/tasks: use GET, HEAD, POST",
         ),
         (
             "POST",

@@ -86,7 +86,8 @@ local meta = pack_meta(ARGV[2], ma, now)
 -- number or to name a chain in. Each task's value (see task_value) is made in one
 -- concatenation: every part made apart is a string Lua makes, hashes and collects.
 local due = now + delay
-if at > 0 then due = at end
+-- (a moment already past is now, as for a task without one)
+if at > 0 then due = math.max(at, now) end
 local is_delayed = due > now
 local base = redis.call('INCRBY', K_SEQ, n) - n
 
