@@ -2,7 +2,7 @@
 
 use hyper::StatusCode;
 
-use crate::queue_client::QueueError;
+use crate::queue_client::{Cause, QueueError};
 
 /// A refused or failed request: answered as `{"error": message}` with `status`. A
 /// refusal changes nothing in Redis.
@@ -16,6 +16,9 @@ pub struct ApiError {
     /// Whether the answer closes the connection: the request's body was not read whole,
     /// so the connection cannot carry another request.
     pub close: bool,
+    /// The Redis outage that failed the request, by its cause: the instance logs it as
+    /// part of a spell rather than per request.
+    pub outage: Option<Cause>,
 }
 
 impl ApiError {
@@ -24,6 +27,7 @@ impl ApiError {
             status,
             message: message.into(),
             close: false,
+            outage: None,
         }
     }
 
@@ -94,7 +98,9 @@ impl ApiError {
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         if e.is_transient() {
-            return ApiError::unavailable(format!("redis unreachable: {e}"));
+            let mut failed = ApiError::unavailable(format!("redis unreachable: {e}"));
+            failed.outage = Some(e.cause());
+            return failed;
         }
         if e.is_read_only() {
             return ApiError::unavailable(format!(
