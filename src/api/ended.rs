@@ -10,13 +10,13 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::queue_client::{ConnectOptions, pubsub, redacted};
+use crate::queue_client::{Cause, ConnectOptions, QueueError, Spell, SpellStep, pubsub, redacted};
 
 type Waiters = HashMap<(String, String), Vec<(u64, oneshot::Sender<()>)>>;
 
@@ -127,14 +127,15 @@ async fn listen(
 ) {
     let mut backoff =
         crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    // The last subscribe error logged, so that a refusal that lasts (an ACL without the
-    // channels) is said once as a warning, not at every retry.
-    let mut said: Option<String> = None;
+    // The spell without a subscription: said once as it starts (with its cause), once as
+    // it ends, and in between only when a refusal someone must fix (an ACL) replaces an
+    // outage, so that a long outage does not warn at every retry.
+    let mut spell = Spell::default();
     loop {
         let subscribed = async {
             let mut ps = pubsub(&url, &connect).await?;
             ps.psubscribe(&pattern).await?;
-            Ok::<_, crate::queue_client::QueueError>(ps)
+            Ok::<_, QueueError>(ps)
         };
         let ps = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -143,9 +144,8 @@ async fn listen(
         match ps {
             Ok(ps) => {
                 backoff.reset();
-                said = None;
+                said_subscribed(&url, spell.answered(Instant::now()));
                 ended.connected.send_replace(true);
-                tracing::debug!(redis = %redacted(&url), "listening for the end of watched tasks");
                 let mut messages = ps.into_on_message();
                 loop {
                     tokio::select! {
@@ -161,19 +161,11 @@ async fn listen(
                         },
                     }
                 }
-                tracing::warn!(redis = %redacted(&url), "lost the subscription to task ends; reconnecting");
+                // No error to name: the stream just ends. The spell's warning waits for
+                // the cause the next subscribe meets, or this line is all there is.
+                tracing::info!(redis = %redacted(&url), "lost the subscription to task ends; subscribing again");
             }
-            Err(e) => {
-                let text = e.to_string();
-                if said.as_deref() == Some(text.as_str()) {
-                    tracing::debug!(redis = %redacted(&url), error = %e, "cannot subscribe to task ends");
-                } else {
-                    // Until it can, a sync wait is woken only by its periodic look.
-                    tracing::warn!(redis = %redacted(&url), pattern = %pattern, error = %e,
-                        "cannot subscribe to task ends; sync waits see ends only by looking again every few seconds (an ACL needs the channels &NS:{{*}}:ended)");
-                    said = Some(text);
-                }
-            }
+            Err(e) => said_failure(&url, &pattern, &e, spell.failed(e.cause(), Instant::now())),
         }
         ended.connected.send_replace(false);
         // Whoever waits looks at its task again rather than miss an end while we were away.
@@ -182,6 +174,37 @@ async fn listen(
             () = shutdown.cancelled() => return,
             () = backoff.pause() => {}
         }
+    }
+}
+
+/// Logs a failed subscribe as its spell's step says: a warning with its cause when the
+/// spell starts or turns into a refusal, debug otherwise.
+fn said_failure(url: &str, pattern: &str, e: &QueueError, step: SpellStep) {
+    let cause = e.cause();
+    let (SpellStep::Started(_) | SpellStep::Changed { .. }) = step else {
+        tracing::debug!(redis = %redacted(url), cause = %cause, error = %e, "cannot subscribe to task ends");
+        return;
+    };
+    // Until it can, a sync wait is woken only by its periodic look.
+    if cause == Cause::AclRefused {
+        tracing::warn!(redis = %redacted(url), cause = %cause, pattern = %pattern, error = %e,
+            "cannot subscribe to task ends: the ACL refuses the channels (grant &NS:{{*}}:ended); sync waits see ends only by looking again every few seconds");
+    } else {
+        tracing::warn!(redis = %redacted(url), cause = %cause, error = %e,
+            "cannot subscribe to task ends; sync waits see ends only by looking again every few seconds until it can (retries logged at debug)");
+    }
+}
+
+/// Logs a subscribe that succeeded: the end of a spell with its length, or a first one.
+fn said_subscribed(url: &str, step: SpellStep) {
+    match step {
+        SpellStep::Ended { lasted, failed } => tracing::info!(
+            redis = %redacted(url),
+            after = %humantime::format_duration(lasted),
+            failed_attempts = failed,
+            "subscribed to task ends again"
+        ),
+        _ => tracing::debug!(redis = %redacted(url), "listening for the end of watched tasks"),
     }
 }
 

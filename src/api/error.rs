@@ -2,7 +2,7 @@
 
 use hyper::StatusCode;
 
-use crate::queue_client::QueueError;
+use crate::queue_client::{Cause, QueueError};
 
 /// A refused or failed request: answered as `{"error": message}` with `status`. A
 /// refusal changes nothing in Redis.
@@ -19,6 +19,9 @@ pub struct ApiError {
     /// A write that failed without an answer from Redis may have happened: answered as
     /// `"outcome": "unknown"` beside the error (see [`ApiError::outcome_unknown`]).
     pub outcome_unknown: bool,
+    /// The Redis outage that failed the request, by its cause: the instance logs it as
+    /// part of a spell rather than per request.
+    pub outage: Option<Cause>,
 }
 
 impl ApiError {
@@ -28,6 +31,7 @@ impl ApiError {
             message: message.into(),
             close: false,
             outcome_unknown: false,
+            outage: None,
         }
     }
 
@@ -134,7 +138,9 @@ pub fn enqueue_failed(e: QueueError) -> ApiError {
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         if e.is_transient() {
-            return ApiError::unavailable(format!("redis unreachable: {e}"));
+            let mut failed = ApiError::unavailable(format!("redis unreachable: {e}"));
+            failed.outage = Some(e.cause());
+            return failed;
         }
         if e.is_read_only() {
             return ApiError::unavailable(format!(

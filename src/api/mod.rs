@@ -6,6 +6,7 @@ mod auth;
 mod chains;
 mod ended;
 mod error;
+mod outage;
 mod routes;
 mod submit;
 
@@ -20,6 +21,7 @@ use crate::config::{ApiKey, Config};
 use crate::queue_client::{ConnectOptions, QueueClient};
 use ended::Ended;
 pub use error::ApiError;
+use outage::Outage;
 use routes::Api;
 
 /// Everything an api instance needs; built by `gaffer api`, `gaffer up` or a test.
@@ -133,11 +135,13 @@ pub async fn run(
         opts.connect.clone(),
         stop.clone(),
     );
+    let outage = Arc::new(Outage::default());
     let api = Api::new(
         opts.config.clone(),
         client.clone(),
         keys_of(&opts.config, &opts.extra_keys),
         ended.clone(),
+        outage.clone(),
         stop.clone(),
     )?;
     let current: Current = Arc::new(std::sync::RwLock::new(Arc::new(api)));
@@ -161,7 +165,7 @@ pub async fn run(
     ));
     let mut config_tick = tokio::time::interval(CONFIG_TICK);
     config_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seen = 0u64;
+    let mut seen = crate::cluster::ConfigSeen::default();
     loop {
         let event = tokio::select! {
             // (a stop first: the server ends too once it is asked to)
@@ -184,7 +188,13 @@ pub async fn run(
                 anyhow::bail!("the api's listener stopped accepting connections");
             }
             Event::ConfigTick => {
-                adopt_published(&opts, &client, &ended, &stop, &current, &mut seen).await
+                let shared = Shared {
+                    client: &client,
+                    ended: &ended,
+                    outage: &outage,
+                    stop: &stop,
+                };
+                adopt_published(&opts, &shared, &current, &mut seen).await
             }
         }
     }
@@ -223,45 +233,65 @@ fn keys_of(config: &Config, extra: &[ApiKey]) -> auth::Keys {
     )
 }
 
-/// Adopts a config published since `seen`: requests that start after it use its keys,
-/// queues and limits; requests under way finish with the old one.
+/// What every [`Api`] of an instance shares, whichever config it was built for.
+struct Shared<'a> {
+    client: &'a QueueClient,
+    ended: &'a Arc<Ended>,
+    outage: &'a Arc<Outage>,
+    stop: &'a CancellationToken,
+}
+
+/// Adopts a published config whose text differs from the one `seen` names, whatever its
+/// version: requests that start after it use its keys, queues and limits; requests under
+/// way finish with the old one. Its read of Redis every [`CONFIG_TICK`] also ends an
+/// outage spell that no request happened to end.
 async fn adopt_published(
     opts: &ApiOptions,
-    client: &QueueClient,
-    ended: &Arc<Ended>,
-    stop: &CancellationToken,
+    shared: &Shared<'_>,
     current: &Current,
-    seen: &mut u64,
+    seen: &mut crate::cluster::ConfigSeen,
 ) {
     let keys = crate::cluster::Keys::new(&opts.config.cluster.namespace);
-    let mut conn = client.connection();
-    match crate::cluster::newer_config(&mut conn, &keys, *seen, &opts.custom_handlers).await {
-        Ok(Some(published)) => {
-            let version = published.version;
-            *seen = version;
-            let adopted = published
-                .config
-                .map_err(anyhow::Error::from)
-                .and_then(|config| {
-                    let api_keys = keys_of(&config, &opts.extra_keys);
-                    Api::new(
-                        config,
-                        client.clone(),
-                        api_keys,
-                        ended.clone(),
-                        stop.clone(),
-                    )
-                });
-            match adopted {
-                Ok(api) => {
-                    tracing::info!(version, "adopting the published config");
-                    *current.write().expect("api state lock") = Arc::new(api);
-                }
-                Err(e) => tracing::error!(version, error = %e, "cannot adopt the published config"),
-            }
+    let mut conn = shared.client.connection();
+    let read = crate::cluster::changed_config(&mut conn, &keys, seen, &opts.custom_handlers);
+    let published = match read.await {
+        Ok(read) => {
+            shared.outage.answered();
+            *seen = read.seen;
+            read.changed
         }
-        Ok(None) => {}
-        Err(e) => tracing::debug!(error = %e, "reading the published config failed"),
+        Err(e) if e.is_transient() => {
+            let what = "reading the published config failed";
+            shared.outage.failed(what, e.cause(), &e);
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(cause = %e.cause(), error = %e, "reading the published config failed");
+            return;
+        }
+    };
+    let Some(published) = published else { return };
+    let version = published.version;
+    let adopted = published
+        .config
+        .map_err(anyhow::Error::from)
+        .and_then(|config| {
+            let api_keys = keys_of(&config, &opts.extra_keys);
+            Api::new(
+                config,
+                shared.client.clone(),
+                api_keys,
+                shared.ended.clone(),
+                shared.outage.clone(),
+                shared.stop.clone(),
+            )
+        });
+    match adopted {
+        Ok(api) => {
+            tracing::info!(version, "adopting the published config");
+            *current.write().expect("api state lock") = Arc::new(api);
+        }
+        Err(e) => tracing::error!(version, error = %e, "cannot adopt the published config"),
     }
 }
 

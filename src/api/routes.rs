@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{self, Keys};
 use super::ended::Ended;
 use super::error::{ApiError, enqueue_failed};
+use super::outage::Outage;
 use super::submit::{self, Submit};
 use crate::cluster;
 use crate::config::MAX_JSON_DEPTH;
@@ -55,6 +56,8 @@ pub struct Api {
     pub(super) queues: HashMap<String, Queue>,
     pub(super) keys: Keys,
     pub(super) ended: Arc<Ended>,
+    /// The instance's spells without Redis (kept across configs).
+    pub(super) outage: Arc<Outage>,
     pub(super) shutdown: CancellationToken,
     pub(super) metrics: metrics_exporter_prometheus::PrometheusHandle,
 }
@@ -69,6 +72,7 @@ impl Api {
         client: QueueClient,
         keys: Keys,
         ended: Arc<Ended>,
+        outage: Arc<Outage>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Api> {
         let queues = config
@@ -87,6 +91,7 @@ impl Api {
             queues,
             keys,
             ended,
+            outage,
             shutdown,
             metrics: crate::http::install_metrics(),
         })
@@ -97,8 +102,18 @@ impl Api {
         let started = Instant::now();
         let (route, answer) = self.route(request).await;
         let response = match answer {
-            Ok(r) => r,
+            Ok(r) => {
+                // Every route past the token but /metrics reads Redis: a success is Redis answering.
+                if r.status().is_success() && route != "metrics" && route != "healthz" {
+                    self.outage.answered();
+                }
+                r
+            }
             Err(e) => {
+                if let Some(cause) = e.outage {
+                    self.outage
+                        .failed("a request could not reach redis", cause, &e.message);
+                }
                 let mut body = json!({ "error": e.message });
                 if e.outcome_unknown {
                     body["outcome"] = json!("unknown");
@@ -279,17 +294,23 @@ impl Api {
             redis::cmd("PING").query_async::<String>(&mut conn),
         )
         .await;
-        match ping {
-            Ok(Ok(_)) => json_response(StatusCode::OK, &json!({ "status": "ok" })),
-            Ok(Err(e)) => json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({ "error": format!("redis unreachable: {e}") }),
+        let (cause, error) = match ping {
+            Ok(Ok(_)) => {
+                self.outage.answered();
+                return json_response(StatusCode::OK, &json!({ "status": "ok" }));
+            }
+            Ok(Err(e)) => (
+                crate::queue_client::Cause::of_redis(&e),
+                format!("redis unreachable: {e}"),
             ),
-            Err(_) => json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({ "error": "redis unreachable: no answer within 2s" }),
+            Err(_) => (
+                crate::queue_client::Cause::TimedOut,
+                "redis unreachable: no answer within 2s".to_string(),
             ),
-        }
+        };
+        self.outage
+            .failed("the health check could not reach redis", cause, &error);
+        json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "error": error }))
     }
 
     /// What `stats --json` shows under "queues", for the queues the key may use.

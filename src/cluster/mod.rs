@@ -14,8 +14,9 @@
 //!   writer's fencing epoch and a version.
 //! - `NS:{cluster}:lease`, `NS:{cluster}:epoch`: the manager's leadership (see
 //!   `manager`).
-//! - `NS:{cluster}:config`: hash {version, source}: the config published by
-//!   `gaffer config apply`.
+//! - `NS:{cluster}:config`: hash {version, source, stamp}: the config published by
+//!   `gaffer config apply`; `stamp` is `VERSION:SHA256` of the text (absent, or of
+//!   another version, when a build from before it applied).
 //! - `NS:{cluster}:paused`, `NS:{cluster}:draining`: sets of paused queues and draining
 //!   hosts, written by `gaffer pause|resume|drain`.
 //! - `NS:{cluster}:decisions`: JSON of the manager's last decision per queue.
@@ -238,6 +239,11 @@ pub async fn write_map_unfenced(
 
 /// Publishes config text under the next version (`gaffer config apply`); one script, so
 /// two concurrent applies never share a version. Returns the version.
+///
+/// Beside the version and the text it writes their `stamp`, `VERSION:SHA256`, so that a
+/// role can tell from two short fields that nothing changed. An apply of a build from
+/// before the stamp leaves it as it was: a stamp whose version is not the hash's is
+/// ignored, and the text compared instead.
 pub async fn publish_config(
     conn: &mut RedisConn,
     keys: &Keys,
@@ -245,16 +251,39 @@ pub async fn publish_config(
 ) -> Result<u64, QueueError> {
     let version: u64 = redis::Script::new(
         "local v = redis.call('HINCRBY', KEYS[1], 'version', 1) \
-         redis.call('HSET', KEYS[1], 'source', ARGV[1]) return v",
+         redis.call('HSET', KEYS[1], 'source', ARGV[1], 'stamp', v .. ':' .. ARGV[2]) return v",
     )
     .key(keys.config())
     .arg(source)
+    .arg(sha256_hex(source))
     .invoke_async(conn)
     .await?;
     Ok(version)
 }
 
-/// A config published with `gaffer config apply`, newer than the one a role holds.
+/// The SHA-256 of a config's text, as 64 lower-case hex digits: what tells one published
+/// config from another.
+pub fn sha256_hex(source: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(source.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Which published config a role read last. A role compares texts, not only versions:
+/// Redis that lost its data (a restart without persistence, a failover to a replica that
+/// lagged) numbers configs from 1 again, and a role that waited for a version above the
+/// one it had read would run a revoked key until the count caught up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigSeen {
+    /// The version read last (0: none since the start, or none published any more).
+    pub version: u64,
+    /// The SHA-256 of the text read last ([`sha256_hex`]); `None` until one was read.
+    pub sha256: Option<String>,
+}
+
+/// A published config whose text differs from the one a role read last.
 #[derive(Debug)]
 pub struct Published {
     /// Its version. A role marks it seen whether or not it parses, so a config this binary
@@ -267,14 +296,41 @@ pub struct Published {
     pub config: Result<Config, ConfigError>,
 }
 
-/// The config published after version `seen`, parsed with the binary's custom handler
-/// names; `None` when there is nothing newer.
-pub async fn newer_config(
+/// What [`changed_config`] read.
+#[derive(Debug)]
+pub struct ConfigRead {
+    /// What the role has now seen; it keeps it for its next read.
+    pub seen: ConfigSeen,
+    /// The published config, when its text is not the one seen before.
+    pub changed: Option<Published>,
+}
+
+/// The config published now, when its text differs from the one `seen` names, parsed
+/// with the binary's custom handler names; whatever its version, so that a config applied
+/// after Redis lost its data is adopted at once. The same text under another version is
+/// no change (nothing to adopt again). A version that went backwards, a text that changed
+/// under the same version, and a published config gone are warned about.
+pub async fn changed_config(
     conn: &mut RedisConn,
     keys: &Keys,
-    seen: u64,
+    seen: &ConfigSeen,
     custom_handlers: &[String],
-) -> Result<Option<Published>, QueueError> {
+) -> Result<ConfigRead, QueueError> {
+    let (version, stamp): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+        .arg(keys.config())
+        .arg("version")
+        .arg("stamp")
+        .query_async(conn)
+        .await?;
+    let Some(version) = version else {
+        return Ok(gone(seen));
+    };
+    if let Some(sha) = stamp.as_deref().and_then(|s| stamp_sha(s, version))
+        && seen.sha256.as_deref() == Some(sha)
+    {
+        return Ok(same_text(seen, version));
+    }
+    // The text read with its own version, in one call: another apply may have come since.
     let (version, source): (Option<u64>, Option<String>) = redis::cmd("HMGET")
         .arg(keys.config())
         .arg("version")
@@ -282,18 +338,82 @@ pub async fn newer_config(
         .query_async(conn)
         .await?;
     let (Some(version), Some(source)) = (version, source) else {
-        return Ok(None);
+        return Ok(gone(seen));
     };
-    if version <= seen {
-        return Ok(None);
+    let sha = sha256_hex(&source);
+    if seen.sha256.as_deref() == Some(sha.as_str()) {
+        return Ok(same_text(seen, version));
+    }
+    if seen.sha256.is_some() && version <= seen.version {
+        tracing::warn!(
+            version,
+            previous = seen.version,
+            "the published config's version did not go up (redis lost its data or failed over to a replica that lagged): its text differs, so it is adopted"
+        );
     }
     let origin = format!("redis config v{version}");
     let config = crate::config::parse_with(&source, &origin, custom_handlers);
-    Ok(Some(Published {
-        version,
-        source,
-        config,
-    }))
+    Ok(ConfigRead {
+        seen: ConfigSeen {
+            version,
+            sha256: Some(sha),
+        },
+        changed: Some(Published {
+            version,
+            source,
+            config,
+        }),
+    })
+}
+
+/// The SHA-256 a stamp gives for `version`; `None` when it is another version's (left by
+/// an apply of a build that wrote no stamp) or unreadable.
+fn stamp_sha(stamp: &str, version: u64) -> Option<&str> {
+    let (v, sha) = stamp.split_once(':')?;
+    (v.parse::<u64>().ok()? == version).then_some(sha)
+}
+
+/// The text seen before, now published as `version`: nothing to adopt.
+fn same_text(seen: &ConfigSeen, version: u64) -> ConfigRead {
+    if version != seen.version {
+        if version < seen.version {
+            tracing::warn!(
+                version,
+                previous = seen.version,
+                "the published config's version went backwards (redis lost its data or failed over to a replica that lagged); its text is unchanged, nothing to adopt"
+            );
+        } else {
+            tracing::info!(
+                version,
+                "a config published again with its text unchanged; nothing to adopt"
+            );
+        }
+    }
+    ConfigRead {
+        seen: ConfigSeen {
+            version,
+            sha256: seen.sha256.clone(),
+        },
+        changed: None,
+    }
+}
+
+/// No config published (any more). The role keeps what it runs; once, it says why the
+/// config it read is gone.
+fn gone(seen: &ConfigSeen) -> ConfigRead {
+    if seen.version > 0 {
+        tracing::warn!(
+            previous = seen.version,
+            "the published config is gone from redis (it lost its data?): keeping the config in force until one is applied again"
+        );
+    }
+    ConfigRead {
+        seen: ConfigSeen {
+            version: 0,
+            sha256: seen.sha256.clone(),
+        },
+        changed: None,
+    }
 }
 
 /// Pauses (`true`) or resumes a queue for the manager. Returns whether anything changed.

@@ -127,7 +127,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         heartbeats: heartbeats::Heartbeats::default(),
         outage: OutageLog::default(),
         clock: Instant::now(),
-        config_version: 0,
+        config_seen: cluster::ConfigSeen::default(),
         leading: false,
         keys,
         client,
@@ -197,7 +197,8 @@ struct Manager {
     /// Cuts the same samples into the periods of the load rings.
     recorder: ring::Recorder,
     ring_keys: ring::RingKeys,
-    config_version: u64,
+    /// The published config read last: one with another text is adopted.
+    config_seen: cluster::ConfigSeen,
     leading: bool,
     /// When this manager last went without Redis, to judge heartbeats fairly after it.
     blind: Blind,
@@ -391,7 +392,7 @@ impl Manager {
                 "id": self.opts.id,
                 "leading": self.leading,
                 "epoch": self.leadership.epoch(),
-                "config_version": self.config_version,
+                "config_version": self.config_seen.version,
                 "queues": self.opts.config.queues.len(),
                 "tick_ms": cluster::now_ms(),
             });
@@ -399,43 +400,46 @@ impl Manager {
     }
 
     async fn adopt_published_config(&mut self) {
-        let newer = cluster::newer_config(
+        let read = cluster::changed_config(
             &mut self.conn,
             &self.keys,
-            self.config_version,
+            &self.config_seen,
             &self.opts.custom_handlers,
         )
         .await;
-        match newer {
-            Ok(Some(published)) => {
-                let version = published.version;
-                self.config_version = version;
-                match published.config {
-                    Ok(cfg) => {
-                        tracing::info!(
-                            version,
-                            queues = cfg.queues.len(),
-                            "adopting the published config"
-                        );
-                        if cfg.manager.http != self.opts.config.manager.http {
-                            tracing::warn!(
-                                version,
-                                "[manager].http changed in the published config: it applies at the manager's next start"
-                            );
-                        }
-                        self.opts.config = cfg;
-                        // (three ticks of the new tick: see lease_ttl)
-                        self.leadership.set_ttl(self.opts.lease_ttl());
-                    }
-                    Err(e) => {
-                        tracing::error!(version, error = %e, "cannot adopt the published config")
-                    }
-                }
+        let published = match read {
+            Ok(read) => {
+                self.config_seen = read.seen;
+                read.changed
             }
-            Ok(None) => {}
-            Err(e) => self
-                .outage
-                .failed("reading the published config failed", &e),
+            Err(e) => {
+                self.outage
+                    .failed("reading the published config failed", &e);
+                return;
+            }
+        };
+        let Some(published) = published else { return };
+        let version = published.version;
+        match published.config {
+            Ok(cfg) => {
+                tracing::info!(
+                    version,
+                    queues = cfg.queues.len(),
+                    "adopting the published config"
+                );
+                if cfg.manager.http != self.opts.config.manager.http {
+                    tracing::warn!(
+                        version,
+                        "[manager].http changed in the published config: it applies at the manager's next start"
+                    );
+                }
+                self.opts.config = cfg;
+                // (three ticks of the new tick: see lease_ttl)
+                self.leadership.set_ttl(self.opts.lease_ttl());
+            }
+            Err(e) => {
+                tracing::error!(version, error = %e, "cannot adopt the published config")
+            }
         }
     }
 

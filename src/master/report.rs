@@ -185,7 +185,12 @@ impl Master {
             // Stopping, Redis is best effort: the slots' exits must not wait on it.
             tokio::time::timeout(STOPPING_REDIS_WAIT, publish)
                 .await
-                .unwrap_or_else(|_| Err(QueueError::Connect("redis did not answer in time".into())))
+                .unwrap_or_else(|_| {
+                    Err(QueueError::Connect {
+                        target: "redis did not answer in time".into(),
+                        cause: crate::queue_client::Cause::TimedOut,
+                    })
+                })
         } else {
             publish.await
         };

@@ -97,17 +97,17 @@ struct Fetched {
     map: Result<Option<SlotMap>, QueueError>,
     /// Whether an operator drains this host.
     drained: Result<bool, QueueError>,
-    /// A config published after the adopted one.
-    published: Result<Option<cluster::Published>, QueueError>,
+    /// The published config, and whether its text is another than the one read last.
+    published: Result<cluster::ConfigRead, QueueError>,
 }
 
 impl RedisLink {
-    /// Reads the map, the operator's drain set and any config published after
-    /// `config_version`; changes nothing, so a caller may drop it half done.
+    /// Reads the map, the operator's drain set and the published config (compared with
+    /// `config_seen`); changes nothing, so a caller may drop it half done.
     async fn fetch_orders(
         &mut self,
         host: &str,
-        config_version: u64,
+        config_seen: &cluster::ConfigSeen,
         custom: &[String],
     ) -> Fetched {
         use redis::AsyncCommands;
@@ -118,7 +118,7 @@ impl RedisLink {
             .await
             .map_err(QueueError::from);
         let published =
-            cluster::newer_config(&mut self.conn, &self.keys, config_version, custom).await;
+            cluster::changed_config(&mut self.conn, &self.keys, config_seen, custom).await;
         Fetched {
             map,
             drained,
@@ -135,9 +135,9 @@ pub(super) struct Orders {
     pub(super) max_epoch: u64,
     /// `gaffer drain HOST`: no slots here, but the master stays up and reporting.
     pub(super) drain_requested: bool,
-    /// Version of the newest config published with `gaffer config apply` that was read
-    /// (0: none), adopted or not.
-    pub(super) config_version: u64,
+    /// The config published with `gaffer config apply` that was read last, adopted or
+    /// not: one with another text is adopted, whatever its version.
+    pub(super) config_seen: cluster::ConfigSeen,
     /// Whether the config running is a published one (else the file's).
     pub(super) runs_published: bool,
 }
@@ -315,7 +315,7 @@ impl Master {
                 map: None,
                 max_epoch: 0,
                 drain_requested: false,
-                config_version: 0,
+                config_seen: cluster::ConfigSeen::default(),
                 runs_published: false,
             },
             zygotes: Zygotes::new(events, report_peer),
@@ -373,9 +373,9 @@ impl Master {
         // not start seconds late. Reads only, so dropping them half done loses nothing.
         if !self.stopping {
             let custom = self.opts.registry.custom_names();
-            let fetch =
-                self.redis
-                    .fetch_orders(&self.opts.host, self.orders.config_version, &custom);
+            let fetch = self
+                .redis
+                .fetch_orders(&self.opts.host, &self.orders.config_seen, &custom);
             let fetched = tokio::select! {
                 f = fetch => Some(f),
                 () = stop.cancelled() => None,
@@ -410,24 +410,30 @@ impl Master {
             Err(e) => redis.outage.failed("reading the drain set failed", &e),
         }
         match fetched.published {
-            Ok(Some(published)) => {
-                let version = published.version;
-                self.orders.config_version = version;
-                match published.config {
-                    Ok(cfg) => {
-                        tracing::info!(version, "adopting the published config");
-                        self.orders.runs_published = true;
-                        self.adopt(cfg, published.source).await;
-                    }
-                    Err(e) => {
-                        tracing::error!(version, error = %e, "cannot adopt the published config");
-                    }
+            Ok(read) => {
+                self.orders.config_seen = read.seen;
+                if let Some(published) = read.changed {
+                    self.adopt_published(published).await;
                 }
             }
-            Ok(None) => {}
             Err(e) => redis
                 .outage
                 .failed("reading the published config failed", &e),
+        }
+    }
+
+    /// Takes a published config whose text is new to this master.
+    async fn adopt_published(&mut self, published: cluster::Published) {
+        let version = published.version;
+        match published.config {
+            Ok(cfg) => {
+                tracing::info!(version, "adopting the published config");
+                self.orders.runs_published = true;
+                self.adopt(cfg, published.source).await;
+            }
+            Err(e) => {
+                tracing::error!(version, error = %e, "cannot adopt the published config");
+            }
         }
     }
 
@@ -471,13 +477,13 @@ impl Master {
             return;
         };
         // The published config is the cluster's: a file read on one host would run that
-        // host apart from the manager and the api (and the next publish would not even
-        // bring it back, being no newer than the version this master last adopted).
+        // host apart from the manager and the api (and publishing the same text again would
+        // not even bring it back, its text being the one this master last read).
         // (one this host could not adopt, a handler it lacks, leaves it on its file, which
         // a SIGHUP may still re-read)
         if self.orders.runs_published {
             tracing::warn!(
-                version = self.orders.config_version,
+                version = self.orders.config_seen.version,
                 path = %path.display(),
                 "SIGHUP: a published config is in force; the file is not read (publish it with `gaffer config apply`)"
             );

@@ -274,7 +274,10 @@ fn connect_error(url: &str, e: redis::RedisError, opts: &ConnectOptions) -> Queu
             certificate_reason(&cert, opts)
         ))
     } else {
-        QueueError::Connect(format!("{}: {e}", redacted(url)))
+        QueueError::Connect {
+            target: format!("{}: {e}", redacted(url)),
+            cause: super::Cause::of_redis(&e),
+        }
     }
 }
 
@@ -319,7 +322,10 @@ pub async fn pubsub(url: &str, opts: &ConnectOptions) -> Result<redis::aio::PubS
     let (client, _) = client(url, opts)?;
     let pubsub = tokio::time::timeout(opts.connect_timeout, client.get_async_pubsub())
         .await
-        .map_err(|_| QueueError::Connect(format!("{}: timed out", redacted(url))))?
+        .map_err(|_| QueueError::Connect {
+            target: format!("{}: timed out", redacted(url)),
+            cause: super::Cause::TimedOut,
+        })?
         .map_err(|e| connect_error(url, e, opts))?;
     Ok(pubsub)
 }
@@ -412,9 +418,10 @@ impl Waiter {
             }
             Err(_) => {
                 self.conn = None;
-                Err(QueueError::Connect(
-                    "redis did not answer a blocking wait".into(),
-                ))
+                Err(QueueError::Connect {
+                    target: "redis did not answer a blocking wait".into(),
+                    cause: super::Cause::TimedOut,
+                })
             }
         }
     }

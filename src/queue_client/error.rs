@@ -8,9 +8,14 @@ pub enum QueueError {
     /// Redis could not be reached or failed a command.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
-    /// Connecting failed (bad URL, refused, timed out).
-    #[error("cannot connect to redis at {0}")]
-    Connect(String),
+    /// Connecting failed (refused, timed out, dropped): an outage, retried.
+    #[error("cannot connect to redis at {target}")]
+    Connect {
+        /// The server (password redacted) and what went wrong, as the driver said it.
+        target: String,
+        /// What went wrong, as an operator acts on it.
+        cause: Cause,
+    },
     /// The server's TLS certificate was refused (unknown CA, expired, wrong name): no
     /// outage, so not retried.
     #[error("tls certificate of redis at {0}")]
@@ -62,8 +67,19 @@ impl QueueError {
                         )
                     )
             }
-            QueueError::Connect(_) => true,
+            QueueError::Connect { .. } => true,
             _ => false,
+        }
+    }
+
+    /// Why the call failed, as an operator acts on it: logged beside the error, so that an
+    /// outage is not mistaken for a refusal (a password, an ACL) or the other way round.
+    pub fn cause(&self) -> Cause {
+        match self {
+            QueueError::Redis(e) => Cause::of_redis(e),
+            QueueError::Connect { cause, .. } => *cause,
+            QueueError::Certificate(_) => Cause::TlsRefused,
+            _ => Cause::Other,
         }
     }
 
@@ -91,4 +107,177 @@ pub struct ConnectError {
     pub url: String,
     /// What went wrong.
     pub source: QueueError,
+}
+
+/// Why a call to Redis failed, in the words an operator acts on. Logs carry it as
+/// `cause=…` ([`Cause::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// Nothing listens at the address: Redis is down or restarting.
+    Refused,
+    /// No answer in time: Redis frozen or overloaded, or the network cut.
+    TimedOut,
+    /// The connection broke (reset, closed, cut short).
+    Dropped,
+    /// Redis answers but cannot serve yet: loading its data after a restart, or a
+    /// cluster failing over.
+    NotReady,
+    /// The user or password was refused (`WRONGPASS`, `NOAUTH`).
+    AuthRefused,
+    /// The ACL refused this user a command, key or channel (`NOPERM`).
+    AclRefused,
+    /// The TLS handshake failed (a certificate refused).
+    TlsRefused,
+    /// The server is a replica: it refuses writes.
+    ReadOnly,
+    /// Redis is at its `maxmemory`: it refuses writes.
+    OutOfMemory,
+    /// Anything else; the error's own text says what.
+    Other,
+}
+
+impl Cause {
+    /// Its name in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Refused => "refused",
+            Cause::TimedOut => "timed_out",
+            Cause::Dropped => "dropped",
+            Cause::NotReady => "not_ready",
+            Cause::AuthRefused => "auth_refused",
+            Cause::AclRefused => "acl_refused",
+            Cause::TlsRefused => "tls_refused",
+            Cause::ReadOnly => "read_only",
+            Cause::OutOfMemory => "out_of_memory",
+            Cause::Other => "other",
+        }
+    }
+
+    /// True when waiting may end it (Redis down, frozen, restarting); false when someone
+    /// must act (a password, an ACL, a certificate).
+    pub fn is_outage(self) -> bool {
+        matches!(
+            self,
+            Cause::Refused | Cause::TimedOut | Cause::Dropped | Cause::NotReady
+        )
+    }
+
+    /// The cause of a driver's error. Checked in this order because the driver's own
+    /// tests overlap: a refusal also reads as a dropped connection.
+    pub fn of_redis(e: &redis::RedisError) -> Cause {
+        use redis::{ErrorKind, ServerErrorKind};
+        match (e.kind(), e.code()) {
+            (ErrorKind::AuthenticationFailed, _) | (_, Some("WRONGPASS" | "NOAUTH")) => {
+                return Cause::AuthRefused;
+            }
+            (ErrorKind::Server(ServerErrorKind::NoPerm), _) | (_, Some("NOPERM")) => {
+                return Cause::AclRefused;
+            }
+            (ErrorKind::Server(ServerErrorKind::ReadOnly), _) => return Cause::ReadOnly,
+            (_, Some("OOM")) => return Cause::OutOfMemory,
+            (
+                ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ClusterDown,
+                ),
+                _,
+            ) => return Cause::NotReady,
+            _ => {}
+        }
+        if e.is_connection_refusal() {
+            Cause::Refused
+        } else if e.is_timeout() {
+            Cause::TimedOut
+        } else if e.is_connection_dropped() || e.is_io_error() {
+            Cause::Dropped
+        } else {
+            Cause::Other
+        }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(kind: std::io::ErrorKind) -> QueueError {
+        QueueError::Redis(redis::RedisError::from(std::io::Error::from(kind)))
+    }
+
+    /// A reply line as the server sends it, as the driver turns it into an error.
+    fn server(reply: &str) -> QueueError {
+        let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
+        QueueError::Redis(value.extract_error().unwrap_err())
+    }
+
+    /// What the api's listener once blamed on the ACL whatever happened: each failure is
+    /// named for what it is.
+    #[test]
+    fn failures_are_named_by_their_cause() {
+        use std::io::ErrorKind;
+        let cases = [
+            (io(ErrorKind::ConnectionRefused), Cause::Refused),
+            (io(ErrorKind::TimedOut), Cause::TimedOut),
+            (io(ErrorKind::ConnectionReset), Cause::Dropped),
+            (io(ErrorKind::UnexpectedEof), Cause::Dropped),
+            (io(ErrorKind::BrokenPipe), Cause::Dropped),
+            (
+                server("LOADING Redis is loading the dataset in memory"),
+                Cause::NotReady,
+            ),
+            (server("CLUSTERDOWN The cluster is down"), Cause::NotReady),
+            (
+                server(
+                    "NOPERM this user has no permissions to access one of the channels used as arguments",
+                ),
+                Cause::AclRefused,
+            ),
+            (
+                server("WRONGPASS invalid username-password pair or user is disabled."),
+                Cause::AuthRefused,
+            ),
+            (
+                server("NOAUTH Authentication required."),
+                Cause::AuthRefused,
+            ),
+            (
+                QueueError::Redis(redis::RedisError::from((
+                    redis::ErrorKind::AuthenticationFailed,
+                    "Password authentication failed",
+                ))),
+                Cause::AuthRefused,
+            ),
+            (
+                server("READONLY You can't write against a read only replica."),
+                Cause::ReadOnly,
+            ),
+            (
+                server("OOM command not allowed when used memory > 'maxmemory'."),
+                Cause::OutOfMemory,
+            ),
+            (server("ERR unknown command"), Cause::Other),
+            (
+                QueueError::Connect {
+                    target: "redis://127.0.0.1:1/: timed out".into(),
+                    cause: Cause::TimedOut,
+                },
+                Cause::TimedOut,
+            ),
+            (QueueError::Certificate("x".into()), Cause::TlsRefused),
+            (QueueError::Invalid("bad id".into()), Cause::Other),
+        ];
+        for (error, cause) in cases {
+            assert_eq!(error.cause(), cause, "{error}");
+        }
+        assert!(Cause::Refused.is_outage() && Cause::NotReady.is_outage());
+        assert!(!Cause::AclRefused.is_outage() && !Cause::AuthRefused.is_outage());
+    }
 }

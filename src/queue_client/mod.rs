@@ -49,14 +49,14 @@ pub use conn::{
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
 pub use enqueue::{Enqueued, NewTask, TakenBy, TaskChain};
-pub use error::{ConnectError, QueueError};
+pub use error::{Cause, ConnectError, QueueError};
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
 pub use limits::{
     DEFAULT_MAX_PAYLOAD, MAX_BATCH, MAX_DELAY, MAX_ID_LEN, MAX_LIST_LIMIT, QueueLimits,
     SystemLimits,
 };
 pub use long::{LongSettled, Renewal};
-pub use outage::OutageLog;
+pub use outage::{OutageLog, Spell, SpellStep};
 pub use queue::{Queue, Worker};
 pub use record::{
     HistoryEntry, ListPage, ListQuery, RecordMemory, RecordState, TaskRecord, rfc3339,

@@ -193,25 +193,26 @@ async fn redis_side(
     let mut client: Option<QueueClient> = None;
     let mut cfg = opts.cfg.clone();
     let mut label = opts.config_label.clone();
-    let mut seen = 0u64;
+    let mut seen = cluster::ConfigSeen::default();
     let keys = Keys::new(&opts.cfg.cluster.namespace);
     loop {
         let read = tokio::time::timeout(REDIS_LIMIT, async {
             let c = connected(&mut client, &opts).await?;
             let mut conn = c.connection();
             // A config published with `config apply` may name queues the file lacks.
-            match cluster::newer_config(&mut conn, &keys, seen, &opts.custom_handlers).await? {
+            let read = cluster::changed_config(&mut conn, &keys, &seen, &opts.custom_handlers);
+            let read = read.await?;
+            seen = read.seen;
+            match read.changed {
                 Some(Published {
                     version,
                     config: Ok(newer),
                     ..
                 }) => {
-                    seen = version;
                     cfg = newer;
                     label = format!("published v{version}");
                 }
                 Some(Published { version, .. }) => {
-                    seen = version;
                     label = format!(
                         "{} (published v{version} does not parse in this binary)",
                         opts.config_label
