@@ -16,6 +16,9 @@ pub struct ApiError {
     /// Whether the answer closes the connection: the request's body was not read whole,
     /// so the connection cannot carry another request.
     pub close: bool,
+    /// What a limited (non-admin) key is told instead of `message`, where that names a
+    /// task, chain holder or queue outside the key's list; `None`: the same message.
+    pub limited: Option<String>,
 }
 
 impl ApiError {
@@ -24,7 +27,23 @@ impl ApiError {
             status,
             message: message.into(),
             close: false,
+            limited: None,
         }
+    }
+
+    /// This refusal, with what a limited key is told instead (see [`ApiError::limited`]).
+    pub fn or_for_limited(mut self, message: impl Into<String>) -> Self {
+        self.limited = Some(message.into());
+        self
+    }
+
+    /// This refusal as `key` gets it: an admin key the precise message, any other key
+    /// the one kept for limited keys, where there is one.
+    pub fn seen_by(mut self, key: &crate::config::ApiKey) -> Self {
+        if let Some(limited) = self.limited.take().filter(|_| !key.admin) {
+            self.message = limited;
+        }
+        self
     }
 
     /// This refusal, answered with `Connection: close` (see [`ApiError::close`]).
@@ -109,7 +128,9 @@ impl From<QueueError> for ApiError {
         match e {
             QueueError::PayloadTooLarge { .. } => ApiError::too_large(e.to_string()),
             QueueError::Invalid(m) => ApiError::bad_request(m),
-            QueueError::IntakeClosed { .. } => ApiError::conflict(e.to_string()),
+            QueueError::IntakeClosed { .. } | QueueError::IdTaken { .. } => {
+                ApiError::conflict(e.to_string())
+            }
             other => ApiError::internal(other.to_string()),
         }
     }

@@ -161,7 +161,8 @@ impl Api {
         if route == "metrics" {
             return (route, Ok(self.render_metrics()));
         }
-        let answer = self.dispatch(route, &method, &seg, &key, request).await;
+        let answer =
+            (self.dispatch(route, &method, &seg, &key, request).await).map_err(|e| e.seen_by(&key));
         (
             route,
             answer.map(|(status, body)| json_response(status, &body)),
@@ -240,19 +241,21 @@ impl Api {
                 auth::check_admin(key)?;
                 self.switch_system(system, action).await
             }
-            ("chain", [_, _, id]) => self.chain(key, id).await,
+            ("chain", [_, _, id]) => self.chain(key, id, request.uri().query()).await,
             _ => Err(ApiError::not_found("no such endpoint")),
         }
     }
 
-    /// A configured queue the key may use.
+    /// A configured queue the key may use. The key's rights are checked first: a queue
+    /// outside a limited key's list answers 403 whether it exists or not, so no key
+    /// learns the names of queues it may not use; only a key that may use every queue
+    /// (admin, or `["*"]`, which `GET /v1/queues` shows every queue anyway) learns that a
+    /// queue is unknown.
     fn queue(&self, name: &str, key: &ApiKey) -> Result<&Queue, ApiError> {
-        let q = self
-            .queues
-            .get(name)
-            .ok_or_else(|| ApiError::not_found(format!("unknown queue {name}")))?;
         auth::check_queue(key, name)?;
-        Ok(q)
+        self.queues
+            .get(name)
+            .ok_or_else(|| ApiError::not_found(format!("unknown queue {name}")))
     }
 
     async fn healthz(&self) -> Response<Full<Bytes>> {
@@ -293,6 +296,12 @@ impl Api {
             )));
         }
         let mut parsed = submit::parse(body, &key.name, self.config.api.max_wait)?;
+        if !key.admin {
+            // (keys that share a queue do not share its ids: see `NewTask::own_id`)
+            parsed.tasks_mut().iter_mut().for_each(|t| t.own_id = true);
+            self.refuse_held_chain_ids(queue, key, parsed.tasks_mut())
+                .await?;
+        }
         self.start_chains(queue, &mut parsed).await?;
         match parsed {
             Submit::One {
@@ -771,7 +780,7 @@ async fn read_body(
 }
 
 /// `a=1&b=x%20y` as decoded pairs.
-fn query_pairs(query: &str) -> Vec<(String, String)> {
+pub(super) fn query_pairs(query: &str) -> Vec<(String, String)> {
     query
         .split('&')
         .filter(|p| !p.is_empty())
