@@ -161,8 +161,8 @@ impl Api {
         if route == "metrics" {
             return (route, Ok(self.render_metrics()));
         }
-        let answer =
-            (self.dispatch(route, &method, &seg, &key, request).await).map_err(|e| e.seen_by(&key));
+        let answer = self.dispatch(route, &method, &seg, &key, request).await;
+        let answer = answer.map_err(|e| e.seen_by(&key));
         (
             route,
             answer.map(|(status, body)| json_response(status, &body)),
