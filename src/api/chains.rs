@@ -8,9 +8,9 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::routes::{Api, DedupHit, WAIT_RECHECK, replaced};
+use super::routes::{Api, DedupHit, WAIT_RECHECK, query_pairs, replaced};
 use super::submit::Submit;
-use crate::chain::{self, ChainError, ChainTargets, ChainTask, ChainView};
+use crate::chain::{self, ChainError, ChainHead, ChainTargets, ChainTask, ChainView, PageCursor};
 use crate::config::ApiKey;
 use crate::queue_client::{Enqueued, NewTask, Queue, QueueError, TaskRecord};
 
@@ -34,39 +34,104 @@ struct RunPin {
     name: String,
 }
 
+/// A chain submit's refusal: 409 naming the chain's holder for an admin key; a limited
+/// key is told neither the holder's queue and id (which may be outside its list) nor why
+/// the name is taken (another task's, kept for one, an earlier run's), only that it is.
+fn chain_refusal(e: ChainError) -> ApiError {
+    let limited = match &e {
+        ChainError::Queue(_) => None,
+        ChainError::Taken { chain, .. }
+        | ChainError::Reserved { chain, .. }
+        | ChainError::Ended { chain, .. } => Some(format!(
+            "chain {chain} already exists: submit the global task under another id"
+        )),
+        ChainError::InChain { id, queue, .. } => Some(
+            QueueError::IdTaken {
+                queue: queue.clone(),
+                id: id.clone(),
+            }
+            .to_string(),
+        ),
+    };
+    match (e, limited) {
+        (ChainError::Queue(q), _) => q.into(),
+        (e, Some(limited)) => ApiError::conflict(e.to_string()).or_for_limited(limited),
+        (e, None) => ApiError::conflict(e.to_string()),
+    }
+}
+
+/// Tasks per page of `GET /v1/chains/{id}` when `limit` does not say.
+const DEFAULT_CHAIN_LIMIT: usize = 500;
+/// The most tasks one page of a chain may ask for: what bounds the records one view reads.
+const MAX_CHAIN_LIMIT: usize = 1000;
+
+/// The query of `GET /v1/chains/{id}`: `limit` (1 to [`MAX_CHAIN_LIMIT`]) and `cursor`.
+fn chain_query(query: Option<&str>) -> Result<(usize, Option<PageCursor>), ApiError> {
+    let mut limit = DEFAULT_CHAIN_LIMIT;
+    let mut cursor = None;
+    for (name, value) in query_pairs(query.unwrap_or(""))? {
+        match name.as_str() {
+            "limit" => {
+                limit = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_CHAIN_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "limit must be a number from 1 to {MAX_CHAIN_LIMIT}, got {value:?}"
+                        ))
+                    })?
+            }
+            "cursor" => {
+                cursor = Some(PageCursor::decode(&value).ok_or_else(|| {
+                    ApiError::bad_request(format!("cursor {value:?} is not one this api returned"))
+                })?)
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter {other:?}: expected limit or cursor"
+                )));
+            }
+        }
+    }
+    Ok((limit, cursor))
+}
+
+/// Whether a key may see a chain: it may use its global task's queue, and is admin or
+/// submitted that task (the run that made the chain: once the id holds a later run, which
+/// another key may have submitted, only admin keys see the chain).
+fn may_see(key: &ApiKey, head: &ChainHead) -> bool {
+    key.allows(&head.root.queue)
+        && (key.admin
+            || head
+                .record
+                .as_ref()
+                .is_some_and(|r| r.submitted_by.as_deref() == Some(key.name.as_str())))
+}
+
 impl Api {
     fn chain_targets(&self) -> ChainTargets {
         ChainTargets::from_config(&self.config)
     }
 
-    /// `GET /v1/chains/{id}`: the chain with every task's record, the global one first.
-    /// A key sees a chain when it may see its global task.
-    pub(super) async fn chain(&self, key: &ApiKey, id: &str) -> Answer {
+    /// `GET /v1/chains/{id}`: a page of the chain's tasks with their records, the global
+    /// one first. A key sees a chain when it may see its global task, which is decided
+    /// first, from that task alone (two reads at most): a chain a key may not see is
+    /// answered as an unknown one, at the cost of one, whatever its size.
+    pub(super) async fn chain(&self, key: &ApiKey, id: &str, query: Option<&str>) -> Answer {
+        let (limit, cursor) = chain_query(query)?;
         let unknown = || ApiError::not_found(format!("no chain {id}"));
-        let view = chain::read(&self.client, &self.chain_targets(), id)
+        let targets = self.chain_targets();
+        let head = chain::head(&self.client, &targets, id)
             .await?
             .ok_or_else(unknown)?;
-        if !self.may_see(key, &view).await? {
+        if !may_see(key, &head) {
             return Err(unknown());
         }
-        Ok((StatusCode::OK, view.to_json()))
-    }
-
-    /// Whether a key may see a chain: it may see its global task's queue, and submitted
-    /// that task. (A chain's view leaves out the global task's record once its id holds a
-    /// later run: that run's key, which may be another, does not see this chain.)
-    async fn may_see(&self, key: &ApiKey, view: &ChainView) -> Result<bool, ApiError> {
-        let Some(root) = view.tasks.first() else {
-            return Ok(false);
-        };
-        if !key.allows(&root.member.queue) {
-            return Ok(false);
-        }
-        Ok(key.admin
-            || root
-                .record
-                .as_ref()
-                .is_some_and(|r| r.submitted_by.as_deref() == Some(key.name.as_str())))
+        let page = chain::read_page(&self.client, &targets, id, limit, cursor.as_ref())
+            .await?
+            .ok_or_else(unknown)?;
+        Ok((StatusCode::OK, page.to_json()))
     }
 
     /// Whether a key sees a record: its own, or a follow-up in a chain whose global task
@@ -170,13 +235,39 @@ impl Api {
         let chained = tasks.iter_mut().filter(|t| t.chain.is_some()).collect();
         chain::start_global(&self.client, queue, chained, &targets)
             .await
-            .map_err(|e| match e {
-                ChainError::Taken { .. }
-                | ChainError::Reserved { .. }
-                | ChainError::Ended { .. }
-                | ChainError::InChain { .. } => ApiError::conflict(e.to_string()),
-                ChainError::Queue(q) => q.into(),
-            })
+            .map_err(chain_refusal)
+    }
+
+    /// Before a limited key's chain submit claims anything: an id whose task or kept
+    /// record another submitter's is refused (409, as its enqueue would refuse it), so
+    /// the chain checks that come first neither claim a chain for it nor tell this key
+    /// what that task is (its chain, its state). The enqueue's own check stays the one
+    /// that holds against a submit racing this one.
+    pub(super) async fn refuse_held_chain_ids(
+        &self,
+        queue: &Queue,
+        key: &ApiKey,
+        tasks: &[NewTask],
+    ) -> Result<(), ApiError> {
+        let ids: Vec<&str> = tasks
+            .iter()
+            .filter(|t| t.chain.is_some())
+            .filter_map(|t| t.id.as_deref())
+            .collect();
+        if ids.is_empty() || !queue.limits().track {
+            return Ok(());
+        }
+        let records = futures::future::try_join_all(ids.iter().map(|id| queue.record(id))).await?;
+        for (id, rec) in ids.iter().zip(records) {
+            if rec.is_some_and(|r| r.submitted_by.as_deref() != Some(key.name.as_str())) {
+                return Err(QueueError::IdTaken {
+                    queue: queue.name().to_string(),
+                    id: id.to_string(),
+                }
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// `"chain": true` with `"wait"`: enqueues the global task, then holds the request

@@ -22,6 +22,9 @@ pub struct ApiError {
     /// The Redis outage that failed the request, by its cause: the instance logs it as
     /// part of a spell rather than per request.
     pub outage: Option<Cause>,
+    /// What a limited (non-admin) key is told instead of `message`, where that names a
+    /// task, chain holder or queue outside the key's list; `None`: the same message.
+    pub limited: Option<String>,
 }
 
 impl ApiError {
@@ -32,6 +35,7 @@ impl ApiError {
             close: false,
             outcome_unknown: false,
             outage: None,
+            limited: None,
         }
     }
 
@@ -40,6 +44,21 @@ impl ApiError {
     /// retries such a submit with the same id, which deduplicates it.
     pub fn outcome_unknown(mut self) -> Self {
         self.outcome_unknown = true;
+        self
+    }
+
+    /// This refusal, with what a limited key is told instead (see [`ApiError::limited`]).
+    pub fn or_for_limited(mut self, message: impl Into<String>) -> Self {
+        self.limited = Some(message.into());
+        self
+    }
+
+    /// This refusal as `key` gets it: an admin key the precise message, any other key
+    /// the one kept for limited keys, where there is one.
+    pub fn seen_by(mut self, key: &crate::config::ApiKey) -> Self {
+        if let Some(limited) = self.limited.take().filter(|_| !key.admin) {
+            self.message = limited;
+        }
         self
     }
 
@@ -155,7 +174,9 @@ impl From<QueueError> for ApiError {
         match e {
             QueueError::PayloadTooLarge { .. } => ApiError::too_large(e.to_string()),
             QueueError::Invalid(m) => ApiError::bad_request(m),
-            QueueError::IntakeClosed { .. } => ApiError::conflict(e.to_string()),
+            QueueError::IntakeClosed { .. } | QueueError::IdTaken { .. } => {
+                ApiError::conflict(e.to_string())
+            }
             other => ApiError::internal(other.to_string()),
         }
     }

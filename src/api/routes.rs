@@ -194,6 +194,7 @@ impl Api {
             return (route, Ok(self.render_metrics()));
         }
         let answer = self.dispatch(route, &as_get, &seg, &key, request).await;
+        let answer = answer.map_err(|e| e.seen_by(&key));
         (
             route,
             answer.map(|(status, body)| json_response(status, &body)),
@@ -272,19 +273,21 @@ impl Api {
                 auth::check_admin(key)?;
                 self.switch_system(system, action).await
             }
-            ("chain", [_, _, id]) => self.chain(key, id).await,
+            ("chain", [_, _, id]) => self.chain(key, id, request.uri().query()).await,
             _ => Err(ApiError::not_found("no such endpoint")),
         }
     }
 
-    /// A configured queue the key may use.
+    /// A configured queue the key may use. The key's rights are checked first: a queue
+    /// outside a limited key's list answers 403 whether it exists or not, so no key
+    /// learns the names of queues it may not use; only a key that may use every queue
+    /// (admin, or `["*"]`, which `GET /v1/queues` shows every queue anyway) learns that a
+    /// queue is unknown.
     fn queue(&self, name: &str, key: &ApiKey) -> Result<&Queue, ApiError> {
-        let q = self
-            .queues
-            .get(name)
-            .ok_or_else(|| ApiError::not_found(format!("unknown queue {name}")))?;
         auth::check_queue(key, name)?;
-        Ok(q)
+        self.queues
+            .get(name)
+            .ok_or_else(|| ApiError::not_found(format!("unknown queue {name}")))
     }
 
     async fn healthz(&self) -> Response<Full<Bytes>> {
@@ -331,6 +334,12 @@ impl Api {
             )));
         }
         let mut parsed = submit::parse(body, &key.name, self.config.api.max_wait)?;
+        if !key.admin {
+            // (keys that share a queue do not share its ids: see `NewTask::own_id`)
+            parsed.tasks_mut().iter_mut().for_each(|t| t.own_id = true);
+            self.refuse_held_chain_ids(queue, key, parsed.tasks_mut())
+                .await?;
+        }
         self.start_chains(queue, &mut parsed).await?;
         match parsed {
             Submit::One {
@@ -912,7 +921,7 @@ async fn discard(mut body: Incoming) {
 
 /// `a=1&b=x%20y` as decoded pairs; a name given twice is refused, since which of its
 /// values counts would be a guess.
-fn query_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
+pub(super) fn query_pairs(query: &str) -> Result<Vec<(String, String)>, ApiError> {
     let mut pairs: Vec<(String, String)> = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));

@@ -51,6 +51,16 @@ pub enum Submit {
     Bulk(Vec<NewTask>),
 }
 
+impl Submit {
+    /// Its tasks: the one, or the bulk's in order.
+    pub fn tasks_mut(&mut self) -> &mut [NewTask] {
+        match self {
+            Submit::One { task, .. } => std::slice::from_mut(task),
+            Submit::Bulk(tasks) => tasks,
+        }
+    }
+}
+
 /// Parses and checks a submit body. `by` becomes every task's `submitted_by`;
 /// `max_wait` bounds `"wait"`.
 pub fn parse(body: &[u8], by: &str, max_wait: Duration) -> Result<Submit, ApiError> {

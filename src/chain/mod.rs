@@ -19,6 +19,7 @@
 //! Neutral ground: the slot adds members, the api and the CLI read chains; it knows
 //! queues only through `queue_client`.
 
+mod page;
 mod view;
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ use crate::queue_client::{
     ChainWrites, QueueClient, QueueError, QueueLimits, RedisConn, RefusedClaims, TaskRecord,
 };
 
+pub use page::{ChainHead, ChainPage, PageCursor, head, read_page};
 pub use view::{ChainState, ChainTask, ChainView, read};
 
 /// Marks the global task at the head of a chain's member list.

@@ -88,21 +88,7 @@ impl ChainView {
 
     /// The API's document: `{"id", "state", "failed", "tasks": [records with "parent"]}`.
     pub fn to_json(&self) -> Value {
-        let tasks: Vec<Value> = self
-            .tasks
-            .iter()
-            .map(|t| {
-                let mut v = match &t.record {
-                    Some(r) => serde_json::to_value(r).unwrap_or(Value::Null),
-                    None => json!({"id": t.member.id, "queue": t.member.queue, "state": null}),
-                };
-                if let Value::Object(map) = &mut v {
-                    map.remove("history");
-                    map.insert("parent".into(), json!(t.parent));
-                }
-                v
-            })
-            .collect();
+        let tasks: Vec<Value> = self.tasks.iter().map(task_json).collect();
         let failed = self.failed.as_ref().map(|m| {
             let error = self
                 .tasks
@@ -116,8 +102,22 @@ impl ChainView {
     }
 }
 
+/// A task as a chain's document shows it: its record without history, with `parent`;
+/// `{"id", "queue", "state": null}` when its record is gone.
+pub(super) fn task_json(t: &ChainTask) -> Value {
+    let mut v = match &t.record {
+        Some(r) => serde_json::to_value(r).unwrap_or(Value::Null),
+        None => json!({"id": t.member.id, "queue": t.member.queue, "state": null}),
+    };
+    if let Value::Object(map) = &mut v {
+        map.remove("history");
+        map.insert("parent".into(), json!(t.parent));
+    }
+    v
+}
+
 /// How many times a chain's member list and records are read over while it grows.
-const MAX_READS: usize = 5;
+pub(super) const MAX_READS: usize = 5;
 
 /// Reads chain `chain`: its members (`members_of`) and their records (each queue's
 /// records through its limits in `targets`). `None` when no such chain is known.
@@ -157,18 +157,7 @@ pub async fn read(
     let order: Vec<(Member, Option<Member>)> = std::iter::once((list.root, None))
         .chain(list.follow.into_iter().map(|(c, p)| (c, Some(p))))
         .collect();
-    let tasks: Vec<ChainTask> = order
-        .into_iter()
-        .zip(records)
-        .map(|((member, parent), record)| ChainTask {
-            record: record.filter(|r| match &parent {
-                None => is_the_run(r, chain, run_at),
-                Some(_) => r.chain.as_deref() == Some(chain),
-            }),
-            member,
-            parent,
-        })
-        .collect();
+    let tasks = tasks_of(chain, run_at, order, records);
     let (state, failed) = state_of(&tasks);
     let state = as_read(state, settled);
     Ok(Some(ChainView {
@@ -179,10 +168,34 @@ pub async fn read(
     }))
 }
 
+/// Tasks of chain `chain` (each with its parent, `None` for the global task) with the
+/// records read for them, each kept only when it is this chain's: the global task's when
+/// it is of the run that made the chain (`run_at`, see [`is_the_run`]), a follow-up's
+/// when it names the chain.
+pub(super) fn tasks_of(
+    chain: &str,
+    run_at: Option<i64>,
+    order: Vec<(Member, Option<Member>)>,
+    records: Vec<Option<TaskRecord>>,
+) -> Vec<ChainTask> {
+    order
+        .into_iter()
+        .zip(records)
+        .map(|((member, parent), record)| ChainTask {
+            record: record.filter(|r| match &parent {
+                None => is_the_run(r, chain, run_at),
+                Some(_) => r.chain.as_deref() == Some(chain),
+            }),
+            member,
+            parent,
+        })
+        .collect()
+}
+
 /// A chain's state as a reader shows it: a list that kept growing while it was read
 /// (`settled` false) may lack a task its parents made, so the chain is not shown done;
 /// a failure or a cancel found is one however the list grows.
-fn as_read(state: ChainState, settled: bool) -> ChainState {
+pub(super) fn as_read(state: ChainState, settled: bool) -> ChainState {
     if !settled && state == ChainState::Done {
         ChainState::Running
     } else {
@@ -222,28 +235,66 @@ pub(super) async fn record_of(
 /// failed as soon as one failed, else cancelled when one was, else done when all are,
 /// else running once any has started.
 pub(super) fn state_of(tasks: &[ChainTask]) -> (ChainState, Option<Member>) {
-    let states: Vec<(&Member, RecordState)> = tasks
-        .iter()
-        .filter_map(|t| t.record.as_ref().map(|r| (&t.member, r.state)))
-        .collect();
-    if let Some((m, _)) = states.iter().find(|(_, s)| *s == RecordState::Failed) {
-        return (ChainState::Failed, Some((*m).clone()));
+    let mut seen = Summary::default();
+    seen.add(tasks);
+    seen.state()
+}
+
+/// What a chain's tasks read so far say of its state (see [`state_of`]): kept between
+/// the pages of a walk, so its last page can say the whole chain's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Summary {
+    /// The first task that failed for good.
+    pub(super) failed: Option<Member>,
+    /// Whether one was cancelled.
+    pub(super) cancelled: bool,
+    /// Whether every one read (with a record) is done.
+    pub(super) all_done: bool,
+    /// Whether any has started.
+    pub(super) started: bool,
+}
+
+impl Default for Summary {
+    fn default() -> Self {
+        Summary {
+            failed: None,
+            cancelled: false,
+            all_done: true,
+            started: false,
+        }
     }
-    if states.iter().any(|(_, s)| *s == RecordState::Cancelled) {
-        return (ChainState::Cancelled, None);
+}
+
+impl Summary {
+    /// Counts in more tasks, read after those already counted.
+    pub(super) fn add(&mut self, tasks: &[ChainTask]) {
+        for t in tasks {
+            let Some(r) = &t.record else { continue };
+            if r.state == RecordState::Failed && self.failed.is_none() {
+                self.failed = Some(t.member.clone());
+            }
+            self.cancelled |= r.state == RecordState::Cancelled;
+            self.all_done &= r.state == RecordState::Done;
+            self.started |= !matches!(r.state, RecordState::Waiting | RecordState::Frozen);
+        }
     }
-    if states.iter().all(|(_, s)| *s == RecordState::Done) {
-        return (ChainState::Done, None);
+
+    /// The state the tasks counted say, and the first that failed.
+    pub(super) fn state(&self) -> (ChainState, Option<Member>) {
+        if let Some(m) = &self.failed {
+            return (ChainState::Failed, Some(m.clone()));
+        }
+        let state = if self.cancelled {
+            ChainState::Cancelled
+        } else if self.all_done {
+            ChainState::Done
+        } else if self.started {
+            ChainState::Running
+        } else {
+            ChainState::Waiting
+        };
+        (state, None)
     }
-    let started = states
-        .iter()
-        .any(|(_, s)| !matches!(s, RecordState::Waiting | RecordState::Frozen));
-    let state = if started {
-        ChainState::Running
-    } else {
-        ChainState::Waiting
-    };
-    (state, None)
 }
 
 #[cfg(test)]

@@ -35,6 +35,11 @@ pub struct NewTask {
     pub submitted_by: Option<String>,
     /// Its place in a chain, if any.
     pub chain: Option<TaskChain>,
+    /// Whether its id is its submitter's own: an id held by a task (or a kept record) that
+    /// names another submitter refuses the enqueue ([`QueueError::IdTaken`]) instead of
+    /// deduplicating onto that task or replacing it. A limited api key's submits set it,
+    /// so keys that share a queue do not share its ids.
+    pub own_id: bool,
 }
 
 /// A task's place in a chain (see `crate::chain`).
@@ -261,6 +266,14 @@ impl Queue {
         base: i64,
         flags: Vec<u8>,
     ) -> Result<Vec<Enqueued>, QueueError> {
+        if base == -2 {
+            let at = flags.iter().position(|&f| f == b't');
+            let id = at.and_then(|i| chunk.get(i)).and_then(|t| t.id.clone());
+            return Err(QueueError::IdTaken {
+                queue: self.name.to_string(),
+                id: id.unwrap_or_default(),
+            });
+        }
         if base < 0 {
             return Err(QueueError::IntakeClosed {
                 queue: self.name.to_string(),
@@ -303,9 +316,11 @@ impl Queue {
         inv.arg(mode)
             .arg(if self.limits.track { "1" } else { "0" })
             .arg(first.submitted_by.as_deref().unwrap_or(""))
-            .arg(match self.limits.dedup {
-                Dedup::Active => "a",
-                Dedup::Record => "r",
+            .arg(match (self.limits.dedup, first.own_id) {
+                (Dedup::Active, false) => "a",
+                (Dedup::Record, false) => "r",
+                (Dedup::Active, true) => "ao",
+                (Dedup::Record, true) => "ro",
             })
             .arg(self.limits.intake.as_str())
             .arg(self.ttl_arg())
@@ -426,6 +441,7 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
         a.id.is_some(),
         &a.submitted_by,
         chain_kind(&a.chain),
+        a.own_id,
     ) == (
         b.priority,
         b.delay,
@@ -434,6 +450,7 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
         b.id.is_some(),
         &b.submitted_by,
         chain_kind(&b.chain),
+        b.own_id,
     )
 }
 

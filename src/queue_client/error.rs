@@ -42,6 +42,18 @@ pub enum QueueError {
         /// Queue name.
         queue: String,
     },
+    /// A submit of ids that must be its submitter's own ([`NewTask::own_id`]) found one
+    /// held by another submitter's task or kept record: nothing was enqueued. Names
+    /// neither that submitter nor the task's state.
+    ///
+    /// [`NewTask::own_id`]: super::NewTask::own_id
+    #[error("id {id} is taken in queue {queue}")]
+    IdTaken {
+        /// Queue name.
+        queue: String,
+        /// The first id taken.
+        id: String,
+    },
 }
 
 impl QueueError {

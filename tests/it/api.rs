@@ -379,17 +379,14 @@ async fn a_non_admin_key_sees_only_what_it_submitted() {
         2,
         "an admin key sees every task"
     );
-    // A sync submit under another key's id is answered as one without `wait`: the state,
-    // not that task's record.
+    // A submit under another key's id, sync or not, is refused: neither that task's record
+    // nor its state (tests/it/hardening_access.rs has the rest of that rule).
     let (st, body) = s
         .submit(SHOP, r#"{"payload": 1, "id": "theirs", "wait": "1s"}"#)
         .await;
     assert_eq!(
         (st, body),
-        (
-            202,
-            json!({"id": "theirs", "queue": "emails", "state": "waiting", "created": false})
-        )
+        (409, json!({"error": "id theirs is taken in queue emails"}))
     );
     // An id one key's ended task had, used again by another key: the first key's listing
     // no longer shows it.

@@ -143,6 +143,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
             max_attempts: args.max_attempts,
             submitted_by: Some(crate::config::RESERVED_SUBMITTER.into()),
             chain: None,
+            own_id: false,
         })
         .collect();
     let mut tasks = tasks;

@@ -1,5 +1,6 @@
 -- ARGV: n, priority, delay_ms, at_ms (0: none), max_attempts, mode, track ('1': keep a
---   record), submitted_by, dedup ('a' active | 'r' record), intake (the config's value,
+--   record), submitted_by, dedup ('a' active | 'r' record; then 'o' when the ids are the
+--   submitter's own, see own_ids_taken), intake (the config's value,
 --   used while no run-time switch is set), history_ttl_ms, root ('1': each task is the
 --   global task of its own chain: submitted with `chain`, or a task of a queue whose
 --   `next` routes make follow-ups of every done task; 'u:' and the namespace's prefix:
@@ -21,7 +22,9 @@
 -- Returns {base, flags}: generated ids are '#' .. (base + i) for the i-th task (1-based),
 -- and flags holds one character per task: '1' created, '0' an existing task with that id
 -- was kept, 'x' recorded as cancelled at once (the intake is 'cancel'). Returns {-1, ''}
--- and changes nothing when the intake is closed. In mode 'ig', an id held by a task (or a
+-- and changes nothing when the intake is closed; {-2, flags} and changes nothing when
+-- ids are the submitter's own (ARGV[9] ends in 'o') and another submitter's task holds
+-- some ('t' for those, '-' the rest). In mode 'ig', an id held by a task (or a
 -- live record) of another chain, or of none, is not a child an earlier run of the parent
 -- made: the call then creates nothing, and flags those 'c' (another chain's) or 'n' (no
 -- chain's) and the rest '-'. Replies stay small, which matters as much as the work.
@@ -32,7 +35,10 @@ local pri, delay, at = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ma = ARGV[5]
 local mode = ARGV[6]
 local follow = mode == 'ig' or mode == 'ik'
-local track, by, dedup_record = ARGV[7] == '1', ARGV[8], ARGV[9] == 'r' or follow
+local track, by = ARGV[7] == '1', ARGV[8]
+local dedup_record = string.sub(ARGV[9], 1, 1) == 'r' or follow
+-- 'o' after the dedup letter: ids are the submitter's own (see own_ids_taken)
+local own_ids = string.sub(ARGV[9], 2, 2) == 'o'
 local unlisted_at = string.match(ARGV[12], '^u:(.*)$')
 local root = ARGV[12] == '1' or unlisted_at ~= nil
 -- A new global task's CHAIN field and chain: 'u' and QUEUE:ID when its chain is unlisted
@@ -78,6 +84,33 @@ if sys_state == 'disabled' then
   cancel, cancel_note = true, 'system ' .. sys_name .. ' is disabled'
 elseif sys_state == 'paused' then
   waiting_note = 'held: system ' .. sys_name .. ' is paused'
+end
+-- A limited api key's submit of given ids ('o'): an id whose task or kept record names
+-- another submitter is refused, the whole call, before anything is written. Decided here,
+-- in the enqueue's own step, so no submit can slip between a check and the write: a key
+-- can neither join another key's task (a dedup hit on its payload), nor replace its ended
+-- one under `dedup = "active"`, nor learn its state. A record whose time is up counts for
+-- nothing (rec_visible_value, as readers see it); a task without a record (an untracked
+-- queue's) names no submitter, and is not refused.
+local function own_ids_taken()
+  local given, keys = {}, {}
+  for i = 1, n do
+    given[i] = arg_id(i)
+    keys[i] = rec_key(given[i])
+  end
+  local cache, taken, any = {}, {}, false
+  local vals = rec_mget(given, keys, cache)
+  for i = 1, n do
+    local v = vals[i] and rec_visible_value(given[i], vals[i], now, cache)
+    local t = v and rec_submitter(v) ~= by
+    taken[i] = t and 't' or '-'
+    any = any or t
+  end
+  return any and table.concat(taken)
+end
+if own_ids and mode == 'ip' and track then
+  local taken = own_ids_taken()
+  if taken then return {-2, taken} end
 end
 local meta = pack_meta(ARGV[2], ma, now)
 -- A tracked task's meta also carries its record's sequence number after its enqueue time
