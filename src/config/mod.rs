@@ -474,6 +474,9 @@ pub struct ApiConfig {
     /// How long a client may take to send a request's head (and a keep-alive connection
     /// may stay idle), and then its body: a slow or stalled client is cut off.
     pub read_timeout: Duration,
+    /// Listings one key may have under way at once, per api instance: each holds Redis
+    /// for a few bounded script calls, and a key looping on them must not take it whole.
+    pub max_listings_per_key: usize,
     /// API keys by name; the name is what records show as `submitted_by`.
     pub keys: BTreeMap<String, ApiKey>,
 }
@@ -485,6 +488,7 @@ impl Default for ApiConfig {
             max_body: 4 << 20,
             max_wait: Duration::from_secs(60),
             read_timeout: crate::http::HEADER_READ_TIMEOUT,
+            max_listings_per_key: 4,
             keys: BTreeMap::new(),
         }
     }

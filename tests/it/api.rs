@@ -63,7 +63,7 @@ fn test_config(text: &str) -> Config {
 }
 
 /// An api instance on a free port of 127.0.0.1: its address, its stop, its task.
-async fn start_api(
+pub(crate) async fn start_api(
     config: Config,
     redis_url: String,
 ) -> (
