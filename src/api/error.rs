@@ -115,6 +115,11 @@ impl ApiError {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, message)
     }
 
+    /// 429: the key has as many requests of a kind under way as its limit allows.
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, message)
+    }
+
     /// 503: Redis unreachable.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)

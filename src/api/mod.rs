@@ -6,6 +6,7 @@ mod auth;
 mod chains;
 mod ended;
 mod error;
+mod listings;
 mod outage;
 mod routes;
 mod submit;
@@ -287,7 +288,9 @@ async fn adopt_published(
             )
         });
     match adopted {
-        Ok(api) => {
+        Ok(mut api) => {
+            // (the listings under way count against the new config's limit too)
+            api.listings = current.read().expect("api state lock").listings.clone();
             tracing::info!(version, "adopting the published config");
             *current.write().expect("api state lock") = Arc::new(api);
         }

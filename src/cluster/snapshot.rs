@@ -115,6 +115,10 @@ pub struct QueueView {
 /// Most running tasks of one long queue the snapshot reads (a record each).
 pub const MAX_LONG_SHOWN: usize = 50;
 
+/// Listing pages the snapshot reads to find a long queue's running tasks: as many
+/// records as one call of the listing looked at before its calls were bounded (5,000).
+const LONG_SCAN_PAGES: usize = 40;
+
 /// One running task of a long queue, for the dashboard.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LongRunning {
@@ -468,13 +472,27 @@ async fn read_queue(
 /// A long queue's running tasks from their records: the listing finds them, each record's
 /// running entry says where and since when. The reads go out together.
 async fn read_long_running(queue: &Queue) -> Result<Vec<LongRunning>, QueueError> {
-    let page = queue
-        .list(&ListQuery {
-            state: Some(RecordState::Running),
-            limit: MAX_LONG_SHOWN,
-            ..ListQuery::default()
-        })
-        .await?;
+    let mut query = ListQuery {
+        state: Some(RecordState::Running),
+        limit: MAX_LONG_SHOWN,
+        ..ListQuery::default()
+    };
+    let mut page = queue.list(&query).await?;
+    // A page looks at a bounded number of records (`Queue::list`): running tasks behind
+    // many ended ones are found on the next pages, as far as LONG_SCAN_PAGES of them.
+    for _ in 1..LONG_SCAN_PAGES {
+        if page.tasks.len() >= MAX_LONG_SHOWN {
+            break;
+        }
+        let Some(cursor) = page.next_cursor.take() else {
+            break;
+        };
+        query.cursor = Some(cursor);
+        query.limit = MAX_LONG_SHOWN - page.tasks.len();
+        let more = queue.list(&query).await?;
+        page.tasks.extend(more.tasks);
+        page.next_cursor = more.next_cursor;
+    }
     let records =
         futures::future::try_join_all(page.tasks.iter().map(|t| queue.record(&t.id))).await?;
     Ok(records

@@ -480,6 +480,9 @@ pub struct ApiConfig {
     /// How long a connection may go without an authenticated request before it is closed
     /// (once no request of it is in flight).
     pub auth_timeout: Duration,
+    /// Listings one key may have under way at once, per api instance: each holds Redis
+    /// for a few bounded script calls, and a key looping on them must not take it whole.
+    pub max_listings_per_key: usize,
     /// API keys by name; the name is what records show as `submitted_by`.
     pub keys: BTreeMap<String, ApiKey>,
 }
@@ -493,6 +496,7 @@ impl Default for ApiConfig {
             read_timeout: crate::http::HEADER_READ_TIMEOUT,
             max_connections_per_peer: 256,
             auth_timeout: Duration::from_secs(10),
+            max_listings_per_key: 4,
             keys: BTreeMap::new(),
         }
     }

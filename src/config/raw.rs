@@ -137,6 +137,7 @@ pub(crate) struct RawApi {
     pub read_timeout: S<Human<Duration>>,
     pub max_connections_per_peer: S<i64>,
     pub auth_timeout: S<Human<Duration>>,
+    pub max_listings_per_key: S<i64>,
     /// Only accepted here: `keys` and each `[api.keys.NAME]` are read from the tree on
     /// their own (like `[systems.NAME]`), so one bad key does not hide the others and a
     /// misshapen `keys` is reported once, in the words used for every other table.

@@ -579,6 +579,18 @@ fn api_max_wait_must_be_positive() {
 }
 
 #[test]
+fn api_max_listings_per_key_defaults_to_four_and_must_be_positive() {
+    let c = parse("", "t.toml").unwrap();
+    assert_eq!(c.api.max_listings_per_key, 4);
+    let c = parse("[api]\nmax_listings_per_key = 1\n", "t.toml").unwrap();
+    assert_eq!(c.api.max_listings_per_key, 1);
+    assert_eq!(
+        errors("[api]\nmax_listings_per_key = 0\n"),
+        ["t.toml:2:24: api.max_listings_per_key: must be greater than zero, found 0"]
+    );
+}
+
+#[test]
 fn api_max_wait_is_at_most_an_hour() {
     assert_eq!(
         errors("[api]\nmax_wait = \"61m\"\n"),

@@ -45,6 +45,8 @@ const MIN_TICK: Duration = Duration::from_millis(100);
 const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest `[api].read_timeout`: a client slower than that is no client.
 const MAX_READ_TIMEOUT: Duration = Duration::from_secs(600);
+/// Most `[api].max_listings_per_key` (docs/API.md).
+const MAX_LISTINGS_PER_KEY: i64 = 1000;
 /// Longest `[api].max_wait` (docs/API.md: at most 1h).
 const MAX_MAX_WAIT: Duration = Duration::from_secs(3600);
 
@@ -1236,6 +1238,15 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         d.auth_timeout,
         (MAX_READ_TIMEOUT, "10m"),
     );
+    let max_listings_per_key = int(
+        c,
+        "api",
+        "max_listings_per_key",
+        raw.max_listings_per_key.clone(),
+        d.max_listings_per_key,
+        1,
+        MAX_LISTINGS_PER_KEY,
+    );
 
     ApiConfig {
         listen,
@@ -1244,6 +1255,7 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         read_timeout,
         max_connections_per_peer,
         auth_timeout,
+        max_listings_per_key,
         keys,
     }
 }

@@ -13,7 +13,8 @@
 //!
 //! The module by concern: `client` (connecting, handles on queues), `queue` (the handle
 //! and what its operations share), `enqueue`, `lease` (take and settle: the hot path),
-//! `long` (renewal and end of long tasks), `record` (records, listing, watching), `chained`
+//! `long` (renewal and end of long tasks), `record` (records, listing, watching), `glance`
+//! (the states of many tasks in a few calls), `chained`
 //! (what chains read and set of a queue's tasks), `control` (find, cancel, freeze and thaw,
 //! intake, delete), `dead` (dead letters), `stats` (counters and housekeeping), `limits`,
 //! `error`, `checks` (input checks other modules share), `reply` (decoding script
@@ -28,6 +29,7 @@ mod control;
 mod dead;
 mod enqueue;
 mod error;
+mod glance;
 mod lease;
 mod limits;
 mod long;
@@ -50,6 +52,7 @@ pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
 pub use enqueue::{Enqueued, NewTask, TakenBy, TaskChain};
 pub use error::{Cause, ConnectError, QueueError};
+pub use glance::Glance;
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
 pub use limits::{
     DEFAULT_MAX_PAYLOAD, MAX_BATCH, MAX_DELAY, MAX_ID_LEN, MAX_LIST_LIMIT, QueueLimits,
@@ -59,7 +62,8 @@ pub use long::{LongSettled, Renewal};
 pub use outage::{OutageLog, Spell, SpellStep};
 pub use queue::{Queue, Worker};
 pub use record::{
-    HistoryEntry, ListPage, ListQuery, RecordMemory, RecordState, TaskRecord, rfc3339,
+    HistoryEntry, LIST_CALL_BUDGET, ListPage, ListQuery, RecordMemory, RecordState, TaskRecord,
+    rfc3339,
 };
 pub use stats::QueueStats;
 pub use system::{

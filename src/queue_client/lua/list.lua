@@ -1,5 +1,7 @@
 -- ARGV: submitter ('' = every record), state ('' = any), cursor (a score: entries below it;
--- '' = from the newest), limit, scan cap (index entries looked at, at most).
+-- '' = from the newest), limit, scan cap (index entries looked at, at most: what bounds
+-- the call's work, see LIST_CALL_BUDGET in record.rs), page bytes (records' bytes after
+-- which the call stops).
 -- Returns {next cursor or '', then per record: id, s, p, a, m, c, d, u, b, e, r}, newest
 -- first. Writes nothing (see rec_visible): index entries of records whose time is up are
 -- passed over, and go with their records at the next sweep. A page may hold
@@ -13,9 +15,9 @@ if by ~= '' then idx = submitter_index(by) end
 local top = '+inf'
 if cursor ~= '' then top = '(' .. cursor end
 local now = now_ms()
--- The most bytes of records one page holds, about: results and errors can be large (a
+-- The most bytes of records one call returns, about: results and errors can be large (a
 -- result up to the queue's max_result), and a reply is built whole in Redis's memory.
-local PAGE_BYTES = 4 * 1024 * 1024
+local PAGE_BYTES = tonumber(ARGV[6]) or 4 * 1024 * 1024
 local bytes, full = 0, false
 -- (also the batches read once for every record of the page, see batch_run_of)
 local due = {many = true}

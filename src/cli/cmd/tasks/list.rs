@@ -38,18 +38,31 @@ fn parse_state(s: &str) -> Result<RecordState, String> {
     })
 }
 
-/// `gaffer tasks list`: one page of the queue's records, newest first; the next page's
-/// cursor on the last line when there is one.
+/// `gaffer tasks list`: one page of the queue's records, newest first, `--limit` of them
+/// unless the listing ends first; the next page's cursor on the last line when there is
+/// one.
 pub async fn run(global: &Global, args: ListArgs) -> Result<(), CliError> {
     let (_, q) = open_queue(global, &args.queue).await?;
-    let page = q
-        .list(&ListQuery {
-            state: args.state,
-            submitted_by: None,
-            cursor: args.cursor.clone(),
-            limit: args.limit as usize,
-        })
-        .await?;
+    let limit = args.limit as usize;
+    let mut query = ListQuery {
+        state: args.state,
+        submitted_by: None,
+        cursor: args.cursor.clone(),
+        limit,
+    };
+    let mut page = q.list(&query).await?;
+    // A page comes back short with a cursor when its scan budget ran out among records of
+    // other states (`Queue::list`): the command goes on, each call still bounded, until
+    // it has `--limit` tasks or the end.
+    while page.tasks.len() < limit
+        && let Some(cursor) = page.next_cursor.take()
+    {
+        query.cursor = Some(cursor);
+        query.limit = limit - page.tasks.len();
+        let more = q.list(&query).await?;
+        page.tasks.extend(more.tasks);
+        page.next_cursor = more.next_cursor;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
