@@ -180,7 +180,10 @@ pub fn run(registry: Registry) -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("gaffer: {e:#}");
+            // (an error may quote what Redis holds: an id, a host name)
+            let text = format!("{e:#}");
+            let lines: Vec<_> = text.split('\n').map(crate::printable::printable).collect();
+            eprintln!("gaffer: {}", lines.join("\n"));
             e.exit_code()
         }
     }

@@ -48,7 +48,7 @@ pub use conn::{
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
-pub use enqueue::{Enqueued, NewTask, TakenBy, TaskChain};
+pub use enqueue::{Enqueued, GENERATED_ID_PREFIX, NewTask, TakenBy, TaskChain, check_id};
 pub use error::{ConnectError, QueueError};
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
 pub use limits::{

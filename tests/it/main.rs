@@ -8,6 +8,7 @@ mod chains;
 mod cli;
 mod config;
 mod drain;
+mod hardening_ids;
 mod harness;
 mod host;
 mod invariants;
