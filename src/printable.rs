@@ -49,6 +49,12 @@ pub fn printable(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `s` with its line breaks kept and everything else [`unprintable`] escaped: for text of
+/// several lines (an error's, an indented JSON document's).
+pub fn printable_lines(s: &str) -> String {
+    s.split('\n').map(printable).collect::<Vec<_>>().join("\n")
+}
+
 /// `s` on one line for a table cell: line breaks as spaces (a multi-line error stays
 /// readable), every other [`unprintable`] character escaped.
 pub fn one_line(s: &str) -> String {
@@ -70,6 +76,7 @@ mod tests {
         );
         assert_eq!(printable("tab\tnl\ncr\r"), "tab\\tnl\\ncr\\r");
         assert_eq!(one_line("two\nlines\u{1b}"), "two lines\\x1b");
+        assert_eq!(printable_lines("a\u{9b}\nb\r"), "a\\u{009b}\nb\\r");
     }
 
     #[test]

@@ -181,9 +181,10 @@ pub fn run(registry: Registry) -> ExitCode {
         }
         Err(e) => {
             // (an error may quote what Redis holds: an id, a host name)
-            let text = format!("{e:#}");
-            let lines: Vec<_> = text.split('\n').map(crate::printable::printable).collect();
-            eprintln!("gaffer: {}", lines.join("\n"));
+            eprintln!(
+                "gaffer: {}",
+                crate::printable::printable_lines(&format!("{e:#}"))
+            );
             e.exit_code()
         }
     }

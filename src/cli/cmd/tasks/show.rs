@@ -38,7 +38,9 @@ pub async fn run(global: &Global, args: ShowArgs) -> Result<(), CliError> {
     if args.json {
         println!("{v}");
     } else {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        // (JSON escapes C0 only: DEL, C1 and bidi controls of a payload would pass)
+        let text = serde_json::to_string_pretty(&v)?;
+        println!("{}", crate::printable::printable_lines(&text));
     }
     Ok(())
 }
