@@ -73,9 +73,16 @@ impl Api {
     }
 }
 
-/// Gives the waiting task `from` (priority 0, no submitter index) of `queue` the id `to`
-/// in Redis itself, past every check: what an older build wrote when it took any id.
-pub(crate) async fn rename_waiting_task(client: &QueueClient, queue: &str, from: &str, to: &str) {
+/// Gives the waiting task `from` (priority 0, submitted `by`) of `queue` the id `to` in
+/// Redis itself, past every check: what an older build wrote when it took any id. A task
+/// still delayed (kept from a running slot while it is renamed) is made due at once, and
+/// an idle taker woken.
+pub(crate) async fn rename_waiting_task(
+    client: &QueueClient,
+    queue: &str,
+    (from, to): (&str, &str),
+    by: Option<&str>,
+) {
     let k = |suffix: &str| format!("{}:{{{queue}}}:{suffix}", client.namespace());
     let script = redis::Script::new(
         r"
@@ -85,11 +92,20 @@ pub(crate) async fn rename_waiting_task(client: &QueueClient, queue: &str, from:
           if v then redis.call('HSET', h, to, v); redis.call('HDEL', h, from) end
         end
         local at = redis.call('LPOS', KEYS[3], from)
-        if not at then return 0 end
-        redis.call('LSET', KEYS[3], at, to)
+        if at then
+          redis.call('LSET', KEYS[3], at, to)
+        elseif redis.call('ZREM', KEYS[7], from) == 1 then
+          -- due now, waking an idle taker as an enqueue does
+          redis.call('ZADD', KEYS[7], 0, to)
+          redis.call('RPUSH', KEYS[9], '1')
+        else
+          return 0
+        end
         if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('RENAME', KEYS[4], KEYS[5]) end
-        local seq = redis.call('ZSCORE', KEYS[6], from)
-        if seq then redis.call('ZREM', KEYS[6], from); redis.call('ZADD', KEYS[6], seq, to) end
+        for _, z in ipairs({KEYS[6], KEYS[8]}) do
+          local seq = redis.call('ZSCORE', z, from)
+          if seq then redis.call('ZREM', z, from); redis.call('ZADD', z, seq, to) end
+        end
         return 1
         ",
     );
@@ -100,12 +116,18 @@ pub(crate) async fn rename_waiting_task(client: &QueueClient, queue: &str, from:
         .key(k(&format!("r:{from}")))
         .key(k(&format!("r:{to}")))
         .key(k("idx"))
+        .key(k("delayed"))
+        .key(k(&format!("idx:{}", by.unwrap_or_default())))
+        .key(k("wake"))
         .arg(from)
         .arg(to)
         .invoke_async(&mut client.connection())
         .await
         .unwrap();
-    assert_eq!(moved, 1, "task {from:?} waits in {queue}'s priority 0");
+    assert_eq!(
+        moved, 1,
+        "task {from:?} waits in {queue}'s priority 0, or is delayed"
+    );
 }
 
 /// `gaffer ARGS` with the test config against `redis`.
@@ -196,7 +218,7 @@ async fn the_cli_shows_control_characters_of_old_records_escaped() {
     q.enqueue(NewTask::new(&b"raw\x1b[2Jpayload\x9b"[..]).id("placeholder"))
         .await
         .unwrap();
-    rename_waiting_task(&client, "emails", "placeholder", EVIL_ID).await;
+    rename_waiting_task(&client, "emails", ("placeholder", EVIL_ID), None).await;
     let w = q.clone().with_worker(Worker {
         host: "h\u{1b}[31m1".into(),
         slot: 2,
@@ -320,7 +342,7 @@ async fn the_generated_forms_are_reserved_and_old_generated_ids_keep_working() {
     let q = client.queue("emails").unwrap();
     for (placeholder, old) in [("old-5", "#5"), ("old-6", "#6")] {
         q.enqueue(NewTask::new("{}").id(placeholder)).await.unwrap();
-        rename_waiting_task(&client, "emails", placeholder, old).await;
+        rename_waiting_task(&client, "emails", (placeholder, old), None).await;
     }
     let (status, doc) = api.call("GET", "/v1/queues/emails/tasks/%235", None).await;
     assert_eq!(status, 200, "{doc}");
