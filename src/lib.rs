@@ -19,6 +19,7 @@ mod host;
 pub mod http;
 pub mod manager;
 pub mod master;
+pub mod printable;
 pub mod queue_client;
 pub mod redis_server;
 pub mod signals;

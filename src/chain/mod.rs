@@ -136,7 +136,7 @@ pub fn started_by(queue: &str, id: &str, chain: &str) -> bool {
             .is_some_and(|rest| rest.is_empty() || rest.as_bytes()[0] == RUN_MARK)
 }
 
-/// A fresh id for a global task submitted without one: ids a queue generates (`#N`) are
+/// A fresh id for a global task submitted without one: ids a queue generates (`~gN`) are
 /// unique within their queue only, and a chain's id must be unique in the namespace.
 pub fn new_global_id() -> String {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

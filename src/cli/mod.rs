@@ -180,7 +180,11 @@ pub fn run(registry: Registry) -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("gaffer: {e:#}");
+            // (an error may quote what Redis holds: an id, a host name)
+            eprintln!(
+                "gaffer: {}",
+                crate::printable::printable_lines(&format!("{e:#}"))
+            );
             e.exit_code()
         }
     }

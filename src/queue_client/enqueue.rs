@@ -21,7 +21,7 @@ pub struct NewTask {
     /// Opaque payload; JSON by convention.
     pub payload: Vec<u8>,
     /// Dedup key: while a task with this id is pending or leased, enqueueing it again
-    /// returns the existing one. Generated (`#N`) when absent.
+    /// returns the existing one. Generated (`~gN`, see [`GENERATED_ID_PREFIX`]) when absent.
     pub id: Option<String>,
     /// Higher is taken first.
     pub priority: i32,
@@ -159,28 +159,9 @@ impl Queue {
             ));
         }
         if let Some(id) = &task.id {
-            if id.is_empty() || id.len() > MAX_ID_LEN {
-                return Err(QueueError::Invalid(format!(
-                    "task id must be 1 to {MAX_ID_LEN} bytes, got {}",
-                    id.len()
-                )));
-            }
             // A follow-up's id is derived from its parent's, which may be generated.
             let derived = matches!(task.chain, Some(TaskChain::FollowUp(_)));
-            if id.starts_with('#') && !derived {
-                return Err(QueueError::Invalid(format!(
-                    "task id {id:?} is invalid: ids starting with '#' are reserved for generated ids"
-                )));
-            }
-            // A chain's name (its global task's id) is written into the records of its
-            // tasks, whose fields these two bytes separate: such an id would cut them.
-            let chained =
-                task.chain.is_some() || self.limits.starts_chains || self.limits.failed_routes;
-            if chained && id.contains(['\u{1e}', '\u{1f}']) {
-                return Err(QueueError::Invalid(format!(
-                    "task id {id:?} is invalid in a chain: it holds the byte 0x1e or 0x1f"
-                )));
-            }
+            check_id(id, derived)?;
         }
         if self.limits.ordered && task.priority != 0 {
             return Err(QueueError::Invalid(format!(
@@ -350,6 +331,64 @@ impl Queue {
     }
 }
 
+/// What every generated id starts with: a task submitted without an id gets `~gN`, N
+/// the queue's counter `seq`. Only URL-unreserved characters (RFC 3986), so the id goes
+/// into a URL as it is; no client id may start with it, so none can take a generated one.
+/// Builds before this generated `#N` (a `#` starts a URL's fragment); those ids keep
+/// working, and client ids may still not start with `#`.
+pub const GENERATED_ID_PREFIX: &str = "~g";
+
+/// The generated id of the task numbered `n` (enqueue.lua makes the same).
+fn generated_id(n: u64) -> String {
+    format!("{GENERATED_ID_PREFIX}{n}")
+}
+
+/// Refuses an id no task may have: empty or over [`MAX_ID_LEN`] bytes; holding a control
+/// character (C0 U+0000–U+001F, DEL U+007F, C1 U+0080–U+009F: it would reach operators'
+/// terminals as a command, and 0x1e and 0x1f separate a record's fields); or in a form
+/// kept for generated ids, `#…` (before) or `~g…` (now). Every enqueue path runs it (the
+/// API's single and bulk submits, `gaffer push`, schedules, a slot's follow-ups). A
+/// `derived` id (a chain's follow-up: its parent's id and `~N`) is its parent's choice,
+/// not a client's: it may have a generated parent, and a parent an older build accepted
+/// with a control character still makes its follow-ups, unless the character is 0x1e or
+/// 0x1f, which would cut the chain's records (refused there as before).
+pub fn check_id(id: &str, derived: bool) -> Result<(), QueueError> {
+    if id.is_empty() || id.len() > MAX_ID_LEN {
+        return Err(QueueError::Invalid(format!(
+            "task id must be 1 to {MAX_ID_LEN} bytes, got {}",
+            id.len()
+        )));
+    }
+    if derived {
+        return match id.chars().find(|c| matches!(c, '\u{1e}' | '\u{1f}')) {
+            Some(c) => Err(QueueError::Invalid(format!(
+                "task id {id:?} is invalid in a chain: it holds the control character U+{:04X} \
+                 (0x1e and 0x1f separate the fields of its chain's records)",
+                c as u32
+            ))),
+            None => Ok(()),
+        };
+    }
+    if let Some(c) = id.chars().find(|c| c.is_control()) {
+        return Err(QueueError::Invalid(format!(
+            "task id {id:?} is invalid: it holds the control character U+{:04X} \
+             (ids may hold no C0, DEL or C1 control character: U+0000-U+001F, U+007F, U+0080-U+009F)",
+            c as u32
+        )));
+    }
+    if id.starts_with('#') {
+        return Err(QueueError::Invalid(format!(
+            "task id {id:?} is invalid: ids starting with '#' are reserved for generated ids"
+        )));
+    }
+    if id.starts_with(GENERATED_ID_PREFIX) {
+        return Err(QueueError::Invalid(format!(
+            "task id {id:?} is invalid: ids starting with '{GENERATED_ID_PREFIX}' are reserved for generated ids"
+        )));
+    }
+    Ok(())
+}
+
 /// A chunk of follow-ups as a packet's arguments (enqueue.lua mode `ik`): their ids, then
 /// their chains separated by 0x1f, then their payloads each framed `LEN:bytes`, so that
 /// the script neither takes in nor makes anything per task but the ids.
@@ -389,7 +428,7 @@ fn enqueued(chunk: &[NewTask], base: u64, flags: Vec<u8>) -> Result<Vec<Enqueued
             id: t
                 .id
                 .clone()
-                .unwrap_or_else(|| format!("#{}", base + i as u64 + 1)),
+                .unwrap_or_else(|| generated_id(base + i as u64 + 1)),
             created: matches!(flag, b'1' | b'x'),
             taken: match flag {
                 b'c' => Some(TakenBy::OtherChain),

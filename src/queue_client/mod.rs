@@ -50,7 +50,7 @@ pub use conn::{
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
-pub use enqueue::{Enqueued, NewTask, TakenBy, TaskChain};
+pub use enqueue::{Enqueued, GENERATED_ID_PREFIX, NewTask, TakenBy, TaskChain, check_id};
 pub use error::{Cause, ConnectError, QueueError};
 pub use glance::Glance;
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};

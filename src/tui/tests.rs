@@ -1337,3 +1337,88 @@ fn i_cycles_a_queues_intake_after_a_confirmation() {
     assert_eq!(update(&mut s, Action::Intake), None);
     assert!(s.pending.is_none());
 }
+
+/// What Redis holds reaches the dashboard escaped, never raw: records written before ids
+/// were checked (or a handler's error) may hold an OSC title, a screen clear, a C1 CSI or
+/// a bidi override; each shows as its escape (`crate::printable`), where ratatui alone
+/// would drop the control byte and print the rest as a command's remains.
+#[test]
+fn control_characters_from_redis_are_shown_escaped() {
+    use crate::chain::{ChainState, ChainTask, ChainView, Member};
+    let mut s = state(true);
+    press(&mut s, &[Action::Down, Action::Down, Action::Down]);
+    look_up(&mut s, "invoice-8812");
+    let evil_id = "inv\u{1b}]0;pwned\u{7}\u{1b}[2J";
+    let mut record = failed_record();
+    record.submitted_by = Some("shop\u{9b}31m".into());
+    record.error = Some("boom\u{1b}[2J then \u{202e}gnp.exe".into());
+    record.chain = Some(evil_id.into());
+    let history = record.history.as_mut().unwrap();
+    let last = history.last_mut().unwrap();
+    last.host = Some("h1\u{1b}[31m".into());
+    last.note = Some("died\u{7}\u{7f}".into());
+    let chain = ChainView {
+        id: evil_id.into(),
+        state: ChainState::Failed,
+        failed: None,
+        tasks: vec![ChainTask {
+            member: Member::new("webhooks", evil_id),
+            parent: None,
+            record: None,
+        }],
+    };
+    update(
+        &mut s,
+        Action::LookedUp {
+            queue: "webhooks".into(),
+            id: "invoice-8812".into(),
+            result: Ok(Some(Box::new(record))),
+            chain: Some(Box::new(chain)),
+        },
+    );
+    let t = draw(&s, 160, 34);
+    insta::assert_snapshot!(t.backend());
+    let buf = t.backend().buffer();
+    for shown in [
+        "shop\\u{009b}31m",
+        "boom\\x1b[2J then \\u{202e}gnp.exe",
+        "chain inv\\x1b]0;pwned\\x07\\x1b[2J",
+        "webhooks inv\\x1b]0;pwned\\x07\\x1b[2J",
+        "h1\\x1b[31m/12",
+        "died\\x07\\x7f",
+    ] {
+        assert!(find(buf, shown).is_some(), "{shown} in\n{}", t.backend());
+    }
+
+    // A long task's id and host, in the queue's detail.
+    let mut s = State::new(Duration::from_secs(2));
+    for i in 0..READS {
+        let mut snap = snapshot(i, true);
+        let at_ms = snap.at_ms;
+        let q = snap.queues.get_mut("emails").unwrap();
+        q.kind = QueueKind::Long;
+        q.stats.leased = 1;
+        q.long_running = vec![LongRunning {
+            id: evil_id.into(),
+            host: "h\u{1b}[8m2".into(),
+            slot: Some(1),
+            since_ms: at_ms - 5_000,
+        }];
+        feed(&mut s, snap);
+    }
+    update(
+        &mut s,
+        Action::Tick {
+            now_ms: T0 + (READS - 1) * STEP_MS + 1_000,
+        },
+    );
+    press(&mut s, &[Action::Open]);
+    let t = draw(&s, 160, 40);
+    let buf = t.backend().buffer();
+    assert!(
+        find(buf, "inv\\x1b]0;pwned\\x07\\x1b[2J").is_some(),
+        "{}",
+        t.backend()
+    );
+    assert!(find(buf, "h\\x1b[8m2/1").is_some(), "{}", t.backend());
+}

@@ -215,9 +215,11 @@ async fn a_cancelled_task_of_a_batch_is_stale_for_its_holder(client: QueueClient
     assert_eq!((s.leased, s.acked_total, s.cancelled_total), (0, 3, 1));
 }
 
+/// (Such an id is refused at enqueue now; one an older build accepted is written as it was.)
 async fn ids_holding_a_separator_are_leased_one_by_one(client: QueueClient, name: &str) {
     let q = client.queue_with(name, tracked()).unwrap();
-    q.enqueue(NewTask::new("{}").id("a\u{1f}b")).await.unwrap();
+    q.enqueue(NewTask::new("{}").id("a-b")).await.unwrap();
+    crate::hardening_ids::rename_waiting_task(&client, name, ("a-b", "a\u{1f}b"), None).await;
     q.enqueue(NewTask::new("{}").id("c")).await.unwrap();
     let b = q.take(2, Duration::from_secs(30)).await.unwrap();
     assert_eq!(b.tasks.len(), 2);

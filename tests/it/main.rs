@@ -10,6 +10,7 @@ mod config;
 mod drain;
 mod hardening_access;
 mod hardening_config;
+mod hardening_ids;
 mod hardening_load;
 mod hardening_protocol;
 mod harness;

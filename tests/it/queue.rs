@@ -728,7 +728,7 @@ async fn bulk_enqueue_keeps_order_and_counts(client: QueueClient, name: &str) {
     ];
     let made = q.enqueue_many(&mixed).await.unwrap();
     assert_eq!(made[1].id, "given");
-    assert!(made[0].id.starts_with('#') && made[2].id.starts_with('#'));
+    assert!(made[0].id.starts_with("~g") && made[2].id.starts_with("~g"));
     assert_ne!(made[0].id, made[2].id);
     let b = q.take(10, Duration::from_secs(30)).await.unwrap();
     let order: Vec<_> = b.tasks.iter().map(|t| t.id.clone()).collect();

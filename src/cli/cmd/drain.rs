@@ -30,7 +30,7 @@ pub async fn run(global: &Global, args: DrainArgs) -> Result<(), CliError> {
             if names.is_empty() {
                 "none".to_string()
             } else {
-                names.join(", ")
+                crate::printable::printable(&names.join(", ")).into_owned()
             }
         );
     }

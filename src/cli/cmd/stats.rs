@@ -4,6 +4,7 @@ use clap::Args;
 
 use crate::cli::{CliError, Global};
 use crate::cluster::snapshot::{Snapshot, stats_json};
+use crate::printable::printable;
 
 /// Arguments of `gaffer stats`.
 #[derive(Args)]
@@ -27,13 +28,14 @@ pub async fn run(global: &Global, args: StatsArgs) -> Result<(), CliError> {
     if !snap.drain_marked_unknown.is_empty() {
         println!(
             "\nmarked for draining, but no master reports as: {} (`gaffer drain NAME --cancel` drops a mark)",
-            snap.drain_marked_unknown.join(", ")
+            printable(&snap.drain_marked_unknown.join(", "))
         );
     }
     let m = &snap.manager;
     match &m.holder {
         Some(id) => println!(
-            "\nmanager {id} epoch {} (map version {})",
+            "\nmanager {} epoch {} (map version {})",
+            printable(id),
             m.epoch.unwrap_or(0),
             m.map_version.unwrap_or(0)
         ),
@@ -101,7 +103,7 @@ fn print_hosts(snap: &Snapshot) {
         let r = &h.report;
         println!(
             "{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6.2}",
-            name,
+            printable(name),
             h.state.as_str(),
             r.slots,
             r.capacity,

@@ -19,7 +19,9 @@
 --              a task or a record, and nothing holds or delays them; else as in 'ig'.
 -- Options are shared by the call (the client splits calls where they differ), which keeps
 -- per-task arguments, the main cost of a bulk enqueue, to one or two.
--- Returns {base, flags}: generated ids are '#' .. (base + i) for the i-th task (1-based),
+-- Returns {base, flags}: generated ids are '~g' .. (base + i) for the i-th task (1-based;
+-- URL-unreserved characters only, a form no client id may take: see GENERATED_ID_PREFIX
+-- in enqueue.rs; builds before generated '#' .. (base + i), which a URL cannot hold),
 -- and flags holds one character per task: '1' created, '0' an existing task with that id
 -- was kept, 'x' recorded as cancelled at once (the intake is 'cancel'). Returns {-1, ''}
 -- and changes nothing when the intake is closed; {-2, flags} and changes nothing when
@@ -200,7 +202,7 @@ if mode == 'p' then
     if unlisted_at then chains = {} end
     for i = 1, n do
       local s = string.format('%d', base + i)
-      local id = '#' .. s
+      local id = '~g' .. s
       payloads[2 * i - 1] = id
       if unlisted_at then
         local field
@@ -215,7 +217,7 @@ if mode == 'p' then
   else
     local head = meta .. '\n'
     for i = 1, n do
-      local id = string.format('#%d', base + i)
+      local id = string.format('~g%d', base + i)
       payloads[2 * i - 1] = id
       payloads[2 * i] = head .. ARGV[H + i]
       ids[i] = id

@@ -481,9 +481,10 @@ end
 --   K_PKTS: the live packets, member BASE scored by BASE + 1; K_PKTW: how many tasks the
 --   packets' ready entries stand for beyond one each (ready_count).
 -- No task id can start with "#p": ids a user gives cannot start with '#', generated ones
--- are '#' and digits, and a follow-up's is its parent's and "~N". A task's record is read
--- from its packet while it has no key of its own (rec_get); whatever writes a record
--- writes the whole of it, which gives the task its key, and the key wins from then on.
+-- are '~g' and digits (before: '#' and digits), and a follow-up's is its parent's and
+-- "~N". A task's record is read from its packet while it has no key of its own
+-- (rec_get); whatever writes a record writes the whole of it, which gives the task its
+-- key, and the key wins from then on.
 
 -- Counts `d` more tasks in K_PKTW, which goes once it is 0 (a queue whose packets have
 -- all been taken keeps no key for them).

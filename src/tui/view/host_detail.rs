@@ -11,6 +11,7 @@ use super::charts::{now_max, series, spark, whole};
 use super::{HEADER, YELLOW, ago, count, field, host_state, key, memory, right};
 use crate::cluster::HostReport;
 use crate::cluster::snapshot::{HostView, Snapshot};
+use crate::printable::printable;
 use crate::tui::state::State;
 
 /// The selected host: its figures and queues on the left, its history on the right.
@@ -32,7 +33,7 @@ pub(super) fn host_detail(state: &State, latest: &Snapshot, area: Rect, buf: &mu
     ]));
     Paragraph::new(figures(h, latest))
         .wrap(Wrap { trim: false })
-        .block(Block::bordered().title(format!(" host {name} ")))
+        .block(Block::bordered().title(format!(" host {} ", printable(&name))))
         .render(info, buf);
     Widget::render(queue_table(&h.report), table, buf);
     history(state, &name, charts, buf);

@@ -5,6 +5,7 @@ use ratatui::text::{Line, Span};
 use super::{BOLD, DIM};
 use crate::cluster::snapshot::QueueView;
 use crate::config::QueueKind;
+use crate::printable::printable;
 
 /// Lines listing the queue's running long tasks as of `now_ms` (the snapshot's time);
 /// nothing for a batch queue.
@@ -29,8 +30,8 @@ pub(super) fn long_tasks(q: &QueueView, now_ms: u64) -> Vec<Line<'static>> {
         let slot = t.slot.map_or_else(|| "-".into(), |s| s.to_string());
         let running_for = std::time::Duration::from_secs(now_ms.saturating_sub(t.since_ms) / 1000);
         lines.push(Line::from(vec![
-            Span::raw(format!("  {:<28} ", t.id)),
-            Span::raw(format!("{:<20} ", format!("{}/{slot}", t.host))),
+            Span::raw(format!("  {:<28} ", printable(&t.id))),
+            Span::raw(format!("{:<20} ", format!("{}/{slot}", printable(&t.host)))),
             Span::raw(humantime::format_duration(running_for).to_string()),
         ]));
     }

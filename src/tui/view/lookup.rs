@@ -9,6 +9,7 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, Widget, Wrap};
 
 use super::{BOLD, DIM, GREEN, HEADER, RED, RED_BOLD, SELECTED, YELLOW, right, truncate};
 use crate::chain::ChainView;
+use crate::printable::printable;
 use crate::queue_client::{HistoryEntry, RecordState, TaskRecord};
 use crate::tui::state::{Finder, Found, State, TaskLookup};
 
@@ -44,7 +45,7 @@ pub(super) fn finder_line(f: &Finder, width: u16) -> Line<'static> {
     let room = usize::from(width).saturating_sub(used);
     let n = f.id.chars().count();
     let id = if n <= room {
-        f.id.clone()
+        printable(&f.id).into_owned()
     } else if room == 0 {
         String::new()
     } else {
@@ -69,12 +70,13 @@ pub(super) fn task(state: &State, area: Rect, buf: &mut Buffer) {
         );
         return;
     };
-    let title = format!(" task {} in {} ", truncate(&t.id, 60), t.queue);
+    let title = format!(" task {} in {} ", truncate(&t.id, 60), printable(&t.queue));
+    let id = printable(&t.id);
     match &t.found {
         Found::Waiting => message(
             title,
             vec![Line::styled(
-                format!("looking up {} in {}…", t.id, t.queue),
+                format!("looking up {id} in {}…", t.queue),
                 DIM,
             )],
             area,
@@ -97,7 +99,7 @@ pub(super) fn task(state: &State, area: Rect, buf: &mut Buffer) {
             message(
                 title,
                 vec![
-                    Line::styled(format!("no record of task {} in {}", t.id, t.queue), BOLD),
+                    Line::styled(format!("no record of task {id} in {}", t.queue), BOLD),
                     Line::raw(""),
                     Line::styled(why, DIM),
                     Line::styled("Enter looks again · / another task · Esc back", DIM),
@@ -109,8 +111,8 @@ pub(super) fn task(state: &State, area: Rect, buf: &mut Buffer) {
         Found::Failed(error) => message(
             title,
             vec![
-                Line::styled(format!("looking up {} failed", t.id), RED_BOLD),
-                Line::styled(error.clone(), RED),
+                Line::styled(format!("looking up {id} failed"), RED_BOLD),
+                Line::styled(printable(error).into_owned(), RED),
                 Line::raw(""),
                 Line::styled("Enter tries again · Esc back", DIM),
             ],
@@ -157,11 +159,11 @@ fn record(t: &TaskLookup, r: &TaskRecord, title: String, area: Rect, buf: &mut B
         field("due", r.due_at.clone()),
         Line::from(vec![
             key("submitted"),
-            Span::raw(r.submitted_by.clone().unwrap_or_else(|| "-".into())),
+            Span::raw(printable(r.submitted_by.as_deref().unwrap_or("-")).into_owned()),
             Span::raw(
                 r.chain
                     .as_ref()
-                    .map(|c| format!("   chain {c}"))
+                    .map(|c| format!("   chain {}", printable(c)))
                     .unwrap_or_default(),
             ),
         ]),
@@ -208,7 +210,7 @@ fn chain_lines(chain: &ChainView, width: usize) -> Vec<Line<'static>> {
         .count();
     let mut lines = vec![Line::from(vec![
         key("chain"),
-        Span::raw(format!("{}  ", chain.id)),
+        Span::raw(format!("{}  ", printable(&chain.id))),
         Span::styled(chain.state.as_str(), BOLD),
         Span::raw(format!("   {done} of {} tasks done", chain.tasks.len())),
     ])];
@@ -235,7 +237,7 @@ fn chain_lines(chain: &ChainView, width: usize) -> Vec<Line<'static>> {
                 format!(
                     "… {} more: gaffer tasks chain {}",
                     chain.tasks.len() - CHAIN_LINES,
-                    chain.id
+                    printable(&chain.id)
                 ),
                 DIM,
             ),
@@ -251,8 +253,8 @@ fn history_table(t: &TaskLookup, entries: &[HistoryEntry], area: Rect, buf: &mut
     const ATTEMPT: u16 = 7;
     const COUNT: u16 = 6;
     let place = |e: &HistoryEntry| match (&e.host, e.slot) {
-        (Some(h), Some(s)) => format!("{h}/{s}"),
-        (Some(h), None) => h.clone(),
+        (Some(h), Some(s)) => format!("{}/{s}", printable(h)),
+        (Some(h), None) => printable(h).into_owned(),
         (None, Some(s)) => format!("slot {s}"),
         (None, None) => "-".into(),
     };
@@ -322,11 +324,10 @@ fn history_table(t: &TaskLookup, entries: &[HistoryEntry], area: Rect, buf: &mut
         .render(area, buf);
 }
 
-/// Control characters (a newline in an error) as spaces: a cell is one line.
+/// Line breaks (a newline in an error) as spaces, so a cell is one line, and every
+/// other unprintable character escaped (see [`crate::printable`]).
 fn single_line(text: &str) -> String {
-    text.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+    crate::printable::one_line(text)
 }
 
 /// `text` wrapped at spaces into lines of at most `width` characters (a longer word is

@@ -25,6 +25,7 @@ use super::input::KEYS;
 use super::state::{State, View};
 use crate::cluster::snapshot::HostState;
 use crate::config::Intake;
+use crate::printable::printable;
 
 const RED: Style = Style::new().fg(Color::Red);
 const RED_BOLD: Style = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
@@ -95,7 +96,7 @@ fn header(state: &State) -> Line<'static> {
     } else {
         spans.push(Span::raw(format!(
             "manager {} · epoch {} · lease {} · map v{}",
-            m.holder.as_deref().unwrap_or("?"),
+            printable(m.holder.as_deref().unwrap_or("?")),
             m.epoch.map_or_else(|| "?".into(), |e| e.to_string()),
             m.lease_ttl_ms
                 .map_or_else(|| "?".into(), |t| format!("{:.1}s", t as f64 / 1000.0)),
@@ -157,13 +158,15 @@ fn tab_line(state: &State) -> Line<'static> {
         }
         View::HostDetail => {
             if let Some((name, _)) = state.selected_host() {
+                let name = printable(name);
                 spans.push(Span::styled(format!("  › host {name}"), BOLD));
             }
         }
         View::Task => {
             if let Some(t) = &state.task {
                 let id = truncate(&t.id, 40);
-                spans.push(Span::styled(format!("  › task {id} in {}", t.queue), BOLD));
+                let queue = printable(&t.queue);
+                spans.push(Span::styled(format!("  › task {id} in {queue}"), BOLD));
             }
         }
         View::Queues | View::SlotMap | View::Systems => {}
@@ -189,13 +192,17 @@ fn status_line(state: &State) -> Line<'static> {
             None => String::new(),
         };
         return Line::styled(
-            format!(" {e} — retrying every {}{shown}", ago(refresh_ms(state))),
+            format!(
+                " {} — retrying every {}{shown}",
+                printable(e),
+                ago(refresh_ms(state))
+            ),
             RED_BOLD,
         );
     }
     if let Some(n) = &state.note {
         return Line::styled(
-            format!(" {}", n.text),
+            format!(" {}", printable(&n.text)),
             if n.error { RED_BOLD } else { GREEN },
         );
     }
@@ -374,8 +381,9 @@ fn pct(load: f64) -> String {
 }
 
 fn truncate(s: &str, max: usize) -> String {
+    let s = printable(s);
     if s.chars().count() <= max {
-        s.to_string()
+        s.into_owned()
     } else {
         let mut t: String = s.chars().take(max - 1).collect();
         t.push('…');

@@ -176,7 +176,10 @@ fn placement(state: &State, name: &str) -> Vec<Line<'static>> {
             }
             any = true;
             lines.push(Line::from(vec![
-                Span::raw(format!("  {host:<20} {running:>4} / {mapped:<4} ")),
+                Span::raw(format!(
+                    "  {:<20} {running:>4} / {mapped:<4} ",
+                    crate::printable::printable(host)
+                )),
                 host_state(h.state, h.drain_requested),
             ]));
         }

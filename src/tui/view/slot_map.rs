@@ -41,7 +41,7 @@ fn fixed_widths(snap: &Snapshot) -> [u16; 5] {
     let host_w = snap
         .hosts
         .keys()
-        .map(|h| h.chars().count())
+        .map(|h| crate::printable::printable(h).chars().count())
         .max()
         .unwrap_or(0)
         .clamp(5, 40) as u16;
@@ -102,7 +102,7 @@ fn host_rows<'a>(snap: &'a Snapshot, shown: &[(&str, u16)]) -> Vec<Row<'a>> {
         .map(|(name, h)| {
             let r = &h.report;
             let mut cells = vec![
-                Cell::from(name.as_str()),
+                Cell::from(crate::printable::printable(name)),
                 Cell::from(host_state(h.state, h.drain_requested)),
                 Cell::from(memory(r.pss_bytes, r.memory_budget_bytes, usize::from(BAR))),
                 right(format!("{:.2}/{}", r.load1, r.cpus)),

@@ -6,6 +6,7 @@ use clap::Args;
 
 use crate::chain::{self, ChainTargets, ChainTask, ChainView, Member};
 use crate::cli::{CliError, Global};
+use crate::printable::{one_line, printable};
 
 /// Arguments of `gaffer tasks chain`.
 #[derive(Args)]
@@ -35,9 +36,13 @@ pub async fn run(global: &Global, args: ChainArgs) -> Result<(), CliError> {
 
 /// The chain as text: a head line with its state, then each task under its parent.
 pub fn tree(view: &ChainView) -> String {
-    let mut out = format!("chain {}: {}", view.id, view.state.as_str());
+    let mut out = format!("chain {}: {}", printable(&view.id), view.state.as_str());
     if let Some(m) = &view.failed {
-        out.push_str(&format!(" (task {} of queue {} failed)", m.id, m.queue));
+        out.push_str(&format!(
+            " (task {} of queue {} failed)",
+            printable(&m.id),
+            printable(&m.queue)
+        ));
     }
     out.push('\n');
     let mut children: BTreeMap<&Member, Vec<&ChainTask>> = BTreeMap::new();
@@ -68,11 +73,12 @@ fn branch(
         .as_ref()
         .and_then(|r| r.error.as_deref())
         .filter(|_| t.record.as_ref().is_some_and(|r| r.state.is_end()))
-        .map(|e| format!("  {e}"))
+        .map(|e| format!("  {}", one_line(e)))
         .unwrap_or_default();
     out.push_str(&format!(
         "{lead}{} {}  {state}{error}\n",
-        t.member.queue, t.member.id
+        printable(&t.member.queue),
+        printable(&t.member.id)
     ));
     let kids = children.get(&t.member).map(Vec::as_slice).unwrap_or(&[]);
     for (i, k) in kids.iter().enumerate() {

@@ -6,6 +6,7 @@ use clap::Args;
 
 use crate::cli::common::{format_ms, open_queue, payload_json, preview};
 use crate::cli::{CliError, Global};
+use crate::printable::{one_line, printable};
 
 /// Arguments of `gaffer tasks dead`.
 #[derive(Args)]
@@ -61,11 +62,11 @@ pub async fn list(global: &Global, args: DeadArgs) -> Result<(), CliError> {
     for d in &dead {
         println!(
             "{:<24} {:<24} {:>8}  {:<40} {}",
-            d.id,
+            printable(&d.id),
             format_ms(d.died_ms),
             d.attempts,
-            preview(d.error.as_bytes(), 40),
-            preview(&d.payload, 60)
+            one_line(&preview(d.error.as_bytes(), 40)),
+            one_line(&preview(&d.payload, 60))
         );
     }
     let total = q.stats().await?.dead;

@@ -5,6 +5,7 @@ use clap::Args;
 use super::show::one_line;
 use crate::cli::common::{open_queue, preview};
 use crate::cli::{CliError, Global};
+use crate::printable::printable;
 use crate::queue_client::{ListQuery, MAX_LIST_LIMIT, RecordState};
 
 /// Arguments of `gaffer tasks list`.
@@ -74,12 +75,12 @@ pub async fn run(global: &Global, args: ListArgs) -> Result<(), CliError> {
     for r in &page.tasks {
         let row = format!(
             "{:<24} {:<10} {:>7}  {:<24} {:<24} {:<16} {}",
-            r.id,
+            printable(&r.id),
             r.state.as_str(),
             r.attempt,
             r.created_at,
             r.updated_at,
-            r.submitted_by.as_deref().unwrap_or("-"),
+            printable(r.submitted_by.as_deref().unwrap_or("-")),
             one_line(&preview(r.error.as_deref().unwrap_or("").as_bytes(), 40)),
         );
         println!("{}", row.trim_end());
@@ -88,7 +89,7 @@ pub async fn run(global: &Global, args: ListArgs) -> Result<(), CliError> {
         println!("(queue {} keeps no records: track = false)", args.queue);
     }
     if let Some(c) = &page.next_cursor {
-        println!("more: pass --cursor {c} for the next page");
+        println!("more: pass --cursor {} for the next page", printable(c));
     }
     Ok(())
 }

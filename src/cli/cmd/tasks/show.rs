@@ -38,7 +38,9 @@ pub async fn run(global: &Global, args: ShowArgs) -> Result<(), CliError> {
     if args.json {
         println!("{v}");
     } else {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        // (JSON escapes C0 only: DEL, C1 and bidi controls of a payload would pass)
+        let text = serde_json::to_string_pretty(&v)?;
+        println!("{}", crate::printable::printable_lines(&text));
     }
     Ok(())
 }
@@ -56,8 +58,8 @@ async fn print_record(q: &Queue, r: &TaskRecord) -> Result<(), CliError> {
         .as_ref()
         .map(|v| preview(v.to_string().as_bytes(), 200));
     let mut fields = vec![
-        ("id", r.id.clone()),
-        ("queue", r.queue.clone()),
+        ("id", one_line(&r.id)),
+        ("queue", one_line(&r.queue)),
         ("state", r.state.to_string()),
         ("priority", r.priority.to_string()),
         ("attempt", r.attempt.to_string()),
@@ -99,8 +101,8 @@ async fn print_record(q: &Queue, r: &TaskRecord) -> Result<(), CliError> {
 /// Where an attempt ran: `host/slot`, either alone, or `-`.
 fn place(e: &HistoryEntry) -> String {
     match (&e.host, e.slot) {
-        (Some(h), Some(s)) => format!("{h}/{s}"),
-        (Some(h), None) => h.clone(),
+        (Some(h), Some(s)) => format!("{}/{s}", one_line(h)),
+        (Some(h), None) => one_line(h),
         (None, Some(s)) => format!("/{s}"),
         (None, None) => "-".into(),
     }
@@ -116,9 +118,10 @@ fn note(e: &HistoryEntry) -> String {
     }
 }
 
-/// Text on one line: line breaks become spaces, so a table keeps its rows.
+/// Text on one line: line breaks become spaces, so a table keeps its rows, and nothing
+/// unprintable reaches the terminal raw (see [`crate::printable`]).
 pub(super) fn one_line(s: &str) -> String {
-    s.replace(['\n', '\r'], " ")
+    crate::printable::one_line(s)
 }
 
 #[cfg(test)]
