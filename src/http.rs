@@ -358,7 +358,7 @@ impl Drop for PeerHold {
     }
 }
 
-/// A warning said at most once per [`LIMIT_WARN_INTERVAL`], with how often its cause
+/// A warning said at most once a minute, with how often its cause
 /// happened since it was last said: a limit hit again and again as connections turn over
 /// makes one line a minute, not one per hit.
 #[derive(Debug, Default)]

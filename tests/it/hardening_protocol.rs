@@ -318,6 +318,34 @@ async fn a_connection_without_an_authenticated_request_is_closed_after_auth_time
     stop.cancel();
 }
 
+/// A sync submit of task `id` to emails with a wait of 10 s, sent from its own task, once
+/// it waits (its id is in the queue's watch set).
+async fn waiting_sync_submit(
+    addr: SocketAddr,
+    redis: &TestRedis,
+    id: &'static str,
+) -> tokio::task::JoinHandle<(u16, Vec<u8>)> {
+    let body = format!(r#"{{"payload": 1, "id": "{id}", "wait": "10s"}}"#);
+    let waiting = tokio::spawn(async move {
+        let path = "/v1/queues/emails/tasks";
+        request(addr, "POST", path, Some(SHOP), Some(body.as_bytes())).await
+    });
+    let raw = redis.raw().await;
+    eventually(LIMIT, "the request waits", || {
+        let mut raw = raw.clone();
+        async move {
+            redis::cmd("SISMEMBER")
+                .arg("test:{emails}:watch")
+                .arg(id)
+                .query_async::<bool>(&mut raw)
+                .await
+                .unwrap_or(false)
+        }
+    })
+    .await;
+    waiting
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submit_whose_outcome_is_unknown_says_so_and_an_enqueued_one_answers_202() {
     let redis = TestRedis::start();
@@ -361,29 +389,7 @@ async fn a_submit_whose_outcome_is_unknown_says_so_and_an_enqueued_one_answers_2
     .await;
 
     // A sync submit whose wait fails after the enqueue: 202 with the id, never a 503.
-    let waiting = tokio::spawn(async move {
-        request(
-            addr,
-            "POST",
-            "/v1/queues/emails/tasks",
-            Some(SHOP),
-            Some(br#"{"payload": 1, "id": "waits", "wait": "10s"}"#),
-        )
-        .await
-    });
-    let raw = redis.raw().await;
-    eventually(LIMIT, "the request waits", || {
-        let mut raw = raw.clone();
-        async move {
-            redis::cmd("SISMEMBER")
-                .arg("test:{emails}:watch")
-                .arg("waits")
-                .query_async::<bool>(&mut raw)
-                .await
-                .unwrap()
-        }
-    })
-    .await;
+    let waiting = waiting_sync_submit(addr, &redis, "waits").await;
     redis
         .server
         .signal(nix::sys::signal::Signal::SIGSTOP)
@@ -424,29 +430,7 @@ async fn a_submit_whose_outcome_is_unknown_says_so_and_an_enqueued_one_answers_2
 async fn a_record_lost_during_a_wait_is_said_to_be_lost() {
     let mut redis = TestRedis::start();
     let (addr, stop, _) = start(&redis, "", Duration::from_secs(2)).await;
-    let waiting = tokio::spawn(async move {
-        request(
-            addr,
-            "POST",
-            "/v1/queues/emails/tasks",
-            Some(SHOP),
-            Some(br#"{"payload": 1, "id": "lost", "wait": "10s"}"#),
-        )
-        .await
-    });
-    let raw = redis.raw().await;
-    eventually(LIMIT, "the request waits", || {
-        let mut raw = raw.clone();
-        async move {
-            redis::cmd("SISMEMBER")
-                .arg("test:{emails}:watch")
-                .arg("lost")
-                .query_async::<bool>(&mut raw)
-                .await
-                .unwrap_or(false)
-        }
-    })
-    .await;
+    let waiting = waiting_sync_submit(addr, &redis, "lost").await;
     // Restarted without its data (no AOF, no RDB): the record is gone.
     redis.server.restart().unwrap();
     let (status, body) = tokio::time::timeout(LIMIT, waiting)
