@@ -591,6 +591,27 @@ fn api_max_listings_per_key_defaults_to_four_and_must_be_positive() {
 }
 
 #[test]
+fn api_connection_limits_default_and_are_checked_together() {
+    let c = parse("", "t.toml").unwrap();
+    assert_eq!(c.api.max_connections_per_peer, 256);
+    assert_eq!(c.api.auth_timeout, Duration::from_secs(10));
+    let c = parse(
+        "[api]\nmax_connections_per_peer = 0\nauth_timeout = \"2s\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    assert_eq!(c.api.max_connections_per_peer, 0, "0: no limit");
+    assert_eq!(c.api.auth_timeout, Duration::from_secs(2));
+    assert_eq!(
+        errors("[api]\nmax_connections_per_peer = -1\nauth_timeout = \"11m\"\n"),
+        [
+            "t.toml:2:28: api.max_connections_per_peer: must be at least 0, found -1",
+            "t.toml:3:16: api.auth_timeout: must be at most 10m"
+        ]
+    );
+}
+
+#[test]
 fn api_max_wait_is_at_most_an_hour() {
     assert_eq!(
         errors("[api]\nmax_wait = \"61m\"\n"),
