@@ -102,6 +102,8 @@ pub async fn run(
     let queue_name = format!("bench-api.{}", std::process::id());
     let mut config = Config::default();
     config.cluster.namespace = opts.namespace.clone();
+    // (every sender is on loopback: the per-client cap would cut `--connections` past it)
+    config.api.max_connections_per_peer = 0;
     config.queues.insert(
         queue_name.clone(),
         QueueConfig::new(queue_name.clone(), Handler::named(Handler::NOOP)),
