@@ -124,6 +124,10 @@ pub fn authenticated<B>(request: &Request<B>) {
     }
 }
 
+/// How long a connection being closed by the server (refused, or never authenticated)
+/// may take to finish what it is sending or receiving.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 /// How often at most a warning about connection limits is logged; the hits in between
 /// are counted into the next one.
 const LIMIT_WARN_INTERVAL: Duration = Duration::from_secs(60);
@@ -264,6 +268,10 @@ async fn serve_connection<H, F>(
         result = connection.as_mut() => result,
         () = unauthenticated_expiry(&state, rules.auth_timeout) => {
             tracing::debug!("http connection closed: no authenticated request in time");
+            // (gracefully, so an answer being written goes out whole and the client sees
+            // the close between requests; bounded, as a client may be mid-head)
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(CLOSE_GRACE, connection.as_mut()).await;
             return;
         }
         () = shutdown.cancelled() => {
@@ -299,7 +307,7 @@ async fn unauthenticated_expiry(state: &ConnectionState, timeout: Option<Duratio
 
 /// Answers a connection past its peer's limit with 429 and closes it.
 async fn refuse_peer(mut stream: tokio::net::TcpStream, limit: usize) {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let body = serde_json::json!({
         "error": format!(
             "too many connections from this address: the limit is {limit} ([api].max_connections_per_peer)"
@@ -310,10 +318,15 @@ async fn refuse_peer(mut stream: tokio::net::TcpStream, limit: usize) {
         "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
-    // (bounded: a peer that does not read must not keep this task)
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+    // (bounded: a peer that does not read must not keep this task. What it sent is read
+    // to its end before the close: closing with unread data resets the connection, and
+    // the reset drops the 429 on the client's side.)
+    let _ = tokio::time::timeout(CLOSE_GRACE, async {
         stream.write_all(answer.as_bytes()).await?;
-        stream.shutdown().await
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
     })
     .await;
 }

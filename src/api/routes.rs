@@ -357,6 +357,11 @@ impl Api {
                         StatusCode::ACCEPTED,
                         accepted(queue, &made, Err(e.clone()), Some(&e)),
                     )),
+                    // (the task exists: the answer names it, as the single wait's does)
+                    Err(e) => {
+                        let e = e.seen_by(key);
+                        Ok((e.status, json!({"error": e.message, "id": made.id})))
+                    }
                     answer => answer,
                 }
             }
@@ -448,6 +453,7 @@ impl Api {
                 return (StatusCode::ACCEPTED, answer);
             }
             // (a 404 or 410 says what became of the task: more than a bare 202 would)
+            let e = e.seen_by(key);
             return (e.status, json!({"error": e.message, "id": made.id}));
         }
     }

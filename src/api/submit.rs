@@ -125,6 +125,10 @@ fn task(
     let payload = raw
         .payload
         .ok_or_else(|| ApiError::bad_request("missing field `payload`"))?;
+    // (a raw value is only skimmed: a lone surrogate or a number out of range passes it,
+    // and would fail the task at every attempt in a strict parser)
+    serde_json::from_str::<Checked>(payload.get())
+        .map_err(|e| ApiError::bad_request(format!("bad payload: {}", without_position(&e))))?;
     let payload = compact_json(payload.get());
     // (the body's own depth is checked before parsing, with room for its envelope: a
     // payload alone may nest no deeper than a slot accepts, or the task would fail there)
@@ -170,6 +174,53 @@ fn without_position(e: &serde_json::Error) -> String {
     match text.rfind(" at line ") {
         Some(i) if e.line() > 0 => text[..i].to_string(),
         _ => text,
+    }
+}
+
+/// JSON read to the end of every string and number, so what a parser that builds values
+/// would refuse (a lone surrogate escape, a number out of range) is refused here too,
+/// without building anything.
+struct Checked;
+
+impl<'de> Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(CheckedVisitor)
+    }
+}
+
+struct CheckedVisitor;
+
+impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
+    type Value = Checked;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(Checked)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(Checked)
     }
 }
 
