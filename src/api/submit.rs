@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::error::ApiError;
 use crate::config::MAX_JSON_DEPTH;
-use crate::queue_client::{MAX_BATCH, NewTask, TaskChain, json_deeper_than};
+use crate::queue_client::{MAX_BATCH, NewTask, TaskChain, json_bytes, json_deeper_than};
 
 /// One task as submitted. Its payload stays the body's own text until it is checked and
 /// compacted: a JSON tree built from it takes many times its size (a body of empty
@@ -228,24 +228,10 @@ impl<'de> serde::de::Visitor<'de> for CheckedVisitor {
 /// as, as it was when payloads were parsed into a tree and written out again (but with
 /// its keys in the submitter's order).
 fn compact_json(text: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len());
-    let (mut in_string, mut escaped) = (false, false);
-    for &b in text.as_bytes() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-        } else if b.is_ascii_whitespace() {
-            continue;
-        } else if b == b'"' {
-            in_string = true;
-        }
-        out.push(b);
-    }
-    out
+    json_bytes(text.as_bytes())
+        .filter(|&(b, outside)| !(outside && b.is_ascii_whitespace()))
+        .map(|(b, _)| b)
+        .collect()
 }
 
 fn duration(field: &str, text: &str) -> Result<Duration, ApiError> {

@@ -7,8 +7,28 @@ use super::QueueError;
 /// strings: cheap, and run before any parser recurses into untrusted input (payloads in a
 /// slot, request bodies in the api).
 pub fn json_deeper_than(bytes: &[u8], limit: usize) -> bool {
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for &b in bytes {
+    let mut depth = 0usize;
+    for (b, outside) in json_bytes(bytes) {
+        match b {
+            b'[' | b'{' if outside => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' if outside => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Each byte of JSON text with whether it stands outside every string (a string's quotes
+/// count as inside): what scans of JSON text that build nothing (its depth, its white
+/// space) read it by.
+pub fn json_bytes(bytes: &[u8]) -> impl Iterator<Item = (u8, bool)> + '_ {
+    let (mut in_string, mut escaped) = (false, false);
+    bytes.iter().map(move |&b| {
         if in_string {
             match (escaped, b) {
                 (true, _) => escaped = false,
@@ -16,21 +36,12 @@ pub fn json_deeper_than(bytes: &[u8], limit: usize) -> bool {
                 (false, b'"') => in_string = false,
                 _ => {}
             }
-            continue;
+            (b, false)
+        } else {
+            in_string = b == b'"';
+            (b, !in_string)
         }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                if depth > limit {
-                    return true;
-                }
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    false
+    })
 }
 
 /// Checks a queue name: it becomes part of Redis keys and their hash tag.

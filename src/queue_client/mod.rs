@@ -42,7 +42,7 @@ mod stats;
 mod system;
 
 pub use chained::{AfterChains, ChainFacts, ChainWrites, RefusedClaims};
-pub use checks::{json_deeper_than, validate_queue_name};
+pub use checks::{json_bytes, json_deeper_than, validate_queue_name};
 pub use client::QueueClient;
 pub use conn::{
     ConnectOptions, PemFile, PemKind, RedisConn, TlsFileError, TlsFiles, Waiter, pubsub, redacted,

@@ -194,28 +194,34 @@ impl Service {
     /// Every key in Redis with its serialized value: equal before and after means a
     /// request changed nothing.
     async fn dump(&self) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
-        let mut conn = self.redis.raw().await;
-        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-            .arg("*")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let mut out = BTreeMap::new();
-        for k in keys {
-            let v: Option<Vec<u8>> = redis::cmd("DUMP")
-                .arg(&k)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            out.insert(k, v);
-        }
-        out
+        dump(&self.redis).await
     }
 
     async fn stop(self) {
         self.stop.cancel();
         self.task.await.unwrap().unwrap();
     }
+}
+
+/// Every key in Redis with its serialized value: equal before and after means a request
+/// changed nothing.
+pub(crate) async fn dump(redis: &TestRedis) -> BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+    let mut conn = redis.raw().await;
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for k in keys {
+        let v: Option<Vec<u8>> = redis::cmd("DUMP")
+            .arg(&k)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        out.insert(k, v);
+    }
+    out
 }
 
 /// One HTTP/1.1 exchange on a fresh connection; returns status and body.

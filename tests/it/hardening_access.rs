@@ -160,22 +160,7 @@ impl Svc {
 
     /// Every key in Redis with its serialized value.
     async fn dump(&self) -> std::collections::BTreeMap<Vec<u8>, Option<Vec<u8>>> {
-        let mut conn = self.redis.raw().await;
-        let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
-            .arg("*")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let mut out = std::collections::BTreeMap::new();
-        for k in keys {
-            let v: Option<Vec<u8>> = redis::cmd("DUMP")
-                .arg(&k)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            out.insert(k, v);
-        }
-        out
+        crate::api::dump(&self.redis).await
     }
 
     async fn stop(self) {
