@@ -291,7 +291,19 @@ async fn the_api_logs_a_redis_outage_once_per_spell_with_its_cause() {
     .await;
     let listener = api.said("WARN", "cannot subscribe to task ends");
     assert_eq!(listener.len(), 1, "{}", api.dump());
-    assert_eq!(listener[0]["cause"], "refused", "{}", api.dump());
+    // (its first try may meet the connection as it breaks; the retries meet the refusal)
+    assert!(
+        ["refused", "dropped"].contains(&listener[0]["cause"].as_str().unwrap()),
+        "{}",
+        api.dump()
+    );
+    assert!(
+        api.said("DEBUG", "cannot subscribe to task ends")
+            .iter()
+            .any(|l| l["cause"] == "refused"),
+        "{}",
+        api.dump()
+    );
     assert!(
         !listener[0]["message"].as_str().unwrap().contains("ACL"),
         "{}",
@@ -335,8 +347,26 @@ async fn the_api_logs_a_redis_outage_once_per_spell_with_its_cause() {
     let requests = api.said("WARN", "redis unreachable, further failures");
     assert_eq!(requests.len(), 2, "{}", api.dump());
     assert_eq!(requests[1]["cause"], "timed_out", "{}", api.dump());
-    eventually(Duration::from_secs(20), "the freeze's end said", || async {
-        api.said("INFO", "redis answers again").len() == 2
-    })
-    .await;
+    // The freeze's spell ends with the first answer after it (a spell after it, if a
+    // loaded machine makes one, is not this test's business).
+    let ended_after_freeze = || {
+        let log = api.log();
+        let freeze = log
+            .iter()
+            .position(|l| l["level"] == "WARN" && l["cause"] == "timed_out");
+        freeze.is_some_and(|at| {
+            log[at..]
+                .iter()
+                .any(|l| l["level"] == "INFO" && l["message"] == "redis answers again")
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !ended_after_freeze() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the freeze's end was not said: {}",
+            api.dump()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
