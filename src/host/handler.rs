@@ -192,6 +192,27 @@ pub struct SlotContext {
     pub(crate) cancel: Cancellation,
     /// Set by the slot when it must stop: the batch in hand is cut short.
     pub(crate) stop: SlotStop,
+    /// A process working for the slot outside its own process tree, whose tree counts
+    /// as the slot's memory: a `start = "fork"` exec child, forked by its language's
+    /// zygote rather than by the slot. 0 when there is none.
+    pub(crate) outside: OutsidePid,
+}
+
+/// The pid of a slot's process outside its own tree ([`SlotContext`]), set by the
+/// handler thread and read by the slot between batches.
+#[derive(Debug, Clone, Default)]
+pub struct OutsidePid(Arc<std::sync::atomic::AtomicU32>);
+
+impl OutsidePid {
+    /// Names the process (0: none any more).
+    pub fn set(&self, pid: u32) {
+        self.0.store(pid, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The process, if there is one.
+    pub fn get(&self) -> Option<u32> {
+        Some(self.0.load(std::sync::atomic::Ordering::Relaxed)).filter(|&p| p != 0)
+    }
 }
 
 impl SlotContext {
@@ -203,7 +224,16 @@ impl SlotContext {
             progress: None,
             cancel: Cancellation::default(),
             stop: SlotStop::default(),
+            outside: OutsidePid::default(),
         }
+    }
+
+    /// Where a handler that runs its work in a process outside the slot's own process
+    /// tree (not its child: a forked exec child, a process a service started for it)
+    /// names that process, so that its memory counts as the slot's: in the host's
+    /// budget and against the queue's `private_dirty_limit`.
+    pub fn outside(&self) -> &OutsidePid {
+        &self.outside
     }
 
     /// Whether the slot was asked to stop (its queue shrank, its host drains, its master

@@ -14,7 +14,8 @@ use super::followups::FollowUps;
 use crate::backoff::Backoff;
 use crate::config::QueueConfig;
 use crate::host::handler::{
-    Cancellation, Handler, HandlerError, Outcome, SlotContext, SlotStop, Task, check_payload_size,
+    Cancellation, Handler, HandlerError, Outcome, OutsidePid, SlotContext, SlotStop, Task,
+    check_payload_size,
 };
 use crate::host::proto::{
     EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, RETIRE_SIGNAL, SlotEvent, SlotSpec,
@@ -307,6 +308,7 @@ async fn run(
     let progress_reporter = reporter.clone();
     let cancel = Cancellation::default();
     let handler_stop = SlotStop::default();
+    let outside = OutsidePid::default();
     let ctx = SlotContext {
         queue: cfg.clone(),
         slot,
@@ -315,6 +317,7 @@ async fn run(
         })),
         cancel: cancel.clone(),
         stop: handler_stop.clone(),
+        outside: outside.clone(),
     };
     let worker = match Worker::start(handler, ctx, forked) {
         Ok(w) => w,
@@ -339,6 +342,7 @@ async fn run(
         follow_ups,
         cancel,
         handler_stop,
+        outside,
     }
     .serve()
     .await
@@ -346,6 +350,8 @@ async fn run(
 
 /// A connected, initialised slot: the loop take → handle → settle and what it keeps.
 struct Serving {
+    /// A process of the handler's outside this one's tree (a forked exec child).
+    outside: OutsidePid,
     /// The queue it serves.
     cfg: QueueConfig,
     /// The master's number for it.
@@ -779,7 +785,11 @@ impl Serving {
     /// Recycles the slot when its Private_Dirty passed the queue's limit.
     fn over_memory_limit(&self) -> Option<End> {
         let limit = self.cfg.private_dirty_limit?;
-        match sysinfo::self_private_dirty() {
+        let outside = self
+            .outside
+            .get()
+            .and_then(|pid| sysinfo::private_dirty(pid).ok());
+        match sysinfo::self_private_dirty().map(|own| own + outside.unwrap_or(0)) {
             Ok(dirty) if dirty > limit => Some((
                 EXIT_RECYCLE,
                 format!(
