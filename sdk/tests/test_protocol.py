@@ -217,8 +217,8 @@ class SpawnCases(Handler):
 class Child:
     """A forked child as its slot sees it: the pid and its FIFOs' ends."""
 
-    def __init__(self, pid, stdin, out, err):
-        self.pid, self.stdin, self.out, self.err = pid, stdin, Lines(out), Lines(err)
+    def __init__(self, out, err):
+        self.pid, self.stdin, self.out, self.err = None, None, Lines(out), Lines(err)
 
     def close(self):
         for fd in (self.stdin, self.out.fd, self.err.fd):
@@ -229,6 +229,49 @@ class Child:
     def close_stdin(self):
         os.close(self.stdin)
         self.stdin = None
+
+    def kill(self):
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _open_writer(path):
+    try:
+        return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as error:
+        if error.errno == errno.ENXIO:  # the child has not opened its end yet
+            return None
+        raise
+
+
+def fork_child(zygote_stdin, control, request_id, slot, fifos):
+    """Asks a language zygote for a child as gaffer does, with the FIFOs in the private
+    directory `fifos`: stdout and stderr opened first, then the child's stdin once the
+    child has opened its end."""
+    fifos = Path(fifos)
+    for name in ("in", "out", "err"):
+        os.mkfifo(fifos / name, 0o600)
+    child = Child(os.open(fifos / "out", os.O_RDONLY | os.O_NONBLOCK),
+                  os.open(fifos / "err", os.O_RDONLY | os.O_NONBLOCK))
+    write(zygote_stdin, {"fork": {
+        "id": request_id, "stdin": str(fifos / "in"), "stdout": str(fifos / "out"),
+        "stderr": str(fifos / "err"), "env": {"GAFFER_SLOT": str(slot)}}})
+    reply = control.line("the forked line")
+    if set(reply) != {"forked"} or reply["forked"]["id"] != request_id:
+        child.close()
+        raise AssertionError(f"expected the child of request {request_id}, got {reply}")
+    child.pid = reply["forked"]["pid"]
+    try:
+        child.stdin = wait_for(lambda: _open_writer(fifos / "in"), "the child's stdin open")
+    except AssertionError:
+        child.kill()
+        child.close()
+        raise
+    flags = fcntl.fcntl(child.stdin, fcntl.F_GETFL)
+    fcntl.fcntl(child.stdin, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
+    return child
 
 
 class ForkCases(Handler):
@@ -243,42 +286,13 @@ class ForkCases(Handler):
 
     def fork(self, slot):
         """Asks for a child as a slot does."""
-        fifos = Path(tempfile.mkdtemp(prefix="gaffer-sdk-"))
+        fifos = tempfile.mkdtemp(prefix="gaffer-sdk-")
         self.addCleanup(shutil.rmtree, fifos)
-        for name in ("in", "out", "err"):
-            os.mkfifo(fifos / name, 0o600)
-        out = os.open(fifos / "out", os.O_RDONLY | os.O_NONBLOCK)
-        err = os.open(fifos / "err", os.O_RDONLY | os.O_NONBLOCK)
         request_id, self.next_id = self.next_id, self.next_id + 1
-        write(self.zygote.stdin.fileno(), {"fork": {
-            "id": request_id, "stdin": str(fifos / "in"), "stdout": str(fifos / "out"),
-            "stderr": str(fifos / "err"), "env": {"GAFFER_SLOT": str(slot)}}})
-        reply = self.control.line("the forked line")
-        self.assertEqual(set(reply), {"forked"}, reply)
-        self.assertEqual(reply["forked"]["id"], request_id)
-        pid = reply["forked"]["pid"]
-        self.addCleanup(self._kill_group, pid)
-        stdin = wait_for(lambda: self._open_writer(fifos / "in"), "the child's stdin open")
-        fcntl.fcntl(stdin, fcntl.F_SETFL, fcntl.fcntl(stdin, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-        child = Child(pid, stdin, out, err)
+        child = fork_child(self.zygote.stdin.fileno(), self.control, request_id, slot, fifos)
         self.addCleanup(child.close)
+        self.addCleanup(child.kill)
         return child
-
-    @staticmethod
-    def _open_writer(path):
-        try:
-            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError as error:
-            if error.errno == errno.ENXIO:  # the child has not opened its end yet
-                return None
-            raise
-
-    @staticmethod
-    def _kill_group(pgid):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def info(self, child):
         write(child.stdin, batch(("i", {"action": "info"})))
