@@ -120,9 +120,12 @@ class Handler:
             return ROOT / "sdk/python/gaffer_exec.py"
         return ROOT / "sdk/perl/lib/Gaffer/Exec.pm"
 
-    def start(self, start="spawn", **extra):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GAFFER_")}
-        env.update(PYTHONPATH=str(ROOT / "sdk/python"), PERL5LIB=str(ROOT / "sdk/perl/lib"))
+    def start(self, start="spawn", bare=False, **extra):
+        """Starts the handler as gaffer does; `bare`: without the libraries on the paths."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("GAFFER_") and k not in ("PYTHONPATH", "PERL5LIB")}
+        if not bare:
+            env.update(PYTHONPATH=str(ROOT / "sdk/python"), PERL5LIB=str(ROOT / "sdk/perl/lib"))
         env["GAFFER_QUEUE"] = "q"
         if start is not None:
             env["GAFFER_START"] = start
@@ -377,6 +380,43 @@ class ForkCases(Handler):
         self.assertEqual(self.info(child)["pid"], child.pid)
 
 
+class ExampleCases(Handler):
+    """examples/python_handler.py and examples/perl_handler.pl run in both start modes and
+    quote alike (each finds its library in the checkout without PYTHONPATH/PERL5LIB)."""
+
+    QUOTES = batch(
+        ("a", {"sku": "SKU-000042", "quantity": 3, "currency": "USD"}),
+        ("b", {"sku": "nope"}))
+
+    def command(self):
+        if self.lang == "python":
+            return ["python3", str(ROOT / "examples/python_handler.py")]
+        return ["perl", str(ROOT / "examples/perl_handler.pl")]
+
+    def check_quotes(self, reply):
+        results = {r["id"]: r for r in reply["results"]}
+        self.assertEqual(results["a"], {"id": "a", "status": "ok", "result": {
+            "sku": "SKU-000042", "quantity": 3, "currency": "USD", "total": "1059.42"}})
+        self.assertEqual(results["b"]["status"], "fail")
+        self.assertIn("nope", results["b"]["error"])
+
+    def test_spawned(self):
+        proc, out, _ = self.start(bare=True)
+        write(proc.stdin.fileno(), self.QUOTES)
+        self.check_quotes(out.line())
+
+    def test_forked(self):
+        zygote, control, _ = self.start(start="fork", bare=True)
+        self.assertEqual(control.line("the ready line")["ready"]["pid"], zygote.pid)
+        fifos = tempfile.mkdtemp(prefix="gaffer-sdk-")
+        self.addCleanup(shutil.rmtree, fifos)
+        child = fork_child(zygote.stdin.fileno(), control, 1, 1, fifos)
+        self.addCleanup(child.close)
+        self.addCleanup(child.kill)
+        write(child.stdin, self.QUOTES)
+        self.check_quotes(child.out.line())
+
+
 def cases(base, name):
     """One TestCase per library for a case mixin."""
     for lang in ("python", "perl"):
@@ -386,6 +426,7 @@ def cases(base, name):
 
 cases(SpawnCases, "Spawn")
 cases(ForkCases, "Fork")
+cases(ExampleCases, "Example")
 
 if __name__ == "__main__":
     unittest.main()
