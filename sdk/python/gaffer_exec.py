@@ -139,11 +139,18 @@ def _log(message):
     print(f"gaffer_exec[{os.getpid()}]: {message}", file=sys.stderr, flush=True)
 
 
-def _write(message):
-    data = (json.dumps(message, separators=(",", ":"), allow_nan=False) + "\n").encode()
+def _encode(message):
+    return (json.dumps(message, separators=(",", ":"), allow_nan=False) + "\n").encode()
+
+
+def _send(data):
     view = memoryview(data)
     while view:
         view = view[os.write(_replies_fd, view) :]
+
+
+def _write(message):
+    _send(_encode(message))
 
 
 def _claim_stdout():
@@ -157,19 +164,19 @@ def _claim_stdout():
 
 
 def _answer(handle, tasks):
-    """The reply to one batch; an exception fails every task of the batch with its text,
-    as the task that raised it is unknown, and keeps the process serving."""
+    """The reply line to one batch. An exception (results that cannot be encoded too)
+    fails every task of the batch with its text, as the task that raised it is unknown,
+    and keeps the process serving."""
     try:
         results = handle(tasks)
         if results is None:
             raise TypeError("handle() returned None instead of a list of results")
-        reply = {"results": list(results)}
-        json.dumps(reply, allow_nan=False)  # unencodable results fail here, not in _write
-        return reply
+        return _encode({"results": list(results)})
     except Exception as error:
         traceback.print_exc()
         text = f"{type(error).__name__}: {error}"
-        return {"results": [{"id": t["id"], "status": "fail", "error": text} for t in tasks]}
+        return _encode({"results": [
+            {"id": t["id"], "status": "fail", "error": text} for t in tasks]})
 
 
 def _exec_loop(handle):
@@ -188,7 +195,7 @@ def _exec_loop(handle):
         _batch.ids = {t.get("id") for t in tasks if isinstance(t, dict)}
         reply = _answer(handle, tasks)
         _batch = None
-        _write(reply)
+        _send(reply)
 
 
 def _source_files():

@@ -209,6 +209,14 @@ class SpawnCases(Handler):
         self.assertEqual(self.out.line(), {"results": [{"id": "c", "status": "ok"}]})
         self.assertIsNone(self.proc.poll())
 
+    def test_results_that_cannot_be_encoded_fail_the_batch(self):
+        write(self.stdin, batch(("a", {"action": "unencodable"}), ("b", {})))
+        reply = self.out.line()
+        self.assertEqual([(r["id"], r["status"]) for r in reply["results"]],
+                         [("a", "fail"), ("b", "fail")])
+        write(self.stdin, batch(("c", {})))
+        self.assertEqual(self.out.line(), {"results": [{"id": "c", "status": "ok"}]})
+
     def test_print_and_subprocesses_write_to_stderr_not_to_the_protocol(self):
         write(self.stdin, batch(("a", {"action": "print", "message": "hello"})))
         self.assertEqual(self.out.line(), {"results": [{"id": "a", "status": "ok"}]})

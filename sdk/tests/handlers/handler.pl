@@ -24,6 +24,7 @@ sub run {
     return { status => 'fail', error => $p->{error} } if $action eq 'fail';
     return undef if $action eq 'skip';
     die "$p->{message}\n" if $action eq 'raise';
+    return { status => 'ok', result => sub { } } if $action eq 'unencodable';
     if ($action eq 'print') { print "$p->{message}\n"; system("echo $p->{message}-shell") }
     if ($action eq 'info') {
         return { status => 'ok', result => {

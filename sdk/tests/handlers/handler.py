@@ -32,6 +32,8 @@ def run(task):
         return None
     if action == "raise":
         raise ValueError(payload["message"])
+    if action == "unencodable":
+        return {"status": "ok", "result": float("nan")}
     if action == "print":
         print(payload["message"])
         os.system(f"echo {payload['message']}-shell")

@@ -30,8 +30,10 @@ sub _claim_stdout {
 
 sub _log { print STDERR "Gaffer::Exec[$$]: $_[0]\n" }
 
-sub _write {
-    my $data = $JSON->encode($_[0]) . "\n";
+sub _write { _send($JSON->encode($_[0]) . "\n") }
+
+sub _send {
+    my ($data) = @_;
     while (length $data) {
         my $n = syswrite($replies, $data);
         if (!defined $n) { next if $!{EINTR}; die "gaffer: cannot write a reply: $!\n" }
@@ -106,22 +108,22 @@ sub cancelled {
     return (grep { $batch->{cancels}{$_} } keys %{ $batch->{ids} }) ? 1 : 0;
 }
 
-# The reply to one batch. A die fails every task of the batch with its text, as the task
-# that died is unknown, and keeps the process serving.
+# The reply line to one batch. A die (results that cannot be encoded too) fails every task
+# of the batch with its text, as the task that died is unknown, and keeps the process
+# serving.
 sub _answer {
     my ($handle, $tasks) = @_;
     my $reply = eval {
         my $results = $handle->($tasks);
         die "handle() returned no array reference of results\n" if ref $results ne 'ARRAY';
-        my $r = { results => $results };
-        $JSON->encode($r);    # unencodable results fail here, not in _write
-        $r;
+        $JSON->encode({ results => $results }) . "\n";
     };
-    return $reply if $reply;
+    return $reply if defined $reply;
     my $error = "$@";
     $error =~ s/\s+\z//;
     _log("handle() died: $error");
-    return { results => [ map { { id => $_->{id}, status => 'fail', error => $error } } @$tasks ] };
+    my @failed = map { { id => $_->{id}, status => 'fail', error => $error } } @$tasks;
+    return $JSON->encode({ results => \@failed }) . "\n";
 }
 
 # The exec protocol: one batch line in, one results line out, until end of input.
@@ -141,7 +143,7 @@ sub _exec_loop {
             ids => { map { (ref $_ eq 'HASH' ? $_->{id} : '') => 1 } @$tasks } };
         my $reply = _answer($handle, $tasks);
         undef $batch;
-        _write($reply);
+        _send($reply);
     }
 }
 
