@@ -94,7 +94,7 @@ class _Batch:
             request = _parse(line)
             if isinstance(request, dict) and request.get("stop"):
                 self.stop = True
-            elif isinstance(request, dict) and "cancel" in request:
+            elif isinstance(request, dict) and isinstance(request.get("cancel"), str):
                 self.cancels.add(request["cancel"])
             else:
                 keep.append(line)
@@ -192,7 +192,7 @@ def _exec_loop(handle):
             continue
         tasks = request["batch"]
         _batch = _Batch(stdin)
-        _batch.ids = {t.get("id") for t in tasks if isinstance(t, dict)}
+        _batch.ids = {t["id"] for t in tasks if isinstance(t, dict) and isinstance(t.get("id"), str)}
         reply = _answer(handle, tasks)
         _batch = None
         _send(reply)
