@@ -192,7 +192,8 @@ def _exec_loop(handle):
             continue
         tasks = request["batch"]
         _batch = _Batch(stdin)
-        _batch.ids = {t["id"] for t in tasks if isinstance(t, dict) and isinstance(t.get("id"), str)}
+        _batch.ids = {t.get("id") for t in tasks if isinstance(t, dict)}
+        _batch.ids = {i for i in _batch.ids if isinstance(i, str)}
         reply = _answer(handle, tasks)
         _batch = None
         _send(reply)

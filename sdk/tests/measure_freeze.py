@@ -4,9 +4,10 @@ not asserted.
 
 A handler module preloads ~200 MiB of Python objects: a list of dicts, either "flat"
 (strings and a float: CPython leaves such dicts untracked by the collector) or "nested"
-(each also holds a list, so every record is a tracked container). A gaffer_exec zygote forks 4 children, as gaffer would for 4 slots; each child
-runs one batch, then a full collection (gc.collect()), and the children's Private_Dirty
-and PSS are summed from /proc/<pid>/smaps_rollup. Each run is made with gaffer_exec as
+(each also holds a list, so every record is a tracked container). A gaffer_exec zygote
+forks 4 children, as gaffer would for 4 slots; each child runs one batch, then a full
+collection (gc.collect()), and the children's Private_Dirty and PSS are summed from
+/proc/<pid>/smaps_rollup. Each run is made with gaffer_exec as
 shipped (gc.freeze() before the ready line) and with gc.freeze() made a no-op, for two
 batches: "lookup" reads 1,000 records (a typical reference-data handler), "scan" reads
 every record (which un-shares through reference counts whatever the collector does).

@@ -134,7 +134,8 @@ sub _exec_loop {
         my $request = _parse($line);
         if (ref $request ne 'HASH' || ref $request->{batch} ne 'ARRAY') {
             # A stop or cancel for a batch already answered needs nothing.
-            my $control = ref $request eq 'HASH' && (exists $request->{stop} || exists $request->{cancel});
+            my $control = ref $request eq 'HASH'
+                && (exists $request->{stop} || exists $request->{cancel});
             _log('unreadable request ignored: ' . substr($line, 0, 200)) unless $control;
             next;
         }
