@@ -59,8 +59,12 @@ struct Language {
     running: Option<Running>,
     /// Why the last start failed, while it stands (until the next start).
     failed: Option<String>,
+    /// The last failure logged: the same again is not logged again.
+    said: Option<String>,
     /// No start before this, after a failure.
     not_before: Option<Instant>,
+    /// When to start it again after a ready one ended (requests wait for it meanwhile).
+    restart_at: Option<Instant>,
     restart: Backoff,
     /// Requests waiting for it to be ready: (slot, seq, request).
     waiting: VecDeque<(u32, ForkAsk)>,
@@ -130,7 +134,9 @@ impl Languages {
                     user: q.user.clone(),
                     running: None,
                     failed: None,
+                    said: None,
                     not_before: None,
+                    restart_at: None,
                     restart: RESTART,
                     waiting: VecDeque::new(),
                     sent: BTreeMap::new(),
@@ -260,8 +266,8 @@ impl Languages {
         let now = Instant::now();
         self.by_queue
             .values()
-            .filter(|l| l.running.is_none() && !l.waiting.is_empty())
-            .filter_map(|l| l.not_before)
+            .filter(|l| l.running.is_none())
+            .filter_map(|l| l.restart_at)
             .map(|t| t.saturating_duration_since(now))
             .min()
     }
@@ -279,7 +285,12 @@ impl Languages {
             self.read_line(slot);
         }
         for language in self.by_queue.values_mut() {
-            if language.running.is_none() && !language.waiting.is_empty() {
+            if language.running.is_some() {
+                continue;
+            }
+            if language.restart_at.is_some_and(|t| Instant::now() >= t) {
+                language.launch();
+            } else if !language.waiting.is_empty() {
                 language.launch_if_due(&mut self.lines);
             }
         }
@@ -365,6 +376,7 @@ impl Language {
     /// Starts the command as this queue's language zygote.
     fn launch(&mut self) {
         self.failed = None;
+        self.restart_at = None;
         match self.spawn() {
             Ok(running) => {
                 tracing::info!(queue = %self.queue, pid = running.child.id(),
@@ -444,8 +456,12 @@ impl Language {
     }
 
     /// Starts it again if its pause since the last failure is over; else the requests
-    /// waiting for it are answered with that failure.
+    /// waiting for it are answered with that failure. A restart already scheduled (a
+    /// ready one ended) is waited for instead.
     fn launch_if_due(&mut self, lines: &mut BTreeMap<u32, SlotLine>) {
+        if self.restart_at.is_some() {
+            return;
+        }
         if self.not_before.is_some_and(|t| Instant::now() < t) {
             if let Some(why) = self.failed.clone() {
                 self.answer_waiting(lines, &why);
@@ -498,6 +514,7 @@ impl Language {
                 }
                 self.watched = files;
                 self.restart.reset();
+                self.said = None;
                 return self.relay(lines, next_id);
             }
             Said::Forked { id, pid } => {
@@ -588,11 +605,17 @@ impl Language {
                 );
             }
         }
-        if r.ready && r.started.elapsed() >= STEADY {
+        if r.ready {
+            // Started again soon, whatever happened: the slots' next children come from
+            // it. One that lived long gets no pause; one that keeps ending, longer ones.
+            if r.started.elapsed() >= STEADY {
+                self.restart.reset();
+            }
+            let pause = self.restart.next();
             tracing::warn!(queue = %self.queue, pid = r.child.id(), status,
+                restart_in = %humantime::format_duration(pause),
                 "language zygote ended; starting it again (its forked children run on)");
-            self.restart.reset();
-            self.launch();
+            self.restart_at = Some(Instant::now() + pause);
             return;
         }
         let tail = tail[tail.len().saturating_sub(TAIL_LINES)..].join("\n");
@@ -612,12 +635,13 @@ impl Language {
     fn start_failed(&mut self, why: String) {
         let pause = self.restart.next();
         self.not_before = Some(Instant::now() + pause);
-        if self.failed.as_deref() != Some(why.as_str()) {
+        if self.said.as_deref() != Some(why.as_str()) {
             tracing::error!(queue = %self.queue, error = %why,
                 retry_after = %humantime::format_duration(pause), "language zygote failed to start");
         } else {
             tracing::debug!(queue = %self.queue, "language zygote failed to start again the same way");
         }
+        self.said = Some(why.clone());
         self.failed = Some(why);
         self.running = None;
     }

@@ -38,7 +38,7 @@ pub enum ForkError {
     #[error(transparent)]
     Line(#[from] ForkLineError),
     /// The language zygote could not fork a child: why, with its log's last lines.
-    #[error("the handler's zygote: {0}")]
+    #[error("{0}")]
     Refused(String),
     /// The child ended, or never opened its input, before it could be spoken to.
     #[error("the forked child {pid} {why}")]

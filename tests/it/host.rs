@@ -162,11 +162,11 @@ pub fn slots(status: &Value) -> Vec<Value> {
     status["slots"].as_array().cloned().unwrap_or_default()
 }
 
-fn queue_report(status: &Value, queue: &str, key: &str) -> u64 {
+pub(crate) fn queue_report(status: &Value, queue: &str, key: &str) -> u64 {
     status["host"]["queues"][queue][key].as_u64().unwrap_or(0)
 }
 
-fn slot_pids(status: &Value) -> Vec<u32> {
+pub(crate) fn slot_pids(status: &Value) -> Vec<u32> {
     slots(status)
         .iter()
         .filter_map(|s| s["pid"].as_u64().map(|p| p as u32))
@@ -194,15 +194,15 @@ pub fn gone(pid: u32) -> bool {
     }
 }
 
-fn pss(pid: u32) -> u64 {
+pub(crate) fn pss(pid: u32) -> u64 {
     gaffer::master::sysinfo::pss(pid).unwrap_or(0)
 }
 
-fn kill(pid: u32, sig: nix::sys::signal::Signal) {
+pub(crate) fn kill(pid: u32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
 }
 
-async fn enqueue(q: &Queue, payloads: impl IntoIterator<Item = String>) -> Vec<String> {
+pub(crate) async fn enqueue(q: &Queue, payloads: impl IntoIterator<Item = String>) -> Vec<String> {
     let tasks: Vec<NewTask> = payloads.into_iter().map(NewTask::new).collect();
     q.enqueue_many(&tasks)
         .await
@@ -212,7 +212,7 @@ async fn enqueue(q: &Queue, payloads: impl IntoIterator<Item = String>) -> Vec<S
         .collect()
 }
 
-async fn wait_acked(q: &Queue, n: u64, limit: Duration) {
+pub(crate) async fn wait_acked(q: &Queue, n: u64, limit: Duration) {
     eventually(
         limit,
         &format!("{n} tasks acked on {}", q.name()),

@@ -8,6 +8,7 @@ mod chains;
 mod cli;
 mod config;
 mod drain;
+mod fork_start;
 mod hardening_access;
 mod hardening_config;
 mod hardening_ids;
