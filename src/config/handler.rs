@@ -11,6 +11,9 @@ pub enum Handler {
     Exec {
         /// Program and arguments; never empty, no empty strings.
         command: Vec<String>,
+        /// How each slot's child comes to be: started anew, or forked from a language
+        /// zygote that preloaded the handler once per host.
+        start: Start,
     },
     /// A handler built into the binary: one of gaffer's own ([`Handler::NAMES`]) or one a
     /// team registered in its own binary (see `slot::Registry`).
@@ -22,6 +25,40 @@ pub enum Handler {
         /// (`fail_rate`; `grow_per_task` and `preload` in bytes); `{}` when there are none.
         options: Value,
     },
+}
+
+/// `start` of an exec queue: how each slot's child comes to be.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Start {
+    /// The `command` started once per slot (each child loads the handler itself).
+    #[default]
+    Spawn,
+    /// The `command` started once per host as a language zygote, which loads the handler
+    /// and forks each slot's child copy-on-write (the fork protocol, README "Handlers").
+    Fork,
+}
+
+impl Start {
+    /// The values `start` takes, as written.
+    pub const NAMES: [&'static str; 2] = ["spawn", "fork"];
+
+    /// The value written in the config.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "spawn" => Some(Start::Spawn),
+            "fork" => Some(Start::Fork),
+            _ => None,
+        }
+    }
+
+    /// The value as written in the config and in `GAFFER_START`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Start::Spawn => "spawn",
+            Start::Fork => "fork",
+        }
+    }
 }
 
 impl Handler {
@@ -47,6 +84,14 @@ impl Handler {
         Self::MEMHOG,
         Self::PRELOAD_DEMO,
     ];
+
+    /// An exec handler running `command` as each slot's own child (`start = "spawn"`).
+    pub fn exec(command: Vec<String>) -> Self {
+        Handler::Exec {
+            command,
+            start: Start::Spawn,
+        }
+    }
 
     /// A named handler without settings, e.g. `Handler::named(Handler::NOOP)`.
     pub fn named(name: impl Into<String>) -> Self {

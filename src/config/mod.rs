@@ -22,7 +22,7 @@ use std::time::Duration;
 pub use error::{ConfigError, Diagnostic, Diagnostics};
 // The simulator's trace files locate their errors as configs do.
 pub(crate) use error::line_col;
-pub use handler::Handler;
+pub use handler::{Handler, Start};
 pub use validate::RESERVED_SUBMITTER;
 pub use values::{
     Rate, WorkPeriod, check_redis_url, is_valid_name, parse_cron, parse_duration, parse_size,

@@ -54,6 +54,7 @@ pub(crate) struct RawMaster {
 pub(crate) struct RawQueue {
     pub handler: S<String>,
     pub command: S<Vec<Spanned<String>>>,
+    pub start: S<String>,
     pub fail_rate: S<f64>,
     pub grow_per_task: S<Human<Size>>,
     pub preload: S<Human<Size>>,
@@ -89,8 +90,9 @@ pub(crate) struct RawQueue {
 }
 
 /// Keys that belong to one handler only, with that handler's name.
-pub(crate) const HANDLER_KEYS: [(&str, &str); 4] = [
+pub(crate) const HANDLER_KEYS: [(&str, &str); 5] = [
     ("command", Handler::EXEC),
+    ("start", Handler::EXEC),
     ("fail_rate", Handler::FLAKY),
     ("grow_per_task", Handler::MEMHOG),
     ("preload", Handler::PRELOAD_DEMO),

@@ -34,7 +34,8 @@ fn design_example_parses() {
     assert_eq!(
         q.handler,
         Handler::Exec {
-            command: vec!["python3".into(), "handlers/resize.py".into()]
+            command: vec!["python3".into(), "handlers/resize.py".into()],
+            start: Start::Spawn,
         }
     );
     assert_eq!(q.priority, 10);

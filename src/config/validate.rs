@@ -20,7 +20,7 @@ use super::values::{self, Rate, WorkPeriod};
 use super::{
     ApiConfig, ApiKey, Backoff, ClusterConfig, Config, DEFAULT_LONG_LEASE, Dedup, Handler, Intake,
     KeyQueues, MAX_BATCH, MAX_LONG_LEASE, MIN_LONG_LEASE, ManagerConfig, MasterConfig, QueueConfig,
-    QueueKind, RetryPolicy, Schedule, SystemConfig,
+    QueueKind, RetryPolicy, Schedule, Start, SystemConfig,
 };
 
 const TOP_KEYS: [&str; 7] = [
@@ -643,6 +643,7 @@ fn handler(c: &mut Collector, q: &QueueCtx, raw: &RawQueue) -> Handler {
     match name {
         Some(Handler::EXEC) => Handler::Exec {
             command: command(c, q.path, q.span.clone(), raw),
+            start: start(c, q.path, raw),
         },
         Some(name) => Handler::with_options(name, handler_options(c, q.path, name, raw)),
         // Any handler will do: the queue has an error, so no config is returned.
@@ -729,6 +730,7 @@ fn misplaced_handler_keys(
 
     let present = [
         raw.command.as_ref().map(Spanned::span),
+        raw.start.as_ref().map(Spanned::span),
         raw.fail_rate.as_ref().map(Spanned::span),
         raw.grow_per_task.as_ref().map(Spanned::span),
         raw.preload.as_ref().map(Spanned::span),
@@ -1031,6 +1033,25 @@ fn command(c: &mut Collector, path: &str, table_span: Range<usize>, raw: &RawQue
         }
     }
     cmd.get_ref().iter().map(|a| a.get_ref().clone()).collect()
+}
+
+/// `start` of an exec queue: `spawn` (the default) or `fork`.
+fn start(c: &mut Collector, path: &str, raw: &RawQueue) -> Start {
+    let Some(text) = &raw.start else {
+        return Start::default();
+    };
+    Start::parse(text.get_ref()).unwrap_or_else(|| {
+        c.error(
+            text.span(),
+            &join(path, "start"),
+            format!(
+                "unknown start `{}`, expected {}",
+                text.get_ref(),
+                backticked(&Start::NAMES)
+            ),
+        );
+        Start::default()
+    })
 }
 
 fn retry(c: &mut Collector, path: &str, raw: RawRetry) -> RetryPolicy {

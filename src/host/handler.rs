@@ -196,6 +196,9 @@ pub struct SlotContext {
     /// as the slot's memory: a `start = "fork"` exec child, forked by its language's
     /// zygote rather than by the slot. 0 when there is none.
     pub(crate) outside: OutsidePid,
+    /// The line to gaffer's zygote on which a `start = "fork"` exec handler asks for its
+    /// child; none outside a master.
+    pub(crate) fork_line: Option<Arc<crate::host::fork::ForkLine>>,
 }
 
 /// The pid of a slot's process outside its own tree ([`SlotContext`]), set by the
@@ -225,6 +228,7 @@ impl SlotContext {
             cancel: Cancellation::default(),
             stop: SlotStop::default(),
             outside: OutsidePid::default(),
+            fork_line: None,
         }
     }
 

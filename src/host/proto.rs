@@ -45,6 +45,9 @@ pub struct SlotSpec {
     pub host: String,
     /// The queues follow-ups may go to (every queue of the config).
     pub chains: std::sync::Arc<crate::chain::ChainTargets>,
+    /// The slot's end of its fork line, for a `start = "fork"` exec queue's slot: how its
+    /// handler asks the queue's language zygote for a child ([`crate::host::fork`]).
+    pub fork_line: Option<std::os::unix::net::UnixStream>,
 }
 
 /// What a slot tells its master, one datagram each (JSON).

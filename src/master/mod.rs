@@ -7,6 +7,7 @@
 //! pure `plan::plan`; the loop gathers its input and applies it.
 
 pub mod capacity;
+mod language;
 mod plan;
 mod report;
 mod slots;

@@ -368,6 +368,9 @@ impl Master {
 
     async fn tick(&mut self, stop: &CancellationToken) {
         self.restart_zygote_if_due().await;
+        if !self.stopping {
+            self.replace_zygote_if_code_changed().await;
+        }
         // A stopping master follows no map and adopts no config. A stop request cuts the
         // reads short: during an outage each call waits out its retries, and the drain must
         // not start seconds late. Reads only, so dropping them half done loses nothing.

@@ -13,15 +13,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::net::UnixDatagram;
+use std::os::unix::net::{UnixDatagram, UnixStream};
 
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, sigprocmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, fork, getpid};
 use serde::{Deserialize, Serialize};
 
+use super::language::Languages;
 use crate::config::{self, Config};
 use crate::host::handler::{Handler, Registry};
 use crate::host::proto::{EXIT_FATAL, SlotSpec};
@@ -81,6 +81,10 @@ pub enum ZygoteEvent {
         preloaded: Vec<String>,
         /// Queues whose preload failed, with the error; their slots cannot start.
         failed: BTreeMap<String, String>,
+        /// Source files the handlers loaded (the language zygotes of `start = "fork"`
+        /// queues say which): a change to one of them calls for a new zygote.
+        #[serde(default)]
+        watch: Vec<std::path::PathBuf>,
     },
     /// A slot was forked.
     Spawned {
@@ -138,6 +142,16 @@ fn run(registry: &Registry) -> anyhow::Result<()> {
     let report_fd: Option<i32> = std::env::var(REPORT_FD_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
+    // Inherited across our forks (slots keep it), but never across an exec: a language
+    // zygote's handler must not be able to send the master a slot's events.
+    if let Some(fd) = report_fd {
+        // SAFETY: the master handed this descriptor over for the zygote's life.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
 
     let mut input = Input::default();
     let stdin = std::io::stdin();
@@ -153,10 +167,14 @@ fn run(registry: &Registry) -> anyhow::Result<()> {
     let cfg = config::parse_with(&init.config, &init.origin, &registry.custom_names())?;
 
     let (mut preloaded, failed) = preload_all(registry, &cfg, &init.queues);
+    // (after the Rust handlers' preload, so that none of them inherits a language
+    // zygote's pipes)
+    let mut languages = Languages::start(&cfg, &init.queues);
     emit(&ZygoteEvent::Ready {
         pid: std::process::id(),
         preloaded: preloaded.keys().cloned().collect(),
         failed,
+        watch: languages.watched(),
     })?;
 
     // SIGCHLD through a descriptor, so one poll waits for requests and exits alike.
@@ -171,7 +189,7 @@ fn run(registry: &Registry) -> anyhow::Result<()> {
         report_fd,
         sigfd: sigfd.as_fd().as_raw_fd(),
     };
-    serve(&ctx, &mut preloaded, &mut input, &sigfd)
+    serve(&ctx, &mut preloaded, &mut languages, &mut input, &sigfd)
 }
 
 /// Handlers preloaded by queue, and the queues whose preload failed with the error.
@@ -206,6 +224,7 @@ fn preload_all(registry: &Registry, cfg: &Config, queues: &[String]) -> Preloade
 fn serve(
     ctx: &ForkCtx,
     preloaded: &mut BTreeMap<String, Box<dyn Handler>>,
+    languages: &mut Languages,
     input: &mut Input,
     sigfd: &SignalFd,
 ) -> anyhow::Result<()> {
@@ -216,7 +235,7 @@ fn serve(
         while let Some(line) = input.next_line() {
             match serde_json::from_slice::<ZygoteRequest>(&line) {
                 Ok(ZygoteRequest::Spawn { queue, slot }) => {
-                    let ev = spawn(ctx, preloaded, &queue, slot);
+                    let ev = spawn(ctx, preloaded, languages, &queue, slot);
                     if let ZygoteEvent::Spawned { pid, .. } = ev {
                         children.insert(pid as i32, slot);
                     }
@@ -225,28 +244,47 @@ fn serve(
                 Err(e) => tracing::error!(error = %e, "zygote: unreadable request"),
             }
         }
-        reap(&mut children)?;
+        reap(&mut children, languages)?;
         if retiring && children.is_empty() {
             end_orphans_before_exit();
             return Ok(());
         }
-        let mut fds = vec![PollFd::new(sigfd.as_fd(), PollFlags::POLLIN)];
-        if !retiring {
-            fds.push(PollFd::new(stdin.as_fd(), PollFlags::POLLIN));
+        let mut fds = vec![
+            libc::pollfd {
+                fd: sigfd.as_fd().as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                // (a negative descriptor is skipped: a retiring zygote reads no more)
+                fd: if retiring {
+                    -1
+                } else {
+                    stdin.as_fd().as_raw_fd()
+                },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        fds.extend(languages.poll_fds());
+        let timeout = languages
+            .timeout()
+            .map_or(-1, |t| t.as_millis().min(60_000) as i32);
+        // SAFETY: poll(2) over descriptors this process holds open for the call.
+        if unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) } < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e.into());
         }
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(e.into()),
-        }
-        let stdin_ready = fds
-            .get(1)
-            .and_then(PollFd::revents)
-            .is_some_and(|r| !r.is_empty());
+        let stdin_ready = fds[1].revents != 0;
         // Drain the signal queue; reap() above collects every exited child anyway.
         while let Ok(Some(_)) = sigfd.read_signal() {}
+        languages.after_poll();
         if stdin_ready && !input.fill(stdin.as_fd())? {
             retiring = true;
+            languages.retire();
         }
     }
 }
@@ -261,6 +299,7 @@ struct ForkCtx<'a> {
 fn spawn(
     ctx: &ForkCtx,
     preloaded: &mut BTreeMap<String, Box<dyn Handler>>,
+    languages: &mut Languages,
     queue: &str,
     slot: u32,
 ) -> ZygoteEvent {
@@ -273,17 +312,42 @@ fn spawn(
         Ok(n) => return failed(format!("zygote has {n} threads, refusing to fork")),
         Err(e) => return failed(format!("reading /proc/self/task: {e}")),
     }
+    // A `start = "fork"` queue's slot asks for its child on a line of its own.
+    let line = if languages.has(queue) {
+        match UnixStream::pair() {
+            Ok(pair) => Some(pair),
+            Err(e) => return failed(format!("making the fork line: {e}")),
+        }
+    } else {
+        None
+    };
     let zygote = getpid();
     // SAFETY: the zygote is single-threaded (checked just above), so the child gets a
     // consistent copy of the whole process, allocator locks included.
     match unsafe { fork() } {
         Err(e) => failed(format!("fork: {e}")),
-        Ok(ForkResult::Parent { child }) => ZygoteEvent::Spawned {
-            slot,
-            pid: child.as_raw() as u32,
-        },
+        Ok(ForkResult::Parent { child }) => {
+            if let Some((ours, _theirs)) = line {
+                languages.add_line(slot, queue, ours);
+            }
+            ZygoteEvent::Spawned {
+                slot,
+                pid: child.as_raw() as u32,
+            }
+        }
         Ok(ForkResult::Child) => {
-            let code = child_main(ctx, preloaded, q.clone(), slot, zygote);
+            let line = line.map(|(ours, theirs)| {
+                drop(ours);
+                theirs
+            });
+            // The other slots' lines and the language zygotes' pipes are not this slot's.
+            let keep = line.as_ref().map(|l| l.as_raw_fd());
+            for fd in languages.fds_for_child_to_close(keep) {
+                // SAFETY: closing our copies; the structures naming them are never
+                // used in this process again (forgotten in child_main).
+                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+            let code = child_main(ctx, preloaded, q.clone(), slot, zygote, line);
             std::process::exit(code)
         }
     }
@@ -296,6 +360,7 @@ fn child_main(
     queue: config::QueueConfig,
     slot: u32,
     zygote: Pid,
+    fork_line: Option<UnixStream>,
 ) -> i32 {
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     // SAFETY: closing our copy of the zygote's signalfd; nothing else uses it here.
@@ -359,6 +424,7 @@ fn child_main(
             report,
             host: ctx.init.host.clone(),
             chains: std::sync::Arc::new(crate::chain::ChainTargets::from_config(ctx.cfg)),
+            fork_line,
         },
         handler,
     )
@@ -375,13 +441,15 @@ fn switch_user(name: &str) -> anyhow::Result<()> {
 
 /// Reaps every child that exited: slots, reported to the master, and orphans (see
 /// [`end_orphans`]), which are ended too after anything exited.
-fn reap(children: &mut BTreeMap<i32, u32>) -> anyhow::Result<()> {
+fn reap(children: &mut BTreeMap<i32, u32>, languages: &mut Languages) -> anyhow::Result<()> {
     let mut any = false;
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::Exited(pid, code)) => exited(children, pid, Some(code), None)?,
+            Ok(WaitStatus::Exited(pid, code)) => {
+                exited(children, languages, pid, Some(code), None)?;
+            }
             Ok(WaitStatus::Signaled(pid, sig, _)) => {
-                exited(children, pid, None, Some(sig as i32))?;
+                exited(children, languages, pid, None, Some(sig as i32))?;
             }
             Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => break,
             Ok(_) => continue,
@@ -391,7 +459,7 @@ fn reap(children: &mut BTreeMap<i32, u32>) -> anyhow::Result<()> {
         any = true;
     }
     if any {
-        end_orphans(children);
+        end_orphans(children, &languages.live_children());
     }
     Ok(())
 }
@@ -407,13 +475,13 @@ fn reap(children: &mut BTreeMap<i32, u32>) -> anyhow::Result<()> {
 /// the zygote shares (a Rust handler's subprocess, in the slots' group) is left alone:
 /// which slot it served cannot be told. Each kill makes another exit, and the reap after
 /// it looks again, so processes adopted in turn are found too.
-fn end_orphans(children: &BTreeMap<i32, u32>) {
-    end_orphans_with(children, false);
+fn end_orphans(children: &BTreeMap<i32, u32>, forked: &BTreeSet<i32>) {
+    end_orphans_with(children, forked, false);
 }
 
 /// [`end_orphans`]; `last` (no slot left) kills those in the zygote's own group too, by
 /// pid, since none of them can be a live slot's. Returns whether it found any orphan.
-fn end_orphans_with(children: &BTreeMap<i32, u32>, last: bool) -> bool {
+fn end_orphans_with(children: &BTreeMap<i32, u32>, forked: &BTreeSet<i32>, last: bool) -> bool {
     let me = nix::unistd::getpid().as_raw();
     let my_group = nix::unistd::getpgrp().as_raw();
     let Ok(all) = procfs::process::all_processes() else {
@@ -436,6 +504,7 @@ fn end_orphans_with(children: &BTreeMap<i32, u32>, last: bool) -> bool {
         if s.pgrp <= 1
             || s.pgrp == my_group
             || children.contains_key(&s.pgrp)
+            || forked.contains(&s.pgrp)
             || parent_of(s.pgrp).is_some_and(|p| p != me)
         {
             continue;
@@ -462,7 +531,7 @@ fn end_orphans_with(children: &BTreeMap<i32, u32>, last: bool) -> bool {
 fn end_orphans_before_exit() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     let none = BTreeMap::new();
-    while std::time::Instant::now() < deadline && end_orphans_with(&none, true) {
+    while std::time::Instant::now() < deadline && end_orphans_with(&none, &BTreeSet::new(), true) {
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
                 Err(nix::errno::Errno::ECHILD) => return,
@@ -476,11 +545,22 @@ fn end_orphans_before_exit() {
 
 fn exited(
     children: &mut BTreeMap<i32, u32>,
+    languages: &mut Languages,
     pid: Pid,
     code: Option<i32>,
     signal: Option<i32>,
 ) -> anyhow::Result<()> {
-    if let Some(slot) = children.remove(&pid.as_raw()) {
+    let Some(slot) = children.remove(&pid.as_raw()) else {
+        let status = match (code, signal) {
+            (Some(code), _) => format!("exit code {code}"),
+            (None, Some(sig)) => format!("signal {sig}"),
+            (None, None) => "ended".to_string(),
+        };
+        languages.exited(pid.as_raw(), &status);
+        return Ok(());
+    };
+    languages.slot_ended(slot);
+    {
         emit(&ZygoteEvent::Exited {
             slot,
             pid: pid.as_raw() as u32,

@@ -5,8 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram as StdDatagram;
+use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use nix::sys::signal::Signal;
@@ -43,6 +44,9 @@ pub(super) struct ZygoteProc {
     pub(super) preloaded: BTreeSet<String>,
     /// The queue configs it preloaded, to see whether a new config needs a new zygote.
     pub(super) queues: BTreeMap<String, QueueConfig>,
+    /// The source files its handlers loaded, with their modification times when it said
+    /// it was ready: a change calls for a new zygote, as a new config does.
+    pub(super) watch: Vec<(PathBuf, Option<SystemTime>)>,
 }
 
 /// The zygotes: the current one, which new slots come from, and older ones retiring.
@@ -204,9 +208,28 @@ impl Master {
                 ready: false,
                 preloaded: BTreeSet::new(),
                 queues,
+                watch: Vec::new(),
             },
         );
         Ok(())
+    }
+
+    /// Replaces the current zygote (its slots roll over to the new one, as after a config
+    /// change) when a source file its handlers loaded has changed since: a deploy of an
+    /// exec handler's code takes effect without a restart of the master.
+    pub(super) async fn replace_zygote_if_code_changed(&mut self) {
+        let Some(z) = self.zygotes.current().filter(|z| z.ready) else {
+            return;
+        };
+        let Some((path, _)) = z.watch.iter().find(|(path, then)| modified(path) != *then) else {
+            return;
+        };
+        tracing::info!(file = %path.display(), "a handler's source file changed; replacing the zygote");
+        if let Err(e) = self.start_zygote().await {
+            tracing::error!(error = %e, "starting the new zygote failed");
+            self.zygotes.restart_at = Some(Instant::now() + Duration::from_secs(1));
+        }
+        self.retire_idle_zygotes();
     }
 
     /// Starts the zygote again once its restart pause has passed.
@@ -231,6 +254,7 @@ impl Master {
                 pid,
                 preloaded,
                 failed,
+                watch,
             } => {
                 for (queue, error) in &failed {
                     tracing::error!(
@@ -244,6 +268,11 @@ impl Master {
                     z.ready = true;
                     z.pid = pid;
                     z.preloaded = preloaded.into_iter().collect();
+                    z.watch = watch
+                        .into_iter()
+                        .map(|p| (modified(&p), p))
+                        .map(|(t, p)| (p, t))
+                        .collect();
                 }
                 self.zygotes.restart_backoff.reset();
                 tracing::info!(generation, pid, "zygote ready");
@@ -313,4 +342,10 @@ impl Master {
             }
         }
     }
+}
+
+/// A file's modification time, none when it cannot be read (a file that comes back counts
+/// as a change too).
+fn modified(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -24,7 +24,9 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::config::{Handler as HandlerConfig, KILL_AFTER_TERM, QueueConfig};
+use super::forked::{ForkError, Forked, Streams};
+use crate::config::{Handler as HandlerConfig, KILL_AFTER_TERM, QueueConfig, Start};
+use crate::host::fork::START_ENV;
 use crate::host::handler::{
     Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, SlotContext, SlotStop, Stop,
     Task, check_json_depth, check_payload_size,
@@ -49,6 +51,8 @@ pub const EXIT_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Exec {
     command: Vec<String>,
+    /// Started anew per child, or forked by the queue's language zygote.
+    start: Start,
     child: Option<Running>,
     max_reply: usize,
     /// Writes the stop line while a batch is in the child (batch queues; started with
@@ -217,9 +221,104 @@ fn lock(in_flight: &Mutex<InFlight>) -> std::sync::MutexGuard<'_, InFlight> {
 /// A started child and our ends of its pipes.
 #[derive(Debug)]
 struct Running {
-    process: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    process: Proc,
+    stdin: File,
+    stdout: BufReader<File>,
+}
+
+/// The child's process: the slot's own (`start = "spawn"`), or forked by the queue's
+/// language zygote (`start = "fork"`), which reaps it.
+#[derive(Debug)]
+enum Proc {
+    Spawned(Child),
+    Forked(Forked),
+}
+
+impl Proc {
+    fn id(&self) -> u32 {
+        match self {
+            Proc::Spawned(child) => child.id(),
+            Proc::Forked(forked) => forked.pid(),
+        }
+    }
+
+    /// Whether the child ends within `wait` (`Duration::MAX`: until it does); a spawned
+    /// one is not reaped, so its pid, and its group's id, stay its own.
+    fn exited_within(&self, wait: Duration) -> bool {
+        match self {
+            Proc::Spawned(child) => exited_within(child.id(), wait),
+            Proc::Forked(forked) => forked.exited_within(wait),
+        }
+    }
+
+    /// Its status text if it has ended (a forked child's exit status is its zygote's).
+    fn ended(&mut self) -> io::Result<Option<String>> {
+        match self {
+            Proc::Spawned(child) => Ok(child.try_wait()?.map(|s| s.to_string())),
+            Proc::Forked(forked) => Ok((!forked.is_alive()).then(|| "ended".to_string())),
+        }
+    }
+
+    /// Sends `sig` to its process group.
+    fn signal(&self, sig: Signal) {
+        match self {
+            Proc::Spawned(child) => signal(child.id(), sig),
+            Proc::Forked(forked) => forked.signal(sig),
+        }
+    }
+
+    /// Sends `sig` to what is left of its group once it has ended (what it started). A
+    /// spawned child is not reaped yet, so its group's id is still its own; a forked one's
+    /// zygote reaped it, and the id stays the group's only while the group has a member
+    /// (the kernel reuses no pid that names a live group), so the signal goes out at once,
+    /// leaving only the moment between its last member's end and a new process of that
+    /// pid making a group of its own.
+    fn signal_group_left(&self, sig: Signal) {
+        signal(self.id(), sig);
+    }
+
+    /// Waits for its end and reaps it if it is the slot's; its status text.
+    fn reap(&mut self) -> io::Result<String> {
+        match self {
+            Proc::Spawned(child) => child.wait().map(|s| s.to_string()),
+            Proc::Forked(forked) => {
+                forked.exited_within(Duration::MAX);
+                Ok("ended".to_string())
+            }
+        }
+    }
+
+    /// What a watcher thread holds to signal it while the handler thread reads its reply.
+    fn signaller(&self) -> io::Result<Signaller> {
+        match self {
+            Proc::Spawned(child) => Ok(Signaller::Group(child.id())),
+            Proc::Forked(forked) => forked.try_clone().map(Signaller::Forked),
+        }
+    }
+}
+
+/// A child's process group, as a thread other than the handler's signals it.
+enum Signaller {
+    /// A spawned child's group, by its id (the child's pid, not reaped meanwhile).
+    Group(u32),
+    /// A forked child, signalled while it lives.
+    Forked(Forked),
+}
+
+impl Signaller {
+    fn pid(&self) -> u32 {
+        match self {
+            Signaller::Group(pid) => *pid,
+            Signaller::Forked(forked) => forked.pid(),
+        }
+    }
+
+    fn signal(&self, sig: Signal) {
+        match self {
+            Signaller::Group(pid) => signal(*pid, sig),
+            Signaller::Forked(forked) => forked.signal(sig),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -401,6 +500,9 @@ enum ChildError {
     /// The reply was too long or not a reply.
     #[error(transparent)]
     Reply(#[from] ReplyError),
+    /// The child could not be forked (`start = "fork"`).
+    #[error(transparent)]
+    Fork(#[from] ForkError),
 }
 
 /// Parses one reply line of the child (newline included or not) for a batch whose task ids
@@ -507,11 +609,68 @@ fn to_raw(value: &(impl Serialize + ?Sized)) -> Box<RawValue> {
 }
 
 impl Exec {
-    /// Starts the child. It is spawned from the calling thread, which must be the one the
-    /// slot keeps for its handler all its life: PDEATHSIG fires when the spawning *thread*
-    /// exits, not the process, so a child started from a short-lived thread would be
-    /// killed with that thread.
+    /// Starts the child: spawned (`start = "spawn"`) or forked by the queue's language
+    /// zygote (`start = "fork"`); its stderr forwarded to the slot's log by a thread.
     fn spawn(&mut self, ctx: &SlotContext) -> Result<Running, ChildError> {
+        let (process, stdin, stdout, stderr) = match self.start {
+            Start::Spawn => self.spawn_command(ctx)?,
+            Start::Fork => {
+                let line = ctx.fork_line.as_deref().ok_or(ForkError::NoLine)?;
+                let env = [
+                    ("GAFFER_QUEUE", ctx.queue.name.clone()),
+                    ("GAFFER_SLOT", ctx.slot.to_string()),
+                ];
+                let env = env.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+                let (
+                    forked,
+                    Streams {
+                        stdin,
+                        stdout,
+                        stderr,
+                    },
+                ) = Forked::start(line, env)?;
+                (Proc::Forked(forked), stdin, stdout, stderr)
+            }
+        };
+        let pid = process.id();
+        let (queue, slot) = (ctx.queue.name.clone(), ctx.slot);
+        // The log the slot's thread writes to, which a thread does not inherit.
+        let log = tracing::dispatcher::get_default(|d| d.clone());
+        let (read_to_end, open) = mpsc::channel::<()>();
+        let forwarder = std::thread::Builder::new()
+            .name(format!("exec-stderr-{pid}"))
+            .spawn(move || {
+                let _read_to_end = read_to_end;
+                tracing::dispatcher::with_default(&log, || {
+                    forward_stderr(stderr, &queue, slot, pid)
+                })
+            });
+        if let Err(source) = forwarder {
+            let mut process = process;
+            process.signal(Signal::SIGKILL);
+            let _ = process.reap();
+            return Err(ChildError::StderrThread { pid, source });
+        }
+        self.stderr_open
+            .retain(|rx| matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)));
+        self.stderr_open.push(open);
+        if let Proc::Forked(_) = process {
+            ctx.outside().set(pid);
+        }
+        tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
+            command = ?self.command, start = self.start.name(), "exec child started");
+        Ok(Running {
+            process,
+            stdin,
+            stdout: BufReader::new(stdout),
+        })
+    }
+
+    /// Spawns the command as the slot's own child. It is spawned from the calling
+    /// thread, which must be the one the slot keeps for its handler all its life:
+    /// PDEATHSIG fires when the spawning *thread* exits, not the process, so a child
+    /// started from a short-lived thread would be killed with that thread.
+    fn spawn_command(&self, ctx: &SlotContext) -> Result<(Proc, File, File, File), ChildError> {
         let (program, args) = self.command.split_first().ok_or(ChildError::EmptyCommand)?;
         let parent = std::process::id();
         let mut cmd = Command::new(program);
@@ -519,6 +678,7 @@ impl Exec {
             // A URL given to gaffer in its environment may hold the Redis password: a
             // handler, which may run as another user, gets none of it.
             .env_remove("GAFFER_REDIS")
+            .env(START_ENV, Start::Spawn.name())
             .env("GAFFER_QUEUE", &ctx.queue.name)
             .env("GAFFER_SLOT", ctx.slot.to_string())
             .stdin(Stdio::piped())
@@ -550,7 +710,6 @@ impl Exec {
             command: self.command.clone(),
             source,
         })?;
-        let pid = process.id();
         let (Some(stdin), Some(stdout), Some(stderr)) = (
             process.stdin.take(),
             process.stdout.take(),
@@ -558,33 +717,13 @@ impl Exec {
         ) else {
             unreachable!("all three streams are piped");
         };
-        let (queue, slot) = (ctx.queue.name.clone(), ctx.slot);
-        // The log the slot's thread writes to, which a thread does not inherit.
-        let log = tracing::dispatcher::get_default(|d| d.clone());
-        let (read_to_end, open) = mpsc::channel::<()>();
-        let forwarder = std::thread::Builder::new()
-            .name(format!("exec-stderr-{pid}"))
-            .spawn(move || {
-                let _read_to_end = read_to_end;
-                tracing::dispatcher::with_default(&log, || {
-                    forward_stderr(stderr, &queue, slot, pid)
-                })
-            });
-        if let Err(source) = forwarder {
-            let _ = process.kill();
-            let _ = process.wait();
-            return Err(ChildError::StderrThread { pid, source });
-        }
-        self.stderr_open
-            .retain(|rx| matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)));
-        self.stderr_open.push(open);
-        tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
-            command = ?self.command, "exec child started");
-        Ok(Running {
-            process,
-            stdin,
-            stdout: BufReader::new(stdout),
-        })
+        let file = |fd: std::os::fd::OwnedFd| File::from(fd);
+        Ok((
+            Proc::Spawned(process),
+            file(stdin.into()),
+            file(stdout.into()),
+            file(stderr.into()),
+        ))
     }
 
     /// Kills and reaps the child, if any, so that none is left behind as a zombie or an
@@ -594,8 +733,8 @@ impl Exec {
             return;
         };
         let pid = running.process.id();
-        signal(pid, Signal::SIGKILL);
-        match running.process.wait() {
+        running.process.signal(Signal::SIGKILL);
+        match running.process.reap() {
             Ok(status) => {
                 tracing::debug!(target: "gaffer::exec", pid, %status, "exec child stopped")
             }
@@ -606,7 +745,7 @@ impl Exec {
     /// The running child, started anew if there is none or the last one has exited.
     fn running(&mut self, ctx: &SlotContext) -> Result<&mut Running, ChildError> {
         if let Some(running) = &mut self.child {
-            match running.process.try_wait() {
+            match running.process.ended() {
                 Ok(None) => {}
                 Ok(Some(status)) => {
                     tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name,
@@ -726,15 +865,19 @@ impl Exec {
         let running = self.running(ctx)?;
         let pid = running.process.id();
         let stdin = running.stdin.as_fd().try_clone_to_owned().map(File::from);
+        let signaller = running.process.signaller();
         let id = request.batch.first().map_or("", |t| t.id);
         let done = AtomicBool::new(false);
+        let done_flag = &done;
         std::thread::scope(|scope| {
-            let watcher = match stdin {
-                Ok(stdin) => std::thread::Builder::new()
+            let watcher = match (stdin, signaller) {
+                (Ok(stdin), Ok(signaller)) => std::thread::Builder::new()
                     .name(format!("exec-stop-{pid}"))
-                    .spawn_scoped(scope, || watch_stop(ctx, id, pid, stdin, &done))
+                    .spawn_scoped(scope, move || {
+                        watch_stop(ctx, id, &signaller, stdin, done_flag)
+                    })
                     .map(drop),
-                Err(e) => Err(e),
+                (Err(e), _) | (_, Err(e)) => Err(e),
             };
             if let Err(e) = watcher {
                 tracing::warn!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
@@ -760,11 +903,12 @@ impl Exec {
 impl Handler for Exec {
     /// Only keeps the command: the zygote must stay single-threaded and childless.
     fn preload(queue: &QueueConfig) -> Result<Self, HandlerError> {
-        let HandlerConfig::Exec { command } = &queue.handler else {
+        let HandlerConfig::Exec { command, start } = &queue.handler else {
             return Err(HandlerError::new("exec: queue is not configured as exec"));
         };
         Ok(Exec {
             command: command.clone(),
+            start: *start,
             child: None,
             max_reply: MAX_REPLY_BYTES,
             stderr_open: Vec::new(),
@@ -966,7 +1110,7 @@ impl Exec {
             .spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         let pid = process.id();
         let mut how = "exited at the end of its input";
-        let mut exited = exited_within(pid, EXIT_GRACE);
+        let mut exited = process.exited_within(EXIT_GRACE);
         for (sig, wait) in [
             (Signal::SIGTERM, KILL_AFTER_TERM),
             (Signal::SIGKILL, Duration::MAX),
@@ -976,16 +1120,16 @@ impl Exec {
             }
             tracing::info!(target: "gaffer::exec", pid, signal = %sig,
                 "the exec child has not exited since its input ended");
-            signal(pid, sig);
+            process.signal(sig);
             how = if sig == Signal::SIGTERM {
                 "stopped by SIGTERM"
             } else {
                 "killed"
             };
-            exited = exited_within(pid, wait);
+            exited = process.exited_within(wait);
         }
-        signal(pid, Signal::SIGKILL);
-        match process.wait() {
+        process.signal_group_left(Signal::SIGKILL);
+        match process.reap() {
             Ok(status) => {
                 tracing::debug!(target: "gaffer::exec", pid, %status, how, "exec child ended")
             }
@@ -1041,7 +1185,8 @@ impl Drop for Exec {
 /// line `{"cancel": "ID"}` first, SIGTERM after the queue's `cancel_grace`, SIGKILL
 /// [`KILL_AFTER_TERM`] later. The child is reaped only after this ends, so its pid cannot
 /// have been reused meanwhile.
-fn watch_stop(ctx: &SlotContext, id: &str, pid: u32, mut stdin: File, done: &AtomicBool) {
+fn watch_stop(ctx: &SlotContext, id: &str, child: &Signaller, mut stdin: File, done: &AtomicBool) {
+    let pid = child.pid();
     let c = &ctx.cancel;
     let over = || done.load(Ordering::Acquire);
     let stop = c.wait_past(Stop::Run, None, done);
@@ -1049,7 +1194,7 @@ fn watch_stop(ctx: &SlotContext, id: &str, pid: u32, mut stdin: File, done: &Ato
         return;
     }
     if stop == Stop::Now {
-        return signal(pid, Signal::SIGKILL);
+        return child.signal(Signal::SIGKILL);
     }
     let line = format!("{}\n", serde_json::json!({ "cancel": id }));
     if let Err(e) = stdin
@@ -1068,11 +1213,11 @@ fn watch_stop(ctx: &SlotContext, id: &str, pid: u32, mut stdin: File, done: &Ato
             return;
         }
         if stop == Stop::Now {
-            return signal(pid, Signal::SIGKILL);
+            return child.signal(Signal::SIGKILL);
         }
         tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
             task = id, signal = %sig, "the cancelled long task has not stopped");
-        signal(pid, sig);
+        child.signal(sig);
     }
 }
 
@@ -1124,7 +1269,7 @@ mod tests {
     }
 
     fn ctx_for(command: Vec<String>, slot: u32) -> SlotContext {
-        SlotContext::detached(QueueConfig::new("q", HandlerConfig::Exec { command }), slot)
+        SlotContext::detached(QueueConfig::new("q", HandlerConfig::exec(command)), slot)
     }
 
     /// A child that echoes each payload back as the task's error, so a test sees what the

@@ -10,6 +10,7 @@
 pub mod builtin;
 pub mod exec;
 mod followups;
+mod forked;
 mod registry;
 mod run;
 

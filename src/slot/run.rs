@@ -275,6 +275,7 @@ async fn run(
         report: _,
         host,
         chains,
+        fork_line,
     } = spec;
     let pid = std::process::id();
     let forked = stop.is_none();
@@ -318,6 +319,7 @@ async fn run(
         cancel: cancel.clone(),
         stop: handler_stop.clone(),
         outside: outside.clone(),
+        fork_line: fork_line.map(|s| Arc::new(crate::host::fork::ForkLine::new(s))),
     };
     let worker = match Worker::start(handler, ctx, forked) {
         Ok(w) => w,

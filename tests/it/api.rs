@@ -182,6 +182,7 @@ impl Service {
             report: Some(report),
             host: "api-test".into(),
             chains: Default::default(),
+            fork_line: None,
         };
         let stop = CancellationToken::new();
         let token = stop.clone();

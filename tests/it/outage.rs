@@ -91,6 +91,7 @@ fn start_slot_reporting<H: Handler + Send + 'static>(
         report: Some(report),
         host: "test-host".into(),
         chains: Default::default(),
+        fork_line: None,
     };
     let stop = CancellationToken::new();
     let token = stop.clone();

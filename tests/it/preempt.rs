@@ -309,6 +309,7 @@ fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec
         report: Some(report),
         host: "test-host".into(),
         chains: Default::default(),
+        fork_line: None,
     }
 }
 
@@ -523,7 +524,7 @@ async fn without_a_stop_a_short_vector_still_fails_the_missing_tasks() {
 
 /// An exec queue `name` whose child is `command`.
 fn exec_queue(name: &str, command: Vec<String>, batch: u32) -> QueueConfig {
-    let mut cfg = QueueConfig::new(name, HandlerConfig::Exec { command });
+    let mut cfg = QueueConfig::new(name, HandlerConfig::exec(command));
     cfg.batch_size = batch;
     cfg
 }

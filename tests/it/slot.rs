@@ -43,6 +43,7 @@ fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec
         report: Some(report),
         host: "test-host".into(),
         chains: Default::default(),
+        fork_line: None,
     }
 }
 
@@ -377,9 +378,7 @@ for line in sys.stdin:
 "#;
     let mut cfg = QueueConfig::new(
         "x",
-        HandlerConfig::Exec {
-            command: vec!["python3".into(), "-c".into(), script.into()],
-        },
+        HandlerConfig::exec(vec!["python3".into(), "-c".into(), script.into()]),
     );
     cfg.batch_size = 2;
     cfg.max_result = 100;

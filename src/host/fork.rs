@@ -1,0 +1,162 @@
+//! The fork start's line between a slot and gaffer's zygote: a slot of a `start = "fork"`
+//! exec queue asks for its child here, and the zygote has the queue's language zygote
+//! fork it (README, "Handlers": the fork protocol).
+//!
+//! Neutral ground: the slot asks, the zygote answers; each imports this, neither the
+//! other. The slot makes the child's three FIFOs itself, so the language side only opens
+//! paths (no descriptor passing, which Perl's core cannot do).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming how an exec child came to be (`spawn` or `fork`).
+pub const START_ENV: &str = "GAFFER_START";
+
+/// Longest a slot waits for its child to be forked: a language zygote restarting after a
+/// crash loads the handler again first, which may take a while for a large preload.
+pub const FORK_WAIT: Duration = Duration::from_secs(120);
+
+/// A slot's request for a child.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkAsk {
+    /// The slot's number for this request, echoed in the answer: an answer that came too
+    /// late for the request before is told apart and dropped.
+    pub seq: u64,
+    /// The FIFO the child reads its requests from.
+    pub stdin: PathBuf,
+    /// The FIFO the child writes its replies to.
+    pub stdout: PathBuf,
+    /// The FIFO the child writes its log to.
+    pub stderr: PathBuf,
+    /// Set in the child's environment (`GAFFER_SLOT`, …).
+    pub env: BTreeMap<String, String>,
+}
+
+/// The zygote's answer to the request numbered `seq`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkAnswer {
+    /// The request's [`ForkAsk::seq`].
+    pub seq: u64,
+    /// What came of it.
+    pub outcome: ForkOutcome,
+}
+
+/// What came of a request: the child's pid, or why there is none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForkOutcome {
+    /// Forked: the child's pid (its process group's id too).
+    Forked(u32),
+    /// Not forked: the language zygote could not start (its stderr's last lines), or
+    /// fork failed.
+    Failed(String),
+}
+
+/// Why a fork could not be asked for or answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ForkLineError {
+    /// Writing the request or reading the answer failed.
+    #[error("the line to gaffer's zygote: {0}")]
+    Io(#[from] std::io::Error),
+    /// The zygote closed the line (it is gone: the slot dies with it).
+    #[error("gaffer's zygote closed the fork line")]
+    Closed,
+    /// No answer within [`FORK_WAIT`].
+    #[error("no child forked within {}", humantime::format_duration(FORK_WAIT))]
+    TimedOut,
+    /// An answer that is not one.
+    #[error("an unreadable answer from gaffer's zygote: {0}")]
+    Garbled(serde_json::Error),
+}
+
+/// A slot's end of its fork line: one request at a time, each a JSON line answered by one.
+#[derive(Debug)]
+pub struct ForkLine(Mutex<(BufReader<UnixStream>, u64)>);
+
+impl ForkLine {
+    /// The slot's end, as the zygote handed it over.
+    pub fn new(stream: UnixStream) -> Self {
+        ForkLine(Mutex::new((BufReader::new(stream), 0)))
+    }
+
+    /// Asks for a child (`ask.seq` is set here) and waits for the answer, [`FORK_WAIT`]
+    /// at most.
+    pub fn ask(&self, mut ask: ForkAsk) -> Result<ForkOutcome, ForkLineError> {
+        let mut line = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (reader, seq) = &mut *line;
+        *seq += 1;
+        ask.seq = *seq;
+        let mut text = serde_json::to_vec(&ask).map_err(ForkLineError::Garbled)?;
+        text.push(b'\n');
+        reader.get_mut().write_all(&text)?;
+        let deadline = Instant::now() + FORK_WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ForkLineError::TimedOut);
+            }
+            reader.get_ref().set_read_timeout(Some(left))?;
+            let mut answer = Vec::new();
+            match reader.read_until(b'\n', &mut answer) {
+                Ok(0) => return Err(ForkLineError::Closed),
+                Ok(_) => {
+                    let answer: ForkAnswer =
+                        serde_json::from_slice(&answer).map_err(ForkLineError::Garbled)?;
+                    if answer.seq == ask.seq {
+                        return Ok(answer.outcome);
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(ForkLineError::TimedOut);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// A pidfd for `pid` (Linux 5.3 and later): it turns readable when the process ends,
+/// whoever its parent is, and names that process alone even once its pid is reused.
+pub fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor (close-on-exec, as every pidfd), owned by no one else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether the process `pidfd` names ends within `wait` (`None`: waits for its end). A
+/// pidfd that cannot be polled has no process to wait for.
+pub fn pidfd_ended(pidfd: std::os::fd::BorrowedFd, wait: Option<Duration>) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let deadline = wait.and_then(|w| Instant::now().checked_add(w));
+    loop {
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let timeout = match left {
+            None => PollTimeout::NONE,
+            Some(left) => PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+        };
+        let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(0) if left.is_some_and(|l| l.is_zero()) => return false,
+            Ok(0) => {}
+            Ok(_) => return true,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return true,
+        }
+    }
+}

@@ -1,0 +1,685 @@
+//! Language zygotes, kept by gaffer's zygote: for each `start = "fork"` exec queue, the
+//! queue's `command` started once as a zygote of its own language (README, "Handlers":
+//! the fork protocol), which loads the handler's code and data once and forks each slot's
+//! child from that, copy-on-write.
+//!
+//! Runs inside gaffer's zygote (single-threaded, no runtime): everything here is
+//! non-blocking descriptors polled by the zygote's one loop. A slot asks on its fork line
+//! ([`crate::host::fork`]); the request is relayed to its queue's language zygote, whose
+//! answer goes back on the line. A language zygote that dies is started again (its
+//! forked children run on: they are the slots'); one that cannot start answers its slots'
+//! requests with why, its log's last lines included, so they fail and their master backs
+//! off as for any crashing slot, each new slot starting it again once the pause since
+//! its last failure has passed: no spin, and a fixed handler is picked up.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde::Deserialize;
+
+use crate::backoff::Backoff;
+use crate::config::{Config, Handler as HandlerConfig, Start};
+use crate::host::fork::{ForkAnswer, ForkAsk, ForkOutcome, START_ENV, pidfd_ended, pidfd_open};
+
+/// How many of a language zygote's last stderr lines a failed start reports.
+const TAIL_LINES: usize = 12;
+
+/// Longest wait at the zygote's start for its language zygotes' readiness, before it says
+/// it is ready anyway (slots of a queue whose language zygote is not ready yet wait).
+pub(super) const READY_WAIT: Duration = Duration::from_secs(120);
+
+/// How long a ready language zygote must have lived for its end to be started again at
+/// once; one that ends sooner failed, and is waited out.
+const STEADY: Duration = Duration::from_secs(10);
+
+/// Pauses between starts of a language zygote that keeps failing.
+const RESTART: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(60));
+
+/// Every language zygote of gaffer's zygote, and its slots' fork lines.
+#[derive(Default)]
+pub(super) struct Languages {
+    by_queue: BTreeMap<String, Language>,
+    lines: BTreeMap<u32, SlotLine>,
+    next_id: u64,
+}
+
+/// One queue's language zygote.
+struct Language {
+    queue: String,
+    command: Vec<String>,
+    user: Option<String>,
+    running: Option<Running>,
+    /// Why the last start failed, while it stands (until the next start).
+    failed: Option<String>,
+    /// No start before this, after a failure.
+    not_before: Option<Instant>,
+    restart: Backoff,
+    /// Requests waiting for it to be ready: (slot, seq, request).
+    waiting: VecDeque<(u32, ForkAsk)>,
+    /// Requests sent to it, by id: (slot, seq).
+    sent: BTreeMap<u64, (u32, u64)>,
+    /// The source files its ready line named.
+    watched: Vec<PathBuf>,
+}
+
+/// A started language zygote.
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+    stderr: ChildStderr,
+    out: Vec<u8>,
+    err: Vec<u8>,
+    tail: VecDeque<String>,
+    ready: bool,
+    started: Instant,
+}
+
+/// A slot's fork line, as gaffer's zygote holds it.
+struct SlotLine {
+    queue: String,
+    stream: UnixStream,
+    buf: Vec<u8>,
+    /// The child last forked for it: its pid and a pidfd (to end it with its slot).
+    child: Option<(u32, OwnedFd)>,
+}
+
+/// What a language zygote writes on its stdout.
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Said {
+    Ready {
+        #[serde(default)]
+        files: Vec<PathBuf>,
+    },
+    Forked {
+        id: u64,
+        pid: u32,
+    },
+    Failed {
+        id: Option<u64>,
+        error: String,
+    },
+}
+
+impl Languages {
+    /// Starts the language zygote of each of `queues` configured `start = "fork"`, and
+    /// waits [`READY_WAIT`] at most for them to be ready or to fail.
+    pub(super) fn start(cfg: &Config, queues: &[String]) -> Languages {
+        let mut me = Languages::default();
+        for name in queues {
+            let Some(q) = cfg.queues.get(name) else {
+                continue;
+            };
+            if let HandlerConfig::Exec {
+                command,
+                start: Start::Fork,
+            } = &q.handler
+            {
+                let mut language = Language {
+                    queue: name.clone(),
+                    command: command.clone(),
+                    user: q.user.clone(),
+                    running: None,
+                    failed: None,
+                    not_before: None,
+                    restart: RESTART,
+                    waiting: VecDeque::new(),
+                    sent: BTreeMap::new(),
+                    watched: Vec::new(),
+                };
+                language.launch();
+                me.by_queue.insert(name.clone(), language);
+            }
+        }
+        me.await_ready();
+        me
+    }
+
+    /// Polls until every language zygote is ready or failed, [`READY_WAIT`] at most.
+    fn await_ready(&mut self) {
+        let deadline = Instant::now() + READY_WAIT;
+        while Instant::now() < deadline
+            && self
+                .by_queue
+                .values()
+                .any(|l| l.running.as_ref().is_some_and(|r| !r.ready))
+        {
+            let mut fds: Vec<libc::pollfd> = self.poll_fds();
+            // SAFETY: a plain poll(2) over descriptors this process holds open.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
+            fds.clear();
+            self.after_poll();
+            self.reap_own();
+        }
+    }
+
+    /// Whether `queue` is one whose slots fork from a language zygote.
+    pub(super) fn has(&self, queue: &str) -> bool {
+        self.by_queue.contains_key(queue)
+    }
+
+    /// The source files the language zygotes loaded, to be watched for changes.
+    pub(super) fn watched(&self) -> Vec<PathBuf> {
+        self.by_queue
+            .values()
+            .flat_map(|l| l.watched.iter().cloned())
+            .collect()
+    }
+
+    /// A new slot of `queue`, forked just now: its fork line's other end.
+    pub(super) fn add_line(&mut self, slot: u32, queue: &str, ours: UnixStream) {
+        if let Err(e) = ours.set_nonblocking(true) {
+            tracing::warn!(slot, error = %e, "cannot make a fork line non-blocking");
+        }
+        self.lines.insert(
+            slot,
+            SlotLine {
+                queue: queue.to_string(),
+                stream: ours,
+                buf: Vec::new(),
+                child: None,
+            },
+        );
+    }
+
+    /// A slot ended: its child ends with it (the slot may have been killed outright, and
+    /// nobody else would end its child), and its line closes.
+    pub(super) fn slot_ended(&mut self, slot: u32) {
+        let Some(line) = self.lines.remove(&slot) else {
+            return;
+        };
+        if let Some((pid, pidfd)) = line.child
+            && alive(&pidfd)
+        {
+            tracing::info!(slot, pid, queue = %line.queue, "ending the forked child of an ended slot");
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+    }
+
+    /// The forked children of live slots: processes gaffer's zygote may have adopted (their
+    /// language zygote died) that are not a dead slot's leftovers.
+    pub(super) fn live_children(&self) -> BTreeSet<i32> {
+        self.lines
+            .values()
+            .filter_map(|l| l.child.as_ref())
+            .map(|(pid, _)| *pid as i32)
+            .collect()
+    }
+
+    /// The descriptors a forked slot must close: everything here but its own line.
+    pub(super) fn fds_for_child_to_close(&self, keep: Option<RawFd>) -> Vec<RawFd> {
+        let mut fds = Vec::new();
+        for l in self.by_queue.values() {
+            if let Some(r) = &l.running {
+                fds.extend([
+                    r.stdin.as_raw_fd(),
+                    r.stdout.as_raw_fd(),
+                    r.stderr.as_raw_fd(),
+                ]);
+            }
+        }
+        for line in self.lines.values() {
+            fds.push(line.stream.as_raw_fd());
+            if let Some((_, pidfd)) = &line.child {
+                fds.push(pidfd.as_raw_fd());
+            }
+        }
+        fds.retain(|&fd| Some(fd) != keep);
+        fds
+    }
+
+    /// Descriptors to poll: each language zygote's stdout and stderr, each fork line.
+    pub(super) fn poll_fds(&self) -> Vec<libc::pollfd> {
+        let pollfd = |fd: RawFd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut fds = Vec::new();
+        for l in self.by_queue.values() {
+            if let Some(r) = &l.running {
+                fds.push(pollfd(r.stdout.as_raw_fd()));
+                fds.push(pollfd(r.stderr.as_raw_fd()));
+            }
+        }
+        fds.extend(self.lines.values().map(|l| pollfd(l.stream.as_raw_fd())));
+        fds
+    }
+
+    /// How long the zygote's loop may sleep: until the next due restart, if any.
+    pub(super) fn timeout(&self) -> Option<Duration> {
+        let now = Instant::now();
+        self.by_queue
+            .values()
+            .filter(|l| l.running.is_none() && !l.waiting.is_empty())
+            .filter_map(|l| l.not_before)
+            .map(|t| t.saturating_duration_since(now))
+            .min()
+    }
+
+    /// Reads whatever is there (all descriptors are non-blocking) and acts on it.
+    pub(super) fn after_poll(&mut self) {
+        for language in self.by_queue.values_mut() {
+            language.read_stderr();
+            for said in language.read_stdout() {
+                self.next_id = language.heard(said, &mut self.lines, self.next_id);
+            }
+        }
+        let slots: Vec<u32> = self.lines.keys().copied().collect();
+        for slot in slots {
+            self.read_line(slot);
+        }
+        for language in self.by_queue.values_mut() {
+            if language.running.is_none() && !language.waiting.is_empty() {
+                language.launch_if_due(&mut self.lines);
+            }
+        }
+    }
+
+    /// A child of gaffer's zygote exited: a language zygote's end is handled here (true);
+    /// anything else is not one of ours (false).
+    pub(super) fn exited(&mut self, pid: i32, status: &str) -> bool {
+        let Some(language) = self.by_queue.values_mut().find(|l| {
+            l.running
+                .as_ref()
+                .is_some_and(|r| r.child.id() as i32 == pid)
+        }) else {
+            return false;
+        };
+        language.ended(status, &mut self.lines);
+        true
+    }
+
+    /// Reaps language zygotes while the zygote waits for them at its start (its own reap
+    /// loop runs only once it serves).
+    fn reap_own(&mut self) {
+        use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+        let pids: Vec<i32> = self
+            .by_queue
+            .values()
+            .filter_map(|l| l.running.as_ref().map(|r| r.child.id() as i32))
+            .collect();
+        for pid in pids {
+            let status = match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(_, code)) => format!("exit code {code}"),
+                Ok(WaitStatus::Signaled(_, sig, _)) => format!("signal {sig}"),
+                _ => continue,
+            };
+            self.exited(pid, &status);
+        }
+    }
+
+    /// Reads a slot's fork line: a request is relayed (or answered at once when its
+    /// language zygote cannot serve); the line's end is the slot's (its exit is reaped
+    /// elsewhere).
+    fn read_line(&mut self, slot: u32) {
+        let Some(line) = self.lines.get_mut(&slot) else {
+            return;
+        };
+        if !read_available(line.stream.as_fd(), &mut line.buf) {
+            return;
+        }
+        let queue = line.queue.clone();
+        while let Some(text) = next_line(&mut line.buf) {
+            let ask: ForkAsk = match serde_json::from_slice(&text) {
+                Ok(ask) => ask,
+                Err(e) => {
+                    tracing::warn!(slot, error = %e, "an unreadable fork request");
+                    continue;
+                }
+            };
+            let Some(language) = self.by_queue.get_mut(&queue) else {
+                answer(
+                    line,
+                    ask.seq,
+                    ForkOutcome::Failed("no language zygote for this queue".into()),
+                );
+                continue;
+            };
+            language.waiting.push_back((slot, ask));
+        }
+        if let Some(language) = self.by_queue.get_mut(&queue) {
+            self.next_id = language.relay(&mut self.lines, self.next_id);
+        }
+    }
+
+    /// Retiring: each language zygote's input ends, and it exits.
+    pub(super) fn retire(&mut self) {
+        for language in self.by_queue.values_mut() {
+            // (its input closes with it; it is reaped with the zygote's other children)
+            drop(language.running.take());
+        }
+    }
+}
+
+impl Language {
+    /// Starts the command as this queue's language zygote.
+    fn launch(&mut self) {
+        self.failed = None;
+        match self.spawn() {
+            Ok(running) => {
+                tracing::info!(queue = %self.queue, pid = running.child.id(),
+                    command = ?self.command, "language zygote started");
+                self.running = Some(running);
+            }
+            Err(e) => self.start_failed(format!("cannot start {:?}: {e}", self.command)),
+        }
+    }
+
+    fn spawn(&self) -> std::io::Result<Running> {
+        let (program, args) = self
+            .command
+            .split_first()
+            .ok_or_else(|| std::io::Error::other("the command is empty"))?;
+        let parent = std::process::id();
+        let user = match &self.user {
+            Some(name) => Some(
+                nix::unistd::User::from_name(name)?
+                    .ok_or_else(|| std::io::Error::other(format!("no such user {name}")))?,
+            ),
+            None => None,
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .env_remove("GAFFER_REDIS")
+            .env_remove(super::zygote::REPORT_FD_ENV)
+            .env_remove(super::zygote::MASTER_PID_ENV)
+            .env(START_ENV, Start::Fork.name())
+            .env("GAFFER_QUEUE", &self.queue)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid, prctl,
+        // getppid) between fork and exec; nothing is allocated.
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some(u) = &user {
+                    let groups = [u.gid.as_raw()];
+                    if libc::setgroups(1, groups.as_ptr()) == -1
+                        || libc::setgid(u.gid.as_raw()) == -1
+                        || libc::setuid(u.uid.as_raw()) == -1
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // After the user switch, which clears it: it dies with gaffer's zygote.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() as u32 != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            unreachable!("all three streams are piped");
+        };
+        for fd in [stdout.as_fd(), stderr.as_fd()] {
+            set_nonblocking(fd)?;
+        }
+        Ok(Running {
+            child,
+            stdin,
+            stdout,
+            stderr,
+            out: Vec::new(),
+            err: Vec::new(),
+            tail: VecDeque::new(),
+            ready: false,
+            started: Instant::now(),
+        })
+    }
+
+    /// Starts it again if its pause since the last failure is over; else the requests
+    /// waiting for it are answered with that failure.
+    fn launch_if_due(&mut self, lines: &mut BTreeMap<u32, SlotLine>) {
+        if self.not_before.is_some_and(|t| Instant::now() < t) {
+            if let Some(why) = self.failed.clone() {
+                self.answer_waiting(lines, &why);
+            }
+            return;
+        }
+        self.launch();
+    }
+
+    /// Its stderr, logged line by line and kept as the tail a failed start reports.
+    fn read_stderr(&mut self) {
+        let Some(r) = &mut self.running else { return };
+        read_available(r.stderr.as_fd(), &mut r.err);
+        while let Some(line) = next_line(&mut r.err) {
+            let text = String::from_utf8_lossy(&line).trim_end().to_string();
+            tracing::info!(target: "gaffer::exec", queue = %self.queue, zygote = true, "{text}");
+            if r.tail.len() == TAIL_LINES {
+                r.tail.pop_front();
+            }
+            r.tail.push_back(text);
+        }
+    }
+
+    /// Its stdout's complete lines, read.
+    fn read_stdout(&mut self) -> Vec<Said> {
+        let Some(r) = &mut self.running else {
+            return Vec::new();
+        };
+        read_available(r.stdout.as_fd(), &mut r.out);
+        let mut said = Vec::new();
+        while let Some(line) = next_line(&mut r.out) {
+            match serde_json::from_slice(&line) {
+                Ok(s) => said.push(s),
+                Err(e) => tracing::warn!(queue = %self.queue, error = %e,
+                    line = %String::from_utf8_lossy(&line), "the language zygote said something unreadable"),
+            }
+        }
+        said
+    }
+
+    /// Acts on one line of its stdout; returns the next request id.
+    fn heard(&mut self, said: Said, lines: &mut BTreeMap<u32, SlotLine>, next_id: u64) -> u64 {
+        match said {
+            Said::Ready { files } => {
+                if let Some(r) = &mut self.running {
+                    r.ready = true;
+                    tracing::info!(queue = %self.queue, pid = r.child.id(),
+                        ms = r.started.elapsed().as_millis() as u64, files = files.len(),
+                        "language zygote ready");
+                }
+                self.watched = files;
+                self.restart.reset();
+                return self.relay(lines, next_id);
+            }
+            Said::Forked { id, pid } => {
+                if let Some((slot, seq)) = self.sent.remove(&id)
+                    && let Some(line) = lines.get_mut(&slot)
+                {
+                    match pidfd_open(pid) {
+                        Ok(pidfd) => line.child = Some((pid, pidfd)),
+                        Err(e) => {
+                            tracing::debug!(slot, pid, error = %e, "the forked child ended at once")
+                        }
+                    }
+                    answer(line, seq, ForkOutcome::Forked(pid));
+                }
+            }
+            Said::Failed { id, error } => {
+                if let Some((slot, seq)) = id.and_then(|id| self.sent.remove(&id))
+                    && let Some(line) = lines.get_mut(&slot)
+                {
+                    answer(line, seq, ForkOutcome::Failed(error));
+                } else {
+                    tracing::warn!(queue = %self.queue, error, "the language zygote refused a request");
+                }
+            }
+        }
+        next_id
+    }
+
+    /// Sends the waiting requests to a ready zygote; returns the next request id.
+    fn relay(&mut self, lines: &mut BTreeMap<u32, SlotLine>, mut next_id: u64) -> u64 {
+        if self.running.is_none() && !self.waiting.is_empty() {
+            self.launch_if_due(lines);
+        }
+        let Some(r) = self.running.as_mut().filter(|r| r.ready) else {
+            return next_id;
+        };
+        while let Some((slot, ask)) = self.waiting.pop_front() {
+            next_id += 1;
+            let request = serde_json::json!({ "fork": {
+                "id": next_id,
+                "stdin": ask.stdin,
+                "stdout": ask.stdout,
+                "stderr": ask.stderr,
+                "env": ask.env,
+            }});
+            let mut text = request.to_string().into_bytes();
+            text.push(b'\n');
+            // (a few hundred bytes into a pipe the zygote reads as it forks: blocking is
+            // bounded by the pipe's buffer, which holds hundreds of requests)
+            match r.stdin.write_all(&text) {
+                Ok(()) => {
+                    self.sent.insert(next_id, (slot, ask.seq));
+                }
+                Err(e) => {
+                    if let Some(line) = lines.get_mut(&slot) {
+                        answer(
+                            line,
+                            ask.seq,
+                            ForkOutcome::Failed(format!("writing to the language zygote: {e}")),
+                        );
+                    }
+                }
+            }
+        }
+        next_id
+    }
+
+    /// Its process ended (`status`): before it was ready, a failed start, answered to
+    /// every request with its log's tail; after, it is started again at once for the
+    /// requests to come (those it had been sent fail: their children may or may not
+    /// exist, and a slot asks again).
+    fn ended(&mut self, status: &str, lines: &mut BTreeMap<u32, SlotLine>) {
+        let Some(r) = self.running.take() else { return };
+        let mut r = r;
+        // (its last words, still in the pipe)
+        read_available(r.stderr.as_fd(), &mut r.err);
+        let mut tail: Vec<String> = r.tail.into_iter().collect();
+        tail.extend(String::from_utf8_lossy(&r.err).lines().map(str::to_string));
+        let sent: Vec<(u32, u64)> = std::mem::take(&mut self.sent).into_values().collect();
+        for (slot, seq) in sent {
+            if let Some(line) = lines.get_mut(&slot) {
+                answer(
+                    line,
+                    seq,
+                    ForkOutcome::Failed(format!(
+                        "the language zygote ended ({status}) while forking"
+                    )),
+                );
+            }
+        }
+        if r.ready && r.started.elapsed() >= STEADY {
+            tracing::warn!(queue = %self.queue, pid = r.child.id(), status,
+                "language zygote ended; starting it again (its forked children run on)");
+            self.restart.reset();
+            self.launch();
+            return;
+        }
+        let tail = tail[tail.len().saturating_sub(TAIL_LINES)..].join("\n");
+        let when = if r.ready {
+            "soon after it was ready"
+        } else {
+            "before it was ready"
+        };
+        self.start_failed(format!(
+            "the handler's zygote {:?} exited ({status}) {when}; its last lines:\n{tail}",
+            self.command
+        ));
+        self.answer_waiting(lines, &self.failed.clone().unwrap_or_default());
+    }
+
+    /// A start failed: said once per distinct reason, and waited out before the next.
+    fn start_failed(&mut self, why: String) {
+        let pause = self.restart.next();
+        self.not_before = Some(Instant::now() + pause);
+        if self.failed.as_deref() != Some(why.as_str()) {
+            tracing::error!(queue = %self.queue, error = %why,
+                retry_after = %humantime::format_duration(pause), "language zygote failed to start");
+        } else {
+            tracing::debug!(queue = %self.queue, "language zygote failed to start again the same way");
+        }
+        self.failed = Some(why);
+        self.running = None;
+    }
+
+    fn answer_waiting(&mut self, lines: &mut BTreeMap<u32, SlotLine>, why: &str) {
+        for (slot, ask) in self.waiting.drain(..) {
+            if let Some(line) = lines.get_mut(&slot) {
+                answer(line, ask.seq, ForkOutcome::Failed(why.to_string()));
+            }
+        }
+    }
+}
+
+/// Writes an answer on a slot's line (a slot that is gone has nobody to read it).
+fn answer(line: &mut SlotLine, seq: u64, outcome: ForkOutcome) {
+    let mut text = serde_json::to_vec(&ForkAnswer { seq, outcome }).unwrap_or_default();
+    text.push(b'\n');
+    // (the line is non-blocking; an answer of a few bytes fits its buffer, the slot
+    // reading one answer per request)
+    if let Err(e) = line.stream.write_all(&text)
+        && e.kind() != ErrorKind::BrokenPipe
+    {
+        tracing::debug!(queue = %line.queue, error = %e, "cannot answer a fork request");
+    }
+}
+
+/// Reads what `fd` holds now into `buf`; false once it has ended and nothing was read.
+fn read_available(fd: BorrowedFd, buf: &mut Vec<u8>) -> bool {
+    // SAFETY: borrowed for these reads only; ManuallyDrop keeps it open.
+    let mut file =
+        std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
+    let mut chunk = [0u8; 16 * 1024];
+    let mut any = false;
+    loop {
+        match file.read(&mut chunk) {
+            Ok(0) => return any,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                any = true;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(_) => return true,
+        }
+    }
+}
+
+/// The next complete line of `buf`, taken out without its newline.
+fn next_line(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
+    let end = buf.iter().position(|&b| b == b'\n')?;
+    let mut line: Vec<u8> = buf.drain(..=end).collect();
+    line.pop();
+    Some(line)
+}
+
+fn set_nonblocking(fd: BorrowedFd) -> std::io::Result<()> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// Whether the process a pidfd names still runs.
+fn alive(pidfd: &OwnedFd) -> bool {
+    !pidfd_ended(pidfd.as_fd(), Some(Duration::ZERO))
+}
