@@ -3,8 +3,8 @@
 
 ROLE mem: imports refdata (200 MiB), notes its first task, and per task reads the data as
 the payload says ({"op": "lookup"}: 1,000 records by key; {"op": "scan"}: all of them);
-noop: answers every task ok and counts them. DIR is the
-bench's temp dir (benchtask.py writes there).
+noop: answers every task ok and counts them. DIR is the bench's temp dir (benchtask.py
+writes there).
 
 With the repository's Python library on the path (sdk/python/gaffer_exec.py, which
 scripts/bench-exec puts on PYTHONPATH when it exists) the handler is
