@@ -3,14 +3,20 @@
 //! tree; both are reported, sized by and held against `private_dirty_limit`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use gaffer::queue_client::NewTask;
+use gaffer::config::{Handler as HandlerConfig, QueueConfig};
+use gaffer::queue_client::{ConnectOptions, NewTask};
+use gaffer::slot::{
+    Handler, HandlerError, Outcome, SlotContext, SlotEvent, SlotSpec, Task, run_slot,
+};
 use serde_json::Value;
+use tokio_util::sync::CancellationToken;
 
-use crate::harness::{eventually, poll_some};
+use crate::harness::{TestRedis, eventually, poll_some};
 use crate::host::{TestMaster, slots};
 
 const MIB: u64 = 1 << 20;
@@ -317,4 +323,119 @@ async fn a_leaking_exec_child_recycles_its_slot_and_loses_nothing() {
         log.contains("over the limit of 100.0 MiB (private_dirty_limit)"),
         "{log}"
     );
+}
+
+/// Names a process of its own (a `sleep`) as the slot's outside process at init, and
+/// another once its first batch ran: a stand-in for a fork-mode exec child.
+struct NamesOutside {
+    children: Vec<std::process::Child>,
+}
+
+impl NamesOutside {
+    fn start(&mut self, ctx: &SlotContext) {
+        let child = Command::new("sleep").arg("60").spawn().unwrap();
+        ctx.outside().set(child.id());
+        self.children.push(child);
+    }
+}
+
+impl Drop for NamesOutside {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Handler for NamesOutside {
+    fn preload(_: &QueueConfig) -> Result<Self, HandlerError> {
+        Ok(NamesOutside {
+            children: Vec::new(),
+        })
+    }
+
+    fn init(&mut self, ctx: &SlotContext) -> Result<(), HandlerError> {
+        self.start(ctx);
+        Ok(())
+    }
+
+    fn handle(&mut self, ctx: &SlotContext, batch: &[Task]) -> Vec<Outcome> {
+        if self.children.len() == 1 {
+            self.start(ctx);
+        }
+        vec![Outcome::done(); batch.len()]
+    }
+}
+
+#[tokio::test]
+async fn a_slot_tells_its_master_its_outside_process() {
+    let redis = TestRedis::start();
+    let cfg = QueueConfig::new("outside", HandlerConfig::named(HandlerConfig::NOOP));
+    let (report, events) = UnixDatagram::pair().unwrap();
+    events
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let stop = CancellationToken::new();
+    let spec = SlotSpec {
+        queue: cfg,
+        slot: 5,
+        redis_url: redis.url(),
+        namespace: "test".into(),
+        connect: ConnectOptions::default(),
+        report: Some(report),
+        host: "test-host".into(),
+        chains: Default::default(),
+    };
+    let thread = {
+        let stop = stop.clone();
+        let handler = NamesOutside::preload(&spec.queue).unwrap();
+        std::thread::spawn(move || run_slot(spec, Box::new(handler), Some(stop)))
+    };
+    let mut heard: Vec<SlotEvent> = Vec::new();
+    let next_event = || {
+        let mut buf = [0u8; 4096];
+        let n = events.recv(&mut buf).ok()?;
+        Some(serde_json::from_slice::<SlotEvent>(&buf[..n]).unwrap())
+    };
+    let outside_pids = |heard: &[SlotEvent]| -> Vec<Option<u32>> {
+        heard
+            .iter()
+            .filter_map(|e| match e {
+                SlotEvent::Outside {
+                    slot: 5, outside, ..
+                } => Some(*outside),
+                _ => None,
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut enqueued = false;
+    while outside_pids(&heard).len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "heard {heard:?}");
+        if let Some(ev) = next_event() {
+            heard.push(ev);
+        }
+        if !enqueued && outside_pids(&heard).len() == 1 {
+            let q = redis.client().await.queue("outside").unwrap();
+            q.enqueue_many(&[NewTask::new("{}")]).await.unwrap();
+            enqueued = true;
+        }
+    }
+    stop.cancel();
+    assert_eq!(thread.join().unwrap(), gaffer::slot::EXIT_STOPPED);
+    let told = outside_pids(&heard);
+    assert!(
+        told.iter().all(Option::is_some) && told[0] != told[1],
+        "the first child at init, the second after the batch: {heard:?}"
+    );
+    let ready = heard
+        .iter()
+        .position(|e| matches!(e, SlotEvent::Ready { .. }))
+        .unwrap();
+    let first = heard
+        .iter()
+        .position(|e| matches!(e, SlotEvent::Outside { .. }))
+        .unwrap();
+    assert!(ready < first, "{heard:?}");
 }
