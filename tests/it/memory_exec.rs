@@ -221,6 +221,12 @@ async fn the_hosts_pss_counts_exec_children() {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(gauge > (3 * 64 * MIB) as f64, "{gauge}");
+    let queue_gauge = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("gaffer_queue_pss_bytes{queue=\"big\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(queue_gauge > (3 * 60 * MIB) as f64, "{queue_gauge}");
 }
 
 #[tokio::test]
