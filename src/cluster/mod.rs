@@ -49,7 +49,8 @@ pub struct HostReport {
     pub capacity: u32,
     /// Slots running now.
     pub slots: u32,
-    /// Σ PSS of master, zygote and slots.
+    /// Σ PSS of the master's whole process tree (master, zygotes, slots, every exec
+    /// child and what it started) and of the slots' outside processes, each process once.
     pub pss_bytes: u64,
     /// MemAvailable, bounded by the cgroup's memory.max when set.
     pub mem_available_bytes: u64,
@@ -95,6 +96,11 @@ pub struct QueueReport {
     pub crashes_total: u64,
     /// Slots killed by the watchdog.
     pub hung_total: u64,
+    /// Σ PSS of the queue's running slots, each with its descendants and its outside
+    /// process's tree (zygotes are not in it). Absent in the reports of masters from
+    /// before it: 0.
+    #[serde(default)]
+    pub pss_bytes: u64,
 }
 
 /// Slots per host and queue, as the manager decided.

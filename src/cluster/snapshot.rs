@@ -560,6 +560,9 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                     "last_seen_ms": r.ts_ms,
                     "queues": r.queues.iter().map(|(q, qr)| (q.clone(), json!(qr.slots)))
                         .collect::<serde_json::Map<_, _>>(),
+                    // (beside "queues", whose values are slot counts and stay so)
+                    "queue_pss_bytes": r.queues.iter().map(|(q, qr)| (q.clone(), json!(qr.pss_bytes)))
+                        .collect::<serde_json::Map<_, _>>(),
                 }),
             )
         })

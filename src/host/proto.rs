@@ -106,6 +106,19 @@ pub enum SlotEvent {
         /// Its pid.
         pid: u32,
     },
+    /// The slot's process outside its own process tree changed
+    /// ([`crate::host::handler::SlotContext::outside`]: a `start = "fork"` exec child,
+    /// which its language zygote forked, not the slot): the master counts that process's
+    /// tree as the slot's memory. Sent after init and between batches when it changed,
+    /// and again now and then while it is set (a datagram may be dropped).
+    Outside {
+        /// The master's number for the slot.
+        slot: u32,
+        /// Its pid.
+        pid: u32,
+        /// The outside process; none any more when null.
+        outside: Option<u32>,
+    },
     /// About to exit, and why.
     Exiting {
         /// The master's number for the slot.
@@ -128,7 +141,55 @@ impl SlotEvent {
             | SlotEvent::Progress { pid, .. }
             | SlotEvent::BatchDone { pid, .. }
             | SlotEvent::Idle { pid, .. }
+            | SlotEvent::Outside { pid, .. }
             | SlotEvent::Exiting { pid, .. } => *pid,
         }
+    }
+
+    /// The master's number of the slot that sent it.
+    pub fn slot(&self) -> u32 {
+        match self {
+            SlotEvent::Ready { slot, .. }
+            | SlotEvent::BatchStarted { slot, .. }
+            | SlotEvent::Progress { slot, .. }
+            | SlotEvent::BatchDone { slot, .. }
+            | SlotEvent::Idle { slot, .. }
+            | SlotEvent::Outside { slot, .. }
+            | SlotEvent::Exiting { slot, .. } => *slot,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_outside_event_reads_back_and_names_its_slot() {
+        let ev = SlotEvent::Outside {
+            slot: 3,
+            pid: 40,
+            outside: Some(41),
+        };
+        let text = serde_json::to_string(&ev).unwrap();
+        assert_eq!(text, r#"{"ev":"outside","slot":3,"pid":40,"outside":41}"#);
+        assert_eq!(serde_json::from_str::<SlotEvent>(&text).unwrap(), ev);
+        assert_eq!((ev.slot(), ev.pid()), (3, 40));
+        let gone: SlotEvent =
+            serde_json::from_str(r#"{"ev":"outside","slot":3,"pid":40,"outside":null}"#).unwrap();
+        assert_eq!(
+            gone,
+            SlotEvent::Outside {
+                slot: 3,
+                pid: 40,
+                outside: None
+            }
+        );
+        // The events a slot sent before this one existed read as they did.
+        let done: SlotEvent = serde_json::from_str(
+            r#"{"ev":"batch_done","slot":1,"pid":2,"tasks":3,"failed":0,"busy_ms":5,"stale":0}"#,
+        )
+        .unwrap();
+        assert_eq!(done.slot(), 1);
     }
 }

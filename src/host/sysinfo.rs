@@ -5,8 +5,11 @@
 //! slots both use it, and it uses neither.
 //! The text formats are parsed here rather than through `procfs`, whose smaps parser yields
 //! a map of untyped fields: the handful of `Key: N kB` lines needed are simpler to read
-//! directly, and the pure parsers can be tested on fixtures.
+//! directly, and the pure parsers can be tested on fixtures. The process tree
+//! ([`ProcTree`]) is read through `procfs`: one `stat` per process, of which only the
+//! parent is kept.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -33,6 +36,23 @@ pub enum SysinfoError {
     /// The CPU count was unavailable.
     #[error("counting cpus: {0}")]
     Cpus(io::Error),
+    /// `/proc` could not be listed.
+    #[error("listing the processes in /proc: {0}")]
+    Scan(#[source] procfs::ProcError),
+}
+
+impl SysinfoError {
+    /// Whether the reading failed because its process is gone (exited, or a zombie whose
+    /// memory is already freed): normal for a process of a tree read a moment earlier.
+    pub fn is_gone(&self) -> bool {
+        match self {
+            SysinfoError::Read { source, .. } => {
+                source.kind() == io::ErrorKind::NotFound
+                    || source.raw_os_error() == Some(libc::ESRCH)
+            }
+            _ => false,
+        }
+    }
 }
 
 /// What was wrong with a file's text.
@@ -57,6 +77,25 @@ pub struct Rollup {
     pub shared_dirty: u64,
     /// Resident set size, shared pages counted in full.
     pub rss: u64,
+}
+
+impl Rollup {
+    /// Adds `other`'s figures to these (saturating): the memory of two sets of pages
+    /// counted as one.
+    pub fn add(&mut self, other: &Rollup) {
+        let fields = [
+            (&mut self.pss, other.pss),
+            (&mut self.pss_anon, other.pss_anon),
+            (&mut self.private_dirty, other.private_dirty),
+            (&mut self.private_clean, other.private_clean),
+            (&mut self.shared_clean, other.shared_clean),
+            (&mut self.shared_dirty, other.shared_dirty),
+            (&mut self.rss, other.rss),
+        ];
+        for (mine, theirs) in fields {
+            *mine = mine.saturating_add(theirs);
+        }
+    }
 }
 
 /// Parses the text of `/proc/PID/smaps_rollup`.
@@ -135,6 +174,131 @@ pub fn private_dirty(pid: u32) -> Result<u64, SysinfoError> {
 /// The Private_Dirty of the calling process, for a slot deciding whether to recycle itself.
 pub fn self_private_dirty() -> Result<u64, SysinfoError> {
     read_parsed("/proc/self/smaps_rollup", parse_smaps_rollup).map(|r| r.private_dirty)
+}
+
+/// Which process is whose child, as `/proc` said when it was read: what a process's
+/// memory is summed over (its descendants: an exec child, and whatever that started).
+///
+/// The scan is not atomic: a process started after it is missing, and one that exited
+/// meanwhile may still be listed. Readings over the tree skip the latter ([`Rollups`]);
+/// the former is counted by the next scan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcTree {
+    /// Parent → its children.
+    children: BTreeMap<u32, Vec<u32>>,
+}
+
+impl ProcTree {
+    /// The tree of `(pid, parent pid)` pairs.
+    pub fn from_pairs(pairs: impl IntoIterator<Item = (u32, u32)>) -> Self {
+        let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for (pid, ppid) in pairs {
+            if pid != ppid {
+                children.entry(ppid).or_default().push(pid);
+            }
+        }
+        ProcTree { children }
+    }
+
+    /// The tree of every process now, from one scan of `/proc/*/stat`. A process that
+    /// exits during the scan is left out.
+    pub fn read() -> Result<Self, SysinfoError> {
+        let all = procfs::process::all_processes().map_err(SysinfoError::Scan)?;
+        Ok(Self::from_pairs(all.filter_map(|p| {
+            let stat = p.ok()?.stat().ok()?;
+            Some((
+                u32::try_from(stat.pid).ok()?,
+                u32::try_from(stat.ppid).ok()?,
+            ))
+        })))
+    }
+
+    /// Every descendant of `pid` (children, their children, …), not `pid` itself.
+    pub fn descendants(&self, pid: u32) -> Vec<u32> {
+        let mut seen = BTreeSet::from([pid]);
+        let mut out = Vec::new();
+        let mut next = vec![pid];
+        while let Some(p) = next.pop() {
+            for &c in self.children.get(&p).into_iter().flatten() {
+                // (a pid reused during the scan could close a loop)
+                if seen.insert(c) {
+                    out.push(c);
+                    next.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    /// `roots` and all their descendants, each process once, in first-seen order: the
+    /// processes a slot's memory is summed over (its own tree and its outside process's).
+    pub fn trees(&self, roots: impl IntoIterator<Item = u32>) -> Vec<u32> {
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::new();
+        for root in roots {
+            for p in std::iter::once(root).chain(self.descendants(root)) {
+                if seen.insert(p) {
+                    out.push(p);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The memory rollups of a set of processes, each read once, so that overlapping subsets
+/// (the host, each slot) are summed from the same readings.
+#[derive(Debug, Default)]
+pub struct Rollups {
+    /// What was read, by pid.
+    by_pid: BTreeMap<u32, Rollup>,
+    /// Processes that could not be read for another reason than being gone (another
+    /// user's process without CAP_SYS_PTRACE), with why.
+    pub unreadable: Vec<(u32, SysinfoError)>,
+}
+
+impl Rollups {
+    /// Reads the rollup of every pid in `pids`, once each; processes gone meanwhile are
+    /// left out silently, others that cannot be read are kept in `unreadable`.
+    pub fn read(pids: impl IntoIterator<Item = u32>) -> Self {
+        let mut out = Rollups::default();
+        for pid in pids {
+            if out.by_pid.contains_key(&pid) {
+                continue;
+            }
+            match rollup(pid) {
+                Ok(r) => {
+                    out.by_pid.insert(pid, r);
+                }
+                Err(e) if e.is_gone() => {}
+                Err(e) => out.unreadable.push((pid, e)),
+            }
+        }
+        out
+    }
+
+    /// Rollups given rather than read (for tests).
+    pub fn from_readings(readings: impl IntoIterator<Item = (u32, Rollup)>) -> Self {
+        Rollups {
+            by_pid: readings.into_iter().collect(),
+            unreadable: Vec::new(),
+        }
+    }
+
+    /// Σ over every process read.
+    pub fn total(&self) -> Rollup {
+        self.sum(self.by_pid.keys().copied())
+    }
+
+    /// Σ over `pids` (each once, those not read left out).
+    pub fn sum(&self, pids: impl IntoIterator<Item = u32>) -> Rollup {
+        let pids: BTreeSet<u32> = pids.into_iter().collect();
+        let mut sum = Rollup::default();
+        for r in pids.iter().filter_map(|p| self.by_pid.get(p)) {
+            sum.add(r);
+        }
+        sum
+    }
 }
 
 /// Parses `MemAvailable` out of `/proc/meminfo` text, in bytes.
@@ -432,6 +596,130 @@ Locked:                0 kB
         drop(child.stdin.take());
         child.wait().unwrap();
         assert!(dirty >= 64 * MIB, "private dirty {dirty}");
+    }
+
+    /// 1 ─ 10 ─┬ 11
+    ///         └ 12 ─ 13 ─ 14
+    /// 1 ─ 20 ─ 21
+    fn fixture_tree() -> ProcTree {
+        ProcTree::from_pairs([
+            (10, 1),
+            (11, 10),
+            (12, 10),
+            (13, 12),
+            (14, 13),
+            (20, 1),
+            (21, 20),
+            (1, 0),
+        ])
+    }
+
+    #[test]
+    fn descendants_are_the_whole_subtree_and_nothing_else() {
+        let tree = fixture_tree();
+        let sorted = |mut v: Vec<u32>| {
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(sorted(tree.descendants(10)), vec![11, 12, 13, 14]);
+        assert_eq!(sorted(tree.descendants(12)), vec![13, 14]);
+        assert_eq!(tree.descendants(14), Vec::<u32>::new());
+        assert_eq!(tree.descendants(99), Vec::<u32>::new(), "an unknown pid");
+        assert_eq!(sorted(tree.descendants(1)).len(), 7);
+    }
+
+    #[test]
+    fn trees_union_counts_each_process_once() {
+        let tree = fixture_tree();
+        // A slot (12) whose outside process is 20, and a root listed twice.
+        assert_eq!(tree.trees([12, 20, 12]), vec![12, 13, 14, 20, 21]);
+        // An outside process inside the slot's own tree adds nothing.
+        assert_eq!(tree.trees([10, 13]).len(), 5);
+        // A process gone since the scan still names itself.
+        assert_eq!(tree.trees([99]), vec![99]);
+    }
+
+    #[test]
+    fn a_loop_from_reused_pids_ends() {
+        // (30's parent 31 exited and its pid went to 30's child during the scan)
+        let tree = ProcTree::from_pairs([(30, 31), (31, 30), (32, 31)]);
+        let mut d = tree.descendants(30);
+        d.sort_unstable();
+        assert_eq!(d, vec![31, 32]);
+        assert_eq!(
+            ProcTree::from_pairs([(5, 5)]).descendants(5),
+            Vec::<u32>::new()
+        );
+    }
+
+    #[test]
+    fn rollups_sum_subsets_once_each() {
+        let r = |pss, private_dirty| Rollup {
+            pss,
+            private_dirty,
+            ..Rollup::default()
+        };
+        let rollups = Rollups::from_readings([(1, r(100, 10)), (2, r(20, 2)), (3, r(3, 1))]);
+        assert_eq!(rollups.total(), r(123, 13));
+        assert_eq!(rollups.sum([2, 3, 2, 9]), r(23, 3), "9 was not read");
+        assert_eq!(rollups.sum([]), Rollup::default());
+    }
+
+    #[test]
+    fn live_tree_holds_a_grandchild_and_its_memory() {
+        // A child that starts a grandchild writing 32 MiB, then says so.
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                r#"
+import subprocess, sys
+grow = "import sys\nb = bytearray(b'\\x01') * (32 << 20)\nprint('ready', flush=True)\nsys.stdin.read()"
+g = subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+print(g.pid, g.stdout.readline().decode().strip(), flush=True)
+sys.stdin.read()
+g.stdin.close()
+g.wait()
+"#,
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let (grandchild, ready) = line.trim().split_once(' ').unwrap();
+        assert_eq!(ready, "ready", "{line}");
+        let grandchild: u32 = grandchild.parse().unwrap();
+        let tree = ProcTree::read().unwrap();
+        let mine = tree.descendants(std::process::id());
+        let theirs = tree.trees([child.id()]);
+        let rollups = Rollups::read(theirs.clone());
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        assert!(
+            mine.contains(&child.id()) && mine.contains(&grandchild),
+            "{mine:?}"
+        );
+        assert_eq!(theirs, vec![child.id(), grandchild]);
+        assert!(rollups.unreadable.is_empty(), "{:?}", rollups.unreadable);
+        let dirty = rollups.total().private_dirty;
+        assert!(dirty >= 32 * MIB, "private dirty of the tree {dirty}");
+        assert!(rollups.sum([grandchild]).private_dirty >= 32 * MIB);
+    }
+
+    #[test]
+    fn a_process_gone_is_left_out_not_unreadable() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let rollups = Rollups::read([pid, std::process::id()]);
+        assert!(rollups.unreadable.is_empty(), "{:?}", rollups.unreadable);
+        assert_eq!(rollups.sum([pid]), Rollup::default());
+        assert!(rollups.total().pss > 0);
     }
 
     #[test]

@@ -12,7 +12,9 @@ use serde::Serialize;
 /// Readings and settings one capacity decision is made from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CapacityInput {
-    /// Σ PSS of the master, the zygote and every running slot, in bytes.
+    /// Σ PSS of the master's whole process tree (zygotes, slots, their exec children and
+    /// what those started) and of the slots' outside processes, each once, in bytes: a
+    /// slot's share of it, the average slot, includes its exec child.
     pub pss_total: u64,
     /// Slots running now.
     pub slots: u32,

@@ -28,6 +28,8 @@ pub(super) struct Reporting {
     pub(super) started_ms: u64,
     /// The `/status` document, shared with the HTTP server.
     pub(super) status: Arc<Mutex<serde_json::Value>>,
+    /// Each running slot's PSS as last measured: its tree and its outside process's.
+    pub(super) slot_pss: BTreeMap<u32, u64>,
 }
 
 impl Reporting {
@@ -37,6 +39,7 @@ impl Reporting {
             last: HostReport::default(),
             started_ms: cluster::now_ms(),
             status,
+            slot_pss: BTreeMap::new(),
         }
     }
 }
@@ -63,34 +66,32 @@ struct SlotStatus<'a> {
     ready_ms: Option<f64>,
     /// Asked to exit once its long task ended (an old generation's, or a surplus).
     retiring: bool,
+    /// Its process outside its own tree (a fork-mode exec child), as it last said.
+    outside_pid: Option<u32>,
+    /// PSS of its tree and its outside process's tree, as last measured; null before.
+    pss_bytes: Option<u64>,
 }
 
-/// Σ PSS of `pids`, leaving out those that cannot be read.
-fn pss_total(pids: Vec<u32>) -> u64 {
-    pids.into_iter()
-        .filter_map(|pid| match sysinfo::pss(pid) {
-            Ok(pss) => Some(pss),
-            // A slot that just exited has no smaps_rollup: normal, and gone next tick.
-            Err(sysinfo::SysinfoError::Read { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                None
-            }
-            Err(e) => {
-                // Anything else (no CAP_SYS_PTRACE over a slot of another user) leaves
-                // that slot out of the budget for as long as it lasts: say so, once.
-                static WARNED: AtomicBool = AtomicBool::new(false);
-                if !WARNED.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(pid, error = %e, "cannot measure a slot's PSS; the memory budget leaves it out");
-                }
-                None
-            }
-        })
-        .sum()
+/// What one tick measured of the processes' memory.
+struct Memory {
+    /// Σ PSS of the host's processes, each once.
+    host: u64,
+    /// Each slot's: its tree ∪ its outside process's tree.
+    slots: BTreeMap<u32, u64>,
+}
+
+/// Says once per master that some process cannot be measured: it is left out of the
+/// budget for as long as it lasts (a slot of another user without CAP_SYS_PTRACE).
+fn warn_unreadable(what: &str, pid: u32, e: &sysinfo::SysinfoError) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(pid, error = %e, "cannot measure {what}; the memory budget leaves it out");
+    }
 }
 
 impl Master {
-    /// The master, its zygotes and its forked slots.
+    /// The master, its zygotes and its forked slots: what is measured when `/proc`
+    /// cannot be scanned for their descendants.
     fn pids(&self) -> Vec<u32> {
         let mut pids = vec![std::process::id()];
         pids.extend(
@@ -104,9 +105,44 @@ impl Master {
         pids
     }
 
+    /// The PSS of the host's processes and of each slot, from one scan of `/proc` and
+    /// one rollup per process: the master's whole tree (zygotes, language zygotes,
+    /// slots, exec children and what they started) plus any slot's outside process's
+    /// tree that is not in it, each process once.
+    fn memory(&self) -> Memory {
+        let (tree, roots) = match sysinfo::ProcTree::read() {
+            Ok(tree) => (tree, vec![std::process::id()]),
+            Err(e) => {
+                warn_unreadable("the process tree", std::process::id(), &e);
+                (sysinfo::ProcTree::default(), self.pids())
+            }
+        };
+        let slots: Vec<(u32, Vec<u32>)> = self
+            .slots
+            .procs
+            .iter()
+            .filter_map(|(&n, s)| Some((n, tree.trees(std::iter::once(s.pid?).chain(s.outside)))))
+            .collect();
+        let mut host = tree.trees(roots);
+        host.extend(slots.iter().flat_map(|(_, pids)| pids.iter().copied()));
+        let rollups = sysinfo::Rollups::read(host.iter().copied());
+        if let Some((pid, e)) = rollups.unreadable.first() {
+            warn_unreadable("a process", *pid, e);
+        }
+        Memory {
+            host: rollups.sum(host).pss,
+            slots: slots
+                .into_iter()
+                .map(|(n, pids)| (n, rollups.sum(pids).pss))
+                .collect(),
+        }
+    }
+
     /// Reads the host and sizes it ([`capacity::capacity`]).
     pub(super) fn measure(&mut self) {
-        let pss_total = pss_total(self.pids());
+        let memory = self.memory();
+        let pss_total = memory.host;
+        self.reporting.slot_pss = memory.slots;
         let (limit, usage) = sysinfo::cgroup_memory()
             .ok()
             .flatten()
@@ -149,11 +185,12 @@ impl Master {
         for (name, q) in &self.slots.queues {
             queues.insert(name.clone(), q.report.clone());
         }
-        for s in self.slots.procs.values() {
+        for (n, s) in &self.slots.procs {
             let r = queues.entry(s.queue.clone()).or_default();
             if s.state != SlotState::Stopping {
                 r.slots += 1;
             }
+            r.pss_bytes += self.reporting.slot_pss.get(n).copied().unwrap_or(0);
             // Running slots count their life so far, so load is right before they exit.
             r.slot_lifetime_seconds_total += (now - s.spawned_at).as_secs_f64();
         }
@@ -222,6 +259,8 @@ impl Master {
                     age_seconds: (now - s.spawned_at).as_secs_f64(),
                     ready_ms: s.ready_after.map(|d| d.as_secs_f64() * 1000.0),
                     retiring: s.retiring,
+                    outside_pid: s.outside,
+                    pss_bytes: self.reporting.slot_pss.get(&slot).copied(),
                 })
                 .collect(),
         };

@@ -48,6 +48,9 @@ pub(super) struct SlotProc {
     pub(super) ready_after: Option<Duration>,
     /// Asked to retire ([`RETIRE_SIGNAL`]): it exits once its long task ended.
     pub(super) retiring: bool,
+    /// Its process outside its own tree, as it last said ([`SlotEvent::Outside`]): that
+    /// process's tree counts as the slot's memory.
+    pub(super) outside: Option<u32>,
 }
 
 impl SlotProc {
@@ -65,12 +68,18 @@ impl SlotProc {
             exit_reason: None,
             ready_after: None,
             retiring: false,
+            outside: None,
         }
     }
 
     /// Where the slot is in its life after its event `ev` at `now` (a stopping slot stays
     /// stopping).
     fn observe(&mut self, ev: &SlotEvent, now: Instant) {
+        if let SlotEvent::Outside { outside, .. } = ev {
+            // (news of a process, not of work: the watchdog's clock is left alone)
+            self.outside = *outside;
+            return;
+        }
         self.last_progress = now;
         if let SlotEvent::Ready { .. } = ev {
             self.ready_after = Some(now - self.spawned_at);
@@ -88,7 +97,9 @@ impl SlotProc {
             // long task's slot taken for idle would be stopped, its task cut short, where
             // a busy one is left to finish or retired.
             SlotEvent::Progress { .. } if self.state == SlotState::Idle => SlotState::Busy,
-            SlotEvent::Progress { .. } | SlotEvent::Exiting { .. } => self.state,
+            SlotEvent::Progress { .. } | SlotEvent::Outside { .. } | SlotEvent::Exiting { .. } => {
+                self.state
+            }
         };
     }
 }
@@ -414,15 +425,7 @@ impl Master {
 
     /// A slot's datagram: its state, progress and batch counters.
     pub(super) fn slot_event(&mut self, ev: SlotEvent) {
-        let pid = ev.pid();
-        let (slot, now) = match &ev {
-            SlotEvent::Ready { slot, .. }
-            | SlotEvent::BatchStarted { slot, .. }
-            | SlotEvent::Progress { slot, .. }
-            | SlotEvent::BatchDone { slot, .. }
-            | SlotEvent::Idle { slot, .. }
-            | SlotEvent::Exiting { slot, .. } => (*slot, Instant::now()),
-        };
+        let (pid, slot, now) = (ev.pid(), ev.slot(), Instant::now());
         let Some(s) = self.slots.procs.get_mut(&slot) else {
             return;
         };
@@ -520,5 +523,31 @@ mod tests {
             p.observe(&ev, now);
             assert_eq!(p.state, SlotState::Stopping, "{ev:?}");
         }
+    }
+
+    #[test]
+    fn the_outside_pid_is_kept_and_changes_neither_state_nor_progress() {
+        let before = Instant::now();
+        let mut p = proc_in(SlotState::Busy);
+        let later = before + Duration::from_secs(5);
+        let outside = |outside| SlotEvent::Outside {
+            slot: 1,
+            pid: 2,
+            outside,
+        };
+        p.observe(&outside(Some(77)), later);
+        assert_eq!(p.outside, Some(77));
+        assert_eq!(p.state, SlotState::Busy);
+        assert!(
+            p.last_progress < later,
+            "a hung slot's child is no progress"
+        );
+        p.observe(&outside(Some(78)), later);
+        assert_eq!(p.outside, Some(78));
+        p.observe(&outside(None), later);
+        assert_eq!(p.outside, None);
+        let mut idle = proc_in(SlotState::Idle);
+        idle.observe(&outside(Some(9)), later);
+        assert_eq!((idle.state, idle.outside), (SlotState::Idle, Some(9)));
     }
 }

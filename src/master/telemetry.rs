@@ -152,6 +152,7 @@ pub(crate) fn host_gauges(r: &HostReport) {
     for (q, qr) in &r.queues {
         gauge!("gaffer_queue_slots", "queue" => q.clone()).set(f64::from(qr.slots));
         gauge!("gaffer_queue_slots_wanted", "queue" => q.clone()).set(f64::from(qr.wanted));
+        gauge!("gaffer_queue_pss_bytes", "queue" => q.clone()).set(qr.pss_bytes as f64);
         // A float total kept by the master; a gauge because counters take integers.
         gauge!("gaffer_handler_busy_seconds_total", "queue" => q.clone())
             .set(qr.busy_seconds_total);

@@ -28,8 +28,8 @@ use super::forked::{ForkError, Forked, Streams};
 use crate::config::{Handler as HandlerConfig, KILL_AFTER_TERM, QueueConfig, Start};
 use crate::host::fork::START_ENV;
 use crate::host::handler::{
-    Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, SlotContext, SlotStop, Stop,
-    Task, check_json_depth, check_payload_size,
+    Handler, HandlerError, MAX_JSON_DEPTH, Outcome, OutsidePid, PayloadError, SlotContext,
+    SlotStop, Stop, Task, check_json_depth, check_payload_size,
 };
 
 /// Longest reply line accepted from the child; a longer one is malformed, so a runaway
@@ -53,6 +53,9 @@ pub struct Exec {
     command: Vec<String>,
     /// Started anew per child, or forked by the queue's language zygote.
     start: Start,
+    /// Where a forked child is named as the slot's process outside its tree, so that
+    /// its memory counts as the slot's (0 once it has ended).
+    outside: OutsidePid,
     child: Option<Running>,
     max_reply: usize,
     /// Writes the stop line while a batch is in the child (batch queues; started with
@@ -655,7 +658,8 @@ impl Exec {
             .retain(|rx| matches!(rx.try_recv(), Err(mpsc::TryRecvError::Empty)));
         self.stderr_open.push(open);
         if let Proc::Forked(_) = process {
-            ctx.outside().set(pid);
+            self.outside = ctx.outside().clone();
+            self.outside.set(pid);
         }
         tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
             command = ?self.command, start = self.start.name(), "exec child started");
@@ -733,6 +737,7 @@ impl Exec {
             return;
         };
         let pid = running.process.id();
+        self.outside.set(0);
         running.process.signal(Signal::SIGKILL);
         match running.process.reap() {
             Ok(status) => {
@@ -909,6 +914,7 @@ impl Handler for Exec {
         Ok(Exec {
             command: command.clone(),
             start: *start,
+            outside: OutsidePid::default(),
             child: None,
             max_reply: MAX_REPLY_BYTES,
             stderr_open: Vec::new(),
@@ -1103,6 +1109,7 @@ impl Exec {
             return;
         };
         drop(stdin);
+        self.outside.set(0);
         // Read to its end and dropped: a child that writes at the end of its input must
         // neither die of SIGPIPE nor block on a full pipe for it.
         let _ = std::thread::Builder::new()

@@ -20,10 +20,10 @@ use crate::host::handler::{
 use crate::host::proto::{
     EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, RETIRE_SIGNAL, SlotEvent, SlotSpec,
 };
-use crate::host::sysinfo;
 use crate::queue_client::Worker as RecordWorker;
 
 mod long;
+mod memory;
 
 use crate::queue_client::{
     Batch, LeasedTask, Queue, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult,
@@ -345,6 +345,7 @@ async fn run(
         cancel,
         handler_stop,
         outside,
+        memory: memory::SlotMemory::default(),
     }
     .serve()
     .await
@@ -354,6 +355,8 @@ async fn run(
 struct Serving {
     /// A process of the handler's outside this one's tree (a forked exec child).
     outside: OutsidePid,
+    /// The processes its memory is summed over, and what the master was told of them.
+    memory: memory::SlotMemory,
     /// The queue it serves.
     cfg: QueueConfig,
     /// The master's number for it.
@@ -417,6 +420,7 @@ impl Taken {
 impl Serving {
     async fn serve(mut self) -> End {
         loop {
+            self.tell_outside();
             if self.stopping {
                 self.give_back_ahead().await;
                 return (EXIT_STOPPED, "asked to stop".into());
@@ -784,18 +788,31 @@ impl Serving {
         (result, back, lease_until)
     }
 
-    /// Recycles the slot when its Private_Dirty passed the queue's limit.
-    fn over_memory_limit(&self) -> Option<End> {
+    /// Tells the master of the slot's outside process when it changed (after init, and
+    /// between batches), so that its memory counts as this slot's.
+    fn tell_outside(&mut self) {
+        if let Some(outside) = self.memory.outside_news(self.outside.get(), Instant::now()) {
+            self.reporter.send(&SlotEvent::Outside {
+                slot: self.slot,
+                pid: self.pid,
+                outside,
+            });
+        }
+    }
+
+    /// Recycles the slot when the Private_Dirty of its processes passed the queue's
+    /// limit: its own and its descendants' (a spawned exec child, what that started) and
+    /// its outside process's tree (a forked exec child).
+    fn over_memory_limit(&mut self) -> Option<End> {
         let limit = self.cfg.private_dirty_limit?;
-        let outside = self
-            .outside
-            .get()
-            .and_then(|pid| sysinfo::private_dirty(pid).ok());
-        match sysinfo::self_private_dirty().map(|own| own + outside.unwrap_or(0)) {
+        let dirty = self
+            .memory
+            .private_dirty(self.pid, self.outside.get(), Instant::now());
+        match dirty {
             Ok(dirty) if dirty > limit => Some((
                 EXIT_RECYCLE,
                 format!(
-                    "private dirty memory {} over the limit of {}",
+                    "private dirty memory of the slot's processes {} over the limit of {} (private_dirty_limit)",
                     bytesize::ByteSize(dirty),
                     bytesize::ByteSize(limit)
                 ),

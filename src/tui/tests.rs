@@ -137,6 +137,7 @@ fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) 
                     recycles_total: 1,
                     crashes_total: 0,
                     hung_total: 0,
+                    pss_bytes: 0,
                 };
                 (q.to_string(), report)
             })

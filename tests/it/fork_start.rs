@@ -293,3 +293,111 @@ async fn a_handler_that_cannot_import_fails_its_slots_with_the_traceback_and_bac
     );
     assert!(log.contains("backing off"), "{log}");
 }
+
+/// A `gaffer_exec` handler in `dir` whose module runs `preload` at import and `task` per
+/// task (with `t` the task), answering ok.
+fn sdk_handler(dir: &Path, name: &str, preload: &str, task: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.py"));
+    std::fs::write(
+        &path,
+        format!(
+            "import os, sys, time\nsys.path.insert(0, {sdk:?})\nimport gaffer_exec\n{preload}\n\
+             def handle(tasks):\n    out = []\n    for t in tasks:\n        {task}\n\
+             \x20       out.append({{\"id\": t[\"id\"], \"status\": \"ok\"}})\n    return out\n\
+             gaffer_exec.serve(handle)\n",
+            sdk = sdk("python").display().to_string(),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[tokio::test]
+async fn the_host_counts_forked_children_and_their_language_zygote_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // 64 MiB shared from the language zygote, and 16 MiB each child writes of its own.
+    let script = sdk_handler(
+        dir.path(),
+        "shared",
+        "DATA = bytearray(b'\\x01') * (64 << 20)\nOWN = []",
+        "OWN or OWN.append(bytearray(b'\\x02') * (16 << 20))",
+    );
+    let m = TestMaster::start(&queue_table("python3", &script, "fork", ""), &[("q", 3)]).await;
+    every_slot_worked(&m, 3).await;
+    let (status, measured) = crate::harness::poll_some(
+        Duration::from_secs(20),
+        "a reported PSS within 10 % of the master's tree, each slot's child named",
+        || async {
+            let status = m.status()?;
+            let measured = tree_pss(m.pid());
+            let reported = status["host"]["pss_bytes"].as_u64()?;
+            let named = slots(&status)
+                .iter()
+                .all(|s| s["outside_pid"].as_u64().is_some());
+            (named && reported.abs_diff(measured) * 10 <= measured).then_some((status, measured))
+        },
+    )
+    .await;
+    // The zygote's 64 MiB once, not three times; each child's 16 MiB in its slot's figure.
+    assert!(
+        measured > 64 * MIB + 3 * 16 * MIB && measured < 2 * 64 * MIB + 3 * 16 * MIB,
+        "Σ PSS {} MiB",
+        measured >> 20
+    );
+    for slot in slots(&status) {
+        assert!(
+            slot["pss_bytes"].as_u64().unwrap_or(0) >= 16 * MIB,
+            "a slot's figure holds its forked child: {slot}"
+        );
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test]
+async fn a_leaking_forked_child_recycles_its_slot_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("record");
+    // 20 MiB written and kept per task, each task's start and end recorded with the pid.
+    let script = sdk_handler(
+        dir.path(),
+        "leaky",
+        &format!("HOG = []\nRECORD = {:?}", record.display().to_string()),
+        "open(RECORD, 'a').write(f\"start {t['id']} {os.getpid()}\\n\")\n\
+         \x20       HOG.append(bytearray(b'\\x01') * (20 << 20))\n\
+         \x20       open(RECORD, 'a').write(f\"end {t['id']} {os.getpid()}\\n\")",
+    );
+    let extra = "private_dirty_limit = \"100MiB\"\n";
+    let m = TestMaster::start(&queue_table("python3", &script, "fork", extra), &[("q", 1)]).await;
+    let q = m.queue("q");
+    let ids = enqueue(&q, (0..14).map(|i| format!("{{\"n\":{i}}}"))).await;
+    eventually(Duration::from_secs(60), "every task acked", || async {
+        q.stats().await.unwrap().acked_total >= 14
+    })
+    .await;
+    let status = m
+        .wait_status("the recycles reported", Duration::from_secs(10), |s| {
+            queue_report(s, "q", "recycles_total") >= 2
+        })
+        .await;
+    assert_eq!(queue_report(&status, "q", "crashes_total"), 0, "{status}");
+    let stats = q.stats().await.unwrap();
+    assert_eq!((stats.dead, stats.retried_total), (0, 0), "{stats:?}");
+    // Each task once, start and end in one child; no child past the limit's fifth task.
+    let text = std::fs::read_to_string(&record).unwrap();
+    let mut per_child: BTreeMap<&str, usize> = BTreeMap::new();
+    for id in &ids {
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.split(' ').nth(1) == Some(id.as_str()))
+            .collect();
+        let pids: Vec<&str> = lines.iter().filter_map(|l| l.split(' ').nth(2)).collect();
+        assert!(
+            lines.len() == 2 && lines[0].starts_with("start") && pids[0] == pids[1],
+            "task {id} ran other than once: {lines:?}"
+        );
+        *per_child.entry(pids[0]).or_default() += 1;
+    }
+    assert!(per_child.len() >= 3, "{per_child:?}");
+    assert!(per_child.values().all(|&n| n <= 5), "{per_child:?}");
+}

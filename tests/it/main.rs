@@ -19,6 +19,7 @@ mod host;
 mod invariants;
 mod long;
 mod manager;
+mod memory_exec;
 mod ordered;
 mod outage;
 mod packets;
