@@ -101,6 +101,56 @@ pub struct QueueReport {
     /// before it: 0.
     #[serde(default)]
     pub pss_bytes: u64,
+    /// Why the queue's last slot crash on this host happened, as the slot said it (its
+    /// exit reason's head and tail: a traceback's last lines), absent before any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_crash: Option<LastCrash>,
+}
+
+/// A slot's crash as its master reports it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LastCrash {
+    /// The slot's exit reason (bounded to [`LastCrash::MAX_REASON`] bytes), or its exit
+    /// code or signal when it said none.
+    pub reason: String,
+    /// When, in ms since the epoch.
+    pub at_ms: u64,
+}
+
+impl LastCrash {
+    /// The most of a reason a report carries: its first line and as many of its last
+    /// lines as fit (a handler's traceback ends with its cause).
+    pub const MAX_REASON: usize = 1024;
+
+    /// A crash now, its reason bounded.
+    pub fn new(reason: &str, at_ms: u64) -> Self {
+        LastCrash {
+            reason: bounded_reason(reason),
+            at_ms,
+        }
+    }
+}
+
+/// `reason` whole if it fits [`LastCrash::MAX_REASON`], else its first line, `…` and the
+/// last lines that fit.
+fn bounded_reason(reason: &str) -> String {
+    let reason = reason.trim();
+    if reason.len() <= LastCrash::MAX_REASON {
+        return reason.to_string();
+    }
+    let first = reason.lines().next().unwrap_or_default();
+    let first: String = first.chars().take(LastCrash::MAX_REASON / 4).collect();
+    let mut room = LastCrash::MAX_REASON.saturating_sub(first.len() + 4);
+    let mut tail: Vec<&str> = Vec::new();
+    for line in reason.lines().rev() {
+        if line.len() + 1 > room {
+            break;
+        }
+        room -= line.len() + 1;
+        tail.push(line);
+    }
+    tail.reverse();
+    format!("{first}\n…\n{}", tail.join("\n"))
 }
 
 /// Slots per host and queue, as the manager decided.
@@ -458,4 +508,33 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod last_crash_tests {
+    use super::*;
+
+    #[test]
+    fn a_long_reason_keeps_its_first_line_and_its_last_lines() {
+        let mut reason = String::from("handler init failed: the zygote exited");
+        for i in 0..200 {
+            reason.push_str(&format!("\n  File \"m{i}.py\", line {i}, in <module>"));
+        }
+        reason.push_str("\nModuleNotFoundError: No module named 'x'");
+        let c = LastCrash::new(&reason, 7);
+        assert!(
+            c.reason.len() <= LastCrash::MAX_REASON,
+            "{}",
+            c.reason.len()
+        );
+        assert!(
+            c.reason
+                .starts_with("handler init failed: the zygote exited\n…\n")
+        );
+        assert!(
+            c.reason
+                .ends_with("ModuleNotFoundError: No module named 'x'")
+        );
+        assert_eq!(LastCrash::new(" short \n", 1).reason, "short");
+    }
 }

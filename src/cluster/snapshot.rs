@@ -103,6 +103,8 @@ pub struct QueueView {
     pub recycles_total: u64,
     /// Summed over live hosts: slots that crashed.
     pub crashes_total: u64,
+    /// The newest slot crash any live host reports, with that host's name.
+    pub last_crash: Option<(String, crate::cluster::LastCrash)>,
     /// Batch or long tasks (`kind`), from the config.
     #[serde(skip)]
     pub kind: QueueKind,
@@ -446,6 +448,7 @@ async fn read_queue(
         busy_seconds_total: 0.0,
         recycles_total: 0,
         crashes_total: 0,
+        last_crash: None,
         kind: qc.kind,
         long_running: Vec::new(),
     };
@@ -464,6 +467,14 @@ async fn read_queue(
             view.busy_seconds_total += r.busy_seconds_total;
             view.recycles_total += r.recycles_total;
             view.crashes_total += r.crashes_total;
+            if let Some(crash) = &r.last_crash
+                && view
+                    .last_crash
+                    .as_ref()
+                    .is_none_or(|(_, newest)| crash.at_ms > newest.at_ms)
+            {
+                view.last_crash = Some((h.report.host.clone(), crash.clone()));
+            }
         }
     }
     Ok(view)
@@ -539,6 +550,9 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                     "processed_total": q.processed_total, "failed_total": q.failed_total,
                     "busy_seconds_total": q.busy_seconds_total,
                     "recycles_total": q.recycles_total, "crashes_total": q.crashes_total,
+                    "last_crash": q.last_crash.as_ref().map(|(host, c)| json!({
+                        "host": host, "reason": c.reason, "at_ms": c.at_ms,
+                    })),
                 }),
             )
         })

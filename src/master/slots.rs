@@ -403,6 +403,16 @@ impl Master {
         } else if s.state == SlotState::Stopping || code == Some(EXIT_STOPPED) {
             Exit::Stopped
         } else {
+            let reason = match (&s.exit_reason, code, signal) {
+                (Some(reason), _, _) => reason.clone(),
+                (None, Some(code), _) => format!("exited with code {code}"),
+                (None, None, Some(signal)) => format!("killed by signal {signal}"),
+                (None, None, None) => "ended".to_string(),
+            };
+            q.report.last_crash = Some(crate::cluster::LastCrash::new(
+                &reason,
+                crate::cluster::now_ms(),
+            ));
             Exit::Crashed
         };
         SlotExit {

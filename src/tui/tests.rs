@@ -138,6 +138,7 @@ fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) 
                     crashes_total: 0,
                     hung_total: 0,
                     pss_bytes: 0,
+                    last_crash: None,
                 };
                 (q.to_string(), report)
             })
@@ -204,6 +205,10 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
             busy_seconds_total: processed as f64 * 0.04,
             recycles_total: if q.name == "resize_photo" { 3 } else { 0 },
             crashes_total: 0,
+            last_crash: (q.name == "emails").then(|| {
+                let reason = "handler init failed: exec: the handler's zygote exited (exit code 1) before it was ready; its last lines:\nModuleNotFoundError: No module named 'PIL'";
+                ("h1".to_string(), crate::cluster::LastCrash::new(reason, 0))
+            }),
             kind: QueueKind::Batch,
             long_running: Vec::new(),
         };

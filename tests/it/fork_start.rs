@@ -292,6 +292,33 @@ async fn a_handler_that_cannot_import_fails_its_slots_with_the_traceback_and_bac
         "{log}"
     );
     assert!(log.contains("backing off"), "{log}");
+    // `gaffer stats` tells why, in the handler's own words.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&m.config)
+        .args(["stats", "--json"])
+        .output()
+        .unwrap();
+    let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reason = stats["queues"]["q"]["last_crash"]["reason"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{stats}"));
+    assert!(
+        reason.ends_with("ModuleNotFoundError: No module named 'no_such_module_here'"),
+        "{reason}"
+    );
+    assert_eq!(stats["queues"]["q"]["last_crash"]["host"], "h1", "{stats}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&m.config)
+        .arg("stats")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("the last on h1") && text.contains("No module named 'no_such_module_here'"),
+        "{text}"
+    );
 }
 
 /// A `gaffer_exec` handler in `dir` whose module runs `preload` at import and `task` per
@@ -400,4 +427,63 @@ async fn a_leaking_forked_child_recycles_its_slot_and_loses_nothing() {
     }
     assert!(per_child.len() >= 3, "{per_child:?}");
     assert!(per_child.values().all(|&n| n <= 5), "{per_child:?}");
+}
+
+#[tokio::test]
+async fn a_changed_handler_file_rolls_the_slots_onto_its_new_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("record");
+    let handler = |version: u32, name: &str| {
+        sdk_handler(
+            dir.path(),
+            name,
+            &format!(
+                "VERSION = {version}\nRECORD = {:?}",
+                record.display().to_string()
+            ),
+            "open(RECORD, 'a').write(f\"{VERSION} {os.getpid()}\\n\")",
+        )
+    };
+    let script = handler(1, "versioned");
+    let m = TestMaster::start(&queue_table("python3", &script, "fork", ""), &[("q", 2)]).await;
+    let q = m.queue("q");
+    enqueue(&q, ["{}".to_string()]).await;
+    let versions = || {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.split(' ').next().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+    };
+    eventually(Duration::from_secs(20), "a task on version 1", || async {
+        versions() == ["1"]
+    })
+    .await;
+    // Deployed as a deploy should: written beside it, renamed into place.
+    let staged = handler(2, "staged");
+    std::fs::rename(&staged, &script).unwrap();
+    m.wait_status("both slots on a new zygote", Duration::from_secs(30), |s| {
+        let gens: Vec<u64> = slots(s)
+            .iter()
+            .filter_map(|s| s["generation"].as_u64())
+            .collect();
+        gens.len() == 2
+            && gens.iter().all(|&g| g >= 2)
+            && slots(s).iter().all(|s| s["state"] == "idle")
+    })
+    .await;
+    assert!(
+        m.log()
+            .contains("a handler's source file changed; replacing the zygote"),
+        "{}",
+        m.log()
+    );
+    enqueue(&q, (0..4).map(|i| format!("{{\"n\":{i}}}"))).await;
+    eventually(
+        Duration::from_secs(20),
+        "four tasks on version 2",
+        || async { versions().iter().filter(|v| *v == "2").count() == 4 },
+    )
+    .await;
+    assert_eq!(versions().iter().filter(|v| *v == "1").count(), 1);
 }

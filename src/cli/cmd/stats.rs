@@ -89,6 +89,19 @@ fn print_queues(snap: &Snapshot) {
             load,
         );
     }
+    // A crashing queue says why under the table: its handler's own words (a traceback's
+    // last line), which `crashes_total` alone does not.
+    for (name, q) in &snap.queues {
+        if let Some((host, crash)) = &q.last_crash {
+            let ago = crate::cluster::now_ms().saturating_sub(crash.at_ms) / 1000;
+            let last = crash.reason.lines().last().unwrap_or_default();
+            println!(
+                "{name}: {} crashes, the last on {host} {ago}s ago: {}",
+                q.crashes_total,
+                crate::printable::printable(last)
+            );
+        }
+    }
 }
 
 fn print_hosts(snap: &Snapshot) {

@@ -152,6 +152,16 @@ fn counters(r: &QueueRow<'_>) -> Vec<Line<'static>> {
             "",
             format!("recycles {}  crashes {}", q.recycles_total, q.crashes_total),
         ),
+        field(
+            "last crash",
+            q.last_crash.as_ref().map_or_else(
+                || "-".to_string(),
+                |(host, c)| {
+                    let last = c.reason.lines().last().unwrap_or_default();
+                    format!("on {host}: {}", crate::printable::printable(last))
+                },
+            ),
+        ),
     ]
 }
 
