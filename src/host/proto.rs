@@ -46,7 +46,7 @@ pub struct SlotSpec {
     /// The queues follow-ups may go to (every queue of the config).
     pub chains: std::sync::Arc<crate::chain::ChainTargets>,
     /// The slot's end of its fork line, for a `start = "fork"` exec queue's slot: how its
-    /// handler asks the queue's language zygote for a child ([`crate::host::fork`]).
+    /// handler asks the queue's language zygote for a child (the fork line: README, "Handlers").
     pub fork_line: Option<std::os::unix::net::UnixStream>,
 }
 
