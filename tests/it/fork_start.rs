@@ -10,7 +10,9 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use crate::harness::eventually;
-use crate::host::{TestMaster, enqueue, kill, pss, publish, queue_report, slot_pids, slots};
+use crate::host::{
+    TestMaster, enqueue, kill, parents, process_tree, pss, publish, queue_report, slot_pids, slots,
+};
 
 /// What a handler preloads in these tests, as the acceptance sets it.
 const PRELOAD_MIB: u64 = 200;
@@ -64,30 +66,8 @@ fn queue_table(program: &str, script: &Path, start: &str, extra: &str) -> String
     )
 }
 
-/// Every process's parent, from /proc.
-fn parents() -> BTreeMap<u32, u32> {
-    procfs::process::all_processes()
-        .unwrap()
-        .filter_map(|p| p.ok()?.stat().ok())
-        .map(|s| (s.pid as u32, s.ppid as u32))
-        .collect()
-}
-
-/// `root` and every process under it.
-fn tree(root: u32) -> Vec<u32> {
-    let parents = parents();
-    let mut found = vec![root];
-    let mut i = 0;
-    while i < found.len() {
-        let p = found[i];
-        found.extend(parents.iter().filter(|(_, pp)| **pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    found
-}
-
 fn tree_pss(root: u32) -> u64 {
-    tree(root).into_iter().map(pss).sum()
+    process_tree(root).into_iter().map(pss).sum()
 }
 
 /// Sends rounds of tasks until every slot has handled one; returns the status then.
@@ -161,7 +141,7 @@ async fn perl_slots_forked_from_a_language_zygote_share_its_preload() {
 
 /// The processes of `m`'s tree whose command line holds `text`.
 fn processes_running(m: &TestMaster, text: &str) -> Vec<u32> {
-    tree(m.pid())
+    process_tree(m.pid())
         .into_iter()
         .filter(|&pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
@@ -293,13 +273,7 @@ async fn a_handler_that_cannot_import_fails_its_slots_with_the_traceback_and_bac
     );
     assert!(log.contains("backing off"), "{log}");
     // `gaffer stats` tells why, in the handler's own words.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(["stats", "--json"])
-        .output()
-        .unwrap();
-    let stats: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stats = m.stats_json();
     let reason = stats["queues"]["q"]["last_crash"]["reason"]
         .as_str()
         .unwrap_or_else(|| panic!("{stats}"));
@@ -308,13 +282,7 @@ async fn a_handler_that_cannot_import_fails_its_slots_with_the_traceback_and_bac
         "{reason}"
     );
     assert_eq!(stats["queues"]["q"]["last_crash"]["host"], "h1", "{stats}");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
-        .arg("--config")
-        .arg(&m.config)
-        .arg("stats")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = m.gaffer(&["stats"]);
     assert!(
         text.contains("the last on h1") && text.contains("No module named 'no_such_module_here'"),
         "{text}"

@@ -90,6 +90,27 @@ impl TestMaster {
         m
     }
 
+    /// `gaffer stats --json` against this master's config.
+    pub fn stats_json(&self) -> Value {
+        serde_json::from_str(&self.gaffer(&["stats", "--json"])).unwrap()
+    }
+
+    /// `gaffer ARGS` against this master's config; its stdout (it must succeed).
+    pub fn gaffer(&self, args: &[&str]) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("master.log")).unwrap_or_default()
     }
@@ -182,6 +203,41 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
     s.read_to_string(&mut out).ok()?;
     let (head, body) = out.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.").then(|| body.to_string())
+}
+
+/// Every process's parent, from `/proc/*/stat` (read here, apart from the code under test).
+pub(crate) fn parents() -> BTreeMap<u32, u32> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid …": comm may hold spaces and parentheses.
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+        {
+            out.insert(pid, ppid);
+        }
+    }
+    out
+}
+
+/// `root` and every process under it.
+pub(crate) fn process_tree(root: u32) -> Vec<u32> {
+    let parents = parents();
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let p = out[i];
+        out.extend(parents.iter().filter(|&(_, &pp)| pp == p).map(|(&c, _)| c));
+        i += 1;
+    }
+    out
 }
 
 /// Whether a process is gone (or a zombie, which no longer runs anything).
@@ -712,20 +768,7 @@ async fn surplus_slots_stop_and_new_queues_start_on_reload() {
 #[tokio::test]
 async fn reports_reach_stats_json() {
     let m = TestMaster::start("[queues.t]\nhandler = \"noop\"\n", &[("t", 2)]).await;
-    let stats = || {
-        let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(&m.config)
-            .args(["stats", "--json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout).unwrap()
-    };
+    let stats = || m.stats_json();
     // The report is written every tick; the slots may have started since the last one.
     let v = poll_some(
         Duration::from_secs(10),

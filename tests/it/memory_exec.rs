@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::{TestRedis, eventually, poll_some};
-use crate::host::{TestMaster, slots};
+use crate::host::{TestMaster, process_tree, slots};
 
 const MIB: u64 = 1 << 20;
 
@@ -53,41 +53,6 @@ fn exec_queue(dir: &Path, name: &str, script: &str, args: &[&str], extra: &str) 
     )
 }
 
-/// Every process's parent, from `/proc/*/stat` (read here, apart from the code under test).
-fn parents() -> BTreeMap<u32, u32> {
-    let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid …": comm may hold spaces and parentheses.
-        if let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse().ok())
-        {
-            out.insert(pid, ppid);
-        }
-    }
-    out
-}
-
-/// `root` and everything under it.
-fn tree(root: u32) -> Vec<u32> {
-    let parents = parents();
-    let mut out = vec![root];
-    let mut i = 0;
-    while i < out.len() {
-        let p = out[i];
-        out.extend(parents.iter().filter(|&(_, &pp)| pp == p).map(|(&c, _)| c));
-        i += 1;
-    }
-    out
-}
-
 /// PSS of a process from its smaps_rollup (0 once gone).
 fn pss(pid: u32) -> u64 {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
@@ -103,21 +68,6 @@ fn u64_at(v: &Value, path: &[&str]) -> u64 {
         .fold(v, |v, k| &v[*k])
         .as_u64()
         .unwrap_or_else(|| panic!("no number at {path:?} in {v}"))
-}
-
-fn stats_json(m: &TestMaster) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_gaffer"))
-        .arg("--config")
-        .arg(&m.config)
-        .args(["stats", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[tokio::test]
@@ -153,7 +103,7 @@ async fn the_hosts_pss_counts_exec_children() {
         "a reported PSS within 10 % of the master's tree",
         || async {
             let status = m.status()?;
-            let measured: u64 = tree(m.pid()).into_iter().map(pss).sum();
+            let measured: u64 = process_tree(m.pid()).into_iter().map(pss).sum();
             let reported = status["host"]["pss_bytes"].as_u64()?;
             let mut alone = vec![m.pid()];
             alone.extend(
@@ -200,7 +150,7 @@ async fn the_hosts_pss_counts_exec_children() {
         Duration::from_secs(10),
         "the report in stats --json",
         || async {
-            let v = stats_json(&m);
+            let v = m.stats_json();
             (v["hosts"]["h1"]["pss_bytes"].as_u64()? > 3 * 64 * MIB).then_some(v)
         },
     )
