@@ -211,6 +211,27 @@ where
     }
 }
 
+/// What a slot run in-process by a test starts from: slot number `slot` of `queue` on
+/// `redis`, reporting on `report`, outside any master (no fork line).
+pub fn slot_spec(
+    redis: &TestRedis,
+    queue: gaffer::config::QueueConfig,
+    slot: u32,
+    report: std::os::unix::net::UnixDatagram,
+) -> gaffer::slot::SlotSpec {
+    gaffer::slot::SlotSpec {
+        queue,
+        slot,
+        redis_url: redis.url(),
+        namespace: "test".into(),
+        connect: ConnectOptions::default(),
+        report: Some(report),
+        host: "test-host".into(),
+        chains: Default::default(),
+        fork_line: None,
+    }
+}
+
 /// A unique queue name per test, so tests sharing a server never see each other's tasks.
 pub fn queue(client: &QueueClient, name: &str) -> Queue {
     client.queue(name).unwrap()

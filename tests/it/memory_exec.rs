@@ -9,10 +9,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use gaffer::config::{Handler as HandlerConfig, QueueConfig};
-use gaffer::queue_client::{ConnectOptions, NewTask};
-use gaffer::slot::{
-    Handler, HandlerError, Outcome, SlotContext, SlotEvent, SlotSpec, Task, run_slot,
-};
+use gaffer::queue_client::NewTask;
+use gaffer::slot::{Handler, HandlerError, Outcome, SlotContext, SlotEvent, Task, run_slot};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -333,17 +331,7 @@ async fn a_slot_tells_its_master_its_outside_process() {
         .set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
     let stop = CancellationToken::new();
-    let spec = SlotSpec {
-        queue: cfg,
-        slot: 5,
-        redis_url: redis.url(),
-        namespace: "test".into(),
-        connect: ConnectOptions::default(),
-        report: Some(report),
-        host: "test-host".into(),
-        chains: Default::default(),
-        fork_line: None,
-    };
+    let spec = crate::harness::slot_spec(&redis, cfg, 5, report);
     let thread = {
         let stop = stop.clone();
         let handler = NamesOutside::preload(&spec.queue).unwrap();

@@ -11,7 +11,7 @@ use gaffer::config::{Handler as HandlerConfig, QueueConfig};
 use gaffer::queue_client::{ConnectOptions, NewTask, QueueClient};
 use gaffer::redis_server::RedisServerOptions;
 use gaffer::slot::{
-    EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotEvent, SlotSpec, Task, run_slot,
+    EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotEvent, Task, run_slot,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -82,17 +82,7 @@ fn start_slot_reporting<H: Handler + Send + 'static>(
 ) {
     let (report, events) = UnixDatagram::pair().unwrap();
     let ours = events.try_clone().unwrap();
-    let spec = SlotSpec {
-        queue,
-        slot: 1,
-        redis_url: redis.url(),
-        namespace: "test".into(),
-        connect: ConnectOptions::default(),
-        report: Some(report),
-        host: "test-host".into(),
-        chains: Default::default(),
-        fork_line: None,
-    };
+    let spec = crate::harness::slot_spec(redis, queue, 1, report);
     let stop = CancellationToken::new();
     let token = stop.clone();
     (

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gaffer::cluster::{self, Keys};
 use gaffer::config::{Handler as HandlerConfig, QueueConfig, RetryPolicy};
-use gaffer::queue_client::{ConnectOptions, NewTask, Queue, RecordState, TaskRecord};
+use gaffer::queue_client::{NewTask, Queue, RecordState, TaskRecord};
 use gaffer::redis_server::free_port;
 use gaffer::slot::{
     EXIT_STOPPED, Handler, HandlerError, Outcome, Registry, SlotContext, SlotEvent, SlotSpec, Task,
@@ -300,17 +300,7 @@ async fn a_filling_high_priority_queue_takes_slots_within_a_task_and_a_tick() {
 }
 
 fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec {
-    SlotSpec {
-        queue,
-        slot: 3,
-        redis_url: redis.url(),
-        namespace: "test".into(),
-        connect: ConnectOptions::default(),
-        report: Some(report),
-        host: "test-host".into(),
-        chains: Default::default(),
-        fork_line: None,
-    }
+    crate::harness::slot_spec(redis, queue, 3, report)
 }
 
 /// A slot run in-process on a queue of `ids`, with a stop the test holds.

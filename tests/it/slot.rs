@@ -5,7 +5,7 @@ use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
 use gaffer::config::{Handler as HandlerConfig, QueueConfig, RetryPolicy};
-use gaffer::queue_client::{ConnectOptions, NewTask, QueueLimits, RecordState};
+use gaffer::queue_client::{NewTask, QueueLimits, RecordState};
 use gaffer::slot::builtin::Sleep;
 use gaffer::slot::{
     EXIT_STOPPED, Handler, HandlerError, Outcome, SlotContext, SlotEvent, SlotSpec, Task, run_slot,
@@ -34,17 +34,7 @@ impl Handler for PanicsOnce {
 }
 
 fn spec(redis: &TestRedis, queue: QueueConfig, report: UnixDatagram) -> SlotSpec {
-    SlotSpec {
-        queue,
-        slot: 7,
-        redis_url: redis.url(),
-        namespace: "test".into(),
-        connect: ConnectOptions::default(),
-        report: Some(report),
-        host: "test-host".into(),
-        chains: Default::default(),
-        fork_line: None,
-    }
+    crate::harness::slot_spec(redis, queue, 7, report)
 }
 
 /// A slot of `cfg` with `handler`, run in a thread as the master's zygote would start it:
