@@ -32,6 +32,8 @@ import select
 import signal
 import sys
 import sysconfig
+import threading
+import time
 import traceback
 
 __all__ = ["serve", "should_stop", "cancelled"]
@@ -232,6 +234,37 @@ def _fork_request(line):
     return spec.get("id"), spec, None
 
 
+# How long a forked child whose slot is gone waits for its own loop to end before it ends
+# its process group: an orderly end of input is read and obeyed well within it.
+_ORPHAN_GRACE = 1.0
+
+
+def _watch_slot():
+    """Ends this process's group once its slot is gone: the slot's end of stdin closing
+    makes it hang up. A spawned child dies with its slot (gaffer sets its parent-death
+    signal); a forked one's parent is the zygote, so a slot killed outright, or a whole
+    host's gaffer gone, would leave it running its task while the task's lease passes to
+    another slot. At an orderly end of input the exec loop exits first."""
+    poller = select.poll()
+    poller.register(0, select.POLLHUP)
+    while True:
+        for _, events in poller.poll():
+            if events & (select.POLLHUP | select.POLLERR):
+                time.sleep(_ORPHAN_GRACE)
+                os.killpg(0, signal.SIGKILL)
+
+
+def _flush_all():
+    """What os._exit would drop: the standard streams and logging's handlers."""
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 def _child(handle, spec):
     """A forked slot's process: its own process group, the slot's FIFOs as fds 1, 2, 0
     (stdout and stderr first: gaffer must never read an end of file before the writers
@@ -252,6 +285,7 @@ def _child(handle, spec):
         os.close(_replies_fd)
         os.environ.update(spec.get("env", {}))
         _claim_stdout()
+        threading.Thread(target=_watch_slot, name="gaffer-slot-watch", daemon=True).start()
         _exec_loop(handle)
         code = 0
     except SystemExit as exit:
@@ -259,7 +293,7 @@ def _child(handle, spec):
     except BaseException:
         traceback.print_exc()
     finally:
-        sys.stderr.flush()
+        _flush_all()
         os._exit(code)
 
 

@@ -139,6 +139,27 @@ pub fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Sends `sig` to the process `pidfd` names, and to its process group while that exists:
+/// the process itself even before it made its group, never another one that reused its
+/// pid (the group is signalled only while the process still runs, so its id is its own).
+pub fn pidfd_kill(pid: u32, pidfd: std::os::fd::BorrowedFd, sig: nix::sys::signal::Signal) {
+    use std::os::fd::AsRawFd;
+    if pidfd_ended(pidfd, Some(Duration::ZERO)) {
+        return;
+    }
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), sig);
+    // SAFETY: a plain syscall with integer arguments over a descriptor we hold.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig as libc::c_int,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+}
+
 /// Whether the process `pidfd` names ends within `wait` (`None`: waits for its end). A
 /// pidfd that cannot be polled has no process to wait for.
 pub fn pidfd_ended(pidfd: std::os::fd::BorrowedFd, wait: Option<Duration>) -> bool {

@@ -21,13 +21,15 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde::Deserialize;
 
 use crate::backoff::Backoff;
 use crate::config::{Config, Handler as HandlerConfig, Start};
-use crate::host::fork::{ForkAnswer, ForkAsk, ForkOutcome, START_ENV, pidfd_ended, pidfd_open};
+use crate::host::fork::{
+    ForkAnswer, ForkAsk, ForkOutcome, START_ENV, pidfd_ended, pidfd_kill, pidfd_open,
+};
 
 /// How many of a language zygote's last stderr lines a failed start reports.
 const TAIL_LINES: usize = 12;
@@ -72,6 +74,8 @@ struct Language {
     sent: BTreeMap<u64, (u32, u64)>,
     /// The source files its ready line named.
     watched: Vec<PathBuf>,
+    /// It became ready since the master was last told the files to watch.
+    ready_news: bool,
 }
 
 /// A started language zygote.
@@ -85,6 +89,8 @@ struct Running {
     tail: VecDeque<String>,
     ready: bool,
     started: Instant,
+    /// Killed for not being ready within [`READY_WAIT`].
+    killed_unready: bool,
 }
 
 /// A slot's fork line, as gaffer's zygote holds it.
@@ -141,13 +147,26 @@ impl Languages {
                     waiting: VecDeque::new(),
                     sent: BTreeMap::new(),
                     watched: Vec::new(),
+                    ready_news: false,
                 };
                 language.launch();
                 me.by_queue.insert(name.clone(), language);
             }
         }
         me.await_ready();
+        // (what they loaded goes into the zygote's own `Ready`)
+        me.take_ready_news();
         me
+    }
+
+    /// Whether a language zygote became ready (started again) since the last call: the
+    /// master must be told the files to watch anew.
+    pub(super) fn take_ready_news(&mut self) -> bool {
+        let mut any = false;
+        for language in self.by_queue.values_mut() {
+            any |= std::mem::take(&mut language.ready_news);
+        }
+        any
     }
 
     /// Polls until every language zygote is ready or failed, [`READY_WAIT`] at most.
@@ -200,6 +219,11 @@ impl Languages {
     /// A slot ended: its child ends with it (the slot may have been killed outright, and
     /// nobody else would end its child), and its line closes.
     pub(super) fn slot_ended(&mut self, slot: u32) {
+        // (a request it made is not relayed any more: its child would wait for a reader
+        // of its FIFOs forever)
+        for language in self.by_queue.values_mut() {
+            language.waiting.retain(|(s, _)| *s != slot);
+        }
         let Some(line) = self.lines.remove(&slot) else {
             return;
         };
@@ -207,7 +231,7 @@ impl Languages {
             && alive(&pidfd)
         {
             tracing::info!(slot, pid, queue = %line.queue, "ending the forked child of an ended slot");
-            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            pidfd_kill(pid, pidfd.as_fd(), Signal::SIGKILL);
         }
     }
 
@@ -261,13 +285,23 @@ impl Languages {
         fds
     }
 
-    /// How long the zygote's loop may sleep: until the next due restart, if any.
+    /// How long the zygote's loop may sleep: until the next due restart or readiness
+    /// deadline, if any.
     pub(super) fn timeout(&self) -> Option<Duration> {
         let now = Instant::now();
-        self.by_queue
+        let restarts = self
+            .by_queue
             .values()
             .filter(|l| l.running.is_none())
-            .filter_map(|l| l.restart_at)
+            .filter_map(|l| l.restart_at);
+        let deadlines = self
+            .by_queue
+            .values()
+            .filter_map(|l| l.running.as_ref())
+            .filter(|r| !r.ready && !r.killed_unready)
+            .map(|r| r.started + READY_WAIT);
+        restarts
+            .chain(deadlines)
             .map(|t| t.saturating_duration_since(now))
             .min()
     }
@@ -285,7 +319,12 @@ impl Languages {
             self.read_line(slot);
         }
         for language in self.by_queue.values_mut() {
-            if language.running.is_some() {
+            if let Some(r) = &mut language.running {
+                // One that hangs in its import would hold its slots' requests for ever.
+                if !r.ready && !r.killed_unready && r.started.elapsed() >= READY_WAIT {
+                    r.killed_unready = true;
+                    let _ = r.child.kill();
+                }
                 continue;
             }
             if language.restart_at.is_some_and(|t| Instant::now() >= t) {
@@ -306,7 +345,7 @@ impl Languages {
         }) else {
             return false;
         };
-        language.ended(status, &mut self.lines);
+        language.ended(status, &mut self.lines, self.next_id);
         true
     }
 
@@ -452,6 +491,7 @@ impl Language {
             tail: VecDeque::new(),
             ready: false,
             started: Instant::now(),
+            killed_unready: false,
         })
     }
 
@@ -513,21 +553,31 @@ impl Language {
                         "language zygote ready");
                 }
                 self.watched = files;
-                self.restart.reset();
+                // (the restart pause is reset only by a zygote that lived STEADY: one
+                // that dies soon after each start is waited out longer and longer)
                 self.said = None;
+                self.ready_news = true;
                 return self.relay(lines, next_id);
             }
             Said::Forked { id, pid } => {
-                if let Some((slot, seq)) = self.sent.remove(&id)
-                    && let Some(line) = lines.get_mut(&slot)
-                {
-                    match pidfd_open(pid) {
-                        Ok(pidfd) => line.child = Some((pid, pidfd)),
-                        Err(e) => {
-                            tracing::debug!(slot, pid, error = %e, "the forked child ended at once")
+                let pidfd = pidfd_open(pid);
+                match self.sent.remove(&id) {
+                    Some((slot, seq)) if lines.contains_key(&slot) => {
+                        let line = lines.get_mut(&slot).expect("checked just above");
+                        match pidfd {
+                            Ok(pidfd) => line.child = Some((pid, pidfd)),
+                            Err(e) => tracing::debug!(slot, pid, error = %e,
+                                "the forked child ended at once"),
+                        }
+                        answer(line, seq, ForkOutcome::Forked(pid));
+                    }
+                    // Its slot is gone (or the answer is not one we asked for): nobody
+                    // will ever open its FIFOs' other ends.
+                    _ => {
+                        if let Ok(pidfd) = pidfd {
+                            pidfd_kill(pid, pidfd.as_fd(), Signal::SIGKILL);
                         }
                     }
-                    answer(line, seq, ForkOutcome::Forked(pid));
                 }
             }
             Said::Failed { id, error } => {
@@ -552,6 +602,9 @@ impl Language {
             return next_id;
         };
         while let Some((slot, ask)) = self.waiting.pop_front() {
+            if !lines.contains_key(&slot) {
+                continue;
+            }
             next_id += 1;
             let request = serde_json::json!({ "fork": {
                 "id": next_id,
@@ -586,7 +639,12 @@ impl Language {
     /// every request with its log's tail; after, it is started again at once for the
     /// requests to come (those it had been sent fail: their children may or may not
     /// exist, and a slot asks again).
-    fn ended(&mut self, status: &str, lines: &mut BTreeMap<u32, SlotLine>) {
+    fn ended(&mut self, status: &str, lines: &mut BTreeMap<u32, SlotLine>, next_id: u64) {
+        // (its answers still in the pipe first: a child it forked is its slot's)
+        self.read_stderr();
+        for said in self.read_stdout() {
+            self.heard(said, lines, next_id);
+        }
         let Some(r) = self.running.take() else { return };
         let mut r = r;
         // (its last words, still in the pipe)
@@ -620,9 +678,14 @@ impl Language {
         }
         let tail = tail[tail.len().saturating_sub(TAIL_LINES)..].join("\n");
         let when = if r.ready {
-            "soon after it was ready"
+            "soon after it was ready".to_string()
+        } else if r.killed_unready {
+            format!(
+                "when it was killed for not being ready within {}",
+                humantime::format_duration(READY_WAIT)
+            )
         } else {
-            "before it was ready"
+            "before it was ready".to_string()
         };
         self.start_failed(format!(
             "the handler's zygote {:?} exited ({status}) {when}; its last lines:\n{tail}",

@@ -100,6 +100,12 @@ pub enum ZygoteEvent {
         /// Why.
         error: String,
     },
+    /// A language zygote became ready again (started anew): the source files every
+    /// language zygote loaded now, replacing those of `Ready`.
+    Watch {
+        /// As in [`ZygoteEvent::Ready`].
+        files: Vec<std::path::PathBuf>,
+    },
     /// A slot exited and was reaped.
     Exited {
         /// The master's number for it.
@@ -282,6 +288,11 @@ fn serve(
         // Drain the signal queue; reap() above collects every exited child anyway.
         while let Ok(Some(_)) = sigfd.read_signal() {}
         languages.after_poll();
+        if languages.take_ready_news() {
+            emit(&ZygoteEvent::Watch {
+                files: languages.watched(),
+            })?;
+        }
         if stdin_ready && !input.fill(stdin.as_fd())? {
             retiring = true;
             languages.retire();

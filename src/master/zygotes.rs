@@ -278,6 +278,15 @@ impl Master {
                 tracing::info!(generation, pid, "zygote ready");
                 self.reconcile().await;
             }
+            ZygoteEvent::Watch { files } => {
+                if let Some(z) = self.zygotes.procs.get_mut(&generation) {
+                    z.watch = files
+                        .into_iter()
+                        .map(|p| (modified(&p), p))
+                        .map(|(t, p)| (p, t))
+                        .collect();
+                }
+            }
             ZygoteEvent::Spawned { slot, pid } => {
                 if let Some(s) = self.slots.procs.get_mut(&slot) {
                     s.pid = Some(pid);

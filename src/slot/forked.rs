@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use crate::host::fork::{ForkAsk, ForkLine, ForkLineError, ForkOutcome, pidfd_ended, pidfd_open};
+use crate::host::fork::{
+    ForkAsk, ForkLine, ForkLineError, ForkOutcome, pidfd_ended, pidfd_kill, pidfd_open,
+};
 
 /// Longest a forked child may take to open its input once forked: it has nothing to load
 /// (its zygote did), so this is only a bound on a child that died or hangs before it.
@@ -105,7 +107,10 @@ impl Forked {
                 why: "ended before it could be watched",
             })?,
         };
-        let stdin = forked.open_input(&path("stdin"))?;
+        // A child that never opens its input (it hangs, or died) is ended, not left.
+        let stdin = forked.open_input(&path("stdin")).inspect_err(|_| {
+            pidfd_kill(forked.pid, forked.pidfd.as_fd(), Signal::SIGKILL);
+        })?;
         for file in [&stdin, &stdout, &stderr] {
             set_blocking(file).map_err(ForkError::Pipes)?;
         }

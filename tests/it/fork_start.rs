@@ -455,3 +455,169 @@ async fn a_changed_handler_file_rolls_the_slots_onto_its_new_code() {
     .await;
     assert_eq!(versions().iter().filter(|v| *v == "1").count(), 1);
 }
+
+#[tokio::test]
+async fn a_slot_killed_while_its_child_is_being_forked_leaves_no_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let slow = dir.path().join("slow");
+    // The import takes 3 s while `slow` exists: time to kill a slot that waits for it.
+    let script = sdk_handler(
+        dir.path(),
+        "slowstart",
+        &format!(
+            "if os.path.exists({:?}):\n    time.sleep(3)",
+            slow.display().to_string()
+        ),
+        "pass",
+    );
+    let m = TestMaster::start(&queue_table("python3", &script, "fork", ""), &[("q", 1)]).await;
+    let first = language_zygote(&m, &script);
+    std::fs::write(&slow, "").unwrap();
+    kill(first, Signal::SIGKILL);
+    let old_slot = slot_pids(&m.status().unwrap())[0];
+    kill(old_slot, Signal::SIGKILL);
+    // Its replacement asks for a child from the language zygote still importing, and is
+    // killed while it waits.
+    let waiting = m
+        .wait_status(
+            "a new slot waiting for its child",
+            Duration::from_secs(20),
+            |s| slot_pids(s).iter().any(|&p| p != old_slot),
+        )
+        .await;
+    let waiting = slot_pids(&waiting)
+        .into_iter()
+        .find(|&p| p != old_slot)
+        .unwrap();
+    kill(waiting, Signal::SIGKILL);
+    std::fs::remove_file(&slow).unwrap();
+    m.wait_status("a slot serving again", Duration::from_secs(30), |s| {
+        let pids = slot_pids(s);
+        pids.len() == 1 && !pids.contains(&waiting) && slots(s)[0]["state"] == "idle"
+    })
+    .await;
+    // The language zygote and the serving slot's child: no third process of the handler
+    // (a child forked for the dead slot would wait for its FIFOs' reader for ever).
+    let name = script.file_name().unwrap().to_str().unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "two processes of the handler",
+        || async { processes_running(&m, name).len() == 2 },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_broken_deploy_its_fix_and_the_next_deploy_are_each_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("record");
+    let write = |version: &str, body: &str| {
+        let staged = sdk_handler(
+            dir.path(),
+            "staged",
+            &format!(
+                "{body}\nVERSION = {version:?}\nRECORD = {:?}",
+                record.display().to_string()
+            ),
+            "open(RECORD, 'a').write(f\"{VERSION}\\n\")",
+        );
+        std::fs::rename(&staged, dir.path().join("app.py")).unwrap();
+    };
+    write("v1", "");
+    let script = dir.path().join("app.py");
+    let m = TestMaster::start(&queue_table("python3", &script, "fork", ""), &[("q", 1)]).await;
+    let q = m.queue("q");
+    let last = || {
+        std::fs::read_to_string(&record)
+            .unwrap_or_default()
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string()
+    };
+    for (version, body) in [
+        ("v2", "import no_such_module_at_all"),
+        ("v3", ""),
+        ("v4", ""),
+    ] {
+        write(version, body);
+        if body.is_empty() {
+            // Tasks sent until one runs the new code (those before it may meet the old).
+            eventually(
+                Duration::from_secs(60),
+                &format!("a task on {version}"),
+                || async {
+                    enqueue(&q, ["{}".to_string()]).await;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    last() == version
+                },
+            )
+            .await;
+        } else {
+            m.wait_status("the broken deploy crashing", Duration::from_secs(30), |s| {
+                queue_report(s, "q", "crashes_total") >= 1
+            })
+            .await;
+        }
+    }
+}
+
+/// A handler that sleeps 60 s on every task: a long task in hand.
+fn sleeper(dir: &Path, perl: bool) -> (String, PathBuf) {
+    if perl {
+        let path = dir.join("sleeper.pl");
+        std::fs::write(
+            &path,
+            format!(
+                "use strict; use warnings; use lib {:?}; use Gaffer::Exec;\n\
+                 Gaffer::Exec::serve(sub {{ sleep 60; [ map {{ {{ id => $_->{{id}}, status => 'ok' }} }} @{{$_[0]}} ] }});\n",
+                sdk("perl/lib").display().to_string()
+            ),
+        )
+        .unwrap();
+        ("perl".into(), path)
+    } else {
+        (
+            "python3".into(),
+            sdk_handler(dir, "sleeper", "", "time.sleep(60)"),
+        )
+    }
+}
+
+/// The master killed outright (its zygote, slots and language zygote die with it): the
+/// forked child busy with a task ends too, instead of running on while the task's lease
+/// passes to another host.
+async fn a_forked_child_ends_when_its_host_is_killed(perl: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (program, script) = sleeper(dir.path(), perl);
+    let m = TestMaster::start(&queue_table(&program, &script, "fork", ""), &[("q", 1)]).await;
+    let zygote = language_zygote(&m, &script);
+    enqueue(&m.queue("q"), ["{}".to_string()]).await;
+    m.wait_status("the task in hand", Duration::from_secs(20), |s| {
+        slots(s).iter().any(|s| s["state"] == "busy")
+    })
+    .await;
+    let name = script.file_name().unwrap().to_str().unwrap();
+    let children: Vec<u32> = processes_running(&m, name)
+        .into_iter()
+        .filter(|&p| p != zygote)
+        .collect();
+    assert!(!children.is_empty(), "a forked child");
+    kill(m.pid(), Signal::SIGKILL);
+    eventually(
+        Duration::from_secs(10),
+        "the forked children gone",
+        || async { children.iter().all(|&c| crate::host::gone(c)) },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_python_forked_child_ends_when_its_host_is_killed() {
+    a_forked_child_ends_when_its_host_is_killed(false).await;
+}
+
+#[tokio::test]
+async fn a_perl_forked_child_ends_when_its_host_is_killed() {
+    a_forked_child_ends_when_its_host_is_killed(true).await;
+}

@@ -192,12 +192,39 @@ sub _child {
         my $env = $spec->{env} // {};
         $ENV{$_} = $env->{$_} for keys %$env;
         _claim_stdout();
+        _watch_slot();
         _exec_loop($handle);
         $code = 0;
         1;
     } or print STDERR "Gaffer::Exec[$$]: forked child: $@";
-    STDERR->flush;
+    $_->flush for grep { defined } (select(), \*STDOUT, \*STDERR);
     POSIX::_exit($code);
+}
+
+# Ends this process's group once its slot is gone: the slot's end of stdin closing makes it
+# hang up. A spawned child dies with its slot (gaffer sets its parent-death signal); a
+# forked one's parent is the zygote, so a slot killed outright, or a whole host's gaffer
+# gone, would leave it running its task while the task's lease passes to another slot.
+# Perl has no threads to spare, so a small process of the group watches: it keeps only
+# stdin (holding no writer of the slot's FIFOs), and at an orderly end of input the exec
+# loop has exited before its grace is over.
+sub _watch_slot {
+    my $pid = fork() // do { _log("cannot fork the slot watcher: $!"); return };
+    return if $pid;
+    open(STDOUT, '>', '/dev/null');
+    open(STDERR, '>', '/dev/null');
+    close $replies if $replies;
+    require IO::Poll;
+    my $poll = IO::Poll->new;
+    $poll->mask(\*STDIN => IO::Poll::POLLHUP());
+    while (1) {
+        $poll->poll;
+        if ($poll->events(\*STDIN) & (IO::Poll::POLLHUP() | IO::Poll::POLLERR())) {
+            select(undef, undef, undef, 1.0);
+            kill 'KILL', -getpgrp();
+            POSIX::_exit(0);
+        }
+    }
 }
 
 # The language zygote: announce readiness, then fork a child per request.
