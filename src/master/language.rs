@@ -91,6 +91,28 @@ struct Running {
     started: Instant,
     /// Killed for not being ready within [`READY_WAIT`].
     killed_unready: bool,
+    /// Requests not yet taken by its stdin's pipe.
+    to_write: Vec<u8>,
+}
+
+impl Running {
+    /// Writes what its stdin's pipe takes now (non-blocking); a broken pipe drops the
+    /// rest: its end, reaped soon, fails the requests sent.
+    fn write_queued(&mut self) {
+        while !self.to_write.is_empty() {
+            match self.stdin.write(&self.to_write) {
+                Ok(n) => {
+                    self.to_write.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    self.to_write.clear();
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// A slot's fork line, as gaffer's zygote holds it.
@@ -278,6 +300,13 @@ impl Languages {
         for l in self.by_queue.values() {
             if let Some(r) = &l.running {
                 fds.push(pollfd(r.stdout.as_raw_fd()));
+                if !r.to_write.is_empty() {
+                    fds.push(libc::pollfd {
+                        fd: r.stdin.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    });
+                }
                 fds.push(pollfd(r.stderr.as_raw_fd()));
             }
         }
@@ -309,6 +338,9 @@ impl Languages {
     /// Reads whatever is there (all descriptors are non-blocking) and acts on it.
     pub(super) fn after_poll(&mut self) {
         for language in self.by_queue.values_mut() {
+            if let Some(r) = &mut language.running {
+                r.write_queued();
+            }
             language.read_stderr();
             for said in language.read_stdout() {
                 self.next_id = language.heard(said, &mut self.lines, self.next_id);
@@ -478,7 +510,7 @@ impl Language {
         else {
             unreachable!("all three streams are piped");
         };
-        for fd in [stdout.as_fd(), stderr.as_fd()] {
+        for fd in [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()] {
             set_nonblocking(fd)?;
         }
         Ok(Running {
@@ -492,6 +524,7 @@ impl Language {
             ready: false,
             started: Instant::now(),
             killed_unready: false,
+            to_write: Vec::new(),
         })
     }
 
@@ -615,23 +648,12 @@ impl Language {
             }});
             let mut text = request.to_string().into_bytes();
             text.push(b'\n');
-            // (a few hundred bytes into a pipe the zygote reads as it forks: blocking is
-            // bounded by the pipe's buffer, which holds hundreds of requests)
-            match r.stdin.write_all(&text) {
-                Ok(()) => {
-                    self.sent.insert(next_id, (slot, ask.seq));
-                }
-                Err(e) => {
-                    if let Some(line) = lines.get_mut(&slot) {
-                        answer(
-                            line,
-                            ask.seq,
-                            ForkOutcome::Failed(format!("writing to the language zygote: {e}")),
-                        );
-                    }
-                }
-            }
+            // (queued, and written as its pipe takes it: a language zygote that stopped
+            // reading must not stop gaffer's zygote, which serves every queue)
+            r.to_write.extend_from_slice(&text);
+            self.sent.insert(next_id, (slot, ask.seq));
         }
+        r.write_queued();
         next_id
     }
 
