@@ -10,7 +10,6 @@
 pub mod builtin;
 pub mod exec;
 mod followups;
-mod forked;
 mod registry;
 mod run;
 
