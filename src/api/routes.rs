@@ -27,7 +27,7 @@ use crate::queue_client::{
 };
 
 /// What `POST …/tasks/{id}/freeze|thaw` asks.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Hold {
     /// Hold a waiting task where it is.
     Freeze,
@@ -159,7 +159,7 @@ impl Api {
             })
             .collect();
         let seg: Vec<&str> = segments.iter().map(String::as_str).collect();
-        let Some((route, allowed)) = match_route(&seg) else {
+        let Some(endpoint) = Endpoint::parse(&seg) else {
             return (
                 "unknown",
                 Err(ApiError::not_found(format!(
@@ -167,6 +167,7 @@ impl Api {
                 ))),
             );
         };
+        let (route, allowed) = (endpoint.name(), endpoint.methods());
         // (HEAD is GET without the body, which hyper leaves out: load balancers ask it)
         let as_get = if method == Method::HEAD {
             Method::GET
@@ -183,7 +184,7 @@ impl Api {
             }
             return (route, Ok(e));
         }
-        if route == "healthz" {
+        if let Endpoint::Healthz = endpoint {
             return (route, Ok(self.healthz().await));
         }
         let key = match self
@@ -194,10 +195,10 @@ impl Api {
             Err(e) => return (route, Err(e)),
         };
         crate::http::authenticated(&request);
-        if route == "metrics" {
+        if let Endpoint::Metrics = endpoint {
             return (route, Ok(self.render_metrics()));
         }
-        let answer = self.dispatch(route, &as_get, &seg, &key, request).await;
+        let answer = self.dispatch(endpoint, &as_get, &key, request).await;
         let answer = answer.map_err(|e| e.seen_by(&key));
         (
             route,
@@ -207,15 +208,16 @@ impl Api {
 
     async fn dispatch(
         &self,
-        route: &'static str,
+        endpoint: Endpoint<'_>,
         method: &Method,
-        seg: &[&str],
         key: &ApiKey,
         request: Request<Incoming>,
     ) -> Answer {
-        match (route, seg) {
-            ("queues", _) => self.queues_stats(key).await,
-            ("tasks", [_, _, q, _]) => {
+        match endpoint {
+            // (answered before the key is asked for)
+            Endpoint::Healthz | Endpoint::Metrics => Err(ApiError::not_found("no such endpoint")),
+            Endpoint::Queues => self.queues_stats(key).await,
+            Endpoint::Tasks { queue: q } => {
                 let queue = self.queue(q, key)?;
                 if *method == Method::POST {
                     let body = read_body(
@@ -229,7 +231,7 @@ impl Api {
                     self.list(queue, key, request.uri().query()).await
                 }
             }
-            ("task", [_, _, q, _, id]) => {
+            Endpoint::Task { queue: q, id } => {
                 let queue = self.queue(q, key)?;
                 if key.admin && !queue.limits().track {
                     return self.untracked_task(queue, key, id, method).await;
@@ -241,22 +243,17 @@ impl Api {
                     Ok((StatusCode::OK, self.record_answer(rec).await?))
                 }
             }
-            ("freeze", [_, _, q, _, id, action]) => {
+            Endpoint::Hold { queue: q, id, op } => {
                 let queue = self.queue(q, key)?;
-                let op = if *action == "freeze" {
-                    Hold::Freeze
-                } else {
-                    Hold::Thaw
-                };
                 if key.admin && !queue.limits().track {
                     return self.untracked_hold(queue, key, id, op).await;
                 }
                 self.freeze(queue, key, id, op).await
             }
-            ("queue_admin", [_, _, q, action]) => {
+            Endpoint::QueueAdmin { queue: q, action } => {
                 auth::check_admin(key)?;
                 let queue = self.queue(q, key)?;
-                match *action {
+                match action {
                     "intake" => {
                         let body = read_body(
                             request,
@@ -266,19 +263,18 @@ impl Api {
                         .await?;
                         self.set_intake(queue, &body).await
                     }
-                    _ => self.pause(q, *action == "pause").await,
+                    _ => self.pause(q, action == "pause").await,
                 }
             }
-            ("host_admin", [_, _, host, action]) => {
+            Endpoint::HostAdmin { host, drain } => {
                 auth::check_admin(key)?;
-                self.drain(host, *action == "drain").await
+                self.drain(host, drain).await
             }
-            ("system_admin", [_, _, system, action]) => {
+            Endpoint::SystemAdmin { system, action } => {
                 auth::check_admin(key)?;
                 self.switch_system(system, action).await
             }
-            ("chain", [_, _, id]) => self.chain(key, id, request.uri().query()).await,
-            _ => Err(ApiError::not_found("no such endpoint")),
+            Endpoint::Chain { id } => self.chain(key, id, request.uri().query()).await,
         }
     }
 
@@ -833,27 +829,113 @@ impl Api {
 }
 
 /// The route a path belongs to and the methods it answers.
-fn match_route(seg: &[&str]) -> Option<(&'static str, &'static [Method])> {
-    const GET: &[Method] = &[Method::GET];
-    const POST: &[Method] = &[Method::POST];
-    Some(match seg {
-        ["healthz"] => ("healthz", GET),
-        ["metrics"] => ("metrics", GET),
-        ["v1", "queues"] => ("queues", GET),
-        ["v1", "queues", _, "tasks"] => ("tasks", &[Method::GET, Method::POST]),
-        ["v1", "queues", _, "tasks", _] => ("task", &[Method::GET, Method::DELETE]),
-        ["v1", "queues", _, "tasks", _, "freeze" | "thaw"] => ("freeze", POST),
-        ["v1", "queues", _, "pause" | "resume" | "intake"] => ("queue_admin", POST),
-        ["v1", "hosts", _, "drain" | "undrain"] => ("host_admin", POST),
-        ["v1", "chains", _] => ("chain", GET),
-        [
-            "v1",
-            "systems",
-            _,
-            "pause" | "resume" | "disable" | "enable",
-        ] => ("system_admin", POST),
-        _ => return None,
-    })
+/// An endpoint of the api, parsed once from its path's (decoded) segments: the one place
+/// that knows the paths, each endpoint's parts named for the handler that answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoint<'a> {
+    /// `GET /healthz`, without a key.
+    Healthz,
+    /// `GET /metrics`.
+    Metrics,
+    /// `GET /v1/queues`.
+    Queues,
+    /// `GET|POST /v1/queues/Q/tasks`: a listing, or a submit.
+    Tasks { queue: &'a str },
+    /// `GET|DELETE /v1/queues/Q/tasks/ID`: a record, or a cancel.
+    Task { queue: &'a str, id: &'a str },
+    /// `POST /v1/queues/Q/tasks/ID/freeze|thaw`.
+    Hold {
+        queue: &'a str,
+        id: &'a str,
+        op: Hold,
+    },
+    /// `POST /v1/queues/Q/pause|resume|intake` (admin).
+    QueueAdmin { queue: &'a str, action: &'a str },
+    /// `POST /v1/hosts/H/drain|undrain` (admin).
+    HostAdmin { host: &'a str, drain: bool },
+    /// `POST /v1/systems/S/pause|resume|disable|enable` (admin).
+    SystemAdmin { system: &'a str, action: &'a str },
+    /// `GET /v1/chains/ID`.
+    Chain { id: &'a str },
+}
+
+impl<'a> Endpoint<'a> {
+    /// The endpoint `seg` names, if any.
+    fn parse(seg: &[&'a str]) -> Option<Self> {
+        Some(match *seg {
+            ["healthz"] => Endpoint::Healthz,
+            ["metrics"] => Endpoint::Metrics,
+            ["v1", "queues"] => Endpoint::Queues,
+            ["v1", "queues", queue, "tasks"] => Endpoint::Tasks { queue },
+            ["v1", "queues", queue, "tasks", id] => Endpoint::Task { queue, id },
+            [
+                "v1",
+                "queues",
+                queue,
+                "tasks",
+                id,
+                action @ ("freeze" | "thaw"),
+            ] => {
+                let op = if action == "freeze" {
+                    Hold::Freeze
+                } else {
+                    Hold::Thaw
+                };
+                Endpoint::Hold { queue, id, op }
+            }
+            [
+                "v1",
+                "queues",
+                queue,
+                action @ ("pause" | "resume" | "intake"),
+            ] => Endpoint::QueueAdmin { queue, action },
+            ["v1", "hosts", host, action @ ("drain" | "undrain")] => Endpoint::HostAdmin {
+                host,
+                drain: action == "drain",
+            },
+            [
+                "v1",
+                "systems",
+                system,
+                action @ ("pause" | "resume" | "disable" | "enable"),
+            ] => Endpoint::SystemAdmin { system, action },
+            ["v1", "chains", id] => Endpoint::Chain { id },
+            _ => return None,
+        })
+    }
+
+    /// Its name, as the request metrics' `route` label says it.
+    fn name(&self) -> &'static str {
+        match self {
+            Endpoint::Healthz => "healthz",
+            Endpoint::Metrics => "metrics",
+            Endpoint::Queues => "queues",
+            Endpoint::Tasks { .. } => "tasks",
+            Endpoint::Task { .. } => "task",
+            Endpoint::Hold { .. } => "freeze",
+            Endpoint::QueueAdmin { .. } => "queue_admin",
+            Endpoint::HostAdmin { .. } => "host_admin",
+            Endpoint::SystemAdmin { .. } => "system_admin",
+            Endpoint::Chain { .. } => "chain",
+        }
+    }
+
+    /// The methods it answers (HEAD too wherever GET is).
+    fn methods(&self) -> &'static [Method] {
+        const GET: &[Method] = &[Method::GET];
+        const POST: &[Method] = &[Method::POST];
+        match self {
+            Endpoint::Healthz | Endpoint::Metrics | Endpoint::Queues | Endpoint::Chain { .. } => {
+                GET
+            }
+            Endpoint::Tasks { .. } => &[Method::GET, Method::POST],
+            Endpoint::Task { .. } => &[Method::GET, Method::DELETE],
+            Endpoint::Hold { .. }
+            | Endpoint::QueueAdmin { .. }
+            | Endpoint::HostAdmin { .. }
+            | Endpoint::SystemAdmin { .. } => POST,
+        }
+    }
 }
 
 fn names(methods: &[Method]) -> String {
@@ -1042,22 +1124,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes_and_their_methods() {
+    fn endpoints_are_parsed_once_with_their_parts() {
+        let parse = |path: &'static str| {
+            let seg: Vec<&str> = path.trim_matches('/').split('/').collect();
+            Endpoint::parse(&seg)
+        };
         assert_eq!(
-            match_route(&["v1", "queues", "q", "tasks"]).unwrap().0,
-            "tasks"
+            parse("/v1/queues/q/tasks"),
+            Some(Endpoint::Tasks { queue: "q" })
         );
         assert_eq!(
-            match_route(&["v1", "queues", "q", "tasks", "x", "thaw"])
-                .unwrap()
-                .0,
+            parse("/v1/queues/q/tasks/x/thaw"),
+            Some(Endpoint::Hold {
+                queue: "q",
+                id: "x",
+                op: Hold::Thaw
+            })
+        );
+        assert_eq!(
+            parse("/v1/hosts/h1/undrain"),
+            Some(Endpoint::HostAdmin {
+                host: "h1",
+                drain: false
+            })
+        );
+        assert_eq!(
+            parse("/v1/systems/smtp/disable"),
+            Some(Endpoint::SystemAdmin {
+                system: "smtp",
+                action: "disable"
+            })
+        );
+        assert_eq!(parse("/v1/queues/q/tasks/x/melt"), None);
+        assert_eq!(parse("/v1/queues/q/scale"), None);
+        assert_eq!(parse("/v2"), None);
+        let task = parse("/v1/queues/q/tasks/x").unwrap();
+        assert_eq!(task.name(), "task");
+        assert_eq!(names(task.methods()), "GET, HEAD, DELETE");
+        assert_eq!(
+            parse("/v1/queues/q/tasks/x/freeze").unwrap().name(),
             "freeze"
-        );
-        assert!(match_route(&["v1", "queues", "q", "tasks", "x", "melt"]).is_none());
-        assert!(match_route(&["v2"]).is_none());
-        assert_eq!(
-            names(match_route(&["v1", "queues", "q", "tasks", "x"]).unwrap().1),
-            "GET, HEAD, DELETE"
         );
     }
 
