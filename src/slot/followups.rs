@@ -1083,7 +1083,9 @@ fn retry_all(outcomes: Vec<Outcome>, reason: &str) -> Vec<Outcome> {
 /// a test can kill it at exactly that moment (the window this module's order exists for).
 /// With `GAFFER_TEST_PAUSE_AFTER_FOLLOW_UPS=PATH`, it writes its pid to PATH and waits
 /// there until `PATH.go` exists, so a test can act in that window (cancel the parent).
-/// Once PATH exists, slots go on as usual.
+/// Once PATH exists, slots go on as usual. Only in builds with debug assertions (the test
+/// profile's): a release build has the empty one below.
+#[cfg(debug_assertions)]
 fn hold_for_tests() {
     if let Some(path) = std::env::var_os("GAFFER_TEST_HOLD_AFTER_FOLLOW_UPS")
         && claim_test_hold(&path)
@@ -1102,7 +1104,12 @@ fn hold_for_tests() {
     }
 }
 
+/// A release build's test hooks: none, and no variable read.
+#[cfg(not(debug_assertions))]
+fn hold_for_tests() {}
+
 /// Whether this slot is the first to reach a test hold at `path` (and wrote its pid there).
+#[cfg(debug_assertions)]
 fn claim_test_hold(path: &std::ffi::OsStr) -> bool {
     std::fs::OpenOptions::new()
         .write(true)

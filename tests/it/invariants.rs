@@ -225,3 +225,38 @@ fn signal_handlers_are_installed_only_in_signals_rs() {
         }
     }
 }
+
+/// Invariant 41: test hooks are not in release builds. Every function that reads a
+/// `GAFFER_TEST_` variable is compiled only with debug assertions (the test profile's).
+#[test]
+fn test_hooks_are_compiled_out_of_release_builds() {
+    let mut hooks = 0;
+    for (path, text) in sources("src") {
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !(line.contains("var_os(\"GAFFER_TEST_") || line.contains("var(\"GAFFER_TEST_")) {
+                continue;
+            }
+            hooks += 1;
+            // The function around the read, and the attributes right above it.
+            let start = (0..i)
+                .rev()
+                .find(|&j| {
+                    let l = lines[j].trim_start();
+                    l.starts_with("fn ")
+                        || l.starts_with("pub fn ")
+                        || l.starts_with("pub(crate) fn ")
+                })
+                .unwrap_or_else(|| panic!("{path}:{}: a test hook outside a function", i + 1));
+            let gated = (0..start)
+                .rev()
+                .take_while(|&j| {
+                    let l = lines[j].trim_start();
+                    l.starts_with("#[") || l.starts_with("///")
+                })
+                .any(|j| lines[j].contains("#[cfg(debug_assertions)]"));
+            assert!(gated, "{path}:{}: a test hook in release builds", i + 1);
+        }
+    }
+    assert!(hooks >= 2, "the hooks this test guards were not found");
+}
