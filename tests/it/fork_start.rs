@@ -621,3 +621,49 @@ async fn a_python_forked_child_ends_when_its_host_is_killed() {
 async fn a_perl_forked_child_ends_when_its_host_is_killed() {
     a_forked_child_ends_when_its_host_is_killed(true).await;
 }
+
+#[tokio::test]
+async fn a_forked_long_task_gets_its_cancel_line_and_ends_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("record");
+    // Runs until gaffer_exec says its task is cancelled, noting its start and the cancel.
+    let script = sdk_handler(
+        dir.path(),
+        "watcher",
+        &format!("RECORD = {:?}", record.display().to_string()),
+        "open(RECORD, 'a').write(f\"start {t['id']} {os.getpid()}\\n\")\n\
+         \x20       while not gaffer_exec.cancelled(t['id']):\n\
+         \x20           time.sleep(0.01)\n\
+         \x20       open(RECORD, 'a').write(f\"cancel {t['id']} {os.getpid()}\\n\")",
+    );
+    let extra = "kind = \"long\"\nlease = \"5s\"\ncancel_grace = \"10s\"\n";
+    let m = TestMaster::start(&queue_table("python3", &script, "fork", extra), &[("q", 1)]).await;
+    let q = m.queue("q");
+    let ids = enqueue(&q, ["{}".to_string()]).await;
+    let id = &ids[0];
+    let seen = || std::fs::read_to_string(&record).unwrap_or_default();
+    eventually(Duration::from_secs(20), "the long task started", || async {
+        seen().starts_with("start ")
+    })
+    .await;
+    let pid = seen().split_whitespace().nth(2).unwrap().to_string();
+    m.gaffer(&["tasks", "cancel", "q", id]);
+    // The cancel line reached the forked child (well before its grace's SIGTERM), which
+    // stopped the task; the task ends cancelled and the child serves on.
+    eventually(Duration::from_secs(20), "the task cancelled", || async {
+        q.record(id)
+            .await
+            .unwrap()
+            .is_some_and(|r| r.state == gaffer::queue_client::RecordState::Cancelled)
+    })
+    .await;
+    assert!(
+        seen().lines().any(|l| l == format!("cancel {id} {pid}")),
+        "{}",
+        seen()
+    );
+    assert!(
+        !crate::host::gone(pid.parse().unwrap()),
+        "the child serves on"
+    );
+}
