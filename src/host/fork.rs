@@ -126,6 +126,20 @@ impl ForkLine {
     }
 }
 
+/// Sets or clears O_NONBLOCK on `fd`: gaffer's zygote polls its language zygotes'
+/// pipes, a slot talks to its forked child blocking, as on a pipe.
+pub fn set_nonblocking(fd: std::os::fd::BorrowedFd, on: bool) -> std::io::Result<()> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    let flags = if on {
+        flags | OFlag::O_NONBLOCK
+    } else {
+        flags - OFlag::O_NONBLOCK
+    };
+    fcntl(fd, FcntlArg::F_SETFL(flags))?;
+    Ok(())
+}
+
 /// A pidfd for `pid` (Linux 5.3 and later): it turns readable when the process ends,
 /// whoever its parent is, and names that process alone even once its pid is reused.
 pub fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {

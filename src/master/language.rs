@@ -13,8 +13,8 @@
 //! its last failure has passed: no spin, and a fixed handler is picked up.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::io::{ErrorKind, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{ErrorKind, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
@@ -25,10 +25,12 @@ use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde::Deserialize;
 
+use super::zygote::Input;
 use crate::backoff::Backoff;
 use crate::config::{Config, Handler as HandlerConfig, Start};
 use crate::host::fork::{
     ForkAnswer, ForkAsk, ForkOutcome, START_ENV, pidfd_ended, pidfd_kill, pidfd_open,
+    set_nonblocking,
 };
 
 /// How many of a language zygote's last stderr lines a failed start reports.
@@ -50,7 +52,6 @@ const RESTART: Backoff = Backoff::new(Duration::from_millis(500), Duration::from
 pub(super) struct Languages {
     by_queue: BTreeMap<String, Language>,
     lines: BTreeMap<u32, SlotLine>,
-    next_id: u64,
 }
 
 /// One queue's language zygote.
@@ -72,6 +73,8 @@ struct Language {
     waiting: VecDeque<(u32, ForkAsk)>,
     /// Requests sent to it, by id: (slot, seq).
     sent: BTreeMap<u64, (u32, u64)>,
+    /// The id of the last request sent to it (ids are its own: one per language zygote).
+    next_id: u64,
     /// The source files its ready line named.
     watched: Vec<PathBuf>,
     /// It became ready since the master was last told the files to watch.
@@ -84,8 +87,8 @@ struct Running {
     stdin: ChildStdin,
     stdout: ChildStdout,
     stderr: ChildStderr,
-    out: Vec<u8>,
-    err: Vec<u8>,
+    out: Input,
+    err: Input,
     tail: VecDeque<String>,
     ready: bool,
     started: Instant,
@@ -119,7 +122,7 @@ impl Running {
 struct SlotLine {
     queue: String,
     stream: UnixStream,
-    buf: Vec<u8>,
+    buf: Input,
     /// The child last forked for it: its pid and a pidfd (to end it with its slot).
     child: Option<(u32, OwnedFd)>,
 }
@@ -168,6 +171,7 @@ impl Languages {
                     restart: RESTART,
                     waiting: VecDeque::new(),
                     sent: BTreeMap::new(),
+                    next_id: 0,
                     watched: Vec::new(),
                     ready_news: false,
                 };
@@ -232,7 +236,7 @@ impl Languages {
             SlotLine {
                 queue: queue.to_string(),
                 stream: ours,
-                buf: Vec::new(),
+                buf: Input::default(),
                 child: None,
             },
         );
@@ -343,7 +347,7 @@ impl Languages {
             }
             language.read_stderr();
             for said in language.read_stdout() {
-                self.next_id = language.heard(said, &mut self.lines, self.next_id);
+                language.heard(said, &mut self.lines);
             }
         }
         let slots: Vec<u32> = self.lines.keys().copied().collect();
@@ -377,7 +381,7 @@ impl Languages {
         }) else {
             return false;
         };
-        language.ended(status, &mut self.lines, self.next_id);
+        language.ended(status, &mut self.lines);
         true
     }
 
@@ -407,11 +411,11 @@ impl Languages {
         let Some(line) = self.lines.get_mut(&slot) else {
             return;
         };
-        if !read_available(line.stream.as_fd(), &mut line.buf) {
+        if !line.buf.fill_available(line.stream.as_fd()) {
             return;
         }
         let queue = line.queue.clone();
-        while let Some(text) = next_line(&mut line.buf) {
+        while let Some(text) = line.buf.next_line() {
             let ask: ForkAsk = match serde_json::from_slice(&text) {
                 Ok(ask) => ask,
                 Err(e) => {
@@ -430,7 +434,7 @@ impl Languages {
             language.waiting.push_back((slot, ask));
         }
         if let Some(language) = self.by_queue.get_mut(&queue) {
-            self.next_id = language.relay(&mut self.lines, self.next_id);
+            language.relay(&mut self.lines);
         }
     }
 
@@ -511,15 +515,15 @@ impl Language {
             unreachable!("all three streams are piped");
         };
         for fd in [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()] {
-            set_nonblocking(fd)?;
+            set_nonblocking(fd, true)?;
         }
         Ok(Running {
             child,
             stdin,
             stdout,
             stderr,
-            out: Vec::new(),
-            err: Vec::new(),
+            out: Input::default(),
+            err: Input::default(),
             tail: VecDeque::new(),
             ready: false,
             started: Instant::now(),
@@ -547,8 +551,8 @@ impl Language {
     /// Its stderr, logged line by line and kept as the tail a failed start reports.
     fn read_stderr(&mut self) {
         let Some(r) = &mut self.running else { return };
-        read_available(r.stderr.as_fd(), &mut r.err);
-        while let Some(line) = next_line(&mut r.err) {
+        r.err.fill_available(r.stderr.as_fd());
+        while let Some(line) = r.err.next_line() {
             let text = String::from_utf8_lossy(&line).trim_end().to_string();
             tracing::info!(target: "gaffer::exec", queue = %self.queue, zygote = true, "{text}");
             if r.tail.len() == TAIL_LINES {
@@ -563,9 +567,9 @@ impl Language {
         let Some(r) = &mut self.running else {
             return Vec::new();
         };
-        read_available(r.stdout.as_fd(), &mut r.out);
+        r.out.fill_available(r.stdout.as_fd());
         let mut said = Vec::new();
-        while let Some(line) = next_line(&mut r.out) {
+        while let Some(line) = r.out.next_line() {
             match serde_json::from_slice(&line) {
                 Ok(s) => said.push(s),
                 Err(e) => tracing::warn!(queue = %self.queue, error = %e,
@@ -575,8 +579,8 @@ impl Language {
         said
     }
 
-    /// Acts on one line of its stdout; returns the next request id.
-    fn heard(&mut self, said: Said, lines: &mut BTreeMap<u32, SlotLine>, next_id: u64) -> u64 {
+    /// Acts on one line of its stdout.
+    fn heard(&mut self, said: Said, lines: &mut BTreeMap<u32, SlotLine>) {
         match said {
             Said::Ready { files } => {
                 if let Some(r) = &mut self.running {
@@ -590,7 +594,7 @@ impl Language {
                 // that dies soon after each start is waited out longer and longer)
                 self.said = None;
                 self.ready_news = true;
-                return self.relay(lines, next_id);
+                self.relay(lines);
             }
             Said::Forked { id, pid } => {
                 let pidfd = pidfd_open(pid);
@@ -623,24 +627,23 @@ impl Language {
                 }
             }
         }
-        next_id
     }
 
-    /// Sends the waiting requests to a ready zygote; returns the next request id.
-    fn relay(&mut self, lines: &mut BTreeMap<u32, SlotLine>, mut next_id: u64) -> u64 {
+    /// Sends the waiting requests to a ready zygote.
+    fn relay(&mut self, lines: &mut BTreeMap<u32, SlotLine>) {
         if self.running.is_none() && !self.waiting.is_empty() {
             self.launch_if_due(lines);
         }
         let Some(r) = self.running.as_mut().filter(|r| r.ready) else {
-            return next_id;
+            return;
         };
         while let Some((slot, ask)) = self.waiting.pop_front() {
             if !lines.contains_key(&slot) {
                 continue;
             }
-            next_id += 1;
+            self.next_id += 1;
             let request = serde_json::json!({ "fork": {
-                "id": next_id,
+                "id": self.next_id,
                 "stdin": ask.stdin,
                 "stdout": ask.stdout,
                 "stderr": ask.stderr,
@@ -651,28 +654,28 @@ impl Language {
             // (queued, and written as its pipe takes it: a language zygote that stopped
             // reading must not stop gaffer's zygote, which serves every queue)
             r.to_write.extend_from_slice(&text);
-            self.sent.insert(next_id, (slot, ask.seq));
+            self.sent.insert(self.next_id, (slot, ask.seq));
         }
         r.write_queued();
-        next_id
     }
 
     /// Its process ended (`status`): before it was ready, a failed start, answered to
     /// every request with its log's tail; after, it is started again at once for the
     /// requests to come (those it had been sent fail: their children may or may not
     /// exist, and a slot asks again).
-    fn ended(&mut self, status: &str, lines: &mut BTreeMap<u32, SlotLine>, next_id: u64) {
+    fn ended(&mut self, status: &str, lines: &mut BTreeMap<u32, SlotLine>) {
         // (its answers still in the pipe first: a child it forked is its slot's)
         self.read_stderr();
         for said in self.read_stdout() {
-            self.heard(said, lines, next_id);
+            self.heard(said, lines);
         }
         let Some(r) = self.running.take() else { return };
-        let mut r = r;
-        // (its last words, still in the pipe)
-        read_available(r.stderr.as_fd(), &mut r.err);
         let mut tail: Vec<String> = r.tail.into_iter().collect();
-        tail.extend(String::from_utf8_lossy(&r.err).lines().map(str::to_string));
+        tail.extend(
+            String::from_utf8_lossy(r.err.rest())
+                .lines()
+                .map(str::to_string),
+        );
         let sent: Vec<(u32, u64)> = std::mem::take(&mut self.sent).into_values().collect();
         for (slot, seq) in sent {
             if let Some(line) = lines.get_mut(&slot) {
@@ -751,41 +754,6 @@ fn answer(line: &mut SlotLine, seq: u64, outcome: ForkOutcome) {
     {
         tracing::debug!(queue = %line.queue, error = %e, "cannot answer a fork request");
     }
-}
-
-/// Reads what `fd` holds now into `buf`; false once it has ended and nothing was read.
-fn read_available(fd: BorrowedFd, buf: &mut Vec<u8>) -> bool {
-    // SAFETY: borrowed for these reads only; ManuallyDrop keeps it open.
-    let mut file =
-        std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) });
-    let mut chunk = [0u8; 16 * 1024];
-    let mut any = false;
-    loop {
-        match file.read(&mut chunk) {
-            Ok(0) => return any,
-            Ok(n) => {
-                buf.extend_from_slice(&chunk[..n]);
-                any = true;
-            }
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(_) => return true,
-        }
-    }
-}
-
-/// The next complete line of `buf`, taken out without its newline.
-fn next_line(buf: &mut Vec<u8>) -> Option<Vec<u8>> {
-    let end = buf.iter().position(|&b| b == b'\n')?;
-    let mut line: Vec<u8> = buf.drain(..=end).collect();
-    line.pop();
-    Some(line)
-}
-
-fn set_nonblocking(fd: BorrowedFd) -> std::io::Result<()> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-    Ok(())
 }
 
 /// Whether the process a pidfd names still runs.

@@ -606,30 +606,34 @@ pub fn thread_count() -> std::io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
 }
 
-/// Bytes read from stdin not yet split into lines. Raw reads (no `BufReader`) so that
-/// poll() on the descriptor tells the truth about what is left to read.
+/// Bytes read from a descriptor not yet split into lines: stdin (the master's requests)
+/// and, in [`super::language`], a language zygote's stdout and stderr and the slots' fork
+/// lines. Raw reads (no `BufReader`) so that poll() on the descriptor tells the truth
+/// about what is left to read.
 #[derive(Default)]
-struct Input {
+pub(super) struct Input {
     buf: Vec<u8>,
 }
 
 impl Input {
-    fn next_line(&mut self) -> Option<Vec<u8>> {
+    /// The next complete line, taken out without its newline.
+    pub(super) fn next_line(&mut self) -> Option<Vec<u8>> {
         let end = self.buf.iter().position(|&b| b == b'\n')?;
         let mut line: Vec<u8> = self.buf.drain(..=end).collect();
         line.pop();
         Some(line)
     }
 
-    /// Reads what is there; false at end of input.
+    /// What is left that is not a whole line (a process's last words without a newline).
+    pub(super) fn rest(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Reads once (blocking on a blocking descriptor); false at end of input.
     fn fill(&mut self, fd: BorrowedFd) -> std::io::Result<bool> {
         let mut chunk = [0u8; 64 * 1024];
-        let mut file = std::mem::ManuallyDrop::new(
-            // SAFETY: borrowed for one read; ManuallyDrop keeps stdin open.
-            unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) },
-        );
         loop {
-            match file.read(&mut chunk) {
+            match read_into(fd, &mut chunk) {
                 Ok(0) => return Ok(false),
                 Ok(n) => {
                     self.buf.extend_from_slice(&chunk[..n]);
@@ -640,4 +644,31 @@ impl Input {
             }
         }
     }
+
+    /// Reads all a non-blocking descriptor holds now; false once it has ended and nothing
+    /// was read (a read error counts as something to look at, not as the end).
+    pub(super) fn fill_available(&mut self, fd: BorrowedFd) -> bool {
+        let mut chunk = [0u8; 16 * 1024];
+        let mut any = false;
+        loop {
+            match read_into(fd, &mut chunk) {
+                Ok(0) => return any,
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    any = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
+/// One read(2) of `fd` into `chunk`.
+fn read_into(fd: BorrowedFd, chunk: &mut [u8]) -> std::io::Result<usize> {
+    let mut file = std::mem::ManuallyDrop::new(
+        // SAFETY: borrowed for one read; ManuallyDrop keeps the descriptor open.
+        unsafe { std::fs::File::from_raw_fd(fd.as_raw_fd()) },
+    );
+    file.read(chunk)
 }

@@ -27,6 +27,8 @@ use crate::config::{Config, QueueConfig};
 const ZYGOTE_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest pause before restarting a zygote that died (1, 2, 4, 8, 16 s).
 const MAX_ZYGOTE_BACKOFF: Duration = Duration::from_secs(16);
+/// How often the handlers' source files are looked at for a deploy.
+const CODE_CHECK: Duration = Duration::from_secs(3);
 /// The pause before trying again when a zygote could not even be started.
 const ZYGOTE_START_RETRY: Duration = Duration::from_secs(30);
 
@@ -61,6 +63,8 @@ pub(super) struct Zygotes {
     pub(super) restart_backoff: Backoff,
     /// When to start a new zygote, after the current one died or failed to start.
     pub(super) restart_at: Option<Instant>,
+    /// When the handlers' source files were last looked at ([`CODE_CHECK`] apart).
+    code_checked: Instant,
     /// Where the zygotes' output lines go: into the loop's events.
     events: mpsc::UnboundedSender<Event>,
     /// The slots' end of the report socket, inherited by every zygote and so every slot.
@@ -74,6 +78,7 @@ impl Zygotes {
             generation: 0,
             restart_backoff: Backoff::new(ZYGOTE_BACKOFF, MAX_ZYGOTE_BACKOFF),
             restart_at: None,
+            code_checked: Instant::now(),
             events,
             report_peer,
         }
@@ -218,6 +223,12 @@ impl Master {
     /// change) when a source file its handlers loaded has changed since: a deploy of an
     /// exec handler's code takes effect without a restart of the master.
     pub(super) async fn replace_zygote_if_code_changed(&mut self) {
+        // (a Python handler with its libraries may name hundreds of files: a stat of each
+        // every few seconds is plenty for a deploy)
+        if self.zygotes.code_checked.elapsed() < CODE_CHECK {
+            return;
+        }
+        self.zygotes.code_checked = Instant::now();
         let Some(z) = self.zygotes.current().filter(|z| z.ready) else {
             return;
         };
@@ -268,11 +279,7 @@ impl Master {
                     z.ready = true;
                     z.pid = pid;
                     z.preloaded = preloaded.into_iter().collect();
-                    z.watch = watch
-                        .into_iter()
-                        .map(|p| (modified(&p), p))
-                        .map(|(t, p)| (p, t))
-                        .collect();
+                    z.watch = with_times(watch);
                 }
                 self.zygotes.restart_backoff.reset();
                 tracing::info!(generation, pid, "zygote ready");
@@ -280,11 +287,7 @@ impl Master {
             }
             ZygoteEvent::Watch { files } => {
                 if let Some(z) = self.zygotes.procs.get_mut(&generation) {
-                    z.watch = files
-                        .into_iter()
-                        .map(|p| (modified(&p), p))
-                        .map(|(t, p)| (p, t))
-                        .collect();
+                    z.watch = with_times(files);
                 }
             }
             ZygoteEvent::Spawned { slot, pid } => {
@@ -351,6 +354,17 @@ impl Master {
             }
         }
     }
+}
+
+/// Each of `files` with its modification time now, to be told changed later.
+fn with_times(files: Vec<PathBuf>) -> Vec<(PathBuf, Option<SystemTime>)> {
+    files
+        .into_iter()
+        .map(|p| {
+            let t = modified(&p);
+            (p, t)
+        })
+        .collect()
 }
 
 /// A file's modification time, none when it cannot be read (a file that comes back counts

@@ -186,7 +186,14 @@ impl Exec {
     /// Starts the child: spawned (`start = "spawn"`) or forked by the queue's language
     /// zygote (`start = "fork"`); its stderr forwarded to the slot's log by a thread.
     pub(super) fn spawn(&mut self, ctx: &SlotContext) -> Result<Running, ChildError> {
-        let (process, stdin, stdout, stderr) = match self.start {
+        let (
+            process,
+            Streams {
+                stdin,
+                stdout,
+                stderr,
+            },
+        ) = match self.start {
             Start::Spawn => self.spawn_command(ctx)?,
             Start::Fork => {
                 let line = ctx.fork_line.as_deref().ok_or(ForkError::NoLine)?;
@@ -195,15 +202,8 @@ impl Exec {
                     ("GAFFER_SLOT", ctx.slot.to_string()),
                 ];
                 let env = env.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-                let (
-                    forked,
-                    Streams {
-                        stdin,
-                        stdout,
-                        stderr,
-                    },
-                ) = Forked::start(line, env)?;
-                (Proc::Forked(forked), stdin, stdout, stderr)
+                let (forked, streams) = Forked::start(line, env)?;
+                (Proc::Forked(forked), streams)
             }
         };
         let pid = process.id();
@@ -245,10 +245,7 @@ impl Exec {
     /// thread, which must be the one the slot keeps for its handler all its life:
     /// PDEATHSIG fires when the spawning *thread* exits, not the process, so a child
     /// started from a short-lived thread would be killed with that thread.
-    pub(super) fn spawn_command(
-        &self,
-        ctx: &SlotContext,
-    ) -> Result<(Proc, File, File, File), ChildError> {
+    pub(super) fn spawn_command(&self, ctx: &SlotContext) -> Result<(Proc, Streams), ChildError> {
         let (program, args) = self.command.split_first().ok_or(ChildError::EmptyCommand)?;
         let parent = std::process::id();
         let mut cmd = Command::new(program);
@@ -296,12 +293,12 @@ impl Exec {
             unreachable!("all three streams are piped");
         };
         let file = |fd: std::os::fd::OwnedFd| File::from(fd);
-        Ok((
-            Proc::Spawned(process),
-            file(stdin.into()),
-            file(stdout.into()),
-            file(stderr.into()),
-        ))
+        let streams = Streams {
+            stdin: file(stdin.into()),
+            stdout: file(stdout.into()),
+            stderr: file(stderr.into()),
+        };
+        Ok((Proc::Spawned(process), streams))
     }
 
     /// Kills and reaps the child, if any, so that none is left behind as a zombie or an

@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 
 use crate::host::fork::{
     ForkAsk, ForkLine, ForkLineError, ForkOutcome, pidfd_ended, pidfd_kill, pidfd_open,
+    set_nonblocking,
 };
 
 /// Longest a forked child may take to open its input once forked: it has nothing to load
@@ -59,7 +60,8 @@ pub struct Forked {
     pidfd: OwnedFd,
 }
 
-/// A forked child's ends of its three streams, as the slot holds them.
+/// A child's three streams, as the slot holds them (its ends of a spawned child's pipes, or
+/// of a forked child's FIFOs).
 pub struct Streams {
     /// Where the slot writes requests.
     pub stdin: File,
@@ -112,7 +114,7 @@ impl Forked {
             pidfd_kill(forked.pid, forked.pidfd.as_fd(), Signal::SIGKILL);
         })?;
         for file in [&stdin, &stdout, &stderr] {
-            set_blocking(file).map_err(ForkError::Pipes)?;
+            set_nonblocking(file.as_fd(), false).map_err(ForkError::Pipes)?;
         }
         // (the FIFOs' names go with the directory; the opened ends stay)
         drop(dir);
@@ -197,12 +199,4 @@ fn open_nonblocking(path: &Path, write: bool) -> io::Result<File> {
         .write(write)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
-}
-
-/// Clears O_NONBLOCK: the exec exchange reads and writes blocking, as on a pipe.
-fn set_blocking(file: &File) -> io::Result<()> {
-    use nix::fcntl::{FcntlArg, OFlag, fcntl};
-    let flags = OFlag::from_bits_truncate(fcntl(file, FcntlArg::F_GETFL)?);
-    fcntl(file, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))?;
-    Ok(())
 }
