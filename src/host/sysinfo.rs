@@ -572,15 +572,10 @@ Locked:                0 kB
         assert!(r.pss <= r.rss, "{r:?}");
     }
 
-    #[test]
-    fn live_private_dirty_counts_64_mib_written_by_a_process() {
-        // A process of its own: in this one, other tests allocate and free meanwhile.
+    /// A `python3 -c script` with piped stdin and stdout, and the first line it printed.
+    fn python_saying(script: &str) -> (std::process::Child, String) {
         let mut child = std::process::Command::new("python3")
-            .args([
-                "-c",
-                // Non-zero fill so every page is written, not just mapped.
-                "b = bytearray(b'\\x01') * (64 << 20)\nprint('ready', flush=True)\ninput()",
-            ])
+            .args(["-c", script])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -591,6 +586,16 @@ Locked:                0 kB
             &mut line,
         )
         .unwrap();
+        (child, line)
+    }
+
+    #[test]
+    fn live_private_dirty_counts_64_mib_written_by_a_process() {
+        // A process of its own: in this one, other tests allocate and free meanwhile.
+        // Non-zero fill so every page is written, not just mapped.
+        let (mut child, line) = python_saying(
+            "b = bytearray(b'\\x01') * (64 << 20)\nprint('ready', flush=True)\ninput()",
+        );
         assert_eq!(line, "ready\n");
         let dirty = private_dirty(child.id()).unwrap();
         drop(child.stdin.take());
@@ -668,10 +673,8 @@ Locked:                0 kB
     #[test]
     fn live_tree_holds_a_grandchild_and_its_memory() {
         // A child that starts a grandchild writing 32 MiB, then says so.
-        let mut child = std::process::Command::new("python3")
-            .args([
-                "-c",
-                r#"
+        let (mut child, line) = python_saying(
+            r#"
 import subprocess, sys
 grow = "import sys\nb = bytearray(b'\\x01') * (32 << 20)\nprint('ready', flush=True)\nsys.stdin.read()"
 g = subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -680,17 +683,7 @@ sys.stdin.read()
 g.stdin.close()
 g.wait()
 "#,
-            ])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-            &mut line,
-        )
-        .unwrap();
+        );
         let (grandchild, ready) = line.trim().split_once(' ').unwrap();
         assert_eq!(ready, "ready", "{line}");
         let grandchild: u32 = grandchild.parse().unwrap();
