@@ -16,47 +16,21 @@ use crate::queue_client::{Enqueued, Glance, NewTask, Queue, QueueError, TaskReco
 
 type Answer = Result<(StatusCode, Value), ApiError>;
 
-/// The chain a run of global task `id` of `queue` follows: the one its record names when
-/// that is a name the task started it under, else its id.
-fn run_chain_name(queue: &Queue, id: &str, record: Option<&TaskRecord>) -> String {
-    record
-        .and_then(|r| r.chain.as_deref())
-        .filter(|c| chain::started_by(queue.name(), id, c))
-        .unwrap_or(id)
-        .to_string()
-}
-
-/// The run a chain wait follows (see `Api::run_chain`): its creation time and submitter,
-/// and the name its chain had at the last look.
-struct RunPin {
-    created_at: String,
-    submitted_by: Option<String>,
-    name: String,
-}
-
-/// A chain submit's refusal: 409 naming the chain's holder for an admin key; a limited
-/// key is told neither the holder's queue and id (which may be outside its list) nor why
-/// the name is taken (another task's, kept for one, an earlier run's), only that it is.
+/// A chain submit's refusal: 409 naming the chain the id's task is in for an admin key;
+/// a limited key is told only that the id is taken (the chain may be another key's).
 fn chain_refusal(e: ChainError) -> ApiError {
-    let limited = match &e {
-        ChainError::Queue(_) => None,
-        ChainError::Taken { chain, .. }
-        | ChainError::Reserved { chain, .. }
-        | ChainError::Ended { chain, .. } => Some(format!(
-            "chain {chain} already exists: submit the global task under another id"
-        )),
-        ChainError::InChain { id, queue, .. } => Some(
-            QueueError::IdTaken {
+    match e {
+        ChainError::Queue(q) => q.into(),
+        ChainError::InChain {
+            ref id, ref queue, ..
+        } => {
+            let limited = QueueError::IdTaken {
                 queue: queue.clone(),
                 id: id.clone(),
             }
-            .to_string(),
-        ),
-    };
-    match (e, limited) {
-        (ChainError::Queue(q), _) => q.into(),
-        (e, Some(limited)) => ApiError::conflict(e.to_string()).or_for_limited(limited),
-        (e, None) => ApiError::conflict(e.to_string()),
+            .to_string();
+            ApiError::conflict(e.to_string()).or_for_limited(limited)
+        }
     }
 }
 
@@ -98,8 +72,7 @@ fn chain_query(query: Option<&str>) -> Result<(usize, Option<PageCursor>), ApiEr
 }
 
 /// Whether a key may see a chain: it may use its global task's queue, and is admin or
-/// submitted that task (the run that made the chain: once the id holds a later run, which
-/// another key may have submitted, only admin keys see the chain).
+/// submitted that task (whose record the head holds while it lives).
 fn may_see(key: &ApiKey, head: &ChainHead) -> bool {
     key.allows(&head.root.queue)
         && (key.admin
@@ -135,7 +108,7 @@ impl Api {
     }
 
     /// Whether a key sees a record: its own, or a follow-up in a chain whose global task
-    /// it submitted (the run that made the chain: the id may since hold a later run).
+    /// it submitted.
     pub(super) async fn owns(&self, key: &ApiKey, rec: &TaskRecord) -> Result<bool, ApiError> {
         if key.admin || rec.submitted_by.as_deref() == Some(key.name.as_str()) {
             return Ok(true);
@@ -143,42 +116,25 @@ impl Api {
         let Some(chain) = rec
             .chain
             .as_deref()
-            .filter(|c| !chain::started_by(&rec.queue, &rec.id, c))
+            .filter(|_| chain::started_chain(rec).is_none())
         else {
             return Ok(false);
         };
-        let Some(list) = chain::members_of(&self.client, &self.chain_targets(), chain).await?
-        else {
-            return Ok(false);
-        };
-        // (an unlisted chain's members are its global task's current run's only)
-        let member = chain::Member::new(&rec.queue, &rec.id);
-        if !list.follow.iter().any(|(m, _)| *m == member) {
-            return Ok(false);
-        }
-        let Some(queue) = self.queues.get(&list.root.queue) else {
-            return Ok(false);
-        };
-        Ok(queue.record(&list.root.id).await?.is_some_and(|r| {
-            list.made_by(chain, &r) && r.submitted_by.as_deref() == Some(key.name.as_str())
+        let head = chain::head(&self.client, &self.chain_targets(), chain).await?;
+        Ok(head.is_some_and(|h| {
+            h.record
+                .is_some_and(|r| r.submitted_by.as_deref() == Some(key.name.as_str()))
         }))
     }
 
     /// A record as `GET …/tasks/{id}` answers it: a global task's shows its chain's state
     /// and tasks beside (`chain_state`, `chain_tasks`: queue, id, state, parent).
     pub(super) async fn record_answer(&self, rec: TaskRecord) -> Result<Value, ApiError> {
-        let own = rec
-            .chain
-            .as_deref()
-            .filter(|c| chain::started_by(&rec.queue, &rec.id, c));
         let mut out = json!(rec);
-        let Some(own) = own else {
+        let Some(own) = chain::started_chain(&rec) else {
             return Ok(out);
         };
         let targets = self.chain_targets();
-        // (A task of a queue with a done route names its own chain from its enqueue on;
-        // until it has follow-ups, a chain of that id may still be another task's, or an
-        // earlier run's of the same task, whose view then leaves this record out.)
         let view = chain::read(&self.client, &targets, own).await?.filter(|v| {
             v.tasks.first().is_some_and(|t| {
                 t.member == chain::Member::new(&rec.queue, &rec.id) && t.record.is_some()
@@ -201,7 +157,7 @@ impl Api {
 
     /// Before a submit with `"chain": true` is enqueued: the queue must keep records
     /// (a chain is followed through them), and each task becomes a chain's global task
-    /// (an id already another task's chain is refused, 409).
+    /// (an id whose task is a follow-up in another chain is refused, 409).
     pub(super) async fn start_chains(
         &self,
         queue: &Queue,
@@ -220,8 +176,7 @@ impl Api {
                 queue.name()
             )));
         }
-        // The refusals the enqueue would answer come first: a refused task must leave no
-        // chain claimed under its id.
+        // (the refusals the enqueue would answer come first, as for any submit)
         for t in tasks.iter() {
             queue.check(t)?;
         }
@@ -231,17 +186,16 @@ impl Api {
             }
             .into());
         }
-        let targets = self.chain_targets();
         let chained = tasks.iter_mut().filter(|t| t.chain.is_some()).collect();
-        chain::start_global(&self.client, queue, chained, &targets)
+        chain::start_global(queue, chained)
             .await
             .map_err(chain_refusal)
     }
 
-    /// Before a limited key's chain submit claims anything: an id whose task or kept
-    /// record another submitter's is refused (409, as its enqueue would refuse it), so
-    /// the chain checks that come first neither claim a chain for it nor tell this key
-    /// what that task is (its chain, its state). The enqueue's own check stays the one
+    /// Before a limited key's chain submit is checked: an id whose task or kept record
+    /// another submitter's is refused (409, as its enqueue would refuse it), so the chain
+    /// check that comes first does not tell this key what that task is (its chain, its
+    /// state). The enqueue's own check stays the one
     /// that holds against a submit racing this one.
     pub(super) async fn refuse_held_chain_ids(
         &self,
@@ -291,18 +245,14 @@ impl Api {
         };
         let deadline = tokio::time::Instant::now() + wait;
         // Tasks found ended that the chain's view still showed unended: their id holds a
-        // task of another chain (or run). Looked at again once, then only waited on, so
+        // task of another chain (or none). Looked at again once, then only waited on, so
         // such a task does not spin this loop until the deadline.
         let mut seen_ended = std::collections::BTreeSet::new();
-        // (the run the dedup check found, when it found one: the wait keeps to it)
-        let mut pin = found.map(|r| RunPin {
-            name: run_chain_name(queue, &made.id, Some(&r)),
-            created_at: r.created_at,
-            submitted_by: r.submitted_by,
-        });
+        let name = self.submitted_chain(queue, made, found.as_deref()).await?;
+        let pin = name.as_str();
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let view = self.run_chain(queue, &made.id, &mut pin).await?;
+            let view = self.run_chain(queue, key, &made.id, pin).await?;
             if view.state.is_end() {
                 return Ok((StatusCode::OK, view.to_json()));
             }
@@ -312,7 +262,7 @@ impl Api {
             };
             if tokio::time::Instant::now() >= deadline || self.shutdown.is_cancelled() {
                 // (the wait for the subscription may have taken seconds: look once more)
-                return self.chain_as_it_stands(queue, &made.id, &mut pin).await;
+                return self.chain_as_it_stands(queue, key, &made.id, pin).await;
             }
             if !watching {
                 // (the wait for the subscription was the pause before the next look)
@@ -338,7 +288,7 @@ impl Api {
             let Ok(watched) =
                 tokio::time::timeout_at(deadline, futures::future::try_join_all(watches)).await
             else {
-                return self.chain_as_it_stands(queue, &made.id, &mut pin).await;
+                return self.chain_as_it_stands(queue, key, &made.id, pin).await;
             };
             let mut ended_meanwhile = false;
             for (t, rec) in watched? {
@@ -362,7 +312,7 @@ impl Api {
                 () = tokio::time::sleep_until(deadline) => {}
                 () = self.shutdown.cancelled() => {}
             }
-            return self.chain_as_it_stands(queue, &made.id, &mut pin).await;
+            return self.chain_as_it_stands(queue, key, &made.id, pin).await;
         }
     }
 
@@ -371,10 +321,11 @@ impl Api {
     async fn chain_as_it_stands(
         &self,
         queue: &Queue,
+        key: &ApiKey,
         id: &str,
-        pin: &mut Option<RunPin>,
+        chain: &str,
     ) -> Answer {
-        let view = self.run_chain(queue, id, pin).await?;
+        let view = self.run_chain(queue, key, id, chain).await?;
         let status = if view.state.is_end() {
             StatusCode::OK
         } else {
@@ -383,67 +334,67 @@ impl Api {
         Ok((status, view.to_json()))
     }
 
-    /// The chain of the run of global task `id` that a submit made or found: the chain
-    /// its record names (its id, or the name its run's claim got where an earlier run of
-    /// the id has that chain, `QUEUE:ID`…). Until the run has made a chain of its own
-    /// there, the chain of its name can be an earlier run's (the earlier run ended between
-    /// the submit's check and its enqueue), which leaves its record out: the run is then
-    /// a chain of one task, itself, and a wait follows it until it makes follow-ups or
-    /// ends. `pin` keeps the run the first look found: once it ended, its id may hold
-    /// another task (`dedup = "active"`), whose record is not this run's: another key's
-    /// answers 410, as a plain wait does; the key's own leaves the run's chain as last
-    /// named (and only a run that made no chain shows the new task, as a plain wait would).
+    /// The chain a submit made or found for its global task: the id its enqueue minted;
+    /// for a dedup hit, the chain the task's record names, or (a task in no chain yet,
+    /// submitted before without `chain`) the one its record number names, which its
+    /// follow-ups will start.
+    async fn submitted_chain(
+        &self,
+        queue: &Queue,
+        made: &Enqueued,
+        found: Option<&TaskRecord>,
+    ) -> Result<String, ApiError> {
+        if let Some(chain) = &made.chain {
+            return Ok(chain.clone());
+        }
+        if let Some(chain) = found.and_then(chain::started_chain) {
+            return Ok(chain.to_string());
+        }
+        match queue.record_seq(&made.id).await? {
+            Some(seq) => Ok(chain::chain_id(queue.name(), seq)),
+            None => Err(ApiError::not_found(format!(
+                "task {} of queue {} has no record: its chain cannot be followed",
+                made.id,
+                queue.name()
+            ))),
+        }
+    }
+
+    /// The chain `chain` a submit of global task `id` made or found: its view, or until
+    /// the task has made follow-ups (a task in no chain yet), the task alone as a chain of
+    /// one. Once the task ended, its id may hold another task (`dedup = "active"`), whose
+    /// record is not this chain's: 410.
     async fn run_chain(
         &self,
         queue: &Queue,
+        key: &ApiKey,
         id: &str,
-        pin: &mut Option<RunPin>,
+        chain: &str,
     ) -> Result<ChainView, ApiError> {
+        let view = chain::read(&self.client, &self.chain_targets(), chain).await?;
+        if let Some(view) = view.filter(|v| v.tasks.first().is_some_and(|t| t.record.is_some())) {
+            return Ok(view);
+        }
         let record = queue.record(id).await?;
-        if let (Some(p), Some(r)) = (pin.as_ref(), record.as_ref())
-            && r.created_at != p.created_at
-        {
-            if r.submitted_by != p.submitted_by {
-                return Err(replaced(queue, id));
+        let number = chain::chain_origin(chain).map(|(_, seq)| seq);
+        let this_one = match &record {
+            Some(r) if r.chain.as_deref() == Some(chain) => true,
+            Some(r) if r.chain.is_none() => {
+                number.is_some() && queue.record_seq(id).await? == number
             }
-            let view = chain::read(&self.client, &self.chain_targets(), &p.name).await?;
-            // (an unlisted chain's view is of the run its id holds now: this run's chain
-            // can no longer be read)
-            let later = |v: &ChainView| {
-                v.tasks
-                    .first()
-                    .and_then(|t| t.record.as_ref())
-                    .is_some_and(|rec| rec.created_at != p.created_at)
-            };
-            if view.as_ref().is_some_and(later) {
-                return Err(ApiError::gone(format!(
-                    "task {id} of queue {} ended and its id already holds a new run, which \
-                     its chain {} now shows",
-                    queue.name(),
-                    p.name
-                )));
-            }
-            return Ok(view.unwrap_or_else(|| ChainView::of_task(&p.name, r.clone())));
-        }
-        let name = run_chain_name(queue, id, record.as_ref());
-        if let Some(r) = &record {
-            *pin = Some(RunPin {
-                created_at: r.created_at.clone(),
-                submitted_by: r.submitted_by.clone(),
-                name: name.clone(),
-            });
-        }
-        let view = chain::read(&self.client, &self.chain_targets(), &name).await?;
-        let run_shown = |v: &ChainView| {
-            v.tasks.first().is_some_and(|t| {
-                t.record.is_some() && t.member == chain::Member::new(queue.name(), id)
-            })
+            _ => false,
         };
-        match (view, record) {
-            (Some(v), _) if run_shown(&v) => Ok(v),
-            (_, Some(r)) => Ok(ChainView::of_task(&name, r)),
-            (Some(v), None) => Ok(v),
-            (None, None) => Err(ApiError::not_found(format!("no chain {name}"))),
+        match record {
+            Some(r) if this_one => Ok(ChainView::of_task(chain, r)),
+            Some(r) if r.submitted_by.as_deref() != Some(key.name.as_str()) => {
+                Err(replaced(queue, id))
+            }
+            Some(_) => Err(ApiError::gone(format!(
+                "task {id} of queue {} ended and its id already holds another task; its chain \
+                 {chain} is gone with its record",
+                queue.name()
+            ))),
+            None => Err(ApiError::not_found(format!("no chain {chain}"))),
         }
     }
 }

@@ -1061,6 +1061,10 @@ fn accepted(
     wait_error: Option<&ApiError>,
 ) -> serde_json::Value {
     let mut answer = json!({"id": made.id, "queue": queue.name(), "created": made.created});
+    if let Some(chain) = &made.chain {
+        // (the chain a created task starts: a found one's record names it)
+        answer["chain"] = json!(chain);
+    }
     match state {
         Ok(s) => answer["state"] = json!(s),
         Err(e) => {

@@ -6,45 +6,45 @@
 use serde_json::{Value, json};
 
 use super::view::{self, ChainState, ChainTask, Summary};
-use super::{ChainTargets, Member, Members, members_of, natural, unlisted_root};
+use super::{ChainTargets, Member, Members, chain_origin, members_of, natural};
 use crate::queue_client::{QueueClient, QueueError, TaskRecord};
 
-/// A chain's global task and its record of the run that made the chain (`None` when that
-/// record is gone, or the id holds a later run): what decides who may see the chain.
+/// A chain's global task and its record (`None` when the record is gone): what decides
+/// who may see the chain.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChainHead {
     /// The global task.
     pub root: Member,
-    /// Its record, when it is of the run that made the chain.
+    /// Its record.
     pub record: Option<TaskRecord>,
 }
 
-/// The global task of chain `chain`, in two reads at most (its member list, or for an
-/// unlisted chain the record its name points at; then that record): `None` exactly when
+/// The global task of chain `chain` with its record, in two reads for an id [`chain_id`]
+/// minted (the id its number names, then its record, which must name the chain); a
+/// chain an older layout named reads its sets (see [`members_of`]). `None` exactly when
 /// [`super::read`] finds no such chain.
+///
+/// [`chain_id`]: super::chain_id
 pub async fn head(
     client: &QueueClient,
     targets: &ChainTargets,
     chain: &str,
 ) -> Result<Option<ChainHead>, QueueError> {
-    let conn = client.connection();
-    let (listed, _) = super::stored_or_loose(&conn, client.namespace(), chain).await?;
-    if let Some(list) = listed {
-        let run_at = list.run_enqueued_ms();
-        let record = view::record_of(client, &targets.queues, &list.root)
-            .await?
-            .filter(|r| view::is_the_run(r, chain, run_at));
-        return Ok(Some(ChainHead {
-            root: list.root,
-            record,
-        }));
-    }
-    Ok(unlisted_root(client, targets, chain)
+    let root = match chain_origin(chain) {
+        Some(_) => super::global_by_number(client, targets, chain).await?,
+        None => members_of(client, targets, chain).await?.map(|m| m.root),
+    };
+    let Some(root) = root else {
+        return Ok(None);
+    };
+    let record = view::record_of(client, &targets.queues, &root)
         .await?
-        .map(|(root, record)| ChainHead {
-            root,
-            record: Some(record),
-        }))
+        .filter(|r| r.chain.as_deref() == Some(chain));
+    if record.is_none() && chain_origin(chain).is_some() {
+        // (the task of that number never started the chain)
+        return Ok(None);
+    }
+    Ok(Some(ChainHead { root, record }))
 }
 
 /// Where a walk of a chain's pages stands: the last task shown, and what the tasks shown
@@ -176,9 +176,8 @@ pub async fn read_page(
             _ => break (order, start, records, true),
         }
     };
-    let run_at = list.run_enqueued_ms();
     let end = start + records.len();
-    let tasks = view::tasks_of(chain, run_at, order[start..end].to_vec(), records);
+    let tasks = view::tasks_of(chain, order[start..end].to_vec(), records);
     let mut seen = cursor.map_or_else(Summary::default, |c| c.seen.clone());
     seen.add(&tasks);
     if end < order.len() {
@@ -254,7 +253,7 @@ mod tests {
     #[test]
     fn a_cursor_reads_back_what_it_wrote_and_nothing_else_reads() {
         let c = PageCursor {
-            after: Member::new("parse", "fetch:a@17.2~1~3"),
+            after: Member::new("parse", "~cfetch.17~1~3"),
             seen: Summary {
                 failed: Some(Member::new("store", "x~2")),
                 cancelled: false,

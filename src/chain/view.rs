@@ -58,7 +58,7 @@ pub struct ChainTask {
 /// A chain: its global task first, then the follow-ups in the order of their ids.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChainView {
-    /// The chain's id (its global task's).
+    /// The chain's id.
     pub id: String,
     /// Its state, from its tasks' records.
     pub state: ChainState,
@@ -153,11 +153,10 @@ pub async fn read(
             _ => break (records, true),
         }
     };
-    let run_at = list.run_enqueued_ms();
     let order: Vec<(Member, Option<Member>)> = std::iter::once((list.root, None))
         .chain(list.follow.into_iter().map(|(c, p)| (c, Some(p))))
         .collect();
-    let tasks = tasks_of(chain, run_at, order, records);
+    let tasks = tasks_of(chain, order, records);
     let (state, failed) = state_of(&tasks);
     let state = as_read(state, settled);
     Ok(Some(ChainView {
@@ -169,12 +168,10 @@ pub async fn read(
 }
 
 /// Tasks of chain `chain` (each with its parent, `None` for the global task) with the
-/// records read for them, each kept only when it is this chain's: the global task's when
-/// it is of the run that made the chain (`run_at`, see [`is_the_run`]), a follow-up's
-/// when it names the chain.
+/// records read for them, each kept only when it names the chain: its id may since hold
+/// another task (the same id submitted again once it ended), of another chain or none.
 pub(super) fn tasks_of(
     chain: &str,
-    run_at: Option<i64>,
     order: Vec<(Member, Option<Member>)>,
     records: Vec<Option<TaskRecord>>,
 ) -> Vec<ChainTask> {
@@ -182,10 +179,7 @@ pub(super) fn tasks_of(
         .into_iter()
         .zip(records)
         .map(|((member, parent), record)| ChainTask {
-            record: record.filter(|r| match &parent {
-                None => is_the_run(r, chain, run_at),
-                Some(_) => r.chain.as_deref() == Some(chain),
-            }),
+            record: record.filter(|r| r.chain.as_deref() == Some(chain)),
             member,
             parent,
         })
@@ -200,20 +194,6 @@ pub(super) fn as_read(state: ChainState, settled: bool) -> ChainState {
         ChainState::Running
     } else {
         state
-    }
-}
-
-/// Whether the global task's record is of the run that made the chain: its id may since
-/// hold a later run (submitted again once it ended), with a chain of its own or, until
-/// that run makes follow-ups, naming this one. Known by the run's enqueue time where the
-/// chain's list says it; else by the chain the record names (one written before records
-/// named their chain names none, and counts). A follow-up's record counts when it names
-/// the chain: its id may hold a task of another chain, or of none (whose parent then
-/// failed).
-pub(super) fn is_the_run(rec: &TaskRecord, chain: &str, run_at: Option<i64>) -> bool {
-    match run_at {
-        Some(at) => rec.created_at == crate::queue_client::rfc3339(at),
-        None => rec.chain.as_deref().is_none_or(|c| c == chain),
     }
 }
 

@@ -45,7 +45,8 @@ pub struct NewTask {
 /// A task's place in a chain (see `crate::chain`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TaskChain {
-    /// The global task of a chain of its own: its id is the chain's.
+    /// The global task of a chain of its own, whose id its enqueue mints from the task's
+    /// queue and record number ([`chain_id`]).
     Global,
     /// A follow-up in the chain of this global task. It needs an id (derived from its
     /// parent's), and deduplicates against records too: a parent run again finds the
@@ -120,6 +121,10 @@ pub struct Enqueued {
     /// chain, already holds: nothing of its call was created (see `lua/enqueue.lua`).
     #[serde(skip)]
     pub taken: Option<TakenBy>,
+    /// The chain a created task starts (a global task: [`TaskChain::Global`], or any task
+    /// of a queue whose routes start chains), as its enqueue minted it ([`chain_id`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain: Option<String>,
 }
 
 /// What holds the id a chain's follow-up was to have.
@@ -260,7 +265,8 @@ impl Queue {
                 queue: self.name.to_string(),
             });
         }
-        enqueued(chunk, base as u64, flags)
+        let root = self.root(&chunk[0].chain).then_some(&*self.name);
+        enqueued(chunk, base as u64, flags, root)
     }
 
     /// The call of `script` (enqueue.lua, or a script that ends in it) for a chunk: the
@@ -305,7 +311,7 @@ impl Queue {
             })
             .arg(self.limits.intake.as_str())
             .arg(self.ttl_arg())
-            .arg(self.root_arg(&first.chain))
+            .arg(if self.root(&first.chain) { "1" } else { "0" })
             .arg(match &self.limits.system {
                 // (so its new tasks get the pause's note before any switch is set)
                 Some(sys) if sys.paused => format!("paused:{}", sys.name),
@@ -337,6 +343,27 @@ impl Queue {
 /// Builds before this generated `#N` (a `#` starts a URL's fragment); those ids keep
 /// working, and client ids may still not start with `#`.
 pub const GENERATED_ID_PREFIX: &str = "~g";
+
+/// What every chain's id starts with: `~cQUEUE.SEQ`, minted from its global task's queue
+/// and record number ([`chain_id`]). No client id may start with it, so a chain's id
+/// never names a task a client made, and follow-up ids (derived from it) never clash
+/// with one.
+pub const CHAIN_ID_PREFIX: &str = "~c";
+
+/// The id of the chain whose global task is task number `seq` of `queue` (enqueue.lua's
+/// `chain_name` makes the same): unique in the namespace, as a queue's counter never goes
+/// back, and the same on one server and on a Redis Cluster.
+pub fn chain_id(queue: &str, seq: u64) -> String {
+    format!("{CHAIN_ID_PREFIX}{queue}.{seq}")
+}
+
+/// The queue and record number of the global task of chain `chain`, when the id has the
+/// form [`chain_id`] makes (a chain an older layout named otherwise does not).
+pub fn chain_origin(chain: &str) -> Option<(&str, u64)> {
+    let (queue, seq) = chain.strip_prefix(CHAIN_ID_PREFIX)?.rsplit_once('.')?;
+    let seq = seq.parse().ok().filter(|_| !seq.starts_with('+'))?;
+    crate::config::is_valid_name(queue).then_some((queue, seq))
+}
 
 /// The generated id of the task numbered `n` (enqueue.lua makes the same).
 fn generated_id(n: u64) -> String {
@@ -386,6 +413,11 @@ pub fn check_id(id: &str, derived: bool) -> Result<(), QueueError> {
             "task id {id:?} is invalid: ids starting with '{GENERATED_ID_PREFIX}' are reserved for generated ids"
         )));
     }
+    if id.starts_with(CHAIN_ID_PREFIX) {
+        return Err(QueueError::Invalid(format!(
+            "task id {id:?} is invalid: ids starting with '{CHAIN_ID_PREFIX}' are reserved for chains and their follow-ups"
+        )));
+    }
     Ok(())
 }
 
@@ -412,7 +444,12 @@ fn push_packet_args(inv: &mut redis::ScriptInvocation<'_>, chunk: &[NewTask]) {
 
 /// What the script's reply says of each task of a chunk: the generated ids count on from
 /// `base`, and one flag per task says whether it was created and in which state.
-fn enqueued(chunk: &[NewTask], base: u64, flags: Vec<u8>) -> Result<Vec<Enqueued>, QueueError> {
+fn enqueued(
+    chunk: &[NewTask],
+    base: u64,
+    flags: Vec<u8>,
+    starts_chains: Option<&str>,
+) -> Result<Vec<Enqueued>, QueueError> {
     if flags.len() != chunk.len() {
         return Err(QueueError::Protocol(format!(
             "enqueue of {} tasks returned {} flags",
@@ -430,6 +467,9 @@ fn enqueued(chunk: &[NewTask], base: u64, flags: Vec<u8>) -> Result<Vec<Enqueued
                 .clone()
                 .unwrap_or_else(|| generated_id(base + i as u64 + 1)),
             created: matches!(flag, b'1' | b'x'),
+            chain: starts_chains
+                .filter(|_| matches!(flag, b'1' | b'x'))
+                .map(|queue| chain_id(queue, base + i as u64 + 1)),
             taken: match flag {
                 b'c' => Some(TakenBy::OtherChain),
                 b'n' => Some(TakenBy::NoChain),
@@ -498,18 +538,16 @@ impl Queue {
     /// task of its own chain (submitted with `chain`, or a task of a queue with a done
     /// route), and, for a queue with routes on one server, where its enqueue looks for a
     /// list of that chain: with none, the chain is unlisted (`crate::chain::run_base`).
-    fn root_arg(&self, chain: &Option<TaskChain>) -> String {
-        let root = match chain {
-            Some(TaskChain::Global) => true,
-            None => self.limits.starts_chains,
-            Some(TaskChain::FollowUp(_)) => false,
-        };
-        let single = matches!(self.conn, super::RedisConn::Single(_));
-        match (root, single && self.limits.starts_chains) {
-            (false, _) => "0".into(),
-            (true, false) => "1".into(),
-            (true, true) => format!("u:{}:", self.keys.namespace()),
-        }
+    /// Whether a task enqueued with `chain` starts a chain of its own: a global task, or
+    /// any task but a follow-up in a queue whose routes start chains. (An untracked
+    /// queue keeps no record to number it by: it starts none.)
+    fn root(&self, chain: &Option<TaskChain>) -> bool {
+        self.limits.track
+            && match chain {
+                Some(TaskChain::Global) => true,
+                None => self.limits.starts_chains,
+                Some(TaskChain::FollowUp(_)) => false,
+            }
     }
 }
 

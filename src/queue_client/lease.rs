@@ -43,24 +43,6 @@ pub(crate) struct TaskMeta {
     pub(crate) enqueued_ms: Option<u64>,
 }
 
-impl TaskMeta {
-    /// Whether the task is the global task of an unlisted chain (`crate::chain::run_base`).
-    pub(crate) fn unlisted(&self) -> bool {
-        self.chain == MetaChain::Unlisted
-    }
-
-    /// Which run of its id the task is: its enqueue time and record number
-    /// (`ENQUEUED[.SEQ]`, as its meta has them), which differ for the same id submitted
-    /// again after it ended.
-    pub(crate) fn run(&self) -> Option<String> {
-        let at = self.enqueued_ms?;
-        Some(match self.seq {
-            Some(seq) => format!("{at}.{seq}"),
-            None => at.to_string(),
-        })
-    }
-}
-
 /// A task's chain as its meta says it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) enum MetaChain {
@@ -69,19 +51,15 @@ pub(crate) enum MetaChain {
     Unknown,
     /// In no chain.
     None,
-    /// The global task of its own chain.
-    Own,
-    /// The global task of its own chain, kept without a member list (its enqueue found
-    /// none: `crate::chain::run_base`).
-    Unlisted,
-    /// A follow-up in this chain, or the global task of a chain renamed so (another
-    /// task's or run's chain had its id).
+    /// The global task of this chain (its enqueue minted the chain's id).
+    Global(String),
+    /// A follow-up in this chain.
     Of(String),
 }
 
 impl TaskMeta {
-    /// `priority:max_attempts:enqueued_ms[.SEQ][:CHAIN]`; CHAIN is '' (none), 's' (its
-    /// own), 'u' (its own, unlisted) or 'c' and the chain's id.
+    /// `priority:max_attempts:enqueued_ms[.SEQ][:CHAIN]`; CHAIN is '' (none), or 'g' (a
+    /// global task) or 'c' (a follow-up) and the chain's id.
     fn parse(meta: &[u8]) -> TaskMeta {
         let Ok(meta) = std::str::from_utf8(meta) else {
             return TaskMeta::default();
@@ -94,8 +72,7 @@ impl TaskMeta {
             .and_then(|(_, s)| s.parse().ok());
         let chain = match (enqueued, it.next()) {
             (Some(_), Some("")) => MetaChain::None,
-            (Some(_), Some("s")) => MetaChain::Own,
-            (Some(_), Some("u")) => MetaChain::Unlisted,
+            (Some(_), Some(c)) if c.starts_with('g') => MetaChain::Global(c[1..].to_string()),
             (Some(_), Some(c)) if c.starts_with('c') => MetaChain::Of(c[1..].to_string()),
             _ => MetaChain::Unknown,
         };
@@ -894,13 +871,17 @@ mod tests {
             (meta.seq, &meta.chain, meta.max_attempts),
             (Some(42), &MetaChain::Of("Q:G.1".into()), Some(3))
         );
-        assert_eq!(meta.run().as_deref(), Some("1700.42"));
-        assert_eq!(split_value(b"0:3:1.7:s\n".to_vec()).unwrap().0.seq, Some(7));
+        assert_eq!(
+            split_value(b"0:3:1.7:g~cQ.7\n".to_vec()).unwrap().0.seq,
+            Some(7)
+        );
         let chain = |v: &[u8]| split_value(v.to_vec()).unwrap().0.chain;
-        assert_eq!(chain(b"0:3:1:s\n"), MetaChain::Own);
-        assert_eq!(chain(b"0:3:1.4:u\n"), MetaChain::Unlisted);
+        assert_eq!(
+            chain(b"0:3:1.7:g~cQ.7\n"),
+            MetaChain::Global("~cQ.7".into())
+        );
         assert_eq!(chain(b"0:3:1:\nx"), MetaChain::None);
-        // untracked, or written before metas kept the chain
+        // untracked
         assert_eq!(chain(b"0:3:1\nx"), MetaChain::Unknown);
         assert_eq!(
             split_value(b"0:x:1\n".to_vec()).unwrap().0.max_attempts,

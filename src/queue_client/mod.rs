@@ -41,7 +41,7 @@ mod scripts;
 mod stats;
 mod system;
 
-pub use chained::{AfterChains, ChainFacts, ChainWrites, RefusedClaims};
+pub use chained::{ChainFacts, ChainPlace, FollowUpsEnqueued};
 pub use checks::{json_bytes, json_deeper_than, validate_queue_name};
 pub use client::QueueClient;
 pub use conn::{
@@ -50,7 +50,10 @@ pub use conn::{
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
-pub use enqueue::{Enqueued, GENERATED_ID_PREFIX, NewTask, TakenBy, TaskChain, check_id};
+pub use enqueue::{
+    CHAIN_ID_PREFIX, Enqueued, GENERATED_ID_PREFIX, NewTask, TakenBy, TaskChain, chain_id,
+    chain_origin, check_id,
+};
 pub use error::{Cause, ConnectError, QueueError};
 pub use glance::Glance;
 pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};

@@ -24,8 +24,7 @@ pub(crate) struct Scripts {
     pub housekeep: Script,
     pub chain: Script,
     pub long: Script,
-    pub claim: Script,
-    pub claim_enqueue: Script,
+    pub follow_enqueue: Script,
     pub held: Script,
 }
 
@@ -193,22 +192,14 @@ fn long_with_settle() -> Script {
     ))
 }
 
-/// claim.lua alone: its lists are all the keys, the lifetime its first argument.
-fn claim_alone() -> Script {
-    Script::new(&format!(
-        "{}\nreturn claim_chains(1, 2, ARGV[1])",
-        include_str!("lua/claim.lua")
-    ))
-}
-
-/// claim.lua, then enqueue.lua's body as its function `enqueue_part`, like
-/// [`settle_then_take`]: a slot's follow-ups and the chains they go in, in one call.
-fn claim_then_enqueue() -> Script {
+/// follow_enqueue.lua with enqueue.lua's body as its function `enqueue_part`, like
+/// [`settle_then_take`]: a slot's follow-ups, after the check that their parents' leases
+/// stand, in one call.
+fn enqueue_after_lease_check() -> Script {
     with_prelude(&format!(
-        "{}\nlocal function enqueue_part()\n{}\nend\n{}",
-        include_str!("lua/claim.lua"),
+        "local function enqueue_part()\n{}\nend\n{}",
         include_str!("lua/enqueue.lua"),
-        include_str!("lua/claim_enqueue.lua"),
+        include_str!("lua/follow_enqueue.lua"),
     ))
 }
 
@@ -230,8 +221,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     housekeep: with_prelude(include_str!("lua/housekeep.lua")),
     chain: with_prelude(include_str!("lua/chain.lua")),
     long: long_with_settle(),
-    claim: claim_alone(),
-    claim_enqueue: claim_then_enqueue(),
+    follow_enqueue: enqueue_after_lease_check(),
     held: with_prelude(include_str!("lua/held.lua")),
 });
 
@@ -292,6 +282,13 @@ impl Keys {
     /// The key of a task's record.
     pub fn record(&self, id: &str) -> String {
         format!("{}{id}", self.all[12])
+    }
+
+    /// The set of the ids of chain `chain`'s tasks in the queue (prelude.lua's
+    /// `chain_index`).
+    pub fn chain(&self, chain: &str) -> String {
+        let rec = &self.all[12];
+        format!("{}chain:{chain}", &rec[..rec.len() - 2])
     }
 
     /// The listing index of the queue's records.
@@ -384,14 +381,14 @@ mod tests {
             include_str!("lua/system.lua"),
             include_str!("lua/held.lua"),
         ];
-        // (the script that ends in enqueue.lua, as `claim_then_enqueue` puts it together)
-        let claim_enqueue = format!(
-            "{}\nlocal function enqueue_part()\n{}\nend\n{}",
-            include_str!("lua/claim.lua"),
+        // (the script that ends in enqueue.lua, as `enqueue_after_lease_check` puts it
+        // together)
+        let follow_enqueue = format!(
+            "local function enqueue_part()\n{}\nend\n{}",
             include_str!("lua/enqueue.lua"),
-            include_str!("lua/claim_enqueue.lua"),
+            include_str!("lua/follow_enqueue.lua"),
         );
-        for body in bodies.into_iter().chain([claim_enqueue.as_str()]) {
+        for body in bodies.into_iter().chain([follow_enqueue.as_str()]) {
             let given = prelude_for(body);
             let defined: std::collections::HashSet<&str> = prelude_items(&given)
                 .iter()
@@ -403,10 +400,6 @@ mod tests {
             }
             assert!(given.len() < PRELUDE.len(), "{}", &body[..60]);
         }
-        // claim.lua runs alone without the prelude (`claim_alone`): it may use none of it.
-        let claim = include_str!("lua/claim.lua");
-        let used: Vec<&str> = identifiers(claim).filter(|n| all.contains(n)).collect();
-        assert!(used.is_empty(), "claim.lua uses prelude names {used:?}");
     }
 
     #[test]

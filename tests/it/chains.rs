@@ -309,95 +309,76 @@ fn states(chain: &Value) -> BTreeMap<String, String> {
 
 /// Fetch fans out to three parse tasks, the second of which leads to a store task: the
 /// sync submit answers once all five are done, and only then; one part failing for good
-/// fails the chain, naming that task, and its queue's failed route runs.
+/// fails the chain, naming that task, and its queue's failed route runs. Every chain's id
+/// has the same form on one server and on a Redis Cluster.
 async fn fan_out_and_fail(rig: &Rig) {
-    let (id, want) = a_fan_out_ends_done(rig).await;
-    a_taken_chain_id_is_refused_or_renamed(rig, &id, &want).await;
+    let (chain, want) = a_fan_out_ends_done(rig).await;
+    chain_ids_are_minted_and_no_client_takes_one(rig, &chain, &want).await;
     a_part_failing_fails_the_chain(rig).await;
     a_part_retried_past_its_attempts_fails_the_chain(rig).await;
     a_part_lost_at_its_last_attempt_runs_its_failed_route(rig).await;
     an_unknown_follow_up_queue_fails_its_task(rig).await;
     same_ids_never_share_children(rig).await;
-    a_list_from_before_runs_keeps_its_ids(rig).await;
     a_later_run_under_an_id_sees_only_its_own_chain(rig).await;
-    a_route_chain_writes_no_list_unless_it_has_one(rig).await;
+    each_queue_lists_the_members_it_holds(rig).await;
 }
 
-/// On one server a route queue's global task writes no member list: its chain is named
-/// `QUEUE:ID`, its route's follow-up is found from the records, its handler's is listed
-/// as an added member. A task whose unlisted chain's name a list already holds (an
-/// earlier run's, listed) is listed itself: its follow-ups take its chain's name.
-async fn a_route_chain_writes_no_list_unless_it_has_one(rig: &Rig) {
-    if matches!(
-        rig.client.connection(),
-        gaffer::queue_client::RedisConn::Cluster(_)
-    ) {
-        return;
-    }
+/// Whether `chain` is an id a queue `queue` minted: `~cQUEUE.N`.
+fn minted_by(chain: &str, queue: &str) -> bool {
+    chain
+        .strip_prefix(&format!("~c{queue}."))
+        .is_some_and(|n| n.parse::<u64>().is_ok())
+}
+
+/// Each queue lists the members of a chain it holds in a set of its own, written with
+/// their enqueue and living twice its `history_ttl`; the global task is found by its
+/// number, in no set. The same on one server and on a Redis Cluster.
+async fn each_queue_lists_the_members_it_holds(rig: &Rig) {
     let first = rig.q("first");
-    let bare = format!("{first}:bare");
-    assert_eq!(done_in(rig, "first", "bare").await, bare);
+    let chain = done_in(rig, "first", "bare").await;
+    assert!(minted_by(&chain, &first), "{chain}");
     let kids = route_kids(rig, "first", "bare", 2).await;
     let mut want = vec!["bare".to_string()];
     want.extend(kids.iter().cloned());
-    assert_eq!(chain_ids(rig, &bare).await, want);
+    assert_eq!(chain_ids(rig, &chain).await, want);
     let mut conn = rig.client.connection();
-    let raw: Option<String> = redis::cmd("GET")
-        .arg(gaffer::chain::key(&rig.namespace, &bare))
+    let set = |queue: &str| format!("{}:{{{queue}}}:chain:{chain}", rig.namespace);
+    let mut listed: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(set(&rig.q("after")))
         .query_async(&mut conn)
         .await
         .unwrap();
-    let raw = raw.expect("the handler's follow-up is listed");
-    assert!(!raw.starts_with('^'), "no global task: {raw}");
-    assert!(!raw.contains(&kids[0]), "the route's follow-up: {raw}");
-    assert!(raw.contains(&kids[1]), "the handler's follow-up: {raw}");
-    let list = chain_list((&first, "pre"), Some("1.1"), &[]);
-    let _: () = redis::cmd("SET")
-        .arg(gaffer::chain::key(&rig.namespace, &format!("{first}:pre")))
-        .arg(list)
+    listed.sort();
+    assert_eq!(listed, kids, "the route's follow-up and the handler's");
+    let own: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(set(&first))
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(done_in(rig, "first", "pre").await, "pre");
-    assert_eq!(chain_ids(rig, "pre").await, ["pre", "pre~1", "pre~2"]);
-    // An id whose follow-ups' ids could be over the limit once named from its queue and
-    // run keeps its chain listed, under its id: its follow-ups are `ID~N`.
-    let long = "l".repeat(gaffer::queue_client::MAX_ID_LEN - 16);
-    assert_eq!(done_in(rig, "first", &long).await, long);
-    assert_eq!(
-        chain_ids(rig, &long).await,
-        [long.clone(), format!("{long}~1"), format!("{long}~2")]
-    );
-    // Another queue's task whose id is such a chain's name (`QUEUE:ID`) cannot take it.
-    let fetch = format!("/v1/queues/{}/tasks", rig.q("fetch"));
-    // (an admin key is told which task keeps it; any other key only that it is kept)
-    let body = format!(r#"{{"payload": {{}}, "id": "{bare}", "chain": true}}"#);
-    let (status, refused) = rig.call_as(ADMIN_TOKEN, "POST", &fetch, Some(&body)).await;
-    assert_eq!(status, 409, "{refused}");
-    assert_eq!(
-        refused["error"],
-        format!(
-            "chain {bare} is kept for the chain of task bare of queue {first}: submit the \
-             global task under another id"
-        )
-    );
+    assert!(own.is_empty(), "the global task is in no set: {own:?}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(set(&rig.q("after")))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // (the test config's history_ttl is the default, 7 days)
+    let week = 7 * 24 * 3600 * 1000;
+    assert!(ttl > 2 * week - 60_000 && ttl <= 2 * week, "{ttl}");
+    // An id as long as ids may be: its chain's id, and so its follow-ups', are short.
+    let long = "l".repeat(gaffer::queue_client::MAX_ID_LEN);
+    let chain = done_in(rig, "first", &long).await;
+    assert!(minted_by(&chain, &first), "{chain}");
+    let mut want = vec![long.clone()];
+    want.extend(route_kids(rig, "first", &long, 2).await);
+    assert_eq!(chain_ids(rig, &chain).await, want);
 }
 
-/// A key that submits a task under the id of another key's ended global task (a new run)
-/// sees its own run's chain, not the earlier run's, nor that chain's tasks (on one server
-/// the chain keeps its name, unlisted, and shows the run the id holds now; listed, on a
-/// Redis Cluster, the new run's chain is renamed).
+/// A key that submits a task under the id of another key's ended global task (a new
+/// task, which `dedup = "active"` allows) starts a chain of its own, and sees neither the
+/// earlier chain nor its tasks.
 async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
     let (first, after) = (rig.q("first"), rig.q("after"));
-    let listed = matches!(
-        rig.client.connection(),
-        gaffer::queue_client::RedisConn::Cluster(_)
-    );
-    let mine = match listed {
-        true => "mine".to_string(),
-        false => format!("{first}:mine"),
-    };
-    assert_eq!(done_in(rig, "first", "mine").await, mine);
+    let mine = done_in(rig, "first", "mine").await;
     let earlier = route_kids(rig, "first", "mine", 1).await.remove(0);
     let path = format!("/v1/queues/{first}/tasks");
     let body = r#"{"payload": {}, "id": "mine", "wait": "30s"}"#;
@@ -406,8 +387,8 @@ async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
         status, 409,
         "a limited key takes no id another key's record holds: {rec}"
     );
-    // (the library stands for that key's submit made once the earlier run's record was
-    // gone, which a limited key may do)
+    // (the library stands for that key's submit made once the earlier record was gone,
+    // which a limited key may do)
     let cfg = gaffer::config::load(&rig.config_path).unwrap();
     let limits = gaffer::queue_client::QueueLimits::from(&cfg.queues[&first]);
     let q = rig.client.queue_with(&first, limits).unwrap();
@@ -415,19 +396,17 @@ async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
     let task = gaffer::queue_client::NewTask::new("{}")
         .id("mine")
         .submitted_by("other");
-    q.enqueue(task).await.unwrap();
-    let rec = poll_some(Duration::from_secs(30), "the later run done", || async {
+    let made = q.enqueue(task).await.unwrap();
+    let theirs = made.chain.expect("a route queue's task starts a chain");
+    assert_ne!(theirs, mine);
+    let rec = poll_some(Duration::from_secs(30), "the later task done", || async {
         q.record("mine")
             .await
             .unwrap()
             .filter(|r| r.created_at != earlier_at && r.state == RecordState::Done)
     })
     .await;
-    let rec = json!(rec);
-    // (renamed where listed, as an earlier run has the id's chain; unlisted, the run's
-    // chain is the name the earlier one had, which shows the run the id holds now)
-    let theirs = format!("{first}:mine");
-    assert_eq!(rec["chain"], theirs, "{rec}");
+    assert_eq!(rec.chain.as_deref(), Some(theirs.as_str()));
     let (status, doc) = rig
         .call_as(
             OTHER_TOKEN,
@@ -437,9 +416,10 @@ async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
         )
         .await;
     assert_eq!(status, 404, "{earlier}: {doc}");
-    if listed {
+    // (the earlier chain is gone with its global task's record, for every key)
+    for token in [OTHER_TOKEN, ADMIN_TOKEN] {
         let (status, doc) = rig
-            .call_as(OTHER_TOKEN, "GET", &format!("/v1/chains/{mine}"), None)
+            .call_as(token, "GET", &format!("/v1/chains/{mine}"), None)
             .await;
         assert_eq!(status, 404, "{doc}");
     }
@@ -448,7 +428,7 @@ async fn a_later_run_under_an_id_sees_only_its_own_chain(rig: &Rig) {
         .await;
     assert_eq!(status, 200, "{doc}");
     let kids = route_kids(rig, "first", "mine", 1).await;
-    assert_ne!(kids[0], earlier);
+    assert_eq!(kids[0], format!("{theirs}~1"));
     assert!(task_ids(&doc).contains(&kids[0].as_str()), "{doc}");
     assert!(!task_ids(&doc).contains(&earlier.as_str()), "{doc}");
     let (status, doc) = rig
@@ -475,11 +455,14 @@ async fn a_fan_out_ends_done(rig: &Rig) -> (String, BTreeMap<String, String>) {
         .await;
     assert_eq!(status, 200, "{chain}\n{}", rig.master_log());
     let id = chain["id"].as_str().unwrap().to_string();
+    assert!(minted_by(&id, &rig.q("fetch")), "{chain}");
     assert_eq!(chain["state"], "done", "{chain}");
+    let global = chain["tasks"][0]["id"].as_str().unwrap().to_string();
+    assert!(global.starts_with("~g"), "a generated id: {chain}");
     let st = states(&chain);
     let parse = |n: usize| format!("{id}~{n}");
     let want: BTreeMap<String, String> = [
-        id.clone(),
+        global.clone(),
         parse(1),
         parse(2),
         parse(3),
@@ -492,17 +475,17 @@ async fn a_fan_out_ends_done(rig: &Rig) -> (String, BTreeMap<String, String>) {
         st, want,
         "every task of the chain is done when it is: {chain}"
     );
+    assert_eq!(chain["tasks"][0]["chain"], id.as_str(), "{chain}");
     assert_eq!(
-        chain["tasks"][0]["id"],
-        id.as_str(),
-        "the global task first"
+        chain["tasks"][1]["parent"]["id"],
+        global.as_str(),
+        "{chain}"
     );
-    assert_eq!(chain["tasks"][1]["parent"]["id"], id.as_str(), "{chain}");
     assert_eq!(chain["tasks"][1]["submitted_by"], format!("chain:{id}"));
     assert_eq!(chain["tasks"][1]["chain"], id.as_str());
 
     // The global task's record shows its chain too, and the chain endpoint agrees.
-    let (status, rec) = rig.call("GET", &format!("{path}/{id}"), None).await;
+    let (status, rec) = rig.call("GET", &format!("{path}/{global}"), None).await;
     assert_eq!(status, 200, "{rec}");
     assert_eq!(rec["chain"], id.as_str());
     assert_eq!(rec["chain_state"], "done");
@@ -512,60 +495,56 @@ async fn a_fan_out_ends_done(rig: &Rig) -> (String, BTreeMap<String, String>) {
     (id, want)
 }
 
-/// The chain's id is taken: the same id as another queue's global task is refused, and a
-/// task of that id starting a chain by its follow-ups gets `QUEUE:ID` instead.
-async fn a_taken_chain_id_is_refused_or_renamed(
+/// A chain's id is minted, never a client's: an id of that form is refused, the same
+/// global id in two queues starts two chains, and a submit answers the chain it starts.
+async fn chain_ids_are_minted_and_no_client_takes_one(
     rig: &Rig,
-    id: &str,
+    chain: &str,
     want: &BTreeMap<String, String>,
 ) {
-    let fetch = rig.q("fetch");
-    let body = format!(r#"{{"payload": {{}}, "id": "{id}", "chain": true}}"#);
     let store = format!("/v1/queues/{}/tasks", rig.q("store"));
-    // (an admin key is told which task holds it; any other key only that it is taken)
-    let (status, refused) = rig.call_as(ADMIN_TOKEN, "POST", &store, Some(&body)).await;
-    assert_eq!(status, 409, "{refused}");
-    assert_eq!(
-        refused["error"],
-        format!("chain {id} already exists, as the chain of task {id} of queue {fetch}")
-    );
-    // A task whose id is another task's chain, starting a chain by its follow-ups, gets
-    // the chain `QUEUE:ID` instead: named on its record, holding its follow-up.
+    for id in [chain.to_string(), format!("{chain}~1"), "~cx".into()] {
+        let body = json!({"payload": {}, "id": id, "chain": true}).to_string();
+        let (status, refused) = rig.call_as(ADMIN_TOKEN, "POST", &store, Some(&body)).await;
+        assert_eq!(status, 400, "{refused}");
+        assert_eq!(
+            refused["error"],
+            format!(
+                "task id {id:?} is invalid: ids starting with '~c' are reserved for chains and their follow-ups"
+            )
+        );
+    }
+    // The same id in two queues: two chains, each with its own follow-ups.
+    let fetch = format!("/v1/queues/{}/tasks", rig.q("fetch"));
+    let body = r#"{"payload": {}, "id": "same", "chain": true}"#;
+    let (status, made) = rig.call("POST", &fetch, Some(body)).await;
+    assert_eq!(status, 202, "{made}");
+    let in_fetch = made["chain"].as_str().unwrap().to_string();
+    assert!(minted_by(&in_fetch, &rig.q("fetch")), "{made}");
     let first = rig.q("first");
-    let body = format!(r#"{{"payload": {{}}, "id": "{id}", "wait": "30s"}}"#);
+    let body = r#"{"payload": {}, "id": "same", "wait": "30s"}"#;
     let (status, rec) = rig
-        .call("POST", &format!("/v1/queues/{first}/tasks"), Some(&body))
+        .call("POST", &format!("/v1/queues/{first}/tasks"), Some(body))
         .await;
     assert_eq!((status, &rec["state"]), (200, &json!("done")), "{rec}");
-    let renamed = format!("{first}:{id}");
-    assert_eq!(rec["chain"], renamed.as_str(), "{rec}");
-    let (status, other) = rig
-        .call("GET", &format!("/v1/chains/{renamed}"), None)
-        .await;
-    assert_eq!(status, 200, "{other}");
-    let other_ids: Vec<&str> = other["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t["id"].as_str())
-        .collect();
-    // (first's route and its handler each make one, their ids from the chain's name, so
-    // that they can never be the other chain's children's)
-    let mut kids = vec![id.to_string()];
-    kids.extend(route_kids(rig, "first", id, 2).await);
-    assert_eq!(other_ids, kids, "{other}");
-    let (_, still) = rig.call("GET", &format!("/v1/chains/{id}"), None).await;
+    let in_first = rec["chain"].as_str().unwrap().to_string();
+    assert!(minted_by(&in_first, &first), "{rec}");
+    let mut kids = vec!["same".to_string()];
+    kids.extend(route_kids(rig, "first", "same", 2).await);
+    assert_eq!(chain_ids(rig, &in_first).await, kids);
+    assert_eq!(chain_ids(rig, &in_fetch).await.len(), 5);
+    let (_, still) = rig.call("GET", &format!("/v1/chains/{chain}"), None).await;
     assert_eq!(
         &states(&still),
         want,
         "the other chain is untouched: {still}"
     );
-    let (ok, tree) = rig.cli_chain(id, false);
+    let (ok, tree) = rig.cli_chain(chain, false);
     assert!(ok, "{tree}");
-    assert!(tree.starts_with(&format!("chain {id}: done")), "{tree}");
+    assert!(tree.starts_with(&format!("chain {chain}: done")), "{tree}");
     assert_eq!(tree.lines().count(), 6, "{tree}");
     assert!(
-        tree.contains(&format!("└─ {} {id}~2~1  done", rig.q("store"))),
+        tree.contains(&format!("└─ {} {chain}~2~1  done", rig.q("store"))),
         "{tree}"
     );
 }
@@ -648,7 +627,7 @@ async fn a_part_lost_at_its_last_attempt_runs_its_failed_route(rig: &Rig) {
     let body = r#"{"payload": {"hang_part": 3}, "chain": true}"#;
     let (status, made) = rig.call("POST", &path, Some(body)).await;
     assert_eq!(status, 202, "{made}");
-    let id = made["id"].as_str().unwrap().to_string();
+    let id = made["chain"].as_str().unwrap().to_string();
     let marker = rig.dir.path().join("runs.log.hang");
     let pid: i32 = poll_some(Duration::from_secs(30), "a part's handler hung", || async {
         std::fs::read_to_string(&marker)
@@ -810,61 +789,42 @@ async fn chain_ids_as(rig: &Rig, token: &str, chain: &str) -> Vec<String> {
 
 /// Two parents with one id never make one child between them: tasks of the same id in two
 /// queues routing to one queue, a task submitted again under its id after it ended (a
-/// new run, as `dedup = "active"` allows), each get children of their own. A global task
-/// of a queue with routes keeps its chain unlisted, its follow-ups named from its queue
-/// and run (`QUEUE:ID@RUN~N`), so the same id in another queue with routes makes other
-/// ids. A child's id held by a task of another chain fails the parent, saying so.
+/// new task, as `dedup = "active"` allows), each start a chain of their own, whose id
+/// their follow-ups' ids derive from. The same on one server and on a Redis Cluster.
 async fn same_ids_never_share_children(rig: &Rig) {
-    if matches!(
-        rig.client.connection(),
-        gaffer::queue_client::RedisConn::Cluster(_)
-    ) {
-        return same_ids_never_share_children_listed(rig).await;
-    }
-    let (first, after) = (rig.q("first"), rig.q("after"));
-    let twins = rig.q("twins");
-    let ours = format!("{first}:twin");
-    assert_eq!(done_in(rig, "first", "twin").await, ours);
+    let (first, twins, after) = (rig.q("first"), rig.q("twins"), rig.q("after"));
+    let ours = done_in(rig, "first", "twin").await;
     let run1 = route_kids(rig, "first", "twin", 2).await;
+    assert_eq!(run1, [format!("{ours}~1"), format!("{ours}~2")]);
     let mut in_chain = vec!["twin".to_string()];
     in_chain.extend(run1.iter().cloned());
     assert_eq!(chain_ids(rig, &ours).await, in_chain);
-    // Another queue's task of that id: a chain of its own name, and children of its own.
-    let theirs = format!("{twins}:twin");
-    assert_eq!(done_in(rig, "twins", "twin").await, theirs);
+    // Another queue's task of that id: a chain of its own, and children of its own.
+    let theirs = done_in(rig, "twins", "twin").await;
+    assert!(minted_by(&theirs, &twins), "{theirs}");
     let twin_kid = route_kids(rig, "twins", "twin", 1).await;
     assert_eq!(
         chain_ids(rig, &theirs).await,
         ["twin".to_string(), twin_kid[0].clone()]
     );
-    // The same task again: a new run, whose children are named from it; the chain's view
-    // is the run the id holds now, and its list of added members holds this run's only.
-    assert_eq!(done_in(rig, "first", "twin").await, ours);
+    // The same task again: a new chain, whose children are named from it.
+    let second = done_in(rig, "first", "twin").await;
+    assert_ne!(second, ours);
     let run2 = route_kids(rig, "first", "twin", 2).await;
-    assert_ne!(run1, run2);
-    let mut conn = rig.client.connection();
-    let added: String = redis::cmd("GET")
-        .arg(gaffer::chain::key(&rig.namespace, &ours))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(
-        added.contains(&run2[1]) && !added.contains(&run1[1]),
-        "{added}"
-    );
     let mut in_chain = vec!["twin".to_string()];
     in_chain.extend(run2.iter().cloned());
-    assert_eq!(chain_ids(rig, &ours).await, in_chain);
-    // And a third run, which a submit asking for its chain then finds (a dedup hit on the
-    // waiting task): the submit follows that run's chain.
+    assert_eq!(chain_ids(rig, &second).await, in_chain);
+    // And a third, which a submit asking for its chain then finds (a dedup hit on the
+    // waiting task): the submit follows that task's chain.
     let path = format!("/v1/queues/{first}/tasks");
     let delayed = r#"{"payload": {}, "id": "twin", "delay": "2s"}"#;
     let (status, rec) = rig.call("POST", &path, Some(delayed)).await;
     assert_eq!(status, 202, "{rec}");
+    let third = rec["chain"].as_str().unwrap().to_string();
     let follow = r#"{"payload": {}, "id": "twin", "chain": true, "wait": "30s"}"#;
     let (status, chain) = rig.call("POST", &path, Some(follow)).await;
     assert_eq!(status, 200, "{chain}");
-    assert_eq!(chain["id"], ours.as_str(), "{chain}");
+    assert_eq!(chain["id"], third.as_str(), "{chain}");
     assert_eq!(chain["state"], "done", "{chain}");
     let run3 = route_kids(rig, "first", "twin", 2).await;
     let mut in_chain = vec!["twin".to_string()];
@@ -876,7 +836,7 @@ async fn same_ids_never_share_children(rig: &Rig) {
         let n = runs.iter().filter(|(q, i)| *q == after && i == id).count();
         assert_eq!(n, 1, "{id} ran once: {runs:?}");
     }
-    // A submit asking for the chain of the task's ended runs starts a new run, with
+    // A submit of the ended task's id asking for a chain starts a new one, with
     // children of its own.
     let body = r#"{"payload": {}, "id": "twin", "chain": true, "wait": "30s"}"#;
     let (status, chain) = rig.call("POST", &path, Some(body)).await;
@@ -886,157 +846,6 @@ async fn same_ids_never_share_children(rig: &Rig) {
     let mut in_chain = vec!["twin".to_string()];
     in_chain.extend(run4);
     assert_eq!(task_ids(&chain), in_chain, "{chain}");
-    // A task of no chain already has the id the route gives the child: the parent fails.
-    let delayed = r#"{"payload": {}, "id": "lone", "delay": "2s"}"#;
-    let (status, rec) = rig.call("POST", &path, Some(delayed)).await;
-    assert_eq!(status, 202, "{rec}");
-    let kid = route_kids(rig, "first", "lone", 1).await.remove(0);
-    a_held_child_id_fails_its_parent(rig, &kid).await;
-}
-
-/// Task `lone` of queue `first`, whose first follow-up's id `kid` a task of no chain takes
-/// first, fails for good, saying so.
-async fn a_held_child_id_fails_its_parent(rig: &Rig, kid: &str) {
-    let after = rig.q("after");
-    let rec = run_to_end(rig, "after", kid).await;
-    assert_eq!(rec["state"], "done");
-    let rec = run_to_end(rig, "first", "lone").await;
-    assert_eq!(rec["state"], "failed", "{rec}");
-    let error = rec["error"].as_str().unwrap_or_default();
-    assert!(
-        error.contains(&format!(
-            "follow-up id {kid} on queue {after} is taken by a task of no chain"
-        )),
-        "{rec}"
-    );
-}
-
-/// [`same_ids_never_share_children`] where every chain is listed (a Redis Cluster): tasks of
-/// the same id in two queues routing to one queue, a task submitted again under its id after it ended (a
-/// new run, as `dedup = "active"` allows), each get children of their own, in chains of
-/// their own. A child's id held by a task of another chain fails the parent, saying so.
-async fn same_ids_never_share_children_listed(rig: &Rig) {
-    let (first, twins, after) = (rig.q("first"), rig.q("twins"), rig.q("after"));
-    assert_eq!(done_in(rig, "first", "twin").await, "twin");
-    // Another queue's task of that id: its chain is renamed, and its child's id with it.
-    let renamed = format!("{twins}:twin");
-    assert_eq!(done_in(rig, "twins", "twin").await, renamed);
-    assert_eq!(
-        chain_ids(rig, &renamed).await,
-        ["twin".to_string(), format!("{renamed}~1")]
-    );
-    // The same task again: a new run, a new chain; the first chain keeps its own children.
-    let again = format!("{first}:twin");
-    assert_eq!(done_in(rig, "first", "twin").await, again);
-    assert_eq!(
-        chain_ids(rig, &again).await,
-        [
-            "twin".to_string(),
-            format!("{again}~1"),
-            format!("{again}~2")
-        ]
-    );
-    // (an earlier run's chain, once its id holds a later run: shown to admin keys only)
-    let (status, _) = rig.call("GET", "/v1/chains/twin", None).await;
-    assert_eq!(status, 404);
-    assert_eq!(
-        chain_ids_as(rig, ADMIN_TOKEN, "twin").await,
-        ["twin", "twin~1", "twin~2"]
-    );
-    // And a third run, which a submit asking for its chain then finds (a dedup hit on
-    // the waiting task): the chain of that id is the first run's, so the submit follows
-    // the run's own, whose name its claim gets once it runs (its queue's name for it is
-    // taken too). A submit that took the first run's chain for it answered at once.
-    let path = format!("/v1/queues/{first}/tasks");
-    let delayed = r#"{"payload": {}, "id": "twin", "delay": "2s"}"#;
-    let (status, rec) = rig.call("POST", &path, Some(delayed)).await;
-    assert_eq!(status, 202, "{rec}");
-    let follow = r#"{"payload": {}, "id": "twin", "chain": true, "wait": "30s"}"#;
-    let (status, chain) = rig.call("POST", &path, Some(follow)).await;
-    assert_eq!(status, 200, "{chain}");
-    let third = chain["id"].as_str().unwrap_or_default().to_string();
-    assert!(third.starts_with(&format!("{again}@")), "{chain}");
-    assert_eq!(chain["state"], "done", "{chain}");
-    assert_eq!(
-        task_ids(&chain),
-        [
-            "twin".to_string(),
-            format!("{third}~1"),
-            format!("{third}~2")
-        ]
-    );
-    assert_eq!(chain_ids(rig, &third).await.len(), 3);
-    let runs = rig.runs();
-    for id in [
-        "twin~1",
-        "twin~2",
-        &format!("{renamed}~1"),
-        &format!("{again}~1"),
-        &format!("{third}~2"),
-    ] {
-        let n = runs.iter().filter(|(q, i)| *q == after && i == id).count();
-        assert_eq!(n, 1, "{id} ran once: {runs:?}");
-    }
-    // A submit asking for the chain of the task's ended runs is refused: a new run would
-    // mix its tasks with theirs. (An admin key is told why; any other key only that the
-    // chain exists.)
-    let body = r#"{"payload": {}, "id": "twin", "chain": true}"#;
-    let path = format!("/v1/queues/{first}/tasks");
-    let (status, refused) = rig.call("POST", &path, Some(body)).await;
-    assert_eq!(
-        (status, &refused["error"]),
-        (
-            409,
-            &json!("chain twin already exists: submit the global task under another id")
-        )
-    );
-    let (status, refused) = rig.call_as(ADMIN_TOKEN, "POST", &path, Some(body)).await;
-    assert_eq!(status, 409, "{refused}");
-    assert_eq!(
-        refused["error"],
-        format!(
-            "chain twin already exists, made by an earlier run of task twin of queue {first} \
-             that has ended: submit the new run under another id"
-        )
-    );
-    // A task of no chain already has the id the route gives the child: the parent fails.
-    a_held_child_id_fails_its_parent(rig, "lone~1").await;
-}
-
-/// A renamed chain whose list a gaffer before runs made (members, no run), as a slot
-/// killed across the upgrade leaves it: the task's run keeps the children's ids that
-/// gaffer derived from the parent's, and the list is that run's from then on, so the
-/// next run of the id gets a chain of its own.
-async fn a_list_from_before_runs_keeps_its_ids(rig: &Rig) {
-    let (first, after) = (rig.q("first"), rig.q("after"));
-    let mut conn = rig.client.connection();
-    let set = |chain: String, list: String| {
-        let key = gaffer::chain::key(&rig.namespace, &chain);
-        redis::cmd("SET").arg(key).arg(list).to_owned()
-    };
-    let taken = set("old".into(), chain_list(("elsewhere", "old"), None, &[]));
-    let renamed = format!("{first}:old");
-    let before = chain_list(
-        (&first, "old"),
-        None,
-        &[((&after, "old~1"), (&first, "old"))],
-    );
-    for cmd in [taken, set(renamed.clone(), before)] {
-        let () = cmd.query_async(&mut conn).await.unwrap();
-    }
-    assert_eq!(done_in(rig, "first", "old").await, renamed);
-    assert_eq!(chain_ids(rig, &renamed).await, ["old", "old~1", "old~2"]);
-    let q_after = rig.client.queue(&after).unwrap();
-    assert!(
-        q_after
-            .record(&format!("{renamed}~1"))
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let next = done_in(rig, "first", "old").await;
-    assert!(next.starts_with(&format!("{renamed}@")), "{next}");
-    assert_eq!(chain_ids(rig, &next).await.len(), 3);
 }
 
 #[tokio::test]
@@ -1098,24 +907,10 @@ async fn a_chain_wait_never_answers_with_another_keys_task(rig: &Rig) {
     assert!(answer.contains("another key"), "{answer}");
 }
 
-/// A sync chain submit whose chain lists a task not made yet (its parent's slot died
-/// between adding it and making it, or its queue's intake was closed) waits on the
-/// parent, listed too and not ended, instead of reading the chain again and again.
+/// A sync chain submit whose chain has a task not ended (here its global task, delayed)
+/// waits on it, instead of reading the chain again and again.
 async fn a_wait_on_a_task_not_made_yet_sleeps(rig: &Rig) {
-    let (first, after) = (rig.q("first"), rig.q("after"));
-    let list = chain_list(
-        (&first, "sleepy"),
-        None,
-        &[((&after, "sleepy~9"), (&first, "sleepy"))],
-    );
-    let key = gaffer::chain::key(&rig.namespace, "sleepy");
-    let mut conn = rig.client.connection();
-    let () = redis::cmd("SET")
-        .arg(&key)
-        .arg(&list)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let first = rig.q("first");
     let scripts = || script_calls(rig.client.connection());
     let before = scripts().await;
     let path = format!("/v1/queues/{first}/tasks");
@@ -1390,105 +1185,12 @@ async fn a_task_cancelled_while_it_runs_stops_its_chain_on_a_redis_cluster() {
     cancelled_while_running(&shared_cluster_url(), "chains3", "cx").await;
 }
 
-/// What a follow-up step learns of its parents (`Queue::chain_facts`): from the meta an
-/// enqueue wrote (a route queue's tasks are global tasks of their own chains from the
-/// start, a follow-up names its chain), and from the record only where the meta does not
-/// say (a task enqueued before metas kept it) or a task starts a chain its record does
-/// not name yet, which is named there and then.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
-    use gaffer::queue_client::{NewTask, QueueLimits, TaskChain};
-    let redis = TestRedis::start();
-    let client = redis.client().await;
-    let routed = routed_queue(&client);
-    let plain = client.queue_with("plain", QueueLimits::default()).unwrap();
-    routed.enqueue(NewTask::new("{}").id("r1")).await.unwrap();
-    routed
-        .enqueue(
-            NewTask::new("{}")
-                .id("G~1")
-                .chain(TaskChain::FollowUp("G".into())),
-        )
-        .await
-        .unwrap();
-    for id in ["p1", "p2", "old"] {
-        plain.enqueue(NewTask::new("{}").id(id)).await.unwrap();
-    }
-    let facts = routed
-        .chain_facts(&["r1", "G~1"], &[true, true])
-        .await
-        .unwrap();
-    let chains: Vec<Option<&str>> = facts.iter().map(|f| f.chain.as_deref()).collect();
-    // (on one server a route queue's global task's chain is unlisted, `QUEUE:ID`)
-    assert_eq!(chains, [Some("routed:r1"), Some("G")]);
-    assert_eq!(
-        routed.record("r1").await.unwrap().unwrap().chain.as_deref(),
-        Some("routed:r1"),
-        "a route queue's task names its own chain from its enqueue"
-    );
-    // A meta as written before it kept the chain: priority:max_attempts:enqueued_ms.
-    let raw = redis.raw().await;
-    raw_cmd(&redis, "HSET", &["test:{plain}:meta", "old", "0:7:1"]).await;
-    let facts = plain
-        .chain_facts(&["p1", "p2", "old"], &[false, true, false])
-        .await
-        .unwrap();
-    let got = chains_and_attempts(&facts);
-    assert_eq!(
-        got,
-        [(None, Some(5)), (Some("p2"), None), (None, Some(7))],
-        "in no chain; starting one, named now; an old meta read through its record"
-    );
-    assert_eq!(
-        plain.record("p2").await.unwrap().unwrap().chain.as_deref(),
-        Some("p2")
-    );
-    assert_eq!(plain.record("p1").await.unwrap().unwrap().chain, None);
-
-    // A slot learns the same from the metas its take returned, and asks Redis only for
-    // what those do not say.
-    let taken = routed.take(10, Duration::from_secs(30)).await.unwrap();
-    let parents: Vec<_> = taken.tasks.iter().collect();
-    let before = script_calls(raw.clone()).await;
-    let facts = routed
-        .parents_chain_facts(&parents, &[true, true])
-        .await
-        .unwrap();
-    assert_eq!(
-        script_calls(raw.clone()).await,
-        before,
-        "no call for what metas say"
-    );
-    let chains: Vec<Option<&str>> = facts.iter().map(|f| f.chain.as_deref()).collect();
-    assert_eq!(chains, [Some("routed:r1"), Some("G")]);
-    let taken = plain.take(10, Duration::from_secs(30)).await.unwrap();
-    let parents: Vec<_> = taken.tasks.iter().collect();
-    let facts = plain
-        .parents_chain_facts(&parents, &[false, true, false])
-        .await
-        .unwrap();
-    let got = chains_and_attempts(&facts);
-    assert_eq!(got, [(None, Some(5)), (Some("p2"), None), (None, Some(7))]);
-}
-
-/// A queue whose tasks are global tasks of their own chains from their enqueue on, as a
-/// queue with a done route's are.
 fn routed_queue(client: &QueueClient) -> gaffer::queue_client::Queue {
     let limits = gaffer::queue_client::QueueLimits {
         starts_chains: true,
         ..Default::default()
     };
     client.queue_with("routed", limits).unwrap()
-}
-
-/// Each parent's chain and max_attempts, as a follow-up step learned them.
-fn chains_and_attempts(
-    facts: &[gaffer::queue_client::ChainFacts],
-) -> Vec<(Option<&str>, Option<u32>)> {
-    facts
-        .iter()
-        .map(|f| (f.chain.as_deref(), f.max_attempts))
-        .collect()
 }
 
 /// An enqueue of follow-ups counts a task already holding a follow-up's id as made before
@@ -1531,318 +1233,16 @@ async fn a_follow_up_id_held_outside_its_chain_is_refused() {
         assert!(made.iter().all(|e| !e.created), "{id}: nothing created");
         assert!(q.record("G~3").await.unwrap().is_none(), "{id}");
     }
-    // A meta written before metas said the chain: the record says it.
-    raw_cmd(&redis, "HSET", &["test:{kids}:payload", "G~1", "0:5:1\n{}"]).await;
-    let made = q.enqueue_many(&[kid("G~1", "G")]).await.unwrap();
-    assert_eq!((made[0].created, made[0].taken), (false, None));
-    let made = q.enqueue_many(&[kid("G~1", "H")]).await.unwrap();
-    assert_eq!(made[0].taken, Some(TakenBy::OtherChain));
-
     // Nor can a waiting follow-up become the global task of a chain of its own: a submit
     // under its id would be that task (a dedup hit), in chain G.
     let mut submit = NewTask::new("{}").id("G~2").chain(TaskChain::Global);
-    let ttl = Duration::from_secs(60);
-    let refused = gaffer::chain::start_global(&client, &q, vec![&mut submit], &targets(ttl))
+    let refused = gaffer::chain::start_global(&q, vec![&mut submit])
         .await
         .unwrap_err();
     assert_eq!(
         refused.to_string(),
         "task G~2 of queue kids is already a task of chain G: \
          submit the global task of a new chain under another id"
-    );
-}
-
-/// Writes what the gaffer under test would not: a layout an older gaffer wrote, a chain
-/// list as given.
-async fn raw_cmd(redis: &TestRedis, cmd: &str, args: &[&str]) {
-    let mut raw = redis.raw().await;
-    let _: () = redis::cmd(cmd)
-        .arg(args)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-}
-
-/// A task as (queue, id).
-type QueueId<'a> = (&'a str, &'a str);
-
-/// A chain list as a gaffer stores it: `^`, the global task, `@RUN@` when `run` is
-/// given, then (child, parent) pairs; each member `LEN:QUEUE\x1fID`.
-fn chain_list(root: QueueId, run: Option<&str>, pairs: &[(QueueId, QueueId)]) -> String {
-    let m = |(q, id): QueueId| {
-        let f = format!("{q}\u{1f}{id}");
-        format!("{}:{f}", f.len())
-    };
-    let mut out = format!("^{}", m(root));
-    if let Some(run) = run {
-        out += &format!("@{run}@");
-    }
-    for (c, p) in pairs {
-        out += &(m(*c) + &m(*p));
-    }
-    out
-}
-
-/// Claims of a chain by runs of its global task: a submit's claim leaves the run to the
-/// first run's; another run is refused; a list a gaffer that did not tell runs apart gave
-/// members stays as it was, its children's ids kept (`OursBefore`).
-#[tokio::test]
-async fn a_chain_is_claimed_by_one_run_of_its_global_task() {
-    use gaffer::chain::{self, Claim, Member, NO_RUN, RootClaim};
-    let redis = TestRedis::start();
-    let client = redis.client().await;
-    let conn = client.connection();
-    let ttl = Duration::from_secs(60);
-    let root = Member::new("q", "X");
-    let claim = |run: &'static str| {
-        let conn = conn.clone();
-        let root = root.clone();
-        async move {
-            let c = Claim {
-                chain: "X",
-                root: &root,
-                run,
-                members: &[],
-            };
-            chain::claim_many(&conn, "test", &[c], ttl)
-                .await
-                .unwrap()
-                .pop()
-                .unwrap()
-        }
-    };
-    let raw = redis.raw().await;
-    let key = chain::key("test", "X");
-    let stored = |raw: redis::aio::MultiplexedConnection| {
-        let key = key.clone();
-        async move {
-            let mut raw = raw;
-            let v: String = redis::cmd("GET")
-                .arg(&key)
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            v
-        }
-    };
-    assert_eq!(claim(NO_RUN).await, RootClaim::Ours);
-    assert_eq!(stored(raw.clone()).await, chain_list(("q", "X"), None, &[]));
-    assert_eq!(
-        claim("10.1").await,
-        RootClaim::Ours,
-        "the first run takes it over"
-    );
-    assert_eq!(
-        stored(raw.clone()).await,
-        chain_list(("q", "X"), Some("10.1"), &[])
-    );
-    assert_eq!(claim("10.1").await, RootClaim::Ours, "the same run again");
-    assert_eq!(claim(NO_RUN).await, RootClaim::Ours, "a submit finds it");
-    assert_eq!(claim("20.2").await, RootClaim::EarlierRun);
-    // A list with members and no run, as a gaffer before runs wrote it.
-    let legacy = chain_list(("q", "X"), None, &[(("t", "X~1"), ("q", "X"))]);
-    raw_cmd(&redis, "SET", &[&key, &legacy]).await;
-    assert_eq!(claim("30.3").await, RootClaim::OursBefore);
-    let taken_over = chain_list(("q", "X"), Some("=30.3"), &[(("t", "X~1"), ("q", "X"))]);
-    assert_eq!(
-        stored(raw.clone()).await,
-        taken_over,
-        "that run's now, nothing added"
-    );
-    assert_eq!(
-        claim("30.3").await,
-        RootClaim::OursBefore,
-        "the same run again"
-    );
-    assert_eq!(claim("40.4").await, RootClaim::EarlierRun, "another run");
-    assert_eq!(claim(NO_RUN).await, RootClaim::Ours, "a submit finds it");
-    let list = chain::members(&conn, "test", "X").await.unwrap().unwrap();
-    assert_eq!(
-        (
-            list.run.as_deref(),
-            list.follow.len(),
-            list.run_enqueued_ms()
-        ),
-        (Some("=30.3"), 1, None)
-    );
-}
-
-/// A chain kept without a member list (the global task of a queue with routes, on one
-/// server) is read from its records: the global task's route follow-ups, named from its
-/// queue and run and each counted when its record names the chain, whatever the global
-/// task's state (it makes them before it ends), then what
-/// the list of added members holds below them (a handler's follow-up of the global task
-/// named from the run, a member's follow-ups); an earlier run's tasks, listed there too,
-/// are not this run's.
-#[tokio::test]
-async fn an_unlisted_chain_is_read_from_its_records_and_its_run() {
-    use gaffer::chain::{self, ChainTargets, Member};
-    use gaffer::config::{Route, RouteOn};
-    use gaffer::queue_client::{NewTask, QueueLimits};
-    let redis = TestRedis::start();
-    let client = redis.client().await;
-    let routed = routed_queue(&client);
-    let kids = client.queue_with("kids", QueueLimits::default()).unwrap();
-    let route = || Route {
-        queue: "kids".into(),
-        on: RouteOn::Done,
-    };
-    let targets = ChainTargets {
-        queues: [
-            ("routed".to_string(), routed.limits()),
-            ("kids".to_string(), kids.limits()),
-        ]
-        .into(),
-        routes: [
-            ("routed".to_string(), vec![route(), route(), route()]),
-            ("kids".to_string(), Vec::new()),
-        ]
-        .into(),
-        ttl: Duration::from_secs(60),
-    };
-    let ids = |m: chain::Members| -> Vec<(String, String)> {
-        m.follow.into_iter().map(|(c, p)| (c.id, p.id)).collect()
-    };
-    routed.enqueue(NewTask::new("{}").id("g")).await.unwrap();
-    let waiting = chain::members_of(&client, &targets, "routed:g")
-        .await
-        .unwrap();
-    let waiting = waiting.expect("a route queue's task is its chain's global task");
-    assert_eq!(waiting.root, Member::new("routed", "g"));
-    assert!(waiting.follow.is_empty());
-    // (its follow-ups are made while it runs: a view then, or of a task run again after
-    // its slot died, shows them)
-    let taken = routed.take(1, Duration::from_secs(30)).await.unwrap();
-    let rec = routed.record("g").await.unwrap().unwrap();
-    let base = kid_ids(&client, &routed, &rec, 1).await[0]
-        .trim_end_matches("~1")
-        .to_string();
-    assert!(base.starts_with("routed:g@"), "{base}");
-    // The first two routes' follow-ups exist (the third's does not), and an earlier
-    // run's, in the same chain.
-    let earlier = "routed:g@1.1";
-    let made = [
-        format!("{base}~1"),
-        format!("{base}~2"),
-        format!("{earlier}~1"),
-    ];
-    let made: Vec<NewTask> = made.iter().map(|id| kid(id, "routed:g")).collect();
-    kids.enqueue_many(&made).await.unwrap();
-    let m = |q: &str, id: &str| Member::new(q, id);
-    let added = [
-        (
-            m("kids", &format!("{base}~2~1")),
-            m("kids", &format!("{base}~2")),
-        ),
-        (m("kids", &format!("{base}~4")), m("routed", "g")),
-        (
-            m("kids", &format!("{earlier}~1~1")),
-            m("kids", &format!("{earlier}~1")),
-        ),
-        (m("kids", &format!("{earlier}~4")), m("routed", "g")),
-    ];
-    let conn = client.connection();
-    chain::add_many(&conn, "test", &[("routed:g", &added[..])], targets.ttl)
-        .await
-        .unwrap();
-    let raw: String = redis::cmd("GET")
-        .arg(chain::key("test", "routed:g"))
-        .query_async(&mut conn.clone())
-        .await
-        .unwrap();
-    assert!(!raw.starts_with('^'), "a list of added members only: {raw}");
-    let g = "g".to_string();
-    let want = [
-        (format!("{base}~1"), g.clone()),
-        (format!("{base}~2"), g.clone()),
-        (format!("{base}~2~1"), format!("{base}~2")),
-        (format!("{base}~4"), g.clone()),
-    ];
-    let running = chain::members_of(&client, &targets, "routed:g")
-        .await
-        .unwrap();
-    assert_eq!(ids(running.unwrap()), want, "while it runs");
-    routed.ack(&taken.tasks).await.unwrap();
-    let done = chain::members_of(&client, &targets, "routed:g")
-        .await
-        .unwrap();
-    assert_eq!(ids(done.unwrap()), want, "once it is done");
-    // Unknown: no list, and no such task of a queue with routes.
-    assert!(
-        chain::members_of(&client, &targets, "routed:h")
-            .await
-            .unwrap()
-            .is_none()
-    );
-}
-
-/// A renamed chain goes in its global task's meta, so that the task's next attempt starts
-/// from that name; a submit asking for the listed chain of a task's earlier run is refused
-/// where the enqueue would make a new run, and not where it would find the run there
-/// (`dedup = "record"`), nor where the new run's chain is unlisted; a chain's view leaves
-/// out a global task's record of another run.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_chain_stays_with_the_run_that_made_it() {
-    use gaffer::chain::{self, ChainError};
-    use gaffer::config::Dedup;
-    use gaffer::queue_client::{NewTask, QueueLimits, TaskChain};
-    let redis = TestRedis::start();
-    let client = redis.client().await;
-    let routed = routed_queue(&client);
-    routed.enqueue(NewTask::new("{}").id("r1")).await.unwrap();
-    routed.set_chains(&[("r1", "routed:r1")]).await.unwrap();
-    let taken = routed.take(10, Duration::from_secs(30)).await.unwrap();
-    let parents: Vec<_> = taken.tasks.iter().collect();
-    let facts = routed.parents_chain_facts(&parents, &[true]).await.unwrap();
-    assert_eq!(facts[0].chain.as_deref(), Some("routed:r1"));
-    routed.ack(&taken.tasks).await.unwrap();
-
-    // r1 is done; chain r1's list says a run made it.
-    let rec = routed.record("r1").await.unwrap().unwrap();
-    let list = chain_list(("routed", "r1"), Some("5.1"), &[]);
-    raw_cmd(&redis, "SET", &[&chain::key("test", "r1"), &list]).await;
-    let ttl = Duration::from_secs(60);
-    let submit = |q: gaffer::queue_client::Queue| {
-        let client = client.clone();
-        async move {
-            let mut t = NewTask::new("{}").id("r1").chain(TaskChain::Global);
-            chain::start_global(&client, &q, vec![&mut t], &targets(ttl)).await
-        }
-    };
-    // (through a handle without the done route, whose chains stay listed: one with it
-    // makes its new run's chain unlisted, `routed:r1`, which the list does not hold)
-    submit(routed.clone())
-        .await
-        .expect("an unlisted run of its own");
-    let listed = |dedup| {
-        let limits = QueueLimits {
-            dedup,
-            ..Default::default()
-        };
-        client.queue_with("routed", limits).unwrap()
-    };
-    let refused = submit(listed(Dedup::Active)).await.unwrap_err();
-    assert!(matches!(refused, ChainError::Ended { .. }), "{refused}");
-    submit(listed(Dedup::Record))
-        .await
-        .expect("a dedup hit, not a new run");
-
-    // The list's run (enqueued at 5) is not the record's (created at rec's time).
-    let queues = chain::ChainTargets {
-        queues: [("routed".to_string(), routed.limits())].into(),
-        ..Default::default()
-    };
-    let view = chain::read(&client, &queues, "r1").await.unwrap().unwrap();
-    assert_eq!(view.tasks[0].record, None, "another run's record: {rec:?}");
-    let at = chrono::DateTime::parse_from_rfc3339(&rec.created_at)
-        .unwrap()
-        .timestamp_millis();
-    let list = chain_list(("routed", "r1"), Some(&format!("{at}.9")), &[]);
-    raw_cmd(&redis, "SET", &[&chain::key("test", "r1"), &list]).await;
-    let view = chain::read(&client, &queues, "r1").await.unwrap().unwrap();
-    assert_eq!(
-        view.tasks[0].record.as_ref().map(|r| r.state),
-        Some(RecordState::Done)
     );
 }
 
@@ -1971,223 +1371,6 @@ async fn chains_under_slot_kills_make_each_child_once() {
     eprintln!("{kills} kills, {again} of {PARENTS} ids run again, {dead} parents not done");
 }
 
-/// On one server a slot writes its follow-ups' chains and enqueues them in one call
-/// (`Queue::enqueue_after_chains`): chains its parents start are claimed, others added
-/// to, and the children enqueued. A claim another task holds enqueues nothing (the slot
-/// then renames, the slow way), and an intake closed refuses as a plain enqueue does.
-#[tokio::test]
-async fn follow_ups_and_their_chains_take_one_call_on_one_server() {
-    let redis = TestRedis::start();
-    let client = redis.client().await;
-    let one = OneCall {
-        ns: client.namespace().to_string(),
-        kids: client
-            .queue_with("kids", gaffer::queue_client::QueueLimits::default())
-            .unwrap(),
-        conn: client.connection(),
-        redis,
-    };
-    one.claims_adds_and_children_go_in_one_call().await;
-    one.a_claim_held_elsewhere_enqueues_nothing().await;
-    one.tasks_of_any_mode_or_none_still_write_the_chains().await;
-    one.a_closed_intake_leaves_the_claims().await;
-}
-
-/// What the steps of `follow_ups_and_their_chains_take_one_call_on_one_server` share:
-/// queue `kids` and its chains, parents in queue `steps`.
-struct OneCall {
-    redis: TestRedis,
-    ns: String,
-    kids: gaffer::queue_client::Queue,
-    conn: gaffer::queue_client::RedisConn,
-}
-
-/// The claim of the chain named as its global task `root`'s id.
-fn claim<'a>(
-    root: &'a gaffer::chain::Member,
-    run: &'a str,
-    members: &'a [(gaffer::chain::Member, gaffer::chain::Member)],
-) -> gaffer::chain::Claim<'a> {
-    gaffer::chain::Claim {
-        chain: &root.id,
-        root,
-        run,
-        members,
-    }
-}
-
-/// A follow-up in chain `chain`.
-fn kid(id: &str, chain: &str) -> gaffer::queue_client::NewTask {
-    gaffer::queue_client::NewTask::new("{}")
-        .id(id)
-        .chain(gaffer::queue_client::TaskChain::FollowUp(chain.into()))
-}
-
-impl OneCall {
-    const TTL: Duration = Duration::from_secs(60);
-
-    fn writes(
-        &self,
-        claims: &[gaffer::chain::Claim<'_>],
-        adds: &[(&str, &[(gaffer::chain::Member, gaffer::chain::Member)])],
-    ) -> gaffer::queue_client::ChainWrites {
-        gaffer::chain::writes(&self.ns, claims, adds, Self::TTL)
-    }
-
-    async fn members(&self, chain: &str) -> Option<gaffer::chain::Members> {
-        gaffer::chain::members(&self.conn, &self.ns, chain)
-            .await
-            .unwrap()
-    }
-
-    async fn ready(&self) -> u64 {
-        self.kids.stats().await.unwrap().ready
-    }
-
-    /// Two parents start chains a and b, a third is in chain g already: one call.
-    async fn claims_adds_and_children_go_in_one_call(&self) {
-        use gaffer::chain::Member;
-        use gaffer::queue_client::AfterChains;
-        let (a, b, p) = (
-            Member::new("steps", "a"),
-            Member::new("steps", "b"),
-            Member::new("steps", "p"),
-        );
-        let a_kids = [(Member::new("kids", "a~1"), a.clone())];
-        let b_kids = [(Member::new("kids", "b~1"), b.clone())];
-        let p_kids = [(Member::new("kids", "p~1"), p.clone())];
-        let claims = [claim(&a, "5.1", &a_kids), claim(&b, "5.2", &b_kids)];
-        let adds: [(&str, &[(Member, Member)]); 1] = [("g", &p_kids)];
-        let tasks = [kid("a~1", "a"), kid("b~1", "b"), kid("p~1", "g")];
-        // (a first call loads the script: a call Redis answers NOSCRIPT counts too)
-        let w = Member::new("steps", "w");
-        let warm = self.writes(&[claim(&w, "5.0", &[])], &[]);
-        self.kids
-            .enqueue_after_chains(&[kid("w~1", "w")], &warm)
-            .await
-            .unwrap();
-        let before = script_calls(self.redis.raw().await).await;
-        let writes = self.writes(&claims, &adds);
-        let AfterChains::Enqueued(made) = self
-            .kids
-            .enqueue_after_chains(&tasks, &writes)
-            .await
-            .unwrap()
-        else {
-            panic!("every claim was the parents'")
-        };
-        assert_eq!(
-            script_calls(self.redis.raw().await).await - before,
-            1,
-            "one call for the chains and the children"
-        );
-        assert!(made.iter().all(|e| e.created), "{made:?}");
-        assert_eq!(self.ready().await, 4);
-        for (chain, root, pairs) in [("a", &a, &a_kids), ("b", &b, &b_kids)] {
-            let m = self.members(chain).await.unwrap();
-            assert_eq!(&m.root, root);
-            assert_eq!(m.follow, pairs.to_vec());
-        }
-        let raw: Vec<u8> = redis::cmd("GET")
-            .arg(gaffer::chain::key(&self.ns, "g"))
-            .query_async(&mut self.redis.raw().await)
-            .await
-            .unwrap();
-        let raw = String::from_utf8_lossy(&raw);
-        assert_eq!(
-            raw, "8:kids\u{1f}p~17:steps\u{1f}p",
-            "added to, not claimed"
-        );
-    }
-
-    /// Chain c is another task's: nothing is enqueued, and the answer says who holds it.
-    async fn a_claim_held_elsewhere_enqueues_nothing(&self) {
-        use gaffer::chain::{Member, RootClaim};
-        use gaffer::queue_client::AfterChains;
-        let (c, d, other) = (
-            Member::new("steps", "c"),
-            Member::new("steps", "d"),
-            Member::new("elsewhere", "c"),
-        );
-        let held = chain_list(("elsewhere", "c"), None, &[]);
-        raw_cmd(
-            &self.redis,
-            "SET",
-            &[&gaffer::chain::key(&self.ns, "c"), &held],
-        )
-        .await;
-        let c_kids = [(Member::new("kids", "c~1"), c.clone())];
-        let claims = [claim(&d, "5.3", &[]), claim(&c, "5.4", &c_kids)];
-        let writes = self.writes(&claims, &[]);
-        let AfterChains::Refused(refused) = self
-            .kids
-            .enqueue_after_chains(&[kid("c~1", "c")], &writes)
-            .await
-            .unwrap()
-        else {
-            panic!("chain c is another task's")
-        };
-        let answers = gaffer::chain::answers(&claims, refused).unwrap();
-        assert_eq!(answers, [RootClaim::Ours, RootClaim::Taken(other)]);
-        assert_eq!(self.ready().await, 4, "nothing enqueued");
-        assert!(self.kids.record("c~1").await.unwrap().is_none());
-        assert_eq!(
-            self.members("d").await.unwrap().root,
-            d,
-            "the claim before it stands"
-        );
-    }
-
-    /// Tasks of any enqueue mode (here ids generated) find the lists' arguments after
-    /// their own, and no tasks at all still writes the lists.
-    async fn tasks_of_any_mode_or_none_still_write_the_chains(&self) {
-        use gaffer::chain::Member;
-        use gaffer::queue_client::{AfterChains, NewTask};
-        let f = Member::new("steps", "f");
-        let f_kids = [(Member::new("kids", "f~1"), f.clone())];
-        let writes = self.writes(&[claim(&f, "5.6", &f_kids)], &[]);
-        let made = self
-            .kids
-            .enqueue_after_chains(&[NewTask::new("{}")], &writes)
-            .await
-            .unwrap();
-        assert!(
-            matches!(made, AfterChains::Enqueued(ref m) if m.len() == 1),
-            "{made:?}"
-        );
-        let m = self.members("f").await.unwrap();
-        assert_eq!(
-            (m.root, m.run.as_deref(), m.follow),
-            (f, Some("5.6"), f_kids.to_vec())
-        );
-        let h = Member::new("steps", "h");
-        let writes = self.writes(&[claim(&h, "5.7", &[])], &[]);
-        let made = self.kids.enqueue_after_chains(&[], &writes).await.unwrap();
-        assert!(
-            matches!(made, AfterChains::Enqueued(ref m) if m.is_empty()),
-            "{made:?}"
-        );
-        assert!(self.members("h").await.is_some());
-        assert_eq!(self.ready().await, 5);
-    }
-
-    /// A closed intake refuses the children; the claims stand, as before an enqueue.
-    async fn a_closed_intake_leaves_the_claims(&self) {
-        use gaffer::config::Intake;
-        self.kids.set_intake(Some(Intake::Closed)).await.unwrap();
-        let e = gaffer::chain::Member::new("steps", "e");
-        let writes = self.writes(&[claim(&e, "5.5", &[])], &[]);
-        let err = self
-            .kids
-            .enqueue_after_chains(&[kid("e~1", "e")], &writes)
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("intake"), "{err}");
-        assert!(self.members("e").await.is_some());
-        assert_eq!(self.ready().await, 5);
-    }
-}
-
 /// A chain's name is written into its tasks' records, whose fields the bytes 0x1e and
 /// 0x1f separate: an id holding one is refused where it would name a chain (a queue with
 /// routes, a global task, a follow-up), with the reason; as control characters they are
@@ -2223,12 +1406,4 @@ async fn an_id_that_would_cut_its_chains_records_is_refused() {
     }
     assert_eq!(plain.stats().await.unwrap().enqueued_total, 0);
     assert_eq!(routed.stats().await.unwrap().enqueued_total, 0);
-}
-
-/// Chain targets that know no queue, whose lists live `ttl`.
-fn targets(ttl: Duration) -> gaffer::chain::ChainTargets {
-    gaffer::chain::ChainTargets {
-        ttl,
-        ..Default::default()
-    }
 }

@@ -5,10 +5,8 @@
 //! a real redis-server, over real HTTP.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use gaffer::api::{ApiOptions, hash_token};
-use gaffer::chain::Member;
 use gaffer::config::Config;
 use gaffer::queue_client::{NewTask, Queue, QueueLimits, TaskChain};
 use serde_json::{Value, json};
@@ -169,9 +167,9 @@ impl Svc {
     }
 }
 
-/// Chain `big` of key a on queue emails: its global task and `n - 1` follow-ups, listed
-/// and enqueued as a slot makes them (members first, then the tasks).
-async fn big_chain(s: &Svc, n: usize) {
+/// A chain of key a on queue emails: its global task `big` and `n - 1` follow-ups,
+/// enqueued as a slot makes them. Returns the chain's id.
+async fn big_chain(s: &Svc, n: usize) -> String {
     let (st, body) = s
         .call(
             "POST",
@@ -181,31 +179,20 @@ async fn big_chain(s: &Svc, n: usize) {
         )
         .await;
     assert_eq!(st, 202, "{body}");
+    let chain = body["chain"].as_str().expect("the chain's id").to_string();
     let client = s.redis.client().await;
-    let root = Member::new("emails", "big");
-    let pairs: Vec<(Member, Member)> = (1..n)
-        .map(|i| (Member::new("emails", format!("big~{i}")), root.clone()))
-        .collect();
-    gaffer::chain::add_many(
-        &client.connection(),
-        "test",
-        &[("big", &pairs)],
-        Duration::from_secs(600),
-    )
-    .await
-    .unwrap();
-    let kids: Vec<NewTask> = pairs
-        .iter()
-        .map(|(m, _)| {
+    let kids: Vec<NewTask> = (1..n)
+        .map(|i| {
             NewTask::new("{}")
-                .id(&m.id)
-                .chain(TaskChain::FollowUp("big".into()))
+                .id(format!("{chain}~{i}"))
+                .chain(TaskChain::FollowUp(chain.clone()))
         })
         .collect();
     s.queue("emails", &client)
         .enqueue_many(&kids)
         .await
         .unwrap();
+    chain
 }
 
 /// A chain a key may not see answers exactly as an unknown id does, and costs Redis no
@@ -213,24 +200,28 @@ async fn big_chain(s: &Svc, n: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_a_key_may_not_see_costs_and_reads_as_an_unknown_one() {
     let s = Svc::start().await;
-    big_chain(&s, 3000).await;
-    let (st, page) = s.call("GET", "/v1/chains/big?limit=1", A, None).await;
+    let big = big_chain(&s, 3000).await;
+    let (st, page) = s
+        .call("GET", &format!("/v1/chains/{big}?limit=1"), A, None)
+        .await;
     assert_eq!((st, page["tasks"][0]["id"].clone()), (200, json!("big")));
     let mut conn = s.redis.raw().await;
     // (b shares the queue but did not submit the chain; r may not use its queue)
     for token in [B, R] {
         let before = Svc::commands_run(&mut conn).await;
-        let foreign = s.raw("GET", "/v1/chains/big", token, "").await;
+        let foreign = s.raw("GET", &format!("/v1/chains/{big}"), token, "").await;
         let cost = Svc::commands_run(&mut conn).await - before;
-        // (the global task's list and record, and room for the api's own config poll)
+        // (the global task's id by its number and its record, and room for the api's own
+        // config poll)
         assert!(cost <= 20, "a foreign chain's view ran {cost} commands");
-        let unknown = s.raw("GET", "/v1/chains/bog", token, "").await;
+        let bog = "~cemails.999999";
+        let unknown = s.raw("GET", &format!("/v1/chains/{bog}"), token, "").await;
         assert!(foreign.starts_with("HTTP/1.1 404"), "{foreign}");
         assert!(
-            foreign.ends_with(r#"{"error":"no chain big"}"#),
+            foreign.ends_with(&format!(r#"{{"error":"no chain {big}"}}"#)),
             "{foreign}"
         );
-        assert_eq!(foreign.replace("big", "bog"), unknown);
+        assert_eq!(foreign.replace(&big, bog), unknown);
     }
     s.stop().await;
 }
@@ -240,16 +231,21 @@ async fn a_chain_a_key_may_not_see_costs_and_reads_as_an_unknown_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owner_pages_cover_a_large_chain_exactly() {
     let s = Svc::start().await;
-    big_chain(&s, 2501).await;
+    let big = big_chain(&s, 2501).await;
     // (a task on the first page cancelled: only the last page can say so, from the cursor)
     let (st, _) = s
-        .call("DELETE", "/v1/queues/emails/tasks/big~7", OPS, None)
+        .call(
+            "DELETE",
+            &format!("/v1/queues/emails/tasks/{big}~7"),
+            OPS,
+            None,
+        )
         .await;
     assert_eq!(st, 200);
     let whole = gaffer::chain::read(
         &s.redis.client().await,
         &gaffer::chain::ChainTargets::from_config(&s.config),
-        "big",
+        &big,
     )
     .await
     .unwrap()
@@ -261,7 +257,7 @@ async fn the_owner_pages_cover_a_large_chain_exactly() {
         let mut cursor: Option<String> = None;
         let mut seen_pages = 0;
         loop {
-            let mut path = "/v1/chains/big?".to_string();
+            let mut path = format!("/v1/chains/{big}?");
             if let Some(l) = limit {
                 path.push_str(&format!("limit={l}&"));
             }
@@ -289,7 +285,12 @@ async fn the_owner_pages_cover_a_large_chain_exactly() {
         assert_eq!(ids, expected, "every task once, in the chain's order");
     }
     let (st, page) = s
-        .call("GET", "/v1/chains/big?limit=1000&cursor=x", A, None)
+        .call(
+            "GET",
+            &format!("/v1/chains/{big}?limit=1000&cursor=x"),
+            A,
+            None,
+        )
         .await;
     assert_eq!(
         (st, page),
@@ -298,7 +299,9 @@ async fn the_owner_pages_cover_a_large_chain_exactly() {
             json!({"error": "cursor \"x\" is not one this api returned"})
         )
     );
-    let (st, page) = s.call("GET", "/v1/chains/big?limit=1001", A, None).await;
+    let (st, page) = s
+        .call("GET", &format!("/v1/chains/{big}?limit=1001"), A, None)
+        .await;
     assert_eq!(
         (st, page),
         (

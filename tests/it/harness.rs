@@ -850,13 +850,11 @@ pub(crate) async fn held_after_follow_ups(path: &std::path::Path) -> String {
     .await
 }
 
-/// The ids the task of record `rec` (of queue `q`) gives its first `n` follow-ups: from
-/// its chain's name and its run (`QUEUE:ID@RUN~N`, RUN its record's enqueue time and
-/// number) when it is the global task of an unlisted chain (named `QUEUE:ID`, with no
-/// list, on one server), else from its chain's name.
+/// The ids the global task of record `rec` gives its first `n` follow-ups: `CHAIN~N`,
+/// from the chain's id its record names.
 pub async fn kid_ids(
-    client: &gaffer::queue_client::QueueClient,
-    q: &gaffer::queue_client::Queue,
+    _client: &gaffer::queue_client::QueueClient,
+    _q: &gaffer::queue_client::Queue,
     rec: &gaffer::queue_client::TaskRecord,
     n: usize,
 ) -> Vec<String> {
@@ -864,25 +862,5 @@ pub async fn kid_ids(
         .chain
         .clone()
         .expect("a route queue's task names its chain");
-    let mut conn = client.connection();
-    let list: Option<String> = redis::cmd("GET")
-        .arg(gaffer::chain::key(client.namespace(), &chain))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let listed = list.is_some_and(|l| l.starts_with('^'));
-    let base = if listed || chain != format!("{}:{}", q.name(), rec.id) {
-        chain
-    } else {
-        let at = chrono::DateTime::parse_from_rfc3339(&rec.created_at)
-            .unwrap()
-            .timestamp_millis();
-        let seq = q
-            .record_seq(&rec.id)
-            .await
-            .unwrap()
-            .expect("its listing entry");
-        format!("{chain}@{at}.{seq}")
-    };
-    (1..=n).map(|i| format!("{base}~{i}")).collect()
+    (1..=n).map(|i| format!("{chain}~{i}")).collect()
 }

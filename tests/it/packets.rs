@@ -421,26 +421,31 @@ async fn a_packets_tasks_are_found_cancelled_and_frozen_one_by_one(
     );
 }
 
-/// What a follow-up step asks of its parents (`chain_facts`) is read from the packet of a
-/// task that has no field of its own; a released take of a packet comes back in take
-/// order at the same attempt, each task with its payload.
+/// What a follow-up step asks of its parents (`chain_facts`) comes with the take of a
+/// packet's tasks, which have no field of their own, and the packet's enqueue listed each
+/// task in its chain's set; a released take of a packet comes back in take order at the
+/// same attempt, each task with its payload.
 async fn a_packets_tasks_know_their_chains_and_come_back_when_released(
     client: QueueClient,
     name: &str,
 ) {
+    use gaffer::queue_client::ChainPlace;
     let q = queue(&client, &format!("{name}_kids"), true);
     q.enqueue_many(&kids()).await.unwrap();
     let b = q.take(10, LEASE).await.unwrap();
-    let facts = q
-        .chain_facts(&["G~1", "H~1"], &[false, false])
-        .await
-        .unwrap();
-    let got: Vec<_> = facts
-        .iter()
-        .map(|f| (f.chain.as_deref(), f.max_attempts))
-        .collect();
     let ma = Some(QueueLimits::default().max_attempts);
-    assert_eq!(got, [(Some("G"), ma), (Some("H"), ma)]);
+    for (id, chain) in [("G~1", "G"), ("H~1", "H")] {
+        let t = b.tasks.iter().find(|t| t.id == id).expect("taken");
+        let facts = t.chain_facts();
+        assert_eq!(
+            (facts.place, facts.max_attempts),
+            (ChainPlace::FollowUp(chain.into()), ma)
+        );
+    }
+    let mut listed = q.chain_members("G").await.unwrap();
+    listed.sort();
+    assert_eq!(listed, ["G~1", "G~2"]);
+    assert_eq!(q.chain_members("H").await.unwrap(), ["H~1"]);
     assert_eq!(
         q.release(&b.tasks).await.unwrap(),
         vec![SettleResult::Done; 3]

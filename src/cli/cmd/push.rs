@@ -148,8 +148,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
         .collect();
     let mut tasks = tasks;
     if args.chain {
-        let targets = crate::chain::ChainTargets::from_config(&cfg);
-        crate::chain::start_global(&client, &q, tasks.iter_mut().collect(), &targets)
+        crate::chain::start_global(&q, tasks.iter_mut().collect())
             .await
             .map_err(|e| CliError::Runtime(e.into()))?;
     }

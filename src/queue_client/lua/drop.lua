@@ -1,5 +1,5 @@
 -- Deletes the whole queue, including its per-priority ready lists, its records and their
--- indexes.
+-- indexes, but for its counter (below). Its chain sets go with their time.
 for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
   redis.call('DEL', ready_list(p))
 end
@@ -28,5 +28,9 @@ for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
   if by then redis.call('DEL', submitter_index(by)) end
 end
 redis.call('DEL', K_CANCEL)
-for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
+-- The counter stays: generated ids and chain ids (chain_name) are minted from it, and a
+-- chain's sets in other queues outlive this one's records.
+for i = 1, #KEYS do
+  if KEYS[i] ~= K_SEQ then redis.call('DEL', KEYS[i]) end
+end
 return 1

@@ -2,10 +2,9 @@
 --   record), submitted_by, dedup ('a' active | 'r' record; then 'o' when the ids are the
 --   submitter's own, see own_ids_taken), intake (the config's value,
 --   used while no run-time switch is set), history_ttl_ms, root ('1': each task is the
---   global task of its own chain: submitted with `chain`, or a task of a queue whose
---   `next` routes make follow-ups of every done task; 'u:' and the namespace's prefix:
---   the same, its chain unlisted unless a list names a global task for it, see
---   root_field), the config's system state
+--   global task of a chain of its own, named from its record number, see chain_name:
+--   submitted with `chain`, or a task of a queue whose `next` routes make follow-ups of
+--   every done task), the config's system state
 --   ('paused:NAME' for a system the config starts paused, else ''; a run-time switch
 --   wins), then
 --   mode 'p':  n payloads (ids generated), or
@@ -41,28 +40,7 @@ local track, by = ARGV[7] == '1', ARGV[8]
 local dedup_record = string.sub(ARGV[9], 1, 1) == 'r' or follow
 -- 'o' after the dedup letter: ids are the submitter's own (see own_ids_taken)
 local own_ids = string.sub(ARGV[9], 2, 2) == 'o'
-local unlisted_at = string.match(ARGV[12], '^u:(.*)$')
-local root = ARGV[12] == '1' or unlisted_at ~= nil
--- A new global task's CHAIN field and chain: 'u' and QUEUE:ID when its chain is unlisted
--- (`crate::chain::run_base`: a task of a queue with a done route, on one server; the
--- queue in its name keeps it apart from any other task's chain, with no claim, see
--- `crate::chain::reserved`), unless a list with a global task holds that name (an
--- earlier run's, listed) or its follow-ups' ids (QUEUE:ID@RUN~N, RUN up to 40 bytes)
--- could pass 256 bytes; else 's' and its id. Decided once, here, for the task's whole
--- run: every attempt's follow-ups then take the same ids, whatever lists appear
--- meanwhile. An earlier run's list of added members under the name goes: its tasks are
--- not this run's, and the name would otherwise gather every run's.
-local unlisted_queue = unlisted_at and string.match(K_REC, '{(.-)}')
-local function root_field(id)
-  if not unlisted_at then return 's', id end
-  local name = unlisted_queue .. ':' .. id
-  if #name + 40 > 256 then return 's', id end
-  local key = unlisted_at .. '{chain:' .. name .. '}:tasks'
-  local v = redis.call('GET', key)
-  if v and string.byte(v, 1) == 94 then return 's', id end
-  if v then redis.call('DEL', key) end
-  return 'u', name
-end
+local root = ARGV[12] == '1'
 local per = (mode == 'ig') and 3 or 2
 -- Each task's id, payload and chain (a follow-up's) as sent.
 local arg_id = function(i) return ARGV[H + per * (i - 1) + 1] end
@@ -116,8 +94,8 @@ if own_ids and mode == 'ip' and track then
 end
 local meta = pack_meta(ARGV[2], ma, now)
 -- A tracked task's meta also carries its record's sequence number after its enqueue time
--- (".seq", see K_DONE in prelude.lua) and its chain field (see parse_meta): 's' a global
--- task's, '' one in no chain, or 'c' and its chain. An untracked task has no record to
+-- (".seq", see K_DONE in prelude.lua) and its chain field (see parse_meta): 'g' and the
+-- chain a global task starts, '' one in no chain, or 'c' and a follow-up's chain. An untracked task has no record to
 -- number or to name a chain in. Each task's value (see task_value) is made in one
 -- concatenation: every part made apart is a string Lua makes, hashes and collects.
 local due = now + delay
@@ -145,6 +123,13 @@ local function as_packet()
   end
   redis.call('ZADD', K_IDX, unpack(scored))
   packet_write(base, ids, ARGV[2], ma, now, due, ARGV[H + n + 1], ARGV[H + n + 2])
+  local chains, from, block = {}, 1, ARGV[H + n + 1]
+  for i = 1, n do
+    local cut = string.find(block, FS, from, true) or (#block + 1)
+    chains[i] = string.sub(block, from, cut - 1)
+    from = cut + 1
+  end
+  chain_index_add(ids, chains, ttl)
   redis.call('HINCRBY', K_STATS, 'enqueued', n)
   -- One taker takes a packet (a take that leaves more of it wakes a peer): a wake-up per
   -- task would send the rest on empty takes.
@@ -179,14 +164,11 @@ local any_old = false
 local created = 0
 
 -- The chain ('' none) of the task (its value) or else the record holding a follow-up's
--- id: the follow-up's own chain when an earlier run of the same parent made it. A meta
--- written before metas said the chain leaves it to the record.
+-- id: the follow-up's own chain when an earlier run of the same parent made it.
 local function chain_held(id, value, rec)
   if value then
     local _, field = meta_chain_field(value_meta(value))
-    if field == 's' then return id end
-    if field == 'u' then return string.match(K_REC, '{(.-)}') .. ':' .. id end
-    if field then return string.match(field, '^c(.*)$') or '' end
+    if field then return string.match(field, '^[gc](.*)$') or '' end
   end
   return rec and chain_of(rec) or ''
 end
@@ -198,16 +180,15 @@ if mode == 'p' then
   -- tenth of an enqueue's work.
   if track then
     -- (the meta's parts around the number made once: see task_value)
-    local pre, post = meta .. '.', ':' .. (root and 's' or '') .. '\n'
-    if unlisted_at then chains = {} end
+    local pre, post = meta .. '.', ':\n'
+    if root then chains = {} end
     for i = 1, n do
       local s = string.format('%d', base + i)
       local id = '~g' .. s
       payloads[2 * i - 1] = id
-      if unlisted_at then
-        local field
-        field, chains[i] = root_field(id)
-        post = ':' .. field .. '\n'
+      if root then
+        chains[i] = chain_name(s)
+        post = ':g' .. chains[i] .. '\n'
       end
       payloads[2 * i] = pre .. s .. post .. ARGV[H + i]
       ids[i] = id
@@ -225,7 +206,6 @@ if mode == 'p' then
   end
   created = n
   flags = string.rep(cancel and 'x' or '1', n)
-  if root and not chains then chains = ids end
 else
   -- Dedup against records: one whose time is up must not count (see record_get.lua).
   if dedup_record then expire_records(now, 100) end
@@ -313,7 +293,8 @@ else
         chains[created] = arg_chain(i)
       elseif root then
         chains = chains or {}
-        field, chains[created] = root_field(id)
+        chains[created] = chain_name(s)
+        field = 'g' .. chains[created]
       end
       if not track then
         payloads[2 * created] = task_value(meta, arg_payload(i))
@@ -328,6 +309,9 @@ else
   if foreign then return {base, (string.gsub(flags, '[^cn]', '-'))} end
 end
 
+-- (a follow-up's chain lists it in this queue, cancelled on arrival or not: see
+-- chain_index_add)
+if follow and created > 0 and track then chain_index_add(ids, chains, ttl) end
 if not any_old then olds = nil end
 -- A superseded dead letter of the layout before metas moved into the value leaves its meta
 -- (which would otherwise win over the new task's); under cancel, its value too (no new
@@ -340,7 +324,7 @@ if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then
     records_new(ids, seqs, 'cancelled', now, pri, ma, due, by,
-      cancel_note, ttl, mode ~= 'p', chains, created_keys, olds)
+      cancel_note, ttl, mode ~= 'p', chains, root, created_keys, olds)
   end
   redis.call('HINCRBY', K_STATS, 'cancelled', created)
 elseif created > 0 then
@@ -357,7 +341,7 @@ elseif created > 0 then
   end
   if track then
     records_new(ids, seqs, 'waiting', now, pri, ma, due, by, waiting_note, 0, mode ~= 'p', chains,
-      created_keys, olds)
+      root, created_keys, olds)
   end
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)

@@ -126,18 +126,15 @@ end
 -- meta = "priority:max_attempts:enqueued_ms" for an untracked task; a tracked one's goes
 -- on ".SEQ:CHAIN": SEQ its record's sequence number (its score in K_IDX, which the slot
 -- hands back with its acks, see K_DONE), CHAIN what chains need to know of it without
--- reading its record (chain.lua): '' (in no chain), 's' (the global task of its own
--- chain, which its record names), 'u' (the same, its chain unlisted: see enqueue.lua's
--- root_field), or 'c' and the chain's id (a follow-up). A meta written
--- before records were numbered has no ".SEQ"; one written before chains ends after
--- enqueued_ms.
+-- reading its record: '' (in no chain), 'g' and the chain's id (the global task of that
+-- chain, see chain_name) or 'c' and the chain's id (a follow-up).
 local function parse_meta(m)
   local pri, ma, enq = string.match(m, '^(-?%d+):(%d+):(%d+)')
   return tonumber(pri), tonumber(ma), tonumber(enq)
 end
 
--- A meta's head (priority:max_attempts:enqueued_ms[.SEQ]) and its CHAIN field ('', 's',
--- 'u' or 'c' and the chain; nil in a meta written before metas kept it).
+-- A meta's head (priority:max_attempts:enqueued_ms[.SEQ]) and its CHAIN field ('', or
+-- 'g' or 'c' and the chain; nil in an untracked task's meta).
 local function meta_chain_field(m)
   local head, rest = string.match(m, '^(%-?%d+:%d+:[%d%.]+)(.*)$')
   return head, rest and string.match(rest, '^:(.*)$')
@@ -316,6 +313,41 @@ local ENDED_CHANNEL = string.sub(K_REC, 1, -3) .. 'ended'
 
 local function rec_key(id)
   return K_REC .. id
+end
+
+-- Chains. A chain's id is minted from its global task's queue and record number,
+-- '~c' .. QUEUE .. '.' .. SEQ: unique in the namespace (a queue's counter never goes back,
+-- not even when the queue is dropped), the same on one server and on a cluster, and a form
+-- no client id may take (`crate::queue_client::check_id`). The same task run again under
+-- its id has a new number, so a new chain. Follow-up ids derive from it
+-- (`crate::chain::derived_id`), and each queue lists the members it holds of each chain in
+-- the set chain_index(CHAIN), written in the step that enqueues them: a reader asks every
+-- queue's set and the global task's queue's K_IDX (by the number in the chain's id), and
+-- nothing is claimed or renamed. A set lives twice its queue's history_ttl after its last
+-- member was added, so it outlives their records.
+local function chain_name(seq)
+  return '~c' .. string.match(K_REC, '{(.-)}') .. '.' .. seq
+end
+
+local function chain_index(chain)
+  return string.sub(K_REC, 1, -3) .. 'chain:' .. chain
+end
+
+-- Lists each of `ids` in the set of its chain (chains[i], '' none).
+local function chain_index_add(ids, chains, ttl_ms)
+  local by = {}
+  for i, id in ipairs(ids) do
+    local g = chains[i]
+    if g and g ~= '' then
+      by[g] = by[g] or {}
+      by[g][#by[g] + 1] = id
+    end
+  end
+  for g, members in pairs(by) do
+    local key = chain_index(g)
+    bulk('SADD', key, members)
+    if ttl_ms and ttl_ms > 0 then redis.call('PEXPIRE', key, 2 * ttl_ms) end
+  end
 end
 
 -- The running entry of a leased task (see above): "at FS attempt FS host FS slot FS".
@@ -1502,13 +1534,13 @@ end
 
 -- Creates the records of new tasks (all with the same options) and indexes them. An old
 -- finished record with the same id is replaced. `ttl_ms` > 0: they end at once.
--- `chains`: nil, or per task its chain ('' for none); a follow-up (a task of a chain it
--- did not start) shows `chain:G` as its submitter and is left out of the submitter indexes
--- (they would grow by one per chain). `keys`: nil, or the records' keys, made already.
+-- `chains`: nil, or per task its chain ('' for none); `roots`: whether the tasks are the
+-- global tasks of their chains, else a follow-up shows `chain:G` as its submitter and is
+-- left out of the submitter indexes (they would grow by one per chain). `keys`: nil, or the records' keys, made already.
 -- `olds`: nil, or per task the record its id had (false: none): a task that ended under
 -- the id leaves its submitter's index, which would otherwise list the new task to that
 -- submitter (and keep the entry after the new record goes).
-local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains, keys, olds)
+local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms, given, chains, roots, keys, olds)
   local first = entry(state, now, 0, '', '', note)
   -- The fields all tasks share, turned into text once: a number made text costs Lua a
   -- printf, which per task is a good part of an enqueue.
@@ -1516,14 +1548,12 @@ local function records_new(ids, seqs, state, now, pri, ma, due, by, note, ttl_ms
   local tail = FS .. FS .. FS
   local v = head .. by .. tail .. RS .. first
   local scored, kv = {}, {}
-  -- (a global task's chain is its id, or QUEUE:ID where it is unlisted: see enqueue.lua)
-  local own = chains and string.match(K_REC, '{(.-)}') .. ':'
   for i, id in ipairs(ids) do
     kv[2 * i - 1] = keys and keys[i] or rec_key(id)
     local g = chains and chains[i] or ''
     if g == '' then
       kv[2 * i] = v
-    elseif g == id or g == own .. id then
+    elseif roots then
       kv[2 * i] = head .. by .. tail .. g .. RS .. first
     else
       kv[2 * i] = head .. 'chain:' .. g .. tail .. g .. RS .. first
