@@ -37,8 +37,8 @@ pub struct PushArgs {
     /// Attempts before dead letters, overriding the queue's max_attempts
     #[arg(long)]
     pub max_attempts: Option<u32>,
-    /// Make each task the global task of a chain of its own (its id is the chain's;
-    /// one is made up when --id is not given): `gaffer tasks chain ID` follows it
+    /// Make each task the global task of a chain of its own: its enqueue mints the
+    /// chain's id (`~cQUEUE.N`, printed), which `gaffer tasks chain CHAIN` follows
     #[arg(long)]
     pub chain: bool,
     /// Print the result as JSON
@@ -162,13 +162,8 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
     } else {
         None
     };
-    let chains_left = if args.chain {
-        "; their chains were claimed (where their queue has no done route, or on a Redis Cluster) and stay so until they expire"
-    } else {
-        ""
-    };
     let (mut created, mut cancelled) = (0usize, 0usize);
-    let mut ids = Vec::new();
+    let (mut ids, mut chains) = (Vec::new(), Vec::new());
     for (i, chunk) in tasks.chunks(PUSH_CHUNK).enumerate() {
         let sent = i * PUSH_CHUNK;
         if stop.as_ref().is_some_and(|s| s.first.is_cancelled()) {
@@ -176,7 +171,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
                 eprintln!();
             }
             return Err(CliError::Runtime(anyhow::anyhow!(
-                "interrupted: {sent} of {total} tasks sent to {} ({created} enqueued, {} already pending); the other {} were not sent{chains_left}",
+                "interrupted: {sent} of {total} tasks sent to {} ({created} enqueued, {} already pending); the other {} were not sent",
                 args.queue,
                 sent - created,
                 total - sent
@@ -188,7 +183,6 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
             sent,
             created,
             in_flight: chunk.len(),
-            chains_left,
         };
         let failed = |e| {
             if show_progress && total > 1 {
@@ -201,7 +195,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
                 done = q.enqueue_many(chunk) => done.map_err(failed)?,
                 () = s.second.cancelled() => {
                     return Err(CliError::Runtime(anyhow::anyhow!(
-                        "interrupted twice: stopped at once, {sent} of {total} tasks sent to {} before the {} in flight, which may or may not be enqueued{chains_left}",
+                        "interrupted twice: stopped at once, {sent} of {total} tasks sent to {} before the {} in flight, which may or may not be enqueued",
                         args.queue,
                         chunk.len()
                     )));
@@ -215,6 +209,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
             .filter(|e| e.state == Some(RecordState::Cancelled))
             .count();
         if total == 1 {
+            chains = done.iter().filter_map(|e| e.chain.clone()).collect();
             ids = done.into_iter().map(|e| e.id).collect();
         }
         if show_progress {
@@ -231,25 +226,31 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
             args.queue
         );
     }
-    report(&args, total, created, &ids);
+    report(&args, total, created, &ids, &chains);
     Ok(())
 }
 
-fn report(args: &PushArgs, total: usize, created: usize, ids: &[String]) {
+/// What a push says it did; `chains`, for a single task, the chain its enqueue started.
+fn report(args: &PushArgs, total: usize, created: usize, ids: &[String], chains: &[String]) {
     if args.json {
-        println!(
-            "{}",
-            json!({"queue": args.queue, "tasks": total, "created": created,
-                   "existing": total - created, "ids": ids})
-        );
+        let mut out = json!({"queue": args.queue, "tasks": total, "created": created,
+                             "existing": total - created, "ids": ids});
+        if !chains.is_empty() {
+            out["chains"] = json!(chains);
+        }
+        println!("{out}");
     } else if total == 1 {
         let what = if created == 1 {
             "enqueued"
         } else {
             "already pending"
         };
+        let chain = chains
+            .first()
+            .map(|c| format!(" (chain {c})"))
+            .unwrap_or_default();
         println!(
-            "{what}: {} task {}",
+            "{what}: {} task {}{chain}",
             args.queue,
             ids.first().map(String::as_str).unwrap_or("")
         );
@@ -272,8 +273,6 @@ struct PushAt<'a> {
     created: usize,
     /// The failed chunk's tasks.
     in_flight: usize,
-    /// What the error adds about chains claimed for the tasks.
-    chains_left: &'static str,
 }
 
 impl PushAt<'_> {
@@ -290,7 +289,6 @@ impl PushAt<'_> {
             sent,
             created,
             in_flight,
-            chains_left,
         } = *self;
         if total == 1 || (refused && sent == 0) {
             return e.into();
@@ -304,7 +302,7 @@ impl PushAt<'_> {
             )
         };
         let said = anyhow::anyhow!(
-            "{e}: {sent} of {total} tasks sent to {queue} before ({created} enqueued, {} already pending); {rest}{chains_left}",
+            "{e}: {sent} of {total} tasks sent to {queue} before ({created} enqueued, {} already pending); {rest}",
             sent - created,
         );
         if refused {

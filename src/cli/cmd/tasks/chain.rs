@@ -1,4 +1,4 @@
-//! `gaffer tasks chain ID [--json]`: a chain as a tree, every task with its state.
+//! `gaffer tasks chain CHAIN [--json]`: a chain as a tree, every task with its state.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +11,8 @@ use crate::printable::{one_line, printable};
 /// Arguments of `gaffer tasks chain`.
 #[derive(Args)]
 pub struct ChainArgs {
-    /// The chain's id: its global task's id
+    /// The chain's id (`~cQUEUE.N`), as a submit, `push --chain` or a task's record
+    /// says it
     pub id: String,
     /// Print the API's chain document
     #[arg(long)]
