@@ -3,6 +3,11 @@
 //! Neutral ground between the roles of a host: the zygote preloads handlers through the
 //! [`Registry`], the master asks it which queues this host can serve, and a slot runs
 //! [`Handler::init`] and [`Handler::handle`]. Public as `gaffer::slot::{Handler, …}`.
+//!
+//! What it holds: [`Handler`] (`preload` once in the zygote, `init` once in the slot,
+//! `handle` per batch, `close` when the slot ends), [`Task`], [`Outcome`], [`SlotContext`]
+//! (with `should_stop`, the slot's stop as a batch handler sees it, and `is_cancelled`, a
+//! long task's cancel) and the [`Registry`], handler name → handler.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,6 +1,10 @@
 //! The master's side of its zygotes ([`super::zygote`] is the zygote process itself):
 //! starting one, reading its events, restarting it with back-off when it dies, retiring
 //! old generations once their slots are gone.
+//!
+//! A new generation also starts when a handler's source file that a language zygote loaded
+//! changes (`replace_zygote_if_code_changed`, every 3 s), and is rolled over like a config
+//! change: the old zygote's slots stop once the new one is ready.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::AsRawFd;
