@@ -1,4 +1,4 @@
-//! One balancer decision at the scale of DESIGN.md's target: 1,000 hosts × 1,000 queue
+//! One balancer decision at the target scale (BENCHMARKS.md): 1,000 hosts × 1,000 queue
 //! types × 100,000 slots (target ≤ 50 ms), from a map that is already in place (the
 //! steady state) and from an empty map (a cold start).
 //!

@@ -7,7 +7,7 @@ gaffer starts this program once per slot and keeps it running for the slot's lif
     handler = "exec"
     command = ["python3", "examples/exec_handler.py"]
 
-Protocol (DESIGN.md, Handlers): one JSON line in per batch, one JSON line out.
+Protocol (README, "Handlers"): one JSON line in per batch, one JSON line out.
 
     in:  {"batch": [{"id": "...", "payload": <JSON>, "attempt": 1}, ...]}
     out: {"results": [{"id": "...", "status": "ok"},

@@ -3,6 +3,9 @@
 //! A [`Backoff`] hands out pauses that start at `start` and double up to `cap`; `reset`
 //! starts over after a success. It keeps no clock: [`Backoff::next`] only says how long,
 //! so a caller can sleep ([`Backoff::pause`]) or schedule a deadline of its own.
+//!
+//! Used by the slot loop (an outage, a failed take) and by the master's crash and zygote
+//! restarts.
 
 use std::time::Duration;
 

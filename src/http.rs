@@ -3,6 +3,10 @@
 //!
 //! The caller binds the listener, so a bad address or a port in use fails the daemon's
 //! start-up instead of surfacing later from a background task.
+//!
+//! `serve_with` is the accept loop the api shares: a request head must arrive within a
+//! timeout (which also closes idle keep-alive connections), connections are capped below
+//! the descriptor limit, and shutdown has a grace period.
 
 use std::convert::Infallible;
 use std::io;

@@ -4,6 +4,11 @@
 //! as a command, and a bidi override would reorder what is shown. Every path that prints
 //! such text on a terminal (the CLI's tables, `gaffer top`) shows it through [`printable`];
 //! JSON output is escaped by serde already.
+//!
+//! [`printable`] escapes control characters (C0, DEL, C1) and the invisible format
+//! characters (bidi controls, zero-width, line and paragraph separators); [`one_line`] is
+//! the same for a table cell. SECURITY.md relies on every terminal print path going through
+//! here.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;

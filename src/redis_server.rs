@@ -1,6 +1,10 @@
-//! A local `redis-server` child process: the test harness, the demo and (later) `gaffer up`
+//! A local `redis-server` child process: the test harness, the demo and `gaffer up`
 //! all need one, and all need the same things from it: a free port, its own directory,
 //! optional AOF, readiness before use, and death with its parent.
+//!
+//! It takes a free port and its own directory, writes AOF when asked, checks readiness
+//! before use, runs in its own process group and dies with its parent. For the TLS tests it
+//! serves TLS only, its readiness read from its log.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

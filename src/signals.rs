@@ -2,6 +2,12 @@
 //! [`CancellationToken`] (and the master a [`Reload`]) instead of listening for signals
 //! itself, so tests drive roles in-process with tokens and the binary's edge decides what a
 //! signal means.
+//!
+//! What it offers: `stop_on_term` (the first and second SIGTERM/SIGINT as two tokens: stop,
+//! then hurry), `shutdown_on_term`, `shutdown_on_sigterm` (a forked slot's, which is its
+//! own edge), `reload_on_hup` (the master's `Reload`) and `interrupts` (`gaffer up`'s
+//! Ctrl-C presses). Only this file names tokio's `SignalKind` (ARCHITECTURE.md, invariant
+//! 29); the zygote blocks signals and reads a signalfd instead, which is not a handler.
 
 use std::sync::Arc;
 

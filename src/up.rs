@@ -11,6 +11,11 @@
 //! the others down. Every child is in its own process group, so a terminal's Ctrl-C
 //! reaches only this process, which stops the others in order (writers before Redis);
 //! each also dies with this process (PDEATHSIG) if it is killed outright.
+//!
+//! Its children's logs are prefixed and they are restarted with back-off; a deliberate
+//! second Ctrl-C (from the `Interrupts` the binary's edge hands it) kills them. It installs
+//! no signal handler of its own, races its demo load against Ctrl-C, and writes the state
+//! file other commands find its Redis by.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

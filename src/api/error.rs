@@ -1,4 +1,8 @@
 //! The API's refusals: a status and a message naming what was wrong and the limit.
+//!
+//! An `ApiError` carries a status and a message, the outage's cause when Redis failed the
+//! request, whether a write's outcome is unknown, and the message a limited key gets where
+//! the precise one would name what is outside its list.
 
 use hyper::StatusCode;
 

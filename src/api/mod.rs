@@ -1,6 +1,18 @@
 //! The task service over HTTP (`gaffer api`): submit, view, list, cancel, freeze and thaw
 //! tasks, wait for their end, and the admin switches. Stateless: any number run behind a
 //! load balancer, and everything meets in Redis as for the other roles.
+//!
+//! It holds no state of its own (ARCHITECTURE.md, invariant 28): every request is answered
+//! from Redis, so any instance answers any request. A sync submit waits on the instance's
+//! one pub/sub subscription (`ended`), sending Redis nothing while it waits, and a lost
+//! subscription wakes every waiter to look again. A refused request changes nothing.
+//!
+//! By file: `routes.rs` (the endpoints and the checks every request passes), `submit.rs`
+//! (the submit body), `chains.rs` (the chain endpoints), `auth.rs` (keys and rights),
+//! `ended.rs` (waking the waiters), `error.rs` (`ApiError`), `outage.rs` (the instance's
+//! one outage spell, fed by requests, `/healthz` and the config look), `listings.rs` (each
+//! key's listings under way, against `[api].max_listings_per_key`). It serves on
+//! `crate::http::serve_with`.
 
 mod auth;
 mod chains;

@@ -1,5 +1,8 @@
 //! Requests to answers: routing, the checks every request passes (token, queue, key's
 //! rights, body size), and one function per endpoint.
+//!
+//! An `Endpoint` is parsed once from the path, its parts named, with its metric name and
+//! methods; then the checks every request passes; then one function per endpoint.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -19,6 +19,10 @@
 //! dense queue × host counts. Names are looked up only where an [`Input`] comes in and an
 //! [`Output`] goes out; [`decide`] does both around one decision, and a [`Balancer`] keeps
 //! the tables between decisions for a caller that makes many (the simulator).
+//!
+//! Under scarcity, hysteresis holds are released from the lowest priority up, only as far
+//! as needed. `tests.rs` holds the snapshot cases and the proptests (the invariants on any
+//! input, and a decided map that is stable).
 
 mod place;
 mod want;
@@ -413,7 +417,7 @@ impl<'c> Balancer<'c> {
         let (nh, nq) = (self.host_count(), self.names.len());
         let mut out = vec![0; nq * nh];
         // A hash per entry rather than a dozen string comparisons down a tree: a map at
-        // DESIGN.md's scale has 100,000 entries. The hasher has fixed keys, and nothing
+        // the target scale (BENCHMARKS.md) has 100,000 entries. The hasher has fixed keys, and nothing
         // depends on the table's order.
         let index: HashMap<&str, usize, BuildHasherDefault<DefaultHasher>> = self
             .names

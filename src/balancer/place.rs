@@ -3,6 +3,11 @@
 //! Works on indices into the (sorted) host and queue names and a dense count matrix, so
 //! a decision for 1,000 hosts × 1,000 queues does no string work in its loops; ties
 //! break by name because indices follow name order.
+//!
+//! A new map is an edit of the current one (ARCHITECTURE.md, invariant 18): slots keep
+//! their queue type unless the queue shrinks; surplus leaves the hosts with the most of
+//! that type, growth goes to the hosts with the fewest, so a type spreads; a map that is
+//! already right comes back unchanged.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -1,5 +1,11 @@
 //! How many slots each queue wants: demand from its statistics, then the hysteresis band
 //! of its priority, then its limits.
+//!
+//! The details that matter: growth is measured on demand before it is rounded to whole
+//! slots, so a queue near a whole number of slots has a dead zone; arrivals come from the
+//! latest tick when it jumped clear of the window's average (a surge met within one tick,
+//! the window guarding the way down); a backlog is drained within a horizon of its
+//! priority, 5 s at the top, 5 min at the bottom; an ordered queue gets at most one slot.
 
 use chrono::{Datelike, Timelike};
 

@@ -1,5 +1,9 @@
 //! What every command shares: the global options, the failure type with its exit code,
 //! loading the config, connecting, and a few output helpers.
+//!
+//! `Global` (the config path, loading it, the Redis target, connecting), `CliError` (exit
+//! codes 0, 1 and 2), `queue_handle` (a queue of the config, or exit 2) and the output
+//! helpers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

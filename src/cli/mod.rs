@@ -2,8 +2,8 @@
 //! CLI: its `main` calls [`run`]. Each command is a module of [`cmd`] holding its
 //! arguments (clap) beside the function that runs it; this module parses, picks how the
 //! command runs (without a runtime, on a lean one, on a threaded one) and maps failures
-//! to exit codes: 0 ok, 1 runtime failure, 2 bad usage or bad config (DESIGN.md "CLI
-//! contract").
+//! to exit codes: 0 ok, 1 runtime failure, 2 bad usage or bad config (README,
+//! "Commands").
 
 pub mod cmd;
 mod common;

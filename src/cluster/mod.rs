@@ -21,6 +21,17 @@
 //!   hosts, written by `gaffer pause|resume|drain`.
 //! - `NS:{cluster}:decisions`: JSON of the manager's last decision per queue.
 //! - `NS:{cluster}:sched`: hash, schedule key → last fire time enqueued (ms).
+//!
+//! Configs are told apart by their text (ARCHITECTURE.md, invariant 38). `config apply`
+//! numbers configs with `HINCRBY`, which a Redis that lost its data starts again at 1, so a
+//! role that waited for a version above the one it read would run a revoked key until the
+//! count caught up. Every role (manager, master, api, `top`) therefore reads the published
+//! config through [`changed_config`], which compares the text's SHA-256 with the one it
+//! read last (`ConfigSeen`): another text is adopted at any version, the same text under
+//! another version is not adopted again, and a version that did not go up, or a config
+//! gone, is warned about. [`publish_config`] writes `stamp` = `VERSION:SHA256` beside the
+//! text, so a tick with nothing new reads two short fields; a stamp naming another version
+//! (an older build's apply left it) or none means the text is read and compared.
 
 pub mod snapshot;
 

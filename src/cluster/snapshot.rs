@@ -2,6 +2,10 @@
 //! limits, intake and last decision, every host's report, the slot map and the manager's lease.
 //! `gaffer stats` prints one; `gaffer top` keeps a short history of them. It reads only
 //! Redis, so it works while the manager is down (the lease then shows as absent).
+//!
+//! [`stats_json`] is the `gaffer stats --json` contract: `stats` prints it, the api's `GET
+//! /v1/queues` serves its queues, `top` keeps a history of it. Keys are added, never
+//! renamed.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -6,6 +6,14 @@
 //! is reported and taken out, and the rest of its table read again for the others), and
 //! then the values of the tables serde read whole are checked for meaning. Every problem found is returned together as [`Diagnostics`], each
 //! naming `file:line:col` and the key, so `gaffer config check` fixes a file in one pass.
+//!
+//! Beside the model: `routes.rs` (the `next` routes, checked across queues once every queue
+//! is known), `handler.rs` (a queue's handler: `Exec { command }` or `Named { name, options
+//! }`; a built-in's queue-level keys are checked here and handed to it in `options`), and
+//! the limits the queue client shares (`MAX_BATCH`, `DEFAULT_MAX_PAYLOAD`, re-exported as
+//! `queue_client::…`). Commands load and validate the config before anything else: a bad
+//! config exits 2 with every error, before any connection is opened (ARCHITECTURE.md,
+//! invariant 9).
 
 mod error;
 mod handler;

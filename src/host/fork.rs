@@ -5,6 +5,14 @@
 //! Neutral ground: the slot asks, the zygote answers; each imports this, neither the
 //! other. The slot makes the child's three FIFOs itself, so the language side only opens
 //! paths (no descriptor passing, which Perl's core cannot do).
+//!
+//! The exchange: the zygote makes a socketpair per such slot when it forks it
+//! (`SlotSpec::fork_line`). The slot writes a [`ForkAsk`] (the three FIFO paths it made,
+//! the child's environment, a `seq`) and reads a [`ForkAnswer`] with the `seq` echoed, so a
+//! late answer is dropped ([`ForkLine::ask`]). The zygote relays the ask to the queue's
+//! language zygote as `{"fork": {"id", …}}` on its stdin and answers from its `{"forked":
+//! {"id", "pid"}}` or `{"failed": …}` line. Both sides watch the child through a pidfd,
+//! with the calls defined here.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

@@ -3,6 +3,15 @@
 //! Neutral ground between the roles of a host: the zygote preloads handlers through the
 //! [`Registry`], the master asks it which queues this host can serve, and a slot runs
 //! [`Handler::init`] and [`Handler::handle`]. Public as `gaffer::slot::{Handler, …}`.
+//!
+//! What it holds: [`Handler`] (`preload` once in the zygote, `init` once in the slot,
+//! `handle` per batch, `close` when the slot ends), [`Task`], [`Outcome`], [`SlotContext`]
+//! (with `should_stop`, the slot's stop as a batch handler sees it, and `is_cancelled`, a
+//! long task's cancel) and the [`Registry`], handler name → handler.
+//!
+//! Payloads are untrusted bytes: `Task::json` refuses nesting deeper than 64 before
+//! parsing, and a handler answers such a task with `Outcome::Reject` (ARCHITECTURE.md,
+//! invariant 25).
 
 use std::collections::BTreeMap;
 use std::fmt;

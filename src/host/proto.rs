@@ -4,6 +4,25 @@
 //!
 //! Neutral ground: the master (and its zygote) and the slots import it, and it imports
 //! neither. Public as `gaffer::slot::{SlotSpec, SlotEvent, EXIT_…}`.
+//!
+//! The slot events are one datagram each on a socketpair whose other end the master hands
+//! to the zygote, and through it to every slot: `Ready`, `BatchStarted`, `Progress`,
+//! `BatchDone{tasks, failed, busy_ms, stale, next?}`, `Idle`, `Outside{outside}`,
+//! `Exiting`. Best effort: a slot never blocks on a send, and a datagram the socket cannot
+//! take is lost. A `BatchDone` whose `next` is set also starts the batch its settle took
+//! (no `BatchStarted` for it), so the steady state costs one datagram per batch; `Idle`
+//! says such a batch went back unstarted.
+//!
+//! `Outside` names the slot's process outside its own tree (`SlotContext::outside`: a
+//! `start = "fork"` exec child, which is its language zygote's child, not the slot's), or
+//! null once there is none. The slot sends it after init, between batches when it changed,
+//! and every 30 s while it is set, so a dropped datagram heals; the master counts that
+//! process's tree as the slot's memory.
+//!
+//! The protocol is internal to one binary: a new event is added as a new `ev` tag with
+//! fields that have defaults, and the master drops (with a warning) a datagram it cannot
+//! read rather than failing. Exit codes: [`EXIT_STOPPED`] (asked to stop), [`EXIT_RECYCLE`]
+//! (restart at once), [`EXIT_FATAL`]; anything else is a crash.
 
 use std::os::unix::net::UnixDatagram;
 

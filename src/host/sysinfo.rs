@@ -8,6 +8,12 @@
 //! directly, and the pure parsers can be tested on fixtures. The process tree
 //! ([`ProcTree`]) is read through `procfs`: one `stat` per process, of which only the
 //! parent is kept.
+//!
+//! Besides the single readings (PSS, Private_Dirty, MemAvailable, load, descriptors, the
+//! host name, cgroup v2 limits): [`ProcTree`], one scan of `/proc/*/stat` kept as pid →
+//! parent, which answers a pid's descendants and the union of several trees; and
+//! [`Rollups`], each process's `smaps_rollup` read once and summed over any subset, the
+//! processes that vanished meanwhile skipped. Public as `gaffer::master::sysinfo`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

@@ -10,6 +10,12 @@
 //! manager started must not pass for a fresh one).
 //!
 //! Pure: times are inputs, so it is tested as data.
+//!
+//! A report that changed counts from the last look at most (a host that died during a long
+//! gap is not fresh), and a host is forgotten only once watched past a heartbeat timeout.
+//! The leader writes its verdicts with its decisions (`{cluster}:liveness`, fenced), and
+//! `stats`, `top` and the api show them; only without a leader, or for a host it has not
+//! judged yet, do they judge by the report's age on their own clock.
 
 use std::collections::{BTreeMap, HashMap};
 

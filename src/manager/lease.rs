@@ -2,6 +2,17 @@
 //! to shared state goes through a script that first checks the lease still names this
 //! manager and its epoch, so a manager that lost the lease (paused, partitioned) cannot
 //! write, even if it does not know yet.
+//!
+//! The fenced writes (ARCHITECTURE.md, invariant 19), all made through
+//! `Leadership::fenced`: the map, the balancer's decisions with the hosts' liveness, each
+//! schedule claim, the deletion of a silent host's report (compare-and-delete) and epoch
+//! raises. Each compares the lease value with `id:epoch` in the same step (all `{cluster}`
+//! keys share one hash slot), so a manager paused past its lease is refused the moment it
+//! wakes. Masters also ignore maps of a lower epoch than they have seen, and report the
+//! highest (`map_epoch`); a leader whose epoch is lower (the counter restarted with Redis's
+//! data) raises it past, in a fenced script, on the first tick a report shows it. The load
+//! rings and the queue scripts a tick runs (housekeeping, system switches, the disabled
+//! sweep) are not fenced: they are idempotent or guarded by generations.
 
 use std::time::Duration;
 

@@ -4,6 +4,27 @@
 //! published with `gaffer config apply`.
 //!
 //! It knows nothing of masters or slots beyond the reports they leave in Redis.
+//!
+//! A tick, in order: the lease; config adoption (`cluster::changed_config`); every queue's
+//! counters, read 64 at once over the one connection; a standby's sample into its window
+//! (reads only: a standby writes nothing); the reports of hosts silent past
+//! `forget_hosts_after`, deleted (fenced, compare-and-delete); the balancer, with systems
+//! switched at run time counted as paused and each queue's copy of its system's switch kept
+//! in line with the config; the map; the load ring; the schedules. It stops only on its
+//! shutdown token, which `gaffer manager` cancels on SIGTERM/SIGINT, and its stop cuts
+//! short a pending lease renewal or config read and bounds its step-down.
+//!
+//! A new leader decides on load it has seen (ARCHITECTURE.md, invariant 19): a leader whose
+//! window holds fewer than two samples keeps the current map, rewritten under its epoch,
+//! rather than read every queue as idle.
+//!
+//! A schedule fires once per fire time (invariant 20): the fenced claim records the last
+//! fire time per schedule and marks it pending until its task is enqueued; a new leader
+//! resumes from it (catching up at most a day) and first enqueues a pending fire. The task
+//! id is derived from the fire time (`schedule:I:MS`), so a fire enqueued twice dedups
+//! while its task waits or runs, and a tracked task that already ran is found by its record
+//! and not enqueued again. An untracked queue's pending fire whose task already ran leaves
+//! no trace and runs again.
 
 mod heartbeats;
 mod lease;

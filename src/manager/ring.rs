@@ -12,6 +12,8 @@
 //! managers' entries only interleave by time. The pushes are not fenced like the map
 //! (invariant 19): a manager paused past its lease may push one period its successor
 //! also counts, which costs a recorded trace a minute's double load, never a decision.
+//!
+//! The period is a minute; tests shorten it with `GAFFER_TRACE_PERIOD`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

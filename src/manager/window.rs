@@ -11,6 +11,11 @@
 //! (the config's queue names, in its order), so a simulated day of decisions looks
 //! nothing up by name. Two samples whose queues differ (a config was adopted in between)
 //! are matched by name, as if every counter were keyed by its queue.
+//!
+//! A sample holds monotonic counters: each queue's `enqueued`, and per master its start and
+//! its per-queue work; a restarted master counts from zero. The window gives per-queue
+//! [`QueueWindow`] deltas with the backlog of now, and the latest tick's arrivals beside
+//! them (the balancer's surge rule).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;

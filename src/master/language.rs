@@ -11,6 +11,22 @@
 //! requests with why, its log's last lines included, so they fail and their master backs
 //! off as for any crashing slot, each new slot starting it again once the pause since
 //! its last failure has passed: no spin, and a fixed handler is picked up.
+//!
+//! The mechanics: a language zygote is started (as the queue's `user`, with PDEATHSIG and
+//! `GAFFER_START=fork`) after the Rust handlers' preload, and waited for ([`READY_WAIT`])
+//! before gaffer's zygote says it is ready; one not ready by then is killed later and
+//! counts as a failed start. Requests are written as its pipe takes them (non-blocking,
+//! polled for POLLOUT); its stderr is logged and kept as a tail. One that ends after it was
+//! ready is started again, at once if it had lived `STEADY`, else after a growing pause.
+//! One that fails to start answers every request with why (its stderr's tail), logged once
+//! per distinct reason. The source files its ready line names go into the zygote's `Ready`
+//! (`watch`), or a `Watch` when it is started again. Lines are read with the zygote's
+//! `Input`.
+//!
+//! Its children are its slots' (ARCHITECTURE.md, invariant 40): a language zygote never
+//! waits for, signals or outlives-by-design its children (SIGCHLD ignored, so the kernel
+//! reaps them). A request whose slot died before it was answered is dropped, or its child
+//! killed.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{ErrorKind, Write};

@@ -19,6 +19,9 @@
 //! - slots are started only from a ready zygote that takes requests and preloaded the
 //!   queue, for queues not backing off after crashes, highest priority first, until the
 //!   host holds `capacity` slots (stopping ones not counted); capacity never stops a slot.
+//!
+//! `plan/tests.rs` holds the snapshot cases and a proptest over any input (never over
+//! capacity, stopped and retired make exactly the surplus, the order above).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,5 +1,11 @@
 //! What the master measures and reports: the host's capacity from its readings, the host
 //! report it publishes every tick, and the `/status` document.
+//!
+//! Memory is read once per tick from one process-tree scan (ARCHITECTURE.md, invariant 39):
+//! the host's PSS is Σ PSS of the master's whole tree (zygotes, language zygotes, slots,
+//! exec children and theirs) plus the slots' outside trees, each process once; a slot's
+//! figure is its tree ∪ its outside process's tree, summed per queue. A process that cannot
+//! be measured is left out with one warning, never counted twice.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,5 +1,9 @@
 //! The master's slots: reconciling them to the map (the pure [`plan`] decides, this
 //! applies), their events and exits, crash back-off per queue, the watchdog.
+//!
+//! Slot exits: 0 asked to stop, 75 recycled (restart at once), anything else a crash:
+//! restart at once the first time, then a back-off doubling from 500 ms to 60 s, reset by
+//! the queue's next finished batch.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -1,6 +1,22 @@
 //! The master's loop and the state it owns, in named parts: its Redis link, what the
 //! cluster asks of it, its zygotes ([`super::zygotes`]), its slots ([`super::slots`]),
 //! what it measures and reports ([`super::report`]).
+//!
+//! The loop is one biased `select!`: stop, hurry, zygote events, slot datagrams, then the
+//! tick, so a tick that waited on Redis never holds exits back. The slots' datagrams are
+//! read every [`REPORTS_EVERY`] (sooner after a full read) and before every other event,
+//! never woken by each: what a slot said before it exited is read before its exit.
+//!
+//! `Master` is in named parts: `redis`, `orders` from the cluster (an operator's drain is
+//! `orders.drain_requested`), `zygotes`, `slots`, `reporting`, `stopping`. Every tick (1 s)
+//! it publishes its host report and reads the map, the operator's drain set and any config
+//! published with `config apply` (`RedisLink::fetch_orders`, cut short by a stop, then
+//! `apply_orders`). A config reload comes as the edge's `Reload`.
+//!
+//! A stop honours `drain_timeout` whatever Redis does (ARCHITECTURE.md, invariant 30): a
+//! stopping master follows no map and reads nothing, each Redis call waits at most
+//! [`STOPPING_REDIS_WAIT`], a stop cuts short the tick in progress, and `hurry` (a second
+//! request) kills the slots.
 
 use std::os::unix::net::UnixDatagram as StdDatagram;
 use std::sync::{Arc, Mutex};

@@ -9,6 +9,28 @@
 //! events on stdout ([`ZygoteEvent`]). End of stdin means "retire": spawn nothing more,
 //! exit once the last child is gone. It dies with the master (PDEATHSIG), and its slots
 //! die with it.
+//!
+//! Only it forks, and only while single-threaded (ARCHITECTURE.md, invariant 12): it counts
+//! `/proc/self/task` before every fork and refuses if it is not 1. It blocks signals and
+//! reads them from a signalfd, which is not a handler. It is the one master file that names
+//! `slot`: its forked child becomes a slot through `slot::slot_main`.
+//!
+//! The lines: the master sends `ZygoteInit` (the config text) then `Spawn{queue, slot}`;
+//! the zygote answers `Ready`, `Spawned`, `SpawnFailed`, `Exited{code|signal}`, and
+//! `Watch{files}` when a language zygote started again names its source files anew.
+//!
+//! Nothing outlives its slot (ARCHITECTURE.md, invariant 14). A slot killed outright takes
+//! only its exec child (PDEATHSIG does not reach the child's own subprocesses), so the
+//! zygote is a child subreaper: what a dead slot's child left comes to it, and after every
+//! exit it reaps it kills the process groups of its children that are not slots, unless a
+//! group's leader still runs under a live slot (a live task's background process) or the
+//! group is the slots' own (`end_orphans`, once more before a retiring zygote exits).
+//!
+//! For `start = "fork"` queues it relays each slot's fork line to the queue's language
+//! zygote (`crate::host::fork`) and keeps each slot's child by pid and pidfd: it kills
+//! the child's group when the slot is reaped (a slot killed outright takes no such child
+//! with it) and spares it from `end_orphans` when a dead language zygote left it to the
+//! zygote.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};

@@ -1,6 +1,15 @@
 //! The master's side of its zygotes ([`super::zygote`] is the zygote process itself):
 //! starting one, reading its events, restarting it with back-off when it dies, retiring
 //! old generations once their slots are gone.
+//!
+//! A new generation also starts when a handler's source file that a language zygote loaded
+//! changes (`replace_zygote_if_code_changed`, every 3 s), and is rolled over like a config
+//! change: the old zygote's slots stop once the new one is ready.
+//!
+//! The master spawns the zygote from its only thread, since PDEATHSIG follows the spawning
+//! thread; the zygote and every slot set PDEATHSIG=SIGKILL (a slot only after switching to
+//! its queue's `user`, since a change of credentials clears it) and re-check their parent
+//! after setting it (ARCHITECTURE.md, invariant 14).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::AsRawFd;

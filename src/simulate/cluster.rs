@@ -4,6 +4,10 @@
 //! show, the policy reads its statistics and decides a map; the map's slots start and
 //! stop; tasks arrive; slots that finished starting begin to work and every slot lives
 //! the step; working slots handle the backlog. The report is read off at the end.
+//!
+//! The decision step by policy: `gaffer` is `balancer::decide` on the manager's
+//! `StatsWindow` fed the simulated counters; `hpa` and `static` place their wanted counts
+//! with `balancer::place_wanted`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;

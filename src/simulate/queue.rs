@@ -14,6 +14,9 @@
 //! the trace lists its queue in `whole_batch` ([`StopAt::Batch`]: an exec child that
 //! ignores the stop line, a Rust handler that never looks at `SlotContext::should_stop`),
 //! whose stopped slots finish their whole batch and give nothing back.
+//!
+//! A batch keeps its tasks' arrival times, at most `batch_size` per slot; when a stopped
+//! slot gives tasks back, the waits the take counted for them are taken back.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};

@@ -1,5 +1,5 @@
 //! A trace from the manager's load rings (`gaffer trace record`): what the cluster saw,
-//! written in the trace format `gaffer simulate` reads (DESIGN.md, Simulation traces).
+//! written in the trace format `gaffer simulate` reads (`docs/SIMULATION.md`).
 //!
 //! Each period of a queue becomes one load segment at the period's arrival rate and mean
 //! task time; the hosts are the most that were alive at once, each holding the largest

@@ -1,4 +1,7 @@
-//! The trace file of `gaffer simulate` (DESIGN.md, Simulation traces).
+//! The trace file of `gaffer simulate` (`docs/SIMULATION.md`, "The trace format").
+//!
+//! `TraceError` locates every mistake by line and column; the `whole_batch` names are
+//! checked against the config by `simulate::run`.
 
 use std::time::Duration;
 

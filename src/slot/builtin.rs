@@ -1,4 +1,8 @@
 //! Built-in handlers for demos and tests: each exercises one part of the machinery.
+//!
+//! `noop`, `sleep`, `flaky`, `memhog` and `preload_demo`. Each reads its settings from its
+//! options, as a team's handler does, and stops between tasks once the slot asks
+//! (`SlotContext::should_stop`).
 
 use std::time::Duration;
 

@@ -7,6 +7,13 @@
 //! snapshot every `refresh` and performs effects (a task lookup is one), reporting both
 //! back as events; the UI loop never waits on Redis, so an unreachable server shows in
 //! the status line while keys still work.
+//!
+//! It reads Redis only through `cluster::snapshot::read` (and `changed_config`) and, for
+//! one task, `Queue::record`, returned as an `Effect::Lookup` by Enter in the lookup line
+//! (it only reads, so it asks no confirmation). It writes only through `set_paused`,
+//! `set_draining`, `set_intake` and `requeue_dead`, each returned as an `Effect` by the `y`
+//! of a dialog (ARCHITECTURE.md, invariant 21). `tests.rs` renders every screen on a
+//! `TestBackend` against snapshots in `snapshots/`.
 
 mod input;
 mod state;

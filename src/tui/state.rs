@@ -1,6 +1,9 @@
 //! The dashboard's state and its one transition, `update(&mut State, Action) ->
 //! Option<Effect>`: pure, no I/O and no clock (time arrives in actions and snapshots), so
 //! every screen can be rebuilt in a test from fixed data.
+//!
+//! It keeps the last 120 snapshots, rates from counter deltas between them, and the task
+//! lookup line with its answer.
 
 use std::collections::VecDeque;
 use std::time::Duration;

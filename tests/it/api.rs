@@ -1,4 +1,4 @@
-//! The task service's HTTP API (DESIGN.md "Task service"): a real api instance on a
+//! The task service's HTTP API (docs/API.md): a real api instance on a
 //! loopback port, a real redis-server, real slots run in-process, over real HTTP. Every
 //! status is checked with its body, and refused requests are checked to leave Redis as
 //! it was.

@@ -1,4 +1,4 @@
-//! Long-running tasks (`kind = "long"`, DESIGN.md "Long-running tasks") end to end: real
+//! Long-running tasks (`kind = "long"`, docs/OPERATIONS.md "Long tasks") end to end: real
 //! `gaffer master` processes with distinct host names, real exec children that log when
 //! they start and stop, a real api, the real CLI, real signals.
 

@@ -1,5 +1,25 @@
 //! gaffer's integration tests: one binary, against real redis-server processes that the
 //! harness starts on free ports in temp dirs. No test depends on a Redis at 6379.
+//!
+//! The files: `harness.rs` (servers, the shared cluster, polling, `on_both!` for a case on
+//! one server and on a 3-master Redis Cluster), `queue.rs`, `batch_lease.rs`, `records.rs`
+//! and `packets.rs` (the task store), `config.rs`, `cli.rs`, `host.rs` (real master
+//! processes), `slot.rs` (the slot loop in-process), `simulate.rs` (the acceptance bar on
+//! the shipped traces), `trace.rs` (`trace record` on a real manager and master), `api.rs`
+//! (the task service over real HTTP: `Service::start`, `request`), `chains.rs` (chains
+//! through a real master's exec slots and the api, on one Redis and on a Redis Cluster),
+//! `long.rs` (long tasks on real masters with distinct host names), `drain.rs` (stops with
+//! Redis down or frozen), `preempt.rs` (a stop mid-batch), `systems.rs` (system switches
+//! and the rate cap on real masters), `ordered.rs` (ordered queues across four hosts),
+//! `fork_start.rs` and `memory_exec.rs` (forked exec children, a host's memory),
+//! `manager.rs` (leadership, fencing, schedules), `outage.rs` (the regressions the fault
+//! suite found), `tls.rs` (TLS-only servers and clusters; `GAFFER_TEST_TLS=1` makes the
+//! harness's servers TLS-only for the queue and record tests), `acl.rs` (each role's ACL
+//! line, read out of `docs/SECURITY.md`, on a server with the default user off),
+//! `secrets.rs` (every output searched for a known password and token), `hardening_*.rs`
+//! (access, config, ids, load, protocol), `up.rs` (`gaffer up` and the dashboards' metrics
+//! against a real scrape), `top.rs` (`gaffer top` in tmux), `invariants.rs` (the
+//! architecture invariants checked on the sources).
 
 mod acl;
 mod api;

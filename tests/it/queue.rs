@@ -1,4 +1,4 @@
-//! The queue contract (DESIGN.md "Queue semantics"), against a real redis-server and,
+//! The queue contract (README, "Queue semantics in one paragraph"), against a real redis-server and,
 //! for the same cases, a real 3-master Redis Cluster.
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! Task records and their history (DESIGN.md "Task service"), against a real redis-server
+//! Task records and their history (docs/API.md, "The task record"), against a real redis-server
 //! and, for the same cases, a real 3-master Redis Cluster. Each history is a snapshot of
 //! the record's JSON (the API's record) with its times masked.
 

@@ -3,6 +3,12 @@
 //! can see is searched for them: logs, `/status`, `/metrics`, `stats` (text and JSON),
 //! `tasks show`, the api's answers, the dashboard's screens and what `config apply`
 //! publishes.
+//!
+//! Also covered: help texts (`--help` hides `GAFFER_REDIS`'s value), a unix socket URL's
+//! `pass=` in an error, and an exec handler's environment (it is started without
+//! `GAFFER_REDIS`). The code side is `queue_client::redacted` for URLs, `ConnectOptions`'
+//! `Debug`, and `config apply`'s masking of a password in `[cluster].redis`
+//! (ARCHITECTURE.md, invariant 10).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

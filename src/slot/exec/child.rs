@@ -1,5 +1,17 @@
 //! The exec child's process: started (spawned by the slot, or forked by the queue's
 //! language zygote), fed a batch and read, signalled, and ended in order.
+//!
+//! A spawned child is started from the slot's handler thread (which lives as long as the
+//! slot, and PDEATHSIG follows the spawning thread) in a process group of its own, which
+//! the slot's cancel and stop signals go to, so what the child started stops with it. It
+//! inherits neither `GAFFER_REDIS` nor the slot's report socket (close-on-exec in the
+//! slot).
+//!
+//! A slot that ends in order (stopped, scaled down, recycled) ends its child in order
+//! first, through `Handler::close`: end of input, [`EXIT_GRACE`], SIGTERM, 2 s, SIGKILL to
+//! its group, waited for before the slot exits (at most the slot's close wait, and not
+//! while a batch is still in the handler). A forked slot's handler is then forgotten, not
+//! dropped.
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};

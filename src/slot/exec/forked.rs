@@ -6,6 +6,17 @@
 //! exit status: its end is the pidfd turning readable (the language zygote reaps it).
 //! Signals go to its process group, which it made its own before opening its input, and
 //! only while the pidfd says it lives, so that a pid reused after its end is never hit.
+//!
+//! `Forked::start` makes the three FIFOs in a private temporary directory, opens its ends
+//! of stdout and stderr without waiting, asks on the fork line, then opens stdin once the
+//! child has: the protocol orders that after the child's stdout and stderr, so no read
+//! meets an early end of file. `child.rs`'s `Proc` holds either kind of child, spawned or
+//! forked, behind one set of calls.
+//!
+//! The child belongs to its slot, not to the language zygote that forked it
+//! (ARCHITECTURE.md, invariant 40): only the slot speaks to it, signals it and ends it.
+//! With the whole host's gaffer gone, the child ends its own group once its stdin hangs up,
+//! which the fork protocol asks of every library.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

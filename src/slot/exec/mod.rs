@@ -5,6 +5,11 @@
 //! written to fails the whole batch (retried by the queue's policy) and is replaced before
 //! the next one. A child that hangs is left alone: the master's watchdog kills the slot,
 //! and the child dies with it.
+//!
+//! A reply's entries are read one by one. After three failed batches in a row with no task
+//! in common the handler gives up (`SlotStop::give_up`): the batch goes back and the slot
+//! exits as crashed, so its master backs off instead of the slot spinning. `tests.rs`
+//! drives all of it against real children.
 
 //!
 //! Split by concern: [`protocol`] what goes over the pipes (requests, replies, their

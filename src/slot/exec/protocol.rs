@@ -1,5 +1,10 @@
 //! What goes over an exec child's pipes: the request line of a batch, the reply line and
 //! its one reading ([`parse_reply`], which the fuzz target `exec_reply` drives).
+//!
+//! Payloads are untrusted (ARCHITECTURE.md, invariant 25): a payload nested deeper than 64
+//! levels is rejected before the batch line is written (other non-JSON payloads go as
+//! strings), and a reply is read only up to 64 MiB and must be a UTF-8 JSON object, or the
+//! batch fails and the child is restarted.
 
 use std::collections::HashMap;
 

@@ -1,6 +1,13 @@
 //! The lines the slot writes to an exec child while the handler thread waits for its
 //! reply: a batch queue's stop line (a [`StopWriter`] thread) and a long task's cancel
 //! line and signals ([`watch_stop`]).
+//!
+//! The stop line: a slot asked to stop while the handler holds a batch writes `{"stop":
+//! true}` on the child's stdin, from a [`StopWriter`] thread, since the handler thread is
+//! blocked on the reply. The tasks the reply then leaves out are named unstarted through
+//! `SlotStop`, and the slot gives them back with no attempt counted (ARCHITECTURE.md,
+//! invariant 34); without a stop, a task missing from a reply fails as before. A long
+//! task's cancel is the cancel line, then SIGTERM, then SIGKILL to the child's group.
 
 use std::fmt;
 use std::fs::File;

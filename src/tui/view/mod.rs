@@ -5,6 +5,9 @@
 //! `queues.rs`, `slot_map.rs`, `queue_detail.rs`, `host_detail.rs`, `lookup.rs` (the task
 //! lookup), with the detail screens' sparklines in `charts.rs` and a long queue's running
 //! tasks in `long_tasks.rs`.
+//!
+//! `systems.rs` is the external systems' screen (key 3, in the Tab cycle when the config
+//! has systems).
 
 mod charts;
 mod host_detail;
