@@ -421,7 +421,6 @@ async fn run(
         course: Course::Serving,
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
         ahead: None,
-        announced: false,
         follow_ups,
         cancel,
         handler_stop,
@@ -466,9 +465,6 @@ struct Serving {
     /// The next batch, taken with the last one's settle or prefetched while the handler
     /// ran.
     ahead: Option<Taken>,
-    /// The last `BatchDone` told the master that `ahead` starts next (so no
-    /// `BatchStarted` is sent for it).
-    announced: bool,
     /// Creates a batch's follow-ups before it is settled.
     follow_ups: FollowUps,
     /// The stop of a long task in hand, which its handler sees in its `SlotContext`.
@@ -483,6 +479,9 @@ struct Serving {
 struct Taken {
     batch: Batch,
     lease_until: Instant,
+    /// Taken ahead, and the last `BatchDone` told the master that it starts next (so no
+    /// `BatchStarted` is sent for it, and an `Idle` if it goes back instead).
+    announced: bool,
 }
 
 impl Taken {
@@ -492,6 +491,7 @@ impl Taken {
         Taken {
             batch,
             lease_until: sent + lease,
+            announced: false,
         }
     }
 }
@@ -558,7 +558,7 @@ impl Serving {
             tracing::warn!(queue = %self.cfg.name, slot = self.slot, tasks = taken.batch.tasks.len(),
                 "a batch taken ahead outlived its lease before the handler was free; giving it back");
             self.give_back(&taken.batch.tasks, taken.lease_until).await;
-            if std::mem::take(&mut self.announced) {
+            if taken.announced {
                 self.reporter.send(&SlotEvent::Idle {
                     slot: self.slot,
                     pid: self.pid,
@@ -659,9 +659,10 @@ impl Serving {
         let Taken {
             mut batch,
             lease_until,
+            announced,
         } = taken;
         let (slot, pid) = (self.slot, self.pid);
-        if !std::mem::take(&mut self.announced) {
+        if !announced {
             self.reporter.send(&SlotEvent::BatchStarted {
                 slot,
                 pid,
@@ -712,12 +713,11 @@ impl Serving {
         self.follow_ups.after_settle(&tasks, &made, &results).await;
         // The next batch is announced with this one's end when it surely goes to the
         // handler next (a stopping or recycling slot gives it back).
-        let next = self
-            .ahead
-            .as_ref()
-            .filter(|_| self.goes_on())
-            .map(|t| t.batch.tasks.len() as u32);
-        self.announced = next.is_some();
+        let goes_on = self.goes_on();
+        let next = self.ahead.as_mut().filter(|_| goes_on).map(|t| {
+            t.announced = true;
+            t.batch.tasks.len() as u32
+        });
         // A batch the handler gave up on is no finished batch: the master takes one as the
         // end of a crash streak, and must instead back off when this slot exits crashed.
         if self.handler_stop.given_up().is_some() {

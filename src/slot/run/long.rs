@@ -139,6 +139,7 @@ impl Serving {
         let Taken {
             mut batch,
             lease_until,
+            announced: _,
         } = taken;
         let Some(task) = batch.tasks.first().cloned() else {
             return;
