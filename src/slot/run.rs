@@ -267,8 +267,8 @@ fn retired() -> End {
 /// - [`Serving`](Course::Serving) is where a slot starts; nothing leads back to it.
 /// - A stop asked (SIGTERM, or the caller's token) stands for the rest of the slot's life,
 ///   a recycle due or not: the slot takes no other batch, a handler in hand is asked to
-///   stop ([`SlotStop`]), a settle retrying through an outage gives up once the leases
-///   passed, and what was taken ahead goes back.
+///   stop ([`SlotStop`]; a long task's, through its [`Cancellation`]), a settle retrying
+///   through an outage gives up once the leases passed, and what was taken ahead goes back.
 /// - A recycle due (the memory check before a settle, a handler given up on, a long task's
 ///   handler that did not return) ends the slot after the batch in hand, without hurrying
 ///   that batch. Its code and reason are the slot's exit, a stop asked before or after it
@@ -279,7 +279,7 @@ fn retired() -> End {
 ///
 /// (The master's retire, [`RETIRE_SIGNAL`], is read from its token where it applies: it
 /// asks no handler to stop and ends the slot only between batches.)
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 enum Course {
     /// Takes batches on, one after another.
     Serving,
