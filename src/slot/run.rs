@@ -260,6 +260,88 @@ fn retired() -> End {
     )
 }
 
+/// Where a slot's serving goes once the batch in hand is settled: on to the next batch, or
+/// to its end, and with which exit code and reason (observed by the master and by tests).
+///
+/// Precedence, whatever the order things come in:
+/// - [`Serving`](Course::Serving) is where a slot starts; nothing leads back to it.
+/// - A stop asked (SIGTERM, or the caller's token) stands for the rest of the slot's life,
+///   a recycle due or not: the slot takes no other batch, a handler in hand is asked to
+///   stop ([`SlotStop`]; a long task's, through its [`Cancellation`]), a settle retrying
+///   through an outage gives up once the leases passed, and what was taken ahead goes back.
+/// - A recycle due (the memory check before a settle, a handler given up on, a long task's
+///   handler that did not return) ends the slot after the batch in hand, without hurrying
+///   that batch. Its code and reason are the slot's exit, a stop asked before or after it
+///   notwithstanding: the master counts the recycle (`EXIT_RECYCLE`), or backs off after
+///   a handler given up on (`EXIT_FATAL`).
+/// - The first recycle due stands: a later one does not replace its code and reason.
+/// - A stop with no recycle due exits [`EXIT_STOPPED`], "asked to stop".
+///
+/// (The master's retire, [`RETIRE_SIGNAL`], is read from its token where it applies: it
+/// asks no handler to stop and ends the slot only between batches.)
+#[derive(Debug)]
+enum Course {
+    /// Takes batches on, one after another.
+    Serving,
+    /// Ends with this code and reason once the batch in hand is settled.
+    Recycle(End),
+    /// Asked to stop: ends once the batch in hand is finished and settled, with the
+    /// recycle's end when one is due too.
+    Stopping {
+        /// The recycle due, before or after the stop.
+        recycle: Option<End>,
+    },
+}
+
+impl Course {
+    /// Takes note of a stop asked, keeping any recycle due.
+    fn stop(&mut self) {
+        *self = match std::mem::replace(self, Course::Serving) {
+            Course::Serving => Course::Stopping { recycle: None },
+            Course::Recycle(end) => Course::Stopping { recycle: Some(end) },
+            stopping @ Course::Stopping { .. } => stopping,
+        };
+    }
+
+    /// Takes note of a recycle due with its exit code and reason, unless one is already.
+    fn recycle(&mut self, end: End) {
+        match self {
+            Course::Serving => *self = Course::Recycle(end),
+            Course::Stopping { recycle } => {
+                recycle.get_or_insert(end);
+            }
+            Course::Recycle(_) => {}
+        }
+    }
+
+    /// Whether the slot takes another batch after the one in hand.
+    fn takes_more(&self) -> bool {
+        matches!(self, Course::Serving)
+    }
+
+    /// Whether a stop was asked.
+    fn is_stopping(&self) -> bool {
+        matches!(self, Course::Stopping { .. })
+    }
+
+    /// The end of a recycle due, which ends the slot as soon as its batch is settled.
+    fn recycle_due(&self) -> Option<End> {
+        match self {
+            Course::Recycle(end) | Course::Stopping { recycle: Some(end) } => Some(end.clone()),
+            Course::Serving | Course::Stopping { recycle: None } => None,
+        }
+    }
+
+    /// How the slot ends, when it ends rather than take another batch.
+    fn end(&self) -> Option<End> {
+        match self {
+            Course::Serving => None,
+            Course::Stopping { recycle: None } => Some((EXIT_STOPPED, "asked to stop".into())),
+            Course::Recycle(_) | Course::Stopping { .. } => self.recycle_due(),
+        }
+    }
+}
+
 async fn run(
     stop: Option<CancellationToken>,
     spec: SlotSpec,
@@ -336,11 +418,9 @@ async fn run(
         reporter,
         stop,
         retire,
-        stopping: false,
+        course: Course::Serving,
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
         ahead: None,
-        announced: false,
-        recycle: None,
         follow_ups,
         cancel,
         handler_stop,
@@ -377,25 +457,20 @@ struct Serving {
     /// taking no other (sent to long queues' slots, and to a batch slot the master
     /// counts as one since a reload made its queue long).
     retire: CancellationToken,
-    /// Asked to stop: the batch in hand is finished and settled, then the slot exits.
-    stopping: bool,
+    /// Whether it serves on after the batch in hand, or ends and how (a stop asked, a
+    /// recycle due).
+    course: Course,
     /// Pauses after failed takes and wake-up waits.
     backoff: Backoff,
     /// The next batch, taken with the last one's settle or prefetched while the handler
     /// ran.
     ahead: Option<Taken>,
-    /// The last `BatchDone` told the master that `ahead` starts next (so no
-    /// `BatchStarted` is sent for it).
-    announced: bool,
-    /// Set when the memory check before a settle said to recycle: the slot ends after
-    /// that settle, which therefore took nothing.
-    recycle: Option<End>,
     /// Creates a batch's follow-ups before it is settled.
     follow_ups: FollowUps,
     /// The stop of a long task in hand, which its handler sees in its `SlotContext`.
     cancel: Cancellation,
     /// The slot's stop as a batch's handler sees it (`SlotContext::should_stop`): asked
-    /// with `stopping`, while a batch is in the handler.
+    /// with the stop (`Course::Stopping`), while a batch is in the handler.
     handler_stop: SlotStop,
 }
 
@@ -404,6 +479,9 @@ struct Serving {
 struct Taken {
     batch: Batch,
     lease_until: Instant,
+    /// Taken ahead, and the last `BatchDone` told the master that it starts next (so no
+    /// `BatchStarted` is sent for it, and an `Idle` if it goes back instead).
+    announced: bool,
 }
 
 impl Taken {
@@ -413,6 +491,7 @@ impl Taken {
         Taken {
             batch,
             lease_until: sent + lease,
+            announced: false,
         }
     }
 }
@@ -421,9 +500,9 @@ impl Serving {
     async fn serve(mut self) -> End {
         loop {
             self.tell_outside();
-            if self.stopping {
+            if let Some(end) = self.course.end() {
                 self.give_back_ahead().await;
-                return (EXIT_STOPPED, "asked to stop".into());
+                return end;
             }
             if self.retire.is_cancelled() {
                 self.give_back_ahead().await;
@@ -449,7 +528,7 @@ impl Serving {
             // a batch taken ahead does, rather than to a handler asked to stop at once; a
             // long task would start only to be stopped)
             if self.stop.is_cancelled() {
-                self.stopping = true;
+                self.course.stop();
                 self.give_back(&taken.batch.tasks, taken.lease_until).await;
                 continue;
             }
@@ -458,7 +537,7 @@ impl Serving {
             } else {
                 self.handle(taken).await;
             }
-            if let Some(end) = self.recycle.take() {
+            if let Some(end) = self.course.recycle_due() {
                 self.give_back_ahead().await;
                 return end;
             }
@@ -471,7 +550,7 @@ impl Serving {
     /// unstarted rather than being run twice.
     async fn still_ours(&mut self, taken: Taken) -> Option<Taken> {
         if self.stop.is_cancelled() {
-            self.stopping = true;
+            self.course.stop();
             self.ahead = Some(taken);
             return None;
         }
@@ -479,7 +558,7 @@ impl Serving {
             tracing::warn!(queue = %self.cfg.name, slot = self.slot, tasks = taken.batch.tasks.len(),
                 "a batch taken ahead outlived its lease before the handler was free; giving it back");
             self.give_back(&taken.batch.tasks, taken.lease_until).await;
-            if std::mem::take(&mut self.announced) {
+            if taken.announced {
                 self.reporter.send(&SlotEvent::Idle {
                     slot: self.slot,
                     pid: self.pid,
@@ -547,7 +626,7 @@ impl Serving {
                 tracing::warn!(queue = %name, slot, error = %e, "take failed, backing off");
                 tokio::select! {
                     () = self.backoff.pause() => {}
-                    () = self.stop.cancelled() => self.stopping = true,
+                    () = self.stop.cancelled() => self.course.stop(),
                 }
                 return Ok(None);
             }
@@ -564,10 +643,10 @@ impl Serving {
                 tracing::debug!(queue = %name, slot, error = %e, "wake-up wait failed");
                 tokio::select! {
                     () = self.backoff.pause() => {}
-                    () = self.stop.cancelled() => self.stopping = true,
+                    () = self.stop.cancelled() => self.course.stop(),
                 }
             },
-            () = self.stop.cancelled() => self.stopping = true,
+            () = self.stop.cancelled() => self.course.stop(),
             // (the loop's top sees it)
             () = self.retire.cancelled() => {}
         }
@@ -580,9 +659,10 @@ impl Serving {
         let Taken {
             mut batch,
             lease_until,
+            announced,
         } = taken;
         let (slot, pid) = (self.slot, self.pid);
-        if !std::mem::take(&mut self.announced) {
+        if !announced {
             self.reporter.send(&SlotEvent::BatchStarted {
                 slot,
                 pid,
@@ -633,12 +713,11 @@ impl Serving {
         self.follow_ups.after_settle(&tasks, &made, &results).await;
         // The next batch is announced with this one's end when it surely goes to the
         // handler next (a stopping or recycling slot gives it back).
-        let next = self
-            .ahead
-            .as_ref()
-            .filter(|_| !self.stopping && self.recycle.is_none() && !self.stop.is_cancelled())
-            .map(|t| t.batch.tasks.len() as u32);
-        self.announced = next.is_some();
+        let goes_on = self.goes_on();
+        let next = self.ahead.as_mut().filter(|_| goes_on).map(|t| {
+            t.announced = true;
+            t.batch.tasks.len() as u32
+        });
         // A batch the handler gave up on is no finished batch: the master takes one as the
         // end of a crash streak, and must instead back off when this slot exits crashed.
         if self.handler_stop.given_up().is_some() {
@@ -669,8 +748,14 @@ impl Serving {
         named
     }
 
-    /// Settles a handled batch. A slot that goes on (not stopping, not due to recycle)
-    /// and has no batch ahead yet takes its next batch in the same call, into `ahead`:
+    /// Whether the slot takes another batch after the one in hand: its course serves on,
+    /// and no stop was asked since it last looked (that batch would only go back).
+    fn goes_on(&self) -> bool {
+        self.course.takes_more() && !self.stop.is_cancelled()
+    }
+
+    /// Settles a handled batch. A slot that [goes on](Self::goes_on) (no stop asked, no
+    /// recycle due) and has no batch ahead yet takes its next batch in the same call, into `ahead`:
     /// one round trip per batch. When that call fails, the settle is retried alone, as
     /// always, and the next batch is taken the usual way. Returns the settle's results
     /// (none when it failed for good).
@@ -679,17 +764,14 @@ impl Serving {
         ops: &[SettleOp],
         lease_until: Instant,
     ) -> Vec<SettleResult> {
-        self.recycle = match self.handler_stop.given_up() {
+        let due = match self.handler_stop.given_up() {
             Some(reason) => Some((EXIT_FATAL, reason)),
             None => self.over_memory_limit(),
         };
-        // (a stop asked while the batch ran, not yet seen as `stopping`, takes nothing
-        // either: it would only have to give the next batch back)
-        if !self.stopping
-            && !self.stop.is_cancelled()
-            && self.recycle.is_none()
-            && self.ahead.is_none()
-        {
+        if let Some(end) = due {
+            self.course.recycle(end);
+        }
+        if self.goes_on() && self.ahead.is_none() {
             let (n, lease) = (self.cfg.batch_size as usize, self.cfg.lease);
             let sent = Instant::now();
             match self.queue.settle_take(ops, n, lease).await {
@@ -713,7 +795,7 @@ impl Serving {
             ops,
             lease_until,
             &self.stop,
-            &mut self.stopping,
+            &mut self.course,
             &progress,
         )
         .await
@@ -748,7 +830,7 @@ impl Serving {
             (lease / 3).max(Duration::from_millis(10)),
         );
         extend_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut fetching = self.cfg.prefetch && !self.stopping && self.ahead.is_none();
+        let mut fetching = self.cfg.prefetch && self.course.takes_more() && self.ahead.is_none();
         let fetch = prefetch(&self.queue, &self.cfg);
         tokio::pin!(fetch);
         let mut fetched = None;
@@ -766,9 +848,9 @@ impl Serving {
                     }
                 }
                 // The handler finishes the task in hand (one that can stop early); the
-                // batch is settled and its rest given back; then the loop sees `stopping`.
-                () = self.stop.cancelled(), if !self.stopping => {
-                    self.stopping = true;
+                // batch is settled and its rest given back; then the loop sees the stop.
+                () = self.stop.cancelled(), if !self.course.is_stopping() => {
+                    self.course.stop();
                     self.handler_stop.ask();
                 }
             }
@@ -1036,19 +1118,21 @@ async fn settle(
     ops: &[SettleOp],
     lease_until: Instant,
     stop: &CancellationToken,
-    stopping: &mut bool,
+    course: &mut Course,
     progress: &dyn Fn(),
 ) -> Vec<SettleResult> {
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_SETTLE_BACKOFF);
     loop {
         match queue.settle(ops).await {
             Ok(results) => return results,
-            Err(e) if e.is_transient() && (!*stopping || Instant::now() < lease_until) => {
+            Err(e)
+                if e.is_transient() && (!course.is_stopping() || Instant::now() < lease_until) =>
+            {
                 progress();
                 tracing::warn!(queue = queue.name(), error = %e, "settle failed, retrying");
                 tokio::select! {
                     () = backoff.pause() => {}
-                    () = stop.cancelled(), if !*stopping => *stopping = true,
+                    () = stop.cancelled(), if !course.is_stopping() => course.stop(),
                 }
             }
             Err(e) => {
@@ -1079,5 +1163,89 @@ mod tests {
         assert_eq!(pauses, [50, 100, 200, 400, 800, 1000, 1000, 1000]);
         let mut b = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
         assert_eq!((0..10).map(|_| b.next()).max(), Some(MAX_BACKOFF));
+    }
+
+    fn memory() -> End {
+        (EXIT_RECYCLE, "private dirty memory over the limit".into())
+    }
+
+    fn given_up() -> End {
+        (EXIT_FATAL, "handler given up on".into())
+    }
+
+    fn asked_to_stop() -> End {
+        (EXIT_STOPPED, "asked to stop".into())
+    }
+
+    #[test]
+    fn a_serving_slot_takes_more_and_has_no_end() {
+        let c = Course::Serving;
+        assert!(c.takes_more());
+        assert!(!c.is_stopping());
+        assert_eq!(c.recycle_due(), None);
+        assert_eq!(c.end(), None);
+    }
+
+    #[test]
+    fn a_stop_alone_exits_stopped_once_the_loop_comes_round() {
+        let mut c = Course::Serving;
+        c.stop();
+        c.stop();
+        assert!(c.is_stopping());
+        assert!(!c.takes_more());
+        // (no recycle due: the slot leaves after the batch by the loop's top, not at once)
+        assert_eq!(c.recycle_due(), None);
+        assert_eq!(c.end(), Some(asked_to_stop()));
+    }
+
+    #[test]
+    fn a_recycle_due_ends_the_slot_with_its_code_and_hurries_nothing() {
+        let mut c = Course::Serving;
+        c.recycle(memory());
+        assert!(!c.takes_more());
+        // (a settle retrying through an outage keeps at it, as a serving slot's does)
+        assert!(!c.is_stopping());
+        assert_eq!(c.recycle_due(), Some(memory()));
+        assert_eq!(c.end(), Some(memory()));
+    }
+
+    /// Every order of a stop and two recycles ends the same way: stopping (a stop stands),
+    /// with the first recycle's code and reason (a stop never hides a recycle from the
+    /// master, and a later recycle never replaces the first).
+    #[test]
+    fn a_stop_and_recycles_end_with_the_first_recycle_whatever_their_order() {
+        #[derive(Clone, Copy, Debug)]
+        enum Ask {
+            Stop,
+            GivenUp,
+            Memory,
+        }
+        let orders = [
+            [Ask::Stop, Ask::GivenUp, Ask::Memory],
+            [Ask::Stop, Ask::Memory, Ask::GivenUp],
+            [Ask::GivenUp, Ask::Stop, Ask::Memory],
+            [Ask::GivenUp, Ask::Memory, Ask::Stop],
+            [Ask::Memory, Ask::Stop, Ask::GivenUp],
+            [Ask::Memory, Ask::GivenUp, Ask::Stop],
+        ];
+        for order in orders {
+            let first = order.iter().find_map(|ask| match ask {
+                Ask::Stop => None,
+                Ask::GivenUp => Some(given_up()),
+                Ask::Memory => Some(memory()),
+            });
+            let mut c = Course::Serving;
+            for ask in order {
+                match ask {
+                    Ask::Stop => c.stop(),
+                    Ask::GivenUp => c.recycle(given_up()),
+                    Ask::Memory => c.recycle(memory()),
+                }
+                assert!(!c.takes_more(), "{order:?}: took more after {ask:?}");
+            }
+            assert!(c.is_stopping(), "{order:?}: the stop was forgotten");
+            assert_eq!(c.recycle_due(), first, "{order:?}");
+            assert_eq!(c.end(), first, "{order:?}");
+        }
     }
 }

@@ -139,6 +139,7 @@ impl Serving {
         let Taken {
             mut batch,
             lease_until,
+            announced: _,
         } = taken;
         let Some(task) = batch.tasks.first().cloned() else {
             return;
@@ -181,7 +182,7 @@ impl Serving {
                 }],
             ),
             None if run.end == LongEnd::LeaseLost => {
-                self.recycle = Some((
+                self.course.recycle((
                     EXIT_RECYCLE,
                     "a long task's handler did not return after its lease was lost".into(),
                 ));
@@ -193,8 +194,8 @@ impl Serving {
                     humantime::format_duration(self.stop_wait())
                 );
                 // (a slot asked to stop exits as stopped; its task is handed back)
-                if !self.stopping {
-                    self.recycle = Some((EXIT_RECYCLE, reason.clone()));
+                if !self.course.is_stopping() {
+                    self.course.recycle((EXIT_RECYCLE, reason.clone()));
                 }
                 // (a cancel wins over it: the task ends cancelled; handed back, it is unused)
                 vec![Outcome::Fail { reason }]
@@ -288,8 +289,8 @@ impl Serving {
                     return None;
                 }
                 _ = renew_every.tick(), if !stopped_now => self.renew_long(run).await,
-                () = self.stop.cancelled(), if !self.stopping => {
-                    self.stopping = true;
+                () = self.stop.cancelled(), if !self.course.is_stopping() => {
+                    self.course.stop();
                     if !run.cancelled {
                         run.end = LongEnd::HandedBack;
                     }
