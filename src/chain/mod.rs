@@ -3,7 +3,8 @@
 //!
 //! **Identity.** A chain's id is minted when its global task is enqueued, from that task's
 //! queue and record number: `~cQUEUE.SEQ` ([`chain_id`]). It is unique in the namespace (a
-//! queue's counter never goes back), URL-safe, the same on one server and on a Redis
+//! queue's counter never goes back; after `gaffer drop` it starts over, and a reader leaves
+//! out what an older chain of the same id left: a task made before the global task), URL-safe, the same on one server and on a Redis
 //! Cluster, and of a form no client id may take (`check_id` refuses `~c…`). The global
 //! task keeps the id its client gave it; the same id submitted again once it ended is a
 //! new task with a new number, so a new chain. A task in no chain whose handler adds

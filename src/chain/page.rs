@@ -177,7 +177,12 @@ pub async fn read_page(
         }
     };
     let end = start + records.len();
-    let tasks = view::tasks_of(chain, order[start..end].to_vec(), records);
+    let root = match start {
+        0 => records.first().cloned().flatten(),
+        _ => view::record_of(client, &targets.queues, &list.root).await?,
+    };
+    let since = view::made_at(chain, root.as_ref()).map(String::from);
+    let tasks = view::tasks_of(chain, since.as_deref(), order[start..end].to_vec(), records);
     let mut seen = cursor.map_or_else(Summary::default, |c| c.seen.clone());
     seen.add(&tasks);
     if end < order.len() {

@@ -156,7 +156,8 @@ pub async fn read(
     let order: Vec<(Member, Option<Member>)> = std::iter::once((list.root, None))
         .chain(list.follow.into_iter().map(|(c, p)| (c, Some(p))))
         .collect();
-    let tasks = tasks_of(chain, order, records);
+    let since = made_at(chain, records.first().and_then(Option::as_ref)).map(String::from);
+    let tasks = tasks_of(chain, since.as_deref(), order, records);
     let (state, failed) = state_of(&tasks);
     let state = as_read(state, settled);
     Ok(Some(ChainView {
@@ -169,21 +170,39 @@ pub async fn read(
 
 /// Tasks of chain `chain` (each with its parent, `None` for the global task) with the
 /// records read for them, each kept only when it names the chain: its id may since hold
-/// another task (the same id submitted again once it ended), of another chain or none.
+/// another task (the same id submitted again once it ended), of another chain or none. A
+/// task whose record names the chain but was made before its global task (`since`, that
+/// task's creation, when known) is left out: it is an older chain's of the same id, which
+/// only a queue dropped and made again can leave behind.
 pub(super) fn tasks_of(
     chain: &str,
+    since: Option<&str>,
     order: Vec<(Member, Option<Member>)>,
     records: Vec<Option<TaskRecord>>,
 ) -> Vec<ChainTask> {
     order
         .into_iter()
         .zip(records)
-        .map(|((member, parent), record)| ChainTask {
-            record: record.filter(|r| r.chain.as_deref() == Some(chain)),
-            member,
-            parent,
+        .filter_map(|((member, parent), record)| {
+            let record = record.filter(|r| r.chain.as_deref() == Some(chain));
+            let older = record
+                .as_ref()
+                .zip(since)
+                .is_some_and(|(r, since)| parent.is_some() && r.created_at.as_str() < since);
+            (!older).then_some(ChainTask {
+                record,
+                member,
+                parent,
+            })
         })
         .collect()
+}
+
+/// When the global task of chain `chain` was made, from its record (`None` when that is
+/// gone or is not the chain's).
+pub(super) fn made_at<'a>(chain: &str, root: Option<&'a TaskRecord>) -> Option<&'a str> {
+    root.filter(|r| r.chain.as_deref() == Some(chain))
+        .map(|r| r.created_at.as_str())
 }
 
 /// A chain's state as a reader shows it: a list that kept growing while it was read

@@ -351,7 +351,7 @@ pub const GENERATED_ID_PREFIX: &str = "~g";
 pub const CHAIN_ID_PREFIX: &str = "~c";
 
 /// The id of the chain whose global task is task number `seq` of `queue` (enqueue.lua's
-/// `chain_name` makes the same): unique in the namespace, as a queue's counter never goes
+/// `chain_name` makes the same): unique in the namespace while the queue lives, as its counter never goes
 /// back, and the same on one server and on a Redis Cluster.
 pub fn chain_id(queue: &str, seq: u64) -> String {
     format!("{CHAIN_ID_PREFIX}{queue}.{seq}")

@@ -4,7 +4,7 @@
 //! the batch size. Time is Redis's own (`TIME` inside the scripts): clients with skewed
 //! clocks still agree on leases and due times. A queue's keys share one hash tag, so
 //! queues spread over a Redis Cluster. The storage layout is described in
-//! `docs/ARCHITECTURE.md`.
+//! `docs/STORAGE.md`.
 //!
 //! Guarantees: a task is handed to one taker at a time while its lease is valid; a lease
 //! is identified by a token, and a settle carrying a token that is no longer the task's

@@ -1407,3 +1407,57 @@ async fn an_id_that_would_cut_its_chains_records_is_refused() {
     assert_eq!(plain.stats().await.unwrap().enqueued_total, 0);
     assert_eq!(routed.stats().await.unwrap().enqueued_total, 0);
 }
+
+/// On one server a slot's follow-ups cost one call with the check of their parents'
+/// leases (`Queue::enqueue_follow_ups`), which lists them in their chains' sets in the
+/// same step; a parent whose lease is gone (cancelled while it ran) makes the call write
+/// nothing and name it.
+#[tokio::test]
+async fn follow_ups_and_the_lease_check_take_one_call_on_one_server() {
+    use gaffer::queue_client::{FollowUpsEnqueued, NewTask, QueueLimits, TaskChain};
+    let redis = TestRedis::start();
+    let client = redis.client().await;
+    let steps = client.queue_with("steps", QueueLimits::default()).unwrap();
+    let kids = client.queue_with("kids", QueueLimits::default()).unwrap();
+    let kid = |id: &str| {
+        NewTask::new("{}")
+            .id(id)
+            .chain(TaskChain::FollowUp("~csteps.1".into()))
+    };
+    steps
+        .enqueue_many(&[NewTask::new("{}").id("a"), NewTask::new("{}").id("b")])
+        .await
+        .unwrap();
+    let batch = steps.take(10, Duration::from_secs(60)).await.unwrap();
+    let parents: Vec<&gaffer::queue_client::LeasedTask> = batch.tasks.iter().collect();
+    // (the first call loads the script: measured from the second)
+    kids.enqueue_follow_ups(&[kid("~csteps.1~1")], &steps, &parents)
+        .await
+        .unwrap();
+    let before = script_calls(client.connection()).await;
+    let made = kids
+        .enqueue_follow_ups(&[kid("~csteps.1~2")], &steps, &parents)
+        .await
+        .unwrap();
+    assert_eq!(script_calls(client.connection()).await - before, 1);
+    let FollowUpsEnqueued::Enqueued(made) = made else {
+        panic!("the leases stand: {made:?}")
+    };
+    assert!(made.iter().all(|e| e.created), "{made:?}");
+    let mut listed = kids.chain_members("~csteps.1").await.unwrap();
+    listed.sort();
+    assert_eq!(listed, ["~csteps.1~1", "~csteps.1~2"]);
+    // b cancelled while it ran: nothing is written, and b is named.
+    steps.cancel_with("b", "test").await.unwrap();
+    let made = kids
+        .enqueue_follow_ups(&[kid("~csteps.1~3")], &steps, &parents)
+        .await
+        .unwrap();
+    let at = parents.iter().position(|t| t.id == "b").unwrap();
+    assert!(
+        matches!(made, FollowUpsEnqueued::LeasesGone(ref gone) if gone == &[at]),
+        "{made:?}"
+    );
+    assert!(kids.find("~csteps.1~3").await.unwrap().is_none());
+    assert_eq!(kids.chain_members("~csteps.1").await.unwrap().len(), 2);
+}

@@ -1207,12 +1207,14 @@ async fn a_long_task_that_returns_makes_its_follow_ups_and_a_cancelled_one_none(
         serde_json::json!({"from": "handler"})
     );
     let child = after.record(&kids[0]).await.unwrap().unwrap();
+    let chain = record(&q, "w").await.chain.expect("w names its chain");
+    assert!(chain.starts_with("~cwatch."), "{chain}");
     assert_eq!(
-        child.submitted_by.as_deref(),
-        Some("chain:watch:w"),
+        child.submitted_by,
+        Some(format!("chain:{chain}")),
         "{child:?}"
     );
-    assert_eq!(child.chain.as_deref(), Some("watch:w"), "{child:?}");
+    assert_eq!(child.chain.as_deref(), Some(chain.as_str()), "{child:?}");
 
     q.cancel_with("c", "test").await.unwrap();
     eventually(

@@ -1,10 +1,17 @@
 -- Deletes the whole queue, including its per-priority ready lists, its records and their
--- indexes, but for its counter (below). Its chain sets go with their time.
+-- indexes, and the sets of the chains its records are in (one whose records all expired
+-- goes with its own time).
 for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
   redis.call('DEL', ready_list(p))
 end
 local ids = redis.call('ZRANGE', K_IDX, 0, -1)
-for _, id in ipairs(ids) do redis.call('DEL', rec_key(id)) end
+local read = {}
+for _, id in ipairs(ids) do
+  local v = rec_get(id, read)
+  local g = v and chain_of(v) or ''
+  if g ~= '' then redis.call('DEL', chain_index(g)) end
+  redis.call('DEL', rec_key(id))
+end
 for _, id in ipairs(redis.call('ZRANGE', K_EXP, 0, -1)) do redis.call('DEL', rec_key(id)) end
 for _, member in ipairs(redis.call('ZRANGE', K_ENDS, 0, -1)) do
   -- (a run's records are all in K_IDX, deleted above; a list may hold others)
@@ -28,9 +35,5 @@ for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
   if by then redis.call('DEL', submitter_index(by)) end
 end
 redis.call('DEL', K_CANCEL)
--- The counter stays: generated ids and chain ids (chain_name) are minted from it, and a
--- chain's sets in other queues outlive this one's records.
-for i = 1, #KEYS do
-  if KEYS[i] ~= K_SEQ then redis.call('DEL', KEYS[i]) end
-end
+for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
 return 1

@@ -316,8 +316,10 @@ local function rec_key(id)
 end
 
 -- Chains. A chain's id is minted from its global task's queue and record number,
--- '~c' .. QUEUE .. '.' .. SEQ: unique in the namespace (a queue's counter never goes back,
--- not even when the queue is dropped), the same on one server and on a cluster, and a form
+-- '~c' .. QUEUE .. '.' .. SEQ: unique in the namespace while the queue lives (its counter
+-- never goes back; a queue dropped and made again starts over, and readers tell an older
+-- chain's leftovers by their records' time: `crate::chain`), the same on one server and
+-- on a cluster, and a form
 -- no client id may take (`crate::queue_client::check_id`). The same task run again under
 -- its id has a new number, so a new chain. Follow-up ids derive from it
 -- (`crate::chain::derived_id`), and each queue lists the members it holds of each chain in

@@ -1,0 +1,59 @@
+-- Layout 1 to 2, pass "chains" (migrate.rs): chains as layout 1 kept them (named by their
+-- global task's id, or QUEUE:ID on one server; found through member lists under tags of
+-- their own, or from their records) become chains layout 2 reads, under the same names.
+-- Run as the body of `pass(cursor, budget)` (lua/migrate.lua); returns the next cursor,
+-- or nil when done, and how many items it looked at. The cursor is a phase letter and
+-- where the phase is, in this order:
+--   'g CURSOR':     a task's meta that says it is the global task of its own chain ('s',
+--                   named by its id, or 'u', named QUEUE:ID) names the chain ('g' and the
+--                   name), as layout 2's metas do;
+--   'i SCORE SKIP': every record in a chain is listed in its queue's set of that chain
+--                   (chain_index), a follow-up (its record's submitter is `chain:G`) by
+--                   its id, a global task marked '^', as no number finds it; by K_IDX's
+--                   score, SKIP members of SCORE already seen.
+-- A set lives LEGACY_SET_MS at least: sets of chains started after the upgrade live twice
+-- their queue's history_ttl from their last member, which the pass does not know.
+local LEGACY_SET_MS = 60 * 24 * 3600 * 1000
+local phase, a, b = string.match(cursor, '^(%a) ?(%S*) ?(%S*)$')
+if cursor == '0' then phase, a, b = 'g', '0', '' end
+if phase == 'g' then
+  local scan = redis.call('HSCAN', K_PAYLOAD, a, 'COUNT', budget)
+  local pairs_ = scan[2]
+  for i = 1, #pairs_, 2 do
+    local id, v = pairs_[i], pairs_[i + 1]
+    local head, field = meta_chain_field(value_meta(v))
+    local name = (field == 's' and id)
+      or (field == 'u' and string.match(K_REC, '{(.-)}') .. ':' .. id)
+    if id ~= '' and name then
+      redis.call('HSET', K_PAYLOAD, id, task_value(head .. ':g' .. name, string.sub(v, #head + #field + 3)))
+    end
+  end
+  if scan[1] ~= '0' then return 'g ' .. scan[1], #pairs_ / 2 end
+  return 'i -inf 0', #pairs_ / 2
+end
+local skip = tonumber(b)
+local got = redis.call('ZRANGEBYSCORE', K_IDX, a, '+inf', 'WITHSCORES', 'LIMIT', skip, budget)
+if #got == 0 then return nil, 0 end
+local ids = {}
+for i = 1, #got, 2 do ids[#ids + 1] = got[i] end
+local listed = {}
+for _, id in ipairs(ids) do
+  local v = rec_get(id, {})
+  local g = v and chain_of(v) or ''
+  if g ~= '' then
+    local set = chain_index(g)
+    redis.call('SADD', set, (rec_submitter(v) == 'chain:' .. g) and id or ('^' .. id))
+    listed[set] = true
+  end
+end
+for set in pairs(listed) do
+  if redis.call('PTTL', set) < LEGACY_SET_MS then redis.call('PEXPIRE', set, LEGACY_SET_MS) end
+end
+local last = got[#got]
+local n = 0
+for i = #got, 2, -2 do
+  if got[i] ~= last then break end
+  n = n + 1
+end
+if last == a then n = n + skip end
+return 'i ' .. last .. ' ' .. n, #ids
