@@ -13,9 +13,9 @@
 //! **Members.** A follow-up's id derives from its parent's ([`derived_id`]: `PARENT~N`,
 //! where the global task's follow-ups take the chain's id as their parent's), so a parent
 //! run again (its slot died after the follow-ups were made) makes the same ids, and the
-//! enqueue's dedup finds them. Each queue lists the members it holds of a chain in a set,
+//! enqueue's dedup finds them. Each queue lists the members it holds of a chain in a list,
 //! written in the same script as their enqueue; a reader asks every configured queue's
-//! set and finds the global task by its number in its queue's listing index. Nothing is
+//! list and finds the global task by its number in its queue's listing index. Nothing is
 //! claimed, renamed or written apart from the enqueue, so no step can leave a member
 //! unlisted. The chain's state is not stored: it is read from its members' records
 //! (`view`), which every queue script keeps in the same step as each state change.
@@ -39,7 +39,7 @@ pub use view::{ChainState, ChainTask, ChainView, read};
 const SEP: char = '\u{1f}';
 /// Separates a follow-up's id from its parent's: `PARENT~N`, N counting from 1.
 pub const DERIVED_SEP: char = '~';
-/// Marks the global task among a chain set's entries, for a chain an older layout named
+/// Marks the global task among a chain list's entries, for a chain an older layout named
 /// (not `~c…`), whose global task cannot be found by its number: `gaffer migrate` writes
 /// it so.
 pub const GLOBAL_MARK: char = '^';
@@ -194,10 +194,10 @@ pub struct Members {
     pub follow: Vec<(Member, Member)>,
 }
 
-/// A chain's members, read from every configured queue's set of it (all at once) and its
+/// A chain's members, read from every configured queue's list of it (all at once) and its
 /// global task's queue's listing index. `None` when the chain is unknown: no task has the
 /// number its id names (its record is gone, or never started it), or for a chain an
-/// older layout named, no set marks its global task.
+/// older layout named, no list marks its global task.
 pub async fn members_of(
     client: &QueueClient,
     targets: &ChainTargets,
@@ -246,7 +246,7 @@ async fn global_by_number(
     Ok(id.map(|id| Member::new(queue, id)))
 }
 
-/// The members of a chain from its sets (per queue, the ids listed): each follow-up with
+/// The members of a chain from its lists (per queue, the ids listed): each follow-up with
 /// its parent, the task whose id its own derives from, or the global task where that is
 /// the chain's id or not among the members (its record gone, or an older layout's name).
 fn arranged(chain: &str, root: Member, sets: Vec<(String, Vec<String>)>) -> Members {

@@ -21,7 +21,7 @@ pub struct ChainHead {
 
 /// The global task of chain `chain` with its record, in two reads for an id [`chain_id`]
 /// minted (the id its number names, then its record, which must name the chain); a
-/// chain an older layout named reads its sets (see [`members_of`]). `None` exactly when
+/// chain an older layout named reads its lists (see [`members_of`]). `None` exactly when
 /// [`super::read`] finds no such chain.
 ///
 /// [`chain_id`]: super::chain_id

@@ -1,5 +1,5 @@
 //! What chains read and write of a queue (`lua/chain.lua`, `lua/follow_enqueue.lua`, the
-//! chain sets enqueue.lua keeps), off the hot path: only a batch whose tasks have
+//! chains' lists enqueue.lua keeps), off the hot path: only a batch whose tasks have
 //! follow-ups pays for it. What a chain is (its members, its state) is `crate::chain`'s.
 
 use redis::Value;
@@ -76,14 +76,22 @@ impl Queue {
         Ok(inv.invoke_async(&mut conn).await?)
     }
 
-    /// The ids of the tasks of chain `chain` this queue holds (its chain set, written as
-    /// each was enqueued), in no order: none when the queue holds none or the set expired.
+    /// The ids of the tasks of chain `chain` this queue holds (its chain's list, written
+    /// as each was enqueued), in the order they were listed: none when the queue holds
+    /// none or the list expired.
     pub async fn chain_members(&self, chain: &str) -> Result<Vec<String>, QueueError> {
         let mut conn = self.conn.clone();
-        Ok(redis::cmd("SMEMBERS")
+        let raw: Option<Vec<u8>> = redis::cmd("GET")
             .arg(self.keys.chain(chain))
             .query_async(&mut conn)
-            .await?)
+            .await?;
+        Ok(raw
+            .map(|raw| {
+                raw.split(|&b| b == 0x1f)
+                    .map(|id| String::from_utf8_lossy(id).into_owned())
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     /// The id of the task numbered `seq` (its record's number), while its record lives:

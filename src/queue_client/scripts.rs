@@ -284,7 +284,7 @@ impl Keys {
         format!("{}{id}", self.all[12])
     }
 
-    /// The set of the ids of chain `chain`'s tasks in the queue (prelude.lua's
+    /// The list of the ids of chain `chain`'s tasks in the queue (prelude.lua's
     /// `chain_index`).
     pub fn chain(&self, chain: &str) -> String {
         let rec = &self.all[12];

@@ -423,7 +423,7 @@ async fn a_packets_tasks_are_found_cancelled_and_frozen_one_by_one(
 
 /// What a follow-up step asks of its parents (`chain_facts`) comes with the take of a
 /// packet's tasks, which have no field of their own, and the packet's enqueue listed each
-/// task in its chain's set; a released take of a packet comes back in take order at the
+/// task in its chain's list; a released take of a packet comes back in take order at the
 /// same attempt, each task with its payload.
 async fn a_packets_tasks_know_their_chains_and_come_back_when_released(
     client: QueueClient,
@@ -537,7 +537,7 @@ async fn a_packet_goes_with_its_last_record_and_with_its_queue(client: QueueClie
         .unwrap();
     assert_eq!(q.take(10, LEASE).await.unwrap().tasks.len(), 3);
     q.delete_all().await.unwrap();
-    // (the sets of chains whose records are gone go with their own time, twice the
+    // (the lists of chains whose records are gone go with their own time, twice the
     // queue's history_ttl: those of the chains the queue's records named go at once)
     let left = keys_left(&client, &q).await;
     assert!(

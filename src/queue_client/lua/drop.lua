@@ -1,5 +1,5 @@
 -- Deletes the whole queue, including its per-priority ready lists, its records and their
--- indexes, and the sets of the chains its records are in (one whose records all expired
+-- indexes, and the lists of the chains its records are in (one whose records all expired
 -- goes with its own time).
 for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
   redis.call('DEL', ready_list(p))

@@ -123,11 +123,10 @@ local function as_packet()
   end
   redis.call('ZADD', K_IDX, unpack(scored))
   packet_write(base, ids, ARGV[2], ma, now, due, ARGV[H + n + 1], ARGV[H + n + 2])
-  local chains, from, block = {}, 1, ARGV[H + n + 1]
-  for i = 1, n do
-    local cut = string.find(block, FS, from, true) or (#block + 1)
-    chains[i] = string.sub(block, from, cut - 1)
-    from = cut + 1
+  local chains, i = {}, 0
+  for g in string.gmatch(ARGV[H + n + 1] .. FS, '([^\31]*)\31') do
+    i = i + 1
+    chains[i] = g
   end
   chain_index_add(ids, chains, ttl)
   redis.call('HINCRBY', K_STATS, 'enqueued', n)

@@ -7,11 +7,11 @@
 --   'g CURSOR':     a task's meta that says it is the global task of its own chain ('s',
 --                   named by its id, or 'u', named QUEUE:ID) names the chain ('g' and the
 --                   name), as layout 2's metas do;
---   'i SCORE SKIP': every record in a chain is listed in its queue's set of that chain
+--   'i SCORE SKIP': every record in a chain is listed in its queue's list of that chain
 --                   (chain_index), a follow-up (its record's submitter is `chain:G`) by
 --                   its id, a global task marked '^', as no number finds it; by K_IDX's
 --                   score, SKIP members of SCORE already seen.
--- A set lives LEGACY_SET_MS at least: sets of chains started after the upgrade live twice
+-- A list lives LEGACY_SET_MS: lists of chains started after the upgrade live twice
 -- their queue's history_ttl from their last member, which the pass does not know.
 local LEGACY_SET_MS = 60 * 24 * 3600 * 1000
 local phase, a, b = string.match(cursor, '^(%a) ?(%S*) ?(%S*)$')
@@ -36,19 +36,16 @@ local got = redis.call('ZRANGEBYSCORE', K_IDX, a, '+inf', 'WITHSCORES', 'LIMIT',
 if #got == 0 then return nil, 0 end
 local ids = {}
 for i = 1, #got, 2 do ids[#ids + 1] = got[i] end
-local listed = {}
+local members, chains = {}, {}
 for _, id in ipairs(ids) do
   local v = rec_get(id, {})
   local g = v and chain_of(v) or ''
   if g ~= '' then
-    local set = chain_index(g)
-    redis.call('SADD', set, (rec_submitter(v) == 'chain:' .. g) and id or ('^' .. id))
-    listed[set] = true
+    members[#members + 1] = (rec_submitter(v) == 'chain:' .. g) and id or ('^' .. id)
+    chains[#chains + 1] = g
   end
 end
-for set in pairs(listed) do
-  if redis.call('PTTL', set) < LEGACY_SET_MS then redis.call('PEXPIRE', set, LEGACY_SET_MS) end
-end
+chain_index_add(members, chains, LEGACY_SET_MS / 2)
 local last = got[#got]
 local n = 0
 for i = #got, 2, -2 do
