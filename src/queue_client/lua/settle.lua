@@ -26,7 +26,6 @@ if k1 > 0 and ARGN == H + k1 and k1 <= CHUNK then
   local at, thost, tslot = batch_ack_whole(ARGV[7], ARGV, H + 1, H + k1)
   if at then
     redis.call('HDEL', K_PAYLOAD, unpack(ARGV, H + 1, H + k1))
-    if has_legacy() then legacy_forget({unpack(ARGV, H + 1, H + k1)}) end
     redis.call('HINCRBY', K_STATS, 'acked', k1)
     if tracked then
       local runs = ARGV[8] ~= '' and done_runs(ARGV[8], k1)
@@ -202,7 +201,6 @@ local swept = #acked_members == 0 or redis.pcall('ZREMRANGEBYSCORE', K_LEASED, '
 if type(swept) == 'table' and swept.err then bulk('ZREM', K_LEASED, acked_members) end
 if #acked > 0 then
   bulk('HDEL', K_PAYLOAD, acked)
-  legacy_forget(acked)
   bulk('HDEL', K_ATT, later)
   bulk('HDEL', K_ERR, later)
   redis.call('HINCRBY', K_STATS, 'acked', #acked)
