@@ -14,10 +14,10 @@ use std::sync::LazyLock;
 
 use redis::{Script, Value};
 
-use super::layout::{CURRENT, UNRECORDED};
+use super::layout::{self, CURRENT, UNRECORDED};
 use super::reply::int;
-use super::scripts::unchecked;
-use super::{Queue, QueueError};
+use super::scripts::{Keys, unchecked};
+use super::{Queue, QueueError, RedisConn};
 
 /// The field of a queue's `conf` hash that holds where its migration is.
 pub const MIGRATE_FIELD: &str = "migrate";
@@ -176,6 +176,22 @@ impl Queue {
             _ => return Err(QueueError::Protocol("migrate: bad reply".into())),
         })
     }
+}
+
+/// The layout `queue`'s conf records (`None`: none recorded), read with one HGET: for a
+/// master, which runs no slot for a queue of a newer layout than its own.
+pub async fn recorded_layout(
+    conn: &RedisConn,
+    namespace: &str,
+    queue: &str,
+) -> Result<Option<u32>, QueueError> {
+    let keys = Keys::new(namespace, queue);
+    let v: Option<String> = redis::cmd("HGET")
+        .arg(keys.conf())
+        .arg(layout::FIELD)
+        .query_async(&mut conn.clone())
+        .await?;
+    Ok(v.and_then(|v| v.parse().ok()))
 }
 
 #[cfg(test)]

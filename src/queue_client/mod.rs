@@ -62,7 +62,7 @@ pub use limits::{
     SystemLimits,
 };
 pub use long::{LongSettled, Renewal};
-pub use migrate::{LayoutState, MIGRATE_FIELD, MigrateStep, PASSES, Pass};
+pub use migrate::{LayoutState, MIGRATE_FIELD, MigrateStep, PASSES, Pass, recorded_layout};
 pub use outage::{OutageLog, Spell, SpellStep};
 pub use queue::{Queue, Worker};
 pub use record::{

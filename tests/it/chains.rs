@@ -1428,7 +1428,12 @@ async fn a_parents_chain_comes_from_its_meta_or_else_its_record() {
     );
     // A meta without its chain field: priority:max_attempts:enqueued_ms.
     let raw = redis.raw().await;
-    raw_cmd(&redis, "HSET", &["test:{plain}:payload", "old", "0:7:1\n{}"]).await;
+    raw_cmd(
+        &redis,
+        "HSET",
+        &["test:{plain}:payload", "old", "0:7:1\n{}"],
+    )
+    .await;
     let facts = plain
         .chain_facts(&["p1", "p2", "old"], &[false, true, false])
         .await

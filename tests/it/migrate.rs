@@ -332,3 +332,42 @@ async fn an_interrupted_migrate_goes_on_from_its_position() {
         .remove(0);
     assert_eq!((task.id.as_str(), &task.payload[..]), ("w0", &b"p0"[..]));
 }
+
+#[tokio::test]
+async fn a_master_runs_no_slot_for_a_queue_of_a_newer_layout_and_says_so() {
+    let queues = "[queues.fine]\nhandler = \"noop\"\n\n[queues.newer]\nhandler = \"noop\"\n";
+    let m = crate::host::TestMaster::start(queues, &[("fine", 1)]).await;
+    let newer = layout::CURRENT + 1;
+    let mut c = m.redis.raw().await;
+    let () = c
+        .hset(key("newer", "conf"), layout::FIELD, newer)
+        .await
+        .unwrap();
+    crate::host::publish(&m.client, 2, &[("fine", 1), ("newer", 2)]).await;
+    let want = format!(
+        "queue newer has layout {newer}, this gaffer needs layout {}: upgrade gaffer",
+        layout::CURRENT
+    );
+    let status = m
+        .wait_status("the queue refused", Duration::from_secs(20), |s| {
+            s["host"]["queues"]["newer"]["refused"].as_str() == Some(want.as_str())
+        })
+        .await;
+    let serving = |s: &serde_json::Value, q: &str| {
+        crate::host::slots(s)
+            .iter()
+            .filter(|slot| slot["queue"] == q)
+            .count()
+    };
+    assert_eq!(
+        (serving(&status, "newer"), serving(&status, "fine")),
+        (0, 1)
+    );
+    assert_eq!(status["host"]["queues"]["newer"]["crashes_total"], 0);
+    // (`gaffer stats` is of this layout too: its own read is refused first)
+    let stats = m.stats_json();
+    assert_eq!(stats["queues"]["newer"]["refused"], want.as_str());
+    assert!(stats["queues"]["fine"]["refused"].is_null());
+    let said = m.log().matches("running no slot for the queue").count();
+    assert_eq!(said, 1, "{}", m.log());
+}
