@@ -16,7 +16,7 @@
 //!   fields; there is no `meta` hash. The first write to a queue with no data stamps it.
 //!
 //! A new version is one more number here, its description, and its passes in
-//! `migrate.rs`; the Lua side gets the number from [`lua_header`], never by hand.
+//! `migrate.rs`; the Lua side gets the number from `lua_header`, never by hand.
 
 /// The layout this gaffer reads and writes.
 pub const CURRENT: u32 = 2;

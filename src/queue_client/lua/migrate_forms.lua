@@ -62,8 +62,10 @@ local scan = redis.call('HSCAN', K_PAYLOAD, a, 'COUNT', budget)
 local pairs_ = scan[2]
 for i = 1, #pairs_, 2 do
   local id, v = pairs_[i], pairs_[i + 1]
+  -- (the pin and a packet's waiting part, `#pBASE`, are no task's value)
+  local task = id ~= '' and string.sub(id, 1, #PACKET) ~= PACKET
   local head, field = meta_chain_field(value_meta(v))
-  local rec = id ~= '' and head and not field and redis.call('GET', rec_key(id))
+  local rec = task and head and not field and redis.call('GET', rec_key(id))
   if rec then
     local g = chain_of(rec)
     local mark = (g == '' and '') or (g == id and 's') or ('c' .. g)
