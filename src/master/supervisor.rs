@@ -172,6 +172,7 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
     let Some(client) = connect.await? else {
         return Ok(());
     };
+    crate::queue_client::check_settle_commands(&client).await?;
 
     let (report_sock, report_peer) = StdDatagram::pair().context("creating the slot socket")?;
     report_sock.set_nonblocking(true)?;

@@ -56,7 +56,7 @@ pub use dead::DeadTask;
 pub use enqueue::{Enqueued, GENERATED_ID_PREFIX, NewTask, TakenBy, TaskChain, check_id};
 pub use error::{Cause, ConnectError, QueueError};
 pub use glance::Glance;
-pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
+pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult, check_settle_commands};
 pub use limits::{
     DEFAULT_MAX_PAYLOAD, MAX_BATCH, MAX_DELAY, MAX_ID_LEN, MAX_LIST_LIMIT, QueueLimits,
     SystemLimits,
