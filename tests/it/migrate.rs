@@ -371,3 +371,61 @@ async fn a_master_runs_no_slot_for_a_queue_of_a_newer_layout_and_says_so() {
     let said = m.log().matches("running no slot for the queue").count();
     assert_eq!(said, 1, "{}", m.log());
 }
+
+/// A queue waiting for `gaffer migrate` does not stop the manager's tick: the other
+/// queues are still decided and placed.
+#[tokio::test]
+async fn the_manager_goes_on_deciding_while_a_queue_waits_for_migrate() {
+    use gaffer::cluster::{self, HostReport, Keys};
+    let redis = TestRedis::start();
+    write_layout_1(&redis, "old", 2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let text = format!(
+        "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n\
+         [manager]\ntick = \"200ms\"\nheartbeat_timeout = \"5s\"\n\n\
+         [queues.old]\nhandler = \"noop\"\nmin_slots = 1\n\n\
+         [queues.work]\nhandler = \"noop\"\nmin_slots = 1\n",
+        redis.url()
+    );
+    std::fs::write(&config, text).unwrap();
+    let log = dir.path().join("manager.log");
+    let http = gaffer::redis_server::free_port().unwrap();
+    let mut manager = Command::new(env!("CARGO_BIN_EXE_gaffer"))
+        .arg("--config")
+        .arg(&config)
+        .arg("manager")
+        .env("GAFFER_LOG", "info")
+        .env("GAFFER_MANAGER_HTTP", format!("127.0.0.1:{http}"))
+        .env(crate::harness::ANY_LOAD.0, crate::harness::ANY_LOAD.1)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let client = client(&redis).await;
+    let placed = crate::harness::poll_some(Duration::from_secs(30), "work placed on h1", || {
+        let client = client.clone();
+        async move {
+            let report = HostReport {
+                host: "h1".into(),
+                ts_ms: cluster::now_ms(),
+                capacity: 20,
+                handlers: vec!["noop".into()],
+                ..HostReport::default()
+            };
+            let keys = Keys::new("test");
+            cluster::publish_host(&mut client.connection(), &keys, &report)
+                .await
+                .unwrap();
+            let map = cluster::read_map(&mut client.connection(), &keys)
+                .await
+                .unwrap();
+            map.and_then(|m| m.for_host("h1").get("work").copied())
+        }
+    })
+    .await;
+    let _ = manager.kill();
+    let _ = manager.wait();
+    assert!(placed >= 1, "{}", std::fs::read_to_string(&log).unwrap());
+}
