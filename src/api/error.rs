@@ -186,6 +186,8 @@ impl From<QueueError> for ApiError {
             QueueError::IntakeClosed { .. } | QueueError::IdTaken { .. } => {
                 ApiError::conflict(e.to_string())
             }
+            // (a queue waiting for `gaffer migrate`: the same request succeeds after it)
+            QueueError::Layout { .. } => ApiError::unavailable(e.to_string()),
             other => ApiError::internal(other.to_string()),
         }
     }

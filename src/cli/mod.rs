@@ -19,7 +19,8 @@ pub use common::{CliError, Global};
 
 use crate::slot::Registry;
 use cmd::{
-    api, bench, config, drain, intake, manager, master, pause, push, simulate, stats, system,
+    api, bench, config, drain, intake, manager, master, migrate, pause, push, simulate, stats,
+    system,
 };
 use cmd::{tasks, top, trace, up};
 
@@ -139,6 +140,15 @@ enum Command {
     /// pause holds its queues' tasks (they wait, with a note); disable cancels its queues'
     /// waiting tasks and every new one with the note "system NAME is disabled".
     System(system::SystemArgs),
+    /// Move queues' data to this gaffer's layout, while producers and slots run
+    ///
+    /// Each queue's `conf` hash records its layout version; this gaffer's scripts refuse a
+    /// queue of another one ("queue Q has layout 1, this gaffer needs layout 2"). Migrate
+    /// works in atomic calls of bounded size (--budget), keeping its position in the
+    /// queue, so Ctrl-C (or --calls) leaves it to a later run. The previous release's
+    /// slots and producers may run meanwhile; this release's wait until it ends. Progress
+    /// on stderr; see docs/OPERATIONS.md "Upgrade".
+    Migrate(migrate::MigrateArgs),
     /// Run the task service (HTTP): submit, view, list, cancel, freeze and thaw tasks
     ///
     /// Listens on [api].listen (or --listen). Stateless: run any number behind a load
@@ -219,6 +229,7 @@ fn dispatch(command: Command, global: &Global, log_format: LogFormat) -> Result<
         Command::Resume(args) => Threaded.block_on(pause::run(global, args, false)),
         Command::Intake(args) => Threaded.block_on(intake::run(global, args)),
         Command::System(args) => Threaded.block_on(system::run(global, args)),
+        Command::Migrate(args) => Threaded.block_on(migrate::run(global, args)),
         Command::Trace(cmd) => Threaded.block_on(trace::run(global, cmd)),
     }
 }

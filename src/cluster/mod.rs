@@ -116,6 +116,10 @@ pub struct QueueReport {
     /// exit reason's head and tail: a traceback's last lines), absent before any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_crash: Option<LastCrash>,
+    /// Why the master runs no slot for the queue although the map asks for some (its
+    /// layout is newer than the master's: `queue_client::layout`); absent when it runs them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// A slot's crash as its master reports it.

@@ -109,6 +109,10 @@ pub struct QueueView {
     pub crashes_total: u64,
     /// The newest slot crash any live host reports, with that host's name.
     pub last_crash: Option<(String, crate::cluster::LastCrash)>,
+    /// Why the queue is not served as the map asks: its layout refused by this gaffer's
+    /// scripts (`gaffer migrate` not run yet; its counters then read 0), or by a live
+    /// host's master (a layout newer than its own; the host named).
+    pub refused: Option<String>,
     /// Batch or long tasks (`kind`), from the config.
     #[serde(skip)]
     pub kind: QueueKind,
@@ -433,7 +437,21 @@ async fn read_queue(
 ) -> Result<QueueView, QueueError> {
     let queue = client.queue_with(name, QueueLimits::from(qc))?;
     // Both requests go out together on the multiplexed connection: one round trip.
-    let (stats, intake) = futures::try_join!(queue.stats(), queue.intake())?;
+    let (stats, intake) = futures::join!(queue.stats(), queue.intake());
+    let intake = intake?;
+    let (stats, mut refused) = match stats {
+        Err(e @ QueueError::Layout { .. }) => (QueueStats::default(), Some(e.to_string())),
+        other => (other?, None),
+    };
+    for (host, h) in cluster
+        .hosts
+        .iter()
+        .filter(|(_, h)| h.state != HostState::Dead)
+    {
+        if let Some(reason) = h.report.queues.get(name).and_then(|r| r.refused.as_ref()) {
+            refused.get_or_insert_with(|| format!("host {host}: {reason}"));
+        }
+    }
     let mut view = QueueView {
         priority: qc.priority,
         min_slots: qc.min_slots,
@@ -453,6 +471,7 @@ async fn read_queue(
         recycles_total: 0,
         crashes_total: 0,
         last_crash: None,
+        refused,
         kind: qc.kind,
         long_running: Vec::new(),
     };
@@ -557,6 +576,7 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                     "last_crash": q.last_crash.as_ref().map(|(host, c)| json!({
                         "host": host, "reason": c.reason, "at_ms": c.at_ms,
                     })),
+                    "refused": q.refused,
                 }),
             )
         })

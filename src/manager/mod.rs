@@ -695,7 +695,14 @@ impl Manager {
                 let queue = self.client.queue_with(name, QueueLimits::from(q));
                 async move {
                     let queue = queue?;
-                    let stats = queue.stats().await?;
+                    let stats = match queue.stats().await {
+                        // (a queue waiting for `gaffer migrate` must not stop the tick: it
+                        // counts as empty, and its slots wait out the refusal)
+                        Err(crate::queue_client::QueueError::Layout { .. }) => {
+                            return anyhow::Ok((name.clone(), QueueStats::default()));
+                        }
+                        other => other?,
+                    };
                     if housekeep == Housekeep::Yes {
                         // Records whose history_ttl ran out go even where no slot takes.
                         queue.housekeep(HOUSEKEEP_PER_TICK).await?;

@@ -8,6 +8,7 @@
 
 pub mod capacity;
 mod language;
+mod layouts;
 mod plan;
 mod report;
 mod slots;

@@ -203,6 +203,16 @@ impl Master {
         for (name, &n) in &wanted {
             queues.entry(name.clone()).or_default().wanted = n;
         }
+        let mapped = self
+            .orders
+            .map
+            .as_ref()
+            .map(|m| m.for_host(&self.opts.host));
+        for (name, _) in mapped.into_iter().flatten() {
+            if let Some(reason) = self.layouts.refused(&name) {
+                queues.entry(name).or_default().refused = Some(reason);
+            }
+        }
         let mut r = self.reporting.last.clone();
         r.host = self.opts.host.clone();
         r.pid = std::process::id();

@@ -251,6 +251,7 @@ impl Master {
                         .queues
                         .get(q)
                         .is_some_and(|c| self.opts.registry.supports(c))
+                    && self.layouts.refused(q).is_none()
             })
             .collect()
     }

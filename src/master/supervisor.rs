@@ -89,6 +89,8 @@ pub(super) struct Master {
     pub(super) zygotes: Zygotes,
     /// The slots, and what is counted per queue.
     pub(super) slots: Slots,
+    /// Queues of a newer layout than this master's, which it runs no slot for.
+    pub(super) layouts: super::layouts::Layouts,
     /// What is measured and reported.
     pub(super) reporting: Reporting,
     /// Stopping (the caller's shutdown token): no slot is wanted any more, and the loop
@@ -186,6 +188,7 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
     let Some(client) = connect.await? else {
         return Ok(());
     };
+    crate::queue_client::check_settle_commands(&client).await?;
 
     let (report_sock, report_peer) = StdDatagram::pair().context("creating the slot socket")?;
     report_sock.set_nonblocking(true)?;
@@ -336,6 +339,7 @@ impl Master {
             },
             zygotes: Zygotes::new(events, report_peer),
             slots: Slots::new(),
+            layouts: Default::default(),
             reporting: Reporting::new(status),
             stopping: false,
             opts,
@@ -405,6 +409,20 @@ impl Master {
         }
         self.measure();
         self.slots.watchdog(&self.opts.config, Instant::now());
+        let mapped = self
+            .orders
+            .map
+            .as_ref()
+            .map(|m| m.for_host(&self.opts.host));
+        let queues = mapped.into_iter().flatten().filter(|(_, n)| *n > 0);
+        let ns = &self.opts.config.cluster.namespace;
+        let check =
+            self.layouts
+                .check(&self.redis.conn, ns, queues.map(|(q, _)| q), Instant::now());
+        tokio::select! {
+            () = check => {}
+            () = stop.cancelled() => {}
+        }
         self.reconcile().await;
         // The report waits on Redis up to its response timeout (10 s with Redis frozen): a
         // stop cuts it short too, or the drain and its kill would start that much late

@@ -7,7 +7,7 @@
 pub enum QueueError {
     /// Redis could not be reached or failed a command.
     #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(redis::RedisError),
     /// Connecting failed (refused, timed out, dropped): an outage, retried.
     #[error("cannot connect to redis at {target}")]
     Connect {
@@ -54,6 +54,52 @@ pub enum QueueError {
         /// The first id taken.
         id: String,
     },
+    /// The queue's data is of another layout than this gaffer's
+    /// ([`layout`](super::layout)): nothing was read or written. An older one is moved on
+    /// by `gaffer migrate`; a newer one needs a newer gaffer.
+    #[error("queue {queue} has layout {found}, this gaffer needs layout {need}: {}", layout_hint(.queue, *.found, *.need))]
+    Layout {
+        /// Queue name.
+        queue: String,
+        /// The queue's layout.
+        found: u32,
+        /// This gaffer's ([`super::layout::CURRENT`]).
+        need: u32,
+    },
+}
+
+fn layout_hint(queue: &str, found: u32, need: u32) -> String {
+    if found < need {
+        format!("run gaffer migrate {queue}")
+    } else {
+        "upgrade gaffer".to_string()
+    }
+}
+
+/// The error code of a script's layout refusal (`layout_check` in lua/prelude.lua).
+const LAYOUT_CODE: &str = "LAYOUT";
+
+impl From<redis::RedisError> for QueueError {
+    fn from(e: redis::RedisError) -> Self {
+        layout_refusal(&e).unwrap_or(QueueError::Redis(e))
+    }
+}
+
+/// The [`QueueError::Layout`] a script's refusal stands for: "queue Q has layout F, this
+/// gaffer needs layout N: …".
+fn layout_refusal(e: &redis::RedisError) -> Option<QueueError> {
+    if e.code() != Some(LAYOUT_CODE) {
+        return None;
+    }
+    let rest = e.detail()?.strip_prefix("queue ")?;
+    let (queue, rest) = rest.split_once(" has layout ")?;
+    let (found, rest) = rest.split_once(", this gaffer needs layout ")?;
+    let need = rest.split(':').next()?;
+    Some(QueueError::Layout {
+        queue: queue.to_string(),
+        found: found.parse().ok()?,
+        need: need.parse().ok()?,
+    })
 }
 
 impl QueueError {
@@ -228,6 +274,30 @@ mod tests {
     fn server(reply: &str) -> QueueError {
         let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
         QueueError::Redis(value.extract_error().unwrap_err())
+    }
+
+    /// A script's layout refusal becomes [`QueueError::Layout`], its message whole.
+    #[test]
+    fn a_layout_refusal_is_typed() {
+        let reply =
+            "LAYOUT queue q.1 has layout 1, this gaffer needs layout 2: run gaffer migrate q.1";
+        let value = redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()).unwrap();
+        let e = QueueError::from(value.extract_error().unwrap_err());
+        assert!(
+            matches!(&e, QueueError::Layout { queue, found: 1, need: 2 } if queue == "q.1"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), &reply["LAYOUT ".len()..]);
+        let newer = QueueError::Layout {
+            queue: "q".into(),
+            found: 3,
+            need: 2,
+        };
+        assert_eq!(
+            newer.to_string(),
+            "queue q has layout 3, this gaffer needs layout 2: upgrade gaffer"
+        );
+        assert!(matches!(server("LAYOUT nonsense"), QueueError::Redis(_)));
     }
 
     /// What the api's listener once blamed on the ACL whatever happened: each failure is

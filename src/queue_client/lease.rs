@@ -46,7 +46,7 @@ pub(crate) struct TaskMeta {
 /// A task's chain as its meta says it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) enum MetaChain {
-    /// The meta does not say: an untracked task, or one enqueued before metas kept it.
+    /// The meta does not say: an untracked task.
     #[default]
     Unknown,
     /// In no chain.
@@ -846,6 +846,28 @@ fn push_other_op(inv: &mut redis::ScriptInvocation<'_>, op: &SettleOp) {
         Settle::AckWithResult { result } => {
             inv.arg(result).arg("").arg("");
         }
+    }
+}
+
+/// Checks that the Redis user may run what settles need beside the scripts' other
+/// commands and an older ACL may lack: `ZREMRANGEBYSCORE` (SECURITY.md's lines from
+/// 2026-11-24), run on a key no queue has, so nothing changes. A master calls it at its
+/// start so that a missing command is a clear error there, not a settle refused later.
+/// Errors other than the ACL's refusal are left to the calls that follow.
+pub async fn check_settle_commands(client: &super::QueueClient) -> Result<(), QueueError> {
+    let probe = format!("{}:{{acl-probe}}:leased", client.namespace());
+    let done: Result<i64, _> = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(&probe)
+        .arg("-inf")
+        .arg("-inf")
+        .query_async(&mut client.connection())
+        .await;
+    match done.map_err(QueueError::from) {
+        Err(e) if e.cause() == super::Cause::AclRefused => Err(QueueError::Invalid(format!(
+            "the redis user may not run ZREMRANGEBYSCORE, which settles need: add \
+             +zremrangebyscore to its ACL line (docs/SECURITY.md) ({e})"
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -19,7 +19,8 @@
 //! intake, delete), `dead` (dead letters), `stats` (counters and housekeeping), `limits`,
 //! `error`, `checks` (input checks other modules share), `reply` (decoding script
 //! replies), `conn` (connections), `outage`, `scripts` (the Lua scripts and keys),
-//! `system` (external systems: the run-time switch and the rate bucket).
+//! `system` (external systems: the run-time switch and the rate bucket), `layout` (the
+//! layout version a queue's data is in) and `migrate` (moving a queue to the current one).
 
 mod chained;
 mod checks;
@@ -30,9 +31,11 @@ mod dead;
 mod enqueue;
 mod error;
 mod glance;
+pub mod layout;
 mod lease;
 mod limits;
 mod long;
+mod migrate;
 mod outage;
 mod queue;
 mod record;
@@ -56,12 +59,13 @@ pub use enqueue::{
 };
 pub use error::{Cause, ConnectError, QueueError};
 pub use glance::Glance;
-pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult};
+pub use lease::{Batch, LeasedTask, Settle, SettleOp, SettleResult, check_settle_commands};
 pub use limits::{
     DEFAULT_MAX_PAYLOAD, MAX_BATCH, MAX_DELAY, MAX_ID_LEN, MAX_LIST_LIMIT, QueueLimits,
     SystemLimits,
 };
 pub use long::{LongSettled, Renewal};
+pub use migrate::{LayoutState, MIGRATE_FIELD, MigrateStep, PASSES, Pass, recorded_layout};
 pub use outage::{OutageLog, Spell, SpellStep};
 pub use queue::{Queue, Worker};
 pub use record::{

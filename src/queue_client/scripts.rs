@@ -5,6 +5,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use super::layout;
+
 /// Every script the queue runs, compiled (hashed) once per process.
 pub(crate) struct Scripts {
     pub enqueue: Script,
@@ -30,9 +32,29 @@ pub(crate) struct Scripts {
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
-/// `body` after the part of the prelude it uses.
+/// `body` after the part of the prelude it uses and the queue's layout check
+/// (`layout_check` in lua/prelude.lua), which stamps a new queue: for scripts that write.
 pub(crate) fn with_prelude(body: &str) -> Script {
-    Script::new(&format!("{}\n{body}", prelude_for(body)))
+    Script::new(&checked(body, true))
+}
+
+/// [`with_prelude`] for a script that only reads: its check stamps nothing, so that a
+/// look at a queue never used leaves no key behind.
+fn reading_with_prelude(body: &str) -> Script {
+    Script::new(&checked(body, false))
+}
+
+/// `body` after the layout's definitions, the part of the prelude it uses and the layout
+/// check, as one script's text.
+fn checked(body: &str, stamp: bool) -> String {
+    let body = format!("layout_check({stamp})\n{body}");
+    unchecked(&body)
+}
+
+/// `body` after the layout's definitions and the part of the prelude it uses, with no
+/// layout check: for `gaffer migrate`'s passes, which run on a queue of an older layout.
+pub(crate) fn unchecked(body: &str) -> String {
+    format!("{}\n{}\n{body}", layout::lua_header(), prelude_for(body))
 }
 
 /// The prelude's top-level definitions that `body` uses, directly or through others, in
@@ -209,20 +231,20 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     settle: with_prelude(include_str!("lua/settle.lua")),
     settle_take: settle_then_take(),
     release: with_prelude(include_str!("lua/release.lua")),
-    stats: with_prelude(include_str!("lua/stats.lua")),
-    dead_list: with_prelude(include_str!("lua/dead_list.lua")),
+    stats: reading_with_prelude(include_str!("lua/stats.lua")),
+    dead_list: reading_with_prelude(include_str!("lua/dead_list.lua")),
     dead_move: with_prelude(include_str!("lua/dead_move.lua")),
     find: with_prelude(include_str!("lua/find.lua")),
     drop: with_prelude(include_str!("lua/drop.lua")),
-    record_get: with_prelude(include_str!("lua/record_get.lua")),
-    glance: with_prelude(include_str!("lua/glance.lua")),
-    list: with_prelude(include_str!("lua/list.lua")),
+    record_get: reading_with_prelude(include_str!("lua/record_get.lua")),
+    glance: reading_with_prelude(include_str!("lua/glance.lua")),
+    list: reading_with_prelude(include_str!("lua/list.lua")),
     freeze: with_prelude(include_str!("lua/freeze.lua")),
     housekeep: with_prelude(include_str!("lua/housekeep.lua")),
     chain: with_prelude(include_str!("lua/chain.lua")),
     long: long_with_settle(),
     follow_enqueue: enqueue_after_lease_check(),
-    held: with_prelude(include_str!("lua/held.lua")),
+    held: reading_with_prelude(include_str!("lua/held.lua")),
 });
 
 /// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag

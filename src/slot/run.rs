@@ -420,6 +420,7 @@ async fn run(
         retire,
         course: Course::Serving,
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
+        layout_refused: false,
         ahead: None,
         follow_ups,
         cancel,
@@ -462,6 +463,9 @@ struct Serving {
     course: Course,
     /// Pauses after failed takes and wake-up waits.
     backoff: Backoff,
+    /// A take was refused for the queue's layout (`gaffer migrate` not run yet): said
+    /// once in the log until a take succeeds.
+    layout_refused: bool,
     /// The next batch, taken with the last one's settle or prefetched while the handler
     /// ran.
     ahead: Option<Taken>,
@@ -620,10 +624,19 @@ impl Serving {
         {
             Ok(b) => {
                 self.backoff.reset();
+                if std::mem::take(&mut self.layout_refused) {
+                    tracing::info!(queue = %name, slot, "the queue's layout is this gaffer's now: taking again");
+                }
                 b
             }
-            Err(e) if e.is_transient() => {
-                tracing::warn!(queue = %name, slot, error = %e, "take failed, backing off");
+            Err(e) if e.is_transient() || matches!(e, QueueError::Layout { .. }) => {
+                // (a queue not migrated yet is waited out, not crashed on: the master would
+                // start the slot again into the same refusal)
+                if !matches!(e, QueueError::Layout { .. }) {
+                    tracing::warn!(queue = %name, slot, error = %e, "take failed, backing off");
+                } else if !std::mem::replace(&mut self.layout_refused, true) {
+                    tracing::warn!(queue = %name, slot, error = %e, "take refused, backing off until the queue is migrated");
+                }
                 tokio::select! {
                     () = self.backoff.pause() => {}
                     () = self.stop.cancelled() => self.course.stop(),

@@ -139,6 +139,7 @@ fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) 
                     hung_total: 0,
                     pss_bytes: 0,
                     last_crash: None,
+                    refused: None,
                 };
                 (q.to_string(), report)
             })
@@ -209,6 +210,7 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
                 let reason = "handler init failed: exec: the handler's zygote exited (exit code 1) before it was ready; its last lines:\nModuleNotFoundError: No module named 'PIL'";
                 ("h1".to_string(), crate::cluster::LastCrash::new(reason, 0))
             }),
+            refused: None,
             kind: QueueKind::Batch,
             long_running: Vec::new(),
         };

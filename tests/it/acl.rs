@@ -222,46 +222,36 @@ async fn a_master_and_its_slots_take_and_settle_under_their_acl() {
     );
 }
 
-/// A settle under a master ACL from before `+zremrangebyscore` (the fast removal of acked
-/// per-task leases) still settles, by name: the refusal shows in `ACL LOG`, nothing breaks.
-/// The batch is acked in two halves, so its lease is split into per-task ones (a whole
-/// batch's ack needs no range removal).
+/// A master under an ACL from before `+zremrangebyscore` (the fast removal of acked
+/// per-task leases) refuses to start, naming the command to add, rather than running
+/// slots whose settles would be refused.
 #[tokio::test]
-async fn a_settle_under_an_acl_without_zremrangebyscore_falls_back_by_name() {
+async fn a_master_under_an_acl_without_zremrangebyscore_refuses_to_start_naming_it() {
     let redis = AclRedis::start_with("master", |line| {
         assert!(line.contains(" +zremrangebyscore "), "{line}");
         line.replace(" +zremrangebyscore ", " ")
     });
-    let admin = redis.admin_client().await;
-    let tasks: Vec<NewTask> = (0..10).map(|i| NewTask::new(format!("{i}"))).collect();
-    admin
-        .queue("work")
-        .unwrap()
-        .enqueue_many(&tasks)
-        .await
-        .unwrap();
-    let client =
-        gaffer::queue_client::QueueClient::connect(&redis.url(), "gaffer", &redis.options())
-            .await
-            .expect("connect as the master's user");
-    let q = client.queue("work").unwrap();
-    let batch = q.take(10, Duration::from_secs(30)).await.unwrap();
-    assert_eq!(batch.tasks.len(), 10);
-    let (front, back) = batch.tasks.split_at(5);
-    let mut results = q.ack(front).await.unwrap();
-    results.extend(q.ack(back).await.unwrap());
-    assert!(
-        results
-            .iter()
-            .all(|r| *r == gaffer::queue_client::SettleResult::Done),
-        "{results:?}"
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &redis, "");
+    let mut master = Daemon::start(
+        &config,
+        dir.path(),
+        "master",
+        &["master", "--host", "h1"],
+        "GAFFER_MASTER_HTTP",
     );
-    let stats = admin.queue("work").unwrap().stats().await.unwrap();
-    assert_eq!((stats.acked_total, stats.leased), (10, 0), "{stats:?}");
-    let refused = redis.refusals().await;
+    let status = crate::harness::poll_some(Duration::from_secs(30), "the master exits", || {
+        let exited = master.child.try_wait().unwrap();
+        async move { exited }
+    })
+    .await;
+    assert!(!status.success(), "{}", master.log());
     assert!(
-        !refused.is_empty() && refused.iter().all(|r| r.contains("zremrangebyscore")),
-        "only the fast removal is refused: {refused:?}"
+        master
+            .log()
+            .contains("add +zremrangebyscore to its ACL line"),
+        "{}",
+        master.log()
     );
 }
 

@@ -40,6 +40,7 @@ mod invariants;
 mod long;
 mod manager;
 mod memory_exec;
+mod migrate;
 mod ordered;
 mod outage;
 mod packets;

@@ -1037,9 +1037,9 @@ async fn a_nearly_empty_queue_keeps_its_hashes_as_hash_tables() {
 }
 
 /// Tasks written by a gaffer before a task's meta moved into its payload's field (a bare
-/// payload, the meta in a hash of its own, pinned) are found, taken, retried at a new
-/// priority and acked like the rest, side by side with new ones; the meta hash goes once
-/// its last task has ended.
+/// payload, the meta in a hash of its own, pinned) are refused until `migrate_step` has
+/// moved them (`gaffer migrate`), then found, taken, retried at a new priority and acked
+/// like the rest, side by side with new ones; the meta hash is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_of_the_layout_before_run_beside_new_ones() {
     let redis = TestRedis::start();
@@ -1065,6 +1065,15 @@ async fn tasks_of_the_layout_before_run_beside_new_ones() {
         .query_async(&mut raw)
         .await
         .unwrap();
+    assert!(matches!(
+        q.enqueue(NewTask::new("new one").id("n1")).await,
+        Err(gaffer::queue_client::QueueError::Layout { found: 1, .. })
+    ));
+    while q.migrate_step(1).await.unwrap() != gaffer::queue_client::MigrateStep::Done {}
+    assert!(
+        !exists(&mut raw, "test:{old}:meta").await,
+        "the meta hash is gone"
+    );
     q.enqueue(NewTask::new("new one").id("n1")).await.unwrap();
     let old = q.find("o2").await.unwrap().unwrap();
     assert_eq!(
@@ -1131,10 +1140,6 @@ async fn tasks_of_the_layout_before_run_beside_new_ones() {
         ]
     );
     q.ack(&b.tasks).await.unwrap();
-    assert!(
-        !exists(&mut raw, "test:{old}:meta").await,
-        "the meta hash goes with its last task"
-    );
     let s = q.stats().await.unwrap();
     assert_eq!((s.ready, s.leased, s.acked_total), (0, 0, 4));
 }

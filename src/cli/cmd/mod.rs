@@ -15,6 +15,7 @@ pub mod drain;
 pub mod intake;
 pub mod manager;
 pub mod master;
+pub mod migrate;
 pub mod pause;
 pub mod push;
 pub mod simulate;

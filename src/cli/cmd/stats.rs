@@ -89,6 +89,12 @@ fn print_queues(snap: &Snapshot) {
             load,
         );
     }
+    // A queue its layout keeps from being served says so, with what to do.
+    for q in snap.queues.values() {
+        if let Some(reason) = &q.refused {
+            println!("refused: {}", crate::printable::printable(reason));
+        }
+    }
     // A crashing queue says why under the table: its handler's own words (a traceback's
     // last line), which `crashes_total` alone does not.
     for (name, q) in &snap.queues {

@@ -109,7 +109,7 @@ local function as_packet()
   if not (track and not cancel and waiting_note == '' and not is_delayed) then return false end
   local ids = {}
   for i = 1, n do ids[i] = ARGV[H + i] end
-  if string.find(table.concat(ids), '[\30\31]') or has_legacy() then return false end
+  if string.find(table.concat(ids), '[\30\31]') then return false end
   for _, v in ipairs(redis.call('ZMSCORE', K_IDX, unpack(ids))) do
     if v then return false end
   end
@@ -216,7 +216,7 @@ else
   -- from Lua per task cost more than the lookups themselves.
   local given = {}
   for i = 1, n do given[i] = arg_id(i) end
-  -- (a task of either layout has its field in K_PAYLOAD: see task_value)
+  -- (every task has its field in K_PAYLOAD: see task_value)
   local values_now = hmget(K_PAYLOAD, given)
   -- (whether the queue has packets, read once: see rec_get)
   local packets = {}
@@ -312,13 +312,8 @@ end
 -- chain_index_add)
 if follow and created > 0 and track then chain_index_add(ids, chains, ttl) end
 if not any_old then olds = nil end
--- A superseded dead letter of the layout before metas moved into the value leaves its meta
--- (which would otherwise win over the new task's); under cancel, its value too (no new
--- value replaces it).
-if #superseded > 0 then
-  legacy_forget(superseded)
-  if cancel then bulk('HDEL', K_PAYLOAD, superseded) end
-end
+-- A superseded dead letter leaves its value under cancel (no new value replaces it).
+if #superseded > 0 and cancel then bulk('HDEL', K_PAYLOAD, superseded) end
 if created > 0 and cancel then
   -- Recorded and ended at once: nothing enqueued, nothing to run.
   if track then

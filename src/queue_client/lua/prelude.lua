@@ -11,6 +11,34 @@ local PACKET = '#p'
 local K_PKTS = K_REC .. PACKET .. 's'
 local K_PKTW = K_PKTS .. ':w'
 
+-- Whether the queue holds data of any layout: every enqueue writes K_SEQ; tasks, dead
+-- letters and records outlive it only if deleted by hand.
+local function holds_data()
+  return redis.call('EXISTS', K_SEQ, K_PAYLOAD, K_META, K_IDX, K_DEAD) > 0
+end
+
+-- The queue's layout version (layout.rs; LAYOUT, LAYOUT_UNRECORDED and LAYOUT_FIELD come
+-- from Rust, ahead of this prelude), checked first by every queue script (scripts.rs): a
+-- gaffer reads no form it does not know. A queue holding data and no layout field is of
+-- LAYOUT_UNRECORDED; one holding none is new, and a script that writes (`stamp`) records
+-- the current layout. The error's first word is the code queue_client/error.rs maps.
+local function layout_check(stamp)
+  local v = redis.call('HGET', K_CONF, LAYOUT_FIELD)
+  if v == LAYOUT then return end
+  if not v then
+    if not holds_data() then
+      if stamp then redis.call('HSET', K_CONF, LAYOUT_FIELD, LAYOUT) end
+      return
+    end
+    v = LAYOUT_UNRECORDED
+  end
+  local q = string.match(K_CONF, '{(.*)}')
+  local hint = 'run gaffer migrate ' .. q
+  if (tonumber(v) or 0) > tonumber(LAYOUT) then hint = 'upgrade gaffer' end
+  error({err = 'LAYOUT queue ' .. q .. ' has layout ' .. v .. ', this gaffer needs layout '
+    .. LAYOUT .. ': ' .. hint})
+end
+
 -- How many of ARGV are the script's arguments: a body that scripts.rs wraps in a function
 -- (settle.lua in settle_take, long) gets its own as a parameter, and may then be handed a
 -- longer ARGV whose first ARGN are its own (no copy per task).
@@ -193,19 +221,13 @@ end
 -- newline). One field instead of a meta hash beside the payload hash saves a hash entry
 -- written at enqueue and deleted at the end: in a bare enqueue loop the second HSET cost
 -- 70 % more than the rest of the loop. A take hands out the whole value; the client cuts
--- the meta off (lease.rs), so no loop over the tasks is needed here.
--- A task enqueued by a gaffer before this layout keeps its meta in K_META and its bare
--- payload in K_PAYLOAD. While K_META exists its entry is the task's meta; it is deleted
--- when no such task is left (`legacy_forget`), so a queue pays one EXISTS for it.
+-- the meta off (lease.rs), so no loop over the tasks is needed here. (Releases before
+-- 2026-11-24 kept metas in a hash of their own, K_META: `gaffer migrate` moves them.)
 local function task_value(meta, payload)
   return meta .. '\n' .. payload
 end
 
-local function has_legacy()
-  return redis.call('EXISTS', K_META) == 1
-end
-
--- The meta of a stored value (not a legacy one).
+-- The meta of a stored value.
 local function value_meta(v)
   return string.match(v, '^[^\n]*')
 end
@@ -213,11 +235,10 @@ end
 -- The metas of ids, false where there is no such task.
 local function metas_of(ids)
   local vals = hmget(K_PAYLOAD, ids)
-  local old = has_legacy() and hmget(K_META, ids) or {}
   local out = {}
   for i = 1, #ids do
     local v = vals[i]
-    out[i] = old[i] or (v and value_meta(v)) or false
+    out[i] = (v and value_meta(v)) or false
   end
   return out
 end
@@ -231,43 +252,18 @@ end
 local function task_of(id)
   local v = redis.call('HGET', K_PAYLOAD, id)
   if not v then return nil end
-  local m = has_legacy() and redis.call('HGET', K_META, id)
-  if m then return m, v end
   local cut = string.find(v, '\n', 1, true)
   return string.sub(v, 1, cut - 1), string.sub(v, cut + 1)
 end
 
--- The values of a take: those of legacy tasks made like the rest (meta, newline, payload).
-local function values_legacy(ids, vals)
-  local old = hmget(K_META, ids)
-  for i = 1, #ids do
-    if old[i] and vals[i] then vals[i] = task_value(old[i], vals[i]) end
-  end
-  return vals
-end
-
 -- A task's meta rewritten, its payload kept.
 local function set_meta(id, m)
-  if has_legacy() and redis.call('HEXISTS', K_META, id) == 1 then
-    redis.call('HSET', K_META, id, m)
-    return
-  end
   local _, payload = task_of(id)
   if payload then redis.call('HSET', K_PAYLOAD, id, task_value(m, payload)) end
 end
 
--- Legacy metas of ended tasks go; so does K_META once it holds none (its pin, written by
--- the gaffer that wrote it, does not count).
-local function legacy_forget(ids)
-  if not has_legacy() then return end
-  bulk('HDEL', K_META, ids)
-  local left = redis.call('HLEN', K_META)
-  if left == 1 and redis.call('HEXISTS', K_META, '') == 1 then redis.call('DEL', K_META) end
-end
-
 local function forget(ids)
   bulk('HDEL', K_PAYLOAD, ids)
-  legacy_forget(ids)
   bulk('HDEL', K_ATT, ids)
   bulk('HDEL', K_ERR, ids)
 end
@@ -431,11 +427,7 @@ end
 local G_PAT = '^' .. string.rep('[^\30\31]*\31', NF - 1) .. '([^\30\31]*)\30'
 -- A record's chain ('' none).
 local function chain_of(v)
-  local g = string.match(v, G_PAT)
-  if g then return g end
-  -- a record of an older layout (fewer fields)
-  local f = rec_parse(v)
-  return f[F.g] or ''
+  return string.match(v, G_PAT) or ''
 end
 
 local function rec_pack(f, hist)

@@ -26,7 +26,6 @@ if k1 > 0 and ARGN == H + k1 and k1 <= CHUNK then
   local at, thost, tslot = batch_ack_whole(ARGV[7], ARGV, H + 1, H + k1)
   if at then
     redis.call('HDEL', K_PAYLOAD, unpack(ARGV, H + 1, H + k1))
-    if has_legacy() then legacy_forget({unpack(ARGV, H + 1, H + k1)}) end
     redis.call('HINCRBY', K_STATS, 'acked', k1)
     if tracked then
       local runs = ARGV[8] ~= '' and done_runs(ARGV[8], k1)
@@ -197,12 +196,11 @@ end
 if tracked then record_done_many(fast_done, now, fast_att, host, slot, ttl) end
 -- What is still at -inf is exactly the acks' leases (retries and fails removed theirs by
 -- name, extends gave theirs a time, stale ones never moved): one range, no argument per
--- task. An ACL written before this command was needed refuses it: then by name, slower.
-local swept = #acked_members == 0 or redis.pcall('ZREMRANGEBYSCORE', K_LEASED, '-inf', '-inf')
-if type(swept) == 'table' and swept.err then bulk('ZREM', K_LEASED, acked_members) end
+-- task. (An ACL without the command is refused at the master's start:
+-- `check_settle_commands`.)
+if #acked_members > 0 then redis.call('ZREMRANGEBYSCORE', K_LEASED, '-inf', '-inf') end
 if #acked > 0 then
   bulk('HDEL', K_PAYLOAD, acked)
-  legacy_forget(acked)
   bulk('HDEL', K_ATT, later)
   bulk('HDEL', K_ERR, later)
   redis.call('HINCRBY', K_STATS, 'acked', #acked)

@@ -227,7 +227,6 @@ if not (first and ARGV[8] ~= '1' and batch_lease(tok_s, exp_s, ids, now, host, s
 end
 -- Each value is the task's meta, a newline and its payload (see task_value).
 local payloads = hmget(K_PAYLOAD, ids)
-if has_legacy() then payloads = values_legacy(ids, payloads) end
 local out
 if not first then
   out = {now, tok, exp}
