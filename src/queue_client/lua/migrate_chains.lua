@@ -31,11 +31,8 @@ if phase == 'g' then
   if scan[1] ~= '0' then return 'g ' .. scan[1], #pairs_ / 2 end
   return 'i -inf 0', #pairs_ / 2
 end
-local skip = tonumber(b)
-local got = redis.call('ZRANGEBYSCORE', K_IDX, a, '+inf', 'WITHSCORES', 'LIMIT', skip, budget)
-if #got == 0 then return nil, 0 end
-local ids = {}
-for i = 1, #got, 2 do ids[#ids + 1] = got[i] end
+local ids, next_at = idx_page(a, tonumber(b), budget)
+if not ids then return nil, 0 end
 local members, chains = {}, {}
 for _, id in ipairs(ids) do
   local v = rec_get(id, {})
@@ -46,11 +43,4 @@ for _, id in ipairs(ids) do
   end
 end
 chain_index_add(members, chains, LEGACY_SET_MS / 2)
-local last = got[#got]
-local n = 0
-for i = #got, 2, -2 do
-  if got[i] ~= last then break end
-  n = n + 1
-end
-if last == a then n = n + skip end
-return 'i ' .. last .. ' ' .. n, #ids
+return 'i ' .. next_at, #ids

@@ -17,11 +17,10 @@
 local phase, a, b = string.match(cursor, '^(%a) ?(%S*) ?(%S*)$')
 if cursor == '0' then phase, a, b = 'r', '-inf', '0' end
 if phase == 'r' then
-  local skip = tonumber(b)
-  local got = redis.call('ZRANGEBYSCORE', K_IDX, a, '+inf', 'WITHSCORES', 'LIMIT', skip, budget)
-  if #got == 0 then return 'm 0', 0 end
+  local ids, next_at = idx_page(a, tonumber(b), budget)
+  if not ids then return 'm 0', 0 end
   local keys = {}
-  for i = 1, #got, 2 do keys[#keys + 1] = rec_key(got[i]) end
+  for i, id in ipairs(ids) do keys[i] = rec_key(id) end
   local vals = mget(keys)
   for i, v in ipairs(vals) do
     -- (a packet's task has no string of its own: its packet's is of layout 2)
@@ -30,14 +29,7 @@ if phase == 'r' then
       redis.call('SET', keys[i], rec_pack(f, hist), 'KEEPTTL')
     end
   end
-  local last = got[#got]
-  local n = 0
-  for i = #got, 2, -2 do
-    if got[i] ~= last then break end
-    n = n + 1
-  end
-  if last == a then n = n + skip end
-  return 'r ' .. last .. ' ' .. n, #vals
+  return 'r ' .. next_at, #vals
 end
 if phase == 'm' then
   local scan = redis.call('HSCAN', K_META, a, 'COUNT', budget)

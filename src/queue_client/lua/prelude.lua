@@ -333,6 +333,23 @@ local function chain_index(chain)
   return string.sub(K_REC, 1, -3) .. 'chain:' .. chain
 end
 
+-- A page of K_IDX for a migration pass: the ids of up to `budget` entries from score
+-- `from` on, past the `skip` entries of that score already seen (scores need not be
+-- unique), and where the next page starts ('SCORE SKIP'); nil when none is left.
+local function idx_page(from, skip, budget)
+  local got = redis.call('ZRANGEBYSCORE', K_IDX, from, '+inf', 'WITHSCORES', 'LIMIT', skip, budget)
+  if #got == 0 then return nil end
+  local ids = {}
+  for i = 1, #got, 2 do ids[#ids + 1] = got[i] end
+  local last, n = got[#got], 0
+  for i = #got, 2, -2 do
+    if got[i] ~= last then break end
+    n = n + 1
+  end
+  if last == from then n = n + skip end
+  return ids, last .. ' ' .. n
+end
+
 -- Lists each of `ids` in the list of its chain (chains[i], '' none). (A member listed
 -- twice, which only a migration run again can do, is read once.)
 local function chain_index_add(ids, chains, ttl_ms)
