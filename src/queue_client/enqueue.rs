@@ -534,11 +534,8 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
 }
 
 impl Queue {
-    /// The enqueue's `root` argument (`lua/enqueue.lua`): whether each task is the global
-    /// task of its own chain (submitted with `chain`, or a task of a queue with a done
-    /// route), and, for a queue with routes on one server, where its enqueue looks for a
-    /// list of that chain: with none, the chain is unlisted (`crate::chain::run_base`).
-    /// Whether a task enqueued with `chain` starts a chain of its own: a global task, or
+    /// The enqueue's `root` argument (`lua/enqueue.lua`, which then mints each chain's
+    /// id from the task's record number): whether a task enqueued with `chain` starts a chain of its own: a global task, or
     /// any task but a follow-up in a queue whose routes start chains. (An untracked
     /// queue keeps no record to number it by: it starts none.)
     fn root(&self, chain: &Option<TaskChain>) -> bool {

@@ -1251,8 +1251,8 @@ async fn a_follow_up_id_held_outside_its_chain_is_refused() {
 
 /// Slots killed again and again (SIGKILL, by the test) while two route queues, whose
 /// parents share their ids, make follow-ups into one queue: afterwards every done
-/// parent's chain has each of its children exactly once, under ids from its queue and
-/// run (unlisted chains), every child done, and no child was enqueued twice or made for
+/// parent's chain has each of its children exactly once, under ids from its chain (minted
+/// from its queue and record number), every child done, and no child was enqueued twice or made for
 /// nobody.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chains_under_slot_kills_make_each_child_once() {
@@ -1358,8 +1358,8 @@ async fn chains_under_slot_kills_make_each_child_once() {
     if dead == 0 {
         assert_eq!(enqueued, want.len());
     }
-    // (on one server both queues' tasks of an id keep their unlisted chains: their
-    // children's ids are named from their queues)
+    // (both queues' tasks of an id have chains of their own: their children's ids are
+    // named from them)
     let distinct: std::collections::BTreeSet<&String> = want.iter().collect();
     assert_eq!(
         distinct.len(),
