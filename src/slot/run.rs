@@ -1,5 +1,41 @@
 //! The slot process after the fork: its own runtime, its own Redis connection, and the
-//! loop take → handle → settle.
+//! loop take → handle → settle. Leases are extended meanwhile, the slot checks its own
+//! memory, and its stop (SIGTERM through `signals`, or a token in-process) is passed to
+//! the handler in hand (`SlotStop`), whose unstarted rest is given back
+//! (`Queue::release`) before the finished tasks are settled. Whether it serves on, stops
+//! or recycles is one enum, `Course`.
+//!
+//! What the loop guarantees (ARCHITECTURE.md's invariants 15, 25 and 34, in full):
+//!
+//! - **A slot never loses a batch it took.** `take` is never cancelled by SIGTERM; a
+//!   stopping slot finishes the task in hand (the batch, for a handler that cannot stop
+//!   early), settles what it finished, gives the rest back and exits 0. The combined
+//!   settle+take is sent only by a slot that is not stopping and not about to recycle. A
+//!   batch taken ahead (by that call, or prefetched while the handler ran, `prefetch =
+//!   true`) is checked before the handler gets it: a slot asked to stop meanwhile, or
+//!   about to recycle, gives it back at once (`lua/release.lua`: to the front of its list,
+//!   no attempt counted), and one whose lease ran out while it waited is given back, never
+//!   run, since another taker may hold it now. A prefetched batch's lease runs from its
+//!   take, so config refuses `prefetch` where `max_batch_time` exceeds `lease`. A batch
+//!   that runs long has its leases extended every lease/3 from the runtime thread while
+//!   the handler thread works, so only a dead or hung slot lets a lease lapse.
+//! - **A payload never crashes a slot.** Payloads are untrusted bytes. A slot
+//!   dead-letters a leased task whose payload exceeds the queue's `max_payload` before
+//!   the handler sees it (`screen`); `Task::json` refuses nesting deeper than 64 before
+//!   parsing, and handlers answer with `Outcome::Reject`; the exec handler rejects both
+//!   before writing the batch line, and reads a reply only up to 64 MiB, a UTF-8 JSON
+//!   object or the batch fails and the child is restarted. The rest of the batch is
+//!   handled either way.
+//! - **A stop returns the unstarted rest of a batch, with no attempt counted.** A slot
+//!   asked to stop while its handler holds a batch asks the handler too
+//!   (`SlotContext::should_stop`; an exec child gets `{"stop": true}` on stdin). The tasks
+//!   the handler finished are settled with their outcomes, fenced by their lease tokens;
+//!   those it did not start (past a Rust handler's short vector, once the stop was asked;
+//!   left out of an exec child's reply after the stop line) go back through
+//!   `Queue::release`: to the head of their priority's list in the order they were taken,
+//!   their attempt count unchanged, their record untouched. Without a stop, a short vector
+//!   or a task missing from a reply still fails. A batch whose take was in flight when the
+//!   stop came goes back whole before any handler sees it, as one taken ahead does.
 
 use std::os::unix::net::UnixDatagram;
 use std::panic::AssertUnwindSafe;

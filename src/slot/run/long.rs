@@ -1,6 +1,12 @@
 //! A long task (`kind = "long"`) in a slot: one task at a time, its lease renewed every
-//! tick while the handler runs, stopped on a cancel or before a lease it could not keep
-//! could be handed to another slot.
+//! tick while the handler runs (`Queue::renew_long`), stopped on a cancel or before a
+//! lease it could not keep could be handed to another slot. A cancel asked of it goes to
+//! the handler (`SlotContext` cancellation; `exec/stop.rs` writes the cancel line, then
+//! SIGTERM, SIGKILL). It ends cancelled, settled by its outcome (its follow-ups made
+//! first, through `FollowUps::before_settle`), or handed back when the slot stops
+//! (`Queue::hand_back_started`: the record keeps the run). Only a cancel or a slot's stop
+//! interrupts a running long task otherwise; the balancer never takes a busy long slot
+//! for another queue.
 //!
 //! The timing argument (docs/OPERATIONS.md, "Long tasks"): a renewal sent at `t` by the
 //! slot's monotonic clock is applied by Redis no earlier than `t`, so the lease it sets

@@ -1,5 +1,10 @@
 //! What a slot knows of its own memory: the processes it is summed over (its own tree and
 //! its outside process's), and when to tell its master of that outside process.
+//!
+//! Σ Private_Dirty of its tree and its outside process's tree is checked against
+//! `private_dirty_limit` before each settle; the tree is rescanned at most once a second,
+//! and each check reads only its processes. The master is told of the outside process
+//! (`SlotEvent::Outside`) so that a host's memory counts each process once.
 
 use std::time::{Duration, Instant};
 
