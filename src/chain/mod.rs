@@ -79,16 +79,16 @@ pub fn derived_id(base: &str, n: usize) -> String {
     format!("{base}{DERIVED_SEP}{n}")
 }
 
-/// The chain a record's task is the global task of, if it is one: a follow-up's record
-/// shows `chain:CHAIN` as its submitter, a global task's its own.
+/// Whether a task in chain `chain` that names `submitted_by` as its submitter is a
+/// follow-up in it: a follow-up's record shows `chain:CHAIN`, a global task's its own.
+fn follow_up_in(chain: &str, submitted_by: Option<&str>) -> bool {
+    submitted_by.and_then(|by| by.strip_prefix("chain:")) == Some(chain)
+}
+
+/// The chain a record's task is the global task of, if it is one.
 pub fn started_chain(rec: &TaskRecord) -> Option<&str> {
     let chain = rec.chain.as_deref()?;
-    let follow_up = rec
-        .submitted_by
-        .as_deref()
-        .and_then(|by| by.strip_prefix("chain:"))
-        == Some(chain);
-    (!follow_up).then_some(chain)
+    (!follow_up_in(chain, rec.submitted_by.as_deref())).then_some(chain)
 }
 
 /// What readers and the slot need to know of the queues a chain's tasks may be in: their
@@ -155,11 +155,7 @@ pub async fn start_global(
         else {
             continue;
         };
-        let follow_up = submitted_by
-            .as_deref()
-            .and_then(|b| b.strip_prefix("chain:"))
-            == Some(chain.as_str());
-        if follow_up && !makes_a_new_run(on, Some(state)) {
+        if follow_up_in(&chain, submitted_by.as_deref()) && !makes_a_new_run(on, Some(state)) {
             return Err(ChainError::InChain {
                 id: id.to_string(),
                 queue: on.name().to_string(),

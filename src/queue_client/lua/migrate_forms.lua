@@ -11,7 +11,8 @@
 --                   K_META, which goes when it holds only its pin ('');
 --   'p CURSOR':     a tracked task's meta without its chain field (written before metas
 --                   kept it) gets the one its record names: '' none, 's' its own id, 'c'
---                   and the chain otherwise (what chain.lua's 'get' read from the record).
+--                   and the chain otherwise (what layout 1's readers read from the
+--                   record); the "chains" pass then writes layout 2's chain fields.
 -- Each rewrite is what a reader of the old form read, so slots of the previous release
 -- running meanwhile see the same task before and after.
 local phase, a, b = string.match(cursor, '^(%a) ?(%S*) ?(%S*)$')
