@@ -172,7 +172,7 @@ impl Queue {
         owner: &str,
     ) -> Result<Option<TaskInfo>, QueueError> {
         // No task has an empty id, and the payload hash keeps a field by that name for
-        // itself (see `pinned` in lua/prelude.lua).
+        // itself (see `pinned` in lua/lib/tasks.lua).
         if id.is_empty() {
             return Ok(None);
         }

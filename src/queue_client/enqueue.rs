@@ -211,8 +211,9 @@ impl Queue {
         let Some((first, rest)) = chunks.split_first() else {
             return Ok(Vec::new());
         };
-        // The first call goes alone: it loads the script if Redis lacks it. Pipelined calls
-        // that all met NOSCRIPT would retry in any order and break FIFO between chunks.
+        // The first call goes alone: it loads the function library if Redis lacks it.
+        // Pipelined calls that all found their function missing would retry in any order
+        // and break FIFO between chunks.
         let mut out = self.enqueue_chunk(first).await?;
         // The futures are built first: a stream that maps borrowed chunks in a closure
         // makes a future that is not `Send` for every lifetime, which a server that
@@ -274,9 +275,9 @@ impl Queue {
     /// payloads (with their ids when given).
     pub(super) fn enqueue_invocation_with<'a>(
         &self,
-        script: &'a redis::Script,
+        script: &'a super::scripts::Function,
         chunk: &[NewTask],
-    ) -> redis::ScriptInvocation<'a> {
+    ) -> super::scripts::Call<'a> {
         let first = &chunk[0];
         let at_ms = first
             .at
@@ -424,7 +425,7 @@ pub fn check_id(id: &str, derived: bool) -> Result<(), QueueError> {
 /// A chunk of follow-ups as a packet's arguments (enqueue.lua mode `ik`): their ids, then
 /// their chains separated by 0x1f, then their payloads each framed `LEN:bytes`, so that
 /// the script neither takes in nor makes anything per task but the ids.
-fn push_packet_args(inv: &mut redis::ScriptInvocation<'_>, chunk: &[NewTask]) {
+fn push_packet_args(inv: &mut super::scripts::Call<'_>, chunk: &[NewTask]) {
     let mut chains: Vec<u8> = Vec::new();
     let mut payloads: Vec<u8> = Vec::with_capacity(chunk.iter().map(|t| t.payload.len() + 8).sum());
     for (i, t) in chunk.iter().enumerate() {

@@ -76,7 +76,7 @@ fn layout_hint(queue: &str, found: u32, need: u32) -> String {
     }
 }
 
-/// The error code of a script's layout refusal (`layout_check` in lua/prelude.lua).
+/// The error code of a script's layout refusal (`layout_check` in lua/lib/keys.lua).
 const LAYOUT_CODE: &str = "LAYOUT";
 
 impl From<redis::RedisError> for QueueError {

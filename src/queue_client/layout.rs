@@ -1,6 +1,6 @@
 //! The layout version of a queue's data: which forms its keys hold, recorded in the
 //! queue's `conf` hash (field [`FIELD`]) so that a gaffer never reads a form it does not
-//! know. Every queue script checks it first (`layout_check` in lua/prelude.lua, one HGET)
+//! know. Every queue script checks it first (`layout_check` in lua/lib/keys.lua, one HGET)
 //! and refuses a queue of another layout; `gaffer migrate` moves a queue's data from one
 //! version to the next (`migrate.rs`).
 //!

@@ -27,7 +27,7 @@ pub struct LeasedTask {
     pub(crate) meta: TaskMeta,
 }
 
-/// What a leased task's meta says (`parse_meta` in lua/prelude.lua) that a slot can use
+/// What a leased task's meta says (`parse_meta` in lua/lib/tasks.lua) that a slot can use
 /// without asking Redis again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct TaskMeta {
@@ -36,7 +36,7 @@ pub(crate) struct TaskMeta {
     /// Its chain.
     pub(crate) chain: MetaChain,
     /// Its record's sequence number (its place in the listing index), handed back with
-    /// its ack so that a whole batch's ack writes no record (`K_DONE` in prelude.lua);
+    /// its ack so that a whole batch's ack writes no record (`K_DONE` in lua/lib/records.lua);
     /// `None` for an untracked task, or one enqueued before records were numbered.
     pub(crate) seq: Option<u64>,
     /// When it was enqueued (ms since the epoch); `None` when the meta did not parse.
@@ -145,7 +145,7 @@ pub struct SettleOp {
     /// What to do.
     pub action: Settle,
     /// The task's record's sequence number, as its take found it (`None`: unknown). With
-    /// it, the ack of a whole batch writes no record (see `K_DONE` in prelude.lua); it
+    /// it, the ack of a whole batch writes no record (see `K_DONE` in lua/lib/records.lua); it
     /// must be the take's, or the ack shows other tasks' records as done.
     pub seq: Option<u64>,
 }
@@ -380,7 +380,7 @@ impl Queue {
         &self,
         ops: &[SettleOp],
         order: &SettleOrder,
-    ) -> redis::ScriptInvocation<'static> {
+    ) -> super::scripts::Call<'static> {
         let mut inv = self.invocation(&SCRIPTS.settle);
         self.push_settle_args(&mut inv, ops, order);
         inv
@@ -390,7 +390,7 @@ impl Queue {
     /// the acks of first attempts, those of later attempts, and the other ops, in `order`.
     pub(super) fn push_settle_args(
         &self,
-        inv: &mut redis::ScriptInvocation<'_>,
+        inv: &mut super::scripts::Call<'_>,
         ops: &[SettleOp],
         order: &SettleOrder,
     ) {
@@ -642,7 +642,7 @@ fn parse_first_attempts(reply: Vec<Value>, token: u64) -> Result<Batch, QueueErr
     })
 }
 
-/// The tasks a take handed out of a packet (`lua/prelude.lua`, "Packets"): `store` says
+/// The tasks a take handed out of a packet (`lua/lib/blocks.lua`, "Packets"): `store` says
 /// what they share and each one's number and chain, `taken` their ids in take order and
 /// their payloads. Each task's meta is made here as its enqueue would have written it,
 /// so that the take need not loop over the tasks.
@@ -695,7 +695,7 @@ fn packet_tasks(store: &[u8], taken: &[u8], token: u64) -> Result<Vec<LeasedTask
     Ok(tasks)
 }
 
-/// The record separator and the field separator of the queue scripts (prelude.lua).
+/// The record separator and the field separator of the queue scripts (lua/lib/records.lua).
 const RS: u8 = 0x1e;
 const FS: u8 = 0x1f;
 
@@ -724,7 +724,7 @@ fn leased(
     })
 }
 
-/// A task's stored value, which is its meta, a newline, then the payload (prelude.lua,
+/// A task's stored value, which is its meta, a newline, then the payload (lua/lib/tasks.lua,
 /// `task_value`): the meta is cut off here rather than in the take, whose reply then
 /// needs no loop over the tasks.
 fn split_value(mut value: Vec<u8>) -> Result<(TaskMeta, Vec<u8>), QueueError> {
@@ -814,7 +814,7 @@ impl SettleOrder {
 
 /// Adds one op other than a plain ack to the settle script's call: its kind, id, token
 /// and attempt, then three arguments whose meaning depends on the kind.
-fn push_other_op(inv: &mut redis::ScriptInvocation<'_>, op: &SettleOp) {
+fn push_other_op(inv: &mut super::scripts::Call<'_>, op: &SettleOp) {
     inv.arg(match op.action {
         Settle::Ack => unreachable!("acks are sent before the other ops"),
         Settle::Extend { .. } => "e",

@@ -53,7 +53,7 @@ pub struct QueueLimits {
     pub failed_routes: bool,
     /// A slot's follow-ups to this queue are enqueued as packets, one per call, where
     /// the queue takes them (tracked batch queues that are not ordered; see
-    /// `lua/prelude.lua`, "Packets"). Every configured queue has it; off by default, so
+    /// `lua/lib/blocks.lua`, "Packets"). Every configured queue has it; off by default, so
     /// that a queue made in code keeps the one-by-one layout unless it asks.
     pub packets: bool,
 }

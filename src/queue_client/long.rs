@@ -104,7 +104,7 @@ impl Queue {
     }
 
     /// long.lua's arguments after the op: the lease, attempt, worker and record TTL.
-    fn push_long_head(&self, inv: &mut redis::ScriptInvocation<'_>, task: &LeasedTask) {
+    fn push_long_head(&self, inv: &mut super::scripts::Call<'_>, task: &LeasedTask) {
         let (host, slot) = self.worker_args();
         inv.arg(&task.id)
             .arg(task.token)

@@ -12,11 +12,11 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use super::layout::{self, CURRENT, UNRECORDED};
 use super::reply::int;
-use super::scripts::{Keys, unchecked};
+use super::scripts::{Function, Keys};
 use super::{Queue, QueueError, RedisConn};
 
 /// The field of a queue's `conf` hash that holds where its migration is.
@@ -49,27 +49,33 @@ pub const PASSES: &[Pass] = &[
     },
 ];
 
-/// Each pass's script: its body inside lua/migrate.lua.
-static SCRIPTS: LazyLock<Vec<Script>> = LazyLock::new(|| {
+impl Pass {
+    /// The name of its function in the library (`scripts.rs`).
+    pub(super) fn function_name(&self) -> String {
+        format!("migrate_{}", self.name)
+    }
+
+    /// Its function's body: the pass's own as `pass(cursor, budget)`, then
+    /// lua/migrate.lua.
+    pub(super) fn lua(&self) -> String {
+        format!(
+            "local function pass(cursor, budget)\n{}\nend\n{}",
+            self.body,
+            include_str!("lua/migrate.lua")
+        )
+    }
+}
+
+/// Each pass's function.
+static FUNCTIONS: LazyLock<Vec<Function>> = LazyLock::new(|| {
     PASSES
         .iter()
-        .map(|p| {
-            Script::new(&unchecked(&format!(
-                "local MIGRATE_FIELD = '{MIGRATE_FIELD}'\nlocal function pass(cursor, budget)\n{}\nend\n{}",
-                p.body,
-                include_str!("lua/migrate.lua")
-            )))
-        })
+        .map(|p| Function::named(&p.function_name()))
         .collect()
 });
 
-/// Where a queue's layout stands.
-static WHERE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&unchecked(&format!(
-        "local at = redis.call('HMGET', K_CONF, LAYOUT_FIELD, '{MIGRATE_FIELD}')\n\
-         return {{at[1] or '', at[2] or '', holds_data() and 1 or 0}}"
-    )))
-});
+/// Where a queue's layout stands (lua/layout_where.lua).
+static WHERE: LazyLock<Function> = LazyLock::new(|| Function::named("layout_where"));
 
 /// A queue's layout and migration, as read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,7 +168,7 @@ impl Queue {
         };
         let pass = &PASSES[step[at]];
         let next = step.get(at + 1).map_or("", |&i| PASSES[i].name);
-        let mut inv = self.invocation(&SCRIPTS[step[at]]);
+        let mut inv = self.invocation(&FUNCTIONS[step[at]]);
         inv.arg(&state.position_text)
             .arg(&state.recorded)
             .arg(pass.name)

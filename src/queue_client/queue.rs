@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::scripts::Keys;
+use super::scripts::{Call, Function, Keys};
 use super::{QueueLimits, RedisConn, record};
 
 /// A handle on one queue: cheap to clone, safe to share between tasks.
@@ -54,7 +54,7 @@ impl Queue {
         record::ttl_ms(self.limits.history_ttl)
     }
 
-    pub(super) fn invocation<'a>(&self, script: &'a redis::Script) -> redis::ScriptInvocation<'a> {
+    pub(super) fn invocation<'a>(&self, script: &'a Function) -> Call<'a> {
         let mut inv = script.prepare_invoke();
         for k in &self.keys.all {
             inv.key(k);

@@ -6,7 +6,7 @@
 //! its task ends; takes and the manager's housekeeping delete due records, a bounded
 //! number per call, so records go without a reaper. Reads write nothing (a read-only Redis
 //! user can run them) and pass over a due record that is still stored. The storage layout is described in
-//! `lua/prelude.lua` and `docs/STORAGE.md`; this module turns it into
+//! `lua/lib/records.lua` and `docs/STORAGE.md`; this module turns it into
 //! [`TaskRecord`], whose JSON form is the API's record.
 
 use std::time::Duration;
@@ -315,7 +315,7 @@ impl Queue {
 
     /// `MEMORY USAGE` of what tasks ended together leave (the runs of a whole batch's
     /// ack, and the lists) and of the zset that lists them, and how many tasks they hold
-    /// (see `lua/prelude.lua`).
+    /// (see `lua/lib/records.lua`).
     async fn ended_lists_memory(
         &self,
         conn: &mut super::RedisConn,

@@ -1,253 +1,371 @@
-//! The Lua scripts behind every queue operation, each one round trip and atomic.
-//! They share `lua/prelude.lua` (key order, chunked variadic calls, helpers).
+//! The Lua behind every queue operation: one library of Redis functions (`FUNCTION
+//! LOAD`, Redis 7.0 or later), each call one round trip and atomic.
+//!
+//! The library is the files of `lua/lib/` in the order of [`LIB`] (each uses only what
+//! the ones before it define: keys, calls, tasks, records, chains, blocks, record_io,
+//! expiry, views, locate, control), then one function per operation, whose body is its
+//! file in `lua/` ([`FUNCTIONS`]). A library's top-level code runs once, when Redis
+//! loads it, so a call pays only for what it does: the helpers are not made anew at each
+//! call, as a script's are. A queue function binds its queue's keys (`bind` in
+//! lua/lib/keys.lua) and checks the queue's layout (`layout_check`) before its body.
+//!
+//! The library's name carries a hash of its text (`gaffer_HASH`, its functions
+//! `gaffer_NAME_HASH`), so two releases of gaffer on one Redis (a rolling upgrade) each
+//! call their own functions. A call that finds its function missing (a new or restarted
+//! server, a failover to a replica that never had it) loads the library, on every master
+//! of a cluster, and calls again, as `EVALSHA` after `NOSCRIPT`; a user that may not load
+//! it gets an error saying who can (docs/SECURITY.md).
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
-use super::layout;
+use super::{layout, migrate};
 
-/// Every script the queue runs, compiled (hashed) once per process.
-pub(crate) struct Scripts {
-    pub enqueue: Script,
-    pub take: Script,
-    pub settle: Script,
-    pub settle_take: Script,
-    pub release: Script,
-    pub stats: Script,
-    pub dead_list: Script,
-    pub dead_move: Script,
-    pub find: Script,
-    pub drop: Script,
-    pub record_get: Script,
-    pub glance: Script,
-    pub list: Script,
-    pub freeze: Script,
-    pub housekeep: Script,
-    pub chain: Script,
-    pub long: Script,
-    pub follow_enqueue: Script,
-    pub held: Script,
+/// The library's files, in load order.
+const LIB: [(&str, &str); 11] = [
+    ("keys", include_str!("lua/lib/keys.lua")),
+    ("calls", include_str!("lua/lib/calls.lua")),
+    ("tasks", include_str!("lua/lib/tasks.lua")),
+    ("records", include_str!("lua/lib/records.lua")),
+    ("chains", include_str!("lua/lib/chains.lua")),
+    ("blocks", include_str!("lua/lib/blocks.lua")),
+    ("record_io", include_str!("lua/lib/record_io.lua")),
+    ("expiry", include_str!("lua/lib/expiry.lua")),
+    ("views", include_str!("lua/lib/views.lua")),
+    ("locate", include_str!("lua/lib/locate.lua")),
+    ("control", include_str!("lua/lib/control.lua")),
+];
+
+/// How a function starts, before its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// A queue's: its keys bound and its layout checked; `stamp`: a queue with no data
+    /// gets the current layout (for functions that write: a look at a queue never used
+    /// leaves no key behind).
+    Queue { stamp: bool },
+    /// A queue's keys bound, its layout not checked: `gaffer migrate`'s, which work on a
+    /// queue of an older layout.
+    Unchecked,
+    /// No queue: KEYS is what the caller gives (a system's bucket, the switches hash).
+    Bare,
 }
 
-const PRELUDE: &str = include_str!("lua/prelude.lua");
-
-/// `body` after the part of the prelude it uses and the queue's layout check
-/// (`layout_check` in lua/prelude.lua), which stamps a new queue: for scripts that write.
-pub(crate) fn with_prelude(body: &str) -> Script {
-    Script::new(&checked(body, true))
+/// One function of the library.
+struct Def {
+    name: &'static str,
+    body: &'static str,
+    start: Start,
+    /// Whether it writes; one that does not is flagged `no-writes` and called with
+    /// `FCALL_RO`.
+    writes: bool,
 }
 
-/// [`with_prelude`] for a script that only reads: its check stamps nothing, so that a
-/// look at a queue never used leaves no key behind.
-fn reading_with_prelude(body: &str) -> Script {
-    Script::new(&checked(body, false))
-}
-
-/// `body` after the layout's definitions, the part of the prelude it uses and the layout
-/// check, as one script's text.
-fn checked(body: &str, stamp: bool) -> String {
-    let body = format!("layout_check({stamp})\n{body}");
-    unchecked(&body)
-}
-
-/// `body` after the layout's definitions and the part of the prelude it uses, with no
-/// layout check: for `gaffer migrate`'s passes, which run on a queue of an older layout.
-pub(crate) fn unchecked(body: &str) -> String {
-    format!("{}\n{}\n{body}", layout::lua_header(), prelude_for(body))
-}
-
-/// The prelude's top-level definitions that `body` uses, directly or through others, in
-/// their order. Redis runs a script's whole text at every call: each `local function` is
-/// a closure made anew, and making one walks the list of open upvalues, which grows with
-/// every top-level local before it. The whole prelude cost every call about 16 µs of
-/// Redis's time, as much as a batch's take of 100 tasks spends on them; a script pays
-/// only for the helpers it calls.
-fn prelude_for(body: &str) -> String {
-    // (read once for every script)
-    static ITEMS: LazyLock<Vec<PreludeItem<'static>>> = LazyLock::new(|| prelude_items(PRELUDE));
-    let items = &*ITEMS;
-    let mut need: std::collections::HashSet<&str> = identifiers(body).collect();
-    let mut keep = vec![false; items.len()];
-    loop {
-        let mut grew = false;
-        for (i, item) in items.iter().enumerate() {
-            if !keep[i] && (item.names.is_empty() || item.names.iter().any(|n| need.contains(n))) {
-                keep[i] = true;
-                grew = true;
-                need.extend(identifiers(item.text));
-            }
-        }
-        if !grew {
-            break;
-        }
+const fn def(name: &'static str, body: &'static str, start: Start, writes: bool) -> Def {
+    Def {
+        name,
+        body,
+        start,
+        writes,
     }
-    items
-        .iter()
-        .zip(keep)
-        .filter(|(_, k)| *k)
-        .map(|(item, _)| item.text)
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
-/// One top-level statement of the prelude (a `local` at the start of a line, with the
-/// comment lines above it and the indented lines and `end` below it) and what it defines.
-struct PreludeItem<'a> {
-    text: &'a str,
-    names: Vec<&'a str>,
-}
+const WRITES: Start = Start::Queue { stamp: true };
+const READS: Start = Start::Queue { stamp: false };
 
-fn prelude_items(prelude: &str) -> Vec<PreludeItem<'_>> {
-    let mut starts = Vec::new();
-    let mut comment_start = None;
-    let mut offset = 0;
-    for line in prelude.split_inclusive('\n') {
-        if line.starts_with("--") || line.trim().is_empty() {
-            comment_start.get_or_insert(offset);
-        } else if line.starts_with("local ") {
-            starts.push(comment_start.unwrap_or(offset));
-            comment_start = None;
-        } else {
-            comment_start = None;
-        }
-        offset += line.len();
-    }
-    starts.push(prelude.len());
-    starts
-        .windows(2)
-        .map(|w| {
-            let text = prelude[w[0]..w[1]].trim_end_matches('\n');
-            PreludeItem {
-                text,
-                names: defined_names(text),
-            }
-        })
-        .collect()
-}
+/// The bodies other functions call (settle_take.lua calls `settle_part` and `take_part`,
+/// long.lua `settle_part`, follow_enqueue.lua `enqueue_part`), each defined once as a
+/// local function `NAME_part(ARGV, ARGN)` of the library: whoever calls one gives it the
+/// arguments that are its own, and the body is the same file that runs alone.
+const PARTS: [(&str, &str); 3] = [
+    ("settle", include_str!("lua/settle.lua")),
+    ("take", include_str!("lua/take.lua")),
+    ("enqueue", include_str!("lua/enqueue.lua")),
+];
 
-/// The names a top-level `local` statement defines.
-fn defined_names(item: &str) -> Vec<&str> {
-    let Some(line) = item.lines().find(|l| l.starts_with("local ")) else {
-        return Vec::new();
-    };
-    let rest = &line["local ".len()..];
-    if let Some(f) = rest.strip_prefix("function ") {
-        return f.split('(').next().map(str::trim).into_iter().collect();
-    }
-    rest.split('=')
-        .next()
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .collect()
-}
-
-/// The identifiers of Lua code, outside its strings and comments. A string or comment
-/// this misreads can only add names (a helper given needlessly), or hide the rest of its
-/// line: a short string ends at the line's end, a long one (`[[…]]`) at its `]]`.
-fn identifiers(code: &str) -> impl Iterator<Item = &str> {
-    let b = code.as_bytes();
-    let mut i = 0;
-    let long_end = |from: usize| code[from..].find("]]").map_or(b.len(), |at| from + at + 2);
-    std::iter::from_fn(move || {
-        while i < b.len() {
-            match b[i] {
-                b'-' if b.get(i + 1) == Some(&b'-') => {
-                    if code[i + 2..].starts_with("[[") {
-                        i = long_end(i + 4);
-                        continue;
-                    }
-                    while i < b.len() && b[i] != b'\n' {
-                        i += 1;
-                    }
-                }
-                b'[' if b.get(i + 1) == Some(&b'[') => i = long_end(i + 2),
-                q @ (b'\'' | b'"') => {
-                    i += 1;
-                    while i < b.len() && b[i] != q && b[i] != b'\n' {
-                        i += if b[i] == b'\\' { 2 } else { 1 };
-                    }
-                    i += 1;
-                }
-                c if c == b'_' || c.is_ascii_alphabetic() => {
-                    let start = i;
-                    while i < b.len() && (b[i] == b'_' || b[i].is_ascii_alphanumeric()) {
-                        i += 1;
-                    }
-                    return Some(&code[start..i]);
-                }
-                c if c.is_ascii_digit() => {
-                    // (a number's letters, as in 1e3 or 0x1f, are not names)
-                    while i < b.len() && (b[i] == b'_' || b[i].is_ascii_alphanumeric()) {
-                        i += 1;
-                    }
-                }
-                _ => i += 1,
-            }
-        }
-        None
-    })
-}
-
-/// settle.lua and take.lua as two functions of one script, called by settle_take.lua:
-/// each body inside a function whose parameters `ARGV` and `ARGN` (how many of ARGV are
-/// its arguments) shadow the script's, so the bodies are the files as they are (their
-/// record lines included) and cannot drift apart from the scripts that run alone.
-fn settle_then_take() -> Script {
-    with_prelude(&format!(
-        "local function settle_part(ARGV, ARGN)\n{}\nend\nlocal function take_part(ARGV, ARGN)\n{}\nend\n{}",
-        include_str!("lua/settle.lua"),
-        include_str!("lua/take.lua"),
+/// Every function but `gaffer migrate`'s passes (added from [`migrate::PASSES`]).
+const FUNCTIONS: [Def; 25] = [
+    def("enqueue", "return enqueue_part(ARGV, ARGN)", WRITES, true),
+    def("take", "return take_part(ARGV, ARGN)", WRITES, true),
+    def("settle", "return settle_part(ARGV, ARGN)", WRITES, true),
+    def(
+        "settle_take",
         include_str!("lua/settle_take.lua"),
-    ))
-}
-
-/// long.lua with settle.lua's body as its function `settle_part`, like
-/// [`settle_then_take`]: a long task that returns is settled by the same code as any.
-fn long_with_settle() -> Script {
-    with_prelude(&format!(
-        "local function settle_part(ARGV, ARGN)\n{}\nend\n{}",
-        include_str!("lua/settle.lua"),
-        include_str!("lua/long.lua"),
-    ))
-}
-
-/// follow_enqueue.lua with enqueue.lua's body as its function `enqueue_part`, like
-/// [`settle_then_take`]: a slot's follow-ups, after the check that their parents' leases
-/// stand, in one call.
-fn enqueue_after_lease_check() -> Script {
-    with_prelude(&format!(
-        "local function enqueue_part()\n{}\nend\n{}",
-        include_str!("lua/enqueue.lua"),
+        WRITES,
+        true,
+    ),
+    def("release", include_str!("lua/release.lua"), WRITES, true),
+    def("stats", include_str!("lua/stats.lua"), READS, false),
+    def("dead_list", include_str!("lua/dead_list.lua"), READS, false),
+    def("dead_move", include_str!("lua/dead_move.lua"), WRITES, true),
+    def("find", include_str!("lua/find.lua"), WRITES, true),
+    def("drop", include_str!("lua/drop.lua"), WRITES, true),
+    // (a read, but it marks a task an api instance waits for)
+    def(
+        "record_get",
+        include_str!("lua/record_get.lua"),
+        READS,
+        true,
+    ),
+    def("glance", include_str!("lua/glance.lua"), READS, false),
+    def("list", include_str!("lua/list.lua"), READS, false),
+    def("freeze", include_str!("lua/freeze.lua"), WRITES, true),
+    def("housekeep", include_str!("lua/housekeep.lua"), WRITES, true),
+    def("chain", include_str!("lua/chain.lua"), WRITES, true),
+    def("long", include_str!("lua/long.lua"), WRITES, true),
+    def(
+        "follow_enqueue",
         include_str!("lua/follow_enqueue.lua"),
-    ))
+        WRITES,
+        true,
+    ),
+    def("held", include_str!("lua/held.lua"), READS, false),
+    def("system", include_str!("lua/system.lua"), WRITES, true),
+    def(
+        "layout_where",
+        include_str!("lua/layout_where.lua"),
+        Start::Unchecked,
+        false,
+    ),
+    def("bucket", include_str!("lua/bucket.lua"), Start::Bare, true),
+    def("switch", include_str!("lua/switch.lua"), Start::Bare, true),
+    def(
+        "outcount",
+        include_str!("lua/outcount.lua"),
+        Start::Bare,
+        true,
+    ),
+    def("adopt", include_str!("lua/adopt.lua"), Start::Bare, true),
+];
+
+/// The library as loaded: its text and name, and its version (the hash in its names).
+pub(crate) struct Library {
+    text: String,
+    name: String,
+    version: String,
+}
+
+/// The one library of this build.
+pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(library);
+
+fn library() -> Library {
+    let mut code = format!(
+        "{}\nlocal MIGRATE_FIELD = '{}'\n",
+        layout::lua_header(),
+        migrate::MIGRATE_FIELD
+    );
+    for (name, text) in LIB {
+        code.push_str(&format!("\n-- lib/{name}.lua\n{text}"));
+    }
+    for (name, body) in PARTS {
+        code.push_str(&format!(
+            "\n-- {name}.lua\nlocal function {name}_part(ARGV, ARGN)\n{body}\nend\n"
+        ));
+    }
+    let migrations = migrate::PASSES.iter().map(|p| (p.function_name(), p.lua()));
+    let passes: Vec<(String, String)> = migrations.collect();
+    let defs = FUNCTIONS
+        .iter()
+        .map(|d| (d.name, d.body, d.start, d.writes));
+    let defs = defs.chain(
+        passes
+            .iter()
+            .map(|(name, body)| (name.as_str(), body.as_str(), Start::Unchecked, true)),
+    );
+    let mut registrations = String::new();
+    for (name, body, start, writes) in defs {
+        registrations.push_str(&registration(name, body, start, writes));
+    }
+    // (the version hashes the text before the names that carry it are added)
+    let version =
+        redis::Script::new(&format!("{code}{registrations}")).get_hash()[..12].to_string();
+    let text =
+        format!("#!lua name=gaffer_{version}\nlocal VERSION = '{version}'\n{code}{registrations}");
+    Library {
+        text,
+        name: format!("gaffer_{version}"),
+        version,
+    }
+}
+
+/// The Lua that registers function `name`, `body` run after its start.
+fn registration(name: &str, body: &str, start: Start, writes: bool) -> String {
+    let begin = match start {
+        Start::Queue { stamp } => format!("bind(keys) layout_check({stamp})"),
+        Start::Unchecked => "bind(keys)".to_string(),
+        Start::Bare => "KEYS = keys".to_string(),
+    };
+    let flags = if writes { "" } else { "'no-writes'" };
+    format!(
+        "\n-- {name}\nredis.register_function{{function_name = 'gaffer_{name}_' .. VERSION, \
+         flags = {{{flags}}}, callback = function(keys, ARGV)\n{begin}\nlocal ARGN = #ARGV\n{body}\nend}}\n"
+    )
+}
+
+/// A function of the library, as called.
+pub(crate) struct Function {
+    name: String,
+    writes: bool,
+}
+
+impl Function {
+    /// The library's function `name` (a name of [`FUNCTIONS`], or a migration pass's).
+    pub(crate) fn named(name: &str) -> Function {
+        let writes = FUNCTIONS
+            .iter()
+            .find(|d| d.name == name)
+            .is_none_or(|d| d.writes);
+        debug_assert!(
+            LIBRARY.text.contains(&format!("'gaffer_{name}_'")),
+            "{name}"
+        );
+        Function {
+            name: format!("gaffer_{name}_{}", LIBRARY.version),
+            writes,
+        }
+    }
+
+    /// A call of the function, its keys and arguments to add.
+    pub(crate) fn prepare_invoke(&self) -> Call<'_> {
+        Call {
+            function: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+}
+
+/// One call of a [`Function`]: its keys and its arguments.
+pub(crate) struct Call<'a> {
+    function: &'a Function,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call<'_> {
+    /// Adds a key.
+    pub(crate) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    /// Adds an argument (a value that writes several, such as a slice, adds each).
+    pub(crate) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// Calls the function, loading the library first when Redis lacks it.
+    pub(crate) async fn invoke_async<T: FromRedisValue>(
+        &self,
+        conn: &mut impl ConnectionLike,
+    ) -> RedisResult<T> {
+        let cmd = self.cmd();
+        match cmd.query_async(conn).await {
+            Err(e) if is_missing_function(&e) => {
+                load(conn).await?;
+                cmd.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+
+    fn cmd(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd(if self.function.writes {
+            "FCALL"
+        } else {
+            "FCALL_RO"
+        });
+        cmd.arg(&self.function.name).arg(self.keys.len());
+        for k in &self.keys {
+            cmd.arg(k.as_slice());
+        }
+        for a in &self.args {
+            cmd.arg(a.as_slice());
+        }
+        cmd
+    }
+}
+
+/// Whether Redis answered that it has no such function.
+fn is_missing_function(e: &RedisError) -> bool {
+    e.detail()
+        .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// Loads the library on the server behind `conn` (every master of a cluster). A user
+/// refused `FUNCTION LOAD` gets an error naming the library and who may load it.
+pub(crate) async fn load(conn: &mut impl ConnectionLike) -> RedisResult<()> {
+    let loaded: RedisResult<Value> = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&LIBRARY.text)
+        .query_async(conn)
+        .await;
+    match loaded {
+        Ok(_) => Ok(()),
+        Err(e) if e.code() == Some("NOPERM") => Err(RedisError::from((
+            ErrorKind::Client,
+            "function library missing",
+            format!(
+                "redis lacks gaffer's function library {} and this user may not load it \
+                 (FUNCTION LOAD refused: NOPERM): start a manager, master or api of this \
+                 release first, or \
+                 run `gaffer migrate` (see docs/SECURITY.md)",
+                LIBRARY.name
+            ),
+        ))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every queue function, as called.
+pub(crate) struct Scripts {
+    pub enqueue: Function,
+    pub take: Function,
+    pub settle: Function,
+    pub settle_take: Function,
+    pub release: Function,
+    pub stats: Function,
+    pub dead_list: Function,
+    pub dead_move: Function,
+    pub find: Function,
+    pub drop: Function,
+    pub record_get: Function,
+    pub glance: Function,
+    pub list: Function,
+    pub freeze: Function,
+    pub housekeep: Function,
+    pub chain: Function,
+    pub long: Function,
+    pub follow_enqueue: Function,
+    pub held: Function,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    enqueue: with_prelude(include_str!("lua/enqueue.lua")),
-    take: with_prelude(include_str!("lua/take.lua")),
-    settle: with_prelude(include_str!("lua/settle.lua")),
-    settle_take: settle_then_take(),
-    release: with_prelude(include_str!("lua/release.lua")),
-    stats: reading_with_prelude(include_str!("lua/stats.lua")),
-    dead_list: reading_with_prelude(include_str!("lua/dead_list.lua")),
-    dead_move: with_prelude(include_str!("lua/dead_move.lua")),
-    find: with_prelude(include_str!("lua/find.lua")),
-    drop: with_prelude(include_str!("lua/drop.lua")),
-    record_get: reading_with_prelude(include_str!("lua/record_get.lua")),
-    glance: reading_with_prelude(include_str!("lua/glance.lua")),
-    list: reading_with_prelude(include_str!("lua/list.lua")),
-    freeze: with_prelude(include_str!("lua/freeze.lua")),
-    housekeep: with_prelude(include_str!("lua/housekeep.lua")),
-    chain: with_prelude(include_str!("lua/chain.lua")),
-    long: long_with_settle(),
-    follow_enqueue: enqueue_after_lease_check(),
-    held: reading_with_prelude(include_str!("lua/held.lua")),
+    enqueue: Function::named("enqueue"),
+    take: Function::named("take"),
+    settle: Function::named("settle"),
+    settle_take: Function::named("settle_take"),
+    release: Function::named("release"),
+    stats: Function::named("stats"),
+    dead_list: Function::named("dead_list"),
+    dead_move: Function::named("dead_move"),
+    find: Function::named("find"),
+    drop: Function::named("drop"),
+    record_get: Function::named("record_get"),
+    glance: Function::named("glance"),
+    list: Function::named("list"),
+    freeze: Function::named("freeze"),
+    housekeep: Function::named("housekeep"),
+    chain: Function::named("chain"),
+    long: Function::named("long"),
+    follow_enqueue: Function::named("follow_enqueue"),
+    held: Function::named("held"),
 });
 
-/// The keys of one queue, in the order `prelude.lua` reads them. All share the hash tag
+/// The keys of one queue, in the order `bind` in lua/lib/keys.lua reads them. All share the hash tag
 /// `{QUEUE}`, so one queue lives in one Redis Cluster slot; so do the per-priority ready
 /// lists (`…:ready:PRIORITY`) that the scripts derive from the `ready` key, the task
 /// records (`…:r:ID`) derived from the `r:` prefix (`exp` and `watch` hold which records
@@ -306,8 +424,8 @@ impl Keys {
         format!("{}{id}", self.all[12])
     }
 
-    /// The list of the ids of chain `chain`'s tasks in the queue (prelude.lua's
-    /// `chain_index`).
+    /// The list of the ids of chain `chain`'s tasks in the queue (`chain_index` in
+    /// lua/lib/chains.lua).
     pub fn chain(&self, chain: &str) -> String {
         let rec = &self.all[12];
         format!("{}chain:{chain}", &rec[..rec.len() - 2])
@@ -337,21 +455,87 @@ impl Keys {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+
     use super::*;
 
+    /// The library's files as one text, as [`library`] puts them.
+    fn lib_text() -> String {
+        LIB.iter()
+            .map(|(_, text)| *text)
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// A name used in a function before its `local` is defined would be a global there,
+    /// which Redis refuses only when a call reaches it: each top-level definition of the
+    /// library uses only names defined above it.
     #[test]
-    fn a_script_gets_the_prelude_items_it_uses_and_those_they_use_in_order() {
-        let prelude = "-- head\nlocal A, B = 1, 2\nlocal C = 3\n\n-- f\nlocal function f(x)\n  -- uses C, not B\n  return A + C + x\nend\nlocal function g()\n  return 'f(B)'\nend\nlocal function h() return f(1) end\n";
-        let items = prelude_items(prelude);
-        let names: Vec<Vec<&str>> = items.iter().map(|i| i.names.clone()).collect();
-        assert_eq!(
-            names,
-            [vec!["A", "B"], vec!["C"], vec!["f"], vec!["g"], vec!["h"]]
+    fn each_library_name_is_defined_before_what_uses_it() {
+        let text = lib_text();
+        let items = items(&text);
+        let all: HashSet<&str> = items.iter().flat_map(|i| i.names.clone()).collect();
+        let mut defined = HashSet::new();
+        for item in &items {
+            for name in identifiers(item.text).filter(|n| all.contains(n)) {
+                assert!(
+                    defined.contains(name) || item.names.contains(&name),
+                    "{name} is used before its definition in:\n{}",
+                    item.text
+                );
+            }
+            defined.extend(item.names.iter().copied());
+        }
+        assert!(all.contains("bind") && all.contains("layout_check"));
+    }
+
+    /// Top-level code runs when Redis loads the library, where no call can be made and
+    /// the string, math and table libraries are out of reach (a string's methods are
+    /// not): the files hold only definitions.
+    #[test]
+    fn the_library_files_hold_only_definitions() {
+        for (name, text) in LIB {
+            for (n, line) in text.lines().enumerate() {
+                let top = !line.starts_with([' ', '\t']) && !line.trim().is_empty();
+                let at = format!("lib/{name}.lua line {}: {line}", n + 1);
+                assert!(
+                    !top || line.starts_with("local ") || line.starts_with("--") || line == "end",
+                    "{at}"
+                );
+                if line.starts_with("local ") && !line.starts_with("local function") {
+                    let value = line.split_once('=').map_or("", |(_, v)| v);
+                    for lib in ["string.", "math.", "table.", "redis.", "tonumber("] {
+                        assert!(!value.contains(lib), "{at}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_names_of_the_library_and_its_functions_carry_its_version() {
+        assert_eq!(LIBRARY.version.len(), 12);
+        assert!(
+            LIBRARY
+                .text
+                .starts_with(&format!("#!lua name={}\n", LIBRARY.name))
         );
         assert_eq!(
-            items[2].text,
-            "\n-- f\nlocal function f(x)\n  -- uses C, not B\n  return A + C + x\nend"
+            Function::named("take").name,
+            format!("gaffer_take_{}", LIBRARY.version)
         );
+        assert!(!Function::named("stats").writes && Function::named("record_get").writes);
+        for pass in migrate::PASSES {
+            assert!(
+                LIBRARY
+                    .text
+                    .contains(&format!("'gaffer_{}_'", pass.function_name()))
+            );
+        }
+    }
+
+    #[test]
+    fn identifiers_skip_strings_and_comments() {
         let used: Vec<&str> = identifiers("x = h() -- g()\ny = 'g' .. \"g\\\"g\" .. 1e5").collect();
         assert_eq!(used, ["x", "h", "y"]);
         // A quote left open ends with its line; long strings and comments are skipped.
@@ -359,69 +543,104 @@ mod tests {
         assert_eq!(used, ["a", "b", "c"]);
     }
 
-    /// The prelude has the shape `prelude_items` reads: at the start of a line only a
-    /// `local`, a comment or the `end` of a function. A top-level assignment (`x = …`)
-    /// would be cut from the item that defines its name.
-    #[test]
-    fn the_prelude_is_top_level_locals_only() {
-        for (n, line) in PRELUDE.lines().enumerate() {
-            let top = !line.starts_with([' ', '\t']) && !line.trim().is_empty();
-            assert!(
-                !top || line.starts_with("local ") || line.starts_with("--") || line == "end",
-                "prelude.lua line {}: {line}",
-                n + 1
-            );
-        }
+    /// One top-level statement of the library (a `local` at the start of a line, with the
+    /// comment lines above it and the indented lines and `end` below it) and what it defines.
+    struct Item<'a> {
+        text: &'a str,
+        names: Vec<&'a str>,
     }
 
-    /// Every script body and the prelude items it is given: no name the prelude defines
-    /// and the script uses may be left out (Redis would fail the call on a nil global).
-    #[test]
-    fn no_script_misses_a_prelude_item_it_uses() {
-        let all: std::collections::HashSet<&str> = prelude_items(PRELUDE)
-            .iter()
-            .flat_map(|i| i.names.clone())
-            .collect();
-        let bodies = [
-            include_str!("lua/enqueue.lua"),
-            include_str!("lua/take.lua"),
-            include_str!("lua/settle.lua"),
-            include_str!("lua/settle_take.lua"),
-            include_str!("lua/release.lua"),
-            include_str!("lua/stats.lua"),
-            include_str!("lua/dead_list.lua"),
-            include_str!("lua/dead_move.lua"),
-            include_str!("lua/find.lua"),
-            include_str!("lua/drop.lua"),
-            include_str!("lua/record_get.lua"),
-            include_str!("lua/glance.lua"),
-            include_str!("lua/list.lua"),
-            include_str!("lua/freeze.lua"),
-            include_str!("lua/housekeep.lua"),
-            include_str!("lua/chain.lua"),
-            include_str!("lua/long.lua"),
-            include_str!("lua/system.lua"),
-            include_str!("lua/held.lua"),
-        ];
-        // (the script that ends in enqueue.lua, as `enqueue_after_lease_check` puts it
-        // together)
-        let follow_enqueue = format!(
-            "local function enqueue_part()\n{}\nend\n{}",
-            include_str!("lua/enqueue.lua"),
-            include_str!("lua/follow_enqueue.lua"),
-        );
-        for body in bodies.into_iter().chain([follow_enqueue.as_str()]) {
-            let given = prelude_for(body);
-            let defined: std::collections::HashSet<&str> = prelude_items(&given)
-                .iter()
-                .flat_map(|i| i.names.clone())
-                .collect();
-            let text = format!("{given}\n{body}");
-            for name in identifiers(&text).filter(|n| all.contains(n)) {
-                assert!(defined.contains(name), "{name} missing for {}", &body[..60]);
+    fn items(lib: &str) -> Vec<Item<'_>> {
+        let mut starts = Vec::new();
+        let mut comment_start = None;
+        let mut offset = 0;
+        for line in lib.split_inclusive('\n') {
+            if line.starts_with("--") || line.trim().is_empty() {
+                comment_start.get_or_insert(offset);
+            } else if line.starts_with("local ") {
+                starts.push(comment_start.unwrap_or(offset));
+                comment_start = None;
+            } else {
+                comment_start = None;
             }
-            assert!(given.len() < PRELUDE.len(), "{}", &body[..60]);
+            offset += line.len();
         }
+        starts.push(lib.len());
+        starts
+            .windows(2)
+            .map(|w| {
+                let text = lib[w[0]..w[1]].trim_end_matches('\n');
+                Item {
+                    text,
+                    names: defined_names(text),
+                }
+            })
+            .collect()
+    }
+
+    /// The names a top-level `local` statement defines.
+    fn defined_names(item: &str) -> Vec<&str> {
+        let Some(line) = item.lines().find(|l| l.starts_with("local ")) else {
+            return Vec::new();
+        };
+        let rest = &line["local ".len()..];
+        if let Some(f) = rest.strip_prefix("function ") {
+            return f.split('(').next().map(str::trim).into_iter().collect();
+        }
+        rest.split('=')
+            .next()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect()
+    }
+
+    /// The identifiers of Lua code, outside its strings and comments. A string or comment
+    /// this misreads can only add names (a helper given needlessly), or hide the rest of its
+    /// line: a short string ends at the line's end, a long one (`[[…]]`) at its `]]`.
+    fn identifiers(code: &str) -> impl Iterator<Item = &str> {
+        let b = code.as_bytes();
+        let mut i = 0;
+        let long_end = |from: usize| code[from..].find("]]").map_or(b.len(), |at| from + at + 2);
+        std::iter::from_fn(move || {
+            while i < b.len() {
+                match b[i] {
+                    b'-' if b.get(i + 1) == Some(&b'-') => {
+                        if code[i + 2..].starts_with("[[") {
+                            i = long_end(i + 4);
+                            continue;
+                        }
+                        while i < b.len() && b[i] != b'\n' {
+                            i += 1;
+                        }
+                    }
+                    b'[' if b.get(i + 1) == Some(&b'[') => i = long_end(i + 2),
+                    q @ (b'\'' | b'"') => {
+                        i += 1;
+                        while i < b.len() && b[i] != q && b[i] != b'\n' {
+                            i += if b[i] == b'\\' { 2 } else { 1 };
+                        }
+                        i += 1;
+                    }
+                    c if c == b'_' || c.is_ascii_alphabetic() => {
+                        let start = i;
+                        while i < b.len() && (b[i] == b'_' || b[i].is_ascii_alphanumeric()) {
+                            i += 1;
+                        }
+                        return Some(&code[start..i]);
+                    }
+                    c if c.is_ascii_digit() => {
+                        // (a number's letters, as in 1e3 or 0x1f, are not names)
+                        while i < b.len() && (b[i] == b'_' || b[i].is_ascii_alphanumeric()) {
+                            i += 1;
+                        }
+                    }
+                    _ => i += 1,
+                }
+            }
+            None
+        })
     }
 
     #[test]

@@ -18,28 +18,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{AsyncCommands, Script};
+use redis::AsyncCommands;
 use serde::Serialize;
 
-use super::scripts::with_prelude;
+use super::scripts::Function;
 use super::{Queue, QueueClient, QueueError};
 use crate::config::Config;
 
 /// Waiting tasks handled per call while a switch sweeps a queue, so no script runs long.
 const SWEEP_CHUNK: usize = 500;
 
-static SYSTEM: LazyLock<Script> = LazyLock::new(|| with_prelude(include_str!("lua/system.lua")));
-static BUCKET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/bucket.lua")));
-// The cluster's switch of a system and its generation, in one step: returns the state it
-// was in (nil: none set) and the new generation.
-static SWITCH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local was = redis.call('HGET', KEYS[1], ARGV[1]) \
-         local gen = redis.call('HINCRBY', KEYS[1], 'gen:' .. ARGV[1], 1) \
-         redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) \
-         return {was or '', gen}",
-    )
-});
+static SYSTEM: LazyLock<Function> = LazyLock::new(|| Function::named("system"));
+static BUCKET: LazyLock<Function> = LazyLock::new(|| Function::named("bucket"));
+// The cluster's switch of a system and its generation, in one step (lua/switch.lua).
+static SWITCH: LazyLock<Function> = LazyLock::new(|| Function::named("switch"));
 
 /// Where an external system stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -108,35 +100,12 @@ pub struct SystemChange {
     pub noted: u64,
 }
 
-// A switch's count raised past a queue's copy (ARGV: system, state, the copy's
-// generation, the switch's own): -1 when the count is not behind the copy, or has moved
-// past the switch's own (a later switch holds, and outcounts the copy itself when
-// refused), else the new generation, the switch written with it.
-static OUTCOUNT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local f = 'gen:' .. ARGV[1] \
-         local theirs = tonumber(ARGV[3]) \
-         local count = tonumber(redis.call('HGET', KEYS[1], f)) or 0 \
-         if count >= theirs or count > tonumber(ARGV[4]) then return -1 end \
-         redis.call('HSET', KEYS[1], f, theirs + 1, ARGV[1], ARGV[2]) \
-         return theirs + 1",
-    )
-});
+// A switch's count raised past a queue's copy (lua/outcount.lua).
+static OUTCOUNT: LazyLock<Function> = LazyLock::new(|| Function::named("outcount"));
 
-// A queue's copy of a switch adopted by the cluster (ARGV: system, the copy's state, its
-// generation), where the cluster's count is behind it: the cluster lost that switch (its
-// hash's node failed over, or the hash was lost) while the queues kept it. Returns 1 when
-// adopted, 0 when the count is not behind (a later switch holds).
-static ADOPT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        "local f = 'gen:' .. ARGV[1] \
-         local theirs = tonumber(ARGV[3]) \
-         local count = tonumber(redis.call('HGET', KEYS[1], f)) or 0 \
-         if count >= theirs then return 0 end \
-         redis.call('HSET', KEYS[1], f, theirs, ARGV[1], ARGV[2]) \
-         return 1",
-    )
-});
+// A queue's copy of a switch adopted by the cluster, where the cluster's count is behind
+// it (lua/adopt.lua).
+static ADOPT: LazyLock<Function> = LazyLock::new(|| Function::named("adopt"));
 
 /// The run-time switches as one reading: each system's state and generation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -281,6 +250,7 @@ impl QueueClient {
             .ok_or_else(|| SystemError::Unknown(system.to_string()))?;
         let mut conn = self.connection();
         let (was, mut generation): (String, u64) = SWITCH
+            .prepare_invoke()
             .key(switches_key(self.namespace()))
             .arg(system)
             .arg(state.as_str())
@@ -346,6 +316,7 @@ impl QueueClient {
         let mut conn = self.connection();
         let theirs: Option<u64> = conn.hget(queue.keys.conf(), "system_gen").await?;
         let raised: i64 = OUTCOUNT
+            .prepare_invoke()
             .key(switches_key(self.namespace()))
             .arg(system)
             .arg(state.as_str())
@@ -418,6 +389,7 @@ impl QueueClient {
             return Ok(());
         }
         let adopted: i64 = ADOPT
+            .prepare_invoke()
             .key(switches_key(self.namespace()))
             .arg(system)
             .arg(state)
@@ -533,6 +505,7 @@ impl Queue {
     ) -> Result<(i64, i64), QueueError> {
         let mut conn = self.conn.clone();
         Ok(BUCKET
+            .prepare_invoke()
             .key(key)
             .arg(rate)
             .arg(burst.max(1))

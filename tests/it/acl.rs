@@ -430,6 +430,23 @@ async fn a_producer_pushes_to_its_queue_and_nowhere_else() {
     let redis = AclRedis::start("producer");
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), &redis, "[queues.other]\nhandler = \"noop\"\n");
+    // It may not load gaffer's function library: until a role that may has, its push
+    // fails saying so, and enqueues nothing.
+    let o = gaffer(&config, &["push", "work", "--payload", "{\"n\":0}"]);
+    let refused = assert_refused(&redis, "push before the library is loaded", &o).await;
+    assert!(
+        refused.iter().any(|r| r.contains("function|load")),
+        "{refused:?}"
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("lacks gaffer's function library") && stderr.contains("gaffer migrate"),
+        "{stderr}"
+    );
+    redis.forget_refusals().await;
+    // (the admin's first call loads it)
+    let admin = redis.admin_client().await;
+    assert_eq!(admin.queue("work").unwrap().stats().await.unwrap().ready, 0);
     let o = gaffer(&config, &["push", "work", "--payload", "{\"n\":1}"]);
     assert_ok(&redis, "push", &o).await;
     let o = gaffer(&config, &["push", "work", "--count", "50"]);
@@ -440,7 +457,6 @@ async fn a_producer_pushes_to_its_queue_and_nowhere_else() {
     );
     assert_ok(&redis, "push --chain", &o).await;
     redis.assert_nothing_refused().await;
-    let admin = redis.admin_client().await;
     let s = admin.queue("work").unwrap().stats().await.unwrap();
     assert_eq!(s.ready, 52);
 

@@ -171,8 +171,8 @@ fn redis_cli_tls(cmd: &mut std::process::Command, tls: Option<&TestCerts>) {
 /// [`TestRedis::start`] and [`TestRedis::with_aof`] TLS-only servers and
 /// [`shared_cluster_client`] a client of a TLS-only cluster, each with certificates the
 /// harness makes (`.ci/run` runs the queue and record tests so).
-/// Script calls (`EVALSHA` and `EVAL`, a call Redis answered NOSCRIPT included) the
-/// server behind `conn` has run since its start.
+/// Calls of gaffer's Lua (`FCALL` and `FCALL_RO`, a call that found its function missing
+/// included) the server behind `conn` has run since its start.
 pub async fn script_calls<C: redis::aio::ConnectionLike + Send>(mut conn: C) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -180,7 +180,7 @@ pub async fn script_calls<C: redis::aio::ConnectionLike + Send>(mut conn: C) -> 
         .await
         .unwrap();
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_fcall_ro:"))
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?
@@ -755,6 +755,21 @@ impl AclRedis {
             .await
             .expect("ACL LOG");
         entries.iter().map(|e| refusal_text(e)).collect()
+    }
+
+    /// Forgets the refusals so far (`ACL LOG RESET`), once a test has checked them.
+    pub async fn forget_refusals(&self) {
+        let mut conn = redis::Client::open(self.admin_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect as the test's admin");
+        let () = redis::cmd("ACL")
+            .arg("LOG")
+            .arg("RESET")
+            .query_async(&mut conn)
+            .await
+            .expect("ACL LOG RESET");
     }
 
     /// Fails the test with Redis's NOPERM words if anything was refused.

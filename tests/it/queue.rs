@@ -1153,3 +1153,80 @@ async fn exists(raw: &mut redis::aio::MultiplexedConnection, key: &str) -> bool 
         .unwrap()
         == 1
 }
+
+/// The queue's Lua is one library of functions, loaded by the first call that finds it
+/// missing (here a server never used, then one whose functions were flushed, as a restart
+/// without persistence leaves it): the call goes on, and nothing is lost. A function that
+/// only reads is flagged so (`no-writes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_function_library_is_loaded_by_the_call_that_finds_it_missing() {
+    let redis = TestRedis::start();
+    let mut raw = redis.raw().await;
+    let q = redis.client().await.queue("lib").unwrap();
+    q.enqueue(NewTask::new("one").id("a")).await.unwrap();
+    let libraries = function_list(&mut raw).await;
+    assert_eq!(libraries.len(), 1, "{libraries:?}");
+    let (name, functions) = &libraries[0];
+    assert!(name.starts_with("gaffer_"), "{name}");
+    let flags = |f: &str| {
+        functions
+            .iter()
+            .find(|(n, _)| n.starts_with(&format!("gaffer_{f}_")))
+            .map(|(_, flags)| flags.clone())
+    };
+    assert_eq!(flags("take"), Some(vec![]));
+    assert_eq!(flags("stats"), Some(vec!["no-writes".to_string()]));
+    assert_eq!(flags("migrate_forms"), Some(vec![]));
+
+    let () = redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    q.enqueue(NewTask::new("two").id("b")).await.unwrap();
+    assert_eq!(q.stats().await.unwrap().ready, 2);
+    assert_eq!(function_list(&mut raw).await.len(), 1);
+}
+
+/// `FUNCTION LIST`: each library's name and its functions' names and flags.
+async fn function_list(
+    raw: &mut redis::aio::MultiplexedConnection,
+) -> Vec<(String, Vec<(String, Vec<String>)>)> {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        other => panic!("not text: {other:?}"),
+    };
+    // (RESP2: each library and each function is a flat list of field and value)
+    let field = |v: &Value, name: &str| -> Value {
+        let Value::Array(items) = v else {
+            panic!("not a list: {v:?}")
+        };
+        let is_name = |i: &Value| matches!(i, Value::BulkString(b) if b == name.as_bytes());
+        let at = items.iter().position(is_name).unwrap();
+        items[at + 1].clone()
+    };
+    let list = |v: Value| match v {
+        Value::Array(items) | Value::Set(items) => items,
+        other => panic!("not a list: {other:?}"),
+    };
+    let libraries: Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(raw)
+        .await
+        .unwrap();
+    list(libraries)
+        .iter()
+        .map(|lib| {
+            let functions = list(field(lib, "functions"))
+                .iter()
+                .map(|f| {
+                    let flags = list(field(f, "flags")).iter().map(text).collect();
+                    (text(&field(f, "name")), flags)
+                })
+                .collect();
+            (text(&field(lib, "library_name")), functions)
+        })
+        .collect()
+}

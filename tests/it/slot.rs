@@ -630,16 +630,16 @@ async fn a_task_cancelled_mid_batch_is_not_extended_again() {
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
 
-/// Whether a client of `raw`'s server waits, blocked, in a script call (a take held by
-/// `CLIENT PAUSE`).
-async fn a_script_call_is_held(raw: &mut redis::aio::MultiplexedConnection) -> bool {
+/// Whether a client of `raw`'s server waits, blocked, in a call of `command` (a take
+/// held by `CLIENT PAUSE`, an idle slot's wait for a wake-up).
+async fn a_call_is_held(raw: &mut redis::aio::MultiplexedConnection, command: &str) -> bool {
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
         .query_async(raw)
         .await
         .unwrap();
     list.lines()
-        .any(|l| l.contains(" flags=b ") && l.contains(" cmd=evalsha "))
+        .any(|l| l.contains(" flags=b ") && l.contains(&format!(" cmd={command} ")))
 }
 
 /// A slot asked to stop while its take is in flight gives the batch that take leased back
@@ -650,6 +650,15 @@ async fn a_batch_taken_while_the_slot_was_asked_to_stop_goes_back_unstarted() {
     let redis = TestRedis::start();
     let q = redis.client().await.queue("tk").unwrap();
     let mut raw = redis.raw().await;
+    // Due in a moment, enqueued before the slot starts; once the slot waits for that
+    // moment (its wake-ups spent), writes pause, so the take it makes then is held.
+    let delay = Duration::from_secs(1);
+    q.enqueue_many(&[
+        NewTask::new("1").id("a").delay(delay),
+        NewTask::new("2").id("b").delay(delay),
+    ])
+    .await
+    .unwrap();
     let GatedSlot {
         seen,
         open,
@@ -658,14 +667,10 @@ async fn a_batch_taken_while_the_slot_was_asked_to_stop_goes_back_unstarted() {
         _events,
     } = GatedSlot::start(&redis, batches_of_two("tk", Duration::from_secs(30)));
     drop(open);
-    // Due in a moment; the slot's take of them is held by a pause of writes.
-    let delay = Duration::from_millis(300);
-    q.enqueue_many(&[
-        NewTask::new("1").id("a").delay(delay),
-        NewTask::new("2").id("b").delay(delay),
-    ])
-    .await
-    .unwrap();
+    eventually(Duration::from_secs(20), "the slot waiting", || async {
+        a_call_is_held(&mut redis.raw().await, "blpop").await
+    })
+    .await;
     let _: () = redis::cmd("CLIENT")
         .arg("PAUSE")
         .arg(30_000)
@@ -674,7 +679,7 @@ async fn a_batch_taken_while_the_slot_was_asked_to_stop_goes_back_unstarted() {
         .await
         .unwrap();
     eventually(Duration::from_secs(20), "the slot's take held", || async {
-        a_script_call_is_held(&mut redis.raw().await).await
+        a_call_is_held(&mut redis.raw().await, "fcall").await
     })
     .await;
     // (a read: scripts wait out the pause)

@@ -14,7 +14,7 @@
 --              died finds the children it made, even those that already finished), or
 --   mode 'ik': the follow-ups of 'ig' as n ids, then their chains separated by FS, then
 --              their payloads each framed "LEN:bytes" (two arguments the slot makes): kept
---              as one packet (see prelude.lua) when the queue tracks, none of the ids has
+--              as one packet (see lib/blocks.lua) when the queue tracks, none of the ids has
 --              a task or a record, and nothing holds or delays them; else as in 'ig'.
 -- Options are shared by the call (the client splits calls where they differ), which keeps
 -- per-task arguments, the main cost of a bulk enqueue, to one or two.
@@ -94,7 +94,7 @@ if own_ids and mode == 'ip' and track then
 end
 local meta = pack_meta(ARGV[2], ma, now)
 -- A tracked task's meta also carries its record's sequence number after its enqueue time
--- (".seq", see K_DONE in prelude.lua) and its chain field (see parse_meta): 'g' and the
+-- (".seq", see K_DONE in lib/records.lua) and its chain field (see parse_meta): 'g' and the
 -- chain a global task starts, '' one in no chain, or 'c' and a follow-up's chain. An untracked task has no record to
 -- number or to name a chain in. Each task's value (see task_value) is made in one
 -- concatenation: every part made apart is a string Lua makes, hashes and collects.

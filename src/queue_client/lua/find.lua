@@ -17,7 +17,7 @@ if sweep ~= '' then
   local st, name = system_switch()
   if st ~= 'disabled' or name ~= sweep then return nil end
 end
--- A cancel changes the lease: a batch holding it is split first (see prelude.lua).
+-- A cancel changes the lease: a batch holding it is split first (see lib/blocks.lua).
 -- (a sweep splits no batch; a cancel, a sweep's too, takes a waiting task out of its packet)
 local state, score, m, member, tok, payload = locate(id, now, ARGV[2] == '1' and sweep == '',
   ARGV[2] == '1')

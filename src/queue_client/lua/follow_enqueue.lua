@@ -13,4 +13,4 @@ for i = 0, n_leases - 1 do
   end
 end
 if #gone > 0 then return {-3, gone} end
-return enqueue_part()
+return enqueue_part(ARGV, ARGN)

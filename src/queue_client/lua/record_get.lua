@@ -1,6 +1,6 @@
 -- ARGV: id, watch ('1': mark that an api instance waits for the task's end, unless it has
 -- ended already). Returns nil when the task has no record, else the fields
--- {s, p, a, m, c, d, u, b, e, r, g, h} (see prelude.lua).
+-- {s, p, a, m, c, d, u, b, e, r, g, h} (see lib/views.lua).
 local now = now_ms()
 local id = ARGV[1]
 -- A read writes nothing but the watch mark (see rec_visible), so a read-only user can

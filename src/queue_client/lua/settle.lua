@@ -1,7 +1,7 @@
 -- ARGV: k1, k2, host, slot, history_ttl_ms, ordered ('1': a retry keeps its place at the
 -- head, see take_hold), the token of the first attempts' acks ('' when k1 is 0), the
 -- sequence numbers of their records as runs "s1-s2,..." ('' when some has none: see
--- K_DONE in prelude.lua; a tracked queue's acks of one whole batch then write no
+-- K_DONE in lib/records.lua; a tracked queue's acks of one whole batch then write no
 -- record), then k1
 -- acks of first attempts holding that token as their ids (a slot settles one batch, so
 -- one token; an id and a token per task was two strings for Lua to make), k2 acks of
@@ -21,7 +21,7 @@ local ordered = ARGV[6] == '1'
 local tracked = redis.call('EXISTS', K_IDX) == 1
 local k = k1 + k2
 -- A slot's steady state: the call acks exactly one batch lease, whole and in take order
--- (see prelude.lua). No per-task lease to check or remove, no running entry to read.
+-- (see lib/blocks.lua). No per-task lease to check or remove, no running entry to read.
 if k1 > 0 and ARGN == H + k1 and k1 <= CHUNK then
   local at, thost, tslot = batch_ack_whole(ARGV[7], ARGV, H + 1, H + k1)
   if at then

@@ -14,7 +14,7 @@
 local op = ARGV[1]
 
 -- The waiting tasks of list `list` from `offset` on, at most `limit` added to `out`,
--- where the entry of a packet (see prelude.lua) stands for its waiting tasks: a walk of
+-- where the entry of a packet (see lib/blocks.lua) stands for its waiting tasks: a walk of
 -- the list, for a queue that has packets. Returns the offset left.
 local function waiting_in_packets(list, offset, limit, out)
   local at = 0

@@ -7,7 +7,7 @@
 -- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
 -- {now, -token, expiry, {id, ...}, {payload, ...}} when every one is at its first attempt
 -- (the common case: a number less per task to send, and no loop here to build it), or
--- {now, -token, expiry, store, taken} when they are tasks of one packet (see prelude.lua:
+-- {now, -token, expiry, store, taken} when they are tasks of one packet (see lib/blocks.lua:
 -- the packet's store, and the waiting part of the tasks taken), or
 -- {now, 0, hint_ms} when none: hint_ms = time until the next delayed task is due or the
 -- next lease expires (-1: nothing scheduled), so an idle taker knows when to look again.
@@ -104,7 +104,7 @@ local held, held_hint = take_hold(now, ARGV[7] or '', ARGV[8] == '1')
 if held then return {now, 0, held_hint} end
 if ARGV[8] == '1' then n = 1 end
 local ids = {}
--- A packet's entry (see prelude.lua) at the head of a list is taken alone: a take hands
+-- A packet's entry (see lib/blocks.lua) at the head of a list is taken alone: a take hands
 -- out plain tasks or tasks of one packet, never both. Only a queue that has packets looks
 -- at what it takes before it takes it.
 local has_packets = tracked and redis.call('EXISTS', K_PKTS) == 1
@@ -209,7 +209,7 @@ if redis.call('EXISTS', K_ATT) == 1 then
     if a ~= 1 then first = false end
   end
 end
--- All first attempts, one at a time not asked: one batch lease (see prelude.lua).
+-- All first attempts, one at a time not asked: one batch lease (see lib/blocks.lua).
 if not (first and ARGV[8] ~= '1' and batch_lease(tok_s, exp_s, ids, now, host, slot)) then
   if first then
     for i = 1, k do atts[i] = 1 end
