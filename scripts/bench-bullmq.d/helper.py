@@ -62,7 +62,7 @@ class Redis:
                 got[name] = int(rest.split("calls=")[1].split(",")[0]) - self.own.get(name, 0)
         got = {k: v for k, v in got.items() if v > 0 and k not in ("info", "config")}
         top = sorted(got.items(), key=lambda kv: -kv[1])[:4]
-        scripts = sum(got.get(k, 0) for k in ("evalsha", "eval", "fcall", "evalsha_ro"))
+        scripts = sum(got.get(k, 0) for k in ("evalsha", "eval", "evalsha_ro", "fcall", "fcall_ro"))
         return {"calls_per_task": sum(got.values()) / n, "scripts_per_task": scripts / n,
                 "top_calls_per_task": {k: round(v / n, 3) for k, v in top}}
 

@@ -40,6 +40,8 @@ pub struct E2eOptions {
     /// Whether the queue's slots prefetch (`prefetch = true`, with `lease` and
     /// `max_batch_time` of 30 s so the config accepts it).
     pub prefetch: Prefetch,
+    /// Whether the queue keeps a record per task (`track`).
+    pub track: bool,
 }
 
 /// Whether the bench queue's slots keep a take in flight while the handler runs.
@@ -97,6 +99,8 @@ pub struct E2eReport {
     pub load_at_start: f64,
     /// Whether the slots prefetched.
     pub prefetch: Prefetch,
+    /// Whether the queue kept a record per task.
+    pub track: bool,
 }
 
 /// The manager (for the run) and the files the roles read and write.
@@ -122,7 +126,7 @@ impl Cluster {
             }
             None => String::new(),
         };
-        let slots = opts.slots;
+        let (slots, track) = (opts.slots, opts.track);
         let prefetch = match opts.prefetch {
             Prefetch::Off => "",
             Prefetch::On => "prefetch = true\nlease = \"30s\"\nmax_batch_time = \"30s\"\n",
@@ -132,7 +136,7 @@ impl Cluster {
              [manager]\ntick = \"500ms\"\nhttp = \"127.0.0.1:0\"\n\n\
              [master]\nhttp = \"127.0.0.1:0\"\n\n\
              [queues.{QUEUE}]\nhandler = \"noop\"\nmin_slots = {slots}\nmax_slots = {slots}\n\
-             batch_size = {batch}\ntrack = false\nmax_payload = \"1MiB\"\n{prefetch}"
+             batch_size = {batch}\ntrack = {track}\nmax_payload = \"1MiB\"\n{prefetch}"
         );
         std::fs::write(&config, text).context("writing the bench's config")?;
         let mut cluster = Cluster {
@@ -241,6 +245,7 @@ pub async fn run(opts: &E2eOptions, mut progress: impl FnMut(&str)) -> anyhow::R
         rounds: opts.base.rounds.max(1),
         load_at_start,
         prefetch: opts.prefetch,
+        track: opts.track,
     })
 }
 
@@ -254,7 +259,7 @@ async fn row(
     let namespace = format!("{}.bench-e2e.{}", opts.base.namespace, std::process::id());
     let client = QueueClient::connect(&opts.base.url, &namespace, &opts.base.connect).await?;
     let limits = QueueLimits {
-        track: false,
+        track: opts.track,
         ..QueueLimits::default()
     };
     let q = client.queue_with(QUEUE, limits)?;
@@ -475,14 +480,15 @@ impl E2eReport {
         );
         let _ = writeln!(
             out,
-            "(each figure: median of {} rounds; payload {} bytes; load average {:.2} at the start; prefetch {})",
+            "(each figure: median of {} rounds; payload {} bytes; load average {:.2} at the start; prefetch {}; records {})",
             self.rounds,
             self.payload_bytes,
             self.load_at_start,
             match self.prefetch {
                 Prefetch::Off => "off",
                 Prefetch::On => "on",
-            }
+            },
+            if self.track { "on" } else { "off" }
         );
         let mut cpu = String::new();
         for r in &self.rows {

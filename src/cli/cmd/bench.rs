@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// The end-to-end queue's slots prefetch (prefetch = true, lease and max_batch_time 30s)
     #[arg(long, requires = "e2e")]
     pub prefetch: bool,
+    /// The end-to-end queue keeps a record per task (track = true), as a queue does by
+    /// default; without it the queue runs untracked
+    #[arg(long, requires = "e2e")]
+    pub track: bool,
 }
 
 /// `gaffer bench …`.
@@ -154,6 +158,7 @@ async fn run_e2e(
         } else {
             Prefetch::Off
         },
+        track: args.track,
     };
     let report = crate::bench::e2e::run(&opts, progress).await?;
     print_report(tty, args.json, &report, || report.table())
