@@ -4,7 +4,7 @@
 
 use redis::Value;
 
-use super::lease::MetaChain;
+use super::meta::MetaChain;
 use super::scripts::SCRIPTS;
 use super::{LeasedTask, NewTask, Queue, QueueError, RedisConn};
 
@@ -55,7 +55,7 @@ impl LeasedTask {
         };
         ChainFacts {
             place,
-            max_attempts: self.meta.max_attempts,
+            max_attempts: self.meta.max_attempts(),
             seq: self.meta.seq,
         }
     }

@@ -4,7 +4,8 @@
 use redis::Value;
 use serde::Serialize;
 
-use super::reply::{Meta, bytes, int, string};
+use super::meta::Meta;
+use super::reply::{bytes, int, string};
 use super::scripts::SCRIPTS;
 use super::{Queue, QueueError};
 
@@ -206,7 +207,8 @@ impl Queue {
             "cancelling" => TaskState::Cancelling,
             other => return Err(QueueError::Protocol(format!("unknown state {other:?}"))),
         };
-        let meta = Meta::parse(&string(&r[2])?)
+        let meta = Meta::parse(&bytes(&r[2]))
+            .head
             .ok_or_else(|| QueueError::Protocol("malformed task meta".into()))?;
         let err = string(&r[5])?;
         let tok = string(&r[6])?;

@@ -5,7 +5,8 @@ use redis::Value;
 use serde::Serialize;
 
 use super::limits::HOUSEKEEPING_LIMIT;
-use super::reply::{Meta, bytes, int, string};
+use super::meta::Meta;
+use super::reply::{bytes, int, string};
 use super::scripts::SCRIPTS;
 use super::{Queue, QueueError};
 
@@ -57,7 +58,7 @@ impl Queue {
         reply
             .chunks(6)
             .map(|row| {
-                let meta = Meta::parse(&string(&row[5])?);
+                let meta = Meta::parse(&bytes(&row[5])).head;
                 Ok(DeadTask {
                     id: string(&row[0])?,
                     died_ms: int(&row[1])?,

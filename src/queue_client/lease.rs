@@ -7,6 +7,7 @@ use redis::Value;
 use serde::Serialize;
 
 use super::limits::HOUSEKEEPING_LIMIT;
+use super::meta::{Meta, MetaChain, MetaHead};
 use super::reply::{int, owned_string};
 use super::scripts::SCRIPTS;
 use super::system::Granted;
@@ -24,67 +25,7 @@ pub struct LeasedTask {
     /// The lease token every settle of this task must carry.
     pub token: u64,
     /// What its meta says, as the take found it.
-    pub(crate) meta: TaskMeta,
-}
-
-/// What a leased task's meta says (`parse_meta` in lua/lib/tasks.lua) that a slot can use
-/// without asking Redis again.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct TaskMeta {
-    /// Its max_attempts as enqueued (0: no limit); `None` when the meta did not parse.
-    pub(crate) max_attempts: Option<u32>,
-    /// Its chain.
-    pub(crate) chain: MetaChain,
-    /// Its record's sequence number (its place in the listing index), handed back with
-    /// its ack so that a whole batch's ack writes no record (`K_DONE` in lua/lib/records.lua);
-    /// `None` for an untracked task, or one enqueued before records were numbered.
-    pub(crate) seq: Option<u64>,
-    /// When it was enqueued (ms since the epoch); `None` when the meta did not parse.
-    pub(crate) enqueued_ms: Option<u64>,
-}
-
-/// A task's chain as its meta says it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) enum MetaChain {
-    /// The meta does not say: an untracked task.
-    #[default]
-    Unknown,
-    /// In no chain.
-    None,
-    /// The global task of this chain (its enqueue minted the chain's id).
-    Global(String),
-    /// A follow-up in this chain.
-    Of(String),
-}
-
-impl TaskMeta {
-    /// `priority:max_attempts:enqueued_ms[.SEQ][:CHAIN]`; CHAIN is '' (none), or 'g' (a
-    /// global task) or 'c' (a follow-up) and the chain's id.
-    fn parse(meta: &[u8]) -> TaskMeta {
-        let Ok(meta) = std::str::from_utf8(meta) else {
-            return TaskMeta::default();
-        };
-        let mut it = meta.splitn(4, ':');
-        let max_attempts = it.nth(1).and_then(|m| m.parse().ok());
-        let enqueued = it.next();
-        let seq = enqueued
-            .and_then(|e| e.split_once('.'))
-            .and_then(|(_, s)| s.parse().ok());
-        let chain = match (enqueued, it.next()) {
-            (Some(_), Some("")) => MetaChain::None,
-            (Some(_), Some(c)) if c.starts_with('g') => MetaChain::Global(c[1..].to_string()),
-            (Some(_), Some(c)) if c.starts_with('c') => MetaChain::Of(c[1..].to_string()),
-            _ => MetaChain::Unknown,
-        };
-        TaskMeta {
-            max_attempts,
-            chain,
-            seq,
-            enqueued_ms: enqueued
-                .map(|e| e.split_once('.').map_or(e, |(at, _)| at))
-                .and_then(|at| at.parse().ok()),
-        }
-    }
+    pub(crate) meta: Meta,
 }
 
 /// The result of one take.
@@ -644,8 +585,8 @@ fn parse_first_attempts(reply: Vec<Value>, token: u64) -> Result<Batch, QueueErr
 
 /// The tasks a take handed out of a packet (`lua/lib/blocks.lua`, "Packets"): `store` says
 /// what they share and each one's number and chain, `taken` their ids in take order and
-/// their payloads. Each task's meta is made here as its enqueue would have written it,
-/// so that the take need not loop over the tasks.
+/// their payloads. Each task's meta is made here as its enqueue would have written it
+/// (a follow-up's, `c` and its chain), so that the take need not loop over the tasks.
 fn packet_tasks(store: &[u8], taken: &[u8], token: u64) -> Result<Vec<LeasedTask>, QueueError> {
     let bad = |what: &str| QueueError::Protocol(format!("take returned a packet {what}"));
     let mut parts = store.split(|&b| b == RS);
@@ -658,6 +599,13 @@ fn packet_tasks(store: &[u8], taken: &[u8], token: u64) -> Result<Vec<LeasedTask
         return Err(bad(&format!("head {head:?}")));
     };
     let base: u64 = base.parse().map_err(|_| bad(&format!("base {base:?}")))?;
+    let meta_head = (|| {
+        Some(MetaHead {
+            priority: pri.parse().ok()?,
+            max_attempts: ma.parse().ok()?,
+            enqueued_ms: created.parse().ok()?,
+        })
+    })();
     // (each id's place in the packet: its number is the base and that place)
     let places: std::collections::HashMap<&[u8], usize> =
         framed(ids).enumerate().map(|(i, id)| (id, i)).collect();
@@ -683,13 +631,17 @@ fn packet_tasks(store: &[u8], taken: &[u8], token: u64) -> Result<Vec<LeasedTask
             .ok_or_else(|| bad("payload cut short"))?;
         payloads = &payloads[colon + 1 + len..];
         let chain = String::from_utf8_lossy(chains.get(place).copied().unwrap_or_default());
-        let meta = format!("{pri}:{ma}:{created}.{}:c{chain}", base + place as u64 + 1);
+        let meta = Meta {
+            head: meta_head,
+            seq: Some(base + place as u64 + 1),
+            chain: MetaChain::Of(chain.into_owned()),
+        };
         tasks.push(LeasedTask {
             id: String::from_utf8_lossy(id).into_owned(),
             attempt: 1,
             payload: payload.to_vec(),
             token,
-            meta: TaskMeta::parse(meta.as_bytes()),
+            meta,
         });
     }
     Ok(tasks)
@@ -713,7 +665,7 @@ fn leased(
 ) -> Result<LeasedTask, QueueError> {
     let (meta, payload) = match payload {
         Some(Value::BulkString(b)) => split_value(b)?,
-        _ => (TaskMeta::default(), Vec::new()),
+        _ => (Meta::default(), Vec::new()),
     };
     Ok(LeasedTask {
         id: owned_string(id)?,
@@ -727,13 +679,13 @@ fn leased(
 /// A task's stored value, which is its meta, a newline, then the payload (lua/lib/tasks.lua,
 /// `task_value`): the meta is cut off here rather than in the take, whose reply then
 /// needs no loop over the tasks.
-fn split_value(mut value: Vec<u8>) -> Result<(TaskMeta, Vec<u8>), QueueError> {
+fn split_value(mut value: Vec<u8>) -> Result<(Meta, Vec<u8>), QueueError> {
     let Some(cut) = value.iter().position(|&b| b == b'\n') else {
         return Err(QueueError::Protocol(
             "take returned a task value without its meta".into(),
         ));
     };
-    let meta = TaskMeta::parse(&value[..cut]);
+    let meta = Meta::parse(&value[..cut]);
     value.drain(..=cut);
     Ok((meta, value))
 }
@@ -879,36 +831,10 @@ mod tests {
     fn a_value_splits_into_its_meta_and_payload() {
         let (meta, payload) = split_value(b"-2:5:1700:cQ:G~1\n{\"a\":\n1}".to_vec()).unwrap();
         assert_eq!(payload, b"{\"a\":\n1}");
-        assert_eq!(
-            meta,
-            TaskMeta {
-                max_attempts: Some(5),
-                chain: MetaChain::Of("Q:G~1".into()),
-                seq: None,
-                enqueued_ms: Some(1700),
-            }
-        );
-        let (meta, _) = split_value(b"0:3:1700.42:cQ:G.1\nx".to_vec()).unwrap();
-        assert_eq!(
-            (meta.seq, &meta.chain, meta.max_attempts),
-            (Some(42), &MetaChain::Of("Q:G.1".into()), Some(3))
-        );
-        assert_eq!(
-            split_value(b"0:3:1.7:g~cQ.7\n".to_vec()).unwrap().0.seq,
-            Some(7)
-        );
-        let chain = |v: &[u8]| split_value(v.to_vec()).unwrap().0.chain;
-        assert_eq!(
-            chain(b"0:3:1.7:g~cQ.7\n"),
-            MetaChain::Global("~cQ.7".into())
-        );
-        assert_eq!(chain(b"0:3:1:\nx"), MetaChain::None);
-        // untracked
-        assert_eq!(chain(b"0:3:1\nx"), MetaChain::Unknown);
-        assert_eq!(
-            split_value(b"0:x:1\n".to_vec()).unwrap().0.max_attempts,
-            None
-        );
+        assert_eq!(meta, Meta::parse(b"-2:5:1700:cQ:G~1"));
+        assert_eq!(meta.chain, MetaChain::Of("Q:G~1".into()));
+        let (meta, payload) = split_value(b"0:3:1\n".to_vec()).unwrap();
+        assert_eq!((meta.max_attempts(), payload.len()), (Some(3), 0));
         assert!(split_value(b"no meta".to_vec()).is_err());
     }
 

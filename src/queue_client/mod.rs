@@ -1,7 +1,7 @@
 //! The leased-task queue on Redis: what producers enqueue and slots take and settle.
 //!
-//! Each operation is one Lua script, so it is atomic and costs one round trip whatever
-//! the batch size. Time is Redis's own (`TIME` inside the scripts): clients with skewed
+//! Each operation is one call of a function of gaffer's Lua library, so it is atomic and
+//! costs one round trip whatever the batch size. Time is Redis's own (`TIME` inside the scripts): clients with skewed
 //! clocks still agree on leases and due times. A queue's keys share one hash tag, so
 //! queues spread over a Redis Cluster. The storage layout is described in
 //! `docs/STORAGE.md`.
@@ -18,7 +18,7 @@
 //! (what chains read and set of a queue's tasks), `control` (find, cancel, freeze and thaw,
 //! intake, delete), `dead` (dead letters), `stats` (counters and housekeeping), `limits`,
 //! `error`, `checks` (input checks other modules share), `reply` (decoding script
-//! replies), `conn` (connections), `outage`, `scripts` (the Lua scripts and keys),
+//! replies), `meta` (a task's meta, read in one place), `conn` (connections), `outage`, `scripts` (the Lua library, its calls and the keys),
 //! `system` (external systems: the run-time switch and the rate bucket), `layout` (the
 //! layout version a queue's data is in) and `migrate` (moving a queue to the current one).
 
@@ -35,6 +35,7 @@ pub mod layout;
 mod lease;
 mod limits;
 mod long;
+mod meta;
 mod migrate;
 mod outage;
 mod queue;

@@ -1,33 +1,9 @@
-//! Decoding the scripts' replies: the few shapes they return, and the `meta` field they
-//! pack, with anything else a protocol error rather than a panic.
+//! Decoding the scripts' replies: the few shapes they return, with anything else a
+//! protocol error rather than a panic (a task's meta: `meta.rs`).
 
 use redis::Value;
 
 use super::QueueError;
-
-/// The static part of a task's record (`meta` hash), as the scripts pack it.
-pub(super) struct Meta {
-    pub(super) priority: i32,
-    pub(super) max_attempts: u32,
-    pub(super) enqueued_ms: i64,
-}
-
-impl Meta {
-    /// Parses `priority:max_attempts:enqueued_ms` (and whatever follows: a tracked task's
-    /// `.SEQ:CHAIN`); `None` when malformed.
-    pub(super) fn parse(s: &str) -> Option<Meta> {
-        let mut it = s.split(':');
-        let priority = it.next()?.parse().ok()?;
-        let max_attempts = it.next()?.parse().ok()?;
-        let enq = it.next()?;
-        let enqueued_ms = enq.split_once('.').map_or(enq, |(ms, _)| ms).parse().ok()?;
-        Some(Meta {
-            priority,
-            max_attempts,
-            enqueued_ms,
-        })
-    }
-}
 
 /// An integer reply, or one sent as text.
 pub(super) fn int(v: &Value) -> Result<i64, QueueError> {
@@ -71,19 +47,5 @@ pub(super) fn bytes(v: &Value) -> Vec<u8> {
     match v {
         Value::BulkString(b) => b.clone(),
         _ => Vec::new(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Meta;
-
-    #[test]
-    fn a_meta_parses_with_or_without_its_record_number_and_chain() {
-        let fields = |s: &str| Meta::parse(s).map(|m| (m.priority, m.max_attempts, m.enqueued_ms));
-        assert_eq!(fields("-2:5:1700"), Some((-2, 5, 1700)));
-        assert_eq!(fields("0:3:1700:s"), Some((0, 3, 1700)));
-        assert_eq!(fields("0:3:1700.42:cQ:G.1"), Some((0, 3, 1700)));
-        assert_eq!(fields("0:3:17x0.42:"), None);
     }
 }

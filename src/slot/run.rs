@@ -1000,7 +1000,7 @@ fn screen(
 /// at its last attempt (its slot died), and its queue has failed routes, which a take
 /// cannot make (take.lua), so it came back once more for a slot to fail it with them.
 fn past_its_attempts(t: &LeasedTask) -> Option<String> {
-    let max = t.meta.max_attempts.filter(|&m| m > 0)?;
+    let max = t.meta.max_attempts().filter(|&m| m > 0)?;
     (t.attempt > max)
         .then(|| format!("lease expired on attempt {max} of {max} (max_attempts reached)"))
 }
