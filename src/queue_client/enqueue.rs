@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 
+use super::args::EnqueueHead;
 use super::scripts::SCRIPTS;
 use super::{MAX_DELAY, MAX_ID_LEN, Queue, QueueError, RecordState};
 use crate::config::Dedup;
@@ -289,35 +290,37 @@ impl Queue {
         } else {
             first.delay.as_millis() as u64
         };
-        let mut inv = self.invocation(script);
-        inv.arg(chunk.len())
-            .arg(first.priority)
-            .arg(delay_ms)
-            .arg(at_ms)
-            .arg(first.max_attempts.unwrap_or(self.limits.max_attempts));
         let mode = match (&first.chain, &first.id) {
             (Some(TaskChain::FollowUp(_)), _) if self.as_packets() => "ik",
             (Some(TaskChain::FollowUp(_)), _) => "ig",
             (_, Some(_)) => "ip",
             (_, None) => "p",
         };
-        inv.arg(mode)
-            .arg(if self.limits.track { "1" } else { "0" })
-            .arg(first.submitted_by.as_deref().unwrap_or(""))
-            .arg(match (self.limits.dedup, first.own_id) {
+        let mut inv = self.invocation(script);
+        inv.head(&EnqueueHead {
+            n: chunk.len(),
+            priority: first.priority,
+            delay_ms,
+            at_ms,
+            max_attempts: first.max_attempts.unwrap_or(self.limits.max_attempts),
+            mode,
+            track: self.limits.track,
+            submitted_by: first.submitted_by.clone().unwrap_or_default(),
+            dedup: match (self.limits.dedup, first.own_id) {
                 (Dedup::Active, false) => "a",
                 (Dedup::Record, false) => "r",
                 (Dedup::Active, true) => "ao",
                 (Dedup::Record, true) => "ro",
-            })
-            .arg(self.limits.intake.as_str())
-            .arg(self.ttl_arg())
-            .arg(if self.root(&first.chain) { "1" } else { "0" })
-            .arg(match &self.limits.system {
+            },
+            intake: self.limits.intake.as_str(),
+            history_ttl_ms: self.ttl_arg(),
+            root: self.root(&first.chain),
+            system: match &self.limits.system {
                 // (so its new tasks get the pause's note before any switch is set)
                 Some(sys) if sys.paused => format!("paused:{}", sys.name),
                 _ => String::new(),
-            });
+            },
+        });
         if mode == "ik" {
             push_packet_args(&mut inv, chunk);
             return inv;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use redis::Value;
 use serde::Serialize;
 
+use super::args::{Head, SettleHead, TakeHead};
 use super::limits::HOUSEKEEPING_LIMIT;
 use super::meta::{Meta, MetaChain, MetaHead};
 use super::reply::{int, owned_string};
@@ -153,12 +154,12 @@ impl Queue {
     /// and takes nothing: for a queue no slot takes from, such as one of a disabled
     /// system, whose sweep then cancels them.
     pub async fn reclaim(&self) -> Result<(), QueueError> {
-        let mut args = self.take_args(1, Duration::from_secs(1))?;
-        args[0] = "0".into();
+        let args = TakeHead {
+            n: 0,
+            ..self.take_args(1, Duration::from_secs(1))?
+        };
         let mut inv = self.invocation(&SCRIPTS.take);
-        for arg in args {
-            inv.arg(arg);
-        }
+        inv.head(&args);
         let mut conn = self.conn.clone();
         let _: Value = inv.invoke_async(&mut conn).await?;
         Ok(())
@@ -167,9 +168,7 @@ impl Queue {
     /// take.lua for `n` tasks whose tokens (if the system has a rate) are in hand.
     async fn take_granted(&self, n: usize, lease: Duration) -> Result<Batch, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.take);
-        for arg in self.take_args(n, lease)? {
-            inv.arg(arg);
-        }
+        inv.head(&self.take_args(n, lease)?);
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         parse_take(reply)
@@ -202,11 +201,7 @@ impl Queue {
         let order = SettleOrder::of(ops);
         let mut inv = self.invocation(&SCRIPTS.settle_take);
         self.push_settle_args(&mut inv, ops, &order);
-        let t = take_args.len();
-        for arg in take_args {
-            inv.arg(arg);
-        }
-        inv.arg(t);
+        inv.head(&take_args).arg(TakeHead::NAMES.len());
         let mut conn = self.conn.clone();
         let (settled, taken): (Vec<i64>, Vec<Value>) = inv.invoke_async(&mut conn).await?;
         let batch = parse_take(taken)?;
@@ -214,9 +209,8 @@ impl Queue {
         Ok((order.results(settled)?, batch))
     }
 
-    /// take.lua's arguments: n, lease, housekeeping limit, the worker, the record TTL, the
-    /// config's system state, ordered, failed routes.
-    fn take_args(&self, n: usize, lease: Duration) -> Result<[String; 9], QueueError> {
+    /// take.lua's arguments (all of them its head).
+    fn take_args(&self, n: usize, lease: Duration) -> Result<TakeHead, QueueError> {
         if n == 0 || n > MAX_BATCH {
             return Err(QueueError::Invalid(format!(
                 "batch size must be 1 to {MAX_BATCH}, got {n}"
@@ -227,17 +221,17 @@ impl Queue {
             return Err(QueueError::Invalid("lease must be at least 1ms".into()));
         }
         let (host, slot) = self.worker_args();
-        Ok([
-            n.to_string(),
-            (lease_ms as u64).to_string(),
-            HOUSEKEEPING_LIMIT.max(n).to_string(),
-            host.to_string(),
+        Ok(TakeHead {
+            n,
+            lease_ms: lease_ms as u64,
+            limit: HOUSEKEEPING_LIMIT.max(n),
+            host: host.to_string(),
             slot,
-            self.ttl_arg().to_string(),
-            self.configured_system_state().to_string(),
-            self.ordered_arg().to_string(),
-            if self.limits.failed_routes { "1" } else { "" }.to_string(),
-        ])
+            history_ttl_ms: self.ttl_arg(),
+            system: self.configured_system_state(),
+            ordered: self.limits.ordered,
+            failed_routes: self.limits.failed_routes,
+        })
     }
 
     /// Like [`take`](Self::take), but when nothing is due waits up to `max_wait` for an
@@ -336,18 +330,25 @@ impl Queue {
         order: &SettleOrder,
     ) {
         let (host, slot) = self.worker_args();
-        inv.arg(order.first.len())
-            .arg(order.later.len())
-            .arg(host)
-            .arg(slot)
-            .arg(self.ttl_arg())
-            .arg(self.ordered_arg());
-        if order.first.is_empty() {
-            inv.arg("").arg("");
-        } else {
-            inv.arg(order.token)
-                .arg(seq_runs(order.first.iter().map(|&i| ops[i].seq)));
-        }
+        let first = !order.first.is_empty();
+        inv.head(&SettleHead {
+            k1: order.first.len(),
+            k2: order.later.len(),
+            host: host.to_string(),
+            slot,
+            history_ttl_ms: self.ttl_arg(),
+            ordered: self.limits.ordered,
+            token: if first {
+                order.token.to_string()
+            } else {
+                String::new()
+            },
+            runs: if first {
+                seq_runs(order.first.iter().map(|&i| ops[i].seq))
+            } else {
+                String::new()
+            },
+        });
         for &i in &order.first {
             inv.arg(&ops[i].id);
         }

@@ -22,6 +22,7 @@
 //! `system` (external systems: the run-time switch and the rate bucket), `layout` (the
 //! layout version a queue's data is in) and `migrate` (moving a queue to the current one).
 
+mod args;
 mod chained;
 mod checks;
 mod client;

@@ -21,7 +21,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
-use super::{layout, migrate};
+use super::{args, layout, migrate};
 
 /// The library's files, in load order.
 const LIB: [(&str, &str); 11] = [
@@ -151,9 +151,10 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(library);
 
 fn library() -> Library {
     let mut code = format!(
-        "{}\nlocal MIGRATE_FIELD = '{}'\n",
+        "{}\nlocal MIGRATE_FIELD = '{}'\n{}",
         layout::lua_header(),
-        migrate::MIGRATE_FIELD
+        migrate::MIGRATE_FIELD,
+        args::lua()
     );
     for (name, text) in LIB {
         code.push_str(&format!("\n-- lib/{name}.lua\n{text}"));

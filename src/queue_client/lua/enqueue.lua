@@ -1,4 +1,5 @@
--- ARGV: n, priority, delay_ms, at_ms (0: none), max_attempts, mode, track ('1': keep a
+-- ARGV: the head (EnqueueHead in args.rs, read by name as A.n, A.priority, …): n,
+--   priority, delay_ms, at_ms (0: none), max_attempts, mode, track ('1': keep a
 --   record), submitted_by, dedup ('a' active | 'r' record; then 'o' when the ids are the
 --   submitter's own, see own_ids_taken), intake (the config's value,
 --   used while no run-time switch is set), history_ttl_ms, root ('1': each task is the
@@ -24,23 +25,24 @@
 -- and flags holds one character per task: '1' created, '0' an existing task with that id
 -- was kept, 'x' recorded as cancelled at once (the intake is 'cancel'). Returns {-1, ''}
 -- and changes nothing when the intake is closed; {-2, flags} and changes nothing when
--- ids are the submitter's own (ARGV[9] ends in 'o') and another submitter's task holds
+-- ids are the submitter's own (A.dedup ends in 'o') and another submitter's task holds
 -- some ('t' for those, '-' the rest). In mode 'ig', an id held by a task (or a
 -- live record) of another chain, or of none, is not a child an earlier run of the parent
 -- made: the call then creates nothing, and flags those 'c' (another chain's) or 'n' (no
 -- chain's) and the rest '-'. Replies stay small, which matters as much as the work.
-local H = 13
+local H = #ENQUEUE_HEAD
+local A = head(ARGV, ENQUEUE_HEAD)
 local now = now_ms()
-local n = tonumber(ARGV[1])
-local pri, delay, at = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ma = ARGV[5]
-local mode = ARGV[6]
+local n = tonumber(A.n)
+local pri, delay, at = tonumber(A.priority), tonumber(A.delay_ms), tonumber(A.at_ms)
+local ma = A.max_attempts
+local mode = A.mode
 local follow = mode == 'ig' or mode == 'ik'
-local track, by = ARGV[7] == '1', ARGV[8]
-local dedup_record = string.sub(ARGV[9], 1, 1) == 'r' or follow
+local track, by = A.track == '1', A.submitted_by
+local dedup_record = string.sub(A.dedup, 1, 1) == 'r' or follow
 -- 'o' after the dedup letter: ids are the submitter's own (see own_ids_taken)
-local own_ids = string.sub(ARGV[9], 2, 2) == 'o'
-local root = ARGV[12] == '1'
+local own_ids = string.sub(A.dedup, 2, 2) == 'o'
+local root = A.root == '1'
 local per = (mode == 'ig') and 3 or 2
 -- Each task's id, payload and chain (a follow-up's) as sent.
 local arg_id = function(i) return ARGV[H + per * (i - 1) + 1] end
@@ -49,16 +51,16 @@ local arg_chain = function(i) return ARGV[H + per * (i - 1) + 3] end
 if mode == 'ik' then
   arg_id = function(i) return ARGV[H + i] end
 end
-local intake = redis.call('HGET', K_CONF, 'intake') or ARGV[10]
-local ttl = tonumber(ARGV[11])
+local intake = redis.call('HGET', K_CONF, 'intake') or A.intake
+local ttl = tonumber(A.history_ttl_ms)
 if intake == 'closed' then return {-1, ''} end
 local cancel = intake == 'cancel'
 local cancel_note = 'cancelled on arrival: the intake of the queue is cancel'
 -- A disabled system cancels its queues' new tasks; a paused one holds them, saying why.
 local waiting_note = ''
 local sys_state, sys_name = system_switch()
-if not sys_state and ARGV[13] ~= '' then
-  sys_state, sys_name = string.match(ARGV[13], '^(%a+):(.*)$')
+if not sys_state and A.system ~= '' then
+  sys_state, sys_name = string.match(A.system, '^(%a+):(.*)$')
 end
 if sys_state == 'disabled' then
   cancel, cancel_note = true, 'system ' .. sys_name .. ' is disabled'
@@ -92,7 +94,7 @@ if own_ids and mode == 'ip' and track then
   local taken = own_ids_taken()
   if taken then return {-2, taken} end
 end
-local meta = pack_meta(ARGV[2], ma, now)
+local meta = pack_meta(A.priority, ma, now)
 -- A tracked task's meta also carries its record's sequence number after its enqueue time
 -- (".seq", see K_DONE in lib/records.lua) and its chain field (see parse_meta): 'g' and the
 -- chain a global task starts, '' one in no chain, or 'c' and a follow-up's chain. An untracked task has no record to
@@ -122,7 +124,7 @@ local function as_packet()
     scored[2 * i] = ids[i]
   end
   redis.call('ZADD', K_IDX, unpack(scored))
-  packet_write(base, ids, ARGV[2], ma, now, due, ARGV[H + n + 1], ARGV[H + n + 2])
+  packet_write(base, ids, A.priority, ma, now, due, ARGV[H + n + 1], ARGV[H + n + 2])
   local chains, i = {}, 0
   for g in string.gmatch(ARGV[H + n + 1] .. FS, '([^\31]*)\31') do
     i = i + 1

@@ -1,4 +1,5 @@
--- ARGV: k1, k2, host, slot, history_ttl_ms, ordered ('1': a retry keeps its place at the
+-- ARGV: the head (SettleHead in args.rs, read by name as A.k1, …): k1, k2, host, slot,
+-- history_ttl_ms, ordered ('1': a retry keeps its place at the
 -- head, see take_hold), the token of the first attempts' acks ('' when k1 is 0), the
 -- sequence numbers of their records as runs "s1-s2,..." ('' when some has none: see
 -- K_DONE in lib/records.lua; a tracked queue's acks of one whole batch then write no
@@ -13,22 +14,23 @@
 -- it expired and was reclaimed, or was settled or cancelled), 2 retry turned into a dead
 -- letter because max_attempts is reached; or {} when every one is 1 (the common case, a
 -- number less per task to send).
-local H = 8
+local H = #SETTLE_HEAD
+local A = head(ARGV, SETTLE_HEAD)
 local now = now_ms()
-local k1, k2 = tonumber(ARGV[1]), tonumber(ARGV[2])
-local host, slot, ttl = ARGV[3], ARGV[4], tonumber(ARGV[5])
-local ordered = ARGV[6] == '1'
+local k1, k2 = tonumber(A.k1), tonumber(A.k2)
+local host, slot, ttl = A.host, A.slot, tonumber(A.history_ttl_ms)
+local ordered = A.ordered == '1'
 local tracked = redis.call('EXISTS', K_IDX) == 1
 local k = k1 + k2
 -- A slot's steady state: the call acks exactly one batch lease, whole and in take order
 -- (see lib/blocks.lua). No per-task lease to check or remove, no running entry to read.
 if k1 > 0 and ARGN == H + k1 and k1 <= CHUNK then
-  local at, thost, tslot = batch_ack_whole(ARGV[7], ARGV, H + 1, H + k1)
+  local at, thost, tslot = batch_ack_whole(A.token, ARGV, H + 1, H + k1)
   if at then
     redis.call('HDEL', K_PAYLOAD, unpack(ARGV, H + 1, H + k1))
     redis.call('HINCRBY', K_STATS, 'acked', k1)
     if tracked then
-      local runs = ARGV[8] ~= '' and done_runs(ARGV[8], k1)
+      local runs = A.runs ~= '' and done_runs(A.runs, k1)
       if runs then
         records_done_runs(runs, at, thost, tslot, now, host, slot, ttl)
         if redis.call('EXISTS', K_WATCH) == 1 then tell_watchers({unpack(ARGV, H + 1, H + k1)}) end
@@ -41,7 +43,7 @@ if k1 > 0 and ARGN == H + k1 and k1 <= CHUNK then
   end
 end
 local members, ids, atts = {}, {}, {}
-local prefix = ARGV[7] .. ':'
+local prefix = A.token .. ':'
 for i = 1, k1 do
   local id = ARGV[H + i]
   ids[i] = id
@@ -66,7 +68,7 @@ end
 -- Anything else works on per-task leases: the batches it names are split first.
 if redis.call('EXISTS', K_BATCHES) == 1 then
   local toks = {}
-  if k1 > 0 then toks[1] = ARGV[7] end
+  if k1 > 0 then toks[1] = A.token end
   for x = k1 + 1, k + m do toks[#toks + 1] = string.match(members[x], '^(%d+):') end
   batches_split(toks)
 end

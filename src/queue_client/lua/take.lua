@@ -1,4 +1,5 @@
--- ARGV: n (0: bring back, take nothing), lease_ms, housekeeping limit, host, slot,
+-- ARGV: the head (TakeHead in args.rs, read by name as A.n, …): n (0: bring back, take
+-- nothing), lease_ms, housekeeping limit, host, slot,
 -- history_ttl_ms (the taker's identity goes into the records of tracked tasks), the
 -- config's system state ('paused' or ''; the run-time switch in K_CONF wins), ordered
 -- ('1': one task at a time, see take_hold), failed routes ('1': the queue has `on =
@@ -11,9 +12,11 @@
 -- the packet's store, and the waiting part of the tasks taken), or
 -- {now, 0, hint_ms} when none: hint_ms = time until the next delayed task is due or the
 -- next lease expires (-1: nothing scheduled), so an idle taker knows when to look again.
+local H = #TAKE_HEAD
+local A = head(ARGV, TAKE_HEAD)
 local now = now_ms()
-local n, lease, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local host, slot = ARGV[4] or '', ARGV[5] or ''
+local n, lease, limit = tonumber(A.n), tonumber(A.lease_ms), tonumber(A.limit)
+local host, slot = A.host or '', A.slot or ''
 -- An untracked queue has no index: it pays one EXISTS per take for records.
 local tracked = redis.call('EXISTS', K_IDX) == 1
 
@@ -32,7 +35,7 @@ for _, t in ipairs(redis.call('ZRANGEBYSCORE', K_BATCHES, '-inf', now, 'LIMIT', 
 end
 local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, limit)
 -- (Long tasks whose cancel was asked end cancelled instead: their slot died first.)
-if #expired > 0 then expired = end_expired_cancels(expired, now, history_ttl(ARGV[6])) end
+if #expired > 0 then expired = end_expired_cancels(expired, now, history_ttl(A.history_ttl_ms)) end
 if #expired > 0 then
   local n_dead = 0
   local back, back_pris = {}, {}
@@ -48,13 +51,13 @@ if #expired > 0 then
       local pri, ma = parse_meta(m)
       local last = ma > 0 and a >= ma
       -- (on a queue with failed routes the last attempt comes back once more, see ARGV)
-      local once_more = last and ARGV[9] == '1' and a == ma
+      local once_more = last and A.failed_routes == '1' and a == ma
       if last and not once_more then
         local err = string.format('lease expired on attempt %d of %d (max_attempts reached)', a, ma)
         redis.call('ZADD', K_DEAD, now, id)
         redis.call('HSET', K_ERR, id, err)
         n_dead = n_dead + 1
-        if tracked then record(id, 'failed', now, a, nil, nil, err, {e = err}, history_ttl(ARGV[6])) end
+        if tracked then record(id, 'failed', now, a, nil, nil, err, {e = err}, history_ttl(A.history_ttl_ms)) end
       else
         local err = string.format('lease expired on attempt %d', a)
         if once_more then
@@ -78,7 +81,7 @@ end
 
 -- 1b. An ordered queue's retried head comes back to the front when due (before step 2,
 --     which would put it at the back).
-if ARGV[8] == '1' then ordered_head_due(now) end
+if A.ordered == '1' then ordered_head_due(now) end
 
 -- 2. Delayed tasks that are due join the back of their priority's list, in due order.
 local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, limit)
@@ -100,9 +103,9 @@ if n == 0 then return {now, 0, -1} end
 
 -- 3. Hand out up to n, highest priority first, FIFO within a priority; nothing while
 --    held (a paused or disabled system; an ordered queue's head running or not yet due).
-local held, held_hint = take_hold(now, ARGV[7] or '', ARGV[8] == '1')
+local held, held_hint = take_hold(now, A.system or '', A.ordered == '1')
 if held then return {now, 0, held_hint} end
-if ARGV[8] == '1' then n = 1 end
+if A.ordered == '1' then n = 1 end
 local ids = {}
 -- A packet's entry (see lib/blocks.lua) at the head of a list is taken alone: a take hands
 -- out plain tasks or tasks of one packet, never both. Only a queue that has packets looks
@@ -210,7 +213,7 @@ if redis.call('EXISTS', K_ATT) == 1 then
   end
 end
 -- All first attempts, one at a time not asked: one batch lease (see lib/blocks.lua).
-if not (first and ARGV[8] ~= '1' and batch_lease(tok_s, exp_s, ids, now, host, slot)) then
+if not (first and A.ordered ~= '1' and batch_lease(tok_s, exp_s, ids, now, host, slot)) then
   if first then
     for i = 1, k do atts[i] = 1 end
   end

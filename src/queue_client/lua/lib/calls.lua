@@ -57,3 +57,11 @@ local function hmget(key, ids)
   end
   return out
 end
+
+-- The head of a function's arguments, by name (args.rs): a table from each of `names` to
+-- the argument at its place in `argv`.
+local function head(argv, names)
+  local h = {}
+  for i = 1, #names do h[names[i]] = argv[i] end
+  return h
+end

@@ -1,0 +1,232 @@
+//! The heads of the library's busiest functions' arguments (enqueue, take, settle), each
+//! declared once as a struct whose fields are the arguments in order: the struct sends
+//! them ([`Call::head`]), and the library gets their names as a Lua list
+//! (`ENQUEUE_HEAD = {'n', 'priority', …}`), which a body reads with `head(ARGV,
+//! ENQUEUE_HEAD)` into a table by name (`A.priority`). So Rust and Lua cannot disagree on
+//! a position, and a test holds each body to reading exactly the names its head declares.
+//! What follows a head (payloads, ids, ops) is the body's own, documented in its file.
+
+use redis::ToRedisArgs;
+
+use super::scripts::Call;
+
+/// A head of arguments: its fields' names, in order, and how it sends them.
+pub(crate) trait Head {
+    /// The Lua list the library defines with the names (e.g. `ENQUEUE_HEAD`).
+    const LUA_NAME: &'static str;
+    /// The fields' names, in the order they are sent.
+    const NAMES: &'static [&'static str];
+    /// Sends the fields, in order.
+    fn push(&self, call: &mut Call<'_>);
+}
+
+/// Declares a head: a struct of the fields and its [`Head`] impl, from one list, so the
+/// names and the order sent are the same list.
+macro_rules! head {
+    ($(#[$doc:meta])* $name:ident as $lua:literal { $($(#[$fdoc:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone)]
+        pub(crate) struct $name {
+            $($(#[$fdoc])* pub(crate) $field: $ty,)*
+        }
+
+        impl Head for $name {
+            const LUA_NAME: &'static str = $lua;
+            const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+            fn push(&self, call: &mut Call<'_>) {
+                $(call.arg(self.$field.to_head_arg());)*
+            }
+        }
+    };
+}
+
+/// How a field goes as an argument: as its text; a flag as '1' or '0'.
+pub(crate) trait HeadArg {
+    /// The argument.
+    fn to_head_arg(&self) -> impl ToRedisArgs;
+}
+
+impl HeadArg for bool {
+    fn to_head_arg(&self) -> impl ToRedisArgs {
+        if *self { "1" } else { "0" }
+    }
+}
+
+macro_rules! head_arg_as_is {
+    ($($t:ty),*) => {$(
+        impl HeadArg for $t {
+            fn to_head_arg(&self) -> impl ToRedisArgs {
+                self.clone()
+            }
+        }
+    )*};
+}
+head_arg_as_is!(u64, i32, u32, usize, String, &'static str);
+
+head! {
+    /// enqueue.lua's head (the options a chunk's tasks share).
+    EnqueueHead as "ENQUEUE_HEAD" {
+        /// Tasks in the call.
+        n: usize,
+        /// Their priority.
+        priority: i32,
+        /// Their delay (ms; the script adds Redis's clock), 0 with `at_ms`.
+        delay_ms: u64,
+        /// When they are due (ms since the epoch); 0: none.
+        at_ms: u64,
+        /// Their max_attempts (0: no limit).
+        max_attempts: u32,
+        /// How the tasks follow: 'p', 'ip', 'ig' or 'ik' (enqueue.lua).
+        mode: &'static str,
+        /// Whether the queue keeps records.
+        track: bool,
+        /// Who submitted them ('' none).
+        submitted_by: String,
+        /// The queue's dedup ('a' or 'r'), then 'o' when the ids are the submitter's own.
+        dedup: &'static str,
+        /// The config's intake, used while no run-time switch is set.
+        intake: &'static str,
+        /// How long records live after the end (ms).
+        history_ttl_ms: u64,
+        /// Whether each task is the global task of a chain of its own.
+        root: bool,
+        /// 'paused:NAME' for a system the config starts paused, else ''.
+        system: String,
+    }
+}
+
+head! {
+    /// take.lua's head, all of its arguments.
+    TakeHead as "TAKE_HEAD" {
+        /// Tasks to take (0: bring back what is due and take nothing).
+        n: usize,
+        /// The lease (ms).
+        lease_ms: u64,
+        /// Housekeeping done at most (leases, delayed tasks, records).
+        limit: usize,
+        /// The taker's host ('' none).
+        host: String,
+        /// The taker's slot ('' none).
+        slot: String,
+        /// How long records live after the end (ms).
+        history_ttl_ms: u64,
+        /// The config's system state ('paused' or ''; a run-time switch wins).
+        system: &'static str,
+        /// Whether the queue hands out one task at a time, in order.
+        ordered: bool,
+        /// Whether the queue has `on = "failed"` routes (take.lua).
+        failed_routes: bool,
+    }
+}
+
+head! {
+    /// settle.lua's head, before its acks and ops.
+    SettleHead as "SETTLE_HEAD" {
+        /// Acks of first attempts holding `token`, sent as bare ids.
+        k1: usize,
+        /// Acks of later attempts, as (id, token, attempt).
+        k2: usize,
+        /// The settler's host ('' none).
+        host: String,
+        /// The settler's slot ('' none).
+        slot: String,
+        /// How long records live after the end (ms).
+        history_ttl_ms: u64,
+        /// Whether the queue hands out one task at a time, in order.
+        ordered: bool,
+        /// The token of the first attempts' acks ('' when k1 is 0).
+        token: String,
+        /// The record numbers of the first attempts as runs "s1-s2,…" ('' when one has none).
+        runs: String,
+    }
+}
+
+/// The Lua list of `H`'s names, as the library defines it.
+fn lua_list<H: Head>() -> String {
+    let names: Vec<String> = H::NAMES.iter().map(|n| format!("'{n}'")).collect();
+    format!("local {} = {{{}}}\n", H::LUA_NAME, names.join(", "))
+}
+
+/// The library's definitions of every head's names.
+pub(crate) fn lua() -> String {
+    [
+        lua_list::<EnqueueHead>(),
+        lua_list::<TakeHead>(),
+        lua_list::<SettleHead>(),
+    ]
+    .concat()
+}
+
+impl Call<'_> {
+    /// Sends `head`'s fields, in order (before anything else of the call).
+    pub(crate) fn head(&mut self, head: &impl Head) -> &mut Self {
+        head.push(self);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// The names a body reads of its head (`A.NAME`), and whether it reads the head
+    /// (`head(ARGV, LIST)`) and counts it (`#LIST`).
+    fn read_names(body: &str) -> BTreeSet<&str> {
+        body.match_indices("A.")
+            .filter(|(i, _)| {
+                !body[..*i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '.')
+            })
+            .map(|(i, _)| {
+                let rest = &body[i + 2..];
+                let end = rest
+                    .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..end]
+            })
+            .collect()
+    }
+
+    fn check<H: Head>(body: &str) {
+        let declared: BTreeSet<&str> = H::NAMES.iter().copied().collect();
+        assert_eq!(read_names(body), declared, "{}", H::LUA_NAME);
+        assert!(
+            body.contains(&format!("head(ARGV, {})", H::LUA_NAME)),
+            "{}",
+            H::LUA_NAME
+        );
+        assert!(
+            body.contains(&format!("local H = #{}", H::LUA_NAME)),
+            "{}",
+            H::LUA_NAME
+        );
+        assert!(
+            !body.contains("ARGV[1]"),
+            "{} reads a head argument by position",
+            H::LUA_NAME
+        );
+    }
+
+    /// Each body reads exactly the names its head sends, by name: a field added on one
+    /// side only, or a position read by hand, fails here.
+    #[test]
+    fn each_body_reads_the_names_its_head_sends() {
+        check::<EnqueueHead>(include_str!("lua/enqueue.lua"));
+        check::<TakeHead>(include_str!("lua/take.lua"));
+        check::<SettleHead>(include_str!("lua/settle.lua"));
+    }
+
+    #[test]
+    fn the_lua_lists_name_the_fields_in_order() {
+        assert_eq!(
+            lua_list::<TakeHead>(),
+            "local TAKE_HEAD = {'n', 'lease_ms', 'limit', 'host', 'slot', 'history_ttl_ms', \
+             'system', 'ordered', 'failed_routes'}\n"
+        );
+        assert_eq!(
+            read_names("x = A.n + AA.m + A.lease_ms; B.A.q"),
+            BTreeSet::from(["n", "lease_ms"])
+        );
+    }
+}
