@@ -481,105 +481,85 @@ impl Batch {
     }
 }
 
-/// take.lua's reply as a batch: `{now, token, expiry, id, attempt, payload, ...}`;
-/// `{now, -token, expiry, {id, ...}, {payload, ...}}` when every task is at its first
-/// attempt; or `{now, 0, hint}` when nothing was taken.
+/// take.lua's reply, by the kind its first value names. The values are taken apart by
+/// value: a payload is moved into its task, never copied.
 fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
-    let signed = match reply.get(1) {
-        Some(v) => int(v)?,
-        None => 0,
-    };
-    if signed < 0 {
-        return parse_first_attempts(reply, signed.unsigned_abs());
+    let mut it = reply.into_iter();
+    let kind = it.next().map(owned_string).transpose()?.unwrap_or_default();
+    let mut rest: Vec<Value> = it.collect();
+    let bad = |shape: &str| QueueError::Protocol(format!("take's reply {kind:?} is not {shape}"));
+    match kind.as_str() {
+        "n" => {
+            let [now, hint] = &rest[..] else {
+                return Err(bad("{'n', now, hint}"));
+            };
+            let hint = int(hint)?;
+            Ok(Batch {
+                tasks: Vec::new(),
+                now_ms: int(now)?,
+                expires_ms: 0,
+                next_hint: (hint >= 0).then(|| Duration::from_millis(hint as u64)),
+            })
+        }
+        "a" if rest.len() >= 3 && (rest.len() - 3).is_multiple_of(3) => {
+            let values = rest.split_off(3);
+            let token = int(&rest[1])? as u64;
+            let mut tasks = Vec::with_capacity(values.len() / 3);
+            let mut values = values.into_iter();
+            while let (Some(id), Some(attempt), payload) =
+                (values.next(), values.next(), values.next())
+            {
+                tasks.push(leased(id, int(&attempt)? as u32, payload, token)?);
+            }
+            taken(tasks, &rest[0], &rest[2])
+        }
+        "a" => Err(bad("{'a', now, token, expiry, (id, attempt, payload)...}")),
+        "f" => {
+            let Ok([now, token, exp, Value::Array(ids), Value::Array(payloads)]) =
+                <[Value; 5]>::try_from(rest)
+            else {
+                return Err(bad("{'f', now, token, expiry, ids, payloads}"));
+            };
+            if ids.len() != payloads.len() {
+                return Err(QueueError::Protocol(format!(
+                    "take returned {} ids and {} payloads",
+                    ids.len(),
+                    payloads.len()
+                )));
+            }
+            let token = int(&token)? as u64;
+            let tasks = ids
+                .into_iter()
+                .zip(payloads)
+                .map(|(id, payload)| leased(id, 1, Some(payload), token))
+                .collect::<Result<Vec<_>, _>>()?;
+            taken(tasks, &now, &exp)
+        }
+        "p" => {
+            let [
+                now,
+                token,
+                exp,
+                Value::BulkString(store),
+                Value::BulkString(got),
+            ] = &rest[..]
+            else {
+                return Err(bad("{'p', now, token, expiry, store, taken}"));
+            };
+            taken(packet_tasks(store, got, int(token)? as u64)?, now, exp)
+        }
+        _ => Err(QueueError::Protocol(format!(
+            "take returned a reply of kind {kind:?}"
+        ))),
     }
-    let stride = 3;
-    if reply.len() < 3 || !(reply.len() - 3).is_multiple_of(stride) {
-        return Err(QueueError::Protocol(format!(
-            "take returned {} values",
-            reply.len()
-        )));
-    }
-    let now_ms = int(&reply[0])?;
-    let token = signed as u64;
-    if token == 0 {
-        let hint = int(&reply[2])?;
-        return Ok(Batch {
-            tasks: Vec::new(),
-            now_ms,
-            expires_ms: 0,
-            next_hint: (hint >= 0).then(|| Duration::from_millis(hint as u64)),
-        });
-    }
-    let expires_ms = int(&reply[2])?;
-    let mut tasks = Vec::with_capacity((reply.len() - 3) / stride);
-    let mut it = reply.into_iter().skip(3);
-    while let Some(id) = it.next() {
-        let attempt = it.next().map(|a| int(&a)).transpose()?.unwrap_or(1) as u32;
-        tasks.push(leased(id, attempt, it.next(), token)?);
-    }
-    Ok(Batch {
-        tasks,
-        now_ms,
-        expires_ms,
-        next_hint: None,
-    })
 }
 
-/// take.lua's reply when every task is at its first attempt:
-/// `{now, -token, expiry, {id, ...}, {payload, ...}}`.
-fn parse_first_attempts(reply: Vec<Value>, token: u64) -> Result<Batch, QueueError> {
-    if let [
-        now,
-        _,
-        exp,
-        Value::BulkString(store),
-        Value::BulkString(taken),
-    ] = &reply[..]
-    {
-        return Ok(Batch {
-            tasks: packet_tasks(store, taken, token)?,
-            now_ms: int(now)?,
-            expires_ms: int(exp)?,
-            next_hint: None,
-        });
-    }
-    let mut it = reply.into_iter();
-    let (
-        Some(now),
-        Some(_),
-        Some(exp),
-        Some(Value::Array(ids)),
-        Some(Value::Array(payloads)),
-        None,
-    ) = (
-        it.next(),
-        it.next(),
-        it.next(),
-        it.next(),
-        it.next(),
-        it.next(),
-    )
-    else {
-        return Err(QueueError::Protocol(
-            "take's reply of first attempts is not {now, -token, expiry, ids, payloads}".into(),
-        ));
-    };
-    if ids.len() != payloads.len() {
-        return Err(QueueError::Protocol(format!(
-            "take returned {} ids and {} payloads",
-            ids.len(),
-            payloads.len()
-        )));
-    }
-    let tasks = ids
-        .into_iter()
-        .zip(payloads)
-        .map(|(id, payload)| leased(id, 1, Some(payload), token))
-        .collect::<Result<Vec<_>, _>>()?;
+/// A batch of `tasks` taken at `now`, their leases until `exp`.
+fn taken(tasks: Vec<LeasedTask>, now: &Value, exp: &Value) -> Result<Batch, QueueError> {
     Ok(Batch {
         tasks,
-        now_ms: int(&now)?,
-        expires_ms: int(&exp)?,
+        now_ms: int(now)?,
+        expires_ms: int(exp)?,
         next_hint: None,
     })
 }
@@ -837,6 +817,63 @@ mod tests {
         let (meta, payload) = split_value(b"0:3:1\n".to_vec()).unwrap();
         assert_eq!((meta.max_attempts(), payload.len()), (Some(3), 0));
         assert!(split_value(b"no meta".to_vec()).is_err());
+    }
+
+    #[test]
+    fn a_take_reply_is_read_by_its_kind() {
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let none = parse_take(vec![text("n"), Value::Int(5), Value::Int(-1)]).unwrap();
+        assert_eq!((none.tasks.len(), none.next_hint), (0, None));
+        let value = |p: &str| text(&format!("0:3:1700\n{p}"));
+        let first = parse_take(vec![
+            text("f"),
+            Value::Int(5),
+            Value::Int(9),
+            Value::Int(30),
+            Value::Array(vec![text("a"), text("b")]),
+            Value::Array(vec![value("x"), value("y")]),
+        ])
+        .unwrap();
+        let ids: Vec<(&str, u32, u64)> = first
+            .tasks
+            .iter()
+            .map(|t| (t.id.as_str(), t.attempt, t.token))
+            .collect();
+        assert_eq!(ids, [("a", 1, 9), ("b", 1, 9)]);
+        assert_eq!((first.now_ms, first.expires_ms), (5, 30));
+        let any = parse_take(vec![
+            text("a"),
+            Value::Int(5),
+            Value::Int(9),
+            Value::Int(30),
+            text("c"),
+            Value::Int(2),
+            value("z"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                any.tasks[0].id.as_str(),
+                any.tasks[0].attempt,
+                &any.tasks[0].payload[..]
+            ),
+            ("c", 2, &b"z"[..])
+        );
+        // (a shape that does not fit its kind, and an unknown kind, are protocol errors)
+        for bad in [
+            vec![
+                text("a"),
+                Value::Int(5),
+                Value::Int(9),
+                Value::Int(30),
+                text("c"),
+            ],
+            vec![text("f"), Value::Int(5)],
+            vec![text("x"), Value::Int(5), Value::Int(0), Value::Int(0)],
+            vec![Value::Int(5), Value::Int(0), Value::Int(0)],
+        ] {
+            assert!(matches!(parse_take(bad), Err(QueueError::Protocol(_))));
+        }
     }
 
     #[test]

@@ -5,13 +5,15 @@
 -- ('1': one task at a time, see take_hold), failed routes ('1': the queue has `on =
 -- "failed"` routes, and a lease that runs out at the last attempt comes back once more,
 -- past max_attempts, for a slot to fail the task with them; a script cannot make them)
--- Returns {now, token, expiry, id, attempt, payload, ...} when tasks were taken, or
--- {now, -token, expiry, {id, ...}, {payload, ...}} when every one is at its first attempt
--- (the common case: a number less per task to send, and no loop here to build it), or
--- {now, -token, expiry, store, taken} when they are tasks of one packet (see lib/blocks.lua:
--- the packet's store, and the waiting part of the tasks taken), or
--- {now, 0, hint_ms} when none: hint_ms = time until the next delayed task is due or the
--- next lease expires (-1: nothing scheduled), so an idle taker knows when to look again.
+-- Returns a reply tagged by its kind (`TakeReply` in lease.rs):
+--   {'a', now, token, expiry, id, attempt, payload, ...} tasks taken at any attempts;
+--   {'f', now, token, expiry, {id, ...}, {payload, ...}} when every one is at its first
+--     attempt (the common case: a number less per task to send, and no loop here);
+--   {'p', now, token, expiry, store, taken} tasks of one packet (see lib/blocks.lua: the
+--     packet's store, and the waiting part of the tasks taken);
+--   {'n', now, hint_ms} none: hint_ms = time until the next delayed task is due or the
+--     next lease expires (-1: nothing scheduled), so an idle taker knows when to look
+--     again.
 local H = #TAKE_HEAD
 local A = head(ARGV, TAKE_HEAD)
 local now = now_ms()
@@ -99,12 +101,12 @@ if #due > 0 then
 end
 
 -- n = 0: only the steps above (a reclaim, see lease.rs), and the hint of none taken.
-if n == 0 then return {now, 0, -1} end
+if n == 0 then return {'n', now, -1} end
 
 -- 3. Hand out up to n, highest priority first, FIFO within a priority; nothing while
 --    held (a paused or disabled system; an ordered queue's head running or not yet due).
 local held, held_hint = take_hold(now, A.system or '', A.ordered == '1')
-if held then return {now, 0, held_hint} end
+if held then return {'n', now, held_hint} end
 if A.ordered == '1' then n = 1 end
 local ids = {}
 -- A packet's entry (see lib/blocks.lua) at the head of a list is taken alone: a take hands
@@ -173,14 +175,14 @@ if packet_list then
     redis.call('ZREM', K_READY, string.match(packet_list, ':(%-?%d+)$'))
   end
   -- (a packet gone from under its entry, which went: look again at once)
-  if not store then return {now, 0, 0} end
+  if not store then return {'n', now, 0} end
   -- (wake-ups as for plain tasks, below)
   if redis.call('EXISTS', K_READY) == 0 then
     redis.call('DEL', K_WAKE)
   elseif tonumber(string.match(taken, '^%d+')) == n then
     wake(1)
   end
-  return {now, -tok, exp, store, taken}
+  return {'p', now, tok, exp, store, taken}
 end
 if k == 0 then
   -- Nothing ready: wake-ups still listed are spent (their tasks were taken), and each
@@ -194,7 +196,7 @@ if k == 0 then
     local h = math.max(0, lease - now)
     if hint < 0 or h < hint then hint = h end
   end
-  return {now, 0, hint}
+  return {'n', now, hint}
 end
 local tok, tok_s = new_token()
 local exp = now + lease
@@ -232,15 +234,15 @@ end
 local payloads = hmget(K_PAYLOAD, ids)
 local out
 if not first then
-  out = {now, tok, exp}
+  out = {'a', now, tok, exp}
   for i, id in ipairs(ids) do
-    out[3 * i + 1] = id
-    out[3 * i + 2] = atts[i]
-    out[3 * i + 3] = payloads[i]
+    out[3 * i + 2] = id
+    out[3 * i + 3] = atts[i]
+    out[3 * i + 4] = payloads[i]
   end
 else
   -- Redis turns the tables into nested arrays: no loop over the tasks here.
-  out = {now, -tok, exp, ids, payloads}
+  out = {'f', now, tok, exp, ids, payloads}
 end
 if redis.call('EXISTS', K_READY) == 0 then
   -- This take emptied the queue: the wake-ups listed for its tasks are spent (a queue fed
