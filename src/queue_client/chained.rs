@@ -4,6 +4,7 @@
 
 use redis::Value;
 
+use super::enqueue::EnqueueReply;
 use super::meta::MetaChain;
 use super::scripts::SCRIPTS;
 use super::{LeasedTask, NewTask, Queue, QueueError, RedisConn};
@@ -141,30 +142,17 @@ impl Queue {
         inv.arg(parents.len());
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        let bad =
-            |e: redis::ParsingError| QueueError::Protocol(format!("lease check and enqueue: {e}"));
-        let mut out = match reply.as_slice() {
-            [Value::Int(-3), gone] => {
-                let gone: Vec<usize> = redis::from_redis_value(gone.clone()).map_err(bad)?;
-                if gone.iter().any(|&p| p == 0 || p > parents.len()) {
+        let mut out = match EnqueueReply::parse(reply)? {
+            EnqueueReply::LeasesGone(gone) => {
+                if gone.iter().any(|&p| p >= parents.len()) {
                     return Err(QueueError::Protocol(format!(
                         "lease check and enqueue named parents {gone:?} of {}",
                         parents.len()
                     )));
                 }
-                return Ok(FollowUpsEnqueued::LeasesGone(
-                    gone.into_iter().map(|p| p - 1).collect(),
-                ));
+                return Ok(FollowUpsEnqueued::LeasesGone(gone));
             }
-            [Value::Int(base), flags] => {
-                let flags: Vec<u8> = redis::from_redis_value(flags.clone()).map_err(bad)?;
-                self.enqueued_reply(first, *base, flags)?
-            }
-            other => {
-                return Err(QueueError::Protocol(format!(
-                    "lease check and enqueue returned {other:?}"
-                )));
-            }
+            reply => self.enqueued_reply(first, reply)?,
         };
         if !rest.is_empty() {
             out.extend(self.enqueue_many(rest).await?);

@@ -4,9 +4,11 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{StreamExt, TryStreamExt};
+use redis::Value;
 use serde::Serialize;
 
 use super::args::EnqueueHead;
+use super::reply::{int, string};
 use super::scripts::SCRIPTS;
 use super::{MAX_DELAY, MAX_ID_LEN, Queue, QueueError, RecordState};
 use crate::config::Dedup;
@@ -232,8 +234,8 @@ impl Queue {
     async fn enqueue_chunk(&self, chunk: &[NewTask]) -> Result<Vec<Enqueued>, QueueError> {
         let inv = self.enqueue_invocation_with(&SCRIPTS.enqueue, chunk);
         let mut conn = self.conn.clone();
-        let (base, flags): (i64, Vec<u8>) = inv.invoke_async(&mut conn).await?;
-        self.enqueued_reply(chunk, base, flags)
+        let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
+        self.enqueued_reply(chunk, EnqueueReply::parse(reply)?)
     }
 
     /// Whether follow-ups go as packets: the queue's limits say so (see
@@ -247,28 +249,32 @@ impl Queue {
             && self.limits.kind == crate::config::QueueKind::Batch
     }
 
-    /// What the enqueue script answered for `chunk`: its tasks, or the intake closed.
+    /// What the enqueue script answered for `chunk`: its tasks, or why none was enqueued.
     pub(super) fn enqueued_reply(
         &self,
         chunk: &[NewTask],
-        base: i64,
-        flags: Vec<u8>,
+        reply: EnqueueReply,
     ) -> Result<Vec<Enqueued>, QueueError> {
-        if base == -2 {
-            let at = flags.iter().position(|&f| f == b't');
-            let id = at.and_then(|i| chunk.get(i)).and_then(|t| t.id.clone());
-            return Err(QueueError::IdTaken {
+        match reply {
+            EnqueueReply::Done { base, flags } => {
+                let root = self.root(&chunk[0].chain).then_some(&*self.name);
+                enqueued(chunk, base, flags, root)
+            }
+            EnqueueReply::Taken { flags } => {
+                let at = flags.iter().position(|&f| f == b't');
+                let id = at.and_then(|i| chunk.get(i)).and_then(|t| t.id.clone());
+                Err(QueueError::IdTaken {
+                    queue: self.name.to_string(),
+                    id: id.unwrap_or_default(),
+                })
+            }
+            EnqueueReply::Closed => Err(QueueError::IntakeClosed {
                 queue: self.name.to_string(),
-                id: id.unwrap_or_default(),
-            });
+            }),
+            EnqueueReply::LeasesGone(_) => Err(QueueError::Protocol(
+                "enqueue answered that parents' leases are gone".into(),
+            )),
         }
-        if base < 0 {
-            return Err(QueueError::IntakeClosed {
-                queue: self.name.to_string(),
-            });
-        }
-        let root = self.root(&chunk[0].chain).then_some(&*self.name);
-        enqueued(chunk, base as u64, flags, root)
     }
 
     /// The call of `script` (enqueue.lua, or a script that ends in it) for a chunk: the
@@ -566,4 +572,96 @@ fn millis_since_epoch(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+/// What enqueue.lua (and follow_enqueue.lua, which ends in it) answers, by the kind its
+/// first value names.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum EnqueueReply {
+    /// `{'ok', base, flags}`: the tasks (see enqueue.lua for the flags).
+    Done {
+        /// Generated ids are numbered from it.
+        base: u64,
+        /// One character per task.
+        flags: Vec<u8>,
+    },
+    /// `{'closed'}`: the intake is closed; nothing enqueued.
+    Closed,
+    /// `{'taken', flags}`: another submitter's tasks hold some of the ids ('t'); nothing
+    /// enqueued.
+    Taken {
+        /// One character per task.
+        flags: Vec<u8>,
+    },
+    /// `{'gone', positions}` (follow_enqueue.lua): the leases of these parents (from 0)
+    /// are gone; nothing enqueued.
+    LeasesGone(Vec<usize>),
+}
+
+impl EnqueueReply {
+    /// Reads a reply; a shape that does not fit its kind is a protocol error.
+    pub(super) fn parse(reply: Vec<Value>) -> Result<EnqueueReply, QueueError> {
+        let bad = || QueueError::Protocol(format!("enqueue returned {reply:?}"));
+        let kind = reply.first().map(string).transpose()?.unwrap_or_default();
+        let flags = |v: &Value| match v {
+            Value::BulkString(b) => Ok(b.clone()),
+            _ => Err(bad()),
+        };
+        match (kind.as_str(), &reply[..]) {
+            ("ok", [_, base, f]) => Ok(EnqueueReply::Done {
+                base: u64::try_from(int(base)?).map_err(|_| bad())?,
+                flags: flags(f)?,
+            }),
+            ("closed", [_]) => Ok(EnqueueReply::Closed),
+            ("taken", [_, f]) => Ok(EnqueueReply::Taken { flags: flags(f)? }),
+            ("gone", [_, Value::Array(at)]) => {
+                let at: Vec<usize> = at
+                    .iter()
+                    .map(|p| match int(p) {
+                        Ok(p) if p > 0 => Ok(p as usize - 1),
+                        _ => Err(bad()),
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(EnqueueReply::LeasesGone(at))
+            }
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_enqueue_reply_is_read_by_its_kind() {
+        let text = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let parse = |v: Vec<Value>| EnqueueReply::parse(v);
+        assert_eq!(
+            parse(vec![text("ok"), Value::Int(7), text("10")]).unwrap(),
+            EnqueueReply::Done {
+                base: 7,
+                flags: b"10".to_vec()
+            }
+        );
+        assert_eq!(parse(vec![text("closed")]).unwrap(), EnqueueReply::Closed);
+        assert_eq!(
+            parse(vec![text("taken"), text("-t")]).unwrap(),
+            EnqueueReply::Taken {
+                flags: b"-t".to_vec()
+            }
+        );
+        assert_eq!(
+            parse(vec![text("gone"), Value::Array(vec![Value::Int(2)])]).unwrap(),
+            EnqueueReply::LeasesGone(vec![1])
+        );
+        for bad in [
+            vec![Value::Int(-1), text("")],
+            vec![text("ok"), Value::Int(-2), text("1")],
+            vec![text("gone"), Value::Array(vec![Value::Int(0)])],
+            vec![text("closed"), text("x")],
+        ] {
+            assert!(matches!(parse(bad), Err(QueueError::Protocol(_))));
+        }
+    }
 }

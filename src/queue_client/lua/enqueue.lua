@@ -19,12 +19,13 @@
 --              a task or a record, and nothing holds or delays them; else as in 'ig'.
 -- Options are shared by the call (the client splits calls where they differ), which keeps
 -- per-task arguments, the main cost of a bulk enqueue, to one or two.
--- Returns {base, flags}: generated ids are '~g' .. (base + i) for the i-th task (1-based;
+-- Returns a reply tagged by its kind (`EnqueueReply` in enqueue.rs): {'ok', base, flags}:
+-- generated ids are '~g' .. (base + i) for the i-th task (1-based;
 -- URL-unreserved characters only, a form no client id may take: see GENERATED_ID_PREFIX
 -- in enqueue.rs; builds before generated '#' .. (base + i), which a URL cannot hold),
 -- and flags holds one character per task: '1' created, '0' an existing task with that id
--- was kept, 'x' recorded as cancelled at once (the intake is 'cancel'). Returns {-1, ''}
--- and changes nothing when the intake is closed; {-2, flags} and changes nothing when
+-- was kept, 'x' recorded as cancelled at once (the intake is 'cancel'). Returns {'closed'}
+-- and changes nothing when the intake is closed; {'taken', flags} and changes nothing when
 -- ids are the submitter's own (A.dedup ends in 'o') and another submitter's task holds
 -- some ('t' for those, '-' the rest). In mode 'ig', an id held by a task (or a
 -- live record) of another chain, or of none, is not a child an earlier run of the parent
@@ -53,7 +54,7 @@ if mode == 'ik' then
 end
 local intake = redis.call('HGET', K_CONF, 'intake') or A.intake
 local ttl = tonumber(A.history_ttl_ms)
-if intake == 'closed' then return {-1, ''} end
+if intake == 'closed' then return {'closed'} end
 local cancel = intake == 'cancel'
 local cancel_note = 'cancelled on arrival: the intake of the queue is cancel'
 -- A disabled system cancels its queues' new tasks; a paused one holds them, saying why.
@@ -92,7 +93,7 @@ local function own_ids_taken()
 end
 if own_ids and mode == 'ip' and track then
   local taken = own_ids_taken()
-  if taken then return {-2, taken} end
+  if taken then return {'taken', taken} end
 end
 local meta = pack_meta(A.priority, ma, now)
 -- A tracked task's meta also carries its record's sequence number after its enqueue time
@@ -138,7 +139,7 @@ local function as_packet()
   return true
 end
 if mode == 'ik' then
-  if as_packet() then return {base, string.rep('1', n)} end
+  if as_packet() then return {'ok', base, string.rep('1', n)} end
   -- One by one, as 'ig': the chains and payloads taken apart.
   local chains, payloads = {}, {}
   local block = ARGV[H + n + 1]
@@ -307,7 +308,7 @@ else
     end
   end
   flags = table.concat(fl)
-  if foreign then return {base, (string.gsub(flags, '[^cn]', '-'))} end
+  if foreign then return {'ok', base, (string.gsub(flags, '[^cn]', '-'))} end
 end
 
 -- (a follow-up's chain lists it in this queue, cancelled on arrival or not: see
@@ -342,4 +343,4 @@ elseif created > 0 then
   redis.call('HINCRBY', K_STATS, 'enqueued', created)
   wake(created)
 end
-return {base, flags}
+return {'ok', base, flags}

@@ -5,7 +5,7 @@
 -- ('1': one task at a time, see take_hold), failed routes ('1': the queue has `on =
 -- "failed"` routes, and a lease that runs out at the last attempt comes back once more,
 -- past max_attempts, for a slot to fail the task with them; a script cannot make them)
--- Returns a reply tagged by its kind (`TakeReply` in lease.rs):
+-- Returns a reply tagged by its kind (`parse_take` in lease.rs reads it):
 --   {'a', now, token, expiry, id, attempt, payload, ...} tasks taken at any attempts;
 --   {'f', now, token, expiry, {id, ...}, {payload, ...}} when every one is at its first
 --     attempt (the common case: a number less per task to send, and no loop here);
