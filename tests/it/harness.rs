@@ -219,10 +219,20 @@ pub fn slot_spec(
     slot: u32,
     report: std::os::unix::net::UnixDatagram,
 ) -> gaffer::slot::SlotSpec {
+    slot_spec_at(&redis.url(), queue, slot, report)
+}
+
+/// [`slot_spec`] for the Redis (one server or a cluster) at `url`.
+pub fn slot_spec_at(
+    url: &str,
+    queue: gaffer::config::QueueConfig,
+    slot: u32,
+    report: std::os::unix::net::UnixDatagram,
+) -> gaffer::slot::SlotSpec {
     gaffer::slot::SlotSpec {
         queue,
         slot,
-        redis_url: redis.url(),
+        redis_url: url.to_string(),
         namespace: "test".into(),
         connect: ConnectOptions::default(),
         report: Some(report),

@@ -18,7 +18,7 @@ use crate::harness::{TestRedis, eventually};
 
 /// When the old tasks were enqueued (ms since the epoch).
 const ENQ: u64 = 1_764_000_000_000;
-/// The pin both hashes of the old layout held (`pinned` in prelude.lua).
+/// The pin both hashes of the old layout held (`pinned` in lua/lib/tasks.lua).
 const PIN: &str =
     "--------------------------------------------------------------------------------";
 
@@ -37,22 +37,22 @@ fn config(dir: &tempfile::TempDir, queues: &[&str]) -> PathBuf {
     path
 }
 
-fn gaffer(redis: &TestRedis, config: &PathBuf, args: &[&str]) -> Output {
+fn gaffer(url: &str, config: &PathBuf, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gaffer"))
         .arg("--config")
         .arg(config)
         .arg("--redis")
-        .arg(redis.url())
+        .arg(url)
         .args(args)
         .output()
         .unwrap()
 }
 
 /// `gaffer migrate ARGS --json`, which must succeed: its report of `queue`.
-fn migrate_json(redis: &TestRedis, config: &PathBuf, args: &[&str]) -> serde_json::Value {
+fn migrate_json(url: &str, config: &PathBuf, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["migrate", "--json"];
     all.extend_from_slice(args);
-    let out = gaffer(redis, config, &all);
+    let out = gaffer(url, config, &all);
     assert!(
         out.status.success(),
         "{}",
@@ -73,8 +73,7 @@ fn short_record(state: &str) -> String {
 /// are in the `meta` hash (half of them written before metas kept a chain field, with
 /// records of seven fields; the rest with their chain field and full records), and a dead
 /// letter `dead0` of the same form. Every task has a record, listed in `idx`.
-async fn write_layout_1(redis: &TestRedis, queue: &str, waiting: usize) {
-    let mut c = redis.raw().await;
+async fn write_layout_1(c: &mut impl redis::aio::ConnectionLike, queue: &str, waiting: usize) {
     let k = |s: &str| key(queue, s);
     let mut pipe = redis::pipe();
     pipe.hset(k("meta"), "", PIN).hset(k("payload"), "", PIN);
@@ -102,7 +101,7 @@ async fn write_layout_1(redis: &TestRedis, queue: &str, waiting: usize) {
         .set(format!("{}dead0", k("r:")), short_record("failed"))
         .zadd(k("idx"), "dead0", waiting)
         .set(k("seq"), waiting + 1);
-    let () = pipe.query_async(&mut c).await.unwrap();
+    let () = pipe.query_async(c).await.unwrap();
 }
 
 /// Tells the test each task it handled (id, payload).
@@ -135,21 +134,40 @@ async fn client(redis: &TestRedis) -> QueueClient {
 #[tokio::test]
 async fn a_layout_1_queue_is_migrated_while_a_producer_and_a_slot_wait_and_nothing_is_lost() {
     let redis = TestRedis::start();
-    let dir = tempfile::tempdir().unwrap();
-    let config = config(&dir, &["legacy"]);
-    write_layout_1(&redis, "legacy", 40).await;
     let client = client(&redis).await;
-    let q = client.queue_with("legacy", tracked()).unwrap();
+    migrated_while_running(&redis.url(), &client, "legacy").await;
+}
+
+/// The same on a Redis Cluster: the migration's calls, like every queue call, touch the
+/// queue's one hash slot.
+#[tokio::test]
+async fn a_layout_1_queue_on_a_redis_cluster_is_migrated_while_it_runs() {
+    let url = crate::harness::shared_cluster_url();
+    let client = QueueClient::connect(&url, "test", &Default::default())
+        .await
+        .unwrap();
+    migrated_while_running(&url, &client, "legacy_on_cluster").await;
+}
+
+/// A queue `name` of layout 1 with 40 waiting tasks and a dead letter, migrated by the
+/// binary (`--budget 3`) while an in-process slot and producer, refused meanwhile, wait:
+/// afterwards every task is handled once and every record and the dead letter read right.
+async fn migrated_while_running(url: &str, client: &QueueClient, name: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(&dir, &[name]);
+    let mut c = client.connection();
+    write_layout_1(&mut c, name, 40).await;
+    let q = client.queue_with(name, tracked()).unwrap();
 
     // The slot and the producer start first: this gaffer's scripts refuse the queue.
-    let mut cfg = QueueConfig::new("legacy", HandlerConfig::named(HandlerConfig::NOOP));
+    let mut cfg = QueueConfig::new(name, HandlerConfig::named(HandlerConfig::NOOP));
     cfg.track = true;
     cfg.batch_size = 7;
     let (report, _events) = UnixDatagram::pair().unwrap();
     let (seen_tx, seen) = std::sync::mpsc::channel();
     let stop = CancellationToken::new();
     let slot = {
-        let spec = crate::harness::slot_spec(&redis, cfg, 1, report);
+        let spec = crate::harness::slot_spec_at(url, cfg, 1, report);
         let stop = stop.clone();
         std::thread::spawn(move || run_slot(spec, Box::new(Seen(seen_tx)), Some(stop)))
     };
@@ -174,12 +192,11 @@ async fn a_layout_1_queue_is_migrated_while_a_producer_and_a_slot_wait_and_nothi
             }
         })
     };
-    let mut c = redis.raw().await;
     eventually(Duration::from_secs(10), "a refused enqueue", || async {
         refused.load(std::sync::atomic::Ordering::Relaxed) > 0
     })
     .await;
-    let report = migrate_json(&redis, &config, &["--budget", "3"]);
+    let report = migrate_json(url, &config, &["--budget", "3"]);
     assert_eq!(report["from"], 1, "{report}");
     assert_eq!(report["layout"], layout::CURRENT, "{report}");
     assert_eq!(report["done"], true);
@@ -219,10 +236,10 @@ async fn a_layout_1_queue_is_migrated_while_a_producer_and_a_slot_wait_and_nothi
     );
     let s = q.stats().await.unwrap();
     assert_eq!((s.ready, s.leased, s.delayed, s.dead), (0, 0, 0, 1));
-    let meta: bool = c.exists(key("legacy", "meta")).await.unwrap();
+    let meta: bool = c.exists(key(name, "meta")).await.unwrap();
     assert!(!meta, "the meta hash is gone");
     let (stamped, position): (Option<u32>, Option<String>) = redis::cmd("HMGET")
-        .arg(key("legacy", "conf"))
+        .arg(key(name, "conf"))
         .arg(layout::FIELD)
         .arg(gaffer::queue_client::MIGRATE_FIELD)
         .query_async(&mut c)
@@ -234,7 +251,7 @@ async fn a_layout_1_queue_is_migrated_while_a_producer_and_a_slot_wait_and_nothi
 #[tokio::test]
 async fn every_script_refuses_a_layout_1_queue_holding_data() {
     let redis = TestRedis::start();
-    write_layout_1(&redis, "old", 2).await;
+    write_layout_1(&mut redis.raw().await, "old", 2).await;
     let client = client(&redis).await;
     let q = client.queue_with("old", tracked()).unwrap();
     let want = "queue old has layout 1, this gaffer needs layout 2: run gaffer migrate old";
@@ -281,7 +298,7 @@ async fn a_new_queue_is_stamped_by_its_first_write_and_not_by_a_read() {
         1
     );
     let dir = tempfile::tempdir().unwrap();
-    let report = migrate_json(&redis, &config(&dir, &["fresh"]), &[]);
+    let report = migrate_json(&redis.url(), &config(&dir, &["fresh"]), &[]);
     assert_eq!(
         (&report["from"], &report["calls"], &report["done"]),
         (
@@ -297,9 +314,13 @@ async fn an_interrupted_migrate_goes_on_from_its_position() {
     let redis = TestRedis::start();
     let dir = tempfile::tempdir().unwrap();
     let config = config(&dir, &["cut", "whole"]);
-    write_layout_1(&redis, "cut", 20).await;
-    write_layout_1(&redis, "whole", 20).await;
-    let first = migrate_json(&redis, &config, &["cut", "--budget", "2", "--calls", "3"]);
+    write_layout_1(&mut redis.raw().await, "cut", 20).await;
+    write_layout_1(&mut redis.raw().await, "whole", 20).await;
+    let first = migrate_json(
+        &redis.url(),
+        &config,
+        &["cut", "--budget", "2", "--calls", "3"],
+    );
     assert_eq!(
         (&first["done"], &first["calls"]),
         (&serde_json::json!(false), &serde_json::json!(3))
@@ -314,12 +335,12 @@ async fn an_interrupted_migrate_goes_on_from_its_position() {
     let q = client(&redis).await.queue_with("cut", tracked()).unwrap();
     assert!(matches!(q.stats().await, Err(QueueError::Layout { .. })));
 
-    let second = migrate_json(&redis, &config, &["cut", "--budget", "2"]);
+    let second = migrate_json(&redis.url(), &config, &["cut", "--budget", "2"]);
     assert_eq!(second["resumed_from"], position.as_str());
     assert_eq!(second["done"], true);
     // What the two runs looked at is what one whole run of the same data looks at: the
     // second did not start over.
-    let whole = migrate_json(&redis, &config, &["whole", "--budget", "2"]);
+    let whole = migrate_json(&redis.url(), &config, &["whole", "--budget", "2"]);
     assert_eq!(whole["resumed_from"], serde_json::Value::Null);
     let looked = |v: &serde_json::Value| v["looked_at"].as_u64().unwrap();
     assert_eq!(looked(&first) + looked(&second), looked(&whole));
@@ -378,7 +399,7 @@ async fn a_master_runs_no_slot_for_a_queue_of_a_newer_layout_and_says_so() {
 async fn the_manager_goes_on_deciding_while_a_queue_waits_for_migrate() {
     use gaffer::cluster::{self, HostReport, Keys};
     let redis = TestRedis::start();
-    write_layout_1(&redis, "old", 2).await;
+    write_layout_1(&mut redis.raw().await, "old", 2).await;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("config.toml");
     let text = format!(
@@ -496,7 +517,7 @@ async fn layout_1_chains_are_read_under_their_names_once_migrated() {
     // (until the queues are migrated, no list names a layout 1 chain's tasks)
     assert_eq!(read(&client, &targets, "routed:g1").await.unwrap(), None);
     for queue in ["routed", "kids"] {
-        let report = migrate_json(&redis, &path, &[queue]);
+        let report = migrate_json(&redis.url(), &path, &[queue]);
         assert_eq!(report["layout"], layout::CURRENT, "{report}");
     }
     let g = |s: &str| s.to_string();
