@@ -394,7 +394,7 @@ impl Cluster {
     /// one of the runs of tasks acked together (listed there as `rS1:S2`: the tasks whose
     /// records are numbered S1 to S2 in the listing index `idx`), swept by the scripts. Any counts; of several lists, the latest. The keys are
     /// `NAMESPACE:{QUEUE}:r:ID` and `NAMESPACE:{QUEUE}:exp…`, as
-    /// `src/queue_client/scripts.rs` and `lua/prelude.lua` lay a queue out.
+    /// `src/queue_client/scripts.rs` and `lua/lib/keys.lua` lay a queue out.
     pub fn record_expiries(&self, ids: &[String]) -> Option<Vec<Option<i64>>> {
         let mut out = Vec::with_capacity(ids.len());
         let index = format!("{NAMESPACE}:{{{QUEUE}}}:exp");

@@ -134,7 +134,7 @@ impl Service {
     }
 
     /// A sync submit of task `id` to emails with a wait of 10 s, sent from its own task,
-    /// once it waits (its id is in the queue's watch set, prelude.lua).
+    /// once it waits (its id is in the queue's watch set, lua/lib/records.lua).
     async fn waiting_submit(&self, id: &'static str) -> tokio::task::JoinHandle<(u16, Vec<u8>)> {
         let body = format!(r#"{{"payload": 1, "id": "{id}", "wait": "10s"}}"#);
         let waiting = submit_in_background(self.addr, "emails", SHOP, body);

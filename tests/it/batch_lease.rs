@@ -1,4 +1,4 @@
-//! Batch leases (prelude.lua): a take of first attempts leases its tasks as one batch,
+//! Batch leases (lua/lib/blocks.lua): a take of first attempts leases its tasks as one batch,
 //! a whole batch's ack removes it in one step, and everything else (an ack in parts or
 //! out of order, a retry, a cancel, a release, an expiry) splits it into per-task leases
 //! first. Each case checks the queue's contract holds on both forms, on a single server

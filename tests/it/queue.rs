@@ -994,7 +994,7 @@ async fn settle_take_settles_before_it_takes(client: QueueClient, name: &str) {
 }
 
 /// A queue its takers keep nearly empty still holds its tasks in a hash table (the hash's
-/// pinned field, `lua/prelude.lua`), not a listpack whose every lookup scans the hash; the
+/// pinned field, `lua/lib/tasks.lua`), not a listpack whose every lookup scans the hash; the
 /// pin is no task: an empty id finds nothing, and the counts ignore it. A task's meta is in
 /// its one field: no meta hash is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
