@@ -8,6 +8,7 @@ use redis::Value;
 use serde::Serialize;
 
 use super::args::EnqueueHead;
+use super::block::push_packet_args;
 use super::reply::{int, string};
 use super::scripts::SCRIPTS;
 use super::{MAX_DELAY, MAX_ID_LEN, Queue, QueueError, RecordState};
@@ -429,27 +430,6 @@ pub fn check_id(id: &str, derived: bool) -> Result<(), QueueError> {
         )));
     }
     Ok(())
-}
-
-/// A chunk of follow-ups as a packet's arguments (enqueue.lua mode `ik`): their ids, then
-/// their chains separated by 0x1f, then their payloads each framed `LEN:bytes`, so that
-/// the script neither takes in nor makes anything per task but the ids.
-fn push_packet_args(inv: &mut super::scripts::Call<'_>, chunk: &[NewTask]) {
-    let mut chains: Vec<u8> = Vec::new();
-    let mut payloads: Vec<u8> = Vec::with_capacity(chunk.iter().map(|t| t.payload.len() + 8).sum());
-    for (i, t) in chunk.iter().enumerate() {
-        inv.arg(t.id.as_deref().unwrap_or_default());
-        if i > 0 {
-            chains.push(0x1f);
-        }
-        if let Some(TaskChain::FollowUp(g)) = &t.chain {
-            chains.extend_from_slice(g.as_bytes());
-        }
-        payloads.extend_from_slice(t.payload.len().to_string().as_bytes());
-        payloads.push(b':');
-        payloads.extend_from_slice(&t.payload);
-    }
-    inv.arg(chains).arg(payloads);
 }
 
 /// What the script's reply says of each task of a chunk: the generated ids count on from

@@ -18,11 +18,13 @@
 //! (what chains read and set of a queue's tasks), `control` (find, cancel, freeze and thaw,
 //! intake, delete), `dead` (dead letters), `stats` (counters and housekeeping), `limits`,
 //! `error`, `checks` (input checks other modules share), `reply` (decoding script
-//! replies), `meta` (a task's meta, read in one place), `conn` (connections), `outage`, `scripts` (the Lua library, its calls and the keys),
+//! replies), `meta` (a task's meta, read in one place), `args` (the heads of the busiest
+//! functions' arguments), `block` (packets, runs and batch leases as Rust sees them), `conn` (connections), `outage`, `scripts` (the Lua library, its calls and the keys),
 //! `system` (external systems: the run-time switch and the rate bucket), `layout` (the
 //! layout version a queue's data is in) and `migrate` (moving a queue to the current one).
 
 mod args;
+mod block;
 mod chained;
 mod checks;
 mod client;
