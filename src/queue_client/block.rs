@@ -2,6 +2,11 @@
 //! follow-ups, runs of consecutive record numbers, batch leases), as Rust writes and reads
 //! them: a packet's enqueue arguments, the runs a whole batch's ack sends, and the tasks a
 //! take hands out of a packet. The rest of the queue client sees tasks one by one.
+//!
+//! A packet's task must read as if it had been enqueued alone (ARCHITECTURE.md, invariant
+//! 36): how every reader finds it, and how every path that changes one task alone first
+//! makes it ordinary, is in lua/lib/blocks.lua ("Packets"). This side's one part in it is
+//! a taken task's meta, made by [`packet_tasks`].
 
 use super::QueueError;
 use super::enqueue::{NewTask, TaskChain};

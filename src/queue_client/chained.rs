@@ -1,6 +1,12 @@
 //! What chains read and write of a queue (`lua/chain.lua`, `lua/follow_enqueue.lua`, the
 //! chains' lists enqueue.lua keeps), off the hot path: only a batch whose tasks have
 //! follow-ups pays for it. What a chain is (its members, its state) is `crate::chain`'s.
+//!
+//! What it holds: a parent's place in a chain, read from the meta its take returned (no
+//! call); the members of a chain this queue holds (its list, `chain:ID`); the record of a
+//! task that became a chain's global task by adding follow-ups, made to name its chain
+//! (lua/chain.lua); and a slot's follow-ups enqueued after the check of their parents'
+//! leases, in one call on one server (lua/follow_enqueue.lua).
 
 use redis::Value;
 

@@ -1,5 +1,7 @@
 //! Checks of untrusted input that other modules share: queue names, which become part of
-//! Redis keys, and JSON nesting, checked before any parser recurses into it.
+//! Redis keys, and JSON nesting, checked before any parser recurses into it. JSON text is
+//! read byte by byte, knowing which bytes stand outside its strings ([`json_bytes`]): for
+//! its depth, and for the api's compaction of payloads.
 
 use super::QueueError;
 

@@ -1,5 +1,12 @@
 //! Connections to one Redis server or a Redis Cluster. Which one is decided by asking the
 //! server (`INFO cluster`), so operators give one URL either way.
+//!
+//! Also here: a connection for pub/sub ([`pubsub`]), an idle taker's blocking wait on a
+//! connection of its own ([`Waiter`]), and URLs with their passwords hidden for messages
+//! ([`redacted`]). TLS: `[cluster]`'s PEM files are read once, by the CLI's
+//! `redis_target`, and handed to slots through the zygote's `ZygoteInit`, so a slot reads
+//! no file ([`TlsFiles`]); a certificate that rustls refuses becomes
+//! `QueueError::Certificate`, with the reason in an operator's words.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -1,5 +1,12 @@
 //! Enqueue: the tasks producers submit, checked whole before any is sent, then sent in
 //! chunks of shared options, pipelined on the connection.
+//!
+//! **Refuse before sending** (ARCHITECTURE.md, invariant 8). Every task of a call is
+//! checked before the first chunk goes ([`Queue::check`]: its payload's size, its id, how
+//! far ahead it is due), so a refused bulk enqueues nothing. An ordered queue refuses a
+//! priority or a delay here: its tasks run in creation order, so none may be due later
+//! than one created after it. The queue's name was checked when its handle was made
+//! (`checks`), and a take's batch size is checked before its call (`lease`).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -1,5 +1,52 @@
 //! The hot path: take a leased batch, wait for work, settle (ack, retry, fail, extend).
 //! A settle carries its lease's token, so one that comes too late is rejected as stale.
+//!
+//! **A lease token is the only authority to settle** (ARCHITECTURE.md, invariant 2). A
+//! lease exists exactly while it is held: as the member `TOKEN:ID` of `leased`, or as its
+//! task's id in a batch lease (`leased:b:TOKEN`, see lua/lib/blocks.lua). Reclaiming,
+//! settling and cancelling remove it, and a take leases under a new token. A batch lease
+//! goes whole only with an ack of exactly its tasks; anything else splits it into
+//! per-task leases first. A settle that finds no lease is stale: it is counted and
+//! changes nothing. A lease that expired but was not yet reclaimed can still be settled
+//! by its holder, as nobody else has the task. A token is never handed out twice, even
+//! after Redis lost an acknowledged take and set the counter `tok` back with it: a token
+//! is at least Redis's clock in µs (`new_token` in lua/take.lua), so the holder of the
+//! lost one finds its lease gone rather than shared.
+//!
+//! **No reaper** (invariant 4). A take first brings back what is due: leases that ran out
+//! (to the front of their list, the attempt counted, or to the dead letters past
+//! `max_attempts`), then delayed tasks (to the back). It moves at most
+//! `HOUSEKEEPING_LIMIT` (1,000) of each, or its batch size when that is larger, so no
+//! call runs long and an idle queue costs nothing. A queue no slot takes from (a disabled
+//! system's) is brought back by [`Queue::reclaim`].
+//!
+//! **No polling** (invariant 6). An idle taker blocks on the queue's `wake` list (BLPOP,
+//! on a connection of its own: [`Waiter`]) until a token comes, its wait runs out, or the
+//! next due time or lease expiry that its empty take reported. Whatever makes a task
+//! ready pushes a token (an enqueue, a retry without delay, a release, a thaw, a
+//! requeue). A full take with more waiting wakes a peer, so a backlog spreads over idle
+//! takers; a take that leaves nothing ready drops the tokens left, as each would send an
+//! idle taker on an empty take.
+//!
+//! **What holds a take** (invariant 31). take.lua decides, at every take: it hands out
+//! nothing while the queue's system is paused or disabled, nor on an ordered queue while
+//! its order says wait (`take_hold` in lua/lib/control.lua). Being the take's, not left
+//! to slot counts, the rule binds a slot already running at its next take. A queue whose
+//! system has a rate first gets tokens from the system's bucket and takes at most that
+//! many (`system`).
+//!
+//! **What the hot path costs.** docs/STORAGE.md ("Why it is shaped so") has the commands
+//! per task, BENCHMARKS.md the figures. A take of first attempts makes one batch lease
+//! and its reply (`'f'`) carries no attempts; an ack of exactly that batch removes it
+//! whole, writes no record (given the tasks' record numbers) and replies `{}`. Any other
+//! settle, a release, a cancel or an expiry splits the batch into per-task leases first.
+//! A settle fences those with one ZADD XX CH that moves each held lease to -inf (the
+//! count says whether all are held; only a short count asks which) and one
+//! ZREMRANGEBYSCORE of the -inf leases. No reply carries a score, and a lease's expiry
+//! goes to Redis once, as text: else Redis would print or parse a double per task. `att`
+//! and `err` are touched only for tasks that failed an attempt. Take reads `att` only
+//! while `att` holds something, and dead letters keep their attempts there, so a queue
+//! with dead letters pays one HMGET more per take.
 
 use std::time::Duration;
 

@@ -1,4 +1,8 @@
-//! A Redis outage logged as a spell rather than as one warning per failed call.
+//! A Redis outage logged as a spell rather than as one warning per failed call, by the
+//! manager, the master and the api. [`Spell`] is the pure state machine (the time is
+//! given), [`OutageLog`] the logging around it. Each warning names its [`Cause`], read
+//! from the error in `error.rs`: refused, timed out, dropped, not ready, auth or ACL
+//! refused, …
 
 use std::time::{Duration, Instant};
 

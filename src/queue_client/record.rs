@@ -1,13 +1,33 @@
 //! Task records: what the task service shows of one task, kept in Redis beside its queue.
+//! The format is in lua/lib/records.lua, the keys in `docs/STORAGE.md`; this module turns
+//! them into [`TaskRecord`], whose JSON form is the API's record.
 //!
-//! A tracked queue's enqueue creates a record per task, and every script that changes the
-//! task's state (take, settle, lease expiry, requeue, cancel, freeze, thaw) updates it in
-//! the same atomic step, appending to its history. A record is due `history_ttl` after
-//! its task ends; takes and the manager's housekeeping delete due records, a bounded
-//! number per call, so records go without a reaper. Reads write nothing (a read-only Redis
-//! user can run them) and pass over a due record that is still stored. The storage layout is described in
-//! `lua/lib/records.lua` and `docs/STORAGE.md`; this module turns it into
-//! [`TaskRecord`], whose JSON form is the API's record.
+//! **A record changes in the same script as its task** (ARCHITECTURE.md, invariant 26). A
+//! tracked queue's enqueue creates a record per task, and every function that moves the
+//! task (take and its lease expiry, settle, requeue, cancel, freeze, thaw) updates it in
+//! the same atomic step, appending to its history. Nothing but the library's functions
+//! writes a record. The ack of a whole batch lease writes none: it keeps one entry per
+//! run of the batch's record numbers (`exp:b:r`, see `K_DONE` in lua/lib/records.lua),
+//! which the slot sends back from the take's metas; settle checks that the runs are the
+//! batch's count of distinct numbers, and writes each record otherwise. Takers and
+//! settlers need no flag: a call asks once whether the queue keeps records, and a task
+//! that has none (enqueued while the queue did not track) is left without one. Tested by
+//! the history snapshots in `tests/it/records.rs`, on one server and a 3-master cluster,
+//! and by the fault suite's record check.
+//!
+//! **No reaper for records** (invariant 27). A task that ends notes when its record goes
+//! (`history_ttl` later): its id in `exp`, or in its batch's list, or its number in its
+//! batch's run. Takes delete the due ones, a bounded number per call as with expired
+//! leases; the manager's tick does the same for every queue, so an idle queue sheds them
+//! too; an enqueue that dedups against records does it before it looks. Reads write
+//! nothing, so a read-only Redis user can run them. They pass over a due record that is
+//! still stored (`rec_visible` in lua/lib/views.lua: its own moment, or its batch's
+//! list's or run's, has passed), so none shows one. A record leaves with its index
+//! entries.
+//!
+//! A listing looks at index entries in calls of at most [`LIST_CALL_BUDGET`], Redis free
+//! between them. [`Queue::watch`] marks a task an api instance waits for, whose end is
+//! published on [`Queue::ended_channel`]; [`Queue::record_memory`] is what records cost.
 
 use std::time::Duration;
 

@@ -9,6 +9,15 @@
 //! call, as a script's are. A queue function binds its queue's keys (`bind` in
 //! lua/lib/keys.lua) and checks the queue's layout (`layout_check`) before its body.
 //!
+//! **One queue, one hash slot** (ARCHITECTURE.md, invariant 7). A queue function gets its
+//! queue's keys as KEYS ([`Keys`]), all under the queue's hash tag; every other key it
+//! touches is named from one of them in Lua (a priority's ready list from `ready`, a
+//! record from `r:`, a batch lease from `leased`) and keeps that tag. So a call touches
+//! one Redis Cluster slot, and the same tests run on one server and on a 3-master cluster
+//! (`harness::on_both!`). Two kinds of call reach further, by name: follow_enqueue.lua
+//! also reads the parents' queue's leases, on one server only, and a bare function's keys
+//! (a system's bucket, the switches hash) are what its caller gives.
+//!
 //! The library's name carries a hash of its text (`gaffer_HASH`, its functions
 //! `gaffer_NAME_HASH`), so two releases of gaffer on one Redis (a rolling upgrade) each
 //! call their own functions. A call that finds its function missing (a new or restarted

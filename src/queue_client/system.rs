@@ -11,8 +11,15 @@
 //! switch over a newer one (two hash slots: no script can do both at once). While a system
 //! is disabled, the tick also cancels what became waiting since its switch (a retry, a
 //! lease that ran out, a requeue). The bucket is `NS:{sys:NAME}:bucket`, in its own hash
-//! slot: a take acquires tokens there first, then takes at most that many, and hands back
-//! the ones it did not use.
+//! slot: a take (or a settle_take) acquires tokens there first, then takes at most that
+//! many, and hands back the ones it did not use.
+//!
+//! This is the system's half of ARCHITECTURE.md's invariant 31 (the take's is in
+//! `lease`). A switch's sweep works in chunks of `SWEEP_CHUNK`: a pause notes the waiting
+//! tasks' records once, a disable cancels them, each cancel checking the queue's switch
+//! in its own step, so a cancel that comes after an `enable` cancels nothing. The bucket
+//! saves up at most the largest batch of the system's queues, so over any second a system
+//! starts at most its rate plus that batch.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;

@@ -1,8 +1,9 @@
 -- ---------------------------------------------------------------------------------------
--- Packets (ARCHITECTURE.md, invariant 36). The follow-ups one enqueue call makes on a tracked
--- queue can be kept as one packet instead of a task and a record each: BASE (text) is the
--- call's record numbers less one, its n tasks are numbered BASE+1..BASE+n as any record,
--- and each has its entry in K_IDX (so listings and done_of find them as any task).
+-- Packets (ARCHITECTURE.md, invariant 36). The follow-ups one enqueue call makes on a
+-- tracked batch queue that is not ordered (enqueue.lua mode 'ik') can be kept as one
+-- packet instead of a task and a record each: BASE (text) is the call's record numbers
+-- less one, its n tasks are numbered BASE+1..BASE+n as any record, and each has its entry
+-- in K_IDX (so listings and done_of find them as any task).
 --   `K_REC .. '#p' .. BASE` (the store, which lives as long as a record of it does):
 --     "pri FS max_attempts FS created FS due FS n FS BASE" RS FS id1 FS ... idn FS RS
 --     "chain1 FS ... chainn" — what records_new would have written of each task;
@@ -17,6 +18,18 @@
 -- "~N". A task's record is read from its packet while it has no key of its own
 -- (rec_get); whatever writes a record writes the whole of it, which gives the task its
 -- key, and the key wins from then on.
+-- A packet's task reads as if it had been enqueued alone. Every reader of a task or a
+-- record finds a packet's, and writes nothing to do so: rec_get and rec_mget (records),
+-- packet_value (an enqueue's dedup), packet_alive (locate: find, cancel, freeze),
+-- ready_count, a switch's sweep (system.lua). A take hands out a packet's tasks as one
+-- batch lease (packet_take), and the slot makes their metas (block.rs). Every path that
+-- changes one task alone first makes it ordinary, writing what a one-by-one enqueue would
+-- have: a split batch (batch_split, then packet_unpack), a cancelled or frozen waiting
+-- task (packet_unpack_waiting, in its packet's place in the list). Once a task has a
+-- record key, packet_value reads that record's state (a pause's note gives a waiting task
+-- a key). A packet goes with its last record (rec_delete, and each sweep's look at the
+-- oldest packet, for one whose ids all hold new tasks since) or with its queue
+-- (drop.lua).
 
 -- Counts `d` more tasks in K_PKTW, which goes once it is 0 (a queue whose packets have
 -- all been taken keeps no key for them).

@@ -1,3 +1,15 @@
+-- Run-time controls of a queue: what holds its takes, and the cancels asked of its long
+-- tasks.
+--
+-- What holds a take (ARCHITECTURE.md, invariant 31; the take's side is in lease.rs, the
+-- switch's in system.rs): the queue's copy of its system's switch, else the config's
+-- `paused`, and on an ordered queue its order. An ordered queue runs one task at a time,
+-- in creation order: a take hands out nothing while a task is leased, while its retried
+-- head (K_CONF 'head', which keeps its place) is not yet due, or while a requeue of dead
+-- letters to its front has chunks to come (K_CONF 'requeuing', at most 10 s: see
+-- dead_move.lua). Its enqueue refuses a priority or a delay (enqueue.rs), which would
+-- break that order.
+
 -- The system switch of the queue: state ('active' | 'paused' | 'disabled') and system
 -- name, set at run time by `gaffer system NAME …` in K_CONF; nil when none was set.
 local function system_switch()

@@ -18,6 +18,7 @@
 -- lease (the hot path) writes no record: see K_DONE below. Any other ack APPENDs both
 -- entries at once (they never fold: the entry before a running one is never running, the
 -- one before done is running), without reading the record.
+-- The hot path reads no record and parses none (a full parse costs about 11 µs a task).
 -- A record is written only where one exists (take and settle check once per call that the
 -- queue tracks); enqueue creates it when the queue tracks. When the task ends (done,
 -- failed, cancelled) one at a time, its id goes into K_EXP scored by the moment its record

@@ -1,3 +1,11 @@
+-- A queue's tasks as the library keeps them: ready lists, stored values and metas,
+-- leases, attempts and wake-up tokens. The keys are docs/STORAGE.md's.
+--
+-- One entry per ready task (ARCHITECTURE.md, invariant 5): a ready task is in exactly one
+-- priority list, once. An entry left behind could hand the task out twice (once its id is
+-- enqueued again, say), so whatever takes a ready task out of turn removes its entry: a
+-- cancel or a freeze pays an LREM, O(the list), rather than leave a stale one.
+
 -- Wake-up tokens kept at most: enough to wake that many idle takers at once.
 local WAKE_CAP = 256
 
