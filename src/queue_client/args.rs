@@ -1,4 +1,4 @@
-//! The heads of the library's busiest functions' arguments (enqueue, take, settle), each
+//! The heads of the library's functions' arguments (enqueue, take, settle, find, list), each
 //! declared once as a struct whose fields are the arguments in order: the struct sends
 //! them ([`Call::head`]), and the library gets their names as a Lua list
 //! (`ENQUEUE_HEAD = {'n', 'priority', …}`), which a body reads with `head(ARGV,
@@ -141,6 +141,46 @@ head! {
     }
 }
 
+head! {
+    /// find.lua's head, all of its arguments.
+    FindHead as "FIND_HEAD" {
+        /// The task.
+        id: String,
+        /// Whether to cancel it.
+        cancel: bool,
+        /// The cancelled record's history note.
+        note: String,
+        /// How long records live after the end (ms).
+        history_ttl_ms: u64,
+        /// The queue's kind ('long': a running task is asked to stop).
+        kind: &'static str,
+        /// A system ('' none): a disable's sweep cancels only while it is disabled.
+        system: String,
+        /// An owner ('' any): only a task whose record names it as its submitter.
+        owner: String,
+        /// Whether a dead letter stays as it is.
+        keep_dead: bool,
+    }
+}
+
+head! {
+    /// list.lua's head, all of its arguments.
+    ListHead as "LIST_HEAD" {
+        /// Whose records ('' every one).
+        submitter: String,
+        /// Which state ('' any).
+        state: &'static str,
+        /// Entries below this score ('' from the newest).
+        cursor: String,
+        /// Records on the page, at most.
+        limit: usize,
+        /// Index entries looked at, at most.
+        cap: usize,
+        /// Records' bytes after which the call stops.
+        page_bytes: usize,
+    }
+}
+
 /// The Lua list of `H`'s names, as the library defines it.
 fn lua_list<H: Head>() -> String {
     let names: Vec<String> = H::NAMES.iter().map(|n| format!("'{n}'")).collect();
@@ -153,6 +193,8 @@ pub(crate) fn lua() -> String {
         lua_list::<EnqueueHead>(),
         lua_list::<TakeHead>(),
         lua_list::<SettleHead>(),
+        lua_list::<FindHead>(),
+        lua_list::<ListHead>(),
     ]
     .concat()
 }
@@ -190,20 +232,31 @@ mod tests {
 
     fn check<H: Head>(body: &str) {
         let declared: BTreeSet<&str> = H::NAMES.iter().copied().collect();
+        assert!(
+            lua().contains(&lua_list::<H>()),
+            "the library lacks {}",
+            H::LUA_NAME
+        );
         assert_eq!(read_names(body), declared, "{}", H::LUA_NAME);
         assert!(
             body.contains(&format!("head(ARGV, {})", H::LUA_NAME)),
             "{}",
             H::LUA_NAME
         );
+        // (arguments after the head are read from H on)
+        if body.contains("ARGV[H") {
+            assert!(
+                body.contains(&format!("local H = #{}", H::LUA_NAME)),
+                "{}",
+                H::LUA_NAME
+            );
+        }
+        let by_position = body
+            .match_indices("ARGV[")
+            .any(|(i, _)| body[i + 5..].starts_with(|c: char| c.is_ascii_digit()));
         assert!(
-            body.contains(&format!("local H = #{}", H::LUA_NAME)),
-            "{}",
-            H::LUA_NAME
-        );
-        assert!(
-            !body.contains("ARGV[1]"),
-            "{} reads a head argument by position",
+            !by_position,
+            "{} reads an argument by position",
             H::LUA_NAME
         );
     }
@@ -215,6 +268,8 @@ mod tests {
         check::<EnqueueHead>(include_str!("lua/enqueue.lua"));
         check::<TakeHead>(include_str!("lua/take.lua"));
         check::<SettleHead>(include_str!("lua/settle.lua"));
+        check::<FindHead>(include_str!("lua/find.lua"));
+        check::<ListHead>(include_str!("lua/list.lua"));
     }
 
     #[test]

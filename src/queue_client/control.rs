@@ -4,6 +4,7 @@
 use redis::Value;
 use serde::Serialize;
 
+use super::args::FindHead;
 use super::meta::Meta;
 use super::reply::{bytes, int, string};
 use super::scripts::SCRIPTS;
@@ -178,17 +179,16 @@ impl Queue {
             return Ok(None);
         }
         let mut inv = self.invocation(&SCRIPTS.find);
-        inv.arg(id)
-            .arg(if cancel.is_some() { "1" } else { "0" })
-            .arg(cancel.unwrap_or(""))
-            .arg(self.ttl_arg())
-            .arg(self.limits.kind.as_str())
-            .arg(system)
-            .arg(owner)
-            .arg(match dead {
-                Dead::Cancel => "0",
-                Dead::Keep => "1",
-            });
+        inv.head(&FindHead {
+            id: id.to_string(),
+            cancel: cancel.is_some(),
+            note: cancel.unwrap_or("").to_string(),
+            history_ttl_ms: self.ttl_arg(),
+            kind: self.limits.kind.as_str(),
+            system: system.to_string(),
+            owner: owner.to_string(),
+            keep_dead: matches!(dead, Dead::Keep),
+        });
         let mut conn = self.conn.clone();
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;
         let Some(r) = reply else { return Ok(None) };

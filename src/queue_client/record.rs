@@ -34,6 +34,7 @@ use std::time::Duration;
 use redis::Value;
 use serde::Serialize;
 
+use super::args::ListHead;
 use super::reply::{bytes, string};
 use super::scripts::SCRIPTS;
 use super::{MAX_LIST_LIMIT, Queue, QueueError};
@@ -430,12 +431,14 @@ impl Queue {
         page_bytes: usize,
     ) -> Result<ListCall, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.list);
-        inv.arg(query.submitted_by.as_deref().unwrap_or(""))
-            .arg(query.state.map(RecordState::as_str).unwrap_or(""))
-            .arg(cursor.map(|c| c.to_string()).unwrap_or_default())
-            .arg(limit)
-            .arg(cap)
-            .arg(page_bytes.max(1));
+        inv.head(&ListHead {
+            submitter: query.submitted_by.clone().unwrap_or_default(),
+            state: query.state.map(RecordState::as_str).unwrap_or(""),
+            cursor: cursor.map(|c| c.to_string()).unwrap_or_default(),
+            limit,
+            cap,
+            page_bytes: page_bytes.max(1),
+        });
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         let Some((next, rows)) = reply.split_first() else {

@@ -323,7 +323,11 @@ async fn submit_view_list_cancel_freeze_and_thaw() {
     let (st, rec) = s
         .call("DELETE", "/v1/queues/emails/tasks/m1", Some(SHOP), None)
         .await;
-    assert_eq!((st, rec["state"].clone()), (200, json!("cancelled")));
+    assert_eq!(
+        (st, rec["state"].clone()),
+        (200, json!("cancelled")),
+        "{rec}"
+    );
     assert_eq!(
         rec["history"].as_array().unwrap().last().unwrap()["note"],
         json!("cancelled by key shop")

@@ -1,15 +1,17 @@
--- ARGV: submitter ('' = every record), state ('' = any), cursor (a score: entries below it;
--- '' = from the newest), limit, scan cap (index entries looked at, at most: what bounds
--- the call's work, see LIST_CALL_BUDGET in record.rs), page bytes (records' bytes after
--- which the call stops).
+-- ARGV: the head (ListHead in args.rs, read by name as A.submitter, …): submitter ('' =
+-- every record), state ('' = any), cursor (a score: entries below it; '' = from the
+-- newest), limit, scan cap (index entries looked at, at most: what bounds the call's
+-- work, see LIST_CALL_BUDGET in record.rs), page bytes (records' bytes after which the
+-- call stops).
 -- Returns {next cursor or '', then per record: id, s, p, a, m, c, d, u, b, e, r}, newest
 -- first. Writes nothing (see rec_visible): index entries of records whose time is up are
 -- passed over, and go with their records at the next sweep. A page may hold
 -- fewer than `limit` records while the cursor still goes on (the scan cap was reached
 -- among records of other states, or the page's bytes reached PAGE_BYTES): the client
 -- follows it.
-local by, want, cursor = ARGV[1], ARGV[2], ARGV[3]
-local limit, cap = tonumber(ARGV[4]), tonumber(ARGV[5])
+local A = head(ARGV, LIST_HEAD)
+local by, want, cursor = A.submitter, A.state, A.cursor
+local limit, cap = tonumber(A.limit), tonumber(A.cap)
 local idx = K_IDX
 if by ~= '' then idx = submitter_index(by) end
 local top = '+inf'
@@ -17,7 +19,7 @@ if cursor ~= '' then top = '(' .. cursor end
 local now = now_ms()
 -- The most bytes of records one call returns, about: results and errors can be large (a
 -- result up to the queue's max_result), and a reply is built whole in Redis's memory.
-local PAGE_BYTES = tonumber(ARGV[6]) or 4 * 1024 * 1024
+local PAGE_BYTES = tonumber(A.page_bytes) or 4 * 1024 * 1024
 local bytes, full = 0, false
 -- (also the batches read once for every record of the page, see batch_run_of)
 local due = {many = true}
