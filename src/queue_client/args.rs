@@ -1,4 +1,4 @@
-//! The heads of the library's functions' arguments (enqueue, take, settle, find, list), each
+//! The heads of the library's functions' arguments (enqueue, take, settle, find, list, freeze), each
 //! declared once as a struct whose fields are the arguments in order: the struct sends
 //! them ([`Call::head`]), and the library gets their names as a Lua list
 //! (`ENQUEUE_HEAD = {'n', 'priority', …}`), which a body reads with `head(ARGV,
@@ -181,6 +181,22 @@ head! {
     }
 }
 
+head! {
+    /// freeze.lua's head, all of its arguments.
+    FreezeHead as "FREEZE_HEAD" {
+        /// The task.
+        id: String,
+        /// 'freeze' or 'thaw'.
+        action: String,
+        /// The history note.
+        note: String,
+        /// Whether the queue runs its tasks in order.
+        ordered: bool,
+        /// An owner ('' any): only a task whose record names it as its submitter.
+        owner: String,
+    }
+}
+
 /// The Lua list of `H`'s names, as the library defines it.
 fn lua_list<H: Head>() -> String {
     let names: Vec<String> = H::NAMES.iter().map(|n| format!("'{n}'")).collect();
@@ -195,6 +211,7 @@ pub(crate) fn lua() -> String {
         lua_list::<SettleHead>(),
         lua_list::<FindHead>(),
         lua_list::<ListHead>(),
+        lua_list::<FreezeHead>(),
     ]
     .concat()
 }
@@ -270,6 +287,7 @@ mod tests {
         check::<SettleHead>(include_str!("lua/settle.lua"));
         check::<FindHead>(include_str!("lua/find.lua"));
         check::<ListHead>(include_str!("lua/list.lua"));
+        check::<FreezeHead>(include_str!("lua/freeze.lua"));
     }
 
     #[test]

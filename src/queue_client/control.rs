@@ -4,7 +4,7 @@
 use redis::Value;
 use serde::Serialize;
 
-use super::args::FindHead;
+use super::args::{FindHead, FreezeHead};
 use super::meta::Meta;
 use super::reply::{bytes, int, string};
 use super::scripts::SCRIPTS;
@@ -264,11 +264,13 @@ impl Queue {
             return Ok(FreezeResult::Unknown);
         }
         let mut inv = self.invocation(&SCRIPTS.freeze);
-        inv.arg(id)
-            .arg(action)
-            .arg(note)
-            .arg(self.ordered_arg())
-            .arg(owner);
+        inv.head(&FreezeHead {
+            id: id.to_string(),
+            action: action.to_string(),
+            note: note.to_string(),
+            ordered: self.limits.ordered,
+            owner: owner.to_string(),
+        });
         let mut conn = self.conn.clone();
         let reply: Option<String> = inv.invoke_async(&mut conn).await?;
         Ok(match (action, reply.as_deref()) {

@@ -453,11 +453,6 @@ impl Queue {
         }
     }
 
-    /// Whether the queue is ordered, as the scripts' argument.
-    pub(super) fn ordered_arg(&self) -> &'static str {
-        if self.limits.ordered { "1" } else { "" }
-    }
-
     /// Tokens for a take of up to `n`: all `n` when the queue's system has no rate.
     pub(super) async fn acquire_tokens(&self, n: usize) -> Result<Granted, QueueError> {
         let Some((key, rate, burst)) = self.bucket() else {

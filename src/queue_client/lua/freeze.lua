@@ -1,16 +1,18 @@
--- ARGV: id, action ('freeze' | 'thaw'), note, ordered ('1': the queue runs its tasks in
--- creation order, so a thawed task goes back in its place among the first 100 waiting,
--- behind those created before it; one not yet due and created before the first one
--- waiting holds the queue as a retried head does, unless another head does already).
--- Freeze holds a waiting task (ready or delayed) out of reach of takers until it is
--- thawed; thaw puts it back where its due time says (ready, or delayed while not due).
--- Returns where the task is afterwards: 'frozen', 'ready' or 'delayed' (idempotent: a
--- frozen task frozen again, a waiting one thawed), or, when the action does not apply,
--- its state as it is ('leased', 'dead'); nil when unknown.
+-- ARGV: the head (FreezeHead in args.rs, read by name as A.id, …): id, action ('freeze' |
+-- 'thaw'), note, ordered ('1': the queue runs its tasks in creation order, so a thawed
+-- task goes back in its place among the first 100 waiting, behind those created before
+-- it; one not yet due and created before the first one waiting holds the queue as a
+-- retried head does, unless another head does already). Freeze holds a waiting task
+-- (ready or delayed) out of reach of takers until it is thawed; thaw puts it back where
+-- its due time says (ready, or delayed while not due). Returns where the task is
+-- afterwards: 'frozen', 'ready' or 'delayed' (idempotent: a frozen task frozen again, a
+-- waiting one thawed), or, when the action does not apply, its state as it is ('leased',
+-- 'dead'); nil when unknown.
 local now = now_ms()
-local id, action, note = ARGV[1], ARGV[2], ARGV[3]
--- ARGV[5], an owner: see find.lua
-if not rec_owned_by(id, ARGV[5] or '') then return nil end
+local A = head(ARGV, FREEZE_HEAD)
+local id, action, note = A.id, A.action, A.note
+-- A.owner, '' any: see find.lua
+if not rec_owned_by(id, A.owner or '') then return nil end
 -- (a packet's waiting task is made an ordinary one before it is frozen)
 local state, score, m = locate(id, now, false, action == 'freeze')
 if not state then return nil end
@@ -25,7 +27,7 @@ if action == 'freeze' then
     redis.call('ZREM', K_DELAYED, id)
     redis.call('ZADD', K_FROZEN, score, id)
     -- (a retried head of an ordered queue held its takes, which sleep on its due time)
-    if ARGV[4] == '1' and redis.call('EXISTS', K_READY) == 1 then wake(1) end
+    if A.ordered == '1' and redis.call('EXISTS', K_READY) == 1 then wake(1) end
   elseif state == 'frozen' then
     return 'frozen'
   else
@@ -61,7 +63,7 @@ local function older_ahead(mine, pri)
   return #ahead == 0 and 0 or nil
 end
 local pri = parse_meta(m)
-local older = ARGV[4] == '1' and older_ahead(m, pri)
+local older = A.ordered == '1' and older_ahead(m, pri)
 local where = 'ready'
 if score > now then
   redis.call('ZADD', K_DELAYED, score, id)
