@@ -306,7 +306,7 @@ fn is_missing_function(e: &RedisError) -> bool {
 
 /// Loads the library on the server behind `conn` (every master of a cluster). A user
 /// refused `FUNCTION LOAD` gets an error naming the library and who may load it.
-pub(crate) async fn load(conn: &mut impl ConnectionLike) -> RedisResult<()> {
+async fn load(conn: &mut impl ConnectionLike) -> RedisResult<()> {
     let loaded: RedisResult<Value> = redis::cmd("FUNCTION")
         .arg("LOAD")
         .arg("REPLACE")
