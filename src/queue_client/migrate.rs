@@ -32,7 +32,7 @@ pub struct Pass {
     pub name: &'static str,
     /// Its body: given `cursor` ('0' to begin) and `budget` (items to look at), returns
     /// the next cursor (nil when done; no newline) and how many items it looked at.
-    body: &'static str,
+    pub(super) body: &'static str,
 }
 
 /// Every pass of every step, in the order they run. A new pass is one more entry.

@@ -522,6 +522,61 @@ mod tests {
         }
     }
 
+    /// What only lib/blocks.lua may name: the blocks' keys and the helpers that read their
+    /// layouts (ARCHITECTURE.md, invariant 36). keys.lua defines the keys.
+    const BLOCK_INTERNALS: [&str; 22] = [
+        "K_PKTS",
+        "K_PKTW",
+        "K_DONE",
+        "K_BATCHES",
+        "K_BATCHN",
+        "PACKET",
+        "batch_key",
+        "batch_parts",
+        "batch_gone",
+        "batch_split",
+        "batch_of",
+        "batch_lease_framed",
+        "packet_store_key",
+        "packet_parts",
+        "packet_fields_at",
+        "packet_meta_of",
+        "packet_record_of",
+        "packet_record_at",
+        "packet_unpack_waiting",
+        "waiting_parts",
+        "waiting_ids",
+        "waiting_tasks",
+    ];
+
+    /// Packets, runs and batch leases have one home: every other file of the library, and
+    /// every function's body, asks blocks.lua's functions and never reads their keys.
+    #[test]
+    fn the_block_keys_are_known_only_to_blocks_lua() {
+        let blocks = LIB.iter().find(|(n, _)| *n == "blocks").expect("blocks").1;
+        let defined: HashSet<&str> = identifiers(blocks).collect();
+        for name in BLOCK_INTERNALS {
+            assert!(defined.contains(name), "blocks.lua has no {name}");
+        }
+        let libs = LIB
+            .iter()
+            .filter(|(n, _)| !matches!(*n, "blocks" | "keys"))
+            .map(|(n, text)| (format!("lib/{n}.lua"), *text));
+        let bodies = FUNCTIONS
+            .iter()
+            .map(|d| (d.name.to_string(), d.body))
+            .chain(PARTS.iter().map(|(n, b)| (format!("{n} (part)"), *b)))
+            .chain(migrate::PASSES.iter().map(|p| (p.function_name(), p.body)));
+        for (file, text) in libs.chain(bodies) {
+            for name in identifiers(text) {
+                assert!(
+                    !BLOCK_INTERNALS.contains(&name),
+                    "{file} names {name}: ask lib/blocks.lua instead"
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_names_of_the_library_and_its_functions_carry_its_version() {
         assert_eq!(LIBRARY.version.len(), 12);

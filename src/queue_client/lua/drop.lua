@@ -15,21 +15,16 @@ end
 for _, id in ipairs(redis.call('ZRANGE', K_EXP, 0, -1)) do redis.call('DEL', rec_key(id)) end
 for _, member in ipairs(redis.call('ZRANGE', K_ENDS, 0, -1)) do
   -- (a run's records are all in K_IDX, deleted above; a list may hold others)
-  if not string.match(member, '^r') then
+  if not run_of_end(member) then
     for _, id in ipairs(redis.call('LRANGE', ends_list(member), 0, -1)) do redis.call('DEL', rec_key(id)) end
     redis.call('DEL', ends_list(member))
   end
 end
-redis.call('DEL', K_ENDS, K_DONE)
+redis.call('DEL', K_ENDS)
 for _, member in ipairs(redis.call('ZRANGE', K_LEASED, 0, -1)) do
   redis.call('DEL', run_key(lease_parts(member)))
 end
-for _, tok in ipairs(redis.call('ZRANGE', K_BATCHES, 0, -1)) do
-  redis.call('DEL', batch_key(tok), batch_key(tok) .. ':p')
-end
-redis.call('DEL', K_BATCHES, K_BATCHN)
-for _, b in ipairs(redis.call('ZRANGE', K_PKTS, 0, -1)) do redis.call('DEL', packet_store_key(b)) end
-redis.call('DEL', K_PKTS, K_PKTW)
+blocks_drop()
 for _, f in ipairs(redis.call('HKEYS', K_CONF)) do
   local by = string.match(f, '^by:(.*)$')
   if by then redis.call('DEL', submitter_index(by)) end

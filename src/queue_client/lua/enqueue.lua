@@ -97,7 +97,7 @@ if own_ids and mode == 'ip' and track then
 end
 local meta = pack_meta(A.priority, ma, now)
 -- A tracked task's meta also carries its record's sequence number after its enqueue time
--- (".seq", see K_DONE in lib/records.lua) and its chain field (see parse_meta): 'g' and the
+-- (".seq", see "Runs" in lib/blocks.lua) and its chain field (see parse_meta): 'g' and the
 -- chain a global task starts, '' one in no chain, or 'c' and a follow-up's chain. An untracked task has no record to
 -- number or to name a chain in. Each task's value (see task_value) is made in one
 -- concatenation: every part made apart is a string Lua makes, hashes and collects.

@@ -56,7 +56,7 @@ local pairs_ = scan[2]
 for i = 1, #pairs_, 2 do
   local id, v = pairs_[i], pairs_[i + 1]
   -- (the pin and a packet's waiting part, `#pBASE`, are no task's value)
-  local task = id ~= '' and string.sub(id, 1, #PACKET) ~= PACKET
+  local task = id ~= '' and not is_packet_name(id)
   local head, field = meta_chain_field(value_meta(v))
   local rec = task and head and not field and redis.call('GET', rec_key(id))
   if rec then

@@ -2,7 +2,7 @@
 -- history_ttl_ms, ordered ('1': a retry keeps its place at the
 -- head, see take_hold), the token of the first attempts' acks ('' when k1 is 0), the
 -- sequence numbers of their records as runs "s1-s2,..." ('' when some has none: see
--- K_DONE in lib/records.lua; a tracked queue's acks of one whole batch then write no
+-- "Runs" in lib/blocks.lua; a tracked queue's acks of one whole batch then write no
 -- record), then k1
 -- acks of first attempts holding that token as their ids (a slot settles one batch, so
 -- one token; an id and a token per task was two strings for Lua to make), k2 acks of
@@ -66,7 +66,7 @@ for j = 1, m do
   members[k + j] = ARGV[oo + 3] .. ':' .. ids[k + j]
 end
 -- Anything else works on per-task leases: the batches it names are split first.
-if redis.call('EXISTS', K_BATCHES) == 1 then
+if batch_leases_held() then
   local toks = {}
   if k1 > 0 then toks[1] = A.token end
   for x = k1 + 1, k + m do toks[#toks + 1] = string.match(members[x], '^(%d+):') end

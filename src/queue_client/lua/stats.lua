@@ -5,7 +5,7 @@ local due = redis.call('ZCOUNT', K_DELAYED, '-inf', now)
 local out = {
   ready_count() + due,
   redis.call('ZCARD', K_DELAYED) - due,
-  redis.call('ZCARD', K_LEASED) + (tonumber(redis.call('GET', K_BATCHN)) or 0),
+  leased_count(),
   redis.call('ZCARD', K_DEAD),
   redis.call('ZCARD', K_FROZEN),
 }

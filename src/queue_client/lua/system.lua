@@ -22,12 +22,7 @@ local function waiting_in_packets(list, offset, limit, out)
     local page = redis.call('LRANGE', list, at, at + 199)
     if #page == 0 then break end
     for _, e in ipairs(page) do
-      local ids = {e}
-      if string.sub(e, 1, #PACKET) == PACKET then
-        local v = redis.call('HGET', K_PAYLOAD, e)
-        ids = v and waiting_ids(v) or {}
-      end
-      for _, id in ipairs(ids) do
+      for _, id in ipairs(entry_ids(e)) do
         if offset > 0 then
           offset = offset - 1
         elseif #out < limit then
@@ -42,7 +37,7 @@ end
 
 local function waiting_slice(offset, limit)
   local out = {}
-  local packets = redis.call('EXISTS', K_PKTS) == 1
+  local packets = queue_has_packets()
   for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
     local list = ready_list(p)
     local len = redis.call('LLEN', list)

@@ -30,11 +30,7 @@ if tracked then expire_records(now, limit) end
 --    they were taken before everything now waiting behind them.
 --    A batch lease that expired is split first: its tasks come back one by one as here
 --    (whole batches, until about `limit` tasks are out: the rest wait for the next take).
-local split_n = 0
-for _, t in ipairs(redis.call('ZRANGEBYSCORE', K_BATCHES, '-inf', now, 'LIMIT', 0, limit)) do
-  if split_n >= limit then break end
-  split_n = split_n + batch_split(t)
-end
+batches_split_expired(now, limit)
 local expired = redis.call('ZRANGEBYSCORE', K_LEASED, '-inf', now, 'LIMIT', 0, limit)
 -- (Long tasks whose cancel was asked end cancelled instead: their slot died first.)
 if #expired > 0 then expired = end_expired_cancels(expired, now, history_ttl(A.history_ttl_ms)) end
@@ -112,7 +108,7 @@ local ids = {}
 -- A packet's entry (see lib/blocks.lua) at the head of a list is taken alone: a take hands
 -- out plain tasks or tasks of one packet, never both. Only a queue that has packets looks
 -- at what it takes before it takes it.
-local has_packets = tracked and redis.call('EXISTS', K_PKTS) == 1
+local has_packets = tracked and queue_has_packets()
 local packet_list, packet_name = nil, nil
 while #ids < n do
   local top = redis.call('ZRANGE', K_READY, 0, 0)[1]
@@ -123,7 +119,7 @@ while #ids < n do
   local stop = false
   -- (LRANGE, not LINDEX: a command every role's ACL line grants, docs/SECURITY.md)
   local head = has_packets and redis.call('LRANGE', list, 0, 0)[1]
-  if head and string.sub(head, 1, #PACKET) == PACKET then
+  if head and is_packet_name(head) then
     -- (a queue fed by a chain's step holds mostly packets: one look)
     stop = true
     if #ids == 0 then packet_list, packet_name = list, head end
@@ -131,7 +127,7 @@ while #ids < n do
   elseif has_packets then
     local plain = 0
     for _, e in ipairs(redis.call('LRANGE', list, 0, want - 1)) do
-      if string.sub(e, 1, #PACKET) == PACKET then
+      if is_packet_name(e) then
         stop = true
         if plain == 0 and #ids == 0 then packet_list, packet_name = list, e end
         break

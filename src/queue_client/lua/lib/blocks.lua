@@ -1,3 +1,12 @@
+-- Blocks: what a task's state is when it is not a key of its own. Three forms, each below
+-- with its layout: packets (the follow-ups of one call kept as one), runs (the records of
+-- a batch acked whole, kept once in K_DONE) and batch leases (a take's tasks leased as
+-- one). This file is the only one that knows their keys (K_PKTS, K_PKTW, K_DONE,
+-- K_BATCHES, K_BATCHN, the packet and batch keys, a packet's ready entry): the rest of the
+-- library asks the functions of "The blocks' interface" at the end and those named in
+-- each section, and `the_block_keys_are_known_only_to_blocks_lua` (scripts.rs) holds every
+-- other file to that. Their Rust side is block.rs.
+
 -- ---------------------------------------------------------------------------------------
 -- Packets (ARCHITECTURE.md, invariant 36). The follow-ups one enqueue call makes on a
 -- tracked batch queue that is not ordered (enqueue.lua mode 'ik') can be kept as one
@@ -210,6 +219,20 @@ local function run_begin(ids, now, attempts, host, slot)
   end
   bulk('MSET', nil, kv)
 end
+
+-- ---------------------------------------------------------------------------------------
+-- Runs. Tasks acked as a whole batch lease (a slot's steady state) are done without a
+-- write to their records. A tracked task's meta carries its record's sequence number (its
+-- score in K_IDX, see records_new); the slot hands the batch's numbers back as runs
+-- s1..s2 of consecutive ones, and the ack keeps each run once: the member "s1 FS s2 FS
+-- expiry FS done-at FS entries" of the zset K_DONE scored by s1 (entries: the running and
+-- done entries an APPEND per task would have written), and the member 'r' .. s1 .. ':' ..
+-- s2 of K_ENDS scored by the expiry. A record that has not ended is done by the run that
+-- holds its number (done_of). The number is the record's own: a new task under an old id
+-- has a new one and is never read as done by the old task's run, and a run's sweep finds
+-- its records in K_IDX by score (expire_run). An APPEND per task, with the Lua around
+-- each call, was most of what tracking cost an ack; a hash from id to batch instead cost
+-- as much in its inserts (a hash table of every finished task, growing).
 
 -- The runs of sequence numbers "s1-s2,s3-s4,..." a slot sent for the `k` tasks of a
 -- batch it acked whole, as a table of {s1, s2} (text); nil unless they are `k` distinct
@@ -531,8 +554,9 @@ local function packet_alive(id, unpack_it)
 end
 
 -- The packets (BASE → n, see "Packets") holding records of `ids`, before their index
--- entries go.
+-- entries go; nil when the queue has none.
 local function packets_of(ids)
+  if redis.call('EXISTS', K_PKTS) == 0 then return nil end
   local out = {}
   local seqs = {}
   for i = 1, #ids, CHUNK do
@@ -562,4 +586,142 @@ local function packets_forget_empty(packets)
       redis.call('ZREM', K_PKTS, b)
     end
   end
+end
+
+-- The run whose ack ended task `id` (see "Runs") as {expiry, done at, its history
+-- entries}, or false. `cache`: a table kept for one script, where each id is looked up
+-- once (a reader asks rec_visible, then rec_current).
+local function done_of(id, cache)
+  if cache.no_runs == nil then
+    cache.no_runs = redis.call('EXISTS', K_DONE) == 0
+    cache.runs_of = {}
+  end
+  if cache.no_runs then return false end
+  local d = cache.runs_of[id]
+  if d ~= nil then return d end
+  d = false
+  local seq = redis.call('ZSCORE', K_IDX, id)
+  local m = seq and redis.call('ZRANGE', K_DONE, seq, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1)[1]
+  if m then
+    local s2, exp, at, entries = string.match(m, '^%d+\31(%d+)\31(%d+)\31(%d+)\31(.*)$')
+    if s2 and tonumber(seq) <= tonumber(s2) then d = {tonumber(exp), at, entries} end
+  end
+  cache.runs_of[id] = d
+  return d
+end
+
+-- The value (a meta and an empty payload) standing for a packet's task that has not
+-- ended, for a caller that asks whether task `id`, which has no field in K_PAYLOAD,
+-- exists: a task of a packet that has no field waits in the packet, is in a take's batch
+-- lease, or ended, which its record says (a cancel or failure wrote it) or else the run of
+-- its batch's ack (done_of). Its record may have a key while it waits (a pause's note
+-- wrote it). nil for any other id.
+local function packet_value(id, cache)
+  if cache.no_packets == nil then cache.no_packets = redis.call('EXISTS', K_PKTS) == 0 end
+  if cache.no_packets then return nil end
+  local v = redis.call('GET', rec_key(id))
+  if v and is_end_state(select(2, last_entry(v))) then return nil end
+  local seq = tonumber(redis.call('ZSCORE', K_IDX, id))
+  local pri, ma, created, _, g
+  if seq then pri, ma, created, _, g = packet_fields_at(id, seq) end
+  if not pri or done_of(id, cache) then return nil end
+  return packet_meta_of(seq, pri, ma, created, g) .. '\n'
+end
+
+-- ---------------------------------------------------------------------------------------
+-- The blocks' interface, for the rest of the library (besides packet_record, packet_value,
+-- packet_alive, packets_of and packets_forget_empty, run_begin and run_end, done_of,
+-- batch_lease, batch_ack_whole, batches_split and batch_run_of, above).
+
+-- Whether `e` is a packet's name: its entry in a ready list (standing for its waiting
+-- tasks) and its waiting part's field in K_PAYLOAD; no task id is one.
+local function is_packet_name(e)
+  return string.sub(e, 1, #PACKET) == PACKET
+end
+
+-- Whether some batch lease is held (before building what batches_split needs).
+local function batch_leases_held()
+  return redis.call('EXISTS', K_BATCHES) == 1
+end
+
+-- Whether the queue holds packets now (only then can a ready entry be one).
+local function queue_has_packets()
+  return redis.call('EXISTS', K_PKTS) == 1
+end
+
+-- The ids ready-list entry `e` stands for: its own, or a packet's waiting ones.
+local function entry_ids(e)
+  if not is_packet_name(e) then return {e} end
+  local v = redis.call('HGET', K_PAYLOAD, e)
+  return v and waiting_ids(v) or {}
+end
+
+-- The tasks waiting in ready lists: their entries, each packet's counted as its tasks.
+local function ready_count()
+  local total = 0
+  for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
+    total = total + redis.call('LLEN', ready_list(p))
+  end
+  return total + (tonumber(redis.call('GET', K_PKTW)) or 0)
+end
+
+-- The tasks under lease, per task or in batches.
+local function leased_count()
+  return redis.call('ZCARD', K_LEASED) + (tonumber(redis.call('GET', K_BATCHN)) or 0)
+end
+
+-- Splits the batch leases expired by `now` (batch_split), whole batches until about
+-- `limit` tasks are out. Returns how many tasks came out.
+local function batches_split_expired(now, limit)
+  local n = 0
+  for _, t in ipairs(redis.call('ZRANGEBYSCORE', K_BATCHES, '-inf', now, 'LIMIT', 0, limit)) do
+    if n >= limit then break end
+    n = n + batch_split(t)
+  end
+  return n
+end
+
+-- The lease of `id` when it is in a batch lease: its member as a per-task lease would
+-- be ("tok:id"), its expiry and its token; `split` splits the batch first, so that the
+-- member is in K_LEASED for the caller to change. nil when no batch holds it.
+local function batch_lease_find(id, split)
+  local tok = batch_of(id)
+  if not tok then return nil end
+  local exp = tonumber(redis.call('ZSCORE', K_BATCHES, tok))
+  if split then batch_split(tok) end
+  return tok .. ':' .. id, exp, tok
+end
+
+-- The run a K_ENDS member stands for, as s1, s2 (text); nil for a list of ended tasks.
+local function run_of_end(member)
+  return string.match(member, '^r(%d+):(%d+)$')
+end
+
+-- Forgets run s1..s2 (text), whose records the caller deletes (expire_run).
+local function run_forget(s1, s2)
+  redis.call('ZREM', K_ENDS, 'r' .. s1 .. ':' .. s2)
+  -- (by member: an ACL written before ZREMRANGEBYSCORE was needed refuses it)
+  bulk('ZREM', K_DONE, redis.call('ZRANGEBYSCORE', K_DONE, s1, s1))
+end
+
+-- The oldest packet goes once none of its records is left, however they went: every id
+-- of it may since hold a new task (numbered anew), whose record's end never looks at the
+-- packet. One look per sweep; the oldest one lives least long.
+local function packets_sweep_oldest()
+  if redis.call('EXISTS', K_PKTS) == 0 then return end
+  local b = redis.call('ZRANGE', K_PKTS, 0, 0)[1]
+  local v = b and redis.call('GET', packet_store_key(b))
+  packets_forget_empty({[b] = v and select(5, packet_parts(v)) or 0})
+end
+
+-- Deletes every block of the queue (drop.lua): runs, batch leases and packets. The
+-- records they stand for are the caller's.
+local function blocks_drop()
+  redis.call('DEL', K_DONE)
+  for _, tok in ipairs(redis.call('ZRANGE', K_BATCHES, 0, -1)) do
+    redis.call('DEL', batch_key(tok), batch_key(tok) .. ':p')
+  end
+  redis.call('DEL', K_BATCHES, K_BATCHN)
+  for _, b in ipairs(redis.call('ZRANGE', K_PKTS, 0, -1)) do redis.call('DEL', packet_store_key(b)) end
+  redis.call('DEL', K_PKTS, K_PKTW)
 end

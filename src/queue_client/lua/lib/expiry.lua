@@ -9,12 +9,10 @@ local function expire_single(now, limit)
   return #gone
 end
 
--- Expires the run of tasks s1..s2 (text) done together (see K_DONE), whole: the records
+-- Expires the run of tasks s1..s2 (text) done together (see "Runs" in lib/blocks.lua), whole: the records
 -- whose numbers it holds go. Returns how many there were.
 local function expire_run(s1, s2)
-  redis.call('ZREM', K_ENDS, 'r' .. s1 .. ':' .. s2)
-  -- (by member: an ACL written before ZREMRANGEBYSCORE was needed refuses it)
-  bulk('ZREM', K_DONE, redis.call('ZRANGEBYSCORE', K_DONE, s1, s1))
+  run_forget(s1, s2)
   local ids = redis.call('ZRANGEBYSCORE', K_IDX, s1, s2)
   if #ids == 0 then return 0 end
   local keys = {}
@@ -62,7 +60,7 @@ local function expire_batched(now, limit)
   local due = redis.call('ZRANGEBYSCORE', K_ENDS, '-inf', now, 'LIMIT', 0, limit)
   for _, member in ipairs(due) do
     if used >= limit then break end
-    local s1, s2 = string.match(member, '^r(%d+):(%d+)$')
+    local s1, s2 = run_of_end(member)
     if s1 then
       -- whole: a run is at most a take's worth of tasks
       used = used + math.max(1, expire_run(s1, s2))
@@ -78,13 +76,6 @@ end
 local function expire_records(now, limit)
   local n = expire_single(now, limit)
   if n < limit then n = n + expire_batched(now, limit - n) end
-  -- The oldest packet goes once none of its records is left, however they went: every
-  -- id of it may since hold a new task (numbered anew), whose record's end never looks
-  -- at the packet. One look per sweep; the oldest one lives least long.
-  if n < limit and redis.call('EXISTS', K_PKTS) == 1 then
-    local b = redis.call('ZRANGE', K_PKTS, 0, 0)[1]
-    local v = b and redis.call('GET', packet_store_key(b))
-    packets_forget_empty({[b] = v and select(5, packet_parts(v)) or 0})
-  end
+  if n < limit then packets_sweep_oldest() end
   return n
 end

@@ -16,11 +16,7 @@ local function find_lease(id, split)
       if mid == id then return items[i], tonumber(items[i + 1]), tok end
     end
   until cursor == '0'
-  local tok = batch_of(id)
-  if not tok then return nil end
-  local exp = tonumber(redis.call('ZSCORE', K_BATCHES, tok))
-  if split then batch_split(tok) end
-  return tok .. ':' .. id, exp, tok
+  return batch_lease_find(id, split)
 end
 
 

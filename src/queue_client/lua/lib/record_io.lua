@@ -165,7 +165,7 @@ local function rec_delete(ids, vals)
   local keys = {}
   for i, id in ipairs(ids) do keys[i] = rec_key(id) end
   submitters_unindex(ids, vals, '')
-  local packets = redis.call('EXISTS', K_PKTS) == 1 and packets_of(ids)
+  local packets = packets_of(ids)
   bulk('ZREM', K_IDX, ids)
   bulk('DEL', nil, keys)
   if packets then packets_forget_empty(packets) end

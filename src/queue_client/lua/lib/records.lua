@@ -15,7 +15,7 @@
 -- "Batch leases") names its taker once for the batch instead. Strings, not one hash:
 -- a hash of a few hundred fields is a listpack, where each of a batch's HSET, HMGET and
 -- HDEL fields is a linear search (measured at 1.4 µs a field). The ack of a whole batch
--- lease (the hot path) writes no record: see K_DONE below. Any other ack APPENDs both
+-- lease (the hot path) writes no record: see "Runs" in lib/blocks.lua. Any other ack APPENDs both
 -- entries at once (they never fold: the entry before a running one is never running, the
 -- one before done is running), without reading the record.
 -- The hot path reads no record and parses none (a full parse costs about 11 µs a task).
@@ -68,18 +68,8 @@ local function ends_list(member)
   return K_ENDS .. ':' .. member
 end
 
--- Tasks acked as a whole batch lease (a slot's steady state) are done without a write to
--- their records. A tracked task's meta carries its record's sequence number (its score in
--- K_IDX, see records_new); the slot hands the batch's numbers back as runs s1..s2 of
--- consecutive ones, and the ack keeps each run once: the member
--- "s1 FS s2 FS expiry FS done-at FS entries" of the zset K_DONE scored by s1 (entries: the
--- running and done entries an APPEND per task would have written), and the member
--- 'r' .. s1 .. ':' .. s2 of K_ENDS scored by the expiry. A record that has not ended is
--- done by the run that holds its number (done_of). The number is the record's own: a new
--- task under an old id has a new one and is never read as done by the old task's run, and
--- a run's sweep finds its records in K_IDX by score (expire_run). An APPEND per task, with
--- the Lua around each call, was most of what tracking cost an ack; a hash from id to batch
--- instead cost as much in its inserts (a hash table of every finished task, growing).
+-- (Tasks acked as a whole batch lease write nothing to their records: see "Runs" in
+-- lib/blocks.lua.)
 
 local function is_end_state(st)
   return st == 'done' or st == 'failed' or st == 'cancelled'

@@ -46,17 +46,9 @@ local function push_ready_grouped(pris, ids, front)
   for _, p in ipairs(order) do push_ready(p, groups[p], front) end
 end
 
-local function ready_count()
-  local total = 0
-  for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
-    total = total + redis.call('LLEN', ready_list(p))
-  end
-  return total + (tonumber(redis.call('GET', K_PKTW)) or 0)
-end
-
 -- meta = "priority:max_attempts:enqueued_ms" for an untracked task; a tracked one's goes
 -- on ".SEQ:CHAIN": SEQ its record's sequence number (its score in K_IDX, which the slot
--- hands back with its acks, see K_DONE), CHAIN what chains need to know of it without
+-- hands back with its acks, see "Runs" in lib/blocks.lua), CHAIN what chains need to know of it without
 -- reading its record: '' (in no chain), 'g' and the chain's id (the global task of that
 -- chain, see chain_name) or 'c' and the chain's id (a follow-up).
 local function parse_meta(m)
