@@ -1,10 +1,12 @@
-//! The heads of the library's functions' arguments (enqueue, take, settle, find, list, freeze), each
-//! declared once as a struct whose fields are the arguments in order: the struct sends
+//! The heads of the library's functions' arguments, one per function that takes fixed
+//! arguments (a function with several ops, such as long or system, has one head that
+//! every op sends whole), each declared once as a struct whose fields are the arguments in order: the struct sends
 //! them ([`Call::head`]), and the library gets their names as a Lua list
 //! (`ENQUEUE_HEAD = {'n', 'priority', …}`), which a body reads with `head(ARGV,
 //! ENQUEUE_HEAD)` into a table by name (`A.priority`). So Rust and Lua cannot disagree on
 //! a position, and a test holds each body to reading exactly the names its head declares.
-//! What follows a head (payloads, ids, ops) is the body's own, documented in its file.
+//! What follows a head (payloads, ids, ops) is the body's own, documented in its file;
+//! held and chain take only pairs ((id, token) and (id, chain)), and have no head.
 
 use redis::ToRedisArgs;
 
@@ -61,7 +63,7 @@ macro_rules! head_arg_as_is {
         }
     )*};
 }
-head_arg_as_is!(u64, i32, u32, usize, String, &'static str);
+head_arg_as_is!(u64, i64, i32, u32, usize, f64, String, &'static str);
 
 head! {
     /// enqueue.lua's head (the options a chunk's tasks share).
@@ -197,6 +199,185 @@ head! {
     }
 }
 
+head! {
+    /// long.lua's head: every op sends all of it (a renewal's worker and record TTL go
+    /// unused; `lease_ms` is a renewal's only).
+    LongHead as "LONG_HEAD" {
+        /// 'renew', 'cancelled' or 'settle' (long.lua).
+        op: &'static str,
+        /// The task.
+        id: String,
+        /// Its lease's token.
+        token: u64,
+        /// A renewal's new lease (ms from now); 0 for the other ops.
+        lease_ms: u64,
+        /// The attempt the slot runs.
+        attempt: u32,
+        /// The slot's host ('' none).
+        host: String,
+        /// The slot ('' none).
+        slot: String,
+        /// How long records live after the end (ms).
+        history_ttl_ms: u64,
+    }
+}
+
+head! {
+    /// release.lua's head, before its (id, token, attempt) triples.
+    ReleaseHead as "RELEASE_HEAD" {
+        /// How long records live after the end (ms).
+        history_ttl_ms: u64,
+        /// Why a task that ran waits again ('' for tasks that never started).
+        note: String,
+        /// The slot's host ('' none).
+        host: String,
+        /// The slot ('' none).
+        slot: String,
+    }
+}
+
+head! {
+    /// dead_move.lua's head, before its ids (none: the oldest dead by the cutoff).
+    DeadMoveHead as "DEAD_MOVE_HEAD" {
+        /// 'requeue', 'requeue_front', 'requeue_front_more' or 'purge' (dead_move.lua).
+        action: &'static str,
+        /// Dead letters moved at most.
+        limit: usize,
+        /// The requeued records' history note.
+        note: &'static str,
+        /// Only those dead by then (ms, Redis's clock; '' with ids).
+        cutoff_ms: String,
+    }
+}
+
+head! {
+    /// dead_list.lua's head, all of its arguments.
+    DeadListHead as "DEAD_LIST_HEAD" {
+        /// Dead letters skipped, oldest first.
+        offset: usize,
+        /// Dead letters listed at most.
+        limit: usize,
+    }
+}
+
+head! {
+    /// record_get.lua's head, all of its arguments.
+    RecordGetHead as "RECORD_GET_HEAD" {
+        /// The task.
+        id: String,
+        /// Whether an api instance waits for the task's end.
+        watch: bool,
+    }
+}
+
+head! {
+    /// housekeep.lua's head, all of its arguments.
+    HousekeepHead as "HOUSEKEEP_HEAD" {
+        /// Records deleted at most.
+        limit: usize,
+    }
+}
+
+head! {
+    /// system.lua's head: every op sends all of it, what it does not use as '' or 0.
+    SystemHead as "SYSTEM_HEAD" {
+        /// 'set', 'clear', 'waiting' or 'note' (system.lua).
+        op: &'static str,
+        /// set: the switch ('STATE:NAME'); clear: the system.
+        switch: String,
+        /// set, clear: the generation read.
+        generation: u64,
+        /// waiting, note: waiting tasks skipped.
+        offset: u64,
+        /// waiting, note: tasks looked at, at most.
+        limit: usize,
+        /// note: the records' note.
+        note: String,
+    }
+}
+
+impl SystemHead {
+    /// A head of `op` with nothing else set.
+    pub(crate) fn op(op: &'static str) -> Self {
+        SystemHead {
+            op,
+            switch: String::new(),
+            generation: 0,
+            offset: 0,
+            limit: 0,
+            note: String::new(),
+        }
+    }
+}
+
+head! {
+    /// migrate.lua's head, all of its arguments.
+    MigrateHead as "MIGRATE_HEAD" {
+        /// The position the caller read (the queue's migration field, '' none).
+        position: String,
+        /// The layout it read ('' none).
+        layout: String,
+        /// This pass.
+        pass: &'static str,
+        /// Its cursor ('0' to begin).
+        cursor: String,
+        /// The step's next pass ('' when this is its last).
+        next: &'static str,
+        /// The layout the step reaches.
+        to: u32,
+        /// Items looked at, at most.
+        budget: u32,
+    }
+}
+
+head! {
+    /// bucket.lua's head, all of its arguments.
+    BucketHead as "BUCKET_HEAD" {
+        /// Tokens a second.
+        rate: f64,
+        /// Tokens saved up at most.
+        burst: usize,
+        /// > 0: tokens to acquire, at most; < 0: tokens handed back unused.
+        want: i64,
+    }
+}
+
+head! {
+    /// switch.lua's head, all of its arguments.
+    SwitchHead as "SWITCH_HEAD" {
+        /// The system.
+        system: String,
+        /// Its new state.
+        state: &'static str,
+    }
+}
+
+head! {
+    /// outcount.lua's head, all of its arguments.
+    OutcountHead as "OUTCOUNT_HEAD" {
+        /// The system.
+        system: String,
+        /// The state the switch is written with.
+        state: &'static str,
+        /// The queue's copy's generation.
+        theirs: u64,
+        /// The switch's own generation.
+        ours: u64,
+    }
+}
+
+head! {
+    /// adopt.lua's head, all of its arguments.
+    AdoptHead as "ADOPT_HEAD" {
+        /// The system.
+        system: String,
+        /// The queue's copy's state.
+        state: String,
+        /// The copy's generation.
+        theirs: u64,
+    }
+}
+
 /// The Lua list of `H`'s names, as the library defines it.
 fn lua_list<H: Head>() -> String {
     let names: Vec<String> = H::NAMES.iter().map(|n| format!("'{n}'")).collect();
@@ -212,6 +393,18 @@ pub(crate) fn lua() -> String {
         lua_list::<FindHead>(),
         lua_list::<ListHead>(),
         lua_list::<FreezeHead>(),
+        lua_list::<LongHead>(),
+        lua_list::<ReleaseHead>(),
+        lua_list::<DeadMoveHead>(),
+        lua_list::<DeadListHead>(),
+        lua_list::<RecordGetHead>(),
+        lua_list::<HousekeepHead>(),
+        lua_list::<SystemHead>(),
+        lua_list::<MigrateHead>(),
+        lua_list::<BucketHead>(),
+        lua_list::<SwitchHead>(),
+        lua_list::<OutcountHead>(),
+        lua_list::<AdoptHead>(),
     ]
     .concat()
 }
@@ -288,6 +481,18 @@ mod tests {
         check::<FindHead>(include_str!("lua/find.lua"));
         check::<ListHead>(include_str!("lua/list.lua"));
         check::<FreezeHead>(include_str!("lua/freeze.lua"));
+        check::<LongHead>(include_str!("lua/long.lua"));
+        check::<ReleaseHead>(include_str!("lua/release.lua"));
+        check::<DeadMoveHead>(include_str!("lua/dead_move.lua"));
+        check::<DeadListHead>(include_str!("lua/dead_list.lua"));
+        check::<RecordGetHead>(include_str!("lua/record_get.lua"));
+        check::<HousekeepHead>(include_str!("lua/housekeep.lua"));
+        check::<SystemHead>(include_str!("lua/system.lua"));
+        check::<MigrateHead>(include_str!("lua/migrate.lua"));
+        check::<BucketHead>(include_str!("lua/bucket.lua"));
+        check::<SwitchHead>(include_str!("lua/switch.lua"));
+        check::<OutcountHead>(include_str!("lua/outcount.lua"));
+        check::<AdoptHead>(include_str!("lua/adopt.lua"));
     }
 
     #[test]

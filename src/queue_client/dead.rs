@@ -4,6 +4,7 @@
 use redis::Value;
 use serde::Serialize;
 
+use super::args::{DeadListHead, DeadMoveHead};
 use super::limits::HOUSEKEEPING_LIMIT;
 use super::meta::Meta;
 use super::reply::{bytes, int, string};
@@ -52,7 +53,7 @@ impl Queue {
     /// One call of [`Queue::dead`].
     async fn dead_chunk(&self, offset: usize, limit: usize) -> Result<Vec<DeadTask>, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.dead_list);
-        inv.arg(offset).arg(limit);
+        inv.head(&DeadListHead { offset, limit });
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         reply
@@ -89,7 +90,11 @@ impl Queue {
         self.dead_move("purge", ids).await
     }
 
-    async fn dead_move(&self, action: &str, ids: Option<&[String]>) -> Result<u64, QueueError> {
+    async fn dead_move(
+        &self,
+        action: &'static str,
+        ids: Option<&[String]>,
+    ) -> Result<u64, QueueError> {
         let mut total = 0u64;
         let mut conn = self.conn.clone();
         match ids {
@@ -108,7 +113,12 @@ impl Queue {
                         action
                     };
                     let mut inv = self.invocation(&SCRIPTS.dead_move);
-                    inv.arg(action).arg(chunk.len()).arg(REQUEUE_NOTE).arg("");
+                    inv.head(&DeadMoveHead {
+                        action,
+                        limit: chunk.len(),
+                        note: REQUEUE_NOTE,
+                        cutoff_ms: String::new(),
+                    });
                     for id in chunk {
                         inv.arg(id);
                     }
@@ -123,10 +133,12 @@ impl Queue {
                 let cutoff = secs * 1000 + micros / 1000;
                 loop {
                     let mut inv = self.invocation(&SCRIPTS.dead_move);
-                    inv.arg(action)
-                        .arg(HOUSEKEEPING_LIMIT)
-                        .arg(REQUEUE_NOTE)
-                        .arg(cutoff);
+                    inv.head(&DeadMoveHead {
+                        action,
+                        limit: HOUSEKEEPING_LIMIT,
+                        note: REQUEUE_NOTE,
+                        cutoff_ms: cutoff.to_string(),
+                    });
                     let n: u64 = inv.invoke_async(&mut conn).await?;
                     total += n;
                     if n == 0 {

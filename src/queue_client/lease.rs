@@ -53,7 +53,7 @@ use std::time::Duration;
 use redis::Value;
 use serde::Serialize;
 
-use super::args::{Head, SettleHead, TakeHead};
+use super::args::{Head, ReleaseHead, SettleHead, TakeHead};
 use super::block::{packet_tasks, seq_runs};
 use super::limits::HOUSEKEEPING_LIMIT;
 use super::meta::Meta;
@@ -454,7 +454,12 @@ impl Queue {
         }
         let (host, slot) = self.worker_args();
         let mut inv = self.invocation(&SCRIPTS.release);
-        inv.arg(self.ttl_arg()).arg(note).arg(host).arg(slot);
+        inv.head(&ReleaseHead {
+            history_ttl_ms: self.ttl_arg(),
+            note: note.to_string(),
+            host: host.to_string(),
+            slot,
+        });
         for t in tasks {
             inv.arg(&t.id).arg(t.token).arg(t.attempt);
         }

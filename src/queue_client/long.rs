@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use redis::Value;
 
+use super::args::LongHead;
 use super::lease::SettleOrder;
-use super::reply::{int, string};
+use super::reply::string;
 use super::scripts::SCRIPTS;
 use super::{LeasedTask, Queue, QueueError, SettleOp, SettleResult};
 
@@ -45,16 +46,14 @@ impl Queue {
         lease: Duration,
     ) -> Result<Renewal, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.long);
-        inv.arg("renew")
-            .arg(&task.id)
-            .arg(task.token)
-            .arg(lease.as_millis().max(1) as u64);
+        inv.head(&self.long_head("renew", task, lease.as_millis().max(1) as u64));
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
-        match reply.as_slice() {
-            [code] if int(code)? == 0 => Ok(Renewal::Lost),
-            [code] if int(code)? == 1 => Ok(Renewal::Renewed),
-            [code, note] if int(code)? == 2 => Ok(Renewal::CancelAsked {
+        let kind = reply.first().map(string).transpose()?;
+        match (kind.as_deref(), reply.get(1)) {
+            (Some("lost"), None) => Ok(Renewal::Lost),
+            (Some("renewed"), None) => Ok(Renewal::Renewed),
+            (Some("cancel_asked"), Some(note)) => Ok(Renewal::CancelAsked {
                 note: string(note)?,
             }),
             other => Err(QueueError::Protocol(format!(
@@ -67,11 +66,16 @@ impl Queue {
     /// the asker's note). False when the lease was no longer held.
     pub async fn end_cancelled(&self, task: &LeasedTask) -> Result<bool, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.long);
-        inv.arg("cancelled");
-        self.push_long_head(&mut inv, task);
+        inv.head(&self.long_head("cancelled", task, 0));
         let mut conn = self.conn.clone();
-        let reply: Vec<i64> = inv.invoke_async(&mut conn).await?;
-        Ok(reply.first() == Some(&1))
+        let reply: Vec<String> = inv.invoke_async(&mut conn).await?;
+        match reply.first().map(String::as_str) {
+            Some("ended") => Ok(true),
+            Some("lost") => Ok(false),
+            other => Err(QueueError::Protocol(format!(
+                "long cancelled returned {other:?}"
+            ))),
+        }
     }
 
     /// Settles a long task that returned, by `op` (its outcome), unless a cancel was
@@ -84,14 +88,13 @@ impl Queue {
         let ops = std::slice::from_ref(op);
         let order = SettleOrder::of(ops);
         let mut inv = self.invocation(&SCRIPTS.long);
-        inv.arg("settle");
-        self.push_long_head(&mut inv, task);
+        inv.head(&self.long_head("settle", task, 0));
         self.push_settle_args(&mut inv, ops, &order);
         let mut conn = self.conn.clone();
         let reply: Vec<Value> = inv.invoke_async(&mut conn).await?;
         match reply.as_slice() {
-            [kind] if string(kind)? == "c" => Ok(LongSettled::Cancelled),
-            [kind, results] if string(kind)? == "s" => {
+            [kind] if string(kind)? == "cancelled" => Ok(LongSettled::Cancelled),
+            [kind, results] if string(kind)? == "settled" => {
                 let codes: Vec<i64> = redis::from_redis_value(results.clone())
                     .map_err(|e| QueueError::Protocol(format!("long settle results: {e}")))?;
                 let r = order.results(codes)?;
@@ -103,14 +106,18 @@ impl Queue {
         }
     }
 
-    /// long.lua's arguments after the op: the lease, attempt, worker and record TTL.
-    fn push_long_head(&self, inv: &mut super::scripts::Call<'_>, task: &LeasedTask) {
+    /// long.lua's head for `op` on `task` (`lease_ms`: a renewal's, else 0).
+    fn long_head(&self, op: &'static str, task: &LeasedTask, lease_ms: u64) -> LongHead {
         let (host, slot) = self.worker_args();
-        inv.arg(&task.id)
-            .arg(task.token)
-            .arg(task.attempt)
-            .arg(host)
-            .arg(slot)
-            .arg(self.ttl_arg());
+        LongHead {
+            op,
+            id: task.id.clone(),
+            token: task.token,
+            lease_ms,
+            attempt: task.attempt,
+            host: host.to_string(),
+            slot,
+            history_ttl_ms: self.ttl_arg(),
+        }
     }
 }

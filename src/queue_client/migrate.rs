@@ -14,6 +14,7 @@ use std::sync::LazyLock;
 
 use redis::Value;
 
+use super::args::MigrateHead;
 use super::layout::{self, CURRENT, UNRECORDED};
 use super::reply::int;
 use super::scripts::{Function, Keys};
@@ -169,24 +170,26 @@ impl Queue {
         let pass = &PASSES[step[at]];
         let next = step.get(at + 1).map_or("", |&i| PASSES[i].name);
         let mut inv = self.invocation(&FUNCTIONS[step[at]]);
-        inv.arg(&state.position_text)
-            .arg(&state.recorded)
-            .arg(pass.name)
-            .arg(&cursor)
-            .arg(next)
-            .arg(from + 1)
-            .arg(budget.max(1));
+        inv.head(&MigrateHead {
+            position: state.position_text.clone(),
+            layout: state.recorded.clone(),
+            pass: pass.name,
+            cursor,
+            next,
+            to: from + 1,
+            budget: budget.max(1),
+        });
         let mut conn = self.conn.clone();
-        let reply: Vec<i64> = inv.invoke_async(&mut conn).await?;
-        Ok(match reply.as_slice() {
-            [0, _] => MigrateStep::Raced,
-            [status, n] => MigrateStep::Worked {
+        let (kind, n): (String, u64) = inv.invoke_async(&mut conn).await?;
+        Ok(match kind.as_str() {
+            "raced" => MigrateStep::Raced,
+            "more" | "done" => MigrateStep::Worked {
                 pass: pass.name,
                 to: from + 1,
-                looked_at: *n as u64,
-                pass_done: *status == 2,
+                looked_at: n,
+                pass_done: kind == "done",
             },
-            _ => return Err(QueueError::Protocol("migrate: bad reply".into())),
+            _ => return Err(QueueError::Protocol(format!("migrate returned {kind:?}"))),
         })
     }
 }

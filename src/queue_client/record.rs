@@ -34,7 +34,7 @@ use std::time::Duration;
 use redis::Value;
 use serde::Serialize;
 
-use super::args::ListHead;
+use super::args::{ListHead, RecordGetHead};
 use super::reply::{bytes, string};
 use super::scripts::SCRIPTS;
 use super::{MAX_LIST_LIMIT, Queue, QueueError};
@@ -301,9 +301,9 @@ impl Queue {
 
     async fn record_call(&self, id: &str, watch: Watch) -> Result<Option<TaskRecord>, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.record_get);
-        inv.arg(id).arg(match watch {
-            Watch::No => "0",
-            Watch::Yes => "1",
+        inv.head(&RecordGetHead {
+            id: id.to_string(),
+            watch: matches!(watch, Watch::Yes),
         });
         let mut conn = self.conn.clone();
         let reply: Option<Vec<Value>> = inv.invoke_async(&mut conn).await?;

@@ -577,6 +577,24 @@ mod tests {
         }
     }
 
+    /// Every function reads its fixed arguments through a head (args.rs), by name: no
+    /// body reads one by position (what follows a head, such as ids, is read from `H`).
+    #[test]
+    fn no_function_reads_an_argument_by_position() {
+        let bodies = FUNCTIONS
+            .iter()
+            .map(|d| (d.name.to_string(), d.body))
+            .chain(PARTS.iter().map(|(n, b)| (format!("{n} (part)"), *b)))
+            .chain(migrate::PASSES.iter().map(|p| (p.function_name(), p.body)))
+            .chain([("migrate".to_string(), include_str!("lua/migrate.lua"))]);
+        for (name, body) in bodies {
+            let by_position = body
+                .match_indices("ARGV[")
+                .any(|(i, _)| body[i + 5..].starts_with(|c: char| c.is_ascii_digit()));
+            assert!(!by_position, "{name} reads an argument by position");
+        }
+    }
+
     #[test]
     fn the_names_of_the_library_and_its_functions_carry_its_version() {
         assert_eq!(LIBRARY.version.len(), 12);

@@ -4,6 +4,7 @@
 use redis::Value;
 use serde::Serialize;
 
+use super::args::HousekeepHead;
 use super::reply::{int, string};
 use super::scripts::SCRIPTS;
 use super::{Queue, QueueError};
@@ -84,7 +85,7 @@ impl Queue {
     /// tick, so a queue without takes sheds its old records on time as well.
     pub async fn housekeep(&self, limit: usize) -> Result<u64, QueueError> {
         let mut inv = self.invocation(&SCRIPTS.housekeep);
-        inv.arg(limit);
+        inv.head(&HousekeepHead { limit });
         let mut conn = self.conn.clone();
         Ok(inv.invoke_async(&mut conn).await?)
     }

@@ -28,6 +28,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde::Serialize;
 
+use super::args::{AdoptHead, BucketHead, OutcountHead, SwitchHead, SystemHead};
 use super::scripts::Function;
 use super::{Queue, QueueClient, QueueError};
 use crate::config::Config;
@@ -259,8 +260,10 @@ impl QueueClient {
         let (was, mut generation): (String, u64) = SWITCH
             .prepare_invoke()
             .key(switches_key(self.namespace()))
-            .arg(system)
-            .arg(state.as_str())
+            .head(&SwitchHead {
+                system: system.to_string(),
+                state: state.as_str(),
+            })
             .invoke_async(&mut conn)
             .await
             .map_err(QueueError::from)?;
@@ -322,17 +325,25 @@ impl QueueClient {
     ) -> Result<u64, QueueError> {
         let mut conn = self.connection();
         let theirs: Option<u64> = conn.hget(queue.keys.conf(), "system_gen").await?;
-        let raised: i64 = OUTCOUNT
+        let reply: Vec<redis::Value> = OUTCOUNT
             .prepare_invoke()
             .key(switches_key(self.namespace()))
-            .arg(system)
-            .arg(state.as_str())
-            .arg(theirs.unwrap_or(0))
-            .arg(generation)
+            .head(&OutcountHead {
+                system: system.to_string(),
+                state: state.as_str(),
+                theirs: theirs.unwrap_or(0),
+                ours: generation,
+            })
             .invoke_async(&mut conn)
             .await?;
-        let Ok(raised) = u64::try_from(raised) else {
-            return Ok(generation);
+        let raised = match reply.as_slice() {
+            [kind] if super::reply::string(kind)? == "kept" => return Ok(generation),
+            [kind, raised] if super::reply::string(kind)? == "raised" => {
+                super::reply::int(raised)? as u64
+            }
+            other => {
+                return Err(QueueError::Protocol(format!("outcount returned {other:?}")));
+            }
         };
         queue.switch_system(system, state, raised).await?;
         Ok(raised)
@@ -398,9 +409,11 @@ impl QueueClient {
         let adopted: i64 = ADOPT
             .prepare_invoke()
             .key(switches_key(self.namespace()))
-            .arg(system)
-            .arg(state)
-            .arg(generation.unwrap_or(0))
+            .head(&AdoptHead {
+                system: system.to_string(),
+                state: state.to_string(),
+                theirs: generation.unwrap_or(0),
+            })
             .invoke_async(&mut conn)
             .await?;
         if adopted == 1 {
@@ -509,9 +522,11 @@ impl Queue {
         Ok(BUCKET
             .prepare_invoke()
             .key(key)
-            .arg(rate)
-            .arg(burst.max(1))
-            .arg(want)
+            .head(&BucketHead {
+                rate,
+                burst: burst.max(1),
+                want,
+            })
             .invoke_async(&mut conn)
             .await?)
     }
@@ -532,7 +547,11 @@ impl Queue {
     /// Returns whether it was set.
     async fn set_switch(&self, value: &str, generation: u64) -> Result<bool, QueueError> {
         let mut inv = self.invocation(&SYSTEM);
-        inv.arg("set").arg(value).arg(generation);
+        inv.head(&SystemHead {
+            switch: value.to_string(),
+            generation,
+            ..SystemHead::op("set")
+        });
         let mut conn = self.conn.clone();
         Ok(inv.invoke_async::<i64>(&mut conn).await? == 1)
     }
@@ -541,7 +560,11 @@ impl Queue {
     /// `generation`. Returns whether it was removed.
     async fn clear_switch(&self, system: &str, generation: u64) -> Result<bool, QueueError> {
         let mut inv = self.invocation(&SYSTEM);
-        inv.arg("clear").arg(system).arg(generation);
+        inv.head(&SystemHead {
+            switch: system.to_string(),
+            generation,
+            ..SystemHead::op("clear")
+        });
         let mut conn = self.conn.clone();
         Ok(inv.invoke_async::<i64>(&mut conn).await? == 1)
     }
@@ -581,7 +604,10 @@ impl Queue {
     /// The first `limit` waiting tasks' ids (ready by priority, then delayed).
     async fn waiting_ids(&self, limit: usize) -> Result<Vec<String>, QueueError> {
         let mut inv = self.invocation(&SYSTEM);
-        inv.arg("waiting").arg(0).arg(limit);
+        inv.head(&SystemHead {
+            limit,
+            ..SystemHead::op("waiting")
+        });
         let mut conn = self.conn.clone();
         Ok(inv.invoke_async(&mut conn).await?)
     }
@@ -596,7 +622,12 @@ impl Queue {
         let mut offset = 0u64;
         loop {
             let mut inv = self.invocation(&SYSTEM);
-            inv.arg("note").arg(offset).arg(SWEEP_CHUNK).arg(&note);
+            inv.head(&SystemHead {
+                offset,
+                limit: SWEEP_CHUNK,
+                note: note.clone(),
+                ..SystemHead::op("note")
+            });
             let mut conn = self.conn.clone();
             let n: u64 = inv.invoke_async(&mut conn).await?;
             offset += n;

@@ -1,5 +1,6 @@
--- ARGV: offset, limit. Returns limit × (id, died_ms, attempts, payload, error, meta), oldest first.
-local off, lim = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- ARGV: the head (DeadListHead in args.rs): offset, limit. Returns limit × (id, died_ms, attempts, payload, error, meta), oldest first.
+local A = head(ARGV, DEAD_LIST_HEAD)
+local off, lim = tonumber(A.offset), tonumber(A.limit)
 local rows = redis.call('ZRANGE', K_DEAD, off, off + lim - 1, 'WITHSCORES')
 local out = {}
 for i = 1, #rows, 2 do

@@ -1,4 +1,4 @@
--- ARGV: action ('requeue' | 'purge'; 'requeue_front' on an ordered queue, whose
+-- ARGV: the head (DeadMoveHead in args.rs, read by name as A.action, …): action ('requeue' | 'purge'; 'requeue_front' on an ordered queue, whose
 -- requeued tasks go before everything waiting, as they were created before it, and
 -- 'requeue_front_more' for a chunk of given ids that more chunks, older ones, follow: the
 -- queue's takes are held meanwhile, see REQUEUE_HOLD_MS), limit,
@@ -9,7 +9,9 @@
 -- Returns how many were moved. Requeued tasks start afresh: zero attempts, no last error
 -- (an ack only cleans up the error of tasks past their first attempt).
 local now = now_ms()
-local action, lim, cutoff = ARGV[1], tonumber(ARGV[2]), ARGV[4]
+local H = #DEAD_MOVE_HEAD
+local A = head(ARGV, DEAD_MOVE_HEAD)
+local action, lim, cutoff = A.action, tonumber(A.limit), A.cutoff_ms
 local front = action == 'requeue_front' or action == 'requeue_front_more'
 -- A requeue to the front in chunks puts the newest dead letters there first and the
 -- oldest last: a take between two chunks would run newer tasks before older ones. So an
@@ -17,10 +19,10 @@ local front = action == 'requeue_front' or action == 'requeue_front_more'
 -- should the requeue stop half way (the chunks come one round trip apart).
 local REQUEUE_HOLD_MS = 10000
 local ids = {}
-if #ARGV > 4 then
+if #ARGV > H then
   -- (an id given twice is moved once: twice in a ready list, it would run twice)
   local seen = {}
-  for i = 5, #ARGV do
+  for i = H + 1, #ARGV do
     local id = ARGV[i]
     if not seen[id] and redis.call('ZSCORE', K_DEAD, id) then
       seen[id] = true
@@ -36,7 +38,7 @@ else
 end
 if front then
   local more = action == 'requeue_front_more'
-    or (#ARGV == 4 and #ids == lim and redis.call('ZCOUNT', K_DEAD, '-inf', cutoff) > #ids)
+    or (#ARGV == H and #ids == lim and redis.call('ZCOUNT', K_DEAD, '-inf', cutoff) > #ids)
   if more then
     redis.call('HSET', K_CONF, 'requeuing', now + REQUEUE_HOLD_MS)
   else
@@ -57,7 +59,7 @@ else
   bulk('HDEL', K_ERR, ids)
   for _, id in ipairs(ids) do
     -- back in the queue: its record lives again as long as the task (stored without TTL)
-    record(id, 'waiting', now, 0, '', '', ARGV[3], {d = now})
+    record(id, 'waiting', now, 0, '', '', A.note, {d = now})
   end
   redis.call('HINCRBY', K_STATS, 'requeued', #ids)
   wake(#ids)

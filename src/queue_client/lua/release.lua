@@ -10,12 +10,14 @@
 -- A long task its slot stopped before it ended (a drain, a smaller map) did run: its
 -- record keeps the run and says why it waits again (the note), at the attempts it had
 -- used before (none counted for this one: the next run has the same number).
--- ARGV: history_ttl_ms, note ('' for tasks that never started), host, slot, then (id,
--- token, attempt) triples. Returns one code per task: 1 returned (or ended cancelled), 0
+-- ARGV: the head (ReleaseHead in args.rs, read by name as A.note, …): history_ttl_ms,
+-- note ('' for tasks that never started), host, slot; then (id, token, attempt) triples. Returns one code per task: 1 returned (or ended cancelled), 0
 -- stale (no lease with this token: it expired and was reclaimed, or was settled or
 -- cancelled).
-local FIRST = 5
-local note = ARGV[2]
+local H = #RELEASE_HEAD
+local A = head(ARGV, RELEASE_HEAD)
+local FIRST = H + 1
+local note = A.note
 local toks = {}
 for i = FIRST + 1, #ARGV, 3 do toks[#toks + 1] = ARGV[i] end
 batches_split(toks)
@@ -28,7 +30,7 @@ for i = FIRST, #ARGV, 3 do
   local m = meta_of(id)
   if cancels and m and redis.call('HEXISTS', K_CANCEL, id) == 1
       and redis.call('ZSCORE', K_LEASED, member) then
-    cancel_end(id, member, now, nil, nil, nil, history_ttl(ARGV[1]))
+    cancel_end(id, member, now, nil, nil, nil, history_ttl(A.history_ttl_ms))
     res[#res + 1] = 1
   elseif m and redis.call('ZREM', K_LEASED, member) == 1 then
     back[#back + 1] = id
@@ -48,7 +50,7 @@ if note == '' then
 else
   for k, id in ipairs(back) do
     -- (an untracked task has no record: record() only drops its running entry)
-    record(id, 'waiting', now, math.max(atts[k] - 1, 0), ARGV[3], ARGV[4], note)
+    record(id, 'waiting', now, math.max(atts[k] - 1, 0), A.host, A.slot, note)
   end
 end
 wake(#back)

@@ -1,17 +1,19 @@
 -- A system's switch as one of its queues sees it (`gaffer system NAME …`).
--- ARGV: op, then
---   'set', value ('STATE:NAME'), generation: the queue's switch; back to active wakes its
+-- ARGV: the head (SystemHead in args.rs, read by name as A.op, …): op, switch, generation,
+-- offset, limit, note; every op sends all of it, what it does not use as '' or 0. By op:
+--   'set' (switch: 'STATE:NAME', generation): the queue's switch; back to active wakes its
 --     takers. Each switch of a system counts its generation up (in the cluster's hash of
 --     switches), and the queue keeps the one its switch came from: a write from an older
 --     reading (the manager's tick, racing an operator's switch) is refused, returns 0;
---   'clear', system, generation: removes the queue's switch (the queue left the system,
+--   'clear' (switch: the system, generation): removes the queue's switch (the queue left the system,
 --     or the system has none), unless it is one of that system's newer than the
 --     generation read (0: none was read); returns 1 when removed;
---   'waiting', offset, limit: ids of waiting tasks (ready lists by priority, then delayed)
+--   'waiting' (offset, limit): ids of waiting tasks (ready lists by priority, then delayed)
 --     from `offset` on, at most `limit`;
---   'note', offset, limit, note: the same tasks' records get a waiting entry with `note`
+--   'note' (offset, limit, note): the same tasks' records get a waiting entry with `note`
 --     (once per pause, never per tick); returns how many tasks were looked at.
-local op = ARGV[1]
+local A = head(ARGV, SYSTEM_HEAD)
+local op = A.op
 
 -- The waiting tasks of list `list` from `offset` on, at most `limit` added to `out`,
 -- where the entry of a packet (see lib/blocks.lua) stands for its waiting tasks: a walk of
@@ -68,21 +70,21 @@ local function newer_switch(system, gen)
 end
 
 if op == 'set' then
-  local value, gen = ARGV[2], tonumber(ARGV[3]) or 0
+  local value, gen = A.switch, tonumber(A.generation) or 0
   if newer_switch(string.match(value, '^%a+:(.*)$'), gen) then return 0 end
   redis.call('HSET', K_CONF, 'system', value, 'system_gen', gen)
   if string.match(value, '^active:') then wake(WAKE_CAP) end
   return 1
 elseif op == 'clear' then
-  if newer_switch(ARGV[2], tonumber(ARGV[3]) or 0) then return 0 end
+  if newer_switch(A.switch, tonumber(A.generation) or 0) then return 0 end
   return redis.call('HDEL', K_CONF, 'system', 'system_gen') > 0 and 1 or 0
 elseif op == 'waiting' then
-  return waiting_slice(tonumber(ARGV[2]), tonumber(ARGV[3]))
+  return waiting_slice(tonumber(A.offset), tonumber(A.limit))
 elseif op == 'note' then
-  local ids = waiting_slice(tonumber(ARGV[2]), tonumber(ARGV[3]))
+  local ids = waiting_slice(tonumber(A.offset), tonumber(A.limit))
   if redis.call('EXISTS', K_IDX) == 1 then
     local now = now_ms()
-    for _, id in ipairs(ids) do record(id, 'waiting', now, nil, nil, nil, ARGV[4], nil) end
+    for _, id in ipairs(ids) do record(id, 'waiting', now, nil, nil, nil, A.note, nil) end
   end
   return #ids
 end
