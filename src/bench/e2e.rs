@@ -16,7 +16,7 @@ use anyhow::Context;
 use serde::Serialize;
 use tokio::process::{Child, Command};
 
-use super::{Bare, BenchOptions, StrongBare, median_f64, per_s, strong_bare};
+use super::{Bare, BenchOptions, StrongBare, median_f64, per_s, redis_cpu_s, strong_bare};
 use crate::queue_client::{NewTask, QueueClient, QueueLimits};
 
 /// Longest one drain may take before the bench gives up on it.
@@ -80,6 +80,9 @@ pub struct E2eRow {
     pub e2e_redis_us_per_task: f64,
     /// Redis CPU per task while the single bare loop drained, µs.
     pub bare_redis_us_per_task: f64,
+    /// Redis CPU per task while the strong bare loop drained at its best K, µs: where
+    /// both are Redis-bound, ratio_strong comes to this over e2e_redis_us_per_task.
+    pub strong_redis_us_per_task: f64,
     /// Each round's end-to-end figure, in order.
     pub e2e_rounds: Vec<f64>,
     /// Each round's strong bare figure, in order.
@@ -323,36 +326,47 @@ async fn rounds(
     let rounds = opts.base.rounds.max(1);
     let (mut e2e, mut single, mut strong) = (Vec::new(), Vec::new(), Vec::new());
     let mut best_k = Vec::new();
-    let (mut e2e_cpu, mut bare_cpu) = (Vec::new(), Vec::new());
+    let (mut e2e_cpu, mut bare_cpu, mut strong_cpu) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         progress(&format!(
             "e2e, batch {batch}, {} slots, {n} tasks, round {round}/{rounds}",
             opts.slots
         ));
         q.enqueue_many(&tasks).await?;
-        let cpu = redis_cpu_s(counter).await?;
+        let cpu = redis_cpu_s(&mut counter.conn.clone()).await?;
         let master = cluster.start_master()?;
         let timed = time_drain(counter, n).await;
-        e2e_cpu.push(per_task_us(redis_cpu_s(counter).await? - cpu, n));
+        e2e_cpu.push(per_task_us(
+            redis_cpu_s(&mut counter.conn.clone()).await? - cpu,
+            n,
+        ));
         stop(master).await;
         cluster.check_alive()?;
         e2e.push(timed?);
 
         progress(&format!("bare loop, batch {batch}, round {round}/{rounds}"));
         bare.fill(n, &payload).await?;
-        let cpu = redis_cpu_s(counter).await?;
+        let cpu = redis_cpu_s(&mut counter.conn.clone()).await?;
         let t = Instant::now();
         let moved = super::bare_drain_with(takers.iter(), bare, batch).await?;
         anyhow::ensure!(moved == n, "bare loop drained {moved} of {n}");
         single.push(per_s(n, t.elapsed()));
-        bare_cpu.push(per_task_us(redis_cpu_s(counter).await? - cpu, n));
+        bare_cpu.push(per_task_us(
+            redis_cpu_s(&mut counter.conn.clone()).await? - cpu,
+            n,
+        ));
         bare.delete().await?;
 
         progress(&format!(
             "bare loop, K in flight per taker, batch {batch}, round {round}/{rounds}"
         ));
-        let StrongBare { per_s, k } = strong_bare(takers, bare, batch, n, &payload).await?;
+        let StrongBare {
+            per_s,
+            k,
+            redis_us_per_task,
+        } = strong_bare(takers, bare, batch, n, &payload).await?;
         strong.push(per_s);
+        strong_cpu.push(redis_us_per_task);
         best_k.push(k);
     }
     let (e, s, st) = (median_f64(&e2e), median_f64(&single), median_f64(&strong));
@@ -369,6 +383,7 @@ async fn rounds(
         ratio_strong: e / st,
         e2e_redis_us_per_task: median_f64(&e2e_cpu),
         bare_redis_us_per_task: median_f64(&bare_cpu),
+        strong_redis_us_per_task: median_f64(&strong_cpu),
         e2e_rounds: e2e,
         strong_rounds: strong,
     })
@@ -416,18 +431,6 @@ async fn acked_total(counter: &Counter) -> anyhow::Result<u64> {
         .query_async(&mut conn)
         .await?;
     Ok(v.unwrap_or(0))
-}
-
-/// Redis's CPU time so far (user + sys), seconds.
-async fn redis_cpu_s(counter: &Counter) -> anyhow::Result<f64> {
-    let mut conn = counter.conn.clone();
-    let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut conn).await?;
-    Ok(info
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
-        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
-        .sum())
 }
 
 /// CPU seconds spent on `n` tasks, as µs per task.
@@ -505,8 +508,12 @@ impl E2eReport {
             );
             let _ = writeln!(
                 cpu,
-                "batch {:>3}: Redis CPU per task {:.2} µs end to end, {:.2} µs bare loop",
-                r.batch, r.e2e_redis_us_per_task, r.bare_redis_us_per_task
+                "batch {:>3}: Redis CPU per task {:.2} µs end to end, {:.2} µs bare loop, \
+                 {:.2} µs strong bare loop",
+                r.batch,
+                r.e2e_redis_us_per_task,
+                r.bare_redis_us_per_task,
+                r.strong_redis_us_per_task
             );
         }
         out.push_str(&cpu);

@@ -560,6 +560,20 @@ struct StrongBare {
     per_s: f64,
     /// Loops in flight per taker at that figure.
     k: usize,
+    /// Redis's CPU per task at that figure (µs, user and system): what the ratio of two
+    /// Redis-bound figures comes down to.
+    redis_us_per_task: f64,
+}
+
+/// Redis's CPU seconds so far (user and system), from `INFO cpu`.
+pub(super) async fn redis_cpu_s(conn: &mut crate::queue_client::RedisConn) -> anyhow::Result<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
+    Ok(info
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
+        .filter_map(|(_, v)| v.trim().parse::<f64>().ok())
+        .sum())
 }
 
 /// The bare loop with K loops in flight on each taker's connection, for every K of
@@ -571,19 +585,30 @@ async fn strong_bare(
     n: usize,
     payload: &[u8],
 ) -> anyhow::Result<StrongBare> {
-    let mut best = StrongBare { per_s: 0.0, k: 1 };
+    let mut best = StrongBare {
+        per_s: 0.0,
+        k: 1,
+        redis_us_per_task: 0.0,
+    };
+    let mut conn = bare.conn.clone();
     for k in STRONG_KS {
         bare.fill(n, payload).await?;
+        let cpu = redis_cpu_s(&mut conn).await?;
         let t = Instant::now();
         let moved = bare_drain_k(clients, bare, batch, k).await?;
         let rate = per_s(n, t.elapsed());
+        let redis_us_per_task = (redis_cpu_s(&mut conn).await? - cpu) * 1e6 / n.max(1) as f64;
         bare.delete().await?;
         anyhow::ensure!(
             moved == n,
             "bare loop ({k} in flight) drained {moved} of {n}"
         );
         if rate > best.per_s {
-            best = StrongBare { per_s: rate, k };
+            best = StrongBare {
+                per_s: rate,
+                k,
+                redis_us_per_task,
+            };
         }
     }
     Ok(best)
