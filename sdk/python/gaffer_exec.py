@@ -11,7 +11,7 @@
     gaffer_exec.serve(handle)
 
 Each result entry is {"id", "status": "ok"} (optionally "result" and "next"),
-{"id", "status": "retry"} (optionally "delay_ms") or {"id", "status": "fail", "error"};
+{"id", "status": "retry"} (optionally "delay_ms" and "priority") or {"id", "status": "fail", "error"};
 a task left out of the list is retried by gaffer. README.md ("Handlers") has the protocol.
 
 With `start = "spawn"` (GAFFER_START unset or "spawn") serve() speaks the exec protocol on

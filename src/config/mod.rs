@@ -224,7 +224,7 @@ pub struct QueueConfig {
     pub batch_size: u32,
     /// How long a taken task stays invisible before another slot may take it.
     pub lease: Duration,
-    /// Attempts before a task goes to the dead letters; at least 1.
+    /// Attempts before a task goes to the dead letters; 0: no limit.
     pub max_attempts: u32,
     /// Delay before a failed task is tried again.
     pub retry: RetryPolicy,
@@ -543,8 +543,8 @@ impl ApiKey {
     }
 }
 
-/// How long a task waits before its next attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How long a task waits before its next attempt, and at what priority it comes back.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Whether the delay grows with the attempt count.
     pub backoff: Backoff,
@@ -552,6 +552,12 @@ pub struct RetryPolicy {
     pub base: Duration,
     /// Cap on the delay; never below `base`.
     pub max: Duration,
+    /// The delays after the first, second, … failure, the last repeating; when given,
+    /// `backoff`, `base` and `max` are not (the config refuses both).
+    pub intervals: Vec<Duration>,
+    /// The priority a retried task comes back at (`None`: its own), unless its handler
+    /// gives one.
+    pub priority: Option<i32>,
 }
 
 impl Default for RetryPolicy {
@@ -560,6 +566,8 @@ impl Default for RetryPolicy {
             backoff: Backoff::Exponential,
             base: Duration::from_secs(10),
             max: Duration::from_secs(3600),
+            intervals: Vec::new(),
+            priority: None,
         }
     }
 }
@@ -568,10 +576,16 @@ impl RetryPolicy {
     /// Delay before the attempt after `attempt` failed ones (1 = first failure), capped at
     /// `max`; kept here so every role computes it the same way.
     pub fn delay(&self, attempt: u32) -> Duration {
+        let failed = attempt.max(1);
+        if let Some(last) = self.intervals.last() {
+            let i = usize::try_from(failed - 1).unwrap_or(usize::MAX);
+            return *self.intervals.get(i).unwrap_or(last);
+        }
         match self.backoff {
             Backoff::Fixed => self.base.min(self.max),
+            Backoff::Linear => self.base.saturating_mul(failed).min(self.max),
             Backoff::Exponential => {
-                let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(31));
+                let factor = 2u32.saturating_pow((failed - 1).min(31));
                 self.base.saturating_mul(factor).min(self.max)
             }
         }
@@ -583,6 +597,8 @@ impl RetryPolicy {
 pub enum Backoff {
     /// Always `base`.
     Fixed,
+    /// `base` times the failed attempts, up to `max`.
+    Linear,
     /// `base` doubled per failed attempt, up to `max`.
     Exponential,
 }

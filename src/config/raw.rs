@@ -104,6 +104,8 @@ pub(crate) struct RawRetry {
     pub backoff: S<String>,
     pub base: S<Human<Duration>>,
     pub max: S<Human<Duration>>,
+    pub intervals: S<Vec<Spanned<Human<Duration>>>>,
+    pub priority: S<i64>,
 }
 
 /// One `next = [{ queue, on }]` entry.

@@ -47,7 +47,9 @@ fn design_example_parses() {
         RetryPolicy {
             backoff: Backoff::Exponential,
             base: Duration::from_secs(10),
-            max: Duration::from_secs(3600)
+            max: Duration::from_secs(3600),
+            intervals: vec![],
+            priority: None,
         }
     );
     assert_eq!(q.private_dirty_limit, Some(256 << 20));
@@ -247,6 +249,81 @@ fn retry_policy_delays() {
 }
 
 #[test]
+fn retry_intervals_and_linear_backoff() {
+    let s = Duration::from_secs;
+    let r = RetryPolicy {
+        intervals: vec![s(60), s(300), s(3600)],
+        ..RetryPolicy::default()
+    };
+    let got: Vec<Duration> = (1..=5).map(|a| r.delay(a)).collect();
+    assert_eq!(
+        got,
+        [s(60), s(300), s(3600), s(3600), s(3600)],
+        "the last repeats"
+    );
+    assert_eq!(r.delay(u32::MAX), s(3600));
+    let l = RetryPolicy {
+        backoff: Backoff::Linear,
+        base: s(10),
+        max: s(35),
+        ..RetryPolicy::default()
+    };
+    let got: Vec<Duration> = (1..=5).map(|a| l.delay(a)).collect();
+    assert_eq!(got, [s(10), s(20), s(30), s(35), s(35)]);
+    assert_eq!(l.delay(u32::MAX), s(35));
+}
+
+#[test]
+fn a_retry_table_with_intervals_and_priority_and_unlimited_attempts() {
+    let c = parse(
+        "[queues.a]\nhandler = \"noop\"\nmax_attempts = 0\n\
+         retry = { intervals = [\"1s\", \"3s\"], priority = 1000 }\n\
+         [queues.b]\nhandler = \"noop\"\nretry = { backoff = \"linear\", base = \"2s\" }\n",
+        "t.toml",
+    )
+    .unwrap();
+    let a = &c.queues["a"];
+    assert_eq!(a.max_attempts, 0, "0: no limit");
+    assert_eq!(
+        a.retry.intervals,
+        [Duration::from_secs(1), Duration::from_secs(3)]
+    );
+    assert_eq!(a.retry.priority, Some(1000));
+    assert_eq!(c.queues["b"].retry.backoff, Backoff::Linear);
+    assert_eq!(c.queues["b"].retry.delay(3), Duration::from_secs(6));
+}
+
+#[test]
+fn a_bad_retry_table_names_each_mistake() {
+    assert_eq!(
+        errors(
+            "[queues.a]\nhandler = \"noop\"\nmax_attempts = -1\n\
+             retry = { intervals = [\"1s\", \"soon\"], base = \"1s\", priority = 3000000000 }\n\
+             [queues.b]\nhandler = \"noop\"\nretry = { intervals = [], backoff = \"steep\" }\n"
+        ),
+        [
+            "t.toml:3:16: queues.a.max_attempts: must be at least 0, found -1",
+            "t.toml:4:23: queues.a.retry.intervals: intervals replaces backoff, base and max: remove base",
+            "t.toml:4:30: queues.a.retry.intervals[1]: invalid duration `soon`, expected a number and a unit like \"10s\", \"5m\" or \"1h\"",
+            "t.toml:4:63: queues.a.retry.priority: must be at most 2147483647, found 3000000000",
+            "t.toml:7:23: queues.b.retry.intervals: intervals replaces backoff, base and max: remove backoff",
+            "t.toml:7:23: queues.b.retry.intervals: must list at least one delay, e.g. [\"1m\", \"5m\", \"1h\"]",
+            "t.toml:7:37: queues.b.retry.backoff: unknown backoff `steep`, expected `fixed`, `linear` or `exponential`",
+        ]
+    );
+}
+
+#[test]
+fn an_ordered_queue_refuses_a_retry_priority() {
+    assert_eq!(
+        errors("[queues.a]\nhandler = \"noop\"\nordered = true\nretry = { priority = 5 }\n"),
+        [
+            "t.toml:3:11: queues.a.ordered: ordered = true cannot be combined with retry.priority: an ordered queue has one order, creation, and a retry keeps its place at the head"
+        ]
+    );
+}
+
+#[test]
 fn load_reports_io_errors() {
     let e = load(Path::new("/nonexistent/gaffer.toml")).unwrap_err();
     assert!(matches!(e, ConfigError::Io { .. }));
@@ -276,6 +353,30 @@ fn odd_shapes_are_reported() {
 }
 
 proptest::proptest! {
+    /// A computed delay never passes `max` and never shrinks as failures add up; one from
+    /// `intervals` is always one of them.
+    #[test]
+    fn retry_delays_grow_within_their_bounds(
+        base_s in 0u64..100,
+        extra_s in 0u64..10_000,
+        a in 1u32..200,
+        intervals in proptest::collection::vec(0u64..10_000, 1..5),
+        shape in 0usize..3,
+    ) {
+        let backoff = [Backoff::Fixed, Backoff::Linear, Backoff::Exponential][shape];
+        let r = RetryPolicy {
+            backoff,
+            base: Duration::from_secs(base_s),
+            max: Duration::from_secs(base_s + extra_s),
+            ..RetryPolicy::default()
+        };
+        proptest::prop_assert!(r.delay(a) <= r.max);
+        proptest::prop_assert!(r.delay(a) <= r.delay(a + 1));
+        let listed: Vec<Duration> = intervals.iter().map(|&s| Duration::from_secs(s)).collect();
+        let i = RetryPolicy { intervals: listed.clone(), ..r };
+        proptest::prop_assert!(listed.contains(&i.delay(a)));
+    }
+
     #[test]
     fn parse_never_panics(source in "(\\PC|\n){0,200}") {
         let _ = parse(&source, "p.toml");

@@ -457,8 +457,9 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
     out
 }
 
-/// `ordered`: one task at a time, so refused with a batch of more than one task or with
-/// `prefetch` (which would lease the next task while the head runs).
+/// `ordered`: one task at a time, so refused with a batch of more than one task, with
+/// `prefetch` (which would lease the next task while the head runs) or with a retry
+/// priority (a retry keeps its place at the head).
 fn ordered(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
     let Some(o) = &raw.ordered else { return };
     out.ordered = *o.get_ref();
@@ -485,6 +486,13 @@ fn ordered(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig)
             o.span(),
             &join(path, "ordered"),
             "ordered = true cannot be combined with prefetch = true: a prefetched task would be leased while the one before it runs",
+        );
+    }
+    if out.retry.priority.is_some() {
+        c.error(
+            o.span(),
+            &join(path, "ordered"),
+            "ordered = true cannot be combined with retry.priority: an ordered queue has one order, creation, and a retry keeps its place at the head",
         );
     }
 }
@@ -846,7 +854,8 @@ fn timing(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) 
         "max_attempts",
         raw.max_attempts.clone(),
         out.max_attempts,
-        1,
+        // (0: no limit, as the API's max_attempts)
+        0,
         u32::MAX.into(),
     );
     if let Some(r) = &raw.retry {
@@ -1054,18 +1063,38 @@ fn start(c: &mut Collector, path: &str, raw: &RawQueue) -> Start {
     })
 }
 
+/// `[queues.X.retry]`: `backoff`, `base` and `max`, or `intervals`; and `priority`.
 fn retry(c: &mut Collector, path: &str, raw: RawRetry) -> RetryPolicy {
     let d = RetryPolicy::default();
+    let priority = raw.priority.clone().map(|p| {
+        int(
+            c,
+            path,
+            "priority",
+            Some(p),
+            0i32,
+            i32::MIN.into(),
+            i32::MAX.into(),
+        )
+    });
+    let intervals = raw
+        .intervals
+        .clone()
+        .map(|list| retry_intervals(c, path, &raw, list))
+        .unwrap_or_default();
     let backoff = match &raw.backoff {
         None => d.backoff,
         Some(b) => match b.get_ref().as_str() {
             "fixed" => Backoff::Fixed,
+            "linear" => Backoff::Linear,
             "exponential" => Backoff::Exponential,
             other => {
                 c.error(
                     b.span(),
                     &join(path, "backoff"),
-                    format!("unknown backoff `{other}`, expected `fixed` or `exponential`"),
+                    format!(
+                        "unknown backoff `{other}`, expected `fixed`, `linear` or `exponential`"
+                    ),
                 );
                 d.backoff
             }
@@ -1091,7 +1120,59 @@ fn retry(c: &mut Collector, path: &str, raw: RawRetry) -> RetryPolicy {
             ),
         );
     }
-    RetryPolicy { backoff, base, max }
+    RetryPolicy {
+        backoff,
+        base,
+        max,
+        intervals,
+        priority,
+    }
+}
+
+/// `retry.intervals`: at least one delay, each as `base` takes them, and none of
+/// `backoff`, `base` and `max` beside it (they would be ignored).
+fn retry_intervals(
+    c: &mut Collector,
+    path: &str,
+    raw: &RawRetry,
+    list: Spanned<Vec<Spanned<Human<Duration>>>>,
+) -> Vec<Duration> {
+    let key = join(path, "intervals");
+    let written = [
+        ("backoff", raw.backoff.is_some()),
+        ("base", raw.base.is_some()),
+    ]
+    .into_iter()
+    .chain([("max", raw.max.is_some())])
+    .filter_map(|(k, w)| w.then_some(k))
+    .collect::<Vec<_>>();
+    if !written.is_empty() {
+        c.error(
+            list.span(),
+            &key,
+            format!(
+                "intervals replaces backoff, base and max: remove {}",
+                written.join(", ")
+            ),
+        );
+    }
+    let span = list.span();
+    let items = list.into_inner();
+    if items.is_empty() {
+        c.error(
+            span,
+            &key,
+            "must list at least one delay, e.g. [\"1m\", \"5m\", \"1h\"]",
+        );
+    }
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let at = format!("{key}[{i}]");
+            duration_at(c, &at, Some(item), Duration::ZERO, Zero::Allowed)
+        })
+        .collect()
 }
 
 fn system(c: &mut Collector, name: &str, path: &str, raw: RawSystem) -> SystemConfig {
@@ -1510,14 +1591,25 @@ fn duration(
     default: Duration,
     zero: Zero,
 ) -> Duration {
+    duration_at(c, &join(path, key), value, default, zero)
+}
+
+/// [`duration`] at the dotted key `at`, written out (a list's item, `key[i]`).
+fn duration_at(
+    c: &mut Collector,
+    at: &str,
+    value: S<Human<Duration>>,
+    default: Duration,
+    zero: Zero,
+) -> Duration {
     let Some(value) = value else { return default };
     match &value.get_ref().0 {
         Err(m) => {
-            c.error(value.span(), &join(path, key), m.clone());
+            c.error(value.span(), at, m.clone());
             default
         }
         Ok(d) if zero == Zero::Refused && d.is_zero() => {
-            c.error(value.span(), &join(path, key), "must be greater than zero");
+            c.error(value.span(), at, "must be greater than zero");
             default
         }
         // (every duration reaches Redis, the scripts and the slots as whole milliseconds:
@@ -1525,7 +1617,7 @@ fn duration(
         Ok(d) if d.subsec_nanos() % 1_000_000 != 0 => {
             c.error(
                 value.span(),
-                &join(path, key),
+                at,
                 format!(
                     "must be a whole number of milliseconds, got {}: gaffer keeps time in milliseconds",
                     humantime::format_duration(*d)

@@ -110,6 +110,9 @@ pub enum Outcome {
         /// How long the task waits before it can be taken again, at most
         /// `queue_client::MAX_DELAY` (a longer one is cut to it).
         delay: Duration,
+        /// The priority it comes back at; `None`: the queue's `retry.priority`, else its
+        /// own.
+        priority: Option<i32>,
         /// Recorded as the task's last error.
         reason: String,
     },

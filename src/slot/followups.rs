@@ -350,6 +350,7 @@ impl FollowUps {
                 outcomes[parent] = match refusal {
                     Refusal::Closed(reason) => Outcome::Retry {
                         delay: self.cfg.retry.delay(tasks[parent].attempt),
+                        priority: None,
                         reason,
                     },
                     Refusal::Taken(reason) => Outcome::Reject { reason },
@@ -643,6 +644,7 @@ fn retry_all(outcomes: Vec<Outcome>, reason: &str) -> Vec<Outcome> {
             Outcome::Retry { .. } => o,
             _ => Outcome::Retry {
                 delay: Duration::ZERO,
+                priority: None,
                 reason: reason.to_string(),
             },
         })

@@ -1106,14 +1106,18 @@ fn settle_ops(cfg: &QueueConfig, tasks: &[LeasedTask], outcomes: Vec<Outcome>) -
                         result: result.to_string(),
                     },
                 },
-                Outcome::Retry { delay, reason } => Settle::Retry {
+                Outcome::Retry {
                     delay,
-                    priority: None,
+                    priority,
+                    reason,
+                } => Settle::Retry {
+                    delay,
+                    priority: priority.or(cfg.retry.priority),
                     reason,
                 },
                 Outcome::Fail { reason } => Settle::Retry {
                     delay: cfg.retry.delay(t.attempt),
-                    priority: None,
+                    priority: cfg.retry.priority,
                     reason,
                 },
                 Outcome::Reject { reason } => Settle::Fail { reason },

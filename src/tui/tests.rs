@@ -1114,7 +1114,7 @@ fn a_done_record_is_green_and_its_result_is_compact_json_cut_to_the_width() {
     answer(&mut s, "emails", "thumb-1", Ok(Some(r)));
     let t = draw(&s, 100, 30);
     let buf = t.backend().buffer();
-    let (x, y) = find(buf, "done   attempt 3 (no limit)").expect("the state");
+    let (x, y) = find(buf, "done   attempt 3/∞").expect("the state");
     assert_eq!(buf[(x, y)].fg, Color::Green);
     let (x, y) = find(buf, r#"result     {"items":[{"ok":true,"sku":"A-0"},"#).expect("result");
     let row: String = (x..99).map(|x| buf[(x, y)].symbol()).collect();

@@ -12,7 +12,8 @@
 //! Redis down or frozen), `preempt.rs` (a stop mid-batch), `systems.rs` (system switches
 //! and the rate cap on real masters), `ordered.rs` (ordered queues across four hosts),
 //! `fork_start.rs` and `memory_exec.rs` (forked exec children, a host's memory),
-//! `manager.rs` (leadership, fencing, schedules), `outage.rs` (the regressions the fault
+//! `manager.rs` (leadership, fencing, schedules), `retries.rs` (the `retry` table through a
+//! real master), `outage.rs` (the regressions the fault
 //! suite found), `tls.rs` (TLS-only servers and clusters; `GAFFER_TEST_TLS=1` makes the
 //! harness's servers TLS-only for the queue and record tests), `acl.rs` (each role's ACL
 //! line, read out of `docs/SECURITY.md`, on a server with the default user off),
@@ -47,6 +48,7 @@ mod packets;
 mod preempt;
 mod queue;
 mod records;
+mod retries;
 mod secrets;
 mod simulate;
 mod slot;

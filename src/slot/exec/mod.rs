@@ -243,10 +243,11 @@ fn outcomes(
 fn reply_outcome(status: Option<ReplyStatus>, task: &Task, queue: &QueueConfig) -> Outcome {
     match status {
         Some(ReplyStatus::Ok { result, next }) => done_outcome(result, next),
-        Some(ReplyStatus::Retry { delay_ms }) => Outcome::Retry {
+        Some(ReplyStatus::Retry { delay_ms, priority }) => Outcome::Retry {
             delay: delay_ms
                 .map(Duration::from_millis)
                 .unwrap_or_else(|| queue.retry.delay(task.attempt)),
+            priority,
             reason: "retry requested by handler".to_owned(),
         },
         Some(ReplyStatus::Fail { error }) => Outcome::Fail {

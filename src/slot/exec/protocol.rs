@@ -74,6 +74,10 @@ pub enum ReplyStatus {
         /// write their floats).
         #[serde(default, deserialize_with = "whole_ms")]
         delay_ms: Option<u64>,
+        /// The priority it comes back at (else the queue's `retry.priority`, else its
+        /// own).
+        #[serde(default)]
+        priority: Option<i32>,
     },
     /// `"fail"`: failed with `error`; retried by the queue's policy.
     Fail {

@@ -91,10 +91,12 @@ fn ok_retry_and_fail_are_honoured() {
             Outcome::done(),
             Outcome::Retry {
                 delay: Duration::from_millis(1500),
+                priority: None,
                 reason: reason.clone(),
             },
             Outcome::Retry {
                 delay: ctx.queue.retry.delay(3),
+                priority: None,
                 reason,
             },
             Outcome::Fail {
@@ -465,12 +467,13 @@ fn oversized_and_deep_payloads_are_rejected_and_the_rest_is_sent() {
 
 #[test]
 fn an_entry_the_slot_cannot_read_fails_its_task_alone() {
-    let line = br#"{"results":[{"id":"a","status":"retry","delay_ms":1500.0},{"id":"b","status":"ok","next":[{"queue":"q","delay":"5m"}]},{"id":"c","status":"fail","error":{"code":3}},{"id":"d","status":"retry","delay_ms":1.5}]}"#;
+    let line = br#"{"results":[{"id":"a","status":"retry","delay_ms":1500.0,"priority":1000},{"id":"b","status":"ok","next":[{"queue":"q","delay":"5m"}]},{"id":"c","status":"fail","error":{"code":3}},{"id":"d","status":"retry","delay_ms":1.5}]}"#;
     let got = parse_reply(line, &["a", "b", "c", "d"]).unwrap();
     assert_eq!(
         got[0],
         Some(ReplyStatus::Retry {
-            delay_ms: Some(1500)
+            delay_ms: Some(1500),
+            priority: Some(1000)
         })
     );
     assert!(
@@ -518,7 +521,10 @@ fn parse_reply_gives_one_status_per_task_in_batch_order() {
                 next: vec![]
             }),
             None,
-            Some(ReplyStatus::Retry { delay_ms: Some(5) })
+            Some(ReplyStatus::Retry {
+                delay_ms: Some(5),
+                priority: None
+            })
         ])
     );
     assert_eq!(parse_reply(b"{\"results\":[]}\n", &["a"]), Ok(vec![None]));

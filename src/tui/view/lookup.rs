@@ -142,7 +142,7 @@ fn field(k: &'static str, text: impl Into<std::borrow::Cow<'static, str>>) -> Li
 fn record(t: &TaskLookup, r: &TaskRecord, title: String, area: Rect, buf: &mut Buffer) {
     let value_width = usize::from(area.width.saturating_sub(2)).saturating_sub(KEY_WIDTH);
     let attempts = if r.max_attempts == 0 {
-        format!("{} (no limit)", r.attempt)
+        format!("{}/∞", r.attempt)
     } else {
         format!("{}/{}", r.attempt, r.max_attempts)
     };

@@ -283,7 +283,7 @@ Gaffer::Exec - write a gaffer exec handler once; the queue's config picks how it
 =head1 DESCRIPTION
 
 Each result is C<{id, status =E<gt> 'ok'}> (optionally C<result>, C<next>),
-C<{id, status =E<gt> 'retry'}> (optionally C<delay_ms>) or C<{id, status =E<gt> 'fail',
+C<{id, status =E<gt> 'retry'}> (optionally C<delay_ms> and C<priority>) or C<{id, status =E<gt> 'fail',
 error}>; a task left out is retried by gaffer. README.md ("Handlers") has the protocol.
 
 With C<start = "spawn"> (C<GAFFER_START> unset or C<spawn>) C<serve> speaks the exec
