@@ -114,7 +114,9 @@ impl QueueError {
                     || e.is_connection_dropped()
                     || e.is_connection_refusal()
                     // The driver's own word for "wait and retry": a server loading its AOF
-                    // or RDB answers LOADING until it has read every key.
+                    // or RDB answers LOADING until it has read every key. A cluster client
+                    // that spent its retries on a node that is down returns the MOVED (or
+                    // ASK) that named it: the slot's node is away, as for a refusal.
                     || matches!(
                         e.kind(),
                         ErrorKind::Server(
@@ -122,6 +124,8 @@ impl QueueError {
                                 | ServerErrorKind::TryAgain
                                 | ServerErrorKind::MasterDown
                                 | ServerErrorKind::ClusterDown
+                                | ServerErrorKind::Moved
+                                | ServerErrorKind::Ask
                         )
                     )
             }
@@ -238,7 +242,9 @@ impl Cause {
                     ServerErrorKind::BusyLoading
                     | ServerErrorKind::TryAgain
                     | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ClusterDown,
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask,
                 ),
                 _,
             ) => return Cause::NotReady,
@@ -316,6 +322,9 @@ mod tests {
                 Cause::NotReady,
             ),
             (server("CLUSTERDOWN The cluster is down"), Cause::NotReady),
+            // (what a cluster client returns when the node a slot moved to is down)
+            (server("MOVED 4772 127.0.0.1:42271"), Cause::NotReady),
+            (server("ASK 4772 127.0.0.1:42271"), Cause::NotReady),
             (
                 server(
                     "NOPERM this user has no permissions to access one of the channels used as arguments",
@@ -360,6 +369,7 @@ mod tests {
             assert_eq!(error.cause(), cause, "{error}");
         }
         assert!(Cause::Refused.is_outage() && Cause::NotReady.is_outage());
+        assert!(server("MOVED 4772 127.0.0.1:42271").is_transient());
         assert!(!Cause::AclRefused.is_outage() && !Cause::AuthRefused.is_outage());
     }
 }
