@@ -71,6 +71,15 @@ pub struct HostReport {
     pub load1: f64,
     /// Online CPUs.
     pub cpus: u32,
+    /// PSI's `some avg10` of the CPU (percent of the last 10 s in which some task waited
+    /// for one), where the kernel has it. Absent in the reports of masters from before it.
+    #[serde(default)]
+    pub cpu_pressure: Option<f64>,
+    /// What bounds `capacity`: `"memory"`, `"load"` (the CPU is overloaded: the host holds
+    /// the slots it ran then, replacing those that exit, and takes no more) or
+    /// `"max_slots"`. Absent in the reports of masters from before it: `""`.
+    #[serde(default)]
+    pub capacity_bound: String,
     /// Handler names this host's binary can run.
     pub handlers: Vec<String>,
     /// Version of the slot map the host follows (0: none seen yet).

@@ -594,7 +594,8 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                     "capacity": r.capacity, "slots": r.slots, "pss_bytes": r.pss_bytes,
                     "mem_available_bytes": r.mem_available_bytes,
                     "memory_budget_bytes": r.memory_budget_bytes, "load1": r.load1,
-                    "cpus": r.cpus, "handlers": r.handlers, "map_version": r.map_version, "map_epoch": r.map_epoch,
+                    "cpus": r.cpus, "cpu_pressure": r.cpu_pressure,
+                    "capacity_bound": r.capacity_bound, "handlers": r.handlers, "map_version": r.map_version, "map_epoch": r.map_epoch,
                     "last_seen_ms": r.ts_ms,
                     "queues": r.queues.iter().map(|(q, qr)| (q.clone(), json!(qr.slots)))
                         .collect::<serde_json::Map<_, _>>(),

@@ -333,6 +333,44 @@ pub fn load1() -> Result<f64, SysinfoError> {
     read_parsed("/proc/loadavg", parse_loadavg)
 }
 
+/// PSI's `some avg10` of `/proc/pressure/cpu`: the percent of the last 10 s in which some
+/// task waited for a CPU. `None` where the kernel has no PSI (before 4.20, or built or
+/// booted without it).
+pub fn cpu_pressure() -> Result<Option<f64>, SysinfoError> {
+    const PATH: &str = "/proc/pressure/cpu";
+    match std::fs::read_to_string(PATH) {
+        Ok(text) => parse_pressure(&text)
+            .map(Some)
+            .map_err(|source| SysinfoError::Parse {
+                path: PATH.into(),
+                source,
+            }),
+        // (no PSI in the kernel; or built with it and booted with psi=0, which refuses the
+        // read)
+        Err(e)
+            if e.kind() == io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(nix::errno::Errno::EOPNOTSUPP as i32) =>
+        {
+            Ok(None)
+        }
+        Err(source) => Err(SysinfoError::Read {
+            path: PATH.into(),
+            source,
+        }),
+    }
+}
+
+/// `some avg10=6.63 avg60=… total=…` (the first line of a PSI file) → 6.63.
+fn parse_pressure(text: &str) -> Result<f64, ParseError> {
+    let some = text.lines().find(|l| l.starts_with("some "));
+    let avg10 = some
+        .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("avg10=")))
+        .ok_or_else(|| ParseError(format!("no some avg10 in {text:?}")))?;
+    avg10
+        .parse()
+        .map_err(|e| ParseError(format!("cpu pressure {avg10:?}: {e}")))
+}
+
 /// CPUs this process may run on (affinity and cgroup CPU quota considered), which is what
 /// the slots it starts can use, rather than every CPU the machine has.
 pub fn cpus() -> Result<u32, SysinfoError> {
@@ -731,5 +769,17 @@ g.wait()
         }
         assert!(open_fds(std::process::id()).unwrap() >= 3);
         assert!(!host_name().is_empty());
+    }
+
+    #[test]
+    fn cpu_pressure_reads_some_avg10() {
+        let text = "some avg10=6.63 avg60=7.27 avg300=7.73 total=12896412197\n\
+                    full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n";
+        assert_eq!(parse_pressure(text).unwrap(), 6.63);
+        assert!(parse_pressure("full avg10=1.00\n").is_err());
+        // This machine's, where it has one: a percentage.
+        if let Some(p) = cpu_pressure().unwrap() {
+            assert!((0.0..=100.0).contains(&p), "{p}");
+        }
     }
 }

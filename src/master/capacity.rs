@@ -34,9 +34,25 @@ pub struct CapacityInput {
     pub cpus: u32,
     /// Load per CPU above which the host takes no more slots.
     pub max_load_per_cpu: f64,
+    /// PSI's `some avg10` of `/proc/pressure/cpu` (percent of the last 10 s in which some
+    /// task waited for a CPU), where the kernel has it.
+    pub cpu_pressure: Option<f64>,
+    /// The slots the host held when the CPU bound began ([`Capacity::held`] of the last
+    /// decision): what it keeps, replacing slots that exit, while the bound holds.
+    pub held: Option<u32>,
+    /// Slots the host keeps whatever the CPU says: the `min_slots` of the queues the map
+    /// gives it, each up to what the map gives (the plan starts the highest priorities
+    /// first).
+    pub floor: u32,
     /// Upper bound of slots on this host, whatever memory says.
     pub max_slots: Option<u32>,
 }
+
+/// PSI's `some avg10` under which the CPU is not contended now, whatever the load average
+/// says. `some` is near 100 % whenever more tasks want a CPU than there are, whether 1.5 or
+/// 40 per CPU, so it cannot carry the load's ceiling; but it falls within seconds of a
+/// spike's end, where the one-minute load takes a minute or more.
+pub const CONTENDED_PRESSURE: f64 = 50.0;
 
 /// The limit that decided a [`Capacity`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -48,6 +64,17 @@ pub enum Bound {
     Load,
     /// The configured `max_slots`.
     MaxSlots,
+}
+
+impl Bound {
+    /// Its name, as `/status` and the host report write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bound::Memory => "memory",
+            Bound::Load => "load",
+            Bound::MaxSlots => "max_slots",
+        }
+    }
 }
 
 /// How many slots the host can hold, with the numbers behind it for `/status` and reports.
@@ -63,16 +90,25 @@ pub struct Capacity {
     pub available: u64,
     /// Which limit decided `slots`.
     pub bound: Bound,
+    /// While the CPU is overloaded, the slots the host holds at (the count when the
+    /// overload began); the next decision's [`CapacityInput::held`].
+    pub held: Option<u32>,
 }
 
 /// Sizes the host: `floor((Σ PSS + available − reserve) / avg_slot)`, then the load and
 /// `max_slots` bounds.
 ///
-/// An overloaded CPU holds the host at the slots it runs rather than shrinking it: the
-/// manager moves work to other hosts, and killing busy slots here would only add churn to
-/// a host that is already struggling. Memory still shrinks it, since running out of memory
-/// is worse than running slowly. A limit reports itself as the [`Bound`] only when it is
-/// strictly tighter than the ones before it.
+/// An overloaded CPU holds the host at the slots it ran when the overload began (or the
+/// queues' `min_slots` here, [`CapacityInput::floor`], if more) rather than shrinking it:
+/// it stops growing, but a slot that exits (a crash, a recycle) is replaced, so a
+/// min_slots queue keeps its slots through a spike. The manager moves new work to
+/// other hosts, and killing busy slots here would only add churn to a host that is
+/// already struggling. Memory still shrinks it, since running out of memory is worse than
+/// running slowly. The CPU is overloaded when the load per CPU passes its ceiling and,
+/// where the kernel has PSI, some task still waits for a CPU at least
+/// [`CONTENDED_PRESSURE`] % of the time (the load lags a spike's end by a minute). A limit
+/// reports itself as the [`Bound`] only when it is strictly tighter than the ones before
+/// it.
 pub fn capacity(input: &CapacityInput) -> Capacity {
     // Master and zygote PSS is spread over the slots, so a host running few slots counts
     // each as larger: that overhead is real and has to fit too.
@@ -99,11 +135,11 @@ pub fn capacity(input: &CapacityInput) -> Capacity {
     let mut slots = u32::try_from(budget / avg_slot).unwrap_or(u32::MAX);
     let mut bound = Bound::Memory;
 
-    // NaN load compares false and so imposes nothing: better than pinning the host on a
-    // reading that makes no sense.
-    let load_per_cpu = input.load1 / f64::from(input.cpus.max(1));
-    if load_per_cpu > input.max_load_per_cpu && input.slots < slots {
-        slots = input.slots;
+    let held = overloaded(input).then(|| input.held.unwrap_or(input.slots).max(input.floor));
+    if let Some(keep) = held
+        && keep < slots
+    {
+        slots = keep;
         bound = Bound::Load;
     }
 
@@ -120,7 +156,17 @@ pub fn capacity(input: &CapacityInput) -> Capacity {
         budget,
         available,
         bound,
+        held,
     }
+}
+
+/// Whether the CPU is overloaded now (see [`capacity`]). A NaN load or pressure compares
+/// false and so imposes nothing: better than pinning the host on a reading that makes no
+/// sense.
+pub fn overloaded(input: &CapacityInput) -> bool {
+    let load_per_cpu = input.load1 / f64::from(input.cpus.max(1));
+    load_per_cpu > input.max_load_per_cpu
+        && input.cpu_pressure.is_none_or(|p| p >= CONTENDED_PRESSURE)
 }
 
 #[cfg(test)]
@@ -147,6 +193,9 @@ mod tests {
             load1: 0.5,
             cpus: 8,
             max_load_per_cpu: 2.0,
+            cpu_pressure: None,
+            held: None,
+            floor: 0,
             max_slots: None,
         }
     }
@@ -280,6 +329,61 @@ mod tests {
         assert_eq!(json["slots"], 1);
     }
 
+    #[test]
+    fn an_overloaded_host_replaces_a_slot_that_exits_and_takes_no_more() {
+        // Overloaded with 6 slots: held at 6. One crashes (5 run): still 6, so it is
+        // replaced; none beyond.
+        let busy = CapacityInput {
+            pss_total: 600 * MIB,
+            slots: 6,
+            load1: 40.0,
+            ..base()
+        };
+        let first = capacity(&busy);
+        assert_eq!(
+            (first.slots, first.bound, first.held),
+            (6, Bound::Load, Some(6))
+        );
+        let after_crash = CapacityInput {
+            slots: 5,
+            held: first.held,
+            ..busy.clone()
+        };
+        let next = capacity(&after_crash);
+        assert_eq!(
+            (next.slots, next.bound, next.held),
+            (6, Bound::Load, Some(6))
+        );
+        // The spike is over by PSI though the load average still says 5 per CPU: the host
+        // grows again at once.
+        let calm = CapacityInput {
+            cpu_pressure: Some(4.0),
+            held: next.held,
+            ..busy.clone()
+        };
+        let calm = capacity(&calm);
+        assert_eq!((calm.bound, calm.held), (Bound::Memory, None));
+        assert!(calm.slots > 6);
+        // Contended by PSI too: held.
+        let contended = CapacityInput {
+            cpu_pressure: Some(97.0),
+            ..busy.clone()
+        };
+        assert_eq!(capacity(&contended).held, Some(6));
+        // A master that starts overloaded still serves its min_slots (4), no more.
+        let fresh = CapacityInput {
+            pss_total: 100 * MIB,
+            slots: 0,
+            floor: 4,
+            ..busy
+        };
+        let fresh = capacity(&fresh);
+        assert_eq!(
+            (fresh.slots, fresh.bound, fresh.held),
+            (4, Bound::Load, Some(4))
+        );
+    }
+
     fn any_input() -> impl Strategy<Value = CapacityInput> {
         (
             (0..64 * GIB, 0u32..512, 0..256 * GIB),
@@ -309,12 +413,27 @@ mod tests {
                     load1,
                     cpus,
                     max_load_per_cpu,
+                    cpu_pressure: None,
+                    held: None,
+                    floor: 0,
                     max_slots,
                 },
             )
     }
 
     proptest! {
+        #[test]
+        fn an_overloaded_host_never_grows_past_what_it_held(input in any_input(), held in 0u32..512, floor in 0u32..64) {
+            let input = CapacityInput { held: Some(held), floor, ..input };
+            let output = capacity(&input);
+            if overloaded(&input) {
+                prop_assert!(output.slots <= held.max(floor));
+                prop_assert_eq!(output.held, Some(held.max(floor)));
+            } else {
+                prop_assert_eq!(output.held, None);
+            }
+        }
+
         #[test]
         fn never_exceeds_max_slots(input in any_input()) {
             let output = capacity(&input);
@@ -353,6 +472,9 @@ mod tests {
             load1: sysinfo::load1().unwrap(),
             cpus: sysinfo::cpus().unwrap(),
             max_load_per_cpu: f64::INFINITY,
+            cpu_pressure: sysinfo::cpu_pressure().unwrap(),
+            held: None,
+            floor: 0,
             max_slots: None,
         };
         let output = capacity(&input);

@@ -36,6 +36,10 @@ pub(super) struct Reporting {
     pub(super) status: Arc<Mutex<serde_json::Value>>,
     /// Each running slot's PSS as last measured: its tree and its outside process's.
     pub(super) slot_pss: BTreeMap<u32, u64>,
+    /// While the CPU is overloaded, the slots each queue ran when the overload began:
+    /// what the plan lets it restart (a slot that exits is replaced in its own queue, not
+    /// given to another).
+    pub(super) held_queues: Option<BTreeMap<String, u32>>,
 }
 
 impl Reporting {
@@ -46,6 +50,7 @@ impl Reporting {
             started_ms: cluster::now_ms(),
             status,
             slot_pss: BTreeMap::new(),
+            held_queues: None,
         }
     }
 }
@@ -170,9 +175,33 @@ impl Master {
             load1: sysinfo::load1().unwrap_or(0.0),
             cpus: sysinfo::cpus().unwrap_or(1),
             max_load_per_cpu: self.opts.max_load_per_cpu,
+            cpu_pressure: sysinfo::cpu_pressure().ok().flatten(),
+            held: self.reporting.capacity.as_ref().and_then(|c| c.held),
+            floor: self.min_slots_floor(),
             max_slots: master.max_slots,
         };
         let cap = capacity::capacity(&input);
+        self.reporting.held_queues = cap.held.map(|_| {
+            self.reporting
+                .held_queues
+                .take()
+                .unwrap_or_else(|| self.running_by_queue())
+        });
+        match (input.held, cap.held) {
+            (None, Some(holding)) => tracing::warn!(
+                load1 = input.load1,
+                cpus = input.cpus,
+                cpu_pressure = ?input.cpu_pressure,
+                holding,
+                "cpu overloaded: the host holds its slots, replacing those that exit, and takes no more"
+            ),
+            (Some(_), None) => tracing::info!(
+                load1 = input.load1,
+                cpu_pressure = ?input.cpu_pressure,
+                "cpu no longer overloaded: the host takes slots again"
+            ),
+            _ => {}
+        }
         let last = &mut self.reporting.last;
         last.pss_bytes = pss_total;
         last.mem_available_bytes = cap.available;
@@ -180,7 +209,30 @@ impl Master {
         last.load1 = input.load1;
         last.cpus = input.cpus;
         last.capacity = cap.slots;
+        last.cpu_pressure = input.cpu_pressure;
+        last.capacity_bound = cap.bound.as_str().to_string();
         self.reporting.capacity = Some(cap);
+    }
+
+    /// Running slots (stopping ones not counted) per queue.
+    fn running_by_queue(&self) -> BTreeMap<String, u32> {
+        let mut out = BTreeMap::new();
+        for s in self.slots.procs.values() {
+            if s.state != SlotState::Stopping {
+                *out.entry(s.queue.clone()).or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// The slots the host keeps through a CPU overload: each queue the map gives it, up to
+    /// its `min_slots` (see [`capacity::CapacityInput::floor`]).
+    fn min_slots_floor(&self) -> u32 {
+        let queues = &self.opts.config.queues;
+        self.wanted()
+            .iter()
+            .map(|(q, &n)| n.min(queues.get(q).map_or(0, |c| c.min_slots)))
+            .sum()
     }
 
     /// The host report as things stand: the last readings, the slots and counters now.

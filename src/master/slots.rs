@@ -256,6 +256,24 @@ impl Master {
             .collect()
     }
 
+    /// What queue `queue` may run of the `wanted` slots the map gives it: all of them,
+    /// but while the CPU is overloaded only what it ran when the overload began or its
+    /// `min_slots`, so a slot that exits is replaced in its own queue and the host grows
+    /// no queue.
+    fn overload_cap(&self, queue: &str, wanted: u32) -> u32 {
+        let Some(held) = &self.reporting.held_queues else {
+            return wanted;
+        };
+        let min = self
+            .opts
+            .config
+            .queues
+            .get(queue)
+            .map_or(0, |c| c.min_slots);
+        let keep = held.get(queue).copied().unwrap_or(0).max(min);
+        wanted.min(keep)
+    }
+
     /// Everything the plan is made from, as things stand at `now`.
     fn plan_input(&self, now: Instant) -> PlanInput {
         let cfg = &self.opts.config;
@@ -263,6 +281,7 @@ impl Master {
             .wanted()
             .into_iter()
             .map(|(queue, slots)| {
+                let slots = self.overload_cap(&queue, slots);
                 let want = Want {
                     slots,
                     priority: cfg.queues.get(&queue).map_or(0, |c| c.priority),

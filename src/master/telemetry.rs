@@ -148,6 +148,11 @@ pub(crate) fn host_gauges(r: &HostReport) {
     gauge!("gaffer_master_mem_available_bytes").set(r.mem_available_bytes as f64);
     gauge!("gaffer_master_memory_budget_bytes").set(r.memory_budget_bytes as f64);
     gauge!("gaffer_master_load1").set(r.load1);
+    if let Some(p) = r.cpu_pressure {
+        gauge!("gaffer_master_cpu_pressure_percent").set(p);
+    }
+    let overloaded = r.capacity_bound == "load";
+    gauge!("gaffer_master_cpu_overloaded").set(if overloaded { 1.0 } else { 0.0 });
     gauge!("gaffer_master_draining").set(if r.draining { 1.0 } else { 0.0 });
     for (q, qr) in &r.queues {
         gauge!("gaffer_queue_slots", "queue" => q.clone()).set(f64::from(qr.slots));

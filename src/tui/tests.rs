@@ -120,6 +120,8 @@ fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) 
         memory_budget_bytes: 2 * GIB,
         load1: 1.5 + (i % 4) as f64 / 10.0,
         cpus: 4,
+        cpu_pressure: Some(12.0),
+        capacity_bound: "memory".into(),
         handlers: vec!["noop".into(), "sleep".into(), "exec".into()],
         map_version: 17,
         map_epoch: 3,

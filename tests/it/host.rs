@@ -990,3 +990,94 @@ async fn repeated_crashes_back_off() {
         "the error names the command"
     );
 }
+
+/// Busy loops at the lowest CPU priority, killed when dropped: they keep more tasks
+/// runnable than there are CPUs (so the load and PSI's `some` rise) while taking almost
+/// no time from the tests beside them.
+struct CpuBurner(Vec<Child>);
+
+impl CpuBurner {
+    fn start(n: u32) -> Self {
+        CpuBurner(
+            (0..n)
+                .map(|_| {
+                    Command::new("nice")
+                        .args(["-n", "19", "sh", "-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for CpuBurner {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A host over its load ceiling (a CPU burner; the ceiling lowered so a 2-CPU machine
+/// passes it) serves its min_slots queue, replaces that queue's crashed slot, starts
+/// nothing beyond, and says why in `stats --json`.
+#[tokio::test]
+async fn an_overloaded_host_replaces_a_crashed_slot_and_takes_no_more() {
+    let cpus = gaffer::master::sysinfo::cpus().unwrap();
+    let _burner = CpuBurner::start(3 * cpus);
+    // Where the kernel has PSI, the overload counts once some task waits for a CPU at
+    // least half the time (capacity::CONTENDED_PRESSURE); avg10 takes a few seconds.
+    eventually(Duration::from_secs(60), "the CPU contended", || async {
+        gaffer::master::sysinfo::cpu_pressure()
+            .unwrap()
+            .is_none_or(|p| p >= 60.0)
+    })
+    .await;
+    let queues = "[queues.q]\nhandler = \"noop\"\nmin_slots = 2\nmax_slots = 4\n\
+                  [queues.extra]\nhandler = \"noop\"\n";
+    let low = [("GAFFER_MAX_LOAD_PER_CPU", "0.001".to_string())];
+    let bin = Path::new(env!("CARGO_BIN_EXE_gaffer"));
+    // (start_env waits for the two slots: min_slots are served through the overload)
+    let m = TestMaster::start_env(bin, queues, &[("q", 2)], &low).await;
+    let host = |v: &Value| v["hosts"][HOST].clone();
+    poll_some(Duration::from_secs(10), "the bound in stats", || async {
+        let h = host(&m.stats_json());
+        (h["capacity_bound"] == "load").then_some(())
+    })
+    .await;
+    // A map that asks for more: the overloaded host starts none of it.
+    publish(&m.client, 2, &[("q", 2), ("extra", 1)]).await;
+    let seen = poll_some(Duration::from_secs(10), "map 2 reported", || async {
+        let h = host(&m.stats_json());
+        (h["map_version"] == 2).then(|| h["last_seen_ms"].as_u64().unwrap())
+    })
+    .await;
+    // Two more reports (ticks) after it saw the map: still nothing for extra.
+    poll_some(Duration::from_secs(10), "two ticks later", || async {
+        let h = host(&m.stats_json());
+        (h["last_seen_ms"].as_u64().unwrap() >= seen + 2000).then_some(())
+    })
+    .await;
+    let status = m.status().unwrap();
+    let running = |s: &Value, q: &str| slots(s).iter().filter(|x| x["queue"] == q).count();
+    assert_eq!(running(&status, "extra"), 0, "{status}");
+    assert_eq!(running(&status, "q"), 2, "{status}");
+    // A crashed slot of q is replaced (the host holds two), and still none for extra.
+    let victim = slots(&status)[0]["pid"].as_u64().unwrap() as u32;
+    kill(victim, nix::sys::signal::Signal::SIGKILL);
+    m.wait_status("the slot replaced", Duration::from_secs(10), |s| {
+        let pids: Vec<u64> = slots(s).iter().filter_map(|x| x["pid"].as_u64()).collect();
+        running(s, "q") == 2 && !pids.contains(&u64::from(victim))
+    })
+    .await;
+    let h = host(&m.stats_json());
+    assert_eq!(h["capacity_bound"], "load", "{h}");
+    assert_eq!(running(&m.status().unwrap(), "extra"), 0);
+    let stats = m.gaffer(&["stats"]);
+    assert!(
+        stats.contains("cpu overloaded: holding its slots"),
+        "{stats}"
+    );
+}

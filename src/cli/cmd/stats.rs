@@ -110,25 +110,40 @@ fn print_queues(snap: &Snapshot) {
     }
 }
 
+/// What bounds a host's capacity, in words: for the CPU, that the host holds its slots.
+fn bound_text(r: &crate::cluster::HostReport) -> &'static str {
+    match r.capacity_bound.as_str() {
+        "load" => "cpu overloaded: holding its slots, replacing those that exit",
+        "memory" => "memory",
+        "max_slots" => "max_slots",
+        _ => "-",
+    }
+}
+
 fn print_hosts(snap: &Snapshot) {
     if snap.hosts.is_empty() {
         return;
     }
     println!(
-        "\n{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6}",
-        "host", "state", "slots", "capacity", "pss", "available", "load"
+        "\n{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6} {:>5}  bound",
+        "host", "state", "slots", "capacity", "pss", "available", "load", "cpu%"
     );
     for (name, h) in &snap.hosts {
         let r = &h.report;
+        let pressure = r
+            .cpu_pressure
+            .map_or("-".to_string(), |p| format!("{p:.0}"));
         println!(
-            "{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6.2}",
+            "{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6.2} {:>5}  {}",
             printable(name),
             h.state.as_str(),
             r.slots,
             r.capacity,
             bytesize::ByteSize(r.pss_bytes).to_string(),
             bytesize::ByteSize(r.mem_available_bytes).to_string(),
-            r.load1
+            r.load1,
+            pressure,
+            bound_text(r)
         );
     }
 }

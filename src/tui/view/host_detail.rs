@@ -63,7 +63,19 @@ fn figures(h: &HostView, latest: &Snapshot) -> Vec<Line<'static>> {
                 r.map_version
             ),
         ),
-        field("slots", format!("{} of capacity {}", r.slots, r.capacity)),
+        field(
+            "slots",
+            format!(
+                "{} of capacity {}{}",
+                r.slots,
+                r.capacity,
+                if r.capacity_bound == "load" {
+                    " (cpu overloaded: holding, replacing slots that exit)"
+                } else {
+                    ""
+                }
+            ),
+        ),
         Line::from(vec![
             key("memory"),
             memory(r.pss_bytes, r.memory_budget_bytes, 20),
@@ -74,7 +86,13 @@ fn figures(h: &HostView, latest: &Snapshot) -> Vec<Line<'static>> {
                 bytes(r.mem_available_bytes)
             )),
         ]),
-        field("load", format!("{:.2} on {} cpus", r.load1, r.cpus)),
+        field(
+            "load",
+            match r.cpu_pressure {
+                Some(p) => format!("{:.2} on {} cpus, cpu pressure {p:.0}%", r.load1, r.cpus),
+                None => format!("{:.2} on {} cpus", r.load1, r.cpus),
+            },
+        ),
         field("handlers", r.handlers.join(", ")),
     ]
 }
