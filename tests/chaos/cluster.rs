@@ -703,6 +703,30 @@ impl Cluster {
         out
     }
 
+    /// The slots that exited with an error of their own, as their masters logged them
+    /// (`slot exited … code=Some(N)`, N not 0: a fault kills a slot by a signal, a stop
+    /// ends it with 0), and how many slot exits the logs hold in all. Slots ride out
+    /// Redis outages whatever the fault around them: a slot that gives up on an error is
+    /// a problem even where no fault checks for it.
+    pub fn slot_errors(&self) -> (usize, Vec<String>) {
+        let mut exits = 0;
+        let mut errors = Vec::new();
+        for m in &self.masters {
+            let text = std::fs::read_to_string(&m.log).unwrap_or_default();
+            for line in text.lines().filter(|l| l.contains("slot exited")) {
+                exits += 1;
+                let code = line
+                    .split_once("code=Some(")
+                    .and_then(|(_, rest)| rest.split_once(')'))
+                    .and_then(|(n, _)| n.parse::<i32>().ok());
+                if code.is_some_and(|c| c != 0) {
+                    errors.push(format!("{}: {}", m.name, line.trim()));
+                }
+            }
+        }
+        (exits, errors)
+    }
+
     /// Stops everything in order (masters drain, managers, then Redis). Returns what did
     /// not go as it should.
     pub fn shutdown(&mut self) -> Vec<String> {

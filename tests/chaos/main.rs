@@ -413,6 +413,7 @@ fn run(args: &Args, dir: &Path) -> report::Report {
     let (problems, leftovers) = wind_down(&mut c);
     report.problems.extend(problems);
     report.leftovers = leftovers;
+    slots_rode_it_out(&c, &faults, &mut report.problems);
     report.faults = faults;
     report.seconds = started.elapsed().as_secs_f64();
     report.finish();
@@ -660,6 +661,27 @@ fn counters_agree(report: &mut report::Report, all: &[Enqueued]) {
         ));
     }
     report.problems.extend(problems);
+}
+
+/// No slot exited with an error of its own over the whole run (`Cluster::slot_errors`).
+/// The masters' logs must show the slots the faults killed, or the check reads them
+/// wrong.
+fn slots_rode_it_out(c: &Cluster, faults: &[Fault], problems: &mut Vec<String>) {
+    let (exits, errors) = c.slot_errors();
+    // (a slot killed alone is logged by its master; one killed with its master is not)
+    let killed = faults
+        .iter()
+        .any(|f| f.injected && f.kind == FaultKind::SlotKill);
+    if killed && exits == 0 {
+        problems.push(
+            "the masters' logs show no slot exit, though slots were killed: the check of \
+             slot exits cannot read them"
+                .into(),
+        );
+    }
+    for e in errors {
+        problems.push(format!("a slot exited on an error of its own: {e}"));
+    }
 }
 
 /// The end of a run: the cluster's own problems, a check that the leftover scan sees
