@@ -622,6 +622,7 @@ impl Cluster {
         Some((i, epoch))
     }
 
+    /// Notes the map's epoch when it changed since the last sample.
     fn sample_epoch(&mut self) {
         let mut conn = self.monitor.connection();
         let keys = Keys::new(NAMESPACE);
@@ -800,6 +801,7 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The run's config: the roles' tables and the workload's queues.
 fn config_text(redis: &str, handler: &Path, s: &Shape) -> String {
     match s.workload {
         Workload::Batch { .. } => batch_config_text(redis, handler, s),

@@ -117,6 +117,7 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// The profile `name` names, at its default rates.
     fn named(name: &str) -> Option<Profile> {
         match name {
             "short" => Some(Profile {
@@ -162,6 +163,7 @@ pub enum Mix {
 }
 
 impl Mix {
+    /// The workload `--workload NAME` names.
     fn named(name: &str) -> Option<Mix> {
         match name {
             "mixed" => Some(Mix::Mixed),
@@ -171,6 +173,7 @@ impl Mix {
         }
     }
 
+    /// The name `--workload` takes.
     fn name(self) -> &'static str {
         match self {
             Mix::Mixed => "mixed",
@@ -204,9 +207,11 @@ impl Args {
     }
 }
 
+/// What the command line takes.
 const USAGE: &str = "short, long or long-tasks [--seed N] [--report PATH] \
                      [--redis single|cluster] [--workload mixed|plain|chains]";
 
+/// Reads the command line; the profile's rates follow the workload asked for.
 fn args() -> Result<Args, String> {
     let mut profile = None;
     let mut seed = None;
@@ -258,6 +263,8 @@ fn args() -> Result<Args, String> {
     })
 }
 
+/// Runs the self-tests alone, or a profile: its report printed and written, its exit
+/// status its verdict.
 fn main() -> ExitCode {
     // `selftest`: only check the record oracle against histories built to break it.
     if std::env::args().skip(1).any(|a| a == "selftest") {
