@@ -46,6 +46,9 @@ The demo behaviour is driven by the payload so gaffer's tests can use it:
     {"action": "sleep", "ms": N}            -> sleeps, then ok
     {"action": "garbage"}                   -> a non-JSON reply for the whole batch
     {"action": "die"}                       -> exits with status 3 without replying
+An "ok" or "sleep" payload's "result" and "next", when it has them, go into its ok reply as
+they are: {"action": "ok", "next": [{"queue": "q2", "payload": {...}}]} makes a follow-up
+(the fault suite's chains are built so).
 
 If GAFFER_EXEC_RECORD names a file, "queue id attempt slot_pid pid time_ms" is appended to
 it for every task received, before it runs, so a crash mid-task still leaves a trace of the
@@ -85,7 +88,7 @@ def handle(task):
     payload = task["payload"]
     action = payload.get("action", "ok") if isinstance(payload, dict) else "ok"
     if action == "ok":
-        return {"status": "ok"}
+        return ok(payload)
     if action == "retry":
         result = {"status": "retry"}
         if "delay_ms" in payload:
@@ -97,13 +100,23 @@ def handle(task):
         return None
     if action == "sleep":
         time.sleep(payload.get("ms", 0) / 1000)
-        return {"status": "ok"}
+        return ok(payload)
     if action == "garbage":
         raise GarbageReply()
     if action == "die":
         log(f"task {task['id']}: exiting without a reply, as asked")
         sys.exit(3)
     return {"status": "fail", "error": f"unknown action {action!r}"}
+
+
+def ok(payload):
+    """An ok reply, with the payload's "result" and "next" (follow-ups) when it has them."""
+    reply = {"status": "ok"}
+    if isinstance(payload, dict):
+        for key in ("result", "next"):
+            if key in payload:
+                reply[key] = payload[key]
+    return reply
 
 
 class Requests:

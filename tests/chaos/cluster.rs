@@ -1,29 +1,35 @@
-//! The cluster under test, all on this machine: one redis-server with AOF (appendfsync
-//! always), managers and masters as real `gaffer` processes with distinct host names and
-//! HTTP ports, and the exec queue whose handler records every task it receives.
+//! The cluster under test, all on this machine: Redis with AOF (appendfsync always: one
+//! server, or a 3-master Redis Cluster, `redis.rs`), managers and masters as real `gaffer`
+//! processes with distinct host names and HTTP ports, and the exec queues whose handler
+//! records every task it receives: the plain queue, and the chain workload's two
+//! (`chains.rs`).
 //!
 //! Every process is started from the main thread with PDEATHSIG, so none outlives the
 //! harness even if it is killed; and every one inherits the run's marker variable, so the
 //! final scan finds whatever was left behind, however it was reparented.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use gaffer::chain::ChainTargets;
 use gaffer::cluster::{self, Keys};
-use gaffer::queue_client::{ConnectOptions, Queue, QueueClient, QueueStats};
-use gaffer::redis_server::{RedisServer, RedisServerOptions, free_port};
+use gaffer::config::Config;
+use gaffer::queue_client::{ConnectOptions, Queue, QueueClient, QueueLimits, QueueStats};
+use gaffer::redis_server::free_port;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
+use crate::chains::{CHAIN_QUEUE, CHAIN_SLOTS, STEP_QUEUE, STEP_SLOTS};
 use crate::procs;
+use crate::redis::{Redis, Topology};
 
 /// The environment variable every process of a run carries.
 pub const MARKER: &str = "GAFFER_CHAOS_RUN";
-/// The queue the producer feeds.
+/// The plain queue the producer feeds (and the long-tasks profile's queue).
 pub const QUEUE: &str = "chaos";
 /// The key namespace.
 pub const NAMESPACE: &str = "chaos";
@@ -40,7 +46,10 @@ pub struct Shape {
     pub masters: usize,
     /// Managers (one leads, the others stand by).
     pub managers: usize,
-    /// Slots of the queue, cluster-wide (min_slots = max_slots).
+    /// How Redis is deployed.
+    pub redis: Topology,
+    /// Slots of the plain queue, cluster-wide (min_slots = max_slots); of a long queue,
+    /// its max_slots.
     pub slots: u32,
     /// Tasks per batch.
     pub batch_size: u32,
@@ -54,8 +63,15 @@ pub struct Shape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Workload {
-    /// Batches of short tasks (`examples/exec_handler.py`), `slots` slots throughout.
-    Batch,
+    /// Batches of short tasks (`examples/exec_handler.py`), each queue's slots
+    /// throughout: plain tasks on [`QUEUE`] (`slots` slots), chains on the chain
+    /// workload's queues (`chains.rs`), or both.
+    Batch {
+        /// Plain tasks.
+        plain: bool,
+        /// Chains.
+        chains: bool,
+    },
     /// `kind = "long"` tasks that run until cancelled (`tests/chaos/long_handler.py`):
     /// `slots` is then the queue's max_slots, and the balancer gives it one slot per
     /// waiting or running task.
@@ -68,13 +84,36 @@ pub enum Workload {
 }
 
 impl Shape {
-    /// The slots the queue has whatever its demand: all of them for a batch queue, none
-    /// for a long one (one per task).
+    /// The queues and their slots (a long queue's max_slots), every parent's before its
+    /// children's: a drain reads them in this order (see `Cluster::stats`).
+    pub fn queues(&self) -> Vec<(&'static str, u32)> {
+        match self.workload {
+            Workload::Batch { plain, chains } => {
+                let mut out = Vec::new();
+                if plain {
+                    out.push((QUEUE, self.slots));
+                }
+                if chains {
+                    out.extend([(CHAIN_QUEUE, CHAIN_SLOTS), (STEP_QUEUE, STEP_SLOTS)]);
+                }
+                out
+            }
+            Workload::Long { .. } => vec![(QUEUE, self.slots)],
+        }
+    }
+
+    /// The slots the queues have whatever their demand: all of them for batch queues,
+    /// none for a long one (one per task).
     pub fn min_slots(&self) -> u32 {
         match self.workload {
-            Workload::Batch => self.slots,
+            Workload::Batch { .. } => self.queues().iter().map(|(_, n)| n).sum(),
             Workload::Long { .. } => 0,
         }
+    }
+
+    /// Whether the chain workload runs.
+    pub fn chains(&self) -> bool {
+        matches!(self.workload, Workload::Batch { chains: true, .. })
     }
 
     /// The queue's lease.
@@ -118,6 +157,8 @@ pub struct SlotInfo {
     pub pid: u32,
     /// Its number on its host (what task records name).
     pub slot: u32,
+    /// The queue it serves.
+    pub queue: String,
     /// idle, busy, starting, stopping, …
     pub state: String,
 }
@@ -127,21 +168,26 @@ pub struct Cluster {
     /// The run's directory: config, logs, Redis data, the handler record, the report.
     pub dir: PathBuf,
     config: PathBuf,
+    /// The config the roles run, parsed: the producer's queues take their limits from it,
+    /// the chain reads their targets.
+    pub parsed: Config,
     /// The exec handler's record file.
     pub record: PathBuf,
     /// `MARKER=dir`, as found in every environment of the run.
     pub marker: String,
-    /// The Redis server.
-    pub redis: RedisServer,
+    /// Redis: one server or a cluster's nodes.
+    pub redis: Redis,
     /// Managers.
     pub managers: Vec<Role>,
     /// Masters.
     pub masters: Vec<Role>,
     /// Drives the harness's own Redis calls (and the producer).
     pub rt: tokio::runtime::Runtime,
-    /// The harness's queue handle: short timeouts, so a frozen Redis cannot stall it.
-    pub queue: Queue,
-    monitor: QueueClient,
+    /// The harness's queue handles, in the order of [`Shape::queues`]: short timeouts, so
+    /// a frozen Redis cannot stall it.
+    pub queues: Vec<Queue>,
+    /// The harness's client (its connection reads what no queue call does).
+    pub monitor: QueueClient,
     /// Map epochs seen, in order: a fenced manager must never bring one back down.
     pub epochs: Vec<u64>,
     /// Failures seen outside any one fault: roles that exited on their own.
@@ -155,21 +201,19 @@ pub struct Cluster {
 impl Cluster {
     /// Starts Redis, the managers and the masters, and waits until every slot runs.
     pub fn start(dir: &Path, shape: Shape) -> Result<Cluster, String> {
-        let redis = RedisServer::start(
-            &dir.join("redis"),
-            RedisServerOptions {
-                appendonly: true,
-                ..RedisServerOptions::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
+        let mut tags: Vec<&str> = shape.queues().iter().map(|(q, _)| *q).collect();
+        // (the roles' keys: the map, the manager's lease, the hosts' reports)
+        tags.push("cluster");
+        let redis = Redis::start(dir, shape.redis, &tags)?;
         let config = dir.join("config.toml");
         let handler = Path::new(env!("CARGO_MANIFEST_DIR")).join(match shape.workload {
-            Workload::Batch => "examples/exec_handler.py",
+            Workload::Batch { .. } => "examples/exec_handler.py",
             Workload::Long { .. } => "tests/chaos/long_handler.py",
         });
-        std::fs::write(&config, config_text(&redis.url(), &handler, &shape))
-            .map_err(|e| e.to_string())?;
+        let text = config_text(&redis.url(), &handler, &shape);
+        std::fs::write(&config, &text).map_err(|e| e.to_string())?;
+        let parsed = gaffer::config::parse(&text, &config.display().to_string())
+            .map_err(|e| format!("the run's config: {e}"))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -183,58 +227,88 @@ impl Cluster {
         let monitor = rt
             .block_on(QueueClient::connect(&redis.url(), NAMESPACE, &opts))
             .map_err(|e| e.to_string())?;
-        let queue = monitor.queue(QUEUE).map_err(|e| e.to_string())?;
+        let queues = shape
+            .queues()
+            .iter()
+            .map(|(name, _)| monitor.queue(name))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
         let mut c = Cluster {
             record: dir.join("handled.txt"),
             marker: format!("{MARKER}={}", dir.display()),
             dir: dir.to_path_buf(),
             config,
+            parsed,
             redis,
             managers: Vec::new(),
             masters: Vec::new(),
             rt,
-            queue,
+            queues,
             monitor,
             epochs: Vec::new(),
             problems: Vec::new(),
             places: Mutex::new(HashMap::new()),
             shape,
         };
-        for i in 1..=c.shape.managers {
-            c.managers.push(Role {
+        c.start_roles()?;
+        Ok(c)
+    }
+
+    /// Starts the managers and the masters, and waits until every slot runs.
+    fn start_roles(&mut self) -> Result<(), String> {
+        for i in 1..=self.shape.managers {
+            self.managers.push(Role {
                 name: format!("manager{i}"),
                 host: None,
                 http: free_port().map_err(|e| e.to_string())?,
                 child: None,
-                log: dir.join(format!("manager{i}.log")),
+                log: self.dir.join(format!("manager{i}.log")),
             });
-            c.spawn(false, i - 1)?;
+            self.spawn(false, i - 1)?;
         }
-        for i in 1..=c.shape.masters {
-            c.masters.push(Role {
+        for i in 1..=self.shape.masters {
+            self.masters.push(Role {
                 name: format!("h{i}"),
                 host: Some(format!("h{i}")),
                 http: free_port().map_err(|e| e.to_string())?,
                 child: None,
-                log: dir.join(format!("master-h{i}.log")),
+                log: self.dir.join(format!("master-h{i}.log")),
             });
-            c.spawn(true, i - 1)?;
+            self.spawn(true, i - 1)?;
         }
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let running = c.running_slots();
-            if running >= c.shape.min_slots() as usize && c.masters_up() {
-                return Ok(c);
+            let running = self.running_slots();
+            if running >= self.shape.min_slots() as usize && self.masters_up() {
+                return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(format!(
                     "only {running} of {} slots running after 90 s; see {}",
-                    c.shape.slots,
-                    dir.display()
+                    self.shape.min_slots(),
+                    self.dir.display()
                 ));
             }
             std::thread::sleep(Duration::from_millis(200));
         }
+    }
+
+    /// The harness's handle of queue `name` (one of [`Shape::queues`]).
+    pub fn queue(&self, name: &str) -> &Queue {
+        self.queues
+            .iter()
+            .find(|q| q.name() == name)
+            .expect("a queue of the run")
+    }
+
+    /// Queue `name`'s limits as the run's config sets them.
+    pub fn limits(&self, name: &str) -> QueueLimits {
+        QueueLimits::from(&self.parsed.queues[name])
+    }
+
+    /// What chain reads need of the config's queues.
+    pub fn targets(&self) -> ChainTargets {
+        ChainTargets::from_config(&self.parsed)
     }
 
     /// Starts (or restarts) master `i` or manager `i`, with PDEATHSIG so it dies with
@@ -310,6 +384,7 @@ impl Cluster {
                         master: i,
                         pid: pid as u32,
                         slot: slot as u32,
+                        queue: s["queue"].as_str().unwrap_or("?").to_string(),
                         state: s["state"].as_str().unwrap_or("?").to_string(),
                     });
                 }
@@ -326,10 +401,11 @@ impl Cluster {
         out
     }
 
-    /// The moment each task in the lists of tasks acked together is due to go (the latest
-    /// list's, when a task is in several).
-    fn batch_expiries(&self, index: &str) -> Option<HashMap<String, i64>> {
-        let lists = format!("{index}:b");
+    /// The moment each task of `queue` in the lists of tasks acked together is due to go
+    /// (the latest list's, when a task is in several).
+    fn batch_expiries(&self, queue: &str) -> Option<HashMap<String, i64>> {
+        let lists = format!("{}:b", expiry_index(queue));
+        let listing = format!("{NAMESPACE}:{{{queue}}}:idx");
         let mut conn = self.monitor.connection();
         self.call(Duration::from_secs(30), async move {
             let members: Vec<String> = redis::cmd("ZRANGE")
@@ -349,7 +425,7 @@ impl Cluster {
                         .query_async(&mut conn)
                         .await?;
                     let ids: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                        .arg(format!("{NAMESPACE}:{{{QUEUE}}}:idx"))
+                        .arg(&listing)
                         .arg(a)
                         .arg(b)
                         .query_async(&mut conn)
@@ -387,7 +463,7 @@ impl Cluster {
         self.places.lock().map(|p| p.clone()).unwrap_or_default()
     }
 
-    /// When each task's record is due to go (Unix ms; None: never), pipelined. Records
+    /// When each task of `queue`'s record is due to go (Unix ms; None: never), pipelined. Records
     /// have expired three ways: by a TTL on the record's key, by the record's id in the
     /// queue's expiry index (a zset scored by the moment), or by its id in one of the
     /// lists of tasks acked together (`exp:b:MOMENT:TTL`, listed in the zset `exp:b`) or
@@ -395,16 +471,16 @@ impl Cluster {
     /// records are numbered S1 to S2 in the listing index `idx`), swept by the scripts. Any counts; of several lists, the latest. The keys are
     /// `NAMESPACE:{QUEUE}:r:ID` and `NAMESPACE:{QUEUE}:exp…`, as
     /// `src/queue_client/scripts.rs` and `lua/lib/keys.lua` lay a queue out.
-    pub fn record_expiries(&self, ids: &[String]) -> Option<Vec<Option<i64>>> {
+    pub fn record_expiries(&self, queue: &str, ids: &[String]) -> Option<Vec<Option<i64>>> {
         let mut out = Vec::with_capacity(ids.len());
-        let index = format!("{NAMESPACE}:{{{QUEUE}}}:exp");
-        let listed = self.batch_expiries(&index)?;
+        let index = expiry_index(queue);
+        let listed = self.batch_expiries(queue)?;
         for chunk in ids.chunks(1000) {
             let mut conn = self.monitor.connection();
             let mut pipe = redis::pipe();
             for id in chunk {
                 pipe.cmd("PTTL")
-                    .arg(format!("{NAMESPACE}:{{{QUEUE}}}:r:{id}"))
+                    .arg(format!("{NAMESPACE}:{{{queue}}}:r:{id}"))
                     .cmd("ZSCORE")
                     .arg(&index)
                     .arg(id);
@@ -444,9 +520,24 @@ impl Cluster {
             .block_on(async { tokio::time::timeout(limit, f).await.ok()?.ok() })
     }
 
-    /// The queue's counters, when Redis answers.
-    pub fn stats(&self) -> Option<QueueStats> {
-        self.call(Duration::from_secs(3), self.queue.stats())
+    /// Every queue's counters, when Redis answers, read one queue after the other in the
+    /// order of [`Shape::queues`]. A chain's follow-ups are enqueued before their parent is
+    /// acked, so once a parent's queue reads empty every child it made is in a later
+    /// queue's counters (or its own, for a handler's follow-ups to its own queue): reading
+    /// parents first, all empty means nothing is left anywhere.
+    pub fn stats(&self) -> Option<BTreeMap<String, QueueStats>> {
+        let mut out = BTreeMap::new();
+        for q in &self.queues {
+            let s = self.call(Duration::from_secs(3), q.stats())?;
+            out.insert(q.name().to_string(), s);
+        }
+        Some(out)
+    }
+
+    /// Settles refused as stale, over every queue, when Redis answers.
+    pub fn stale_total(&self) -> Option<u64> {
+        self.stats()
+            .map(|s| s.values().map(|q| q.stale_total).sum())
     }
 
     /// The lease value `host:pid:epoch`, when Redis answers.
@@ -462,76 +553,63 @@ impl Cluster {
         .flatten()
     }
 
-    /// The queue's leases (`token:id`), per task and in batch leases, when Redis answers.
+    /// Every queue's leases (`QUEUE/token:id`), per task and in batch leases, when Redis
+    /// answers.
     pub fn leased(&self) -> Option<BTreeSet<String>> {
+        let mut out = BTreeSet::new();
+        for (queue, _) in self.shape.queues() {
+            let held = self.leases_of(queue)?;
+            out.extend(held.into_iter().map(|(_, m)| format!("{queue}/{m}")));
+        }
+        Some(out)
+    }
+
+    /// Queue `queue`'s leases (`token:id`) with the host of the slot that holds each: a
+    /// task's own lease names it in its running entry (`leased:run:ID`, "at FS attempt FS
+    /// host FS slot FS"), a batch lease in its value. Read by key, not by SCAN, which a
+    /// Redis Cluster would answer from whichever node it asks.
+    fn leases_of(&self, queue: &'static str) -> Option<Vec<(String, String)>> {
         let mut conn = self.monitor.connection();
-        self.call(Duration::from_secs(2), async move {
-            let v: Vec<String> = redis::cmd("ZRANGE")
-                .arg(format!("{NAMESPACE}:{{{QUEUE}}}:leased"))
+        self.call(Duration::from_secs(3), async move {
+            let leased: Vec<String> = redis::cmd("ZRANGE")
+                .arg(format!("{NAMESPACE}:{{{queue}}}:leased"))
                 .arg(0)
                 .arg(-1)
                 .query_async(&mut conn)
                 .await?;
-            let batched = batch_leases(&mut conn).await?;
-            Ok(v.into_iter()
-                .chain(batched.into_iter().map(|(_, m)| m))
-                .collect())
+            let mut out = Vec::with_capacity(leased.len());
+            if !leased.is_empty() {
+                let keys: Vec<String> = leased
+                    .iter()
+                    .map(|m| {
+                        let id = m.split_once(':').map_or("", |(_, id)| id);
+                        format!("{NAMESPACE}:{{{queue}}}:leased:run:{id}")
+                    })
+                    .collect();
+                let runs: Vec<Option<String>> =
+                    redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+                for (m, run) in leased.into_iter().zip(runs) {
+                    let host = run.as_deref().and_then(|v| v.split('\x1f').nth(2));
+                    out.push((host.unwrap_or_default().to_string(), m));
+                }
+            }
+            out.extend(batch_leases(&mut conn, queue).await?);
+            Ok(out)
         })
     }
 
-    /// The leases held by the slots of `host`: those whose running entry
-    /// (`leased:run:ID`, "at FS attempt FS host FS slot FS") names it, and the tasks of
-    /// the batch leases its slots took.
+    /// The leases (`QUEUE/token:id`) held by the slots of `host`, when Redis answers.
     pub fn leases_on(&self, host: &str) -> Option<BTreeSet<String>> {
-        let mut conn = self.monitor.connection();
-        let prefix = format!("{NAMESPACE}:{{{QUEUE}}}:leased:run:");
-        let ids = self.call(Duration::from_secs(3), async move {
-            let mut keys: Vec<String> = Vec::new();
-            let mut cursor = 0u64;
-            loop {
-                let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(format!("{prefix}*"))
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await?;
-                keys.extend(batch);
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
-            if keys.is_empty() {
-                return Ok(BTreeSet::new());
-            }
-            let values: Vec<Option<String>> =
-                redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
-            Ok(keys
-                .iter()
-                .zip(values)
-                .filter(|(_, v)| v.as_deref().and_then(|v| v.split('\x1f').nth(2)) == Some(host))
-                .map(|(k, _)| k[prefix.len()..].to_string())
-                .collect::<BTreeSet<String>>())
-        })?;
-        let leased = self.leased()?;
-        let mut conn = self.monitor.connection();
-        let batched = self.call(Duration::from_secs(2), async move {
-            Ok(batch_leases(&mut conn).await?)
-        })?;
-        Some(
-            leased
-                .into_iter()
-                .filter(|m| m.split_once(':').is_some_and(|(_, id)| ids.contains(id)))
-                .chain(
-                    batched
-                        .into_iter()
-                        .filter(|(h, _)| h == host)
-                        .map(|(_, m)| m),
-                )
-                .collect(),
-        )
+        let mut out = BTreeSet::new();
+        for (queue, _) in self.shape.queues() {
+            let held = self.leases_of(queue)?;
+            out.extend(
+                held.into_iter()
+                    .filter(|(h, _)| h == host)
+                    .map(|(_, m)| format!("{queue}/{m}")),
+            );
+        }
+        Some(out)
     }
 
     /// Which manager holds the lease, with its epoch.
@@ -544,6 +622,7 @@ impl Cluster {
         Some((i, epoch))
     }
 
+    /// Notes the map's epoch when it changed since the last sample.
     fn sample_epoch(&mut self) {
         let mut conn = self.monitor.connection();
         let keys = Keys::new(NAMESPACE);
@@ -625,6 +704,30 @@ impl Cluster {
         out
     }
 
+    /// The slots that exited with an error of their own, as their masters logged them
+    /// (`slot exited … code=Some(N)`, N not 0: a fault kills a slot by a signal, a stop
+    /// ends it with 0), and how many slot exits the logs hold in all. Slots ride out
+    /// Redis outages whatever the fault around them: a slot that gives up on an error is
+    /// a problem even where no fault checks for it.
+    pub fn slot_errors(&self) -> (usize, Vec<String>) {
+        let mut exits = 0;
+        let mut errors = Vec::new();
+        for m in &self.masters {
+            let text = std::fs::read_to_string(&m.log).unwrap_or_default();
+            for line in text.lines().filter(|l| l.contains("slot exited")) {
+                exits += 1;
+                let code = line
+                    .split_once("code=Some(")
+                    .and_then(|(_, rest)| rest.split_once(')'))
+                    .and_then(|(n, _)| n.parse::<i32>().ok());
+                if code.is_some_and(|c| c != 0) {
+                    errors.push(format!("{}: {}", m.name, line.trim()));
+                }
+            }
+        }
+        (exits, errors)
+    }
+
     /// Stops everything in order (masters drain, managers, then Redis). Returns what did
     /// not go as it should.
     pub fn shutdown(&mut self) -> Vec<String> {
@@ -685,6 +788,12 @@ impl Cluster {
     }
 }
 
+/// The key of `queue`'s index of records ended one at a time (`exp`; its lists and runs
+/// of records ended together hang off it as `exp:b`).
+fn expiry_index(queue: &str) -> String {
+    format!("{NAMESPACE}:{{{queue}}}:exp")
+}
+
 /// The last `n` lines of a log file.
 pub fn tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -692,9 +801,10 @@ pub fn tail(path: &Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// The run's config: the roles' tables and the workload's queues.
 fn config_text(redis: &str, handler: &Path, s: &Shape) -> String {
     match s.workload {
-        Workload::Batch => batch_config_text(redis, handler, s),
+        Workload::Batch { .. } => batch_config_text(redis, handler, s),
         Workload::Long {
             cancel_grace_ms,
             max_per_host,
@@ -755,12 +865,20 @@ retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
         )
 }
 
+/// Batch queues: the plain one, the chain workload's (its global queue routes every done
+/// task to its step queue), or all three.
 fn batch_config_text(redis: &str, handler: &Path, s: &Shape) -> String {
     // Room for every slot on the hosts left when one is down.
-    let max_per_host = s.slots.div_ceil((s.masters as u32 - 1).max(1));
-    roles_config_text(redis, max_per_host)
-        + &format!(
-            r#"[queues.{QUEUE}]
+    let max_per_host = s.min_slots().div_ceil((s.masters as u32 - 1).max(1));
+    let mut text = roles_config_text(redis, max_per_host);
+    for (queue, slots) in s.queues() {
+        let next = if queue == CHAIN_QUEUE {
+            format!("next = [{{ queue = \"{STEP_QUEUE}\", on = \"done\" }}]\n")
+        } else {
+            String::new()
+        };
+        text += &format!(
+            r#"[queues.{queue}]
 handler = "exec"
 command = ["python3", "{handler}"]
 min_slots = {slots}
@@ -770,20 +888,23 @@ lease = "{lease}ms"
 max_attempts = {MAX_ATTEMPTS}
 max_batch_time = "60s"
 retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
+{next}
 "#,
             handler = handler.display(),
-            slots = s.slots,
             batch = s.batch_size,
             lease = s.lease_ms,
-        )
+        );
+    }
+    text
 }
 
-/// The tasks in the queue's batch leases as (taker's host, `token:id`): the batch
+/// The tasks in `queue`'s batch leases as (taker's host, `token:id`): the batch
 /// `leased:b:TOKEN` is "at FS host FS slot FS count RS FS id FS id ... FS".
 async fn batch_leases(
     conn: &mut gaffer::queue_client::RedisConn,
+    queue: &str,
 ) -> redis::RedisResult<Vec<(String, String)>> {
-    let base = format!("{NAMESPACE}:{{{QUEUE}}}:leased:b");
+    let base = format!("{NAMESPACE}:{{{queue}}}:leased:b");
     let toks: Vec<String> = redis::cmd("ZRANGE")
         .arg(&base)
         .arg(0)

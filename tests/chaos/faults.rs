@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 
-use crate::cluster::{Cluster, DRAIN_TIMEOUT};
+use crate::cluster::{Cluster, DRAIN_TIMEOUT, SlotInfo};
 use crate::oracle::now_ms;
 use crate::procs;
 use crate::rng::Rng;
@@ -27,11 +27,12 @@ pub enum FaultKind {
     /// SIGSTOP the leading manager past its lease, then SIGCONT: the standby takes over
     /// and the woken one must not write.
     ManagerStop,
-    /// kill -9 Redis, then restart it on the same port and AOF.
+    /// kill -9 Redis (on a cluster, one node the seed picks), then restart it on the
+    /// same port and AOF.
     RedisKill,
-    /// SIGSTOP Redis for 10 s, then SIGCONT.
+    /// SIGSTOP Redis (on a cluster, one node) for 10 s, then SIGCONT.
     RedisStop,
-    /// Redis killed or frozen, then SIGTERM to a master: it must exit within its
+    /// Redis (on a cluster, one node) killed or frozen, then SIGTERM to a master: it must exit within its
     /// `drain_timeout` and a bound with nothing of its tree left; Redis comes back, the
     /// master is restarted, and the leases its slots held come back to the queue.
     MasterTermInOutage,
@@ -163,20 +164,17 @@ pub fn inject(c: &mut Cluster, kind: FaultKind, rng: &mut Rng) -> Fault {
 }
 
 /// A slot to hit: a busy one if there is one within `wait`, else (when `any`) any slot.
-/// Returns its master's index, its pid and its number.
-fn pick_slot(c: &Cluster, rng: &mut Rng, wait: Duration, any: bool) -> Option<(usize, u32, u32)> {
+fn pick_slot(c: &Cluster, rng: &mut Rng, wait: Duration, any: bool) -> Option<SlotInfo> {
     let deadline = Instant::now() + wait;
     loop {
         let slots = c.slots();
         let busy: Vec<_> = slots.iter().filter(|s| s.state == "busy").collect();
         if let Some(s) = rng.pick(&busy) {
-            return Some((s.master, s.pid, s.slot));
+            return Some((*s).clone());
         }
         if Instant::now() >= deadline {
             let idle: Vec<_> = slots.iter().filter(|s| s.state == "idle").collect();
-            return any
-                .then(|| rng.pick(&idle).map(|s| (s.master, s.pid, s.slot)))
-                .flatten();
+            return any.then(|| rng.pick(&idle).map(|s| (*s).clone())).flatten();
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -195,12 +193,19 @@ fn wait_gone(pids: &BTreeSet<u32>, limit: Duration) -> Vec<u32> {
 }
 
 fn slot_kill(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
-    let Some((master, pid, slot)) = pick_slot(c, rng, Duration::from_secs(3), true) else {
+    let Some(SlotInfo {
+        master,
+        pid,
+        slot,
+        queue,
+        ..
+    }) = pick_slot(c, rng, Duration::from_secs(3), true)
+    else {
         f.injected = false;
         f.notes.push("no slot running".into());
         return;
     };
-    f.target = format!("slot {pid} on {}", c.masters[master].name);
+    f.target = format!("slot {pid} of {queue} on {}", c.masters[master].name);
     f.host = Some(c.masters[master].name.clone());
     f.slot = Some(slot);
     // Its exec child must die with it (PDEATHSIG).
@@ -221,17 +226,24 @@ fn slot_kill(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
 }
 
 fn slot_stop(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
-    let Some((master, pid, slot)) = pick_slot(c, rng, Duration::from_secs(5), false) else {
+    let Some(SlotInfo {
+        master,
+        pid,
+        slot,
+        queue,
+        ..
+    }) = pick_slot(c, rng, Duration::from_secs(5), false)
+    else {
         f.injected = false;
         f.notes.push("no busy slot within 5 s".into());
         return;
     };
-    f.target = format!("slot {pid} on {}", c.masters[master].name);
+    f.target = format!("slot {pid} of {queue} on {}", c.masters[master].name);
     f.host = Some(c.masters[master].name.clone());
     f.slot = Some(slot);
     f.pids.insert(pid);
     let children = procs::descendants(pid);
-    let stale_before = c.stats().map(|s| s.stale_total);
+    let stale_before = c.stale_total();
     let hold = c.shape.lease() + Duration::from_secs(3);
     f.start_ms = now_ms();
     if let Err(e) = procs::signal(pid, Signal::SIGSTOP) {
@@ -250,7 +262,7 @@ fn slot_stop(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
     // The woken slot settles (or extends) its batch within moments: its lease has
     // expired and been reclaimed by another slot's take, so Redis must refuse it.
     c.idle(Duration::from_secs(3));
-    if let (Some(before), Some(after)) = (stale_before, c.stats().map(|s| s.stale_total)) {
+    if let (Some(before), Some(after)) = (stale_before, c.stale_total()) {
         f.stale = after - before;
         f.notes
             .push(format!("{} late settles rejected as stale", f.stale));
@@ -442,33 +454,34 @@ fn manager_stop(c: &mut Cluster, f: &mut Fault) {
 }
 
 fn redis_down(c: &mut Cluster, rng: &mut Rng, f: &mut Fault, freeze: bool) {
-    let Some(pid) = c.redis.pid() else {
+    let node = c.redis.pick(rng);
+    let Some(pid) = c.redis.pid(node) else {
         f.injected = false;
         return;
     };
-    f.target = format!("redis-server ({pid})");
+    f.target = format!("{} ({pid})", c.redis.name(node));
     let slots_before: BTreeSet<u32> = c.slots().iter().map(|s| s.pid).collect();
     let before = cpu(c);
     let started = Instant::now();
     f.start_ms = now_ms();
     if freeze {
-        if let Err(e) = c.redis.signal(Signal::SIGSTOP) {
-            f.problems.push(e.to_string());
+        if let Err(e) = c.redis.signal(node, Signal::SIGSTOP) {
+            f.problems.push(e);
             return;
         }
         watch_roles(c, Duration::from_secs(10));
     } else {
-        c.redis.kill();
+        c.redis.kill(node);
         watch_roles(c, Duration::from_millis(rng.range(1000, 4000)));
     }
     let after = cpu(c);
     let outage = started.elapsed();
     if freeze {
-        if let Err(e) = c.redis.signal(Signal::SIGCONT) {
-            f.problems.push(e.to_string());
+        if let Err(e) = c.redis.signal(node, Signal::SIGCONT) {
+            f.problems.push(e);
         }
-    } else if let Err(e) = c.redis.restart() {
-        f.problems.push(format!("restarting Redis: {e}"));
+    } else if let Err(e) = c.redis.restart(node) {
+        f.problems.push(e);
     }
     f.end_ms = now_ms();
     // No role may spin while Redis is away: each backs off.
@@ -542,13 +555,14 @@ fn master_term_in_outage(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
     f.pids = tree.clone();
     f.pids.insert(pid);
     let freeze = rng.range(0, 2) == 1;
+    let node = c.redis.pick(rng);
     f.start_ms = now_ms();
     if freeze {
-        if let Err(e) = c.redis.signal(Signal::SIGSTOP) {
-            f.problems.push(e.to_string());
+        if let Err(e) = c.redis.signal(node, Signal::SIGSTOP) {
+            f.problems.push(e);
         }
     } else {
-        c.redis.kill();
+        c.redis.kill(node);
     }
     watch_roles(c, Duration::from_millis(rng.range(500, 2000)));
     let asked = Instant::now();
@@ -558,7 +572,8 @@ fn master_term_in_outage(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
     let exit = wait_exit(c, &mut child, DRAIN_TIMEOUT + DRAIN_BOUND);
     let took = asked.elapsed();
     f.notes.push(format!(
-        "Redis {}",
+        "{} {}",
+        c.redis.name(node),
         if freeze { "frozen" } else { "killed" }
     ));
     match exit {
@@ -587,11 +602,9 @@ fn master_term_in_outage(c: &mut Cluster, rng: &mut Rng, f: &mut Fault) {
         ));
     }
     let back = if freeze {
-        c.redis.signal(Signal::SIGCONT).map_err(|e| e.to_string())
+        c.redis.signal(node, Signal::SIGCONT)
     } else {
-        c.redis
-            .restart()
-            .map_err(|e| format!("restarting Redis: {e}"))
+        c.redis.restart(node)
     };
     if let Err(e) = back.and_then(|()| c.spawn(true, i)) {
         f.problems.push(e);
@@ -622,7 +635,7 @@ fn wait_exit(
     }
 }
 
-/// The leases in `held` (`token:id`) end once Redis is back: each is settled or, expired,
+/// The leases in `held` (`QUEUE/token:id`) end once Redis is back: each is settled or, expired,
 /// reclaimed by another slot's take, so its task runs again.
 fn leases_come_back(c: &mut Cluster, held: &BTreeSet<String>, f: &mut Fault) {
     let deadline = Instant::now() + c.shape.lease() + Duration::from_secs(10);

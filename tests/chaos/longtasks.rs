@@ -30,6 +30,7 @@ use serde::Serialize;
 use crate::cluster::{Cluster, MAX_ATTEMPTS, NAMESPACE, QUEUE, Shape, Workload};
 use crate::faults::{Fault, FaultKind};
 use crate::oracle::now_ms;
+use crate::redis::Topology;
 use crate::rng::Rng;
 use crate::{Args, procs};
 
@@ -47,10 +48,11 @@ const SLOT_START: Duration = Duration::from_secs(20);
 
 /// The cluster of the profile: 3 masters, up to [`MAX_LIVE`] + 2 long slots, at most 6
 /// per host so that two hosts can hold every task while the third is down.
-pub fn shape() -> Shape {
+pub fn shape(redis: Topology) -> Shape {
     Shape {
         masters: 3,
         managers: 2,
+        redis,
         slots: MAX_LIVE as u32 + 2,
         batch_size: 1,
         lease_ms: 5000,
@@ -437,8 +439,8 @@ impl Report {
         Report {
             profile: args.profile.name.clone(),
             seed: args.seed,
-            command: format!("scripts/chaos {} --seed {}", args.profile.name, args.seed),
-            shape: shape(),
+            command: args.command(),
+            shape: shape(args.redis),
             fault_table: BTreeMap::new(),
             faults: Vec::new(),
             changes: Vec::new(),
@@ -494,8 +496,12 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "cluster: {} masters, {} managers, a long queue of up to {} slots, lease {} ms\n",
-            self.shape.masters, self.shape.managers, self.shape.slots, self.shape.lease_ms
+            "cluster: {} masters, {} managers, Redis {}, a long queue of up to {} slots, lease {} ms\n",
+            self.shape.masters,
+            self.shape.managers,
+            self.shape.redis.name(),
+            self.shape.slots,
+            self.shape.lease_ms
         );
         let _ = writeln!(s, "{:<39} {:>8} {:>8}", "fault", "injected", "problems");
         for (kind, (n, p)) in &self.fault_table {
@@ -556,7 +562,7 @@ pub fn run(args: &Args, dir: &Path) -> Report {
         args.seed,
         dir.display()
     );
-    let mut c = match Cluster::start(dir, shape()) {
+    let mut c = match Cluster::start(dir, shape(args.redis)) {
         Ok(c) => c,
         Err(e) => {
             report.problems.push(format!("starting the cluster: {e}"));
@@ -665,7 +671,7 @@ fn judge_now(c: &Cluster, changes: &[Change]) -> Result<(Verdict, Vec<String>), 
         .filter(|ch| ch.what == "add")
         .map(|ch| ch.id.as_str())
         .collect();
-    let queue = c.queue.clone();
+    let queue = c.queue(QUEUE).clone();
     let records = c.call(Duration::from_secs(30), async move {
         let reads = ids.iter().map(|id| queue.record(id));
         futures::future::try_join_all(reads).await

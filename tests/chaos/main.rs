@@ -2,42 +2,64 @@
 //! three masters with distinct host names, slots running the exec handler), a producer
 //! that records every task it enqueues, faults on a seeded schedule, then a drain and the
 //! no-loss oracle: lost, unexpected and duplicated tasks, each duplicate with its cause,
-//! and every task's record in Redis (state and history) against the handler's record and
-//! the fault log, take by take.
+//! every task's record in Redis (state and history) against the handler's record and the
+//! fault log, take by take, and every chain whole.
 //!
 //! Run it with `scripts/chaos short` (CI, under 3 minutes) or `scripts/chaos long` (30
 //! minutes, by hand). It is a test target with `test = false` and its own `main`, so a
 //! plain `cargo test` never runs it; name it to run it:
 //!
 //! ```sh
-//! cargo test --test chaos -- short [--seed N] [--report PATH]
+//! cargo test --test chaos -- short [--seed N] [--report PATH] \
+//!     [--redis single|cluster] [--workload mixed|plain|chains]
 //! ```
 //!
+//! **Topology** (`--redis`): `single` (the default) is one redis-server; `cluster` is a
+//! Redis Cluster of three masters without replicas (`redis.rs`), every node with AOF and
+//! `appendfsync always`, the roles given one node's URL. The run's queues and the roles'
+//! keys hash to different nodes, so a chain's tasks live on three; a Redis fault hits one
+//! node, picked by the seed (killed and restarted from its AOF and `nodes.conf`, or
+//! frozen), which a cluster with full coverage required turns into an outage of every
+//! node once the others mark it failed. Nothing fails over: that is a later profile.
+//!
+//! **Workload** (`--workload`, the batch profiles): `mixed` (the default) sends plain
+//! tasks (12 a second) to the queue `chaos` and starts chains (1.5 a second) on the queue
+//! `chain`, whose route and handler make three follow-ups of each on the queue `step`, in
+//! two steps and with a fan-out (`chains.rs`); `plain` sends plain tasks alone, as the
+//! suite did before chains, `chains` chains alone. Every task of a chain goes through the
+//! same oracle as a plain one; the chain check adds that each chain has exactly its
+//! follow-ups (made once), its reader lists them and says done, and every chain id has the
+//! form `~cchain.N` on either topology.
+//!
 //! `cargo test --test chaos -- selftest` only checks the record oracle against histories
-//! built to break it, and the long-tasks oracle against end states built so (every run
-//! does that first too).
+//! built to break it, the chain check against chains built so, and the long-tasks oracle
+//! against end states built so (every run does the first two first too).
 //!
 //! `cargo test --test chaos -- long-tasks` runs the long-tasks profile (`longtasks.rs`):
 //! a `kind = "long"` queue whose tasks run until cancelled, under the same faults and a
-//! whole host frozen; its oracle is lost = 0 and overlaps = 0.
+//! whole host frozen; its oracle is lost = 0 and overlaps = 0. `--redis` applies to it
+//! too; `--workload` does not.
 //!
 //! Exit status 0 when nothing was lost, nothing unexpected was handled, every duplicate
-//! has a cause, every record agrees, no role crashed or spun and no process was left
-//! behind; 1 otherwise.
+//! has a cause, every record agrees, every chain is whole, no role crashed or spun and no
+//! process was left behind; 1 otherwise; 2 for a bad command line.
 //!
-//! The files: `cluster.rs` (Redis with AOF, managers and masters as processes, all with
-//! PDEATHSIG and a marker variable), `procs.rs`, `faults.rs` (each fault injected and
-//! checked), `oracle.rs` (the producer, the handler's record, the verdict and its causes),
-//! `records.rs` (the record check), `report.rs`, `longtasks.rs` with `long_handler.py` (the
-//! long-tasks profile: its oracle is lost = 0 and overlaps = 0 by the handler's recorded
-//! times). Figures are in `docs/RELIABILITY.md`; the regressions it found are pinned in
-//! `tests/it/outage.rs`.
+//! The files: `cluster.rs` (the roles as processes, all with PDEATHSIG and a marker
+//! variable, and the queues' config), `redis.rs` (one server or a cluster's nodes, with
+//! AOF), `procs.rs`, `faults.rs` (each fault injected and checked), `oracle.rs` (the
+//! producer, the handler's record, the verdict and its causes), `records.rs` (the record
+//! check), `chains.rs` (the chain workload and its check), `report.rs`, `longtasks.rs`
+//! with `long_handler.py` (the long-tasks profile: its oracle is lost = 0 and overlaps = 0
+//! by the handler's recorded times). Figures are in `docs/RELIABILITY.md`; the
+//! regressions it found are pinned in `tests/it/outage.rs`.
 //!
-//! What it proves (ARCHITECTURE.md, invariant 24). Under kill -9 of slots, masters and
-//! Redis (AOF, `appendfsync always`) and SIGSTOP of slots, the leading manager and Redis,
-//! every acknowledged enqueue is acked exactly as often as it was created, nothing is
-//! handled that was not enqueued, and every second run of a task is explained by a fault
-//! that killed its slot or let its lease expire. Every task's record ends `done` with a
+//! What it proves (ARCHITECTURE.md, invariants 24, 32 and 37). Under kill -9 of slots,
+//! masters and Redis (AOF, `appendfsync always`; a node of a cluster) and SIGSTOP of
+//! slots, the leading manager and Redis, every acknowledged enqueue is acked exactly as
+//! often as it was created, nothing is handled that was not enqueued, and every second
+//! run of a task is explained by a fault that killed its slot or let its lease expire.
+//! Every chain's follow-ups are made once each, none lost, each run as a task is, and its
+//! members are listed as its id says. Every task's record ends `done` with a
 //! history that accounts for every take: each handler run has its own `running` entry
 //! naming the slot that ran it, and any other take was cut short by a fault on its slot,
 //! its master or Redis and ended by a lease expiry (a take handed back unstarted, or a
@@ -50,17 +72,19 @@
 //! leave no process. A master sent SIGTERM during a Redis outage exits within its drain
 //! bound, leaves no process, and its leases come back once Redis does (invariant 30).
 
+mod chains;
 mod cluster;
 mod faults;
 mod longtasks;
 mod oracle;
 mod procs;
 mod records;
+mod redis;
 mod report;
 mod rng;
 
-use std::collections::HashMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,8 +92,11 @@ use std::time::{Duration, Instant};
 
 use gaffer::queue_client::{ConnectOptions, QueueClient, QueueLimits, TaskRecord, TaskState};
 
+use chains::{CHAIN_QUEUE, ChainCase};
 use cluster::{Cluster, MARKER, MAX_ATTEMPTS, NAMESPACE, QUEUE, Shape, Workload};
 use faults::{Fault, FaultKind};
+use oracle::{Enqueued, Make};
+use redis::Topology;
 use rng::Rng;
 
 /// How long and how hard a run is.
@@ -81,13 +108,16 @@ pub struct Profile {
     pub faults_for: Duration,
     /// Pause between two faults, in ms (uniform).
     pub gap_ms: (u64, u64),
-    /// Tasks enqueued per second (`long-tasks`: long tasks added or cancelled).
+    /// Plain tasks enqueued per second (`long-tasks`: long tasks added or cancelled).
     pub rate: f64,
-    /// How long the queue may take to drain once faults and producer stop.
+    /// Chains started per second (four tasks each, `chains.rs`).
+    pub chain_rate: f64,
+    /// How long the queues may take to drain once faults and producer stop.
     pub drain_limit: Duration,
 }
 
 impl Profile {
+    /// The profile `name` names, at its default rates.
     fn named(name: &str) -> Option<Profile> {
         match name {
             "short" => Some(Profile {
@@ -95,6 +125,7 @@ impl Profile {
                 faults_for: Duration::from_secs(125),
                 gap_ms: (3000, 6000),
                 rate: 12.0,
+                chain_rate: 1.5,
                 drain_limit: Duration::from_secs(40),
             }),
             "long" => Some(Profile {
@@ -102,6 +133,7 @@ impl Profile {
                 faults_for: Duration::from_secs(28 * 60),
                 gap_ms: (4000, 15000),
                 rate: 12.0,
+                chain_rate: 1.5,
                 drain_limit: Duration::from_secs(120),
             }),
             // Long tasks (longtasks.rs): every fault kind once and the extra slot
@@ -111,6 +143,7 @@ impl Profile {
                 faults_for: Duration::from_secs(110),
                 gap_ms: (2000, 4000),
                 rate: 0.35,
+                chain_rate: 0.0,
                 drain_limit: Duration::ZERO,
             }),
             _ => None,
@@ -118,51 +151,131 @@ impl Profile {
     }
 }
 
-struct Args {
+/// What the batch profiles' producer sends: `--workload`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mix {
+    /// Plain tasks and chains side by side (the default).
+    Mixed,
+    /// Plain tasks only (the suite as it was before chains).
+    Plain,
+    /// Chains only.
+    Chains,
+}
+
+impl Mix {
+    /// The workload `--workload NAME` names.
+    fn named(name: &str) -> Option<Mix> {
+        match name {
+            "mixed" => Some(Mix::Mixed),
+            "plain" => Some(Mix::Plain),
+            "chains" => Some(Mix::Chains),
+            _ => None,
+        }
+    }
+
+    /// The name `--workload` takes.
+    fn name(self) -> &'static str {
+        match self {
+            Mix::Mixed => "mixed",
+            Mix::Plain => "plain",
+            Mix::Chains => "chains",
+        }
+    }
+}
+
+/// The command line: a profile, its seed, where the report goes, the Redis topology and
+/// (batch profiles) the workload.
+pub struct Args {
     profile: Profile,
     seed: u64,
     report: Option<PathBuf>,
+    redis: Topology,
+    mix: Mix,
 }
 
+impl Args {
+    /// The command that repeats the run.
+    pub fn command(&self) -> String {
+        let mut out = format!("scripts/chaos {} --seed {}", self.profile.name, self.seed);
+        if self.redis != Topology::Single {
+            out += &format!(" --redis {}", self.redis.name());
+        }
+        if self.mix != Mix::Mixed {
+            out += &format!(" --workload {}", self.mix.name());
+        }
+        out
+    }
+}
+
+/// What the command line takes.
+const USAGE: &str = "short, long or long-tasks [--seed N] [--report PATH] \
+                     [--redis single|cluster] [--workload mixed|plain|chains]";
+
+/// Reads the command line; the profile's rates follow the workload asked for.
 fn args() -> Result<Args, String> {
     let mut profile = None;
     let mut seed = None;
     let mut report = None;
+    let mut redis = Topology::Single;
+    let mut mix = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
+        let mut value = |what: &str| it.next().ok_or(format!("{a} needs {what}"));
         match a.as_str() {
             "--seed" => {
-                let v = it.next().ok_or("--seed needs a value")?;
+                let v = value("a value")?;
                 seed = Some(v.parse().map_err(|_| format!("bad seed {v:?}"))?);
             }
-            "--report" => report = Some(PathBuf::from(it.next().ok_or("--report needs a path")?)),
+            "--report" => report = Some(PathBuf::from(value("a path")?)),
+            "--redis" => {
+                let v = value("single or cluster")?;
+                redis = Topology::named(&v).ok_or(format!("--redis {v:?}: single or cluster"))?;
+            }
+            "--workload" => {
+                let v = value("mixed, plain or chains")?;
+                mix = Some(
+                    Mix::named(&v).ok_or(format!("--workload {v:?}: mixed, plain or chains"))?,
+                );
+            }
             // Flags cargo's test runner may pass along (--nocapture, --quiet, …).
             s if s.starts_with('-') => {}
             s => {
-                profile = Some(
-                    Profile::named(s)
-                        .ok_or(format!("unknown profile {s:?}: short, long or long-tasks"))?,
-                )
+                profile = Some(Profile::named(s).ok_or(format!("unknown profile {s:?}: {USAGE}"))?)
             }
         }
     }
+    let mut profile = profile.unwrap_or_else(|| Profile::named("short").expect("built in"));
+    if profile.name == "long-tasks" && mix.is_some() {
+        return Err("--workload is for short and long: long-tasks runs long tasks".into());
+    }
+    let mix = mix.unwrap_or(Mix::Mixed);
+    match mix {
+        Mix::Mixed => {}
+        Mix::Plain => profile.chain_rate = 0.0,
+        Mix::Chains => profile.rate = 0.0,
+    }
     Ok(Args {
-        profile: profile.unwrap_or_else(|| Profile::named("short").expect("built in")),
+        profile,
         seed: seed.unwrap_or_else(|| oracle::now_ms() % 1_000_000),
         report,
+        redis,
+        mix,
     })
 }
 
+/// Runs the self-tests alone, or a profile: its report printed and written, its exit
+/// status its verdict.
 fn main() -> ExitCode {
     // `selftest`: only check the record oracle against histories built to break it.
     if std::env::args().skip(1).any(|a| a == "selftest") {
         let mut failed = records::selftest();
         failed.extend(longtasks::selftest());
+        failed.extend(chains::selftest());
         for f in &failed {
             eprintln!("chaos: oracle self-test: {f}");
         }
         println!(
-            "record oracle self-test: {}",
+            "oracle self-tests (records, chains, long tasks): {}",
             if failed.is_empty() { "ok" } else { "FAILED" }
         );
         return if failed.is_empty() {
@@ -178,8 +291,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let topology = match args.redis {
+        Topology::Single => String::new(),
+        t => format!("{}-", t.name()),
+    };
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
-        "chaos/{}-{}-{}",
+        "chaos/{}-{topology}{}-{}",
         args.profile.name,
         args.seed,
         oracle::now_ms() / 1000
@@ -216,27 +333,46 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: &Args, dir: &std::path::Path) -> report::Report {
-    let started = Instant::now();
-    let shape = Shape {
+/// The batch profiles' cluster: 3 masters, 2 managers, batches of 4 with a 5 s lease;
+/// the plain queue's 6 slots and the chain workload's 5, as the workload asks.
+fn batch_shape(args: &Args) -> Shape {
+    Shape {
         masters: 3,
         managers: 2,
+        redis: args.redis,
         slots: 6,
         batch_size: 4,
         lease_ms: 5000,
-        workload: Workload::Batch,
-    };
-    let mut report = report::Report::new(&args.profile, args.seed, shape.clone());
-    // The record oracle must catch what it claims to before its verdict counts.
+        workload: Workload::Batch {
+            plain: args.profile.rate > 0.0,
+            chains: args.profile.chain_rate > 0.0,
+        },
+    }
+}
+
+/// A batch profile: the cluster, the producer and the faults, the heal and the drain,
+/// the oracle, the shutdown.
+fn run(args: &Args, dir: &Path) -> report::Report {
+    let started = Instant::now();
+    let shape = batch_shape(args);
+    let mut report = report::Report::new(&args.profile, args.seed, args.command(), shape.clone());
+    // The record and chain oracles must catch what they claim to before their verdict
+    // counts.
     for f in records::selftest() {
         report
             .problems
             .push(format!("the record oracle's self-test: {f}"));
     }
+    for f in chains::selftest() {
+        report
+            .problems
+            .push(format!("the chain oracle's self-test: {f}"));
+    }
     eprintln!(
-        "chaos: profile {} seed {} in {}",
+        "chaos: profile {} seed {} on Redis {} in {}",
         args.profile.name,
         args.seed,
+        args.redis.name(),
         dir.display()
     );
     let mut c = match Cluster::start(dir, shape) {
@@ -250,39 +386,8 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
         "chaos: cluster up after {:.1} s",
         started.elapsed().as_secs_f64()
     );
-
-    // The producer has its own connection with the default (patient) timeouts, as a
-    // real one would.
     let stop = Arc::new(AtomicBool::new(false));
-    let producer = {
-        let url = c.redis.url();
-        let stop = stop.clone();
-        let rate = args.profile.rate;
-        let seed = args.seed;
-        // Its own thread and runtime: it spawns no process, so PDEATHSIG is not at stake.
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            rt.block_on(async move {
-                let client = QueueClient::connect(&url, NAMESPACE, &ConnectOptions::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                // The queue's limits as its config sets them: tracked, with the default
-                // history_ttl, and max_attempts (which enqueue stores with each task).
-                let limits = QueueLimits {
-                    max_attempts: MAX_ATTEMPTS,
-                    ..QueueLimits::default()
-                };
-                let queue = client
-                    .queue_with(QUEUE, limits)
-                    .map_err(|e| e.to_string())?;
-                Ok::<_, String>(oracle::produce(queue, rate, seed ^ 0x5eed, stop).await)
-            })
-        })
-    };
-
+    let producer = start_producer(&c, args, stop.clone());
     let mut rng = Rng::new(args.seed);
     let faults = schedule(&mut c, &args.profile, &mut rng, &FaultKind::ALL);
     stop.store(true, Ordering::Relaxed);
@@ -301,125 +406,9 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
         "chaos: faults over, {} tasks enqueued; draining",
         enqueued.len()
     );
-
-    // The cluster heals by itself: every slot the map asks for runs again.
-    let healing = Instant::now();
-    loop {
-        let running = c.running_slots();
-        if running >= c.shape.slots as usize {
-            break;
-        }
-        if healing.elapsed() > Duration::from_secs(30) {
-            report.problems.push(format!(
-                "only {running} of {} slots running 30 s after the last fault",
-                c.shape.slots
-            ));
-            break;
-        }
-        c.idle(Duration::from_millis(250));
-    }
-
-    // Drain: every task acked (or dead), nothing ready, delayed or leased.
-    let drain = Instant::now();
-    let mut drained = false;
-    while drain.elapsed() < args.profile.drain_limit {
-        c.idle(Duration::from_millis(500));
-        if let Some(s) = c.stats()
-            && s.ready + s.delayed + s.leased == 0
-        {
-            drained = true;
-            break;
-        }
-    }
-    report.drain_seconds = drain.elapsed().as_secs_f64();
-    if !drained {
-        report.problems.push(format!(
-            "the queue did not drain within {:?}: {:?}",
-            args.profile.drain_limit,
-            c.stats()
-        ));
-    }
-    report.queue_stats = c.stats();
-
-    let states = final_states(&c, &enqueued);
-    let (handled, bad) = oracle::read_handled(&c.record);
-    if !bad.is_empty() {
-        report.problems.push(format!(
-            "{} unreadable handler records: {:?}",
-            bad.len(),
-            &bad[..bad.len().min(5)]
-        ));
-    }
-    match states {
-        Some(states) => {
-            report.verdict = oracle::judge(&enqueued, &handled, &states, &faults, c.shape.lease())
-        }
-        None => report
-            .problems
-            .push("could not read the tasks' final states from Redis".into()),
-    }
-
-    // Every task's record: done, and its history telling the handler's and the fault
-    // log's story, take by take.
-    let read = Instant::now();
-    match final_records(&c, &enqueued) {
-        Some((recs, expiries)) => {
-            let places = c.places();
-            let hosts = c.masters.iter().map(|m| m.name.clone()).collect();
-            report.verdict.records = records::check(&records::Inputs {
-                enqueued: &enqueued,
-                handled: &handled,
-                records: &recs,
-                expiries: &expiries,
-                faults: &faults,
-                places: &places,
-                hosts: &hosts,
-                max_attempts: MAX_ATTEMPTS,
-                history_ttl: QueueLimits::default().history_ttl,
-            });
-            report.records_seconds = read.elapsed().as_secs_f64();
-            dump_records(&dir.join("records.txt"), &enqueued, &recs);
-        }
-        None => report
-            .problems
-            .push("could not read the tasks' records from Redis".into()),
-    }
-
-    // Redis's own counters must tell the same story: one creation and one ack per task
-    // (plus the re-creations an unanswered enqueue can cause).
-    if let Some(q) = &report.queue_stats {
-        let v = &report.verdict;
-        let recreated = v
-            .by_cause
-            .get(&oracle::Cause::EnqueueRetried)
-            .copied()
-            .unwrap_or(0);
-        let tasks = (v.enqueued + recreated) as u64;
-        if q.enqueued_total != tasks || q.acked_total != (v.acked + recreated) as u64 {
-            report.problems.push(format!(
-                "the queue's counters disagree with the oracle: enqueued {} acked {} for {} \
-                 tasks enqueued and {} acked ({recreated} created twice)",
-                q.enqueued_total, q.acked_total, v.enqueued, v.acked
-            ));
-        }
-        // Every reclaimed lease is in a record (a re-created task's record holds only its
-        // last life), and so is every retry.
-        let r = &v.records;
-        let all_read = r.checked == v.enqueued;
-        if all_read
-            && (r.lease_expiries > q.expired_total
-                || r.retries > q.retried_total
-                || (recreated == 0
-                    && (r.lease_expiries != q.expired_total || r.retries != q.retried_total)))
-        {
-            report.problems.push(format!(
-                "the records disagree with the queue's counters: {} lease expiries and {} \
-                 retries in the records, {} and {} counted ({recreated} created twice)",
-                r.lease_expiries, r.retries, q.expired_total, q.retried_total
-            ));
-        }
-    }
-
+    heal_and_drain(&mut c, &args.profile, &mut report);
+    let all = judge_all(&c, enqueued, &faults, &mut report);
+    counters_agree(&mut report, &all);
     // Epochs of the map must never go back down: a fenced manager wrote nothing.
     if c.epochs.windows(2).any(|w| w[1] < w[0]) {
         report.problems.push(format!(
@@ -431,10 +420,275 @@ fn run(args: &Args, dir: &std::path::Path) -> report::Report {
     let (problems, leftovers) = wind_down(&mut c);
     report.problems.extend(problems);
     report.leftovers = leftovers;
+    slots_rode_it_out(&c, &faults, &mut report.problems);
     report.faults = faults;
     report.seconds = started.elapsed().as_secs_f64();
     report.finish();
     report
+}
+
+/// The producer on its own thread and runtime, with its own connection and the default
+/// (patient) timeouts, as a real one would have: plain tasks and chains side by side, as
+/// the profile's rates ask, each queue opened with the limits its config gives (the
+/// chain queue's route makes each of its tasks the global task of a chain). It spawns
+/// no process, so PDEATHSIG is not at stake.
+fn start_producer(
+    c: &Cluster,
+    args: &Args,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<Result<Vec<Enqueued>, String>> {
+    let url = c.redis.url();
+    let p = &args.profile;
+    let plan: Vec<(&str, QueueLimits, Make, f64, u64)> = [
+        (QUEUE, Make::Plain, p.rate, args.seed ^ 0x5eed),
+        (CHAIN_QUEUE, Make::Chains, p.chain_rate, args.seed ^ 0xc4a1),
+    ]
+    .into_iter()
+    .filter(|(_, _, rate, _)| *rate > 0.0)
+    .map(|(q, make, rate, seed)| (q, c.limits(q), make, rate, seed))
+    .collect();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let client = QueueClient::connect(&url, NAMESPACE, &ConnectOptions::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut runs = Vec::new();
+            for (name, limits, make, rate, seed) in plan {
+                let queue = client.queue_with(name, limits).map_err(|e| e.to_string())?;
+                runs.push(oracle::produce(queue, make, rate, seed, stop.clone()));
+            }
+            Ok(futures::future::join_all(runs).await.concat())
+        })
+    })
+}
+
+/// Waits until the cluster has healed (every slot the map asks for runs again) and the
+/// queues have drained (every task acked or dead: nothing ready, delayed or leased in any
+/// queue), each within its limit; records the drain's time and the queues' counters.
+fn heal_and_drain(c: &mut Cluster, profile: &Profile, report: &mut report::Report) {
+    let healing = Instant::now();
+    loop {
+        let running = c.running_slots();
+        if running >= c.shape.min_slots() as usize {
+            break;
+        }
+        if healing.elapsed() > Duration::from_secs(30) {
+            report.problems.push(format!(
+                "only {running} of {} slots running 30 s after the last fault",
+                c.shape.min_slots()
+            ));
+            break;
+        }
+        c.idle(Duration::from_millis(250));
+    }
+    let drain = Instant::now();
+    let mut drained = false;
+    while drain.elapsed() < profile.drain_limit {
+        c.idle(Duration::from_millis(500));
+        if let Some(s) = c.stats()
+            && s.values().all(|s| s.ready + s.delayed + s.leased == 0)
+        {
+            drained = true;
+            break;
+        }
+    }
+    report.drain_seconds = drain.elapsed().as_secs_f64();
+    if !drained {
+        report.problems.push(format!(
+            "the queues did not drain within {:?}: {:?}",
+            profile.drain_limit,
+            c.stats()
+        ));
+    }
+    report.queue_stats = c.stats().unwrap_or_default();
+}
+
+/// The oracles, once the queues have drained: the chains the run must have made and
+/// their follow-ups (which join the tasks to account for), every task's final state and
+/// record against the handler's record and the fault log, and every chain whole. Returns
+/// every task accounted for.
+fn judge_all(
+    c: &Cluster,
+    enqueued: Vec<Enqueued>,
+    faults: &[Fault],
+    report: &mut report::Report,
+) -> Vec<Enqueued> {
+    let (handled, bad) = oracle::read_handled(&c.record);
+    if !bad.is_empty() {
+        report.problems.push(format!(
+            "{} unreadable handler records: {:?}",
+            bad.len(),
+            &bad[..bad.len().min(5)]
+        ));
+    }
+    let read = Instant::now();
+    let Some((mut recs, mut expiries)) = final_records(c, &enqueued) else {
+        report
+            .problems
+            .push("could not read the tasks' records from Redis".into());
+        return enqueued;
+    };
+    let mut all = enqueued;
+    if c.shape.chains() {
+        report.chains = Some(follow_chains(
+            c,
+            &handled,
+            &mut all,
+            &mut recs,
+            &mut expiries,
+            &mut report.problems,
+        ));
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    if let Some(e) = all.iter().find(|e| !ids.insert(e.id.as_str())) {
+        report.problems.push(format!(
+            "id {} is accounted for twice: the oracle keys tasks by id",
+            e.id
+        ));
+    }
+    match final_states(c, &all) {
+        Some(states) => {
+            report.verdict = oracle::judge(&all, &handled, &states, faults, c.shape.lease())
+        }
+        None => report
+            .problems
+            .push("could not read the tasks' final states from Redis".into()),
+    }
+    // Every task's record: done, and its history telling the handler's and the fault
+    // log's story, take by take.
+    let places = c.places();
+    let hosts = c.masters.iter().map(|m| m.name.clone()).collect();
+    report.verdict.records = records::check(&records::Inputs {
+        enqueued: &all,
+        handled: &handled,
+        records: &recs,
+        expiries: &expiries,
+        faults,
+        places: &places,
+        hosts: &hosts,
+        max_attempts: MAX_ATTEMPTS,
+        history_ttl: QueueLimits::default().history_ttl,
+    });
+    report.records_seconds = read.elapsed().as_secs_f64();
+    dump_records(&c.dir.join("records.txt"), &all, &recs);
+    all
+}
+
+/// The chains the run must have made (`chains.rs`): their follow-ups join `all`, the
+/// tasks to account for, with their records and expiries; then every chain is checked
+/// whole. Returns the chain check's verdict.
+fn follow_chains(
+    c: &Cluster,
+    handled: &[oracle::Handled],
+    all: &mut Vec<Enqueued>,
+    recs: &mut Records,
+    expiries: &mut Expiries,
+    problems: &mut Vec<String>,
+) -> chains::ChainVerdict {
+    let (cases, found) = chains::cases(c, all, recs, handled);
+    problems.extend(found);
+    let follow: Vec<Enqueued> = cases.iter().flat_map(ChainCase::follow_ups).collect();
+    match final_records(c, &follow) {
+        Some((r, e)) => {
+            recs.extend(r);
+            expiries.extend(e);
+        }
+        None => problems.push("could not read the follow-ups' records from Redis".into()),
+    }
+    all.extend(follow);
+    let answers: HashMap<String, String> = all
+        .iter()
+        .filter(|e| e.queue == CHAIN_QUEUE)
+        .filter_map(|e| Some((e.id.clone(), e.chain.clone()?)))
+        .collect();
+    chains::check(c, &cases, recs, &answers)
+}
+
+/// Redis's own counters must tell the same story, queue by queue: one creation and one
+/// ack per task accounted for there (plus the re-creations an unanswered enqueue can
+/// cause; a follow-up is never created twice, invariant 32); and across the queues every
+/// reclaimed lease and every retry is in a record.
+fn counters_agree(report: &mut report::Report, all: &[Enqueued]) {
+    let v = &report.verdict;
+    let queue_of: HashMap<&str, &str> = all
+        .iter()
+        .map(|e| (e.id.as_str(), e.queue.as_str()))
+        .collect();
+    let mut per: BTreeMap<&str, [u64; 3]> = BTreeMap::new(); // tasks, not acked, re-created
+    for e in all {
+        per.entry(&e.queue).or_default()[0] += 1;
+    }
+    for id in v.lost.iter().chain(&v.dead) {
+        per.entry(queue_of[id.as_str()]).or_default()[1] += 1;
+    }
+    for d in &v.duplicates {
+        let again = d.causes.iter().flatten();
+        let n = again
+            .filter(|c| **c == oracle::Cause::EnqueueRetried)
+            .count();
+        per.entry(queue_of.get(d.id.as_str()).copied().unwrap_or("?"))
+            .or_default()[2] += n as u64;
+    }
+    let mut problems = Vec::new();
+    report.tasks_by_queue = per.iter().map(|(q, p)| (q.to_string(), p[0])).collect();
+    for (queue, [tasks, not_acked, again]) in &per {
+        let Some(q) = report.queue_stats.get(*queue) else {
+            problems.push(format!("no counters of queue {queue}"));
+            continue;
+        };
+        let acked = tasks - not_acked;
+        if q.enqueued_total != tasks + again || q.acked_total != acked + again {
+            problems.push(format!(
+                "queue {queue}'s counters disagree with the oracle: enqueued {} acked {} for \
+                 {tasks} tasks accounted for and {acked} acked ({again} created twice)",
+                q.enqueued_total, q.acked_total
+            ));
+        }
+    }
+    // Every reclaimed lease is in a record (a re-created task's record holds only its
+    // last life), and so is every retry.
+    let recreated: u64 = per.values().map(|p| p[2]).sum();
+    let expired: u64 = report.queue_stats.values().map(|q| q.expired_total).sum();
+    let retried: u64 = report.queue_stats.values().map(|q| q.retried_total).sum();
+    let r = &v.records;
+    if r.checked == v.enqueued
+        && (r.lease_expiries > expired
+            || r.retries > retried
+            || (recreated == 0 && (r.lease_expiries != expired || r.retries != retried)))
+    {
+        problems.push(format!(
+            "the records disagree with the queues' counters: {} lease expiries and {} \
+             retries in the records, {expired} and {retried} counted ({recreated} created \
+             twice)",
+            r.lease_expiries, r.retries
+        ));
+    }
+    report.problems.extend(problems);
+}
+
+/// No slot exited with an error of its own over the whole run (`Cluster::slot_errors`).
+/// The masters' logs must show the slots the faults killed, or the check reads them
+/// wrong.
+fn slots_rode_it_out(c: &Cluster, faults: &[Fault], problems: &mut Vec<String>) {
+    let (exits, errors) = c.slot_errors();
+    // (a slot killed alone is logged by its master; one killed with its master is not)
+    let killed = faults
+        .iter()
+        .any(|f| f.injected && f.kind == FaultKind::SlotKill);
+    if killed && exits == 0 {
+        problems.push(
+            "the masters' logs show no slot exit, though slots were killed: the check of \
+             slot exits cannot read them"
+                .into(),
+        );
+    }
+    for e in errors {
+        problems.push(format!("a slot exited on an error of its own: {e}"));
+    }
 }
 
 /// The end of a run: the cluster's own problems, a check that the leftover scan sees
@@ -446,11 +700,7 @@ fn wind_down(c: &mut Cluster) -> (Vec<String>, Vec<String>) {
     // The scan for leftovers must see every live process of the run, or an empty result
     // after the shutdown would prove nothing.
     let visible: std::collections::BTreeSet<u32> = c.leftovers().iter().map(|l| l.0).collect();
-    let live: Vec<(u32, String)> = c
-        .tree()
-        .into_iter()
-        .chain(c.redis.pid().map(|p| (p, "redis-server".to_string())))
-        .collect();
+    let live: Vec<(u32, String)> = c.tree().into_iter().chain(c.redis.pids()).collect();
     for (pid, name) in &live {
         if !visible.contains(pid) && !procs::gone(*pid) {
             problems.push(format!("the leftover scan does not see {pid} ({name})"));
@@ -533,22 +783,29 @@ type Records = HashMap<String, Option<TaskRecord>>;
 /// When each task's record is due to go, by id (Unix ms; None: never).
 type Expiries = HashMap<String, Option<i64>>;
 
-/// Every enqueued task's record (None: it has none) and when it is due to go, read in
-/// concurrent chunks (the records) and pipelines (the expiries).
+/// Every task's record (None: it has none) and when it is due to go, read in concurrent
+/// chunks (the records) and pipelines per queue (the expiries).
 fn final_records(c: &Cluster, enqueued: &[oracle::Enqueued]) -> Option<(Records, Expiries)> {
     let mut recs = HashMap::with_capacity(enqueued.len());
     for chunk in enqueued.chunks(500) {
         let found = c.call(Duration::from_secs(30), async {
-            let reads = chunk.iter().map(|e| c.queue.record(&e.id));
+            let reads = chunk.iter().map(|e| c.queue(&e.queue).record(&e.id));
             futures::future::try_join_all(reads).await
         })?;
         for (e, r) in chunk.iter().zip(found) {
             recs.insert(e.id.clone(), r);
         }
     }
-    let ids: Vec<String> = enqueued.iter().map(|e| e.id.clone()).collect();
-    let expiries = c.record_expiries(&ids)?;
-    Some((recs, ids.into_iter().zip(expiries).collect()))
+    let mut by_queue: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for e in enqueued {
+        by_queue.entry(&e.queue).or_default().push(e.id.clone());
+    }
+    let mut expiries = HashMap::with_capacity(enqueued.len());
+    for (queue, ids) in by_queue {
+        let due = c.record_expiries(queue, &ids)?;
+        expiries.extend(ids.into_iter().zip(due));
+    }
+    Some((recs, expiries))
 }
 
 /// Writes the histories of the tasks taken more than once, for reading after a run.
@@ -587,7 +844,7 @@ fn final_states(
     let mut out = HashMap::with_capacity(enqueued.len());
     for chunk in enqueued.chunks(200) {
         let found = c.call(Duration::from_secs(30), async {
-            let finds = chunk.iter().map(|e| c.queue.find(&e.id));
+            let finds = chunk.iter().map(|e| c.queue(&e.queue).find(&e.id));
             futures::future::try_join_all(finds).await
         })?;
         for (e, info) in chunk.iter().zip(found) {

@@ -16,10 +16,13 @@ use serde::Serialize;
 use crate::faults::{Fault, FaultKind};
 use crate::rng::Rng;
 
-/// One task the producer got acknowledged by Redis.
+/// One task the producer got acknowledged by Redis (or a follow-up a chain must have
+/// made, `chains.rs`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Enqueued {
-    /// Its unique id.
+    /// Its queue.
+    pub queue: String,
+    /// Its id, unique across the run's queues.
     pub id: String,
     /// When Redis acknowledged it (Unix ms).
     pub acked_ms: u64,
@@ -29,13 +32,49 @@ pub struct Enqueued {
     /// Redis said a task with this id already existed. Ids are unique, so that is only
     /// right after an unanswered call that Redis had applied.
     pub existed: bool,
+    /// The chain its enqueue answered it starts (a chain's global task the call created),
+    /// or for a follow-up, the chain it is in.
+    pub chain: Option<String>,
 }
 
-/// Runs the producer until `stop` is set: `rate` tasks per second with unique ids and
-/// payloads that make the exec handler sleep, so batches are in flight when faults hit.
-/// A failed enqueue is retried with the same ids (the dedup id makes that safe) until
-/// Redis acknowledges it, however long that takes, so every id sent is accounted for.
-pub async fn produce(queue: Queue, rate: f64, seed: u64, stop: Arc<AtomicBool>) -> Vec<Enqueued> {
+/// What the producer sends to a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Make {
+    /// Plain tasks (`tNNNNNNN`) that sleep.
+    Plain,
+    /// Global tasks of chains (`cNNNNNNN`), to a queue whose route starts a chain of each
+    /// (`chains.rs`).
+    Chains,
+}
+
+impl Make {
+    /// The next task: its id from `n`, its payload from `rng`.
+    fn task(self, n: u64, rng: &mut Rng) -> NewTask {
+        match self {
+            Make::Plain => {
+                let ms = rng.range(20, 400);
+                NewTask::new(format!(r#"{{"action":"sleep","ms":{ms}}}"#)).id(format!("t{n:07}"))
+            }
+            Make::Chains => {
+                let id = format!("c{n:07}");
+                NewTask::new(crate::chains::payload(&id, rng)).id(id)
+            }
+        }
+    }
+}
+
+/// Runs the producer until `stop` is set: `rate` tasks per second of what `make` makes,
+/// with unique ids and payloads that make the exec handler sleep, so batches are in
+/// flight when faults hit. A failed enqueue is retried with the same ids (the dedup id
+/// makes that safe) until Redis acknowledges it, however long that takes, so every id
+/// sent is accounted for.
+pub async fn produce(
+    queue: Queue,
+    make: Make,
+    rate: f64,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> Vec<Enqueued> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     let step = Duration::from_millis(200);
@@ -55,8 +94,7 @@ pub async fn produce(queue: Queue, rate: f64, seed: u64, stop: Arc<AtomicBool>) 
         let tasks: Vec<NewTask> = (0..n)
             .map(|_| {
                 next += 1;
-                let ms = rng.range(20, 400);
-                NewTask::new(format!(r#"{{"action":"sleep","ms":{ms}}}"#)).id(format!("t{next:07}"))
+                make.task(next, &mut rng)
             })
             .collect();
         let mut calls = 0u32;
@@ -66,7 +104,10 @@ pub async fn produce(queue: Queue, rate: f64, seed: u64, stop: Arc<AtomicBool>) 
             match queue.enqueue_many(&tasks).await {
                 Ok(r) => break r,
                 Err(e) => {
-                    eprintln!("chaos: producer: enqueue failed ({e}); retrying the same ids");
+                    eprintln!(
+                        "chaos: producer ({}): enqueue failed ({e}); retrying the same ids",
+                        queue.name()
+                    );
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }
@@ -75,10 +116,12 @@ pub async fn produce(queue: Queue, rate: f64, seed: u64, stop: Arc<AtomicBool>) 
         let acked_ms = now_ms();
         for r in results {
             out.push(Enqueued {
+                queue: queue.name().to_string(),
                 existed: !r.created,
                 id: r.id,
                 acked_ms,
                 calls,
+                chain: r.chain,
             });
         }
     }
@@ -88,6 +131,8 @@ pub async fn produce(queue: Queue, rate: f64, seed: u64, stop: Arc<AtomicBool>) 
 /// One task as the exec handler received it (a line of its `GAFFER_EXEC_RECORD` file).
 #[derive(Debug, Clone, Serialize)]
 pub struct Handled {
+    /// Its queue.
+    pub queue: String,
     /// Task id.
     pub id: String,
     /// The attempt the queue handed it out as.
@@ -109,6 +154,7 @@ pub fn read_handled(path: &Path) -> (Vec<Handled>, Vec<String>) {
         let parsed = (f.len() == 6)
             .then(|| {
                 Some(Handled {
+                    queue: f[0].to_string(),
                     id: f[1].to_string(),
                     attempt: f[2].parse().ok()?,
                     slot_pid: f[3].parse().ok()?,
@@ -179,14 +225,16 @@ pub struct Duplicate {
 /// What the oracle found.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Verdict {
-    /// Tasks Redis acknowledged.
+    /// Tasks to account for: those Redis acknowledged, and the follow-ups their chains
+    /// must have made.
     pub enqueued: usize,
     /// Enqueued tasks that were handled and are gone from the queue.
     pub acked: usize,
     /// Enqueued tasks never acked: still in the queue after the drain, or gone without
     /// ever being handled.
     pub lost: Vec<String>,
-    /// Tasks handled that were never enqueued.
+    /// Tasks handled that were never enqueued (`QUEUE/ID`): no such id, or its id in
+    /// another queue.
     pub unexpected: Vec<String>,
     /// Enqueued tasks in the dead letters (none expected: the handler never fails and
     /// `max_attempts` is high).
@@ -243,12 +291,12 @@ pub fn judge(
             _ => v.lost.push(e.id.clone()),
         }
     }
-    let unexpected: BTreeSet<&str> = by_id
-        .keys()
-        .filter(|id| !sent.contains_key(*id))
-        .copied()
+    let unexpected: BTreeSet<String> = handled
+        .iter()
+        .filter(|h| sent.get(h.id.as_str()).is_none_or(|e| e.queue != h.queue))
+        .map(|h| format!("{}/{}", h.queue, h.id))
         .collect();
-    v.unexpected = unexpected.into_iter().map(String::from).collect();
+    v.unexpected = unexpected.into_iter().collect();
     let mut dups: Vec<(&str, &Vec<&Handled>)> = by_id
         .iter()
         .filter(|(_, hs)| hs.len() > 1)

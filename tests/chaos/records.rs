@@ -549,6 +549,7 @@ pub fn selftest() -> Vec<String> {
         history: Some(good_history),
     };
     let good_run = Handled {
+        queue: "chaos".into(),
         id: "t1".into(),
         attempt: 2,
         slot_pid: 21,
@@ -719,10 +720,12 @@ pub fn selftest() -> Vec<String> {
             &mut expiry,
         );
         let enqueued = [Enqueued {
+            queue: "chaos".into(),
             id: "t1".into(),
             acked_ms: 1000,
             calls: 1,
             existed: false,
+            chain: None,
         }];
         let records = [("t1".to_string(), record)].into();
         let expiries = [("t1".to_string(), expiry)].into();

@@ -8,6 +8,7 @@ use gaffer::queue_client::QueueStats;
 use serde::Serialize;
 
 use crate::Profile;
+use crate::chains::ChainVerdict;
 use crate::cluster::Shape;
 use crate::faults::{Fault, FaultKind};
 use crate::oracle::Verdict;
@@ -23,18 +24,24 @@ pub struct Report {
     pub command: String,
     /// The cluster's shape.
     pub shape: Shape,
-    /// Tasks per second the producer aimed at.
+    /// Plain tasks per second the producer aimed at.
     pub rate: f64,
+    /// Chains per second the producer aimed at (four tasks each).
+    pub chain_rate: f64,
     /// Per fault kind: times injected and what the injections found.
     pub fault_table: BTreeMap<FaultKind, FaultSummary>,
     /// Every fault in order.
     pub faults: Vec<Fault>,
     /// The oracle's counts.
     pub verdict: Verdict,
+    /// Tasks accounted for per queue: the producer's, and the follow-ups of the chains.
+    pub tasks_by_queue: BTreeMap<String, u64>,
+    /// What the chain check found (None: no chains in the workload).
+    pub chains: Option<ChainVerdict>,
     /// Extra handlings per cause, by label.
     pub duplicates_by_cause: BTreeMap<String, usize>,
-    /// The queue's counters at the end.
-    pub queue_stats: Option<QueueStats>,
+    /// Each queue's counters at the end (none when Redis did not answer).
+    pub queue_stats: BTreeMap<String, QueueStats>,
     /// Map epochs seen, in order.
     pub epochs: Vec<u64>,
     /// Seconds from the end of the faults until the queue was empty.
@@ -68,19 +75,22 @@ pub struct FaultSummary {
 }
 
 impl Report {
-    /// An empty report for a run about to start.
-    pub fn new(profile: &Profile, seed: u64, shape: Shape) -> Self {
+    /// An empty report for a run about to start, which `command` repeats.
+    pub fn new(profile: &Profile, seed: u64, command: String, shape: Shape) -> Self {
         Report {
             profile: profile.name.clone(),
             seed,
-            command: format!("scripts/chaos {} --seed {seed}", profile.name),
+            command,
             shape,
             rate: profile.rate,
+            chain_rate: profile.chain_rate,
             fault_table: BTreeMap::new(),
             faults: Vec::new(),
             verdict: Verdict::default(),
+            chains: None,
+            tasks_by_queue: BTreeMap::new(),
             duplicates_by_cause: BTreeMap::new(),
-            queue_stats: None,
+            queue_stats: BTreeMap::new(),
             epochs: Vec::new(),
             drain_seconds: 0.0,
             records_seconds: 0.0,
@@ -155,6 +165,12 @@ impl Report {
                 r.tasks, self.verdict.enqueued
             ));
         }
+        if let Some(ch) = &self.chains {
+            self.problems.extend(ch.problems.iter().cloned());
+            if ch.chains == 0 {
+                self.problems.push("no chain was started".into());
+            }
+        }
         self.passed = self.verdict.enqueued > 0
             && self.verdict.lost.is_empty()
             && self.verdict.unexpected.is_empty()
@@ -167,21 +183,38 @@ impl Report {
     /// The report as text.
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let v = &self.verdict;
+        self.head(&mut s);
+        self.counts(&mut s);
+        self.failures(&mut s);
+        let _ = writeln!(s, "\n{}", if self.passed { "PASSED" } else { "FAILED" });
+        s
+    }
+
+    /// The run, its cluster and the fault table.
+    fn head(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "\ngaffer chaos: profile {}, seed {}, {:.0} s ({})",
             self.profile, self.seed, self.seconds, self.command
         );
+        let queues: Vec<String> = self
+            .shape
+            .queues()
+            .iter()
+            .map(|(q, n)| format!("{q} {n}"))
+            .collect();
         let _ = writeln!(
             s,
-            "cluster: {} masters, {} managers, {} slots, batch {}, lease {} ms, {} tasks/s\n",
+            "cluster: {} masters, {} managers, Redis {}; slots {}, batch {}, lease {} ms; \
+             {} tasks/s, {} chains/s\n",
             self.shape.masters,
             self.shape.managers,
-            self.shape.slots,
+            self.shape.redis.name(),
+            queues.join(", "),
             self.shape.batch_size,
             self.shape.lease_ms,
-            self.rate
+            self.rate,
+            self.chain_rate
         );
         let _ = writeln!(
             s,
@@ -201,16 +234,41 @@ impl Report {
             );
         }
         let _ = writeln!(s);
+    }
+
+    /// What the oracles counted: tasks, chains, duplicates, the queues' counters, the
+    /// records, the drain.
+    fn counts(&self, s: &mut String) {
+        let v = &self.verdict;
+        let per: Vec<String> = self
+            .tasks_by_queue
+            .iter()
+            .map(|(q, n)| format!("{n} {q}"))
+            .collect();
         let _ = writeln!(
             s,
-            "tasks enqueued {}, acked {}, handled {} times; lost {}, unexpected {}, dead {}",
+            "tasks {} ({}), acked {}, handled {} times; lost {}, unexpected {}, dead {}",
             v.enqueued,
+            per.join(", "),
             v.acked,
             v.handlings,
             v.lost.len(),
             v.unexpected.len(),
             v.dead.len()
         );
+        if let Some(ch) = &self.chains {
+            let _ = writeln!(
+                s,
+                "chains {} ({} of an earlier life), {} follow-ups; {} read done with exactly \
+                 their tasks; {} ids checked of the form ~cchain.N; {} problems",
+                ch.chains,
+                ch.earlier_lives,
+                ch.follow_ups,
+                ch.done,
+                ch.ids_checked,
+                ch.problems.len()
+            );
+        }
         let extra: usize = v.by_cause.values().sum::<usize>() + v.unexplained;
         let _ = writeln!(
             s,
@@ -220,10 +278,10 @@ impl Report {
         for (label, n) in &self.duplicates_by_cause {
             let _ = writeln!(s, "  {label:<44} {n:>6}");
         }
-        if let Some(q) = &self.queue_stats {
+        for (name, q) in &self.queue_stats {
             let _ = writeln!(
                 s,
-                "queue counters: enqueued {}, acked {}, expired leases {}, stale settles {}, retried {}, dead {}",
+                "queue {name}: enqueued {}, acked {}, expired leases {}, stale settles {}, retried {}, dead {}",
                 q.enqueued_total,
                 q.acked_total,
                 q.expired_total,
@@ -270,6 +328,12 @@ impl Report {
         for l in &self.leftovers {
             let _ = writeln!(s, "  left behind: {l}");
         }
+    }
+
+    /// What failed the run, each kind of failure at most a few times over.
+    fn failures(&self, s: &mut String) {
+        let v = &self.verdict;
+        let r = &v.records;
         if !v.lost.is_empty() {
             let _ = writeln!(s, "LOST: {:?}", &v.lost[..v.lost.len().min(20)]);
         }
@@ -311,7 +375,5 @@ impl Report {
         for p in &self.problems {
             let _ = writeln!(s, "PROBLEM: {p}");
         }
-        let _ = writeln!(s, "\n{}", if self.passed { "PASSED" } else { "FAILED" });
-        s
     }
 }
