@@ -889,3 +889,15 @@ pub async fn kid_ids(
         .expect("a route queue's task names its chain");
     (1..=n).map(|i| format!("{chain}~{i}")).collect()
 }
+
+/// Child processes killed and reaped when dropped, so a test that fails leaves none behind.
+pub struct Killed(pub Vec<std::process::Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

@@ -991,33 +991,20 @@ async fn repeated_crashes_back_off() {
     );
 }
 
-/// Busy loops at the lowest CPU priority, killed when dropped: they keep more tasks
+/// `n` busy loops at the lowest CPU priority, killed when dropped: they keep more tasks
 /// runnable than there are CPUs (so the load and PSI's `some` rise) while taking almost
 /// no time from the tests beside them.
-struct CpuBurner(Vec<Child>);
-
-impl CpuBurner {
-    fn start(n: u32) -> Self {
-        CpuBurner(
-            (0..n)
-                .map(|_| {
-                    Command::new("nice")
-                        .args(["-n", "19", "sh", "-c", "while :; do :; done"])
-                        .spawn()
-                        .unwrap()
-                })
-                .collect(),
-        )
-    }
-}
-
-impl Drop for CpuBurner {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
+fn cpu_burner(n: u32) -> crate::harness::Killed {
+    crate::harness::Killed(
+        (0..n)
+            .map(|_| {
+                Command::new("nice")
+                    .args(["-n", "19", "sh", "-c", "while :; do :; done"])
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    )
 }
 
 /// A host over its load ceiling (a CPU burner; the ceiling lowered so a 2-CPU machine
@@ -1026,7 +1013,7 @@ impl Drop for CpuBurner {
 #[tokio::test]
 async fn an_overloaded_host_replaces_a_crashed_slot_and_takes_no_more() {
     let cpus = gaffer::master::sysinfo::cpus().unwrap();
-    let _burner = CpuBurner::start(3 * cpus);
+    let _burner = cpu_burner(3 * cpus);
     // Where the kernel has PSI, the overload counts once some task waits for a CPU at
     // least half the time (capacity::CONTENDED_PRESSURE); avg10 takes a few seconds.
     eventually(Duration::from_secs(60), "the CPU contended", || async {

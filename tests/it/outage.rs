@@ -216,17 +216,8 @@ async fn a_settle_outlives_an_outage_longer_than_the_lease() {
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
 
-/// Daemon processes killed on drop.
-struct Daemons(Vec<std::process::Child>);
-
-impl Drop for Daemons {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+// (daemon processes, killed on drop)
+use crate::harness::Killed as Daemons;
 
 /// A host that boots while Redis is down (or a pacemaker start during an outage) used to
 /// see its master or manager exit at once on the refused connection. They must wait for

@@ -180,8 +180,8 @@ fn insecure_warns_at_start_naming_the_risk() {
     assert!(stderr.contains("risk="), "{stderr}");
 }
 
-/// Daemons killed on drop.
-struct Daemons(Vec<std::process::Child>);
+// (daemons, killed on drop)
+use crate::harness::Killed as Daemons;
 
 impl Daemons {
     /// A manager and a master (host h1) of `config`, their logs manager.log and
@@ -210,15 +210,6 @@ impl Daemons {
                 "GAFFER_MASTER_HTTP",
             ),
         ])
-    }
-}
-
-impl Drop for Daemons {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
