@@ -461,6 +461,32 @@ fn outside_work_period_gets_nothing() {
     );
 }
 
+/// The early-morning window this file's clock is outside of.
+fn night() -> Vec<crate::config::WorkPeriod> {
+    vec!["MON-SUN 00:00-06:00".parse().unwrap()]
+}
+
+#[test]
+fn outside_its_system_s_work_period_a_queue_gets_nothing() {
+    let mut case = Case::new()
+        .queue("sync", 0, 2, 10)
+        .edit("sync", |q| q.system = Some("partner".into()))
+        .host("h1", 10)
+        .at("h1", "sync", 3)
+        .load("sync", 10.0, 0.4, 100);
+    case.config.systems.insert(
+        "partner".into(),
+        SystemConfig {
+            name: "partner".into(),
+            max_concurrency: None,
+            rate: None,
+            paused: false,
+            work_periods: night(),
+        },
+    );
+    check("system_work_period_off", &case);
+}
+
 #[test]
 fn paused_queue_gets_nothing() {
     let mut case = Case::new()
@@ -489,6 +515,7 @@ fn system_cap_is_shared_by_priority() {
             max_concurrency: Some(12),
             rate: None,
             paused: false,
+            work_periods: vec![],
         },
     );
     check("system_cap", &case);
@@ -669,6 +696,7 @@ fn arb_case() -> impl Strategy<Value = Case> {
                         max_concurrency: Some(cap),
                         rate: None,
                         paused: false,
+                        work_periods: vec![],
                     },
                 );
             }

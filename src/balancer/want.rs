@@ -7,8 +7,6 @@
 //! the window guarding the way down); a backlog is drained within a horizon of its
 //! priority, 5 s at the top, 5 min at the bottom; an ordered queue gets at most one slot.
 
-use chrono::{Datelike, Timelike};
-
 use super::{Balancer, Decision, IndexedInput, QueueWindow, Reason};
 use crate::config::QueueConfig;
 
@@ -114,8 +112,7 @@ pub fn band(rank: f64) -> (f64, f64) {
 /// that cannot be placed leaves its share to the others.
 pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
     let nh = b.host_count();
-    let local = input.now.with_timezone(&b.config.manager.timezone);
-    let (weekday, minute) = (local.weekday(), (local.hour() * 60 + local.minute()) as u16);
+    let (weekday, minute) = b.config.local_minute(input.now);
     let usable = &b.hosts.usable;
     for (qi, (info, d)) in b.queues.iter().zip(&mut b.decisions).enumerate() {
         let q = info.config;
@@ -138,6 +135,7 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
         } else {
             demand as u32
         };
+        let working = b.config.queue_works_at(q, weekday, minute);
         // A long queue's running tasks hold their slots (those that still stand: on a
         // usable host that runs the handler, as placing keeps them): granted before
         // anything else. Tasks of a dead host have none; they grow like any.
@@ -167,7 +165,7 @@ pub(super) fn wanted(b: &mut Balancer, input: &IndexedInput) {
                 system: sys.name.clone(),
             });
             0
-        } else if !q.is_working_at(weekday, minute) {
+        } else if !working {
             reasons.push(Reason::OutsideWorkPeriod);
             0
         } else {

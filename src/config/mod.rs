@@ -101,6 +101,33 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The weekday and minute of the day `now` is in the manager's time zone, as work
+    /// periods are read.
+    pub fn local_minute(&self, now: chrono::DateTime<chrono::Utc>) -> (chrono::Weekday, u16) {
+        use chrono::{Datelike, Timelike};
+        let local = now.with_timezone(&self.manager.timezone);
+        (local.weekday(), (local.hour() * 60 + local.minute()) as u16)
+    }
+
+    /// Whether long queue `q`'s running tasks are to be stopped and handed back at `now`:
+    /// it says `work_periods_long = "hand_back"` and its window (or its system's) is shut.
+    pub fn hands_back_at(&self, q: &QueueConfig, now: chrono::DateTime<chrono::Utc>) -> bool {
+        let (weekday, minute) = self.local_minute(now);
+        q.is_long()
+            && q.work_periods_long == LongAtWindowEnd::HandBack
+            && !self.queue_works_at(q, weekday, minute)
+    }
+
+    /// Whether queue `q` may run at a local time: inside its own work periods and its
+    /// system's.
+    pub fn queue_works_at(&self, q: &QueueConfig, weekday: chrono::Weekday, minute: u16) -> bool {
+        q.is_working_at(weekday, minute)
+            && q.system
+                .as_ref()
+                .and_then(|s| self.systems.get(s))
+                .is_none_or(|s| s.is_working_at(weekday, minute))
+    }
+
     /// The one line `gaffer config check` prints on success, e.g.
     /// `ok: 4 queues, 1 system, 2 schedules (config.toml)`.
     pub fn summary(&self) -> String {
@@ -278,6 +305,8 @@ pub struct QueueConfig {
     /// Most slots of this queue on one host (long queues); `None`: no bound but the
     /// host's capacity.
     pub max_per_host: Option<u32>,
+    /// What a long queue's running tasks do when its work period (or its system's) ends.
+    pub work_periods_long: LongAtWindowEnd,
     /// Follow-up routes: where a task of this queue leads when it is done or has failed
     /// for good (`next = [{ queue = "…", on = "done" | "failed" }]`).
     pub next: Vec<Route>,
@@ -336,6 +365,7 @@ impl QueueConfig {
             kind: QueueKind::Batch,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             max_per_host: None,
+            work_periods_long: LongAtWindowEnd::Finish,
         }
     }
 
@@ -344,13 +374,41 @@ impl QueueConfig {
         self.kind == QueueKind::Long
     }
 
-    /// Whether the queue may run at a local time; a queue without work periods always may.
+    /// Whether the queue may run at a local time by its own work periods (its system's are
+    /// [`Config::queue_works_at`]'s too); a queue without work periods always may.
     pub fn is_working_at(&self, weekday: chrono::Weekday, minute_of_day: u16) -> bool {
         self.work_periods.is_empty()
             || self
                 .work_periods
                 .iter()
                 .any(|p| p.contains(weekday, minute_of_day))
+    }
+}
+
+/// What a long queue's running tasks do when its work period, or its system's, ends
+/// (`work_periods_long`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LongAtWindowEnd {
+    /// Run to their end; no task starts until the window opens again. The default: a
+    /// long task is often a job that cannot resume where it stopped, and one started
+    /// inside the window is let finish.
+    #[default]
+    Finish,
+    /// Stopped and handed back at the window's end, to start again in the next one.
+    HandBack,
+}
+
+impl LongAtWindowEnd {
+    /// The config's words, in order.
+    pub const NAMES: [&str; 2] = ["finish", "hand_back"];
+
+    /// From the config's word.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "finish" => Some(LongAtWindowEnd::Finish),
+            "hand_back" => Some(LongAtWindowEnd::HandBack),
+            _ => None,
+        }
     }
 }
 
@@ -614,6 +672,19 @@ pub struct SystemConfig {
     pub rate: Option<Rate>,
     /// When true its queues take nothing and tasks wait, e.g. during the partner's outage.
     pub paused: bool,
+    /// When its queues may run, on top of their own (empty: always).
+    pub work_periods: Vec<WorkPeriod>,
+}
+
+impl SystemConfig {
+    /// Whether its queues may run at a local time, as far as the system says.
+    pub fn is_working_at(&self, weekday: chrono::Weekday, minute_of_day: u16) -> bool {
+        self.work_periods.is_empty()
+            || self
+                .work_periods
+                .iter()
+                .any(|p| p.contains(weekday, minute_of_day))
+    }
 }
 
 /// A periodic task enqueued by the active manager.

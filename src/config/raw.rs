@@ -83,6 +83,7 @@ pub(crate) struct RawQueue {
     #[allow(dead_code)]
     pub next: S<serde::de::IgnoredAny>,
     pub kind: S<String>,
+    pub work_periods_long: S<String>,
     pub cancel_grace: S<Human<Duration>>,
     pub max_per_host: S<i64>,
     /// Settings of a handler built into a team's own binary, passed to it as JSON.
@@ -122,6 +123,7 @@ pub(crate) struct RawSystem {
     pub max_concurrency: S<i64>,
     pub rate: S<String>,
     pub paused: S<bool>,
+    pub work_periods: S<Vec<Spanned<String>>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use chrono::Weekday;
+use chrono::{TimeZone, Weekday};
 
 use super::*;
 
@@ -319,6 +319,45 @@ fn an_ordered_queue_refuses_a_retry_priority() {
         errors("[queues.a]\nhandler = \"noop\"\nordered = true\nretry = { priority = 5 }\n"),
         [
             "t.toml:3:11: queues.a.ordered: ordered = true cannot be combined with retry.priority: an ordered queue has one order, creation, and a retry keeps its place at the head"
+        ]
+    );
+}
+
+#[test]
+fn a_system_s_work_periods_and_a_long_queue_s_window_end() {
+    let c = parse(
+        "[systems.partner]\nwork_periods = [\"MON-FRI 09:00-17:00\"]\n\
+         [queues.sync]\nhandler = \"noop\"\nsystem = \"partner\"\nkind = \"long\"\n\
+         work_periods_long = \"hand_back\"\n\
+         [queues.watch]\nhandler = \"noop\"\nsystem = \"partner\"\nkind = \"long\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    let (sync, watch) = (&c.queues["sync"], &c.queues["watch"]);
+    assert_eq!(
+        watch.work_periods_long,
+        LongAtWindowEnd::Finish,
+        "the default"
+    );
+    // Tuesday 10:00 UTC (the manager's default zone) is inside; 18:00 is not.
+    let at = |h| chrono::Utc.with_ymd_and_hms(2026, 12, 1, h, 0, 0).unwrap();
+    assert!(c.queue_works_at(sync, Weekday::Tue, 10 * 60));
+    assert!(!c.queue_works_at(sync, Weekday::Tue, 18 * 60));
+    assert!(!c.hands_back_at(sync, at(10)) && c.hands_back_at(sync, at(18)));
+    assert!(
+        !c.hands_back_at(watch, at(18)),
+        "finish keeps its tasks running"
+    );
+    assert_eq!(
+        errors(
+            "[queues.a]\nhandler = \"noop\"\nwork_periods_long = \"finish\"\n\
+             [queues.b]\nhandler = \"noop\"\nkind = \"long\"\nwork_periods_long = \"stop\"\n\
+             [systems.s]\nwork_periods = [\"someday\"]\n"
+        ),
+        [
+            "t.toml:3:21: queues.a.work_periods_long: work_periods_long only applies to kind = \"long\"",
+            "t.toml:7:21: queues.b.work_periods_long: unknown `stop`, expected `finish` or `hand_back`",
+            "t.toml:9:17: systems.s.work_periods[0]: invalid work period `someday`, expected days and a time range like \"MON-FRI 08:00-18:00\"",
         ]
     );
 }

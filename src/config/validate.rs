@@ -19,8 +19,8 @@ use super::raw::{
 use super::values::{self, Rate, WorkPeriod};
 use super::{
     ApiConfig, ApiKey, Backoff, ClusterConfig, Config, DEFAULT_LONG_LEASE, Dedup, Handler, Intake,
-    KeyQueues, MAX_BATCH, MAX_LONG_LEASE, MIN_LONG_LEASE, ManagerConfig, MasterConfig, QueueConfig,
-    QueueKind, RetryPolicy, Schedule, Start, SystemConfig,
+    KeyQueues, LongAtWindowEnd, MAX_BATCH, MAX_LONG_LEASE, MIN_LONG_LEASE, ManagerConfig,
+    MasterConfig, QueueConfig, QueueKind, RetryPolicy, Schedule, Start, SystemConfig,
 };
 
 const TOP_KEYS: [&str; 7] = [
@@ -564,6 +564,10 @@ fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueCon
         for (key, span) in [
             ("cancel_grace", raw.cancel_grace.as_ref().map(Spanned::span)),
             ("max_per_host", raw.max_per_host.as_ref().map(Spanned::span)),
+            (
+                "work_periods_long",
+                raw.work_periods_long.as_ref().map(Spanned::span),
+            ),
         ] {
             if let Some(span) = span {
                 c.error(
@@ -577,6 +581,20 @@ fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueCon
     }
     long_batch_and_prefetch(c, path, raw, out);
     long_lease(c, path, raw, out);
+    if let Some(w) = &raw.work_periods_long {
+        match LongAtWindowEnd::parse(w.get_ref()) {
+            Some(v) => out.work_periods_long = v,
+            None => c.error(
+                w.span(),
+                &join(path, "work_periods_long"),
+                format!(
+                    "unknown `{}`, expected {}",
+                    w.get_ref(),
+                    backticked(&LongAtWindowEnd::NAMES)
+                ),
+            ),
+        }
+    }
 }
 
 /// A long queue's slot runs one task: `batch_size` is 1 (the default for such a queue),
@@ -869,10 +887,18 @@ fn timing(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) 
         out.max_batch_time,
         Zero::Refused,
     );
-    let Some(periods) = &raw.work_periods else {
-        return;
-    };
-    out.work_periods = periods
+    if let Some(periods) = &raw.work_periods {
+        out.work_periods = work_periods(c, path, periods);
+    }
+}
+
+/// A `work_periods` list (a queue's or a system's), each item parsed.
+fn work_periods(
+    c: &mut Collector,
+    path: &str,
+    periods: &Spanned<Vec<Spanned<String>>>,
+) -> Vec<WorkPeriod> {
+    periods
         .get_ref()
         .iter()
         .enumerate()
@@ -883,7 +909,7 @@ fn timing(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) 
                 None
             }
         })
-        .collect();
+        .collect()
 }
 
 /// `system`, `max_payload`, `private_dirty_limit` and `user`: what the queue's tasks and
@@ -1198,6 +1224,10 @@ fn system(c: &mut Collector, name: &str, path: &str, raw: RawSystem) -> SystemCo
         }),
         rate,
         paused: raw.paused.is_some_and(Spanned::into_inner),
+        work_periods: raw
+            .work_periods
+            .map(|p| work_periods(c, path, &p))
+            .unwrap_or_default(),
     }
 }
 

@@ -175,16 +175,21 @@ fn surplus(input: &PlanInput) -> Surplus<'_> {
         let pinned = |s: &SlotView| long && s.state == SlotState::Busy;
         // Old slots busy with a long task retire, and those retired before stay so:
         // they still hold their place on the host, but not one of those the queue wants.
+        // Unless the queue's long tasks are no longer kept (the host drains, or its window
+        // shut and it hands them back): then a retiring slot stops too, or nothing would
+        // end its task but a cancel.
         for &(n, s) in slots.iter() {
             let old = roll_over && s.generation != current;
-            if s.retiring || old && pinned(s) {
+            if long && s.retiring || old && pinned(s) {
                 retire.insert(n);
                 running_total += 1;
-            } else if old {
+            } else if old || s.retiring {
                 stop.push(n);
             }
         }
-        slots.retain(|&(n, s)| !(retire.contains(&n) || roll_over && s.generation != current));
+        slots.retain(|&(n, s)| {
+            !(retire.contains(&n) || s.retiring || roll_over && s.generation != current)
+        });
         // Stable: equal ranks and ages keep slot-number order. Pinned slots are busy, so
         // they sort last and only the others can make up the surplus; the pinned ones
         // beyond it retire, youngest first.

@@ -317,16 +317,17 @@ impl Master {
 
     /// The long queues whose busy slots the plan keeps: all of them, but none while the
     /// host drains (a stop, or `gaffer drain`): then their tasks are stopped and handed
-    /// back like a cancel, within `drain_timeout`.
+    /// back like a cancel, within `drain_timeout`. Nor one whose window has shut and that
+    /// hands its tasks back then (`work_periods_long = "hand_back"`).
     fn long_queues_kept(&self) -> BTreeSet<String> {
         if self.stopping || self.orders.drain_requested {
             return BTreeSet::new();
         }
-        self.opts
-            .config
-            .queues
+        let cfg = &self.opts.config;
+        let now = chrono::Utc::now();
+        cfg.queues
             .values()
-            .filter(|q| q.is_long())
+            .filter(|q| q.is_long() && !cfg.hands_back_at(q, now))
             .map(|q| q.name.clone())
             .collect()
     }

@@ -71,6 +71,12 @@ impl Case {
         self
     }
 
+    /// Slot `n` marks itself retiring (an earlier plan retired it).
+    fn retiring(mut self, n: u32) -> Self {
+        self.input.slots.get_mut(&n).expect("a slot").retiring = true;
+        self
+    }
+
     /// `queue` is of kind long.
     fn long(mut self, queue: &str) -> Self {
         self.input.long.insert(queue.into());
@@ -176,6 +182,30 @@ fn a_busy_long_slot_never_stops_but_retires() {
             .slot(5, "images", Busy, 10)
             .slot(6, "images", Busy, 20),
     );
+}
+
+#[test]
+fn a_retiring_slot_stops_once_its_queue_s_long_tasks_are_not_kept() {
+    // The host drains (no long queue kept): watch's busy slot that an earlier plan
+    // retired is stopped with the rest, so its task is handed back within the drain's
+    // bound instead of holding the master until a cancel (found by the fault suite).
+    check(
+        "retiring_slot_stops_when_draining",
+        Case::new()
+            .slot(1, "watch", Busy, 100)
+            .retiring(1)
+            .slot(2, "watch", Busy, 50),
+    );
+    // Kept (the host serves on): it stays retiring, and is not stopped.
+    let kept = Case::new()
+        .long("watch")
+        .want("watch", 1, 0)
+        .slot(1, "watch", Busy, 100)
+        .retiring(1)
+        .slot(2, "watch", Busy, 50);
+    let plan = plan(&kept.input);
+    assert_invariants(&kept.input, &plan);
+    assert_eq!((plan.stop.clone(), plan.retire.clone()), (vec![], vec![1]));
 }
 
 #[test]
@@ -438,10 +468,17 @@ fn assert_queue(
         if pinned(s) {
             assert!(!stopped.contains(n), "#{n} busy with a long task stopped");
         }
-        if s.retiring {
+        // A retiring slot stays so while its queue's long tasks are kept, and stops once
+        // they are not (a drain, a window that hands them back).
+        if s.retiring && input.long.contains(queue) {
             assert!(
                 retired(n) && !stopped.contains(n),
                 "#{n} retiring, no longer so"
+            );
+        } else if s.retiring {
+            assert!(
+                stopped.contains(n) && !retired(n),
+                "#{n} retiring on a queue whose long tasks are not kept, not stopped"
             );
         }
     }
