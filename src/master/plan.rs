@@ -14,8 +14,9 @@
 //! - a busy slot of a long queue (`kind = "long"`) never stops, for a roll-over or a
 //!   surplus: its task runs until it returns or is cancelled; such a slot is retired
 //!   instead (`RETIRE_SIGNAL`: it exits once its task ended, taking no other, so a new
-//!   map or config reaches it even under a backlog that would keep it busy; a drain
-//!   still stops it);
+//!   map or config reaches it even under a backlog that would keep it busy; a drain, or
+//!   a shut window of a queue that hands its tasks back, still stops it, retiring or
+//!   not);
 //! - slots are started only from a ready zygote that takes requests and preloaded the
 //!   queue, for queues not backing off after crashes, highest priority first, until the
 //!   host holds `capacity` slots (stopping ones not counted); capacity never stops a slot.
