@@ -377,11 +377,7 @@ impl QueueConfig {
     /// Whether the queue may run at a local time by its own work periods (its system's are
     /// [`Config::queue_works_at`]'s too); a queue without work periods always may.
     pub fn is_working_at(&self, weekday: chrono::Weekday, minute_of_day: u16) -> bool {
-        self.work_periods.is_empty()
-            || self
-                .work_periods
-                .iter()
-                .any(|p| p.contains(weekday, minute_of_day))
+        WorkPeriod::any_contains(&self.work_periods, weekday, minute_of_day)
     }
 }
 
@@ -679,11 +675,7 @@ pub struct SystemConfig {
 impl SystemConfig {
     /// Whether its queues may run at a local time, as far as the system says.
     pub fn is_working_at(&self, weekday: chrono::Weekday, minute_of_day: u16) -> bool {
-        self.work_periods.is_empty()
-            || self
-                .work_periods
-                .iter()
-                .any(|p| p.contains(weekday, minute_of_day))
+        WorkPeriod::any_contains(&self.work_periods, weekday, minute_of_day)
     }
 }
 

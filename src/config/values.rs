@@ -121,6 +121,11 @@ pub struct WorkPeriod {
 const DAY_NAMES: [&str; 7] = ["MON", "TUE", "WED", "THU", "FRI", "SAT", "SUN"];
 
 impl WorkPeriod {
+    /// Whether a local time falls inside any of `periods`; none means always.
+    pub fn any_contains(periods: &[WorkPeriod], weekday: Weekday, minute_of_day: u16) -> bool {
+        periods.is_empty() || periods.iter().any(|p| p.contains(weekday, minute_of_day))
+    }
+
     /// Whether a local time (weekday and minute since midnight, in the manager's time zone)
     /// falls inside this window.
     pub fn contains(&self, weekday: Weekday, minute_of_day: u16) -> bool {
