@@ -43,6 +43,19 @@ use serde::{Deserialize, Serialize};
 use crate::config::{Config, ConfigError};
 use crate::queue_client::{QueueError, RedisConn};
 
+/// The limit that decided a host's capacity (the master's `capacity` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bound {
+    /// The memory budget divided by the average slot.
+    Memory,
+    /// The CPU is overloaded: the host holds the slots it ran then, replacing those that
+    /// exit, and takes no more.
+    Load,
+    /// The configured `max_slots`.
+    MaxSlots,
+}
+
 /// What a master reports about its host every tick.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostReport {
@@ -77,9 +90,9 @@ pub struct HostReport {
     pub cpu_pressure: Option<f64>,
     /// What bounds `capacity`: `"memory"`, `"load"` (the CPU is overloaded: the host holds
     /// the slots it ran then, replacing those that exit, and takes no more) or
-    /// `"max_slots"`. Absent in the reports of masters from before it: `""`.
+    /// `"max_slots"`. Absent in the reports of masters from before it: `None`.
     #[serde(default)]
-    pub capacity_bound: String,
+    pub capacity_bound: Option<Bound>,
     /// Handler names this host's binary can run.
     pub handlers: Vec<String>,
     /// Version of the slot map the host follows (0: none seen yet).

@@ -54,28 +54,7 @@ pub struct CapacityInput {
 /// spike's end, where the one-minute load takes a minute or more.
 pub const CONTENDED_PRESSURE: f64 = 50.0;
 
-/// The limit that decided a [`Capacity`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Bound {
-    /// The memory budget divided by the average slot.
-    Memory,
-    /// The CPU is overloaded: the host keeps the slots it runs and takes no more.
-    Load,
-    /// The configured `max_slots`.
-    MaxSlots,
-}
-
-impl Bound {
-    /// Its name, as `/status` and the host report write it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bound::Memory => "memory",
-            Bound::Load => "load",
-            Bound::MaxSlots => "max_slots",
-        }
-    }
-}
+pub use crate::cluster::Bound;
 
 /// How many slots the host can hold, with the numbers behind it for `/status` and reports.
 #[derive(Debug, Clone, PartialEq, Serialize)]

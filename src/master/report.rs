@@ -210,7 +210,7 @@ impl Master {
         last.cpus = input.cpus;
         last.capacity = cap.slots;
         last.cpu_pressure = input.cpu_pressure;
-        last.capacity_bound = cap.bound.as_str().to_string();
+        last.capacity_bound = Some(cap.bound);
         self.reporting.capacity = Some(cap);
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge};
 
-use crate::cluster::HostReport;
+use crate::cluster::{Bound, HostReport};
 
 /// Why a slot ended, as counted in `gaffer_slot_exits_total{reason}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,7 +151,7 @@ pub(crate) fn host_gauges(r: &HostReport) {
     if let Some(p) = r.cpu_pressure {
         gauge!("gaffer_master_cpu_pressure_percent").set(p);
     }
-    let overloaded = r.capacity_bound == "load";
+    let overloaded = r.capacity_bound == Some(Bound::Load);
     gauge!("gaffer_master_cpu_overloaded").set(if overloaded { 1.0 } else { 0.0 });
     gauge!("gaffer_master_draining").set(if r.draining { 1.0 } else { 0.0 });
     for (q, qr) in &r.queues {

@@ -121,7 +121,7 @@ fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) 
         load1: 1.5 + (i % 4) as f64 / 10.0,
         cpus: 4,
         cpu_pressure: Some(12.0),
-        capacity_bound: "memory".into(),
+        capacity_bound: Some(crate::cluster::Bound::Memory),
         handlers: vec!["noop".into(), "sleep".into(), "exec".into()],
         map_version: 17,
         map_epoch: 3,

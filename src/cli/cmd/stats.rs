@@ -112,11 +112,12 @@ fn print_queues(snap: &Snapshot) {
 
 /// What bounds a host's capacity, in words: for the CPU, that the host holds its slots.
 fn bound_text(r: &crate::cluster::HostReport) -> &'static str {
-    match r.capacity_bound.as_str() {
-        "load" => "cpu overloaded: holding its slots, replacing those that exit",
-        "memory" => "memory",
-        "max_slots" => "max_slots",
-        _ => "-",
+    use crate::cluster::Bound;
+    match r.capacity_bound {
+        Some(Bound::Load) => "cpu overloaded: holding its slots, replacing those that exit",
+        Some(Bound::Memory) => "memory",
+        Some(Bound::MaxSlots) => "max_slots",
+        None => "-",
     }
 }
 

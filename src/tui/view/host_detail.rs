@@ -69,7 +69,7 @@ fn figures(h: &HostView, latest: &Snapshot) -> Vec<Line<'static>> {
                 "{} of capacity {}{}",
                 r.slots,
                 r.capacity,
-                if r.capacity_bound == "load" {
+                if r.capacity_bound == Some(crate::cluster::Bound::Load) {
                     " (cpu overloaded: holding, replacing slots that exit)"
                 } else {
                     ""
