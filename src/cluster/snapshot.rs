@@ -559,7 +559,7 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                 name.clone(),
                 json!({
                     "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
-                    "frozen": s.frozen,
+                    "frozen": s.frozen, "oldest_due_age_ms": s.oldest_due_age_ms,
                     "slots": q.slots,
                     "mapped": q.mapped,
                     "wanted": d.map(|d| d.wanted),
@@ -640,4 +640,28 @@ fn systems_json(snap: &Snapshot) -> serde_json::Value {
         })
         .collect();
     serde_json::Value::Object(systems)
+}
+
+/// A span of `ms` milliseconds as a table shows it: `4.2s`, `37s`, `12m05s`, `3h20m`.
+pub fn age_text(ms: u64) -> String {
+    let s = ms / 1000;
+    if ms < 10_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else if s < 60 {
+        format!("{s}s")
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}h{:02}m", s / 3600, s % 3600 / 60)
+    }
+}
+
+/// How late a queue is, as its tables show it: its oldest due task's age, `-` when none
+/// waits.
+pub fn late_text(oldest_due_age_ms: u64) -> String {
+    if oldest_due_age_ms == 0 {
+        "-".into()
+    } else {
+        age_text(oldest_due_age_ms)
+    }
 }

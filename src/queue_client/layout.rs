@@ -18,7 +18,9 @@
 //!   fields; there is no `meta` hash. A chain's id is minted from its global task's
 //!   number (`~cQUEUE.N`), a global task's meta says `g` and the chain, and each queue
 //!   lists the members of a chain it holds (`chain:ID`); the migration lists layout 1's
-//!   chains there under their old names. The first write to a queue with no data stamps
+//!   chains there under their old names. Ready tasks that came due other than at their
+//!   enqueue keep when in `ready:due` (none after a migration: those count from their
+//!   enqueue). The first write to a queue with no data stamps
 //!   it.
 //!
 //! A new version is one more number here, its description, and its passes in

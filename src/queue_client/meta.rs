@@ -73,6 +73,12 @@ impl Meta {
         Meta { head, seq, chain }
     }
 
+    /// When it was enqueued (ms since the epoch, Redis's clock); `None` when the meta did
+    /// not parse.
+    pub(crate) fn enqueued_ms(&self) -> Option<i64> {
+        self.head.map(|h| h.enqueued_ms)
+    }
+
     /// Its max_attempts as enqueued (0: no limit); `None` when the meta did not parse.
     pub(crate) fn max_attempts(&self) -> Option<u32> {
         self.head.map(|h| h.max_attempts)

@@ -88,7 +88,8 @@ impl Spell {
 /// saying that the rest are quiet), the failures after it go to debug, and the first
 /// answer after it is one info line with how long the spell lasted and how many calls
 /// failed. An error that is not an outage (a refused request, a reply that makes no
-/// sense) is warned about every time.
+/// sense) is warned about every time. It also sets the gauge `gaffer_redis_up`: 0 from an
+/// outage's first failure, 1 from the first answer (the alert rules' Redis outage).
 #[derive(Debug, Default)]
 pub struct OutageLog {
     spell: Spell,
@@ -107,6 +108,7 @@ impl OutageLog {
     /// A call failed for `cause`, an outage's, with `error` as its text: for callers
     /// that no longer hold the [`QueueError`] (the api's answers).
     pub fn failed_for(&mut self, what: &str, cause: Cause, error: &dyn std::fmt::Display) {
+        metrics::gauge!("gaffer_redis_up").set(0.0);
         match self.spell.failed(cause, Instant::now()) {
             SpellStep::Started(_) | SpellStep::Changed { .. } => tracing::warn!(
                 cause = %cause,
@@ -119,6 +121,7 @@ impl OutageLog {
 
     /// A call to Redis succeeded: ends the spell, if there was one.
     pub fn answered(&mut self) {
+        metrics::gauge!("gaffer_redis_up").set(1.0);
         if let SpellStep::Ended { lasted, failed } = self.spell.answered(Instant::now()) {
             tracing::info!(
                 after = %humantime::format_duration(lasted),

@@ -22,6 +22,11 @@ pub struct QueueStats {
     pub dead: u64,
     /// Held by an operator (freeze) until thawed.
     pub frozen: u64,
+    /// How long the longest-waiting due task has been due, in ms (0: none waits): the
+    /// queue's lateness. A task counts from its enqueue, or from when it came due when it
+    /// did not become ready at its enqueue (enqueued with a delay, retried, given back,
+    /// thawed, requeued). Frozen and leased tasks do not count.
+    pub oldest_due_age_ms: u64,
     /// Tasks created by enqueue.
     pub enqueued_total: u64,
     /// Tasks acked.
@@ -50,7 +55,7 @@ impl Queue {
             .invocation(&SCRIPTS.stats)
             .invoke_async(&mut conn)
             .await?;
-        if reply.len() < 5 {
+        if reply.len() < 6 {
             return Err(QueueError::Protocol("stats returned too little".into()));
         }
         let mut s = QueueStats {
@@ -59,9 +64,10 @@ impl Queue {
             leased: int(&reply[2])? as u64,
             dead: int(&reply[3])? as u64,
             frozen: int(&reply[4])? as u64,
+            oldest_due_age_ms: int(&reply[5])?.max(0) as u64,
             ..Default::default()
         };
-        for pair in reply[5..].chunks(2) {
+        for pair in reply[6..].chunks(2) {
             let [field, value] = pair else { break };
             let value: u64 = string(value)?.parse().unwrap_or(0);
             match string(field)?.as_str() {

@@ -187,6 +187,12 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
                 retried_total: 10 + i * q.retries,
                 dead_total: q.dead,
                 frozen: if q.name == "emails" { 2 } else { 0 },
+                // (a paused queue's tasks wait on: late by minutes)
+                oldest_due_age_ms: match q.name {
+                    "emails" => 4_200,
+                    "reports" => 754_000,
+                    _ => 0,
+                },
                 ..QueueStats::default()
             },
             slots,

@@ -17,6 +17,7 @@ crate::harness::on_both!(
     expired_lease_reappears_and_old_token_is_stale,
     priority_first_then_fifo,
     delayed_tasks_are_not_handed_out_early,
+    lateness_counts_from_when_each_task_came_due,
     dedup_id_returns_existing_until_acked,
     retry_with_delay_and_priority,
     fail_goes_to_dead_letters_with_reason,
@@ -1229,4 +1230,105 @@ async fn function_list(
             (text(&field(lib, "library_name")), functions)
         })
         .collect()
+}
+
+/// The queue's lateness (`oldest_due_age_ms`) after waiting `at_least` ms, by its stats.
+async fn lateness_past(q: &gaffer::queue_client::Queue, at_least: u64) -> u64 {
+    poll_some(Duration::from_secs(10), "the lateness to grow", || async {
+        let s = q.stats().await.unwrap();
+        (s.oldest_due_age_ms >= at_least).then_some(s.oldest_due_age_ms)
+    })
+    .await
+}
+
+async fn lateness_counts_from_when_each_task_came_due(client: QueueClient, name: &str) {
+    let q = client.queue(name).unwrap();
+    let due_key = format!("{}:{{{name}}}:ready:due", client.namespace());
+    let dues_kept = || async {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(&due_key)
+            .query_async(&mut client.connection())
+            .await
+            .unwrap();
+        n == 1
+    };
+    // Nothing waits: not late at all.
+    assert_eq!(q.stats().await.unwrap().oldest_due_age_ms, 0);
+
+    // A task enqueued now counts from its enqueue.
+    let enqueued = Instant::now();
+    q.enqueue(NewTask::new("a").id("a")).await.unwrap();
+    let late = lateness_past(&q, 300).await;
+    assert!(late <= enqueued.elapsed().as_millis() as u64 + 50, "{late}");
+
+    // One enqueued with a delay is not late before its time, and counts from its due time
+    // after: while it sits in `delayed` and once a take moved it to its list.
+    let b_enqueued = Instant::now();
+    q.enqueue(
+        NewTask::new("b")
+            .id("b")
+            .delay(Duration::from_millis(800))
+            .priority(5),
+    )
+    .await
+    .unwrap();
+    // (a's age still dominates; b's own shows once a is gone)
+    let first = q.take(1, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(first.tasks[0].id, "a");
+    let s = q.stats().await.unwrap();
+    if b_enqueued.elapsed() < Duration::from_millis(700) {
+        assert_eq!((s.delayed, s.oldest_due_age_ms), (1, 0), "{s:?}");
+    }
+    let late = lateness_past(&q, 200).await;
+    assert!(
+        late + 700 <= b_enqueued.elapsed().as_millis() as u64,
+        "b counts from its due time, not its enqueue: {late}"
+    );
+    q.reclaim().await.unwrap();
+    assert!(dues_kept().await, "a moved task keeps its due time");
+    let late = lateness_past(&q, 400).await;
+    assert!(
+        late + 700 <= b_enqueued.elapsed().as_millis() as u64,
+        "b still counts from its due time once ready: {late}"
+    );
+
+    // b taken and acked; a, retried without delay, counts from its retry, not from its
+    // enqueue long before.
+    let b = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(b.tasks.len(), 1);
+    q.settle(&[SettleOp::new(&b.tasks[0], Settle::Ack)])
+        .await
+        .unwrap();
+    assert_eq!(q.stats().await.unwrap().oldest_due_age_ms, 0);
+    let retried = Instant::now();
+    q.settle(&[SettleOp::new(
+        &first.tasks[0],
+        Settle::Retry {
+            delay: Duration::ZERO,
+            priority: Some(9),
+            reason: "again".into(),
+        },
+    )])
+    .await
+    .unwrap();
+    let late = lateness_past(&q, 300).await;
+    assert!(
+        late <= retried.elapsed().as_millis() as u64 + 50
+            && late + 500 < enqueued.elapsed().as_millis() as u64,
+        "a's due time is {late} ms ago: since its retry, not its enqueue"
+    );
+
+    // Everything taken and acked: not late, and no due time is left behind.
+    let rest = q.take(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(rest.tasks[0].id, "a");
+    q.settle(&[SettleOp::new(&rest.tasks[0], Settle::Ack)])
+        .await
+        .unwrap();
+    let s = q.stats().await.unwrap();
+    assert_eq!(
+        (s.ready, s.delayed, s.oldest_due_age_ms),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    assert!(!dues_kept().await, "the due times went with their tasks");
 }

@@ -3,7 +3,7 @@
 use clap::Args;
 
 use crate::cli::{CliError, Global};
-use crate::cluster::snapshot::{Snapshot, stats_json};
+use crate::cluster::snapshot::{Snapshot, late_text, stats_json};
 use crate::printable::printable;
 
 /// Arguments of `gaffer stats`.
@@ -48,9 +48,10 @@ pub async fn run(global: &Global, args: StatsArgs) -> Result<(), CliError> {
 
 fn print_queues(snap: &Snapshot) {
     println!(
-        "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6} {:>6}",
+        "{:<24} {:>9} {:>7} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6} {:>6}",
         "queue",
         "ready",
+        "late",
         "delayed",
         "leased",
         "dead",
@@ -72,9 +73,10 @@ fn print_queues(snap: &Snapshot) {
             .and_then(|d| d.load)
             .map_or_else(|| "-".to_string(), |l| format!("{l:.2}"));
         println!(
-            "{:<24} {:>9} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6} {:>6}",
+            "{:<24} {:>9} {:>7} {:>9} {:>9} {:>7} {:>12} {:>12} {:>8} {:>8} {:>6} {:>6} {:>6}",
             name,
             s.ready,
+            late_text(s.oldest_due_age_ms),
             s.delayed,
             s.leased,
             s.dead,

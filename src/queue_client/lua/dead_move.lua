@@ -54,7 +54,7 @@ else
   local metas = metas_of(ids)
   local pris = {}
   for i = 1, #ids do pris[i] = parse_meta(metas[i]) end
-  push_ready_grouped(pris, ids, front)
+  push_ready_grouped(pris, ids, front, now)
   bulk('HDEL', K_ATT, ids)
   bulk('HDEL', K_ERR, ids)
   for _, id in ipairs(ids) do

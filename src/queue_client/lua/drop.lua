@@ -4,6 +4,7 @@
 for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
   redis.call('DEL', ready_list(p))
 end
+redis.call('DEL', ready_dues.key())
 local ids = redis.call('ZRANGE', K_IDX, 0, -1)
 local read = {}
 for _, id in ipairs(ids) do

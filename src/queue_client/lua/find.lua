@@ -49,10 +49,7 @@ elseif cancel then
   if state == 'ready' then
     -- O(length of the list): cancelling is rare, and a ready task must leave no entry
     -- behind that could hand it out after its id is enqueued again.
-    local pri = parse_meta(m)
-    local list = ready_list(pri)
-    redis.call('LREM', list, 1, id)
-    if redis.call('LLEN', list) == 0 then redis.call('ZREM', K_READY, pri) end
+    ready_remove(parse_meta(m), id)
   elseif state == 'leased' then
     redis.call('ZREM', K_LEASED, member)
   else

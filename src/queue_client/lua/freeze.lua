@@ -18,10 +18,7 @@ local state, score, m = locate(id, now, false, action == 'freeze')
 if not state then return nil end
 if action == 'freeze' then
   if state == 'ready' then
-    local pri = parse_meta(m)
-    local list = ready_list(pri)
-    redis.call('LREM', list, 1, id)
-    if redis.call('LLEN', list) == 0 then redis.call('ZREM', K_READY, pri) end
+    ready_remove(parse_meta(m), id)
     redis.call('ZADD', K_FROZEN, now, id)
   elseif state == 'delayed' or state == 'due' then
     redis.call('ZREM', K_DELAYED, id)
@@ -74,11 +71,11 @@ if score > now then
 elseif older then
   -- Back in its place among the first tasks waiting: behind those created before it.
   local prefix = older > 0 and redis.call('LPOP', ready_list(pri), older) or {}
-  push_ready(pri, {id}, true)
+  push_ready(pri, {id}, true, now)
   push_ready(pri, prefix, true)
   wake(1)
 else
-  push_ready(pri, {id}, false)
+  push_ready(pri, {id}, false, now)
   wake(1)
 end
 record(id, 'waiting', now, nil, '', '', note)

@@ -42,7 +42,7 @@ for i = FIRST, #ARGV, 3 do
   end
 end
 -- At the front, in the order they were taken, ahead of everything that was behind them.
-push_ready_grouped(pris, back, true)
+push_ready_grouped(pris, back, true, now or now_ms())
 -- The take's running entries are still beside the records: a take that never ran goes
 -- unwritten, so the record keeps no trace of it.
 if note == '' then

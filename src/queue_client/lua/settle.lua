@@ -182,7 +182,7 @@ for i = k + 1, k + m do
         if delay > 0 then
           redis.call('ZADD', K_DELAYED, now + delay, id)
         else
-          push_ready(pri, {id}, ordered)
+          push_ready(pri, {id}, ordered, now)
           n_woken = n_woken + 1
         end
         if tracked then

@@ -72,7 +72,7 @@ if #expired > 0 then
   bulk('ZREM', K_LEASED, expired)
   run_end(expired_ids)
   -- At the front in the leases' order (earliest expiry first, then by token and id).
-  push_ready_grouped(back_pris, back, true)
+  push_ready_grouped(back_pris, back, true, now)
   redis.call('HINCRBY', K_STATS, 'expired', #expired)
   if n_dead > 0 then redis.call('HINCRBY', K_STATS, 'dead', n_dead) end
 end
@@ -82,18 +82,22 @@ end
 if A.ordered == '1' then ordered_head_due(now) end
 
 -- 2. Delayed tasks that are due join the back of their priority's list, in due order.
-local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, limit)
+--    Each keeps its due time, from which its lateness counts (ready_dues).
+local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 if #due > 0 then
-  local metas = metas_of(due)
-  local ids, pris = {}, {}
-  for i, id in ipairs(due) do
+  local all = {}
+  for i = 1, #due, 2 do all[#all + 1] = due[i] end
+  local metas = metas_of(all)
+  local ids, pris, dues = {}, {}, {}
+  for i, id in ipairs(all) do
     if metas[i] then
       ids[#ids + 1] = id
       pris[#pris + 1] = parse_meta(metas[i])
+      dues[#dues + 1] = due[2 * i]
     end
   end
-  bulk('ZREM', K_DELAYED, due)
-  push_ready_grouped(pris, ids, false)
+  bulk('ZREM', K_DELAYED, all)
+  push_ready_grouped(pris, ids, false, dues)
 end
 
 -- n = 0: only the steps above (a reclaim, see lease.rs), and the hint of none taken.
@@ -109,6 +113,7 @@ local ids = {}
 -- out plain tasks or tasks of one packet, never both. Only a queue that has packets looks
 -- at what it takes before it takes it.
 local has_packets = tracked and queue_has_packets()
+local dues_kept = ready_dues.kept()
 local packet_list, packet_name = nil, nil
 while #ids < n do
   local top = redis.call('ZRANGE', K_READY, 0, 0)[1]
@@ -137,6 +142,7 @@ while #ids < n do
     want = plain
   end
   local got = want > 0 and redis.call('LPOP', list, want)
+  if got and dues_kept then ready_dues.drop(got) end
   if got then
     if #ids == 0 then
       ids = got

@@ -337,16 +337,7 @@ fn clock(ms: u64) -> String {
 }
 
 fn ago(ms: u64) -> String {
-    let s = ms / 1000;
-    if ms < 10_000 {
-        format!("{:.1}s", ms as f64 / 1000.0)
-    } else if s < 60 {
-        format!("{s}s")
-    } else if s < 3600 {
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        format!("{}h{:02}m", s / 3600, s % 3600 / 60)
-    }
+    crate::cluster::snapshot::age_text(ms)
 }
 
 fn count(n: u64) -> String {

@@ -119,6 +119,13 @@ fn counters(r: &QueueRow<'_>) -> Vec<Line<'static>> {
             ),
         ),
         field(
+            "late",
+            format!(
+                "oldest due task waiting {}",
+                crate::cluster::snapshot::late_text(s.oldest_due_age_ms)
+            ),
+        ),
+        field(
             "rates",
             format!(
                 "done {}/s  errors {}/s  mean task {}",

@@ -6,6 +6,7 @@ use ratatui::text::Span;
 use ratatui::widgets::{Block, Cell, Row, StatefulWidget, Table, TableState};
 
 use super::{DIM, HEADER, RED_BOLD, SELECTED, YELLOW, count, intake, pct, rate, right, secs};
+use crate::cluster::snapshot::late_text;
 use crate::tui::state::{QueueRow, SortKey, State};
 
 /// The queues table, the selected row highlighted.
@@ -30,6 +31,7 @@ pub(super) fn queues(state: &State, area: Rect, buf: &mut Buffer) {
         head("slots now/want/avg", Some(SortKey::Slots)),
         head("load", Some(SortKey::Load)),
         head("ready", Some(SortKey::Ready)),
+        head("late", None),
         head("delayed", None),
         head("leased", None),
         head("dead", Some(SortKey::Dead)),
@@ -49,6 +51,7 @@ pub(super) fn queues(state: &State, area: Rect, buf: &mut Buffer) {
         Constraint::Length(19),
         Constraint::Length(6),
         Constraint::Length(8),
+        Constraint::Length(7),
         Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(7),
@@ -105,6 +108,7 @@ fn queue_row<'a>(r: &QueueRow<'a>) -> Row<'a> {
         )),
         load,
         right(count(s.ready)),
+        right(late_text(s.oldest_due_age_ms)),
         right(count(s.delayed)),
         right(count(s.leased)),
         dead,

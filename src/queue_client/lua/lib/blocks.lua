@@ -665,6 +665,38 @@ local function ready_count()
   return total + (tonumber(redis.call('GET', K_PKTW)) or 0)
 end
 
+-- When the longest-waiting ready task became due (ms; nil when none waits): per priority,
+-- the earliest of its first 16 entries' due times (ready_dues), else their enqueue times
+-- (a task's meta, a packet's store). More than the head: the front of a list may hold
+-- tasks pushed back to it (a lease run out, a task given back), due more recently than
+-- those behind them.
+local function ready_oldest_due()
+  local oldest
+  local function keep(t)
+    if t and (not oldest or t < oldest) then oldest = t end
+  end
+  local dues_kept = ready_dues.kept()
+  for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
+    local plain = {}
+    for _, e in ipairs(redis.call('LRANGE', ready_list(p), 0, 15)) do
+      if is_packet_name(e) then
+        local v = redis.call('GET', packet_store_key(string.sub(e, #PACKET + 1)))
+        if v then keep(tonumber((select(3, packet_parts(v))))) end
+      else
+        plain[#plain + 1] = e
+      end
+    end
+    local dues = dues_kept and hmget(ready_dues.key(), plain) or {}
+    local metas = metas_of(plain)
+    for i = 1, #plain do
+      local d = tonumber(dues[i])
+      if not d and metas[i] then d = select(3, parse_meta(metas[i])) end
+      keep(d)
+    end
+  end
+  return oldest
+end
+
 -- The tasks under lease, per task or in batches.
 local function leased_count()
   return redis.call('ZCARD', K_LEASED) + (tonumber(redis.call('GET', K_BATCHN)) or 0)

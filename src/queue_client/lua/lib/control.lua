@@ -28,7 +28,7 @@ local function ordered_head_due(now)
   if due then
     redis.call('ZREM', K_DELAYED, head)
     local m = meta_of(head)
-    if m then push_ready(parse_meta(m), {head}, true) end
+    if m then push_ready(parse_meta(m), {head}, true, tonumber(due) or now) end
   end
   redis.call('HDEL', K_CONF, 'head')
 end

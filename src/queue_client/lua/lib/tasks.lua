@@ -16,12 +16,46 @@ local function ready_list(pri)
   return K_READY .. ':' .. pri
 end
 
+-- When a ready task became due, for those that did not become ready at their enqueue (a
+-- delayed task come due, a retry without delay, a lease that ran out, a task given back,
+-- thawed or requeued): K_READY .. ':due', a hash id → ms. A task's lateness (stats.lua)
+-- counts from it, else from the enqueue time in its meta. Its entry goes when the task
+-- leaves its list (a take, ready_remove); a queue whose ready tasks all came from
+-- enqueues has no such key, and a take then pays one EXISTS for it. One table, not four
+-- locals: a library's main chunk may hold at most 200 (its functions name the key
+-- themselves, as the table is not in scope inside its own constructor).
+local ready_dues = {
+  key = function()
+    return K_READY .. ':due'
+  end,
+  -- Whether any ready task has a due time kept (a take asks once).
+  kept = function()
+    return redis.call('EXISTS', K_READY .. ':due') == 1
+  end,
+  -- Forgets the due times of ids that left the ready lists.
+  drop = function(ids)
+    if #ids > 0 then bulk('HDEL', K_READY .. ':due', ids) end
+  end,
+  -- Keeps the due time of ids: `due` a number for all, or a table parallel to ids.
+  set = function(ids, due)
+    local items = {}
+    for i, id in ipairs(ids) do
+      items[#items + 1] = id
+      items[#items + 1] = type(due) == 'table' and due[i] or due
+    end
+    if #items > 0 then bulk('HSET', K_READY .. ':due', items) end
+  end,
+}
+
 -- Appends ids (all of one priority) to the back of their list, or puts them at the front
 -- when `front` (reclaimed or given back tasks were taken before everything behind them),
 -- in their order either way: LPUSH puts each id before the ones pushed earlier, so the
--- front's are pushed last to first.
-local function push_ready(pri, ids, front)
+-- front's are pushed last to first. `due`: nil for tasks ready at their enqueue (or back
+-- in the list they just left, due times kept), else when they became due (a number for
+-- all, or a table parallel to ids), kept for their lateness (ready_dues).
+local function push_ready(pri, ids, front, due)
   if #ids == 0 then return end
+  if due then ready_dues.set(ids, due) end
   if front and #ids > 1 then
     local rev = {}
     for i = #ids, 1, -1 do rev[#rev + 1] = ids[i] end
@@ -31,19 +65,32 @@ local function push_ready(pri, ids, front)
   redis.call('ZADD', K_READY, -pri, pri)
 end
 
--- Groups ids by priority and pushes each group: for moves of many tasks at once.
-local function push_ready_grouped(pris, ids, front)
-  local groups, order = {}, {}
+-- Takes one ready task of priority `pri` out of its list, out of turn (a cancel, a
+-- freeze): O(the list), which such rare calls pay rather than leave an entry behind.
+local function ready_remove(pri, id)
+  local list = ready_list(pri)
+  redis.call('LREM', list, 1, id)
+  if redis.call('LLEN', list) == 0 then redis.call('ZREM', K_READY, pri) end
+  ready_dues.drop({id})
+end
+
+-- Groups ids by priority and pushes each group: for moves of many tasks at once. `due`
+-- as push_ready's (a table stays parallel to ids).
+local function push_ready_grouped(pris, ids, front, due)
+  local groups, dues, order = {}, {}, {}
   for i, id in ipairs(ids) do
     local p = pris[i]
     if not groups[p] then
-      groups[p] = {}
+      groups[p], dues[p] = {}, {}
       order[#order + 1] = p
     end
     local g = groups[p]
     g[#g + 1] = id
+    if type(due) == 'table' then dues[p][#g] = due[i] end
   end
-  for _, p in ipairs(order) do push_ready(p, groups[p], front) end
+  for _, p in ipairs(order) do
+    push_ready(p, groups[p], front, type(due) == 'table' and dues[p] or due)
+  end
 end
 
 -- meta = "priority:max_attempts:enqueued_ms" for an untracked task; a tracked one's goes
