@@ -20,7 +20,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -482,7 +482,15 @@ pub fn install_metrics() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            // (the start delay is a histogram with buckets, so alerts can sum them across
+            // hosts; the rest stay summaries, each process's quantiles)
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full("gaffer_task_start_delay_seconds".into()),
+                    &crate::host::proto::START_DELAY_BUCKETS,
+                )
+                .expect("the start delay buckets are not empty")
+                .build_recorder();
             let handle = recorder.handle();
             if let Err(e) = metrics::set_global_recorder(recorder) {
                 tracing::warn!(error = %e, "metrics recorder not installed, /metrics stays empty");

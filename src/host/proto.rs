@@ -116,6 +116,10 @@ pub enum SlotEvent {
         /// instead of two (sending two was 7 % of a no-op slot's time).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         next: Option<u32>,
+        /// How long the batch's first attempts waited from their enqueue to their start,
+        /// counted into [`START_DELAY_BUCKETS`].
+        #[serde(default, skip_serializing_if = "StartDelays::is_empty")]
+        start_delays: StartDelays,
     },
     /// The batch a [`SlotEvent::BatchDone`] said was next went back to the queue unstarted
     /// (its lease ran out before the handler was free): the slot is idle.
@@ -179,9 +183,93 @@ impl SlotEvent {
     }
 }
 
+/// The upper bounds (seconds) of the buckets of the enqueue-to-start histogram
+/// (`gaffer_task_start_delay_seconds`): from "at once" to "an hour late", so an alert on
+/// "started within 15 minutes" reads a bucket's count rather than an estimate.
+pub const START_DELAY_BUCKETS: [f64; 16] = [
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0,
+    7200.0,
+];
+
+/// Enqueue-to-start delays of a batch's tasks, as per-bucket counts and sums (only the
+/// buckets that have any): a datagram stays a few bytes whatever the batch's size, and
+/// the master's histogram gets each bucket's count and the exact total of the delays
+/// (each bucket recorded as its count times its mean, which lies inside the bucket).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartDelays(pub Vec<(u8, u32, u64)>);
+
+impl StartDelays {
+    /// Whether no delay was counted.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Counts one delay of `ms` milliseconds (past the last bound: in the last bucket's
+    /// place after it, Prometheus's `+Inf`).
+    pub fn count(&mut self, ms: u64) {
+        let secs = ms as f64 / 1000.0;
+        let bucket = START_DELAY_BUCKETS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(START_DELAY_BUCKETS.len()) as u8;
+        match self.0.iter_mut().find(|(b, _, _)| *b == bucket) {
+            Some((_, n, sum)) => {
+                *n += 1;
+                *sum += ms;
+            }
+            None => self.0.push((bucket, 1, ms)),
+        }
+    }
+
+    /// Each counted bucket as (the mean delay in seconds, how many).
+    pub fn means(&self) -> impl Iterator<Item = (f64, usize)> + '_ {
+        self.0
+            .iter()
+            .filter(|(_, n, _)| *n > 0)
+            .map(|&(_, n, sum)| (sum as f64 / 1000.0 / f64::from(n), n as usize))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_delays_keep_each_buckets_count_and_sum() {
+        let mut d = StartDelays::default();
+        for ms in [3, 4, 20, 2_000, 5_000_000, 9_000_000] {
+            d.count(ms);
+        }
+        // 3 and 4 ms in the first bucket, 20 ms in the second, 2 s in "≤ 2.5 s", 5000 s
+        // in "≤ 7200 s", 9000 s past every bound
+        assert_eq!(
+            d.0,
+            vec![
+                (0, 2, 7),
+                (1, 1, 20),
+                (6, 1, 2_000),
+                (15, 1, 5_000_000),
+                (16, 1, 9_000_000)
+            ]
+        );
+        let means: Vec<(f64, usize)> = d.means().collect();
+        assert_eq!(means[0], (0.0035, 2));
+        // every mean falls in its own bucket, so the histogram's counts are exact
+        for ((b, _, _), (mean, _)) in d.0.iter().zip(&means) {
+            let hi = START_DELAY_BUCKETS
+                .get(*b as usize)
+                .copied()
+                .unwrap_or(f64::INFINITY);
+            let lo = if *b == 0 {
+                0.0
+            } else {
+                START_DELAY_BUCKETS[*b as usize - 1]
+            };
+            assert!(*mean > lo && *mean <= hi, "{mean} outside ({lo}, {hi}]");
+        }
+        let text = serde_json::to_string(&d).unwrap();
+        assert_eq!(serde_json::from_str::<StartDelays>(&text).unwrap(), d);
+    }
 
     #[test]
     fn the_outside_event_reads_back_and_names_its_slot() {

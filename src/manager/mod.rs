@@ -505,7 +505,7 @@ impl Manager {
             now,
             paused: &paused,
         });
-        telemetry::queues(&queue_stats, &out.decisions);
+        telemetry::queues(&queue_stats, &out.decisions, &self.opts.config);
         telemetry::HostCounts::of(&hosts).emit();
         let decisions = serde_json::to_string(&out.decisions)?;
         let liveness: BTreeMap<&str, bool> =

@@ -9,6 +9,7 @@ use std::time::Duration;
 use metrics::{counter, gauge, histogram};
 
 use crate::balancer::{Decision, HostState};
+use crate::config::Config;
 use crate::queue_client::QueueStats;
 
 /// Registers the manager's series at zero, so dashboards show 0 rather than "no data"
@@ -226,11 +227,22 @@ impl HostCounts {
     }
 }
 
-/// Every queue's backlog, counters and the balancer's verdict.
-pub(crate) fn queues(stats: &BTreeMap<String, QueueStats>, decisions: &BTreeMap<String, Decision>) {
+/// Every queue's backlog, lateness, counters, priority and the balancer's verdict.
+pub(crate) fn queues(
+    stats: &BTreeMap<String, QueueStats>,
+    decisions: &BTreeMap<String, Decision>,
+    config: &Config,
+) {
     for (q, s) in stats {
         let l = || [("queue", q.clone())];
         gauge!("gaffer_queue_ready", &l()).set(s.ready as f64);
+        gauge!("gaffer_queue_oldest_due_age_seconds", &l())
+            .set(s.oldest_due_age_ms as f64 / 1000.0);
+        // The config's priority, so alert rules can hold important queues to tighter
+        // lateness bounds (dashboards/alerts.yml) without a label on every series.
+        if let Some(c) = config.queues.get(q) {
+            gauge!("gaffer_queue_priority", &l()).set(f64::from(c.priority));
+        }
         gauge!("gaffer_queue_delayed", &l()).set(s.delayed as f64);
         gauge!("gaffer_queue_leased", &l()).set(s.leased as f64);
         gauge!("gaffer_queue_dead", &l()).set(s.dead as f64);

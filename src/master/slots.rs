@@ -474,6 +474,7 @@ impl Master {
                 failed,
                 busy_ms,
                 stale,
+                ref start_delays,
                 ..
             } => {
                 s.batches += 1;
@@ -492,6 +493,7 @@ impl Master {
                     failed,
                     busy_ms,
                     stale,
+                    start_delays,
                 }
                 .emit();
             }

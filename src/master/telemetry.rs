@@ -7,6 +7,7 @@ use std::time::Duration;
 use metrics::{counter, gauge};
 
 use crate::cluster::{Bound, HostReport};
+use crate::host::proto::StartDelays;
 
 /// Why a slot ended, as counted in `gaffer_slot_exits_total{reason}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +119,8 @@ pub(crate) struct BatchDone<'a> {
     pub(crate) busy_ms: u64,
     /// Settles refused as stale (the lease had passed to another slot).
     pub(crate) stale: u32,
+    /// Its first attempts' enqueue-to-start delays.
+    pub(crate) start_delays: &'a StartDelays,
 }
 
 impl BatchDone<'_> {
@@ -129,6 +132,7 @@ impl BatchDone<'_> {
             failed,
             busy_ms,
             stale,
+            start_delays,
         } = *self;
         let q = queue.to_owned();
         counter!("gaffer_tasks_processed_total", "queue" => q.clone()).increment(u64::from(tasks));
@@ -137,6 +141,13 @@ impl BatchDone<'_> {
         counter!("gaffer_settle_stale_total", "queue" => q).increment(u64::from(stale));
         metrics::histogram!("gaffer_batch_seconds", "queue" => queue.to_owned())
             .record(busy_ms as f64 / 1000.0);
+        if !start_delays.is_empty() {
+            let h =
+                metrics::histogram!("gaffer_task_start_delay_seconds", "queue" => queue.to_owned());
+            for (mean, n) in start_delays.means() {
+                h.record_many(mean, n);
+            }
+        }
     }
 }
 

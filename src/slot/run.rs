@@ -54,7 +54,7 @@ use crate::host::handler::{
     check_payload_size,
 };
 use crate::host::proto::{
-    EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, RETIRE_SIGNAL, SlotEvent, SlotSpec,
+    EXIT_FATAL, EXIT_RECYCLE, EXIT_STOPPED, RETIRE_SIGNAL, SlotEvent, SlotSpec, StartDelays,
 };
 use crate::queue_client::Worker as RecordWorker;
 
@@ -519,6 +519,9 @@ struct Serving {
 struct Taken {
     batch: Batch,
     lease_until: Instant,
+    /// When the take was sent: with the batch's `now_ms`, Redis's clock at any later
+    /// moment (for the tasks' enqueue-to-start delays).
+    sent: Instant,
     /// Taken ahead, and the last `BatchDone` told the master that it starts next (so no
     /// `BatchStarted` is sent for it, and an `Idle` if it goes back instead).
     announced: bool,
@@ -531,8 +534,22 @@ impl Taken {
         Taken {
             batch,
             lease_until: sent + lease,
+            sent,
             announced: false,
         }
+    }
+
+    /// How long its first attempts waited from their enqueue until now, their start (a
+    /// retried task's wait was counted at its first attempt).
+    fn start_delays(&self) -> StartDelays {
+        let now_ms = self.batch.now_ms + self.sent.elapsed().as_millis() as i64;
+        let mut d = StartDelays::default();
+        for t in self.batch.tasks.iter().filter(|t| t.attempt == 1) {
+            if let Some(enqueued) = t.meta.enqueued_ms() {
+                d.count((now_ms - enqueued).max(0) as u64);
+            }
+        }
+        d
     }
 }
 
@@ -705,10 +722,12 @@ impl Serving {
     /// Hands the batch to the handler, extends its leases while it runs, gives back
     /// what a stop left unstarted, settles the outcomes and reports the batch.
     async fn handle(&mut self, taken: Taken) {
+        let start_delays = taken.start_delays();
         let Taken {
             mut batch,
             lease_until,
             announced,
+            ..
         } = taken;
         let (slot, pid) = (self.slot, self.pid);
         if !announced {
@@ -780,6 +799,7 @@ impl Serving {
             busy_ms: busy.as_millis() as u64,
             stale,
             next,
+            start_delays,
         });
     }
 

@@ -33,7 +33,7 @@ use super::{HandleResult, Panicked, Serving, Taken, merge_outcomes, screen, sett
 use crate::backoff::Backoff;
 use crate::config::{KILL_AFTER_TERM, LONG_RENEW_EVERY, LONG_STOP_MARGIN};
 use crate::host::handler::{Outcome, Stop, Task};
-use crate::host::proto::{EXIT_RECYCLE, SlotEvent};
+use crate::host::proto::{EXIT_RECYCLE, SlotEvent, StartDelays};
 use crate::queue_client::{LeasedTask, LongSettled, Renewal, Settle, SettleOp, SettleResult};
 use crate::slot::followups::Made;
 
@@ -142,10 +142,11 @@ impl Serving {
     /// Runs one long task to its end: handler, renewals every tick, cancel, stop, then
     /// the settle its end calls for.
     pub(super) async fn run_long(&mut self, taken: Taken) {
+        let start_delays = taken.start_delays();
         let Taken {
             mut batch,
             lease_until,
-            announced: _,
+            ..
         } = taken;
         let Some(task) = batch.tasks.first().cloned() else {
             return;
@@ -218,6 +219,7 @@ impl Serving {
             busy_ms: busy.as_millis() as u64,
             stale: u32::from(run.end == LongEnd::LeaseLost),
             next: None,
+            start_delays,
         });
     }
 
@@ -257,6 +259,7 @@ impl Serving {
             busy_ms: 0,
             stale: 0,
             next: None,
+            start_delays: StartDelays::default(),
         });
     }
 
