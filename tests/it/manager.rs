@@ -974,3 +974,84 @@ async fn operators_pause_drain_and_apply_through_redis() {
     .await;
     assert_eq!(holder().await, before, "the lease lapsed: a new epoch");
 }
+
+/// The value of the sample `series` (name and labels exactly as the scrape prints them).
+fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn the_lateness_rises_while_a_queue_is_paused_and_falls_after_resume() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 1\n").await;
+    let (_, manager_http) = c.manager_http(1);
+    let (_, master_http) = c.master("h1");
+    c.cli(&["pause", "a"]);
+    eventually(Duration::from_secs(10), "a paused", || async {
+        c.placed("a").await.is_empty() && c.map().await.is_some()
+    })
+    .await;
+    let q = c.client.queue("a").unwrap();
+    let tasks: Vec<_> = (0..5)
+        .map(|i| gaffer::queue_client::NewTask::new(format!("{i}")))
+        .collect();
+    q.enqueue_many(&tasks).await.unwrap();
+    let enqueued = Instant::now();
+
+    // Paused with due tasks: late, and later by each read; the manager's gauge says so.
+    let late = |c: &Cluster| {
+        let stats: serde_json::Value = serde_json::from_str(&c.cli(&["stats", "--json"])).unwrap();
+        stats["queues"]["a"]["oldest_due_age_ms"].as_u64().unwrap()
+    };
+    let first = poll_some(Duration::from_secs(10), "a late by a second", || async {
+        Some(late(&c)).filter(|&l| l >= 1000)
+    })
+    .await;
+    let second = poll_some(Duration::from_secs(10), "a later still", || async {
+        Some(late(&c)).filter(|&l| l > first)
+    })
+    .await;
+    assert!(
+        second <= enqueued.elapsed().as_millis() as u64 + 100,
+        "{second}"
+    );
+    let gauge = poll_some(Duration::from_secs(10), "the lateness gauge", || async {
+        let scrape = http_get(manager_http, "/metrics").unwrap_or_default();
+        sample(&scrape, "gaffer_queue_oldest_due_age_seconds{queue=\"a\"}").filter(|&v| v >= 1.5)
+    })
+    .await;
+    assert!(gauge < 60.0, "{gauge}");
+    let text = c.cli(&["stats"]);
+    assert!(text.contains(" late "), "{text}");
+
+    // Resumed: the tasks run, and the queue is not late any more.
+    c.cli(&["resume", "a"]);
+    eventually(Duration::from_secs(20), "a done and on time", || async {
+        let s = q.stats().await.unwrap();
+        s.acked_total == 5 && s.oldest_due_age_ms == 0
+    })
+    .await;
+    assert_eq!(late(&c), 0);
+    // Each task waited from its enqueue through the pause: the master's histogram has all
+    // five, none of them in a bucket under a second.
+    let scrape = poll_some(Duration::from_secs(10), "the start delays", || async {
+        let scrape = http_get(master_http, "/metrics").unwrap_or_default();
+        (sample(
+            &scrape,
+            "gaffer_task_start_delay_seconds_count{queue=\"a\"}",
+        ) == Some(5.0))
+        .then_some(scrape)
+    })
+    .await;
+    assert_eq!(
+        sample(
+            &scrape,
+            "gaffer_task_start_delay_seconds_bucket{queue=\"a\",le=\"1\"}"
+        ),
+        Some(0.0),
+        "{scrape}"
+    );
+    let sum = sample(&scrape, "gaffer_task_start_delay_seconds_sum{queue=\"a\"}").unwrap();
+    assert!(sum >= 5.0 * (second as f64 / 1000.0), "{sum}");
+}

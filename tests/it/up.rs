@@ -135,6 +135,19 @@ fn scraped_names(text: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// Every `gaffer_*` name in `text`.
+fn gaffer_names(text: &str, out: &mut BTreeSet<String>) {
+    let mut rest = text;
+    while let Some(i) = rest.find("gaffer_") {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        out.insert(name);
+    }
+}
+
 /// Every `gaffer_*` name in the PromQL of a dashboard: panel targets and variable queries.
 fn dashboard_metrics(path: &Path) -> BTreeSet<String> {
     fn walk(v: &serde_json::Value, out: &mut BTreeSet<String>) {
@@ -142,15 +155,7 @@ fn dashboard_metrics(path: &Path) -> BTreeSet<String> {
             serde_json::Value::Object(m) => {
                 for (k, v) in m {
                     if let (true, Some(s)) = (k == "expr" || k == "definition", v.as_str()) {
-                        let mut rest = s;
-                        while let Some(i) = rest.find("gaffer_") {
-                            let name: String = rest[i..]
-                                .chars()
-                                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                                .collect();
-                            rest = &rest[i + name.len()..];
-                            out.insert(name);
-                        }
+                        gaffer_names(s, out);
                     } else {
                         walk(v, out);
                     }
@@ -255,10 +260,29 @@ async fn up_runs_the_demo_and_ctrl_c_leaves_nothing_behind() {
                 .into_iter()
                 .chain(scraped_names(&scrape(up.master_http)))
                 .collect();
-            names.contains("gaffer_batch_seconds_sum").then_some(names)
+            (names.contains("gaffer_batch_seconds_sum")
+                && names.contains("gaffer_task_start_delay_seconds_bucket")
+                && names.contains("gaffer_queue_oldest_due_age_seconds"))
+            .then_some(names)
         },
     )
     .await;
+    // So do the alert rules: every name in them, expressions and texts alike.
+    let mut in_rules = BTreeSet::new();
+    let rules = std::fs::read_to_string(repo().join("dashboards/alerts.yml")).unwrap();
+    gaffer_names(&rules, &mut in_rules);
+    for needed in [
+        "gaffer_queue_oldest_due_age_seconds",
+        "gaffer_queue_priority",
+        "gaffer_redis_up",
+    ] {
+        assert!(in_rules.contains(needed), "alerts.yml lost {needed}");
+    }
+    let missing: Vec<&String> = in_rules.iter().filter(|m| !names.contains(*m)).collect();
+    assert!(
+        missing.is_empty(),
+        "alerts.yml uses metrics no daemon exports: {missing:?}\nscraped: {names:?}"
+    );
     let mut checked = 0;
     for entry in std::fs::read_dir(repo().join("dashboards")).unwrap() {
         let path = entry.unwrap().path();
