@@ -2,9 +2,11 @@
 //! loading the config, connecting, and a few output helpers.
 //!
 //! `Global` (the config path, loading it, the Redis target, connecting), `CliError` (exit
-//! codes 0, 1 and 2), `queue_handle` (a queue of the config, or exit 2) and the output
+//! codes 0, 1 and 2), `queue_handle` (a queue of the config, or exit 2), `open_any_queue`
+//! (a retired queue too), `must_ask` and `ask` (a deletion's consent) and the output
 //! helpers.
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -254,20 +256,48 @@ fn tls_files(cfg: &Config) -> Result<Option<TlsFiles>, CliError> {
 }
 
 /// A handle on a queue of the config, with the config's limits; a queue the config does
-/// not name is bad usage (exit 2).
+/// not name is bad usage (exit 2). For commands that only make sense on a queue slots
+/// serve (`push`, `pause`, `intake`); [`open_any_queue`] also opens retired ones.
 pub fn queue_handle(client: &QueueClient, cfg: &Config, name: &str) -> Result<Queue, CliError> {
-    let q = cfg.queues.get(name).ok_or_else(|| {
-        let known: Vec<&str> = cfg.queues.keys().map(String::as_str).collect();
-        CliError::Usage(format!(
-            "queue {name:?} is not in the config (known: {})",
-            if known.is_empty() {
-                "none".to_string()
-            } else {
-                known.join(", ")
-            }
-        ))
-    })?;
+    let q = cfg
+        .queues
+        .get(name)
+        .ok_or_else(|| not_a_queue(cfg, name, &[]))?;
     Ok(client.queue_with(name, QueueLimits::from(q))?)
+}
+
+/// Bad usage: `name` is not in the config, nor among `retired` (when given).
+fn not_a_queue(cfg: &Config, name: &str, retired: &[String]) -> CliError {
+    let list = |names: Vec<&str>| {
+        if names.is_empty() {
+            "none".to_string()
+        } else {
+            names.join(", ")
+        }
+    };
+    let known = list(cfg.queues.keys().map(String::as_str).collect());
+    let retired = if retired.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; retired: {}",
+            list(retired.iter().map(String::as_str).collect())
+        )
+    };
+    CliError::Usage(format!(
+        "queue {name:?} is not in the config (known: {known}{retired})"
+    ))
+}
+
+/// Whether a queue is in the config in force or only in the registry of names configs have
+/// named (`cluster::Keys::queues`): its table removed, its data still in Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// In the config: opened with its limits.
+    Configured,
+    /// Retired: opened with default limits, since its config is gone; no slot takes from
+    /// it.
+    Retired,
 }
 
 /// Loads the config, connects, and opens one of its queues: what most commands on a
@@ -277,6 +307,64 @@ pub async fn open_queue(global: &Global, name: &str) -> Result<(Config, Queue), 
     let client = global.connect(&cfg).await?;
     let q = queue_handle(&client, &cfg, name)?;
     Ok((cfg, q))
+}
+
+/// Like [`open_queue`], and a retired queue too (the registry is read only for a name the
+/// config does not have); a name in neither is bad usage listing both.
+pub async fn open_any_queue(global: &Global, name: &str) -> Result<(Queue, Standing), CliError> {
+    let cfg = global.load()?;
+    let client = global.connect(&cfg).await?;
+    any_queue_handle(&client, &cfg, name).await
+}
+
+/// [`open_any_queue`] on a client at hand.
+pub async fn any_queue_handle(
+    client: &QueueClient,
+    cfg: &Config,
+    name: &str,
+) -> Result<(Queue, Standing), CliError> {
+    if let Some(q) = cfg.queues.get(name) {
+        let queue = client.queue_with(name, QueueLimits::from(q))?;
+        return Ok((queue, Standing::Configured));
+    }
+    let retired = crate::cluster::snapshot::retired_names(client, cfg).await?;
+    if !retired.contains(name) {
+        let retired: Vec<String> = retired.into_iter().collect();
+        return Err(not_a_queue(cfg, name, &retired));
+    }
+    Ok((client.queue(name)?, Standing::Retired))
+}
+
+/// Bad usage: `what` (requeue, thaw) would put tasks back to wait in a retired queue,
+/// where no slot takes them.
+pub fn refuse_retired(name: &str, what: &str) -> CliError {
+    CliError::Usage(format!(
+        "queue {name} is retired (not in the config): cannot {what}, no slot takes from a queue the config does not name; put its [queues.{name}] table back first (and let the manager adopt it), or delete its data with `gaffer queues retire {name}`"
+    ))
+}
+
+/// Whether a deletion must be asked for first: not with `--yes`. Where no terminal can
+/// ask (cron, a pipe, `ssh host cmd`) it is bad usage saying `refusal`, so nothing is
+/// deleted unasked.
+pub fn must_ask(yes: bool, refusal: impl FnOnce() -> String) -> Result<bool, CliError> {
+    if yes {
+        return Ok(false);
+    }
+    if !std::io::stdin().is_terminal() {
+        return Err(CliError::Usage(refusal()));
+    }
+    Ok(true)
+}
+
+/// Asks `question` on the terminal (stderr, ` [y/N] ` appended); true for y or yes.
+pub fn ask(question: &str) -> Result<bool, CliError> {
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(anyhow::Error::from)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
 }
 
 /// The failure of a lookup that found nothing (exit 1).

@@ -19,8 +19,8 @@ pub use common::{CliError, Global};
 
 use crate::slot::Registry;
 use cmd::{
-    api, bench, config, drain, intake, manager, master, migrate, pause, push, simulate, stats,
-    system,
+    api, bench, config, drain, intake, manager, master, migrate, pause, push, queues, simulate,
+    stats, system,
 };
 use cmd::{tasks, top, trace, up};
 
@@ -84,6 +84,18 @@ enum Command {
     /// Inspect and repair tasks: records, listings, dead letters, freeze, cancel by id
     #[command(subcommand)]
     Tasks(tasks::TasksCmd),
+    /// List the queues, and delete the data of those removed from the config
+    ///
+    /// A queue whose [queues.NAME] table is removed keeps its tasks, dead letters and
+    /// records in Redis: it is retired, and no slot takes from it. The leading manager
+    /// registers every queue name its config names, which is how gaffer finds them again:
+    /// `queues list` shows every queue with its state and counts, `stats` the retired ones
+    /// that hold data, and `tasks dead|list|show|purge|cancel` work on them (requeue and
+    /// thaw are refused: nothing would take the tasks). `queues retire NAME` deletes all of
+    /// a retired queue's data, asking first. A queue removed before the registry existed
+    /// is not known: see docs/OPERATIONS.md, "Remove a queue".
+    #[command(subcommand)]
+    Queues(queues::QueuesCmd),
     /// Measure the queue on the configured Redis, beside a bare Lua loop in the same run
     Bench(bench::BenchArgs),
     /// Run the whole cluster on this host: a local redis-server, the manager and a master
@@ -222,6 +234,7 @@ fn dispatch(command: Command, global: &Global, log_format: LogFormat) -> Result<
         Command::Push(args) => Threaded.block_on(push::run(global, args)),
         Command::Stats(args) => Threaded.block_on(stats::run(global, args)),
         Command::Tasks(cmd) => Threaded.block_on(tasks::run(global, cmd)),
+        Command::Queues(cmd) => Threaded.block_on(queues::run(global, cmd)),
         Command::Bench(args) => Threaded.block_on(bench::run(global, args)),
         Command::Top(args) => Threaded.block_on(top::run(global, args)),
         Command::Drain(args) => Threaded.block_on(drain::run(global, args)),

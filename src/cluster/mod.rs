@@ -21,6 +21,10 @@
 //!   hosts, written by `gaffer pause|resume|drain`.
 //! - `NS:{cluster}:decisions`: JSON of the manager's last decision per queue.
 //! - `NS:{cluster}:sched`: hash, schedule key → last fire time enqueued (ms).
+//! - `NS:{cluster}:queues`: set, every queue name a config has named: the leading manager
+//!   adds its config's names (at each config it adopts and each leadership it takes),
+//!   `gaffer queues retire` removes one. A name in it but not in the config in force is a
+//!   retired queue, which `stats` and `tasks` still reach.
 //!
 //! Configs are told apart by their text (ARCHITECTURE.md, invariant 38). `config apply`
 //! numbers configs with `HINCRBY`, which a Redis that lost its data starts again at 1, so a
@@ -35,7 +39,7 @@
 
 pub mod snapshot;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
@@ -276,6 +280,54 @@ impl Keys {
     pub fn schedules(&self) -> String {
         self.key("sched")
     }
+
+    /// Every queue name a config has named: what tells a queue removed from the config
+    /// (retired, its data still in Redis) from a name never used.
+    pub fn queues(&self) -> String {
+        self.key("queues")
+    }
+}
+
+/// Adds queue names to the registry of every name a config has named.
+pub async fn register_queues<I, S>(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    names: I,
+) -> Result<(), QueueError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let names: Vec<String> = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    let _: i64 = conn.sadd(keys.queues(), names).await?;
+    Ok(())
+}
+
+/// Every queue name a config has named (since the release that keeps the registry).
+pub async fn registered_queues(
+    conn: &mut RedisConn,
+    keys: &Keys,
+) -> Result<BTreeSet<String>, QueueError> {
+    Ok(conn.smembers(keys.queues()).await?)
+}
+
+/// Forgets a queue name (its data deleted: `gaffer queues retire`), and any pause of it.
+pub async fn unregister_queue(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    name: &str,
+) -> Result<(), QueueError> {
+    let () = redis::pipe()
+        .srem(keys.queues(), name)
+        .ignore()
+        .srem(keys.paused(), name)
+        .ignore()
+        .query_async(conn)
+        .await?;
+    Ok(())
 }
 
 /// Writes a host's report (its heartbeat).

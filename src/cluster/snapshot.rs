@@ -1,5 +1,6 @@
 //! One consistent-enough read of everything an operator looks at: every queue's counters,
-//! limits, intake and last decision, every host's report, the slot map and the manager's lease.
+//! limits, intake and last decision, every host's report, the slot map and the manager's lease,
+//! and the retired queues (named by a config once, not by this one) that still hold data.
 //! `gaffer stats` prints one; `gaffer top` keeps a short history of them. It reads only
 //! Redis, so it works while the manager is down (the lease then shows as absent).
 //!
@@ -220,6 +221,89 @@ pub struct Snapshot {
     /// Hosts marked for draining (`gaffer drain`) that no master reports as: a mark made
     /// ahead of a host's start, or a misspelt name, which stays until `--cancel`.
     pub drain_marked_unknown: Vec<String>,
+    /// Queues a config named once but the config in force does not, that still hold data
+    /// ([`RetiredView::holds_data`]), by name.
+    pub retired: BTreeMap<String, RetiredView>,
+}
+
+/// A retired queue: in the registry of names configs have named (`Keys::queues`), not in
+/// the config in force. Nothing takes from it; its data stays until `gaffer queues retire`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RetiredView {
+    /// Its counts and counters (zero when `refused`).
+    pub stats: QueueStats,
+    /// Whether it keeps task records: a listing finds one.
+    pub records: bool,
+    /// Why its data cannot be read: a layout this gaffer's scripts refuse (`gaffer migrate
+    /// NAME` moves it on).
+    pub refused: Option<String>,
+}
+
+impl RetiredView {
+    /// Whether the queue holds anything an operator may want: a task in any state, a
+    /// record, or data this gaffer cannot read. Counters alone (a drained queue's) are not.
+    pub fn holds_data(&self) -> bool {
+        let s = &self.stats;
+        s.ready + s.delayed + s.leased + s.dead + s.frozen > 0
+            || self.records
+            || self.refused.is_some()
+    }
+}
+
+/// The names in the registry of queues configs have named that `cfg` does not name: the
+/// retired queues, whether or not they hold data.
+pub async fn retired_names(
+    client: &QueueClient,
+    cfg: &Config,
+) -> Result<BTreeSet<String>, QueueError> {
+    let keys = Keys::new(&cfg.cluster.namespace);
+    let mut names = super::registered_queues(&mut client.connection(), &keys).await?;
+    names.retain(|n| !cfg.queues.contains_key(n));
+    Ok(names)
+}
+
+/// What a queue holds: its counts, whether it keeps records, or why this gaffer cannot
+/// read it. A retired queue is read with default limits (its config is gone).
+pub async fn read_holdings(queue: &Queue) -> Result<RetiredView, QueueError> {
+    let stats = match queue.stats().await {
+        Err(e @ QueueError::Layout { .. }) => {
+            return Ok(RetiredView {
+                refused: Some(e.to_string()),
+                ..RetiredView::default()
+            });
+        }
+        other => other?,
+    };
+    let page = queue
+        .list(&ListQuery {
+            limit: 1,
+            ..ListQuery::default()
+        })
+        .await?;
+    Ok(RetiredView {
+        stats,
+        // (a page without a record but with a cursor passed over records whose time is
+        // up, which stay until a sweep no one runs for a retired queue)
+        records: !page.tasks.is_empty() || page.next_cursor.is_some(),
+        refused: None,
+    })
+}
+
+/// The retired queues that hold data, each read with default limits.
+async fn read_retired(
+    client: &QueueClient,
+    cfg: &Config,
+) -> Result<BTreeMap<String, RetiredView>, QueueError> {
+    let names = retired_names(client, cfg).await?;
+    let reads = names.into_iter().map(|name| async move {
+        let view = read_holdings(&client.queue(&name)?).await?;
+        Ok::<_, QueueError>((name, view))
+    });
+    Ok(futures::future::try_join_all(reads)
+        .await?
+        .into_iter()
+        .filter(|(_, v)| v.holds_data())
+        .collect())
 }
 
 /// One external system: its state (run-time switch or config), its queues and caps, and
@@ -288,6 +372,7 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
         queues.insert(name.clone(), read_queue(client, name, qc, &cluster).await?);
     }
     let systems = read_systems(client, cfg, &queues).await?;
+    let retired = read_retired(client, cfg).await?;
     Ok(Snapshot {
         at_ms,
         queues,
@@ -296,6 +381,7 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
         manager,
         systems,
         drain_marked_unknown,
+        retired,
     })
 }
 
@@ -611,6 +697,7 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
         "queues": qs,
         "hosts": hosts,
         "systems": systems_json(snap),
+        "retired": retired_json(snap),
         "drain_marked_unknown_hosts": snap.drain_marked_unknown,
         "manager": {
             "epoch": m.map_epoch,
@@ -664,4 +751,30 @@ pub fn late_text(oldest_due_age_ms: u64) -> String {
     } else {
         age_text(oldest_due_age_ms)
     }
+}
+
+/// `stats --json`'s `retired`: per retired queue holding data, [`holdings_json`].
+fn retired_json(snap: &Snapshot) -> serde_json::Value {
+    let retired: serde_json::Map<String, serde_json::Value> = snap
+        .retired
+        .iter()
+        .map(|(name, r)| (name.clone(), holdings_json(r)))
+        .collect();
+    serde_json::Value::Object(retired)
+}
+
+/// What a queue holds as JSON: its counts under the keys a configured queue's entry in
+/// `stats --json` gives them, whether it keeps records, and why it cannot be read if it
+/// cannot.
+pub fn holdings_json(r: &RetiredView) -> serde_json::Value {
+    let s = &r.stats;
+    json!({
+        "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
+        "frozen": s.frozen, "oldest_due_age_ms": s.oldest_due_age_ms,
+        "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
+        "retried_total": s.retried_total, "dead_total": s.dead_total,
+        "stale_total": s.stale_total, "expired_total": s.expired_total,
+        "records": r.records,
+        "refused": r.refused,
+    })
 }

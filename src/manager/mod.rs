@@ -5,9 +5,11 @@
 //!
 //! It knows nothing of masters or slots beyond the reports they leave in Redis.
 //!
-//! A tick, in order: the lease; config adoption (`cluster::changed_config`); every queue's
-//! counters, read 64 at once over the one connection; a standby's sample into its window
-//! (reads only: a standby writes nothing); the reports of hosts silent past
+//! A tick, in order: the lease; config adoption (`cluster::changed_config`); a leader's
+//! registration of its config's queue names it has not added yet (`Keys::queues`, what
+//! finds a queue once removed from the config); every queue's counters, read 64 at once
+//! over the one connection; a standby's sample into its window (reads only: a standby
+//! writes nothing); the reports of hosts silent past
 //! `forget_hosts_after`, deleted (fenced, compare-and-delete); the balancer, with systems
 //! switched at run time counted as paused and each queue's copy of its system's switch kept
 //! in line with the config; the map; the load ring; the schedules. It stops only on its
@@ -150,6 +152,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         clock: Instant::now(),
         config_seen: cluster::ConfigSeen::default(),
         leading: false,
+        registered: BTreeSet::new(),
         keys,
         client,
         opts,
@@ -221,6 +224,10 @@ struct Manager {
     /// The published config read last: one with another text is adopted.
     config_seen: cluster::ConfigSeen,
     leading: bool,
+    /// Queue names this leadership has added to the registry (`Keys::queues`); emptied
+    /// when leadership goes, so a leader registers its config's names again (Redis may
+    /// have lost them with the lease).
+    registered: BTreeSet<String>,
     /// When this manager last went without Redis, to judge heartbeats fairly after it.
     blind: Blind,
     /// How long each host has been silent, on this manager's clock.
@@ -376,6 +383,7 @@ impl Manager {
             () = shutdown.cancelled() => return,
         }
         if !self.leading {
+            self.registered.clear();
             // A standby keeps its window warm, so that taking over decides on the load it
             // has seen rather than on none. Not while Redis does not answer (the outage
             // log said so once); and a stop cuts it short, as it writes nothing.
@@ -392,6 +400,7 @@ impl Manager {
                 .emit();
             }
         } else {
+            self.register_queues().await;
             if let Err(error) = self.decide().await {
                 TickFailed {
                     step: Step::Decide,
@@ -461,6 +470,31 @@ impl Manager {
             Err(e) => {
                 tracing::error!(version, error = %e, "cannot adopt the published config")
             }
+        }
+    }
+
+    /// Adds the config's queue names this leadership has not registered yet to the
+    /// registry of every name a config has named, so a queue later removed from the
+    /// config is still found (retired) by `stats` and `tasks`. A failure is logged and
+    /// the next tick tries again; it holds back nothing else.
+    async fn register_queues(&mut self) {
+        let new: Vec<String> = self
+            .opts
+            .config
+            .queues
+            .keys()
+            .filter(|q| !self.registered.contains(*q))
+            .cloned()
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        match cluster::register_queues(&mut self.conn, &self.keys, &new).await {
+            Ok(()) => self.registered.extend(new),
+            Err(e) => self.outage.failed(
+                "registering the config's queue names failed; the next tick tries again",
+                &e,
+            ),
         }
     }
 

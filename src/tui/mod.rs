@@ -84,7 +84,7 @@ enum Event {
     /// A terminal event (key, resize).
     Input(crossterm::event::Event),
     /// A read of the cluster with the label of the config used, or why it failed.
-    Snapshot(Result<(Snapshot, String), RedisSideError>),
+    Snapshot(Result<(Box<Snapshot>, String), RedisSideError>),
     /// An effect finished: its answer, as the action that reports it.
     EffectDone(Action),
     /// Shutdown was asked for (the binary's edge cancels the token on SIGTERM or SIGINT),
@@ -164,10 +164,7 @@ async fn ui_loop(
             Event::Input(crossterm::event::Event::Key(key)) => action_for(key),
             // A resize only needs the redraw at the top of the loop.
             Event::Input(_) => None,
-            Event::Snapshot(Ok((snapshot, config))) => Some(Action::Snapshot {
-                snapshot: Box::new(snapshot),
-                config,
-            }),
+            Event::Snapshot(Ok((snapshot, config))) => Some(Action::Snapshot { snapshot, config }),
             Event::Snapshot(Err(error)) => Some(Action::ReadFailed {
                 error: error.to_string(),
             }),
@@ -228,7 +225,7 @@ async fn redis_side(
                 None => {}
             }
             let snap = cluster::snapshot::read(c, &cfg).await?;
-            Ok::<_, RedisSideError>((snap, label.clone()))
+            Ok::<_, RedisSideError>((Box::new(snap), label.clone()))
         })
         .await
         .unwrap_or(Err(RedisSideError::Late));

@@ -282,6 +282,7 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
         manager,
         systems: Default::default(),
         drain_marked_unknown: Vec::new(),
+        retired: BTreeMap::new(),
     }
 }
 

@@ -6,14 +6,15 @@ use std::time::{Duration, Instant};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::common::queue_handle;
+use crate::cli::common::any_queue_handle;
 use crate::cli::{CliError, Global};
 use crate::queue_client::{LayoutState, MigrateStep, Queue, QueueError, layout};
 
 /// Arguments of `gaffer migrate`.
 #[derive(Args)]
 pub struct MigrateArgs {
-    /// Queues to migrate (each must be in the config) [default: every queue of the config]
+    /// Queues to migrate (each in the config, or retired) [default: every queue of the
+    /// config]
     pub queues: Vec<String>,
     /// Items one call looks at: each call is atomic and blocks Redis for its length, so
     /// keep it small on a busy queue
@@ -51,10 +52,12 @@ pub async fn run(global: &Global, args: MigrateArgs) -> Result<(), CliError> {
         args.queues.clone()
     };
     let client = global.connect(&cfg).await?;
-    let queues = names
-        .iter()
-        .map(|n| queue_handle(&client, &cfg, n))
-        .collect::<Result<Vec<_>, _>>()?;
+    // (a retired queue named on the command line too: its data must reach this layout
+    // before this gaffer can read or delete it)
+    let mut queues = Vec::with_capacity(names.len());
+    for n in &names {
+        queues.push(any_queue_handle(&client, &cfg, n).await?.0);
+    }
     let stop = crate::signals::shutdown_on_term().map_err(CliError::runtime)?;
     let mut outcomes = Vec::new();
     for q in &queues {

@@ -14,7 +14,8 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
-/// `gaffer stats`: every configured queue's counts, as a table or as the JSON contract.
+/// `gaffer stats`: every configured queue's counts, and the retired queues' that hold
+/// data, as tables or as the JSON contract.
 pub async fn run(global: &Global, args: StatsArgs) -> Result<(), CliError> {
     let cfg = global.load()?;
     let client = global.connect(&cfg).await?;
@@ -24,6 +25,7 @@ pub async fn run(global: &Global, args: StatsArgs) -> Result<(), CliError> {
         return Ok(());
     }
     print_queues(&snap);
+    print_retired(&snap);
     print_hosts(&snap);
     if !snap.drain_marked_unknown.is_empty() {
         println!(
@@ -108,6 +110,39 @@ fn print_queues(snap: &Snapshot) {
                 q.crashes_total,
                 crate::printable::printable(last)
             );
+        }
+    }
+}
+
+/// The retired queues holding data, under the queue table: nothing takes from them, and
+/// an operator who removed a table may not know their tasks are still there.
+fn print_retired(snap: &Snapshot) {
+    if snap.retired.is_empty() {
+        return;
+    }
+    println!(
+        "\nretired (not in the config): no slot takes from them; `gaffer queues retire NAME` deletes one's data"
+    );
+    println!(
+        "{:<24} {:>9} {:>9} {:>9} {:>7} {:>7}  records",
+        "queue", "ready", "delayed", "leased", "dead", "frozen"
+    );
+    for (name, r) in &snap.retired {
+        let s = &r.stats;
+        println!(
+            "{:<24} {:>9} {:>9} {:>9} {:>7} {:>7}  {}",
+            printable(name),
+            s.ready,
+            s.delayed,
+            s.leased,
+            s.dead,
+            s.frozen,
+            if r.records { "yes" } else { "no" }
+        );
+    }
+    for r in snap.retired.values() {
+        if let Some(reason) = &r.refused {
+            println!("refused: {}", printable(reason));
         }
     }
 }

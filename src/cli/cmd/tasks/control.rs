@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use crate::cli::common::{no_task, open_queue};
+use crate::cli::common::{Standing, no_task, open_any_queue, refuse_retired};
 use crate::cli::{CliError, Global};
 use crate::queue_client::{FreezeResult, Queue, TaskState};
 
@@ -16,10 +16,11 @@ pub struct TaskRef {
 }
 
 /// `gaffer tasks cancel QUEUE ID`: removes the task whatever its state, noted in its
-/// record as cancelled by the CLI; a running long task is asked to stop (cancelling).
+/// record as cancelled by the CLI; a running long task is asked to stop (cancelling). A
+/// retired queue's task too.
 pub async fn cancel(global: &Global, task: TaskRef) -> Result<(), CliError> {
     let TaskRef { queue, id } = task;
-    let (_, q) = open_queue(global, &queue).await?;
+    let (q, _) = open_any_queue(global, &queue).await?;
     match q.cancel_with(&id, "cancelled by cli").await? {
         Some(t) if t.state == TaskState::Cancelling => {
             println!(
@@ -45,10 +46,14 @@ pub enum Hold {
 }
 
 /// `gaffer tasks freeze | thaw QUEUE ID`. A task the action does not apply to fails
-/// (exit 1) with the state it is in; an unknown one too.
+/// (exit 1) with the state it is in; an unknown one too. A retired queue's task may be
+/// frozen, not thawed: no slot would take it.
 pub async fn hold(global: &Global, task: TaskRef, how: Hold) -> Result<(), CliError> {
     let TaskRef { queue, id } = task;
-    let (_, q) = open_queue(global, &queue).await?;
+    let (q, standing) = open_any_queue(global, &queue).await?;
+    if matches!(how, Hold::Thaw) && standing == Standing::Retired {
+        return Err(refuse_retired(&queue, "thaw its tasks"));
+    }
     let (verb, done, applies) = match how {
         Hold::Freeze => ("freeze", "frozen", "a waiting task"),
         Hold::Thaw => ("thaw", "thawed", "a frozen task"),

@@ -1,10 +1,10 @@
 //! `gaffer tasks dead | requeue | purge`: the dead letters.
 
-use std::io::{IsTerminal, Write};
-
 use clap::Args;
 
-use crate::cli::common::{format_ms, open_queue, payload_json, preview};
+use crate::cli::common::{
+    Standing, ask, format_ms, must_ask, open_any_queue, payload_json, preview, refuse_retired,
+};
 use crate::cli::{CliError, Global};
 use crate::printable::{one_line, printable};
 
@@ -43,9 +43,10 @@ pub struct PurgeArgs {
     pub yes: bool,
 }
 
-/// `gaffer tasks dead QUEUE`: dead letters, oldest first, as a table or JSON lines.
+/// `gaffer tasks dead QUEUE`: dead letters, oldest first, as a table or JSON lines; of a
+/// retired queue too.
 pub async fn list(global: &Global, args: DeadArgs) -> Result<(), CliError> {
-    let (_, q) = open_queue(global, &args.queue).await?;
+    let (q, _) = open_any_queue(global, &args.queue).await?;
     let dead = q.dead(0, args.limit).await?;
     if args.json {
         for d in &dead {
@@ -76,9 +77,13 @@ pub async fn list(global: &Global, args: DeadArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `gaffer tasks requeue QUEUE [ID…]`.
+/// `gaffer tasks requeue QUEUE [ID…]`; refused on a retired queue, where no slot would
+/// take them.
 pub async fn requeue(global: &Global, args: RequeueArgs) -> Result<(), CliError> {
-    let (_, q) = open_queue(global, &args.queue).await?;
+    let (q, standing) = open_any_queue(global, &args.queue).await?;
+    if standing == Standing::Retired {
+        return Err(refuse_retired(&args.queue, "requeue its dead letters"));
+    }
     let ids = &args.ids;
     let n = q
         .requeue_dead((!ids.is_empty()).then_some(&ids[..]))
@@ -100,25 +105,19 @@ fn all_named_found(queue: &str, ids: &[String], moved: u64) -> Result<(), CliErr
     )))
 }
 
-/// `gaffer tasks purge QUEUE [ID…]`: asks first on a terminal when purging all.
+/// `gaffer tasks purge QUEUE [ID…]`: asks first on a terminal when purging all; works on
+/// a retired queue too.
 pub async fn purge(global: &Global, args: PurgeArgs) -> Result<(), CliError> {
-    let (_, q) = open_queue(global, &args.queue).await?;
+    let (q, _) = open_any_queue(global, &args.queue).await?;
     let (queue, ids) = (&args.queue, &args.ids);
-    if ids.is_empty() && !args.yes && !std::io::stdin().is_terminal() {
-        // (cron, a pipe, `ssh host cmd`: nobody to ask, so nothing is deleted unasked)
-        return Err(CliError::Usage(format!(
+    let refusal = || {
+        format!(
             "purging every dead letter of {queue} needs --yes where no terminal can ask (or name the ids)"
-        )));
-    }
-    if ids.is_empty() && !args.yes {
+        )
+    };
+    if ids.is_empty() && must_ask(args.yes, refusal)? {
         let n = q.stats().await?.dead;
-        eprint!("purge all {n} dead letters of {queue}? [y/N] ");
-        let _ = std::io::stderr().flush();
-        let mut answer = String::new();
-        std::io::stdin()
-            .read_line(&mut answer)
-            .map_err(anyhow::Error::from)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+        if !ask(&format!("purge all {n} dead letters of {queue}?"))? {
             println!("nothing purged");
             return Ok(());
         }

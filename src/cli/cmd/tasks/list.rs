@@ -3,7 +3,7 @@
 use clap::Args;
 
 use super::show::one_line;
-use crate::cli::common::{open_queue, preview};
+use crate::cli::common::{open_any_queue, preview};
 use crate::cli::{CliError, Global};
 use crate::printable::printable;
 use crate::queue_client::{ListQuery, MAX_LIST_LIMIT, RecordState};
@@ -11,7 +11,7 @@ use crate::queue_client::{ListQuery, MAX_LIST_LIMIT, RecordState};
 /// Arguments of `gaffer tasks list`.
 #[derive(Args)]
 pub struct ListArgs {
-    /// Queue name (must be in the config)
+    /// Queue name: of the config, or a retired one (`gaffer queues list`)
     pub queue: String,
     /// Only tasks in this state: waiting, running, done, failed, cancelled, frozen or
     /// cancelling
@@ -43,7 +43,7 @@ fn parse_state(s: &str) -> Result<RecordState, String> {
 /// unless the listing ends first; the next page's cursor on the last line when there is
 /// one.
 pub async fn run(global: &Global, args: ListArgs) -> Result<(), CliError> {
-    let (_, q) = open_queue(global, &args.queue).await?;
+    let (q, _) = open_any_queue(global, &args.queue).await?;
     let limit = args.limit as usize;
     let mut query = ListQuery {
         state: args.state,

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use crate::cli::common::{no_task, open_queue, payload_json, preview};
+use crate::cli::common::{no_task, open_any_queue, payload_json, preview};
 use crate::cli::{CliError, Global};
 use crate::queue_client::{HistoryEntry, Queue, TaskRecord};
 
@@ -21,7 +21,7 @@ pub struct ShowArgs {
 /// `gaffer tasks show`: the task's record when it has one (`--json`: exactly the API's
 /// record), else what the queue holds of it (an untracked queue); exit 1 when unknown.
 pub async fn run(global: &Global, args: ShowArgs) -> Result<(), CliError> {
-    let (_, q) = open_queue(global, &args.queue).await?;
+    let (q, _) = open_any_queue(global, &args.queue).await?;
     if let Some(record) = q.record(&args.id).await? {
         if args.json {
             println!("{}", serde_json::to_string_pretty(&record)?);
