@@ -299,9 +299,15 @@ pub struct QueueConfig {
     /// Batch tasks that end by themselves, or long-running ones (a watcher, a consumer)
     /// that run until they return or are cancelled, one per slot.
     pub kind: QueueKind,
-    /// How long an exec child has to stop a cancelled long task after the cancel line
-    /// before it gets SIGTERM (then SIGKILL [`KILL_AFTER_TERM`] later).
+    /// How long an exec child has to stop a cancelled long task, or a batch task over
+    /// its [`timeout`](Self::timeout), after the cancel line before it gets SIGTERM (then
+    /// SIGKILL [`KILL_AFTER_TERM`] later).
     pub cancel_grace: Duration,
+    /// A batch queue's time limit per task: a task over it is stopped (its handler told,
+    /// an exec child then signalled) and retried with the note "timed out after …". Its
+    /// slots then hand their handler one task at a time. `None`: no limit but
+    /// `max_batch_time`'s watchdog.
+    pub timeout: Option<Duration>,
     /// Most slots of this queue on one host (long queues); `None`: no bound but the
     /// host's capacity.
     pub max_per_host: Option<u32>,
@@ -364,6 +370,7 @@ impl QueueConfig {
             next: Vec::new(),
             kind: QueueKind::Batch,
             cancel_grace: DEFAULT_CANCEL_GRACE,
+            timeout: None,
             max_per_host: None,
             work_periods_long: LongAtWindowEnd::Finish,
         }
@@ -460,6 +467,10 @@ impl QueueKind {
 /// How long an exec child has to stop a cancelled long task before SIGTERM, when the
 /// queue does not say.
 pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(10);
+
+/// A batch queue's `cancel_grace` when it has a `timeout`: a task over its time limit is
+/// meant to stop at once, so its exec child gets SIGTERM soon after the cancel line.
+pub const DEFAULT_TIMEOUT_GRACE: Duration = Duration::from_millis(500);
 /// How long after SIGTERM a cancelled long task's exec child gets SIGKILL.
 pub const KILL_AFTER_TERM: Duration = Duration::from_secs(2);
 /// Shortest lease of a long queue: its slots renew every [`LONG_RENEW_EVERY`] and stop

@@ -86,6 +86,7 @@ pub(crate) struct RawQueue {
     pub work_periods_long: S<String>,
     pub cancel_grace: S<Human<Duration>>,
     pub max_per_host: S<i64>,
+    pub timeout: S<Human<Duration>>,
     /// Settings of a handler built into a team's own binary, passed to it as JSON.
     pub options: S<serde_json::Value>,
 }

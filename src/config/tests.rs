@@ -1008,3 +1008,42 @@ fn forget_hosts_after_stays_longer_than_the_heartbeat_timeout() {
         ]
     );
 }
+
+#[test]
+fn a_timeout_per_task_with_its_grace() {
+    let c = parse(
+        "[queues.a]\nhandler = \"noop\"\ntimeout = \"5m\"\n\
+         [queues.b]\nhandler = \"noop\"\ntimeout = \"2s\"\ncancel_grace = \"3s\"\n\
+         [queues.c]\nhandler = \"noop\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    let (a, b, c) = (&c.queues["a"], &c.queues["b"], &c.queues["c"]);
+    assert_eq!(
+        (a.timeout, a.cancel_grace),
+        (Some(Duration::from_secs(300)), DEFAULT_TIMEOUT_GRACE)
+    );
+    assert_eq!(
+        (b.timeout, b.cancel_grace),
+        (Some(Duration::from_secs(2)), Duration::from_secs(3))
+    );
+    assert_eq!(c.timeout, None);
+}
+
+#[test]
+fn a_bad_timeout_names_its_mistake() {
+    assert_eq!(
+        errors(
+            "[queues.a]\nhandler = \"noop\"\nkind = \"long\"\ntimeout = \"1m\"\n\
+             [queues.b]\nhandler = \"noop\"\ntimeout = \"0s\"\n\
+             [queues.c]\nhandler = \"noop\"\ntimeout = \"1h\"\nmax_batch_time = \"10m\"\n\
+             [queues.d]\nhandler = \"noop\"\ncancel_grace = \"1s\"\n"
+        ),
+        [
+            "t.toml:4:11: queues.a.timeout: timeout does not apply to kind = \"long\": a long task runs until it returns or is cancelled (`gaffer tasks cancel`), within its work periods",
+            "t.toml:7:11: queues.b.timeout: must be greater than zero",
+            "t.toml:10:11: queues.c.timeout: timeout (1h) exceeds max_batch_time (10m): the watchdog would kill the slot before the task's time is up",
+            "t.toml:14:16: queues.d.cancel_grace: cancel_grace only applies to kind = \"long\" or with a timeout",
+        ]
+    );
+}

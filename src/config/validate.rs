@@ -18,9 +18,10 @@ use super::raw::{
 };
 use super::values::{self, Rate, WorkPeriod};
 use super::{
-    ApiConfig, ApiKey, Backoff, ClusterConfig, Config, DEFAULT_LONG_LEASE, Dedup, Handler, Intake,
-    KeyQueues, LongAtWindowEnd, MAX_BATCH, MAX_LONG_LEASE, MIN_LONG_LEASE, ManagerConfig,
-    MasterConfig, QueueConfig, QueueKind, RetryPolicy, Schedule, Start, SystemConfig,
+    ApiConfig, ApiKey, Backoff, ClusterConfig, Config, DEFAULT_LONG_LEASE, DEFAULT_TIMEOUT_GRACE,
+    Dedup, Handler, Intake, KeyQueues, LongAtWindowEnd, MAX_BATCH, MAX_LONG_LEASE, MIN_LONG_LEASE,
+    ManagerConfig, MasterConfig, QueueConfig, QueueKind, RetryPolicy, Schedule, Start,
+    SystemConfig,
 };
 
 const TOP_KEYS: [&str; 7] = [
@@ -454,7 +455,57 @@ fn queue(c: &mut Collector, q: QueueCtx, raw: RawQueue) -> QueueConfig {
     prefetch(c, q.path, &raw, &mut out);
     ordered(c, q.path, &raw, &mut out);
     long_kind(c, &q, &raw, &mut out);
+    timeout(c, q.path, &raw, &mut out);
     out
+}
+
+/// `timeout`: a batch queue's time limit per task, refused on a long queue (whose tasks
+/// run until cancelled, under their own rules) and above `max_batch_time` (whose watchdog
+/// would kill the slot first). With it, `cancel_grace` is the exec child's time between
+/// the cancel line and SIGTERM, [`DEFAULT_TIMEOUT_GRACE`] unless written.
+fn timeout(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig) {
+    let Some(t) = &raw.timeout else { return };
+    let at = join(path, "timeout");
+    if out.is_long() {
+        c.error(
+            t.span(),
+            &at,
+            "timeout does not apply to kind = \"long\": a long task runs until it returns or is cancelled (`gaffer tasks cancel`), within its work periods",
+        );
+        return;
+    }
+    let limit = duration(
+        c,
+        path,
+        "timeout",
+        Some(t.clone()),
+        Duration::ZERO,
+        Zero::Refused,
+    );
+    if limit.is_zero() {
+        return;
+    }
+    if limit > out.max_batch_time {
+        c.error(
+            t.span(),
+            &at,
+            format!(
+                "timeout ({}) exceeds max_batch_time ({}): the watchdog would kill the slot before the task's time is up",
+                humantime::format_duration(limit),
+                humantime::format_duration(out.max_batch_time)
+            ),
+        );
+        return;
+    }
+    out.timeout = Some(limit);
+    out.cancel_grace = duration(
+        c,
+        path,
+        "cancel_grace",
+        raw.cancel_grace.clone(),
+        DEFAULT_TIMEOUT_GRACE,
+        Zero::Allowed,
+    );
 }
 
 /// `ordered`: one task at a time, so refused with a batch of more than one task, with
@@ -561,8 +612,10 @@ fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueCon
         .map(|v| int(c, path, "max_per_host", Some(v), 1, 1, i64::from(u32::MAX)));
     // (after an unknown kind, which was meant is not known: its keys are not errors too)
     if !out.is_long() && kind_known {
+        // (a batch queue's cancel_grace goes with its timeout: see `timeout`)
+        let grace = raw.cancel_grace.as_ref().filter(|_| raw.timeout.is_none());
         for (key, span) in [
-            ("cancel_grace", raw.cancel_grace.as_ref().map(Spanned::span)),
+            ("cancel_grace", grace.map(Spanned::span)),
             ("max_per_host", raw.max_per_host.as_ref().map(Spanned::span)),
             (
                 "work_periods_long",
@@ -573,7 +626,11 @@ fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueCon
                 c.error(
                     span,
                     &join(path, key),
-                    format!("{key} only applies to kind = \"long\""),
+                    if key == "cancel_grace" {
+                        "cancel_grace only applies to kind = \"long\" or with a timeout".into()
+                    } else {
+                        format!("{key} only applies to kind = \"long\"")
+                    },
                 );
             }
         }

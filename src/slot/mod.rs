@@ -12,6 +12,7 @@ pub mod exec;
 mod followups;
 mod registry;
 mod run;
+mod timeout;
 
 pub use crate::host::handler::{
     Done, FollowUp, Handler, HandlerError, MAX_JSON_DEPTH, Outcome, PayloadError, Registry,

@@ -47,6 +47,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::followups::FollowUps;
+use super::timeout;
 use crate::backoff::Backoff;
 use crate::config::QueueConfig;
 use crate::host::handler::{
@@ -223,8 +224,13 @@ impl Worker {
                 while let Ok((batch, reply)) = rx.recv() {
                     in_handler.store(true, std::sync::atomic::Ordering::Release);
                     let r =
-                        std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(&ctx, &batch)))
-                            .map_err(|p| panicked(&p));
+                        std::panic::catch_unwind(AssertUnwindSafe(|| match ctx.queue.timeout {
+                            Some(limit) => {
+                                timeout::handle_each_within(&mut *handler, &ctx, &batch, limit)
+                            }
+                            None => handler.handle(&ctx, &batch),
+                        }))
+                        .map_err(|p| panicked(&p));
                     in_handler.store(false, std::sync::atomic::Ordering::Release);
                     let _ = reply.send((batch, r));
                 }

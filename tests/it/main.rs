@@ -14,7 +14,8 @@
 //! `fork_start.rs` and `memory_exec.rs` (forked exec children, a host's memory),
 //! `manager.rs` (leadership, fencing, schedules), `retired.rs` (queues removed from the
 //! config: the registry of names, `stats`, `tasks` and `queues retire` on them),
-//! `retries.rs` (the `retry` table through a real master), `outage.rs` (the regressions
+//! `retries.rs` (the `retry` table through a real master), `timeouts.rs` (a batch queue's
+//! `timeout` per task, exec and Rust handlers), `outage.rs` (the regressions
 //! the fault suite found), `tls.rs` (TLS-only servers and clusters; `GAFFER_TEST_TLS=1` makes the
 //! harness's servers TLS-only for the queue and record tests), `acl.rs` (each role's ACL
 //! line, read out of `docs/SECURITY.md`, on a server with the default user off),
@@ -55,6 +56,7 @@ mod secrets;
 mod simulate;
 mod slot;
 mod systems;
+mod timeouts;
 mod tls;
 mod top;
 mod trace;

@@ -132,7 +132,9 @@ impl Handler for Exec {
         if request.batch.is_empty() {
             return decided.into_iter().flatten().collect();
         }
-        let exchanged = if ctx.queue.is_long() {
+        // (a task under a timeout is cancelled as a long task is: the cancel line, then
+        // signals; its slot hands it over alone, see slot/timeout.rs)
+        let exchanged = if ctx.queue.is_long() || ctx.queue.timeout.is_some() {
             self.exchange_long(ctx, &request)
                 .map(|statuses| (statuses, StopLine::NotSent))
         } else {
@@ -153,6 +155,10 @@ impl Handler for Exec {
                     "exec batch failed: {why}; the child will be restarted");
                 self.stop();
                 let reason = format!("exec: {why}");
+                if ctx.is_cancelled() {
+                    // Stopped on purpose (a cancel, a timeout): no sign of a broken child.
+                    return fail_sent(decided, &reason);
+                }
                 let ids: Vec<String> = request.batch.iter().map(|t| t.id.to_owned()).collect();
                 let again = ids.iter().any(|id| self.last_failed.contains(id));
                 self.failed_in_a_row = if again { 1 } else { self.failed_in_a_row + 1 };
@@ -160,14 +166,7 @@ impl Handler for Exec {
                 if self.failed_in_a_row >= GIVE_UP_AFTER && !ctx.queue.is_long() {
                     return give_up(ctx, decided, &reason, self.failed_in_a_row);
                 }
-                return decided
-                    .into_iter()
-                    .map(|d| {
-                        d.unwrap_or_else(|| Outcome::Fail {
-                            reason: reason.clone(),
-                        })
-                    })
-                    .collect();
+                return fail_sent(decided, &reason);
             }
         };
         let (outcomes, unstarted) = outcomes(ctx, batch, decided, statuses, line);
@@ -183,6 +182,19 @@ impl Handler for Exec {
     }
 }
 
+/// The outcomes of a batch whose exchange failed: those decided before sending stand, the
+/// tasks sent to the child fail with `reason`.
+fn fail_sent(decided: Vec<Option<Outcome>>, reason: &str) -> Vec<Outcome> {
+    decided
+        .into_iter()
+        .map(|d| {
+            d.unwrap_or_else(|| Outcome::Fail {
+                reason: reason.to_owned(),
+            })
+        })
+        .collect()
+}
+
 /// The outcomes of a batch the slot gives up on (see [`GIVE_UP_AFTER`]): those decided
 /// before sending stand; the tasks sent to the child go back unstarted.
 fn give_up(ctx: &SlotContext, decided: Vec<Option<Outcome>>, why: &str, n: u32) -> Vec<Outcome> {
@@ -194,14 +206,7 @@ fn give_up(ctx: &SlotContext, decided: Vec<Option<Outcome>>, why: &str, n: u32) 
         .collect();
     ctx.stop.leave_unstarted(sent);
     ctx.stop.give_up(reason.clone());
-    decided
-        .into_iter()
-        .map(|d| {
-            d.unwrap_or_else(|| Outcome::Fail {
-                reason: reason.clone(),
-            })
-        })
-        .collect()
+    fail_sent(decided, &reason)
 }
 
 /// The batch's outcomes, in order, from those decided before sending (`decided`) and the

@@ -180,7 +180,15 @@ pub(super) fn watch_stop(
     if stop == Stop::Now {
         return child.signal(Signal::SIGKILL);
     }
-    let line = format!("{}\n", serde_json::json!({ "cancel": id }));
+    // (a batch queue's task is cancelled by its timeout: the line says so)
+    let line = match ctx.queue.timeout.filter(|_| !ctx.queue.is_long()) {
+        Some(limit) => serde_json::json!({
+            "cancel": id,
+            "reason": crate::slot::timeout::timed_out_note(limit),
+        }),
+        None => serde_json::json!({ "cancel": id }),
+    };
+    let line = format!("{line}\n");
     if let Err(e) = stdin
         .write_all(line.as_bytes())
         .and_then(|()| stdin.flush())
@@ -200,7 +208,7 @@ pub(super) fn watch_stop(
             return child.signal(Signal::SIGKILL);
         }
         tracing::info!(target: "gaffer::exec", queue = %ctx.queue.name, slot = ctx.slot, pid,
-            task = id, signal = %sig, "the cancelled long task has not stopped");
+            task = id, signal = %sig, "the cancelled task has not stopped");
         child.signal(sig);
     }
 }

@@ -1,0 +1,127 @@
+//! A batch queue's `timeout`: a task over it is stopped at once (an exec child told, then
+//! signalled; a Rust handler's task cancelled) and retried with the note "timed out after
+//! …", while the other tasks of its batch are settled as usual.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use gaffer::queue_client::{NewTask, Queue, RecordState};
+
+use crate::harness::{eventually, poll_some};
+use crate::host::TestMaster;
+
+/// A task's history as (state, moment, note).
+async fn history(q: &Queue, id: &str) -> Vec<(RecordState, SystemTime, String)> {
+    let r = q.record(id).await.unwrap().expect("a record");
+    r.history
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| {
+            let at = humantime::parse_rfc3339(&e.at).expect("an RFC 3339 time");
+            (e.state, at, e.note.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// How long the first attempt of `id` ran before it went back to wait, and the note it
+/// went back with.
+async fn first_attempt(q: &Queue, id: &str) -> (Duration, String) {
+    poll_some(
+        Duration::from_secs(20),
+        "the first attempt over",
+        || async {
+            let h = history(q, id).await;
+            let start = h.iter().find(|e| e.0 == RecordState::Running)?.1;
+            let back = h
+                .iter()
+                .find(|e| e.0 == RecordState::Waiting && e.1 >= start && e.2.contains("timed"))?;
+            Some((back.1.duration_since(start).unwrap(), back.2.clone()))
+        },
+    )
+    .await
+}
+
+/// Tasks `ids` done, each at its first attempt.
+async fn done_first_time(q: &Queue, ids: &[String]) {
+    eventually(Duration::from_secs(20), "the batch-mates done", || async {
+        let mut all = true;
+        for id in ids {
+            let r = q.record(id).await.unwrap();
+            all &= r.is_some_and(|r| r.state == RecordState::Done && r.attempt == 1);
+        }
+        all
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_exec_task_over_its_timeout_is_stopped_and_retried_and_its_batch_mates_finish() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/exec_handler.py");
+    let queue = format!(
+        "[queues.t]\nhandler = \"exec\"\ncommand = [\"python3\", \"{}\"]\nbatch_size = 3\n\
+         timeout = \"2s\"\nlease = \"10m\"\n",
+        script.display()
+    );
+    let m = TestMaster::start(&queue, &[("t", 1)]).await;
+    let q = m.queue("t");
+    // One take hands the slot all three: the slow one between two quick ones.
+    let tasks = [
+        r#"{"action":"ok"}"#,
+        r#"{"action":"sleep","ms":30000}"#,
+        r#"{"action":"sleep","ms":10}"#,
+    ]
+    .map(|p| NewTask::new(p).max_attempts(2));
+    let ids: Vec<String> = q
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    // Stopped and back in the queue within 3 s of its start (a 10-minute lease would
+    // have held it for 10 minutes), the history saying why.
+    let (ran, note) = first_attempt(&q, &ids[1]).await;
+    assert_eq!(note, "timed out after 2s");
+    assert!(
+        ran >= Duration::from_secs(2) && ran < Duration::from_secs(3),
+        "stopped {ran:?} after its start"
+    );
+    done_first_time(&q, &[ids[0].clone(), ids[2].clone()]).await;
+    // Its second attempt times out too: it fails for good, saying why.
+    eventually(Duration::from_secs(20), "the slow task dead", || async {
+        q.stats().await.unwrap().dead == 1
+    })
+    .await;
+    let r = q.record(&ids[1]).await.unwrap().unwrap();
+    assert_eq!((r.state, r.attempt), (RecordState::Failed, 2));
+    assert!(
+        r.error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("timed out after 2s"),
+        "{:?}",
+        r.error
+    );
+}
+
+#[tokio::test]
+async fn a_rust_handlers_task_over_its_timeout_is_cancelled_and_retried() {
+    let queue = "[queues.s]\nhandler = \"sleep\"\nbatch_size = 2\ntimeout = \"500ms\"\n";
+    let m = TestMaster::start(queue, &[("s", 1)]).await;
+    let q = m.queue("s");
+    let tasks = [r#"{"ms":30000}"#, r#"{"ms":10}"#].map(|p| NewTask::new(p).max_attempts(3));
+    let ids: Vec<String> = q
+        .enqueue_many(&tasks)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    let (ran, note) = first_attempt(&q, &ids[0]).await;
+    assert_eq!(note, "timed out after 500ms");
+    assert!(
+        ran >= Duration::from_millis(500) && ran < Duration::from_millis(1500),
+        "cancelled {ran:?} after its start"
+    );
+    done_first_time(&q, &ids[1..]).await;
+}
