@@ -1,5 +1,6 @@
 //! The submit request: `{"payload", "id"?, "priority"?, "delay"? | "at"?, "max_attempts"?,
-//! "wait"?, "chain"?}` or `{"tasks": [ … ]}`, checked whole before anything is enqueued.
+//! "timeout"?, "wait"?, "chain"?}` or `{"tasks": [ … ]}`, checked whole before anything is
+//! enqueued.
 
 use std::time::{Duration, SystemTime};
 
@@ -25,6 +26,7 @@ struct RawTask<'a> {
     delay: Option<String>,
     at: Option<String>,
     max_attempts: Option<u32>,
+    timeout: Option<String>,
     wait: Option<String>,
     chain: Option<bool>,
 }
@@ -144,6 +146,13 @@ fn task(
     task.id = raw.id;
     task.priority = raw.priority.unwrap_or(0);
     task.max_attempts = raw.max_attempts;
+    if let Some(t) = raw.timeout {
+        let limit = duration("timeout", &t)?;
+        if limit.is_zero() {
+            return Err(ApiError::bad_request("timeout must be greater than zero"));
+        }
+        task.timeout = Some(limit);
+    }
     match (raw.delay, raw.at) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request(
@@ -165,6 +174,40 @@ fn task(
         )));
     }
     Ok((task, wait))
+}
+
+/// Refuses a task's `timeout` that its queue cannot honour: one longer than the queue's
+/// `timeout` (`queue_limit`), or any on a queue without one, whose slots hand their
+/// handler whole batches and watch no task's time. `at` names the task in a bulk.
+pub fn check_timeouts(
+    tasks: &[NewTask],
+    queue: &str,
+    queue_limit: Option<Duration>,
+) -> Result<(), ApiError> {
+    for (i, t) in tasks.iter().enumerate() {
+        let Some(own) = t.timeout else { continue };
+        let at = if tasks.len() > 1 {
+            format!("tasks[{i}]: ")
+        } else {
+            String::new()
+        };
+        match queue_limit {
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "{at}queue {queue} has no timeout, so no task of it can have one: a task's timeout may only shorten its queue's ([queues.{queue}].timeout)"
+                )));
+            }
+            Some(limit) if own > limit => {
+                return Err(ApiError::bad_request(format!(
+                    "{at}timeout {} exceeds the limit of {} ([queues.{queue}].timeout)",
+                    humantime::format_duration(own),
+                    humantime::format_duration(limit)
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// What a field was wrong with, without serde's position in the text: the text parsed is

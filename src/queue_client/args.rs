@@ -78,6 +78,8 @@ head! {
         at_ms: u64,
         /// Their max_attempts (0: no limit).
         max_attempts: u32,
+        /// Their own time limit (ms; 0: the queue's `timeout` alone).
+        timeout_ms: u64,
         /// How the tasks follow: 'p', 'ip', 'ig' or 'ik' (enqueue.lua).
         mode: &'static str,
         /// Whether the queue keeps records.

@@ -78,6 +78,8 @@ pub(super) fn packet_tasks(
             priority: pri.parse().ok()?,
             max_attempts: ma.parse().ok()?,
             enqueued_ms: created.parse().ok()?,
+            // (a packet's tasks are follow-ups, which carry no time limit of their own)
+            timeout_ms: None,
         })
     })();
     // (each id's place in the packet: its number is the base and that place)

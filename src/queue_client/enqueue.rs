@@ -42,6 +42,9 @@ pub struct NewTask {
     pub at: Option<SystemTime>,
     /// Overrides the queue's max_attempts.
     pub max_attempts: Option<u32>,
+    /// Its own time limit: a slot of a queue with a `timeout` stops it at the shorter of
+    /// the two. Callers check it against the queue's (the api refuses a longer one).
+    pub timeout: Option<Duration>,
     /// Who submits it, as its record shows: an API key's name, `cli`, `schedule:NAME`.
     pub submitted_by: Option<String>,
     /// Its place in a chain, if any.
@@ -101,6 +104,12 @@ impl NewTask {
     /// Sets max_attempts for this task.
     pub fn max_attempts(mut self, n: u32) -> Self {
         self.max_attempts = Some(n);
+        self
+    }
+
+    /// Sets its own time limit.
+    pub fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
         self
     }
 
@@ -317,6 +326,7 @@ impl Queue {
             delay_ms,
             at_ms,
             max_attempts: first.max_attempts.unwrap_or(self.limits.max_attempts),
+            timeout_ms: first.timeout.map_or(0, |t| t.as_millis().max(1) as u64),
             mode,
             track: self.limits.track,
             submitted_by: first.submitted_by.clone().unwrap_or_default(),
@@ -514,6 +524,7 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
         a.delay,
         a.at,
         a.max_attempts,
+        a.timeout,
         a.id.is_some(),
         &a.submitted_by,
         chain_kind(&a.chain),
@@ -523,6 +534,7 @@ fn same_options(a: &NewTask, b: &NewTask) -> bool {
         b.delay,
         b.at,
         b.max_attempts,
+        b.timeout,
         b.id.is_some(),
         &b.submitted_by,
         chain_kind(&b.chain),

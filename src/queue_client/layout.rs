@@ -20,7 +20,8 @@
 //!   lists the members of a chain it holds (`chain:ID`); the migration lists layout 1's
 //!   chains there under their old names. Ready tasks that came due other than at their
 //!   enqueue keep when in `ready:due` (none after a migration: those count from their
-//!   enqueue). The first write to a queue with no data stamps
+//!   enqueue). A task submitted with a time limit of its own has it in its meta, after its
+//!   max_attempts (`3t5000`). The first write to a queue with no data stamps
 //!   it.
 //!
 //! A new version is one more number here, its description, and its passes in

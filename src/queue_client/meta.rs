@@ -2,7 +2,8 @@
 //! stored value (`pack_meta` and `parse_meta` in lua/lib/tasks.lua), and the one place
 //! Rust reads it.
 //!
-//! The form is `priority:max_attempts:enqueued_ms[.SEQ][:CHAIN]`: SEQ is a tracked task's
+//! The form is `priority:max_attempts[tTIMEOUT]:enqueued_ms[.SEQ][:CHAIN]`: TIMEOUT is the
+//! task's own time limit in ms (a submit's `timeout`, at most its queue's), SEQ is a tracked task's
 //! record number (its score in the listing index), CHAIN is present for a tracked task:
 //! `''` in no chain, `g` and the chain's id for its global task, `c` and the chain's id for
 //! a follow-up in it.
@@ -29,6 +30,8 @@ pub(crate) struct MetaHead {
     pub(crate) max_attempts: u32,
     /// When it was enqueued (ms since the epoch).
     pub(crate) enqueued_ms: i64,
+    /// Its own time limit (ms), when its submit gave one.
+    pub(crate) timeout_ms: Option<u64>,
 }
 
 /// A task's chain as its meta says it.
@@ -58,10 +61,15 @@ impl Meta {
             _ => (enqueued, None),
         };
         let head = (|| {
+            let (max_attempts, timeout_ms) = match max_attempts?.split_once('t') {
+                Some((ma, t)) => (ma, Some(t.parse().ok()?)),
+                None => (max_attempts?, None),
+            };
             Some(MetaHead {
                 priority: priority?.parse().ok()?,
-                max_attempts: max_attempts?.parse().ok()?,
+                max_attempts: max_attempts.parse().ok()?,
                 enqueued_ms: at?.parse().ok()?,
+                timeout_ms,
             })
         })();
         let chain = match (enqueued, it.next()) {
@@ -71,6 +79,13 @@ impl Meta {
             _ => MetaChain::Unknown,
         };
         Meta { head, seq, chain }
+    }
+
+    /// Its own time limit, when its submit gave one.
+    pub(crate) fn timeout(&self) -> Option<std::time::Duration> {
+        self.head
+            .and_then(|h| h.timeout_ms)
+            .map(std::time::Duration::from_millis)
     }
 
     /// When it was enqueued (ms since the epoch, Redis's clock); `None` when the meta did
@@ -94,6 +109,7 @@ mod tests {
             priority,
             max_attempts,
             enqueued_ms,
+            timeout_ms: None,
         })
     }
 
@@ -115,6 +131,18 @@ mod tests {
             (Some(7), MetaChain::Global("~cQ.7".into()))
         );
         assert_eq!(Meta::parse(b"0:3:1:").chain, MetaChain::None);
+        // A task's own time limit follows its max_attempts.
+        let m = Meta::parse(b"4:2t1500:1700.8:");
+        assert_eq!(
+            (m.max_attempts(), m.timeout(), m.seq),
+            (
+                Some(2),
+                Some(std::time::Duration::from_millis(1500)),
+                Some(8)
+            )
+        );
+        assert_eq!(Meta::parse(b"4:2:1700").timeout(), None);
+        assert_eq!(Meta::parse(b"4:2tx:1700").head, None);
     }
 
     #[test]

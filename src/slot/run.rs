@@ -180,12 +180,16 @@ enum StartError {
 /// extension, and a panic is caught there without taking the slot down.
 struct Worker {
     /// Batches to the thread; taken at the drop, which ends the thread's loop.
-    tx: Option<std_mpsc::Sender<(Vec<Task>, oneshot::Sender<Handled>)>>,
+    tx: Option<std_mpsc::Sender<Job>>,
     /// Disconnects when the thread has ended, its handler closed.
     ended: std_mpsc::Receiver<()>,
     /// Whether a batch is in the handler.
     busy: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// A batch for the handler thread: its tasks, their time limits (the queue's `timeout`,
+/// or a task's own when shorter; empty without a `timeout`) and where the outcome goes.
+type Job = (Vec<Task>, Vec<Duration>, oneshot::Sender<Handled>);
 
 /// A batch back from the handler thread (so its payloads need not be copied to go
 /// there), and what the handler made of it.
@@ -199,7 +203,7 @@ impl Worker {
         ctx: SlotContext,
         forked: bool,
     ) -> Result<Worker, StartError> {
-        let (tx, rx) = std_mpsc::channel::<(Vec<Task>, oneshot::Sender<Handled>)>();
+        let (tx, rx) = std_mpsc::channel::<Job>();
         let (init_tx, init_rx) = std_mpsc::channel();
         let (ended_tx, ended) = std_mpsc::channel::<()>();
         let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -221,16 +225,16 @@ impl Worker {
                 if !ok {
                     return;
                 }
-                while let Ok((batch, reply)) = rx.recv() {
+                while let Ok((batch, limits, reply)) = rx.recv() {
                     in_handler.store(true, std::sync::atomic::Ordering::Release);
-                    let r =
-                        std::panic::catch_unwind(AssertUnwindSafe(|| match ctx.queue.timeout {
-                            Some(limit) => {
-                                timeout::handle_each_within(&mut *handler, &ctx, &batch, limit)
-                            }
-                            None => handler.handle(&ctx, &batch),
-                        }))
-                        .map_err(|p| panicked(&p));
+                    let r = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                        if limits.len() == batch.len() {
+                            timeout::handle_each_within(&mut *handler, &ctx, &batch, &limits)
+                        } else {
+                            handler.handle(&ctx, &batch)
+                        }
+                    }))
+                    .map_err(|p| panicked(&p));
                     in_handler.store(false, std::sync::atomic::Ordering::Release);
                     let _ = reply.send((batch, r));
                 }
@@ -258,10 +262,12 @@ impl Worker {
         })
     }
 
-    fn handle(&self, batch: Vec<Task>) -> oneshot::Receiver<Handled> {
+    /// Hands `batch` to the handler thread; `limits`, one per task, make it run one task
+    /// at a time under them (slot/timeout.rs), empty the whole batch at once.
+    fn handle(&self, batch: Vec<Task>, limits: Vec<Duration>) -> oneshot::Receiver<Handled> {
         let (reply, rx) = oneshot::channel();
         if let Some(tx) = &self.tx {
-            let _ = tx.send((batch, reply));
+            let _ = tx.send((batch, limits, reply));
         }
         rx
     }
@@ -746,7 +752,9 @@ impl Serving {
         let started = Instant::now();
         let (refused, tasks) = screen(&self.cfg, slot, &mut batch.tasks);
         let handled = tasks.len();
-        let (result, back, lease_until) = self.run_handler(&batch, tasks, lease_until).await;
+        let limits = timeout::limits(self.cfg.timeout, &batch.tasks, &refused);
+        let (result, back, lease_until) =
+            self.run_handler(&batch, tasks, limits, lease_until).await;
         restore_payloads(&mut batch.tasks, &refused, back);
         let busy = started.elapsed();
         let (outcomes, unstarted) = match result {
@@ -885,6 +893,7 @@ impl Serving {
         &mut self,
         batch: &Batch,
         tasks: Vec<Task>,
+        limits: Vec<Duration>,
         mut lease_until: Instant,
     ) -> (HandleResult, Vec<Task>, Instant) {
         let lease = self.cfg.lease;
@@ -895,7 +904,7 @@ impl Serving {
             let _ = tx.send((Vec::new(), Ok(Vec::new())));
             rx
         } else {
-            self.worker.handle(tasks)
+            self.worker.handle(tasks, limits)
         };
         let first_extension = lease_until
             .checked_sub(lease - lease / 3)

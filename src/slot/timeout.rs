@@ -12,18 +12,43 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::host::handler::{Handler, Outcome, SlotContext, Stop, Task};
+use crate::queue_client::LeasedTask;
 
-/// The outcomes of `batch` handled one task at a time, each within `limit`. Shorter than
-/// the batch when the slot was asked to stop: the tasks after the outcomes were not
-/// started (the caller gives them back, as for any handler's short vector).
+/// The time limits of a batch's handled tasks (those `screen` did not decide: `None` in
+/// `refused`, in order): the queue's `timeout`, or a task's own when shorter. Empty when
+/// the queue has no `timeout`: its handler gets the batch whole.
+pub(crate) fn limits(
+    timeout: Option<Duration>,
+    tasks: &[LeasedTask],
+    refused: &[Option<Outcome>],
+) -> Vec<Duration> {
+    let Some(queue_limit) = timeout else {
+        return Vec::new();
+    };
+    tasks
+        .iter()
+        .zip(refused)
+        .filter(|(_, r)| r.is_none())
+        .map(|(t, _)| {
+            t.meta
+                .timeout()
+                .map_or(queue_limit, |own| own.min(queue_limit))
+        })
+        .collect()
+}
+
+/// The outcomes of `batch` handled one task at a time, each within its limit (`limits`,
+/// one per task). Shorter than the batch when the slot was asked to stop: the tasks after
+/// the outcomes were not started (the caller gives them back, as for any handler's short
+/// vector).
 pub(crate) fn handle_each_within(
     handler: &mut dyn Handler,
     ctx: &SlotContext,
     batch: &[Task],
-    limit: Duration,
+    limits: &[Duration],
 ) -> Vec<Outcome> {
     let mut outcomes = Vec::with_capacity(batch.len());
-    for task in batch {
+    for (task, &limit) in batch.iter().zip(limits) {
         if ctx.should_stop() {
             break;
         }
@@ -97,6 +122,6 @@ fn timed_out_retry(ctx: &SlotContext, task: &Task, limit: Duration) -> Outcome {
 }
 
 /// What a timed-out task's history says.
-pub(crate) fn timed_out_note(limit: Duration) -> String {
+fn timed_out_note(limit: Duration) -> String {
     format!("timed out after {}", humantime::format_duration(limit))
 }

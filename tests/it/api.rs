@@ -540,7 +540,7 @@ async fn every_refusal_names_what_and_changes_nothing() {
             Some(SHOP),
             Some(r#"{"payload": 1, "colour": 2}"#),
             400,
-            "bad task: unknown field `colour`, expected one of `payload`, `id`, `priority`, `delay`, `at`, `max_attempts`, `wait`, `chain`",
+            "bad task: unknown field `colour`, expected one of `payload`, `id`, `priority`, `delay`, `at`, `max_attempts`, `timeout`, `wait`, `chain`",
         ),
         (
             "POST",

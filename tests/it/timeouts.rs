@@ -125,3 +125,61 @@ async fn a_rust_handlers_task_over_its_timeout_is_cancelled_and_retried() {
     );
     done_first_time(&q, &ids[1..]).await;
 }
+
+#[tokio::test]
+async fn a_submit_may_shorten_its_queues_timeout_and_no_more() {
+    use crate::api::{OPS, request, start_api, test_config};
+    let tables = "[queues.s]\nhandler = \"sleep\"\ntimeout = \"10s\"\n\
+                  [queues.plain]\nhandler = \"sleep\"\n";
+    let m = TestMaster::start(tables, &[("s", 1)]).await;
+    let api_text = format!(
+        "[cluster]\nredis = \"{}\"\n{tables}[api.keys.ops]\ntoken_sha256 = \"{}\"\nadmin = true\n",
+        m.redis.url(),
+        gaffer::api::hash_token(OPS)
+    );
+    let (addr, stop, _api) = start_api(test_config(&api_text), m.redis.url()).await;
+    let submit = |queue: &'static str, body: &'static str| async move {
+        let path = format!("/v1/queues/{queue}/tasks");
+        let (status, body) = request(addr, "POST", &path, Some(OPS), Some(body.as_bytes())).await;
+        (status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (status, body) = submit("s", r#"{"payload": {"ms": 1}, "timeout": "1m"}"#).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("timeout 1m exceeds the limit of 10s ([queues.s].timeout)"),
+        "{body}"
+    );
+    let (status, body) = submit("plain", r#"{"payload": {"ms": 1}, "timeout": "1s"}"#).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("queue plain has no timeout"), "{body}");
+    let (status, body) = submit(
+        "s",
+        r#"{"tasks": [{"payload": {"ms": 1}}, {"payload": {"ms": 1}, "timeout": "0s"}]}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("tasks[1]: timeout must be greater than zero"),
+        "{body}"
+    );
+
+    // Within it: the task's own limit is the one its slot holds it to.
+    let (status, body) = submit(
+        "s",
+        r#"{"payload": {"ms": 30000}, "timeout": "700ms", "max_attempts": 2}"#,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let q = m.queue("s");
+    let (ran, note) = first_attempt(&q, &id).await;
+    assert_eq!(note, "timed out after 700ms");
+    assert!(
+        ran < Duration::from_secs(2),
+        "stopped {ran:?} after its start"
+    );
+    stop.cancel();
+}

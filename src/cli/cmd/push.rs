@@ -141,6 +141,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
             delay: args.delay,
             at: None,
             max_attempts: args.max_attempts,
+            timeout: None,
             submitted_by: Some(crate::config::RESERVED_SUBMITTER.into()),
             chain: None,
             own_id: false,

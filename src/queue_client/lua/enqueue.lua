@@ -95,7 +95,8 @@ if own_ids and mode == 'ip' and track then
   local taken = own_ids_taken()
   if taken then return {'taken', taken} end
 end
-local meta = pack_meta(A.priority, ma, now)
+-- (a time limit of the tasks' own rides on their max_attempts: see parse_meta)
+local meta = pack_meta(A.priority, A.timeout_ms == '0' and ma or (ma .. 't' .. A.timeout_ms), now)
 -- A tracked task's meta also carries its record's sequence number after its enqueue time
 -- (".seq", see "Runs" in lib/blocks.lua) and its chain field (see parse_meta): 'g' and the
 -- chain a global task starts, '' one in no chain, or 'c' and a follow-up's chain. An untracked task has no record to

@@ -40,7 +40,7 @@ end
 redis.call('ZREM', K_FROZEN, id)
 -- When a task was created: its enqueue time, then its record's number (0 without one).
 local function created(meta)
-  local enq, seq = string.match(meta, '^-?%d+:%d+:(%d+)%.?(%d*)')
+  local enq, seq = string.match(meta, '^-?%d+:%d+[^:]*:(%d+)%.?(%d*)')
   return tonumber(enq) or 0, tonumber(seq) or 0
 end
 -- How many of the first tasks waiting at `pri` (at most 100 looked at) were created

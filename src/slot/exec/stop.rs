@@ -181,12 +181,10 @@ pub(super) fn watch_stop(
         return child.signal(Signal::SIGKILL);
     }
     // (a batch queue's task is cancelled by its timeout: the line says so)
-    let line = match ctx.queue.timeout.filter(|_| !ctx.queue.is_long()) {
-        Some(limit) => serde_json::json!({
-            "cancel": id,
-            "reason": crate::slot::timeout::timed_out_note(limit),
-        }),
-        None => serde_json::json!({ "cancel": id }),
+    let line = if ctx.queue.timeout.is_some() && !ctx.queue.is_long() {
+        serde_json::json!({ "cancel": id, "timeout": true })
+    } else {
+        serde_json::json!({ "cancel": id })
     };
     let line = format!("{line}\n");
     if let Err(e) = stdin

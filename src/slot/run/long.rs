@@ -272,7 +272,7 @@ impl Serving {
             let _ = tx.send((Vec::new(), Ok(Vec::new())));
             rx
         } else {
-            self.worker.handle(tasks)
+            self.worker.handle(tasks, Vec::new())
         };
         let mut renew_every =
             tokio::time::interval_at((Instant::now() + LONG_RENEW_EVERY).into(), LONG_RENEW_EVERY);

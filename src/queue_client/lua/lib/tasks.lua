@@ -93,20 +93,22 @@ local function push_ready_grouped(pris, ids, front, due)
   end
 end
 
--- meta = "priority:max_attempts:enqueued_ms" for an untracked task; a tracked one's goes
+-- meta = "priority:max_attempts:enqueued_ms" for an untracked task (max_attempts
+-- followed by 't' and the task's own time limit in ms when its submit gave one, which only
+-- the slot reads); a tracked one's goes
 -- on ".SEQ:CHAIN": SEQ its record's sequence number (its score in K_IDX, which the slot
 -- hands back with its acks, see "Runs" in lib/blocks.lua), CHAIN what chains need to know of it without
 -- reading its record: '' (in no chain), 'g' and the chain's id (the global task of that
 -- chain, see chain_name) or 'c' and the chain's id (a follow-up).
 local function parse_meta(m)
-  local pri, ma, enq = string.match(m, '^(-?%d+):(%d+):(%d+)')
+  local pri, ma, enq = string.match(m, '^(-?%d+):(%d+)[^:]*:(%d+)')
   return tonumber(pri), tonumber(ma), tonumber(enq)
 end
 
 -- A meta's head (priority:max_attempts:enqueued_ms[.SEQ]) and its CHAIN field ('', or
 -- 'g' or 'c' and the chain; nil in an untracked task's meta).
 local function meta_chain_field(m)
-  local head, rest = string.match(m, '^(%-?%d+:%d+:[%d%.]+)(.*)$')
+  local head, rest = string.match(m, '^(%-?%d+:%d+[^:]*:[%d%.]+)(.*)$')
   return head, rest and string.match(rest, '^:(.*)$')
 end
 
