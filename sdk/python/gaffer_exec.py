@@ -120,8 +120,10 @@ def should_stop():
 def cancelled(task_id=None):
     """Whether gaffer cancelled `task_id` (any task of the batch when None) while it runs.
 
-    For `kind = "long"` queues: look now and then during the work, and answer the task
-    (e.g. "fail") when True; a handler that does not is sent SIGTERM after cancel_grace."""
+    For `kind = "long"` queues, and for a batch queue's task past its `timeout` (the line
+    then says {"timeout": true}; gaffer retries the task unless it answers "ok"): look now
+    and then during the work, and answer the task (e.g. "fail") when True; a handler that
+    does not is sent SIGTERM after cancel_grace."""
     if _batch is None:
         return False
     _batch.look()

@@ -99,7 +99,8 @@ sub should_stop {
 }
 
 # Whether gaffer cancelled the task (any task of the batch without an argument) while it
-# runs: for kind = "long" queues, which send SIGTERM after cancel_grace otherwise.
+# runs: for kind = "long" queues, and for a batch queue's task past its `timeout`, which
+# gaffer retries unless it answers "ok"; SIGTERM follows after cancel_grace otherwise.
 sub cancelled {
     my ($id) = @_;
     return 0 unless $batch;
