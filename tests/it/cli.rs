@@ -24,8 +24,9 @@ handler = "sleep"
 priority = 5
 "#;
 
-struct Env {
-    redis: TestRedis,
+/// A Redis and a config file `gaffer` runs the CLI against (also `retired.rs`'s).
+pub(crate) struct Env {
+    pub(crate) redis: TestRedis,
     dir: tempfile::TempDir,
 }
 
@@ -34,7 +35,7 @@ impl Env {
         Self::with_config(CONFIG)
     }
 
-    fn with_config(config: &str) -> Self {
+    pub(crate) fn with_config(config: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("config.toml"), config).unwrap();
         Env {
@@ -43,11 +44,12 @@ impl Env {
         }
     }
 
-    fn config(&self) -> PathBuf {
+    pub(crate) fn config(&self) -> PathBuf {
         self.dir.path().join("config.toml")
     }
 
-    fn gaffer(&self, args: &[&str]) -> Output {
+    /// `gaffer ARGS` with this config and Redis, stdin not a terminal.
+    pub(crate) fn gaffer(&self, args: &[&str]) -> Output {
         self.gaffer_stdin(args, None)
     }
 

@@ -1318,3 +1318,63 @@ async fn a_slot_frozen_alone_is_killed_with_its_child_before_its_lease_can_pass(
     assert_eq!(rec.state, RecordState::Running, "{rec:?}");
     assert_eq!(rec.attempt, 2, "{rec:?}");
 }
+
+/// A one-minute work window two hours from now (every day), so the queue's window is shut
+/// for the whole test: "HH:MM-HH:MM" in UTC, the tests' manager time zone.
+fn a_shut_window() -> String {
+    use chrono::Timelike;
+    let start = chrono::Utc::now() + chrono::Duration::hours(2);
+    // (never one that wraps midnight)
+    let start = if start.hour() == 23 && start.minute() == 59 {
+        start + chrono::Duration::hours(1)
+    } else {
+        start
+    };
+    let end = start + chrono::Duration::minutes(1);
+    format!("{}-{}", start.format("%H:%M"), end.format("%H:%M"))
+}
+
+#[tokio::test]
+async fn outside_its_window_a_hand_back_queue_hands_its_task_back_and_a_finish_one_runs_on() {
+    let window = a_shut_window();
+    let mut h = Hosts::start(&format!(
+        "[queues.back]\nkind = \"long\"\nhandler = \"sleep\"\nlease = \"5s\"\n\
+         work_periods = [\"{window}\"]\nwork_periods_long = \"hand_back\"\n\
+         [queues.on]\nkind = \"long\"\nhandler = \"sleep\"\nlease = \"5s\"\n\
+         work_periods = [\"{window}\"]\n"
+    ))
+    .await;
+    // (no manager: the map is published by hand, so slots start outside the window, as
+    // they would for tasks begun inside it when the window shuts)
+    h.publish(1, &[("h1", "on", 1), ("h1", "back", 1)]).await;
+    h.master("h1");
+    h.slots_up("h1", 2).await;
+    let (back, on) = (h.queue("back"), h.queue("on"));
+    enqueue(&on, "stays", r#"{"ms": 3600000}"#).await;
+    enqueue(&back, "goes", r#"{"ms": 3600000}"#).await;
+    eventually(Duration::from_secs(20), "both running", || async {
+        record(&on, "stays").await.state == RecordState::Running
+            && record(&back, "goes").await.state == RecordState::Running
+    })
+    .await;
+    // The window is shut: the manager would map no slot. A busy long slot taken off the
+    // map finishes its task, unless its queue hands its tasks back at the window's end.
+    h.publish(2, &[]).await;
+    eventually(Duration::from_secs(30), "goes handed back", || async {
+        let r = record(&back, "goes").await;
+        r.state == RecordState::Waiting
+            && r.history.iter().flatten().any(|e| {
+                e.attempt == 0 && e.note.as_deref() == Some(gaffer::slot::HANDED_BACK_NOTE)
+            })
+    })
+    .await;
+    // The finish queue's task, in the same shut window, still runs.
+    let r = record(&on, "stays").await;
+    assert_eq!(
+        (r.state, states(&r)),
+        (
+            RecordState::Running,
+            vec![RecordState::Waiting, RecordState::Running]
+        )
+    );
+}

@@ -3,8 +3,7 @@
 //! whose table is gone, against a real redis-server and the `gaffer` binary.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::Duration;
 
 use gaffer::cluster::{self, Keys};
@@ -13,7 +12,7 @@ use gaffer::queue_client::{NewTask, QueueClient, QueueLimits, SettleOp};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{TestRedis, eventually};
+use crate::harness::eventually;
 
 const LEASE: Duration = Duration::from_secs(60);
 
@@ -47,36 +46,19 @@ handler = "noop"
 "#;
 
 /// A Redis, and the config files the commands run with.
-struct Env {
-    redis: TestRedis,
-    dir: tempfile::TempDir,
+/// The CLI's test rig with the config lacking the removed tables.
+struct Env(crate::cli::Env);
+
+impl std::ops::Deref for Env {
+    type Target = crate::cli::Env;
+    fn deref(&self) -> &crate::cli::Env {
+        &self.0
+    }
 }
 
 impl Env {
     fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("after.toml"), AFTER).unwrap();
-        Env {
-            redis: TestRedis::start(),
-            dir,
-        }
-    }
-
-    fn after(&self) -> PathBuf {
-        self.dir.path().join("after.toml")
-    }
-
-    /// `gaffer` with the config lacking the removed tables, stdin not a terminal.
-    fn gaffer(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_gaffer"))
-            .arg("--config")
-            .arg(self.after())
-            .arg("--redis")
-            .arg(self.redis.url())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
+        Env(crate::cli::Env::with_config(AFTER))
     }
 
     /// [`Env::gaffer`], which must succeed; its stdout.

@@ -10,6 +10,12 @@ use gaffer::queue_client::{NewTask, Queue, RecordState};
 use crate::harness::{eventually, poll_some};
 use crate::host::TestMaster;
 
+/// `tasks` enqueued in one call (so one take hands them out together); their ids.
+async fn enqueued_ids(q: &Queue, tasks: &[NewTask]) -> Vec<String> {
+    let made = q.enqueue_many(tasks).await.unwrap();
+    made.into_iter().map(|e| e.id).collect()
+}
+
 /// A task's history as (state, moment, note).
 async fn history(q: &Queue, id: &str) -> Vec<(RecordState, SystemTime, String)> {
     let r = q.record(id).await.unwrap().expect("a record");
@@ -71,13 +77,7 @@ async fn an_exec_task_over_its_timeout_is_stopped_and_retried_and_its_batch_mate
         r#"{"action":"sleep","ms":10}"#,
     ]
     .map(|p| NewTask::new(p).max_attempts(2));
-    let ids: Vec<String> = q
-        .enqueue_many(&tasks)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let ids = enqueued_ids(&q, &tasks).await;
     // Stopped and back in the queue within 3 s of its start (a 10-minute lease would
     // have held it for 10 minutes), the history saying why.
     let (ran, note) = first_attempt(&q, &ids[1]).await;
@@ -110,13 +110,7 @@ async fn a_rust_handlers_task_over_its_timeout_is_cancelled_and_retried() {
     let m = TestMaster::start(queue, &[("s", 1)]).await;
     let q = m.queue("s");
     let tasks = [r#"{"ms":30000}"#, r#"{"ms":10}"#].map(|p| NewTask::new(p).max_attempts(3));
-    let ids: Vec<String> = q
-        .enqueue_many(&tasks)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let ids = enqueued_ids(&q, &tasks).await;
     let (ran, note) = first_attempt(&q, &ids[0]).await;
     assert_eq!(note, "timed out after 500ms");
     assert!(
