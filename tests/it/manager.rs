@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gaffer::cluster::{self, HostReport, Keys, SlotMap};
-use gaffer::manager::Leadership;
+use gaffer::manager::{FireClaim, Leadership};
 use gaffer::queue_client::QueueClient;
 use gaffer::redis_server::free_port;
 use nix::sys::signal::Signal;
@@ -213,7 +213,18 @@ async fn a_fenced_manager_cannot_write() {
         "fenced"
     );
     assert!(
-        !first.claim_fire(&mut conn, "s", 1).await.unwrap(),
+        !first
+            .claim_fire(
+                &mut conn,
+                &FireClaim {
+                    field: "s",
+                    name: "s",
+                    stored: false
+                },
+                1
+            )
+            .await
+            .unwrap(),
         "fenced"
     );
     assert!(
@@ -799,11 +810,15 @@ async fn a_claimed_fire_whose_enqueue_was_lost_is_enqueued_by_the_next_leader() 
     .await;
     let t = lost.take(10, Duration::from_secs(60)).await.unwrap().tasks;
     let ids: Vec<&str> = t.iter().map(|t| t.id.as_str()).collect();
-    assert_eq!(ids, [format!("schedule:0:{fire}")], "the lost fire, once");
+    assert_eq!(
+        ids,
+        [format!("schedule:lost.0:{fire}")],
+        "the lost fire, once, under its name"
+    );
     assert_eq!(
         made.stats().await.unwrap().enqueued_total,
         1,
-        "the fire whose task ran is not enqueued again"
+        "the fire whose task ran (enqueued under the id of the releases before names) is not enqueued again"
     );
 }
 
@@ -871,7 +886,7 @@ async fn schedules_fire_once_per_second_across_a_failover() {
     assert!(seconds.len() >= 10, "{seconds:?}");
     // Their records say which schedule submitted them.
     let rec = q.record(&ids[0]).await.unwrap().expect("a record");
-    assert_eq!(rec.submitted_by.as_deref(), Some("schedule:* * * * * *"));
+    assert_eq!(rec.submitted_by.as_deref(), Some("schedule:tick.0"));
 }
 
 #[tokio::test]
