@@ -326,6 +326,18 @@ pub enum State {
     Shadowed,
 }
 
+impl State {
+    /// Its name, as listings write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Active => "active",
+            State::Paused => "paused",
+            State::Ended => "ended",
+            State::Shadowed => "shadowed",
+        }
+    }
+}
+
 /// One schedule as `gaffer schedules --json` and `GET /v1/schedules` show it: the fields
 /// of `POST /v1/schedules` (the rule as `cron` or `every`), then what it is and when it
 /// fires.
