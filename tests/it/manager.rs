@@ -16,7 +16,7 @@ use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some};
 use crate::host::{gone, http_get};
 
 /// Processes killed on drop.
-struct Procs(Vec<Child>);
+pub(crate) struct Procs(pub(crate) Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -28,12 +28,12 @@ impl Drop for Procs {
 }
 
 /// A cluster on one machine: one Redis, a config file, managers and masters.
-struct Cluster {
-    redis: TestRedis,
-    dir: tempfile::TempDir,
-    config: PathBuf,
-    client: QueueClient,
-    procs: Procs,
+pub(crate) struct Cluster {
+    pub(crate) redis: TestRedis,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) config: PathBuf,
+    pub(crate) client: QueueClient,
+    pub(crate) procs: Procs,
     /// Lines added to `[manager]` after `FAST`'s.
     manager_extra: String,
 }
@@ -41,12 +41,12 @@ struct Cluster {
 const FAST: &str = "[manager]\ntick = \"200ms\"\nheartbeat_timeout = \"2s\"\n\n";
 
 impl Cluster {
-    async fn start(tables: &str) -> Self {
+    pub(crate) async fn start(tables: &str) -> Self {
         Self::start_with("", tables).await
     }
 
     /// A cluster whose `[manager]` also has the lines `manager_extra`.
-    async fn start_with(manager_extra: &str, tables: &str) -> Self {
+    pub(crate) async fn start_with(manager_extra: &str, tables: &str) -> Self {
         let redis = TestRedis::start();
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("config.toml");
@@ -62,7 +62,7 @@ impl Cluster {
         c
     }
 
-    fn write_config(&self, tables: &str) {
+    pub(crate) fn write_config(&self, tables: &str) {
         let text = format!(
             "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n{FAST}{}\n{tables}",
             self.redis.url(),
@@ -71,7 +71,7 @@ impl Cluster {
         std::fs::write(&self.config, text).unwrap();
     }
 
-    fn gaffer(&self, args: &[&str], log: &str) -> Command {
+    pub(crate) fn gaffer(&self, args: &[&str], log: &str) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gaffer"));
         cmd.arg("--config")
             .arg(&self.config)
@@ -85,12 +85,12 @@ impl Cluster {
     }
 
     /// Starts a manager; returns its index in `procs`.
-    fn manager(&mut self, n: usize) -> usize {
+    pub(crate) fn manager(&mut self, n: usize) -> usize {
         self.manager_http(n).0
     }
 
     /// Starts a manager; returns its index in `procs` and its HTTP port.
-    fn manager_http(&mut self, n: usize) -> (usize, u16) {
+    pub(crate) fn manager_http(&mut self, n: usize) -> (usize, u16) {
         let http = free_port().unwrap();
         let child = self
             .gaffer(&["manager"], &format!("manager{n}.log"))
@@ -102,7 +102,7 @@ impl Cluster {
     }
 
     /// Starts a master for `host` with its own HTTP port.
-    fn master(&mut self, host: &str) -> (usize, u16) {
+    pub(crate) fn master(&mut self, host: &str) -> (usize, u16) {
         let http = free_port().unwrap();
         let child = self
             .gaffer(&["master", "--host", host], &format!("master-{host}.log"))
@@ -114,7 +114,7 @@ impl Cluster {
     }
 
     /// Which of managers `a` and `b` holds the lease (its value is `host:pid:epoch`).
-    async fn leader(&self, a: usize, b: usize) -> usize {
+    pub(crate) async fn leader(&self, a: usize, b: usize) -> usize {
         let lease: String = redis::cmd("GET")
             .arg(Keys::new("test").lease())
             .query_async(&mut self.client.connection())
@@ -127,26 +127,26 @@ impl Cluster {
         }
     }
 
-    fn pid(&self, i: usize) -> u32 {
+    pub(crate) fn pid(&self, i: usize) -> u32 {
         self.procs.0[i].id()
     }
 
-    fn log(&self, name: &str) -> String {
+    pub(crate) fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
 
-    fn cli(&self, args: &[&str]) -> String {
+    pub(crate) fn cli(&self, args: &[&str]) -> String {
         crate::harness::gaffer_ok(&self.config, args)
     }
 
-    async fn map(&self) -> Option<SlotMap> {
+    pub(crate) async fn map(&self) -> Option<SlotMap> {
         cluster::read_map(&mut self.client.connection(), &Keys::new("test"))
             .await
             .unwrap()
     }
 
     /// Slots of `queue` per host in the current map.
-    async fn placed(&self, queue: &str) -> BTreeMap<String, u32> {
+    pub(crate) async fn placed(&self, queue: &str) -> BTreeMap<String, u32> {
         self.map()
             .await
             .map(|m| {
@@ -159,7 +159,7 @@ impl Cluster {
     }
 }
 
-fn signal(pid: u32, sig: Signal) {
+pub(crate) fn signal(pid: u32, sig: Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
 }
 
