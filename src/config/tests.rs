@@ -457,8 +457,8 @@ fn a_schedule_has_one_rule_a_known_zone_and_a_time_to_end() {
             "t.toml:10:9: schedules[0].every: give cron or every, not both",
             "t.toml:13:9: schedules[1].every: every 500ms is shorter than the limit of 1s",
             "t.toml:14:12: schedules[1].timezone: unknown time zone `Mars/Olympus`, expected an IANA name like \"Europe/Moscow\" or \"UTC\"",
-            "t.toml:18:9: schedules[2].until: invalid time `tomorrow`: premature end of input; write an RFC 3339 time with its offset like 2026-12-31T00:00:00Z",
-            "t.toml:22:9: schedules[3].until: invalid time `2026-12-31`: premature end of input; write an RFC 3339 time with its offset like 2026-12-31T00:00:00Z",
+            "t.toml:18:9: schedules[2].until: invalid time `tomorrow`, expected an RFC 3339 time with its offset like 2026-12-31T00:00:00Z",
+            "t.toml:22:9: schedules[3].until: invalid time `2026-12-31`, expected an RFC 3339 time with its offset like 2026-12-31T00:00:00Z",
         ]
     );
 }

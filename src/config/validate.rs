@@ -1422,12 +1422,13 @@ fn until(c: &mut Collector, at: &str, value: &Spanned<toml::Value>) -> Option<i6
     };
     match chrono::DateTime::parse_from_rfc3339(&text) {
         Ok(t) => Some(t.timestamp_millis()),
-        Err(e) => {
+        // (chrono's reasons, like "premature end of input", say little about a time)
+        Err(_) => {
             c.error(
                 value.span(),
                 at,
                 format!(
-                    "invalid time `{text}`: {e}; write an RFC 3339 time with its offset like 2026-12-31T00:00:00Z"
+                    "invalid time `{text}`, expected an RFC 3339 time with its offset like 2026-12-31T00:00:00Z"
                 ),
             );
             None
