@@ -12,9 +12,10 @@
 //! Redis down or frozen), `preempt.rs` (a stop mid-batch), `systems.rs` (system switches
 //! and the rate cap on real masters), `ordered.rs` (ordered queues across four hosts),
 //! `fork_start.rs` and `memory_exec.rs` (forked exec children, a host's memory),
-//! `manager.rs` (leadership, fencing, schedules), `schedules.rs` (stored schedules through a
-//! real api across a manager failover, their key rules, `gaffer schedules`), `retired.rs` (queues removed from the
-//! config: the registry of names, `stats`, `tasks` and `queues retire` on them),
+//! `manager.rs` (leadership, fencing, schedules), `schedules.rs` (stored schedules
+//! through a real api across a manager failover, their key rules, `gaffer schedules`),
+//! `retired.rs` (queues removed from the config: the registry of names, `stats`, `tasks`
+//! and `queues retire` on them),
 //! `retries.rs` (the `retry` table through a real master), `outage.rs` (the regressions
 //! the fault suite found), `tls.rs` (TLS-only servers and clusters; `GAFFER_TEST_TLS=1` makes the
 //! harness's servers TLS-only for the queue and record tests), `acl.rs` (each role's ACL

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gaffer::api::hash_token;
 use gaffer::cluster::{self, Keys};
-use gaffer::queue_client::{ListQuery, Queue};
+use gaffer::queue_client::{ListQuery, NewTask, Queue};
 use gaffer::redis_server::free_port;
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
@@ -337,6 +337,42 @@ async fn a_limited_key_sees_and_deletes_only_its_own_schedules() {
         (&json!("nightly"), &json!("config"), &json!("config"))
     );
     assert!(all[0]["next_fire_ms"].as_i64().is_some());
+
+    // A fire of shop's schedule is shop's to see, as a task it submitted; a task under
+    // the name from before the schedule was made (another key's schedule of that name,
+    // since deleted) is not.
+    let created_ms = made["created_ms"].as_i64().unwrap();
+    let emails = redis.client().await.queue("emails").unwrap();
+    for ms in [created_ms + 3_600_000, created_ms - 3_600_000] {
+        let task = NewTask::new(b"{}".to_vec())
+            .id(format!("schedule:shop-beat:{ms}"))
+            .submitted_by("schedule:shop-beat");
+        emails.enqueue(task).await.unwrap();
+    }
+    let fire = |ms: i64| format!("/v1/queues/emails/tasks/schedule:shop-beat:{ms}");
+    let (status, rec) = call(
+        addr,
+        "GET",
+        &fire(created_ms + 3_600_000),
+        SHOP,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(
+        (status, &rec["submitted_by"]),
+        (200, &json!("schedule:shop-beat"))
+    );
+    let (status, _) = call(addr, "GET", &fire(created_ms + 3_600_000), LAB, Value::Null).await;
+    assert_eq!(status, 404, "another key's schedule's fire");
+    let (status, _) = call(
+        addr,
+        "GET",
+        &fire(created_ms - 3_600_000),
+        SHOP,
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 404, "a fire from before the schedule was made");
 
     let (status, _) = call(addr, "DELETE", "/v1/schedules/shop-beat", SHOP, Value::Null).await;
     assert_eq!(status, 204);
