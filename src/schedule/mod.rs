@@ -32,8 +32,8 @@ pub enum Rule {
     /// A cron expression (five fields, or six with seconds first), read in the schedule's
     /// time zone.
     Cron {
-        /// The parsed expression.
-        expr: croner::Cron,
+        /// The parsed expression (boxed: it is large beside a period).
+        expr: Box<croner::Cron>,
         /// The expression as written.
         source: String,
     },
@@ -46,7 +46,7 @@ impl Rule {
     pub fn cron(text: &str) -> Result<Rule, String> {
         let expr = crate::config::parse_cron(text)?;
         Ok(Rule::Cron {
-            expr,
+            expr: Box::new(expr),
             source: text.to_owned(),
         })
     }
