@@ -5,7 +5,7 @@
 //!
 //! The fenced writes (ARCHITECTURE.md, invariant 19), all made through
 //! `Leadership::fenced`: the map, the balancer's decisions with the hosts' liveness, each
-//! schedule claim, the deletion of a silent host's report (compare-and-delete) and epoch
+//! schedule claim and skip, the deletion of a silent host's report (compare-and-delete) and epoch
 //! raises. Each compares the lease value with `id:epoch` in the same step (all `{cluster}`
 //! keys share one hash slot), so a manager paused past its lease is refused the moment it
 //! wakes. Masters also ignore maps of a lower epoch than they have seen, and report the
