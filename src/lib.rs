@@ -22,6 +22,7 @@ pub mod master;
 pub mod printable;
 pub mod queue_client;
 pub mod redis_server;
+pub mod schedule;
 pub mod signals;
 pub mod simulate;
 pub mod slot;

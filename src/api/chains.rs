@@ -113,6 +113,13 @@ impl Api {
         if key.admin || rec.submitted_by.as_deref() == Some(key.name.as_str()) {
             return Ok(true);
         }
+        if let Some(name) = rec
+            .submitted_by
+            .as_deref()
+            .and_then(crate::schedule::fired_by)
+        {
+            return self.fired_for(key, name, &rec.id).await;
+        }
         let Some(chain) = rec
             .chain
             .as_deref()

@@ -8,7 +8,8 @@
 //! subscription wakes every waiter to look again. A refused request changes nothing.
 //!
 //! By file: `routes.rs` (the endpoints and the checks every request passes), `submit.rs`
-//! (the submit body), `chains.rs` (the chain endpoints), `auth.rs` (keys and rights),
+//! (the submit body), `chains.rs` (the chain endpoints), `schedules.rs` (the stored
+//! schedules: create, list, show, delete), `auth.rs` (keys and rights),
 //! `ended.rs` (waking the waiters), `error.rs` (`ApiError`), `outage.rs` (the instance's
 //! one outage spell, fed by requests, `/healthz` and the config look), `listings.rs` (each
 //! key's listings under way, against `[api].max_listings_per_key`). It serves on
@@ -21,6 +22,7 @@ mod error;
 mod listings;
 mod outage;
 mod routes;
+mod schedules;
 mod submit;
 
 use std::net::SocketAddr;

@@ -39,7 +39,7 @@ enum Hold {
 }
 
 /// JSON nesting a request body may have: a payload's levels plus the envelope.
-const MAX_BODY_DEPTH: usize = MAX_JSON_DEPTH + 3;
+pub(super) const MAX_BODY_DEPTH: usize = MAX_JSON_DEPTH + 3;
 /// Records per page when a listing does not say.
 const DEFAULT_LIST_LIMIT: usize = 100;
 /// How often a waiting request looks at what it waits for even without a wake-up: the
@@ -69,7 +69,7 @@ pub struct Api {
 }
 
 /// An answer: status and JSON body.
-type Answer = Result<(StatusCode, serde_json::Value), ApiError>;
+pub(super) type Answer = Result<(StatusCode, serde_json::Value), ApiError>;
 
 impl Api {
     /// Builds the shared state: one queue handle per configured queue, with its limits.
@@ -205,7 +205,16 @@ impl Api {
         let answer = answer.map_err(|e| e.seen_by(&key));
         (
             route,
-            answer.map(|(status, body)| json_response(status, &body)),
+            answer.map(|(status, body)| {
+                if status == StatusCode::NO_CONTENT {
+                    // (a 204 has no body, not even JSON's null)
+                    let mut r = Response::new(Full::new(Bytes::new()));
+                    *r.status_mut() = status;
+                    r
+                } else {
+                    json_response(status, &body)
+                }
+            }),
         )
     }
 
@@ -278,6 +287,20 @@ impl Api {
                 self.switch_system(system, action).await
             }
             Endpoint::Chain { id } => self.chain(key, id, request.uri().query()).await,
+            Endpoint::Schedules if *method == Method::POST => {
+                let body = read_body(
+                    request,
+                    self.config.api.max_body,
+                    self.config.api.read_timeout,
+                )
+                .await?;
+                self.create_schedule(key, &body).await
+            }
+            Endpoint::Schedules => self.list_schedules(key).await,
+            Endpoint::Schedule { name } if *method == Method::DELETE => {
+                self.delete_schedule(key, name).await
+            }
+            Endpoint::Schedule { name } => self.get_schedule(key, name).await,
         }
     }
 
@@ -286,7 +309,7 @@ impl Api {
     /// learns the names of queues it may not use; only a key that may use every queue
     /// (admin, or `["*"]`, which `GET /v1/queues` shows every queue anyway) learns that a
     /// queue is unknown.
-    fn queue(&self, name: &str, key: &ApiKey) -> Result<&Queue, ApiError> {
+    pub(super) fn queue(&self, name: &str, key: &ApiKey) -> Result<&Queue, ApiError> {
         auth::check_queue(key, name)?;
         self.queues
             .get(name)
@@ -862,6 +885,10 @@ enum Endpoint<'a> {
     SystemAdmin { system: &'a str, action: &'a str },
     /// `GET /v1/chains/ID`.
     Chain { id: &'a str },
+    /// `GET|POST /v1/schedules`: a listing, or a new stored schedule.
+    Schedules,
+    /// `GET|DELETE /v1/schedules/NAME`.
+    Schedule { name: &'a str },
 }
 
 impl<'a> Endpoint<'a> {
@@ -905,6 +932,8 @@ impl<'a> Endpoint<'a> {
                 action @ ("pause" | "resume" | "disable" | "enable"),
             ] => Endpoint::SystemAdmin { system, action },
             ["v1", "chains", id] => Endpoint::Chain { id },
+            ["v1", "schedules"] => Endpoint::Schedules,
+            ["v1", "schedules", name] => Endpoint::Schedule { name },
             _ => return None,
         })
     }
@@ -922,6 +951,8 @@ impl<'a> Endpoint<'a> {
             Endpoint::HostAdmin { .. } => "host_admin",
             Endpoint::SystemAdmin { .. } => "system_admin",
             Endpoint::Chain { .. } => "chain",
+            Endpoint::Schedules => "schedules",
+            Endpoint::Schedule { .. } => "schedule",
         }
     }
 
@@ -934,7 +965,8 @@ impl<'a> Endpoint<'a> {
                 GET
             }
             Endpoint::Tasks { .. } => &[Method::GET, Method::POST],
-            Endpoint::Task { .. } => &[Method::GET, Method::DELETE],
+            Endpoint::Task { .. } | Endpoint::Schedule { .. } => &[Method::GET, Method::DELETE],
+            Endpoint::Schedules => &[Method::GET, Method::POST],
             Endpoint::Hold { .. }
             | Endpoint::QueueAdmin { .. }
             | Endpoint::HostAdmin { .. }

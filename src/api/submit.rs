@@ -124,21 +124,7 @@ fn task(
     }
     let raw: RawTask = serde_json::from_str(value.get())
         .map_err(|e| ApiError::bad_request(format!("bad task: {}", without_position(&e))))?;
-    let payload = raw
-        .payload
-        .ok_or_else(|| ApiError::bad_request("missing field `payload`"))?;
-    // (a raw value is only skimmed: a lone surrogate or a number out of range passes it,
-    // and would fail the task at every attempt in a strict parser)
-    serde_json::from_str::<Checked>(payload.get())
-        .map_err(|e| ApiError::bad_request(format!("bad payload: {}", without_position(&e))))?;
-    let payload = compact_json(payload.get());
-    // (the body's own depth is checked before parsing, with room for its envelope: a
-    // payload alone may nest no deeper than a slot accepts, or the task would fail there)
-    if json_deeper_than(&payload, MAX_JSON_DEPTH) {
-        return Err(ApiError::bad_request(format!(
-            "payload nested deeper than {MAX_JSON_DEPTH} levels"
-        )));
-    }
+    let payload = checked_payload(raw.payload)?;
     let mut task = NewTask::new(payload).submitted_by(by);
     if raw.chain == Some(true) {
         task.chain = Some(TaskChain::Global);
@@ -210,9 +196,27 @@ pub fn check_timeouts(
     Ok(())
 }
 
+/// A task's payload (`None`: missing), checked as a slot will read it and compacted.
+pub(super) fn checked_payload(payload: Option<&RawValue>) -> Result<Vec<u8>, ApiError> {
+    let payload = payload.ok_or_else(|| ApiError::bad_request("missing field `payload`"))?;
+    // (a raw value is only skimmed: a lone surrogate or a number out of range passes it,
+    // and would fail the task at every attempt in a strict parser)
+    serde_json::from_str::<Checked>(payload.get())
+        .map_err(|e| ApiError::bad_request(format!("bad payload: {}", without_position(&e))))?;
+    let payload = compact_json(payload.get());
+    // (the body's own depth is checked before parsing, with room for its envelope: a
+    // payload alone may nest no deeper than a slot accepts, or the task would fail there)
+    if json_deeper_than(&payload, MAX_JSON_DEPTH) {
+        return Err(ApiError::bad_request(format!(
+            "payload nested deeper than {MAX_JSON_DEPTH} levels"
+        )));
+    }
+    Ok(payload)
+}
+
 /// What a field was wrong with, without serde's position in the text: the text parsed is
 /// a task's, not the body's, so its lines and columns would mislead.
-fn without_position(e: &serde_json::Error) -> String {
+pub(super) fn without_position(e: &serde_json::Error) -> String {
     let text = e.to_string();
     match text.rfind(" at line ") {
         Some(i) if e.line() > 0 => text[..i].to_string(),

@@ -19,8 +19,8 @@ pub use common::{CliError, Global};
 
 use crate::slot::Registry;
 use cmd::{
-    api, bench, config, drain, intake, manager, master, migrate, pause, push, queues, simulate,
-    stats, system,
+    api, bench, config, drain, intake, manager, master, migrate, pause, push, queues, schedules,
+    simulate, stats, system,
 };
 use cmd::{tasks, top, trace, up};
 
@@ -96,6 +96,16 @@ enum Command {
     /// is not known: see docs/OPERATIONS.md, "Remove a queue".
     #[command(subcommand)]
     Queues(queues::QueuesCmd),
+    /// List the schedules with their state and fires; pause, resume or delete one
+    ///
+    /// Every schedule: the config's [[schedules]] (an unnamed entry is QUEUE.N, N its
+    /// position in the file from 0) and the ones stored through the api (`POST
+    /// /v1/schedules`), each with its queue, rule, time zone, state (active, paused,
+    /// ended, or shadowed: a stored one whose name the config took), last and next fire.
+    /// The leading manager fires each once per due moment, across failovers. `pause` and
+    /// `resume` work on both kinds (the paused set lives in Redis; moments skipped while
+    /// paused are not made up); `delete` removes a stored one. An unknown name exits 2.
+    Schedules(schedules::SchedulesArgs),
     /// Measure the queue on the configured Redis, beside a bare Lua loop in the same run
     Bench(bench::BenchArgs),
     /// Run the whole cluster on this host: a local redis-server, the manager and a master
@@ -115,7 +125,7 @@ enum Command {
     ///
     /// Run one per cluster under pacemaker; a second one is a harmless standby: a
     /// leadership lease with a fencing epoch lets one write at a time. Also fires the
-    /// config's schedules. SIGTERM or Ctrl-C releases the lease for a standby.
+    /// schedules, the config's and the ones stored through the api. SIGTERM or Ctrl-C releases the lease for a standby.
     Manager(manager::ManagerArgs),
     /// Terminal dashboard: queues, the slot map, hosts; pause, resume, drain, requeue
     ///
@@ -235,6 +245,7 @@ fn dispatch(command: Command, global: &Global, log_format: LogFormat) -> Result<
         Command::Stats(args) => Threaded.block_on(stats::run(global, args)),
         Command::Tasks(cmd) => Threaded.block_on(tasks::run(global, cmd)),
         Command::Queues(cmd) => Threaded.block_on(queues::run(global, cmd)),
+        Command::Schedules(args) => Threaded.block_on(schedules::run(global, args)),
         Command::Bench(args) => Threaded.block_on(bench::run(global, args)),
         Command::Top(args) => Threaded.block_on(top::run(global, args)),
         Command::Drain(args) => Threaded.block_on(drain::run(global, args)),

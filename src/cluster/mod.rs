@@ -20,7 +20,10 @@
 //! - `NS:{cluster}:paused`, `NS:{cluster}:draining`: sets of paused queues and draining
 //!   hosts, written by `gaffer pause|resume|drain`.
 //! - `NS:{cluster}:decisions`: JSON of the manager's last decision per queue.
-//! - `NS:{cluster}:sched`: hash, schedule key → last fire time enqueued (ms).
+//! - `NS:{cluster}:sched`: hash, schedule claim field → last fire time claimed (ms), with
+//!   the fire pending and the last fired beside it; `NS:{cluster}:schedules:def`,
+//!   `:schedules:owners`, `:schedules:paused`: the stored schedules, their count per
+//!   owner, the paused names. Their writers and readers: `schedule::store`.
 //! - `NS:{cluster}:queues`: set, every queue name a config has named: the leading manager
 //!   adds its config's names (at each config it adopts and each leadership it takes),
 //!   `gaffer queues retire` removes one. A name in it but not in the config in force is a
@@ -276,9 +279,25 @@ impl Keys {
         self.key("liveness")
     }
 
-    /// Last fire time per schedule.
+    /// The leader's schedule claims: last fire time per schedule, and the fire pending
+    /// (`schedule::store`).
     pub fn schedules(&self) -> String {
         self.key("sched")
+    }
+
+    /// The schedules stored through the api: name → JSON.
+    pub fn schedule_defs(&self) -> String {
+        self.key("schedules:def")
+    }
+
+    /// How many stored schedules each owner has.
+    pub fn schedule_owners(&self) -> String {
+        self.key("schedules:owners")
+    }
+
+    /// The names of paused schedules (the config's and stored ones).
+    pub fn schedules_paused(&self) -> String {
+        self.key("schedules:paused")
     }
 
     /// Every queue name a config has named: what tells a queue removed from the config

@@ -130,6 +130,11 @@ impl<'a> Collector<'a> {
         self.found.is_empty()
     }
 
+    /// How many problems were found so far: a check that ends with more found one.
+    pub(crate) fn count(&self) -> usize {
+        self.found.len()
+    }
+
     pub(crate) fn finish(mut self) -> Diagnostics {
         // Stable sort keeps the walk order for errors at the same spot.
         self.found.sort_by_key(|(offset, _)| *offset);

@@ -29,6 +29,8 @@ use std::time::Duration;
 
 pub use error::{ConfigError, Diagnostic, Diagnostics};
 // The simulator's trace files locate their errors as configs do.
+/// A `[[schedules]]` entry: the definition the config and the api's stored schedules share.
+pub use crate::schedule::Schedule;
 pub(crate) use error::line_col;
 pub use handler::{Handler, Start};
 pub use validate::RESERVED_SUBMITTER;
@@ -688,19 +690,6 @@ impl SystemConfig {
     pub fn is_working_at(&self, weekday: chrono::Weekday, minute_of_day: u16) -> bool {
         WorkPeriod::any_contains(&self.work_periods, weekday, minute_of_day)
     }
-}
-
-/// A periodic task enqueued by the active manager.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Schedule {
-    /// A key of [`Config::queues`].
-    pub queue: String,
-    /// The parsed five-field expression, read in [`ManagerConfig::timezone`].
-    pub cron: croner::Cron,
-    /// The expression as written, for display and for deriving task ids.
-    pub cron_source: String,
-    /// The task's payload; `{}` when not given.
-    pub payload: serde_json::Value,
 }
 
 #[cfg(test)]

@@ -130,9 +130,14 @@ pub(crate) struct RawSystem {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawSchedule {
+    pub name: S<String>,
     pub queue: S<String>,
     pub cron: S<String>,
+    pub every: S<Human<Duration>>,
     pub payload: S<serde_json::Value>,
+    pub timezone: S<String>,
+    /// An RFC 3339 time: a TOML offset date-time or a string.
+    pub until: S<toml::Value>,
 }
 
 #[derive(Debug, Deserialize)]

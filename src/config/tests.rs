@@ -69,11 +69,9 @@ fn design_example_parses() {
 
     assert_eq!(c.schedules.len(), 1);
     assert_eq!(c.schedules[0].queue, "resize_photo");
-    assert_eq!(c.schedules[0].cron_source, "0 3 * * *");
-    assert_eq!(
-        c.schedules[0].payload,
-        serde_json::json!({"kind": "nightly"})
-    );
+    assert_eq!(c.schedules[0].rule.text(), "0 3 * * *");
+    assert_eq!(c.schedules[0].name, "resize_photo.0", "unnamed: QUEUE.N");
+    assert_eq!(c.schedules[0].payload, r#"{"kind":"nightly"}"#);
     assert_eq!(
         c.summary(),
         "ok: 1 queue, 1 system, 1 schedule (design.toml)"
@@ -155,7 +153,7 @@ fn queue_defaults_and_builtin_handlers() {
         c.queues["e"].handler,
         Handler::with_options("flaky", serde_json::json!({"fail_rate": 1.0}))
     );
-    assert_eq!(c.schedules[0].payload, serde_json::json!({}));
+    assert_eq!(c.schedules[0].payload, "{}");
     assert_eq!(c.queues["a"].handler.name(), "noop");
 }
 
@@ -168,7 +166,7 @@ fn payload_datetimes_become_strings() {
     .unwrap();
     assert_eq!(
         c.schedules[0].payload,
-        serde_json::json!({"at": "1979-05-27T07:32:00Z", "list": [1, 2]})
+        r#"{"at":"1979-05-27T07:32:00Z","list":[1,2]}"#
     );
 }
 
@@ -386,7 +384,81 @@ fn odd_shapes_are_reported() {
             "t.toml:8:9: queues.c.lease: expected a duration string like \"10s\", found datetime `1979-05-27`",
             "t.toml:10:8: queues.c.retry.base: retry max (1h) is shorter than base (2h)",
             "t.toml:11:1: schedules[0]: missing required key `queue`",
-            "t.toml:11:1: schedules[0]: missing required key `cron`, a five-field cron expression like \"0 3 * * *\"",
+            "t.toml:11:1: schedules[0]: missing required key `cron` or `every`: a cron expression like \"0 3 * * *\", or a period like \"30s\"",
+        ]
+    );
+}
+
+const TWO_QUEUES: &str = "[manager]\ntimezone = \"Europe/Moscow\"\n[queues.a]\nhandler = \"noop\"\n[queues.b]\nhandler = \"noop\"\n";
+
+#[test]
+fn schedules_have_names_rules_zones_and_ends() {
+    let c = parse(
+        &format!(
+            "{TWO_QUEUES}[[schedules]]\nqueue = \"a\"\ncron = \"0 3 * * *\"\n\
+             [[schedules]]\nname = \"ping\"\nqueue = \"b\"\nevery = \"30s\"\ntimezone = \"UTC\"\n\
+             until = 2026-12-31T00:00:00Z\n\
+             [[schedules]]\nname = \"later\"\nqueue = \"b\"\nevery = \"1h\"\nuntil = \"2027-01-01T03:00:00+03:00\"\n"
+        ),
+        "t.toml",
+    )
+    .unwrap();
+    let [unnamed, ping, later] = &c.schedules[..] else {
+        panic!("three schedules")
+    };
+    assert_eq!(unnamed.name, "a.0");
+    assert_eq!(unnamed.timezone, None, "[manager].timezone, when it fires");
+    assert_eq!(unnamed.zone(c.manager.timezone), chrono_tz::Europe::Moscow);
+    assert_eq!(
+        unnamed.claim_key(),
+        "0:a:0 3 * * *",
+        "the claim field of before names"
+    );
+    assert_eq!(
+        ping.rule,
+        crate::schedule::Rule::Every(Duration::from_secs(30))
+    );
+    assert_eq!(ping.timezone, Some(chrono_tz::UTC));
+    assert_eq!(ping.until_ms, Some(1_798_675_200_000));
+    assert_eq!(ping.claim_key(), "name:ping");
+    assert_eq!(later.until_ms, Some(1_798_761_600_000));
+}
+
+#[test]
+fn schedule_names_are_checked_and_unique() {
+    let e = errors(&format!(
+        "{TWO_QUEUES}[[schedules]]\nname = \"x\"\nqueue = \"a\"\nevery = \"1m\"\n\
+         [[schedules]]\nname = \"x\"\nqueue = \"b\"\nevery = \"1m\"\n\
+         [[schedules]]\nqueue = \"a\"\nevery = \"1m\"\n\
+         [[schedules]]\nname = \"a.2\"\nqueue = \"a\"\nevery = \"1m\"\n\
+         [[schedules]]\nname = \"no way\"\nqueue = \"a\"\nevery = \"1m\"\n"
+    ));
+    assert_eq!(
+        e,
+        [
+            "t.toml:12:8: schedules[1].name: duplicate schedule name `x`: schedules[0] has it already",
+            "t.toml:19:8: schedules[3].name: duplicate schedule name `a.2`: it is the name of schedules[2], which has none of its own (QUEUE.N)",
+            "t.toml:23:8: schedules[4].name: invalid schedule name, use 1 to 128 characters from A-Z a-z 0-9 _ . -",
+        ]
+    );
+}
+
+#[test]
+fn a_schedule_has_one_rule_a_known_zone_and_a_time_to_end() {
+    let e = errors(&format!(
+        "{TWO_QUEUES}[[schedules]]\nqueue = \"a\"\ncron = \"* * * * *\"\nevery = \"1m\"\n\
+         [[schedules]]\nqueue = \"a\"\nevery = \"500ms\"\ntimezone = \"Mars/Olympus\"\n\
+         [[schedules]]\nqueue = \"a\"\nevery = \"1m\"\nuntil = \"tomorrow\"\n\
+         [[schedules]]\nqueue = \"a\"\nevery = \"1m\"\nuntil = 2026-12-31\n"
+    ));
+    assert_eq!(
+        e,
+        [
+            "t.toml:10:9: schedules[0].every: give cron or every, not both",
+            "t.toml:13:9: schedules[1].every: every 500ms is shorter than the limit of 1s",
+            "t.toml:14:12: schedules[1].timezone: unknown time zone `Mars/Olympus`, expected an IANA name like \"Europe/Moscow\" or \"UTC\"",
+            "t.toml:18:9: schedules[2].until: invalid time `tomorrow`, expected an RFC 3339 time with its offset like 2026-12-31T00:00:00Z",
+            "t.toml:22:9: schedules[3].until: invalid time `2026-12-31`, expected an RFC 3339 time with its offset like 2026-12-31T00:00:00Z",
         ]
     );
 }

@@ -187,7 +187,7 @@ fn systems(c: &mut Collector, root: &DeTable) -> BTreeMap<String, SystemConfig> 
     systems
 }
 
-/// Every `[[schedules]]`, in file order.
+/// Every `[[schedules]]`, in file order, each under a name no other has.
 fn schedules(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> Vec<Schedule> {
     let Some(value) = find(root, "schedules") else {
         return Vec::new();
@@ -204,20 +204,95 @@ fn schedules(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> Ve
         return Vec::new();
     };
     let mut schedules = Vec::new();
+    let mut names = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let path = format!("schedules[{i}]");
         if table_of(c, item, &path).is_none() {
             continue;
         }
-        if let Some(raw) = deserialize::<RawSchedule>(c, item, &path)
-            && let Some(s) = schedule(c, &path, item.span(), raw, queues)
-        {
+        let Some(raw) = deserialize::<RawSchedule>(c, item, &path) else {
+            continue;
+        };
+        if let Some(name) = schedule_name(c, &path, i, &raw) {
+            names.push(name);
+        }
+        if let Some(s) = schedule(c, &path, i, item.span(), raw, queues) {
             schedules.push(s);
         }
     }
+    unique_schedule_names(c, &names);
     schedules
 }
 
+/// A schedule's name as [`schedule_name`] reads it: its text, where it is written (`None`:
+/// the default `QUEUE.N`), and its entry's index.
+struct ScheduleName {
+    text: String,
+    span: Option<Range<usize>>,
+    index: usize,
+}
+
+/// The name of `schedules[index]`: its `name`, checked, or the default `QUEUE.N`; `None`
+/// when it has neither (no valid name, or no queue to name it after).
+fn schedule_name(
+    c: &mut Collector,
+    path: &str,
+    index: usize,
+    raw: &RawSchedule,
+) -> Option<ScheduleName> {
+    match &raw.name {
+        Some(name) if values::is_valid_name(name.get_ref()) => Some(ScheduleName {
+            text: name.get_ref().clone(),
+            span: Some(name.span()),
+            index,
+        }),
+        Some(name) => {
+            c.error(
+                name.span(),
+                &join(path, "name"),
+                "invalid schedule name, use 1 to 128 characters from A-Z a-z 0-9 _ . -",
+            );
+            None
+        }
+        None => raw.queue.as_ref().map(|q| ScheduleName {
+            text: crate::schedule::default_name(q.get_ref(), index),
+            span: None,
+            index,
+        }),
+    }
+}
+
+/// Refuses a name two schedules share, at the written one (the later, when both are).
+fn unique_schedule_names(c: &mut Collector, names: &[ScheduleName]) {
+    let mut seen: BTreeMap<&str, &ScheduleName> = BTreeMap::new();
+    for n in names {
+        let Some(first) = seen.get(n.text.as_str()).copied() else {
+            seen.insert(&n.text, n);
+            continue;
+        };
+        let (at, other) = if n.span.is_some() {
+            (n, first)
+        } else {
+            (first, n)
+        };
+        let Some(span) = at.span.clone() else {
+            continue; // (two default names never meet: each holds its own index)
+        };
+        let why = if other.span.is_some() {
+            format!("schedules[{}] has it already", other.index)
+        } else {
+            format!(
+                "it is the name of schedules[{}], which has none of its own (QUEUE.N)",
+                other.index
+            )
+        };
+        c.error(
+            span,
+            &format!("schedules[{}].name", at.index),
+            format!("duplicate schedule name `{}`: {why}", n.text),
+        );
+    }
+}
 // ---------------------------------------------------------------------------------------
 // Sections
 
@@ -309,23 +384,10 @@ fn cluster_tls(c: &mut Collector, files: [S<String>; 3], out: &mut ClusterConfig
 
 fn manager(c: &mut Collector, raw: RawManager) -> ManagerConfig {
     let d = ManagerConfig::default();
-    let timezone = match raw.timezone {
-        None => d.timezone,
-        Some(tz) => match tz.get_ref().parse::<chrono_tz::Tz>() {
-            Ok(tz) => tz,
-            Err(_) => {
-                c.error(
-                    tz.span(),
-                    "manager.timezone",
-                    format!(
-                        "unknown time zone `{}`, expected an IANA name like \"Europe/Moscow\" or \"UTC\"",
-                        tz.get_ref()
-                    ),
-                );
-                d.timezone
-            }
-        },
-    };
+    let timezone = raw
+        .timezone
+        .map_or(Some(d.timezone), |tz| timezone(c, "manager.timezone", &tz))
+        .unwrap_or(d.timezone);
     let tick = duration_at_least(
         c,
         ("manager", "tick"),
@@ -1291,10 +1353,12 @@ fn system(c: &mut Collector, name: &str, path: &str, raw: RawSystem) -> SystemCo
 fn schedule(
     c: &mut Collector,
     path: &str,
+    index: usize,
     span: Range<usize>,
     raw: RawSchedule,
     queues: &BTreeSet<String>,
 ) -> Option<Schedule> {
+    let found = c.count();
     let queue = match raw.queue {
         None => {
             c.error(span.clone(), path, "missing required key `queue`");
@@ -1306,34 +1370,127 @@ fn schedule(
         }
         Some(q) => Some(q.into_inner()),
     };
-    let cron = match raw.cron {
-        None => {
+    let rule = schedule_rule(c, path, span, raw.cron, raw.every);
+    let timezone = raw
+        .timezone
+        .and_then(|tz| timezone(c, &join(path, "timezone"), &tz));
+    let until_ms = raw.until.and_then(|u| until(c, &join(path, "until"), &u));
+    let mut payload = raw
+        .payload
+        .map_or_else(|| serde_json::json!({}), Spanned::into_inner);
+    unwrap_datetimes(&mut payload);
+    if c.count() > found {
+        return None;
+    }
+    let queue = queue?;
+    let named = raw.name.is_some();
+    Some(Schedule {
+        name: raw.name.map_or_else(
+            || crate::schedule::default_name(&queue, index),
+            Spanned::into_inner,
+        ),
+        queue,
+        rule: rule?,
+        timezone,
+        until_ms,
+        payload: payload.to_string(),
+        origin: crate::schedule::Origin::Config { index, named },
+    })
+}
+
+/// A schedule's rule: exactly one of `cron` and `every` (at least a second).
+fn schedule_rule(
+    c: &mut Collector,
+    path: &str,
+    span: Range<usize>,
+    cron: S<String>,
+    every: S<Human<Duration>>,
+) -> Option<crate::schedule::Rule> {
+    use crate::schedule::Rule;
+    match (cron, every) {
+        (None, None) => {
             c.error(
                 span,
                 path,
-                "missing required key `cron`, a five-field cron expression like \"0 3 * * *\"",
+                "missing required key `cron` or `every`: a cron expression like \"0 3 * * *\", or a period like \"30s\"",
             );
             None
         }
-        Some(text) => match values::parse_cron(text.get_ref()) {
-            Ok(cron) => Some((cron, text.into_inner())),
+        (Some(_), Some(every)) => {
+            c.error(
+                every.span(),
+                &join(path, "every"),
+                "give cron or every, not both",
+            );
+            None
+        }
+        (Some(text), None) => match Rule::cron(text.get_ref()) {
+            Ok(rule) => Some(rule),
             Err(m) => {
                 c.error(text.span(), &join(path, "cron"), m);
                 None
             }
         },
+        (None, Some(every)) => {
+            let at = join(path, "every");
+            let checked = match &every.get_ref().0 {
+                Err(m) => Err(m.clone()),
+                Ok(d) => Rule::every_period(*d),
+            };
+            checked.map_err(|m| c.error(every.span(), &at, m)).ok()
+        }
+    }
+}
+
+/// An IANA time zone, or `None` with the error collected.
+fn timezone(c: &mut Collector, at: &str, tz: &Spanned<String>) -> Option<chrono_tz::Tz> {
+    match tz.get_ref().parse::<chrono_tz::Tz>() {
+        Ok(tz) => Some(tz),
+        Err(_) => {
+            c.error(
+                tz.span(),
+                at,
+                format!(
+                    "unknown time zone `{}`, expected an IANA name like \"Europe/Moscow\" or \"UTC\"",
+                    tz.get_ref()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// An RFC 3339 moment (a TOML offset date-time, or a string) as Unix ms.
+fn until(c: &mut Collector, at: &str, value: &Spanned<toml::Value>) -> Option<i64> {
+    let text = match value.get_ref() {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Datetime(d) => d.to_string(),
+        other => {
+            c.error(
+                value.span(),
+                at,
+                format!(
+                    "expected an RFC 3339 time like 2026-12-31T00:00:00Z, found {}",
+                    other.type_str()
+                ),
+            );
+            return None;
+        }
     };
-    let mut payload = raw
-        .payload
-        .map_or_else(|| serde_json::json!({}), Spanned::into_inner);
-    unwrap_datetimes(&mut payload);
-    let (cron, cron_source) = cron?;
-    Some(Schedule {
-        queue: queue?,
-        cron,
-        cron_source,
-        payload,
-    })
+    match chrono::DateTime::parse_from_rfc3339(&text) {
+        Ok(t) => Some(t.timestamp_millis()),
+        // (chrono's reasons, like "premature end of input", say little about a time)
+        Err(_) => {
+            c.error(
+                value.span(),
+                at,
+                format!(
+                    "invalid time `{text}`, expected an RFC 3339 time with its offset like 2026-12-31T00:00:00Z"
+                ),
+            );
+            None
+        }
+    }
 }
 
 /// toml hands datetimes to serde as a private one-key map; a payload wants the text.

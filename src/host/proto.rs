@@ -117,7 +117,7 @@ pub enum SlotEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         next: Option<u32>,
         /// How long the batch's first attempts waited from their enqueue to their start,
-        /// counted into [`START_DELAY_BUCKETS`].
+        /// counted into `START_DELAY_BUCKETS`.
         #[serde(default, skip_serializing_if = "StartDelays::is_empty")]
         start_delays: StartDelays,
     },

@@ -5,7 +5,7 @@
 //!
 //! The fenced writes (ARCHITECTURE.md, invariant 19), all made through
 //! `Leadership::fenced`: the map, the balancer's decisions with the hosts' liveness, each
-//! schedule claim, the deletion of a silent host's report (compare-and-delete) and epoch
+//! schedule claim and skip, the deletion of a silent host's report (compare-and-delete) and epoch
 //! raises. Each compares the lease value with `id:epoch` in the same step (all `{cluster}`
 //! keys share one hash slot), so a manager paused past its lease is refused the moment it
 //! wakes. Masters also ignore maps of a lower epoch than they have seen, and report the
@@ -87,14 +87,29 @@ redis.call('HDEL', KEYS[2], ARGV[3])
 return 1
 ";
 
-/// Record a schedule's fire time if the lease is ours and the time is new, and mark it
-/// pending (ARGV[5] the pending field) until its task is enqueued. Returns 1 when this
-/// manager should enqueue it, 0 otherwise.
+/// Record a schedule's fire time if the lease is ours, the schedule is not paused (ARGV[7]
+/// in KEYS[4]), still stored when it is a stored one (ARGV[8] = 1: ARGV[7] in KEYS[3]) and
+/// the time is new; mark it pending (ARGV[5]) until its task is enqueued, and the last
+/// fire (ARGV[6]). Returns 1 when this manager should enqueue it, 0 otherwise.
 const FIRE: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+if redis.call('SMISMEMBER', KEYS[4], ARGV[7])[1] == 1 then return 0 end
+if ARGV[8] == '1' and redis.call('HEXISTS', KEYS[3], ARGV[7]) == 0 then return 0 end
 local last = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
 if tonumber(ARGV[4]) <= last then return 0 end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4], ARGV[5], ARGV[4], ARGV[6], ARGV[4])
+return 1
+";
+
+/// Move a schedule's last fire time to ARGV[4] without a fire (its fires skipped: paused,
+/// its queue gone, or first seen), if the lease is ours, the time is new and a stored
+/// schedule is still stored (as for FIRE). Returns 1 when moved.
+const SKIP: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+if ARGV[6] == '1' and redis.call('HEXISTS', KEYS[3], ARGV[5]) == 0 then return 0 end
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
+if tonumber(ARGV[4]) <= last then return 0 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
 return 1
 ";
 
@@ -111,6 +126,17 @@ if redis.call('GET', KEYS[1]) == ARGV[1] .. ':' .. ARGV[2] then
 end
 return 0
 ";
+
+/// The schedule a fire claim is for.
+#[derive(Debug, Clone, Copy)]
+pub struct FireClaim<'a> {
+    /// Its field in the claim hash (`Schedule::claim_key`).
+    pub field: &'a str,
+    /// Its name: a paused name's fires are refused.
+    pub name: &'a str,
+    /// A stored schedule: its fires are refused once it is deleted.
+    pub stored: bool,
+}
 
 /// This manager's claim on leadership.
 #[derive(Debug, Clone)]
@@ -245,28 +271,55 @@ impl Leadership {
         Ok(Some(n == 1))
     }
 
-    /// Claims one fire of schedule `key` at `fire_ms`; true when this manager must
-    /// enqueue it (leading, and no manager claimed this time before). The fire stays
-    /// pending until [`Leadership::fired`] says its task was enqueued, so that a manager
-    /// that dies or loses Redis in between leaves it to the next tick, not lost.
+    /// Claims one fire of `schedule` at `fire_ms`; true when this manager must enqueue it
+    /// (leading, the schedule not paused and, a stored one, not deleted, and no manager
+    /// claimed this time before). The fire stays pending until [`Leadership::fired`] says
+    /// its task was enqueued, so that a manager that dies or loses Redis in between leaves
+    /// it to the next tick, not lost.
     pub async fn claim_fire(
         &mut self,
         conn: &mut RedisConn,
-        key: &str,
+        schedule: &FireClaim<'_>,
         fire_ms: i64,
     ) -> Result<bool, QueueError> {
         let n: i64 = self
             .fenced(&Script::new(FIRE), self.keys.schedules())
-            .arg(key)
+            .key(self.keys.schedule_defs())
+            .key(self.keys.schedules_paused())
+            .arg(schedule.field)
             .arg(fire_ms)
-            .arg(pending_field(key))
+            .arg(pending_field(schedule.field))
+            .arg(format!("{}:fired", schedule.field))
+            .arg(schedule.name)
+            .arg(u8::from(schedule.stored))
             .invoke_async(conn)
             .await?;
         Ok(n == 1)
     }
 
-    /// Says that the task of schedule `key`'s fire at `fire_ms` is enqueued (or refused
-    /// for good): that fire is no longer pending.
+    /// Moves `schedule`'s last fire time to `up_to_ms` without firing: the fires until
+    /// then are skipped (paused, its queue gone) or before its first sight. True when
+    /// moved (leading, and the time is new).
+    pub async fn skip_fires(
+        &mut self,
+        conn: &mut RedisConn,
+        schedule: &FireClaim<'_>,
+        up_to_ms: i64,
+    ) -> Result<bool, QueueError> {
+        let n: i64 = self
+            .fenced(&Script::new(SKIP), self.keys.schedules())
+            .key(self.keys.schedule_defs())
+            .arg(schedule.field)
+            .arg(up_to_ms)
+            .arg(schedule.name)
+            .arg(u8::from(schedule.stored))
+            .invoke_async(conn)
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Says that the task of the fire at `fire_ms` of the schedule whose claim field is
+    /// `key` is enqueued (or refused for good): that fire is no longer pending.
     pub async fn fired(
         &self,
         conn: &mut RedisConn,
@@ -280,22 +333,6 @@ impl Leadership {
             .invoke_async(conn)
             .await?;
         Ok(())
-    }
-
-    /// Schedule `key`'s last fire time claimed (ms), if any, and its fire claimed but not
-    /// yet said enqueued, if any.
-    pub async fn last_fire(
-        &self,
-        conn: &mut RedisConn,
-        key: &str,
-    ) -> Result<(Option<i64>, Option<i64>), QueueError> {
-        let v: (Option<i64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(self.keys.schedules())
-            .arg(key)
-            .arg(pending_field(key))
-            .query_async(conn)
-            .await?;
-        Ok(v)
     }
 
     /// Gives the lease up if still held.

@@ -20,17 +20,13 @@
 //! window holds fewer than two samples keeps the current map, rewritten under its epoch,
 //! rather than read every queue as idle.
 //!
-//! A schedule fires once per fire time (invariant 20): the fenced claim records the last
-//! fire time per schedule and marks it pending until its task is enqueued; a new leader
-//! resumes from it (catching up at most a day) and first enqueues a pending fire. The task
-//! id is derived from the fire time (`schedule:I:MS`), so a fire enqueued twice dedups
-//! while its task waits or runs, and a tracked task that already ran is found by its record
-//! and not enqueued again. An untracked queue's pending fire whose task already ran leaves
-//! no trace and runs again.
+//! The schedules (`schedules.rs`): the config's and the ones stored through the api, each
+//! fired once per due moment across managers (invariant 20), by a fenced claim.
 
 mod heartbeats;
 mod lease;
 pub mod ring;
+mod schedules;
 mod telemetry;
 pub mod window;
 
@@ -44,12 +40,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::balancer::{self, HostState, Input};
 use crate::cluster::{self, HostReport, Keys, SlotMap};
-use crate::config::{Config, Schedule};
+use crate::config::Config;
 use crate::queue_client::{
-    ConnectOptions, NewTask, OutageLog, QueueClient, QueueLimits, QueueStats, RedisConn,
+    ConnectOptions, OutageLog, QueueClient, QueueLimits, QueueStats, RedisConn,
 };
 
-pub use lease::Leadership;
+pub use lease::{FireClaim, Leadership};
 use telemetry::{Step, TickFailed};
 pub use window::StatsWindow;
 
@@ -153,6 +149,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         config_seen: cluster::ConfigSeen::default(),
         leading: false,
         registered: BTreeSet::new(),
+        firing: schedules::Firing::default(),
         keys,
         client,
         opts,
@@ -228,6 +225,8 @@ struct Manager {
     /// when leadership goes, so a leader registers its config's names again (Redis may
     /// have lost them with the lease).
     registered: BTreeSet<String>,
+    /// What the schedules' firing has warned about.
+    firing: schedules::Firing,
     /// When this manager last went without Redis, to judge heartbeats fairly after it.
     blind: Blind,
     /// How long each host has been silent, on this manager's clock.
@@ -464,6 +463,7 @@ impl Manager {
                     );
                 }
                 self.opts.config = cfg;
+                self.firing.config_changed();
                 // (three ticks of the new tick: see lease_ttl)
                 self.leadership.set_ttl(self.opts.lease_ttl());
             }
@@ -803,109 +803,6 @@ impl Manager {
                 self.fenced_off();
             }
         }
-        Ok(())
-    }
-
-    /// Enqueues every schedule fire time since the last one claimed (at most a day back,
-    /// so a cluster that was down does not flood its queues), each once across managers:
-    /// the claim is fenced, the task id is derived from the fire time, and a fire claimed
-    /// but not yet enqueued (its manager died or lost Redis in between) is pending, and
-    /// enqueued by the next tick of whichever manager leads.
-    async fn fire_schedules(&mut self) -> anyhow::Result<()> {
-        let now_ms = cluster::now_ms() as i64;
-        // (a copy: the config is read while the lease and connection are used)
-        let schedules = self.opts.config.schedules.clone();
-        for (i, s) in schedules.iter().enumerate() {
-            self.fire_schedule(i, s, now_ms).await?;
-        }
-        Ok(())
-    }
-
-    /// One schedule's pending fire, then its fires due since the last one claimed.
-    async fn fire_schedule(&mut self, i: usize, s: &Schedule, now_ms: i64) -> anyhow::Result<()> {
-        telemetry::schedule_known(&s.queue);
-        let key = format!("{i}:{}:{}", s.queue, s.cron_source);
-        let (last, pending) = self.leadership.last_fire(&mut self.conn, &key).await?;
-        if let Some(ms) = pending {
-            self.enqueue_fire(i, s, &key, ms, true).await?;
-        }
-        let Some(last) = last else {
-            // First sight: from now on, kept as if it had fired now (and then said
-            // enqueued: nothing was). A look back of a fixed second instead missed every
-            // fire that fell between two ticks until one happened to land in it.
-            if self
-                .leadership
-                .claim_fire(&mut self.conn, &key, now_ms)
-                .await?
-            {
-                self.leadership.fired(&mut self.conn, &key, now_ms).await?;
-            }
-            return Ok(());
-        };
-        let from_ms = last.max(now_ms - 86_400_000);
-        let from = chrono::DateTime::from_timestamp_millis(from_ms)
-            .unwrap_or_default()
-            .with_timezone(&self.opts.config.manager.timezone);
-        let fires = s
-            .cron
-            .iter_after(from)
-            .take(1000)
-            .map(|t| t.timestamp_millis())
-            .take_while(|&ms| ms <= now_ms);
-        for ms in fires {
-            if !self.leadership.claim_fire(&mut self.conn, &key, ms).await? {
-                break;
-            }
-            self.enqueue_fire(i, s, &key, ms, false).await?;
-        }
-        Ok(())
-    }
-
-    /// Enqueues schedule `i`'s task for the fire at `ms`, claimed under `key`, then says it
-    /// is no longer pending. `again`: a fire claimed by an earlier tick that may have
-    /// enqueued it: a tracked queue's record says whether it did (its dedup covers only
-    /// tasks still waiting or running); an untracked queue's task that already ran leaves
-    /// no trace, and runs again.
-    async fn enqueue_fire(
-        &mut self,
-        i: usize,
-        s: &Schedule,
-        key: &str,
-        ms: i64,
-        again: bool,
-    ) -> anyhow::Result<()> {
-        let Some(limits) = self.opts.config.queues.get(&s.queue).map(QueueLimits::from) else {
-            return Ok(());
-        };
-        let track = limits.track;
-        let queue = self.client.queue_with(&s.queue, limits)?;
-        let id = format!("schedule:{i}:{ms}");
-        let done_before = again && track && queue.record(&id).await?.is_some();
-        if !done_before {
-            let payload = serde_json::to_vec(&s.payload)?;
-            // Records name the schedule by its expression, as the config writes it
-            // ([[schedules]] have no names).
-            let by = format!("schedule:{}", s.cron_source);
-            let task = NewTask::new(payload).id(id.clone()).submitted_by(by);
-            match queue.enqueue(task).await {
-                Ok(_) => telemetry::ScheduleFired {
-                    queue: &s.queue,
-                    cron: &s.cron_source,
-                    fire_ms: ms,
-                    id: &id,
-                }
-                .emit(),
-                // Redis gone: the fire stays pending, for the next tick.
-                Err(e) if e.is_transient() => return Err(e.into()),
-                // Refused (a closed intake): this fire is dropped, said, and the other
-                // schedules still fire.
-                Err(e) => {
-                    tracing::warn!(queue = %s.queue, cron = %s.cron_source, fire_ms = ms,
-                        error = %e, "a schedule's fire was refused by its queue; skipped");
-                }
-            }
-        }
-        self.leadership.fired(&mut self.conn, key, ms).await?;
         Ok(())
     }
 }

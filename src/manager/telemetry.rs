@@ -155,10 +155,10 @@ pub(crate) fn schedule_known(queue: &str) {
 
 /// A schedule enqueued its task for one fire time.
 pub(crate) struct ScheduleFired<'a> {
+    /// The schedule's name (a log field only: users name stored schedules, so no label).
+    pub(crate) schedule: &'a str,
     /// The queue it fills.
     pub(crate) queue: &'a str,
-    /// Its cron expression, as the config writes it.
-    pub(crate) cron: &'a str,
     /// The fire time, ms since the epoch.
     pub(crate) fire_ms: i64,
     /// The task's id.
@@ -169,14 +169,20 @@ impl ScheduleFired<'_> {
     /// Logs and counts the fire.
     pub(crate) fn emit(&self) {
         let Self {
+            schedule,
             queue,
-            cron,
             fire_ms,
             id,
         } = *self;
-        tracing::info!(queue, cron, fire_ms, id, "schedule fired");
+        tracing::info!(schedule, queue, fire_ms, id, "schedule fired");
         counter!("gaffer_schedule_fires_total", "queue" => queue.to_owned()).increment(1);
     }
+}
+
+/// `n` due moments of a schedule were not enqueued: `reason` is `paused`, `queue_gone` or
+/// `refused` (its queue's intake).
+pub(crate) fn fires_skipped(reason: &'static str, n: usize) {
+    counter!("gaffer_schedule_fires_skipped_total", "reason" => reason).increment(n as u64);
 }
 
 /// A host silent past `[manager].forget_hosts_after` was forgotten: its report deleted.

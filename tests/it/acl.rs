@@ -115,9 +115,29 @@ impl Drop for Daemon {
 async fn the_manager_leads_and_writes_a_map_under_its_acl() {
     let redis = AclRedis::start("manager");
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), &redis, "");
+    let config = write_config(
+        dir.path(),
+        &redis,
+        "[[schedules]]\nname = \"cfg\"\nqueue = \"work\"\nevery = \"1s\"\n",
+    );
     let admin = redis.admin_client().await;
     let keys = Keys::new("gaffer");
+    // A stored schedule beside the config's: the manager reads and fires both.
+    let stored = gaffer::schedule::Schedule {
+        name: "stored".into(),
+        queue: "work".into(),
+        rule: gaffer::schedule::Rule::every("1s").unwrap(),
+        timezone: None,
+        until_ms: None,
+        payload: "{}".into(),
+        origin: gaffer::schedule::Origin::Api {
+            owner: "ops".into(),
+            created_ms: cluster::now_ms() as i64,
+        },
+    };
+    gaffer::schedule::store::create(&mut admin.connection(), &keys, &stored, 10)
+        .await
+        .unwrap();
     // A host that is only a report, so the manager has somewhere to place the slots.
     let report = HostReport {
         host: "h1".into(),
@@ -153,6 +173,18 @@ async fn the_manager_leads_and_writes_a_map_under_its_acl() {
                     .is_some_and(|m| m.epoch >= 1 && m.for_host("h1").get("work") == Some(&2))
             },
         )
+        .await;
+    redis
+        .eventually(Duration::from_secs(30), "both schedules fire", || async {
+            let fired: (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+                .arg(keys.schedules())
+                .arg("name:cfg:fired")
+                .arg("name:stored:fired")
+                .query_async(&mut admin.connection())
+                .await
+                .unwrap();
+            fired.0.is_some() && fired.1.is_some()
+        })
         .await;
     let (status, log) = manager.stop();
     assert!(status.success(), "{status}\n{log}");
@@ -390,6 +422,13 @@ async fn the_api_submits_views_lists_cancels_and_waits_under_its_acl() {
     assert_eq!(st, 200, "{body}");
     let (st, body) = call(addr, "GET", "/healthz", "").await;
     assert_eq!(st, 200, "{body}");
+    let schedule = r#"{"name": "s", "queue": "work", "every": "1h", "payload": {}}"#;
+    let (st, body) = call(addr, "POST", "/v1/schedules", schedule).await;
+    assert_eq!(st, 201, "{body}");
+    let (st, body) = call(addr, "GET", "/v1/schedules", "").await;
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = call(addr, "DELETE", "/v1/schedules/s", "").await;
+    assert_eq!(st, 204, "{body}");
 
     // A sync submit: the test's admin plays the slot, and the api hears of the end
     // through its pattern subscription.
@@ -496,6 +535,8 @@ async fn a_read_only_user_reads_stats_and_records_and_cannot_write() {
     assert_eq!(rec["state"], json!("waiting"), "{rec}");
     let o = gaffer(&config, &["tasks", "list", "work"]);
     assert_ok(&redis, "tasks list", &o).await;
+    let o = gaffer(&config, &["schedules", "--json"]);
+    assert_ok(&redis, "schedules", &o).await;
     redis.assert_nothing_refused().await;
     reads_pass_over_records_due_but_not_swept(&redis, &config).await;
 

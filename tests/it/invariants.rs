@@ -216,6 +216,27 @@ fn chains_are_neutral_ground() {
     }
 }
 
+/// Schedules are neutral ground the manager, the api and the CLI share (invariant 13):
+/// `src/schedule/` imports no role.
+#[test]
+fn schedules_are_neutral_ground() {
+    for (path, text) in sources("src/schedule") {
+        assert_names_none(
+            &path,
+            &text,
+            &[
+                "crate::manager",
+                "crate::master",
+                "crate::slot",
+                "crate::api",
+                "crate::tui",
+                "crate::cli",
+                "crate::balancer",
+            ],
+        );
+    }
+}
+
 /// Invariant 29: signal handlers are installed in one place, `src/signals.rs`.
 #[test]
 fn signal_handlers_are_installed_only_in_signals_rs() {

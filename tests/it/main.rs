@@ -12,8 +12,10 @@
 //! Redis down or frozen), `preempt.rs` (a stop mid-batch), `systems.rs` (system switches
 //! and the rate cap on real masters), `ordered.rs` (ordered queues across four hosts),
 //! `fork_start.rs` and `memory_exec.rs` (forked exec children, a host's memory),
-//! `manager.rs` (leadership, fencing, schedules), `retired.rs` (queues removed from the
-//! config: the registry of names, `stats`, `tasks` and `queues retire` on them),
+//! `manager.rs` (leadership, fencing, schedules), `schedules.rs` (stored schedules
+//! through a real api across a manager failover, their key rules, `gaffer schedules`),
+//! `retired.rs` (queues removed from the config: the registry of names, `stats`, `tasks`
+//! and `queues retire` on them),
 //! `retries.rs` (the `retry` table through a real master), `timeouts.rs` (a batch queue's
 //! `timeout` per task, exec and Rust handlers), `outage.rs` (the regressions
 //! the fault suite found), `tls.rs` (TLS-only servers and clusters; `GAFFER_TEST_TLS=1` makes the
@@ -52,6 +54,7 @@ mod queue;
 mod records;
 mod retired;
 mod retries;
+mod schedules;
 mod secrets;
 mod simulate;
 mod slot;

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gaffer::cluster::{self, HostReport, Keys, SlotMap};
-use gaffer::manager::Leadership;
+use gaffer::manager::{FireClaim, Leadership};
 use gaffer::queue_client::QueueClient;
 use gaffer::redis_server::free_port;
 use nix::sys::signal::Signal;
@@ -16,7 +16,7 @@ use crate::harness::{ANY_LOAD, TestRedis, eventually, poll_some};
 use crate::host::{gone, http_get};
 
 /// Processes killed on drop.
-struct Procs(Vec<Child>);
+pub(crate) struct Procs(pub(crate) Vec<Child>);
 
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -28,12 +28,12 @@ impl Drop for Procs {
 }
 
 /// A cluster on one machine: one Redis, a config file, managers and masters.
-struct Cluster {
-    redis: TestRedis,
-    dir: tempfile::TempDir,
-    config: PathBuf,
-    client: QueueClient,
-    procs: Procs,
+pub(crate) struct Cluster {
+    pub(crate) redis: TestRedis,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) config: PathBuf,
+    pub(crate) client: QueueClient,
+    pub(crate) procs: Procs,
     /// Lines added to `[manager]` after `FAST`'s.
     manager_extra: String,
 }
@@ -41,12 +41,12 @@ struct Cluster {
 const FAST: &str = "[manager]\ntick = \"200ms\"\nheartbeat_timeout = \"2s\"\n\n";
 
 impl Cluster {
-    async fn start(tables: &str) -> Self {
+    pub(crate) async fn start(tables: &str) -> Self {
         Self::start_with("", tables).await
     }
 
     /// A cluster whose `[manager]` also has the lines `manager_extra`.
-    async fn start_with(manager_extra: &str, tables: &str) -> Self {
+    pub(crate) async fn start_with(manager_extra: &str, tables: &str) -> Self {
         let redis = TestRedis::start();
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("config.toml");
@@ -62,7 +62,7 @@ impl Cluster {
         c
     }
 
-    fn write_config(&self, tables: &str) {
+    pub(crate) fn write_config(&self, tables: &str) {
         let text = format!(
             "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n{FAST}{}\n{tables}",
             self.redis.url(),
@@ -71,7 +71,7 @@ impl Cluster {
         std::fs::write(&self.config, text).unwrap();
     }
 
-    fn gaffer(&self, args: &[&str], log: &str) -> Command {
+    pub(crate) fn gaffer(&self, args: &[&str], log: &str) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_gaffer"));
         cmd.arg("--config")
             .arg(&self.config)
@@ -85,12 +85,12 @@ impl Cluster {
     }
 
     /// Starts a manager; returns its index in `procs`.
-    fn manager(&mut self, n: usize) -> usize {
+    pub(crate) fn manager(&mut self, n: usize) -> usize {
         self.manager_http(n).0
     }
 
     /// Starts a manager; returns its index in `procs` and its HTTP port.
-    fn manager_http(&mut self, n: usize) -> (usize, u16) {
+    pub(crate) fn manager_http(&mut self, n: usize) -> (usize, u16) {
         let http = free_port().unwrap();
         let child = self
             .gaffer(&["manager"], &format!("manager{n}.log"))
@@ -102,7 +102,7 @@ impl Cluster {
     }
 
     /// Starts a master for `host` with its own HTTP port.
-    fn master(&mut self, host: &str) -> (usize, u16) {
+    pub(crate) fn master(&mut self, host: &str) -> (usize, u16) {
         let http = free_port().unwrap();
         let child = self
             .gaffer(&["master", "--host", host], &format!("master-{host}.log"))
@@ -114,7 +114,7 @@ impl Cluster {
     }
 
     /// Which of managers `a` and `b` holds the lease (its value is `host:pid:epoch`).
-    async fn leader(&self, a: usize, b: usize) -> usize {
+    pub(crate) async fn leader(&self, a: usize, b: usize) -> usize {
         let lease: String = redis::cmd("GET")
             .arg(Keys::new("test").lease())
             .query_async(&mut self.client.connection())
@@ -127,26 +127,26 @@ impl Cluster {
         }
     }
 
-    fn pid(&self, i: usize) -> u32 {
+    pub(crate) fn pid(&self, i: usize) -> u32 {
         self.procs.0[i].id()
     }
 
-    fn log(&self, name: &str) -> String {
+    pub(crate) fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
 
-    fn cli(&self, args: &[&str]) -> String {
+    pub(crate) fn cli(&self, args: &[&str]) -> String {
         crate::harness::gaffer_ok(&self.config, args)
     }
 
-    async fn map(&self) -> Option<SlotMap> {
+    pub(crate) async fn map(&self) -> Option<SlotMap> {
         cluster::read_map(&mut self.client.connection(), &Keys::new("test"))
             .await
             .unwrap()
     }
 
     /// Slots of `queue` per host in the current map.
-    async fn placed(&self, queue: &str) -> BTreeMap<String, u32> {
+    pub(crate) async fn placed(&self, queue: &str) -> BTreeMap<String, u32> {
         self.map()
             .await
             .map(|m| {
@@ -159,7 +159,7 @@ impl Cluster {
     }
 }
 
-fn signal(pid: u32, sig: Signal) {
+pub(crate) fn signal(pid: u32, sig: Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
 }
 
@@ -213,7 +213,18 @@ async fn a_fenced_manager_cannot_write() {
         "fenced"
     );
     assert!(
-        !first.claim_fire(&mut conn, "s", 1).await.unwrap(),
+        !first
+            .claim_fire(
+                &mut conn,
+                &FireClaim {
+                    field: "s",
+                    name: "s",
+                    stored: false
+                },
+                1
+            )
+            .await
+            .unwrap(),
         "fenced"
     );
     assert!(
@@ -799,11 +810,15 @@ async fn a_claimed_fire_whose_enqueue_was_lost_is_enqueued_by_the_next_leader() 
     .await;
     let t = lost.take(10, Duration::from_secs(60)).await.unwrap().tasks;
     let ids: Vec<&str> = t.iter().map(|t| t.id.as_str()).collect();
-    assert_eq!(ids, [format!("schedule:0:{fire}")], "the lost fire, once");
+    assert_eq!(
+        ids,
+        [format!("schedule:lost.0:{fire}")],
+        "the lost fire, once, under its name"
+    );
     assert_eq!(
         made.stats().await.unwrap().enqueued_total,
         1,
-        "the fire whose task ran is not enqueued again"
+        "the fire whose task ran (enqueued under the id of the releases before names) is not enqueued again"
     );
 }
 
@@ -871,7 +886,7 @@ async fn schedules_fire_once_per_second_across_a_failover() {
     assert!(seconds.len() >= 10, "{seconds:?}");
     // Their records say which schedule submitted them.
     let rec = q.record(&ids[0]).await.unwrap().expect("a record");
-    assert_eq!(rec.submitted_by.as_deref(), Some("schedule:* * * * * *"));
+    assert_eq!(rec.submitted_by.as_deref(), Some("schedule:tick.0"));
 }
 
 #[tokio::test]

@@ -4,7 +4,8 @@
 //! The commands: `config`, `push`, `stats`, `bench` (and `bench api`), `up`, `master`,
 //! `manager`, `top`, `drain`, `simulate` (with `--compare`), `trace` (`record`), `pause`
 //! (and resume), `intake`, `system` (external systems: list, pause, resume, disable,
-//! enable), `queues` (list, retire: queues removed from the config), `api` (and
+//! enable), `queues` (list, retire: queues removed from the config), `schedules` (list,
+//! pause, resume, delete), `api` (and
 //! `hash-token`), and `tasks/` (`dead` with requeue and purge, `show`,
 //! `list`, `chain`, `control`: cancel, freeze, thaw). A command that starts a role installs
 //! its signal handlers through `crate::signals` and hands the role tokens.
@@ -20,6 +21,7 @@ pub mod migrate;
 pub mod pause;
 pub mod push;
 pub mod queues;
+pub mod schedules;
 pub mod simulate;
 pub mod stats;
 pub mod system;
