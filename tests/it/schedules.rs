@@ -472,6 +472,18 @@ async fn pause_and_resume_through_the_cli_stop_and_restart_fires() {
     let (code, said) = refused(&["schedules", "delete", "cfg"]);
     assert_eq!(code, Some(2));
     assert!(said.contains("defined in the config"), "{said}");
+    // A config taking a stored schedule's name is not published: one name, one schedule.
+    c.write_config(&format!(
+        "[queues.tick]\nhandler = \"noop\"\n\n{}\n\
+         [[schedules]]\nname = \"hourly\"\nqueue = \"tick\"\nevery = \"1m\"\n",
+        keys_tables()
+    ));
+    let (code, said) = refused(&["config", "apply"]);
+    assert_eq!(code, Some(2));
+    assert!(
+        said.contains("[[schedules]] named hourly already stored through the api"),
+        "{said}"
+    );
     let out = c.cli(&["schedules", "delete", "hourly"]);
     assert!(out.starts_with("schedule hourly deleted"), "{out}");
     let listed: Value = serde_json::from_str(&c.cli(&["schedules", "--json"])).unwrap();

@@ -27,10 +27,35 @@ pub async fn apply(global: &Global) -> Result<(), CliError> {
     let published = without_password(&source, cfg.cluster.redis.as_deref())?;
     let client = global.connect(&cfg).await?;
     let keys = crate::cluster::Keys::new(&cfg.cluster.namespace);
+    refuse_stored_names(&client, &keys, &cfg).await?;
     let version =
         crate::cluster::publish_config(&mut client.connection(), &keys, &published).await?;
     println!("published config version {version}: {}", cfg.summary());
     Ok(())
+}
+
+/// Refuses a config whose `[[schedules]]` take a name a schedule stored through the API
+/// already has: one name, one schedule (the API refuses the other way round).
+async fn refuse_stored_names(
+    client: &crate::queue_client::QueueClient,
+    keys: &crate::cluster::Keys,
+    cfg: &crate::config::Config,
+) -> Result<(), CliError> {
+    let stored = crate::schedule::store::read(&mut client.connection(), keys).await?;
+    let taken: Vec<&str> = cfg
+        .schedules
+        .iter()
+        .map(|s| s.name.as_str())
+        .filter(|n| stored.get(n).is_some())
+        .collect();
+    if taken.is_empty() {
+        return Ok(());
+    }
+    Err(CliError::Usage(format!(
+        "[[schedules]] named {} already stored through the api: rename the config's, or \
+         delete the stored one first (`gaffer schedules delete NAME`)",
+        taken.join(", ")
+    )))
 }
 
 /// The config text as every role may read it from Redis: a password in `[cluster].redis`
