@@ -80,11 +80,13 @@ impl Env {
     }
 }
 
-fn stdout(o: &Output) -> String {
+/// A finished command's stdout as text.
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn stderr(o: &Output) -> String {
+/// A finished command's stderr as text.
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 

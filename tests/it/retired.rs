@@ -12,6 +12,7 @@ use gaffer::queue_client::{NewTask, QueueClient, QueueLimits, SettleOp};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::cli::{stderr, stdout};
 use crate::harness::eventually;
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -95,14 +96,6 @@ impl Env {
             .await
             .unwrap()
     }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// Runs a manager in-process on `BEFORE` until it has registered every queue name, and
