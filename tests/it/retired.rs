@@ -3,7 +3,6 @@
 //! whose table is gone, against a real redis-server and the `gaffer` binary.
 
 use std::collections::BTreeSet;
-use std::process::Output;
 use std::time::Duration;
 
 use gaffer::cluster::{self, Keys};
