@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::error::ApiError;
-use crate::config::MAX_JSON_DEPTH;
+use crate::config::{MAX_JSON_DEPTH, QueueConfig};
 use crate::queue_client::{MAX_BATCH, NewTask, TaskChain, json_bytes, json_deeper_than};
 
 /// One task as submitted. Its payload stays the body's own text until it is checked and
@@ -162,36 +162,19 @@ fn task(
     Ok((task, wait))
 }
 
-/// Refuses a task's `timeout` that its queue cannot honour: one longer than the queue's
-/// `timeout` (`queue_limit`), or any on a queue without one, whose slots hand their
-/// handler whole batches and watch no task's time. `at` names the task in a bulk.
-pub fn check_timeouts(
-    tasks: &[NewTask],
-    queue: &str,
-    queue_limit: Option<Duration>,
-) -> Result<(), ApiError> {
+/// Refuses the submit when a task's `timeout` is one its queue (`queue`, from the config)
+/// cannot honour ([`QueueConfig::task_timeout_refusal`]); a bulk's names the task.
+pub fn check_timeouts(tasks: &[NewTask], queue: &QueueConfig) -> Result<(), ApiError> {
     for (i, t) in tasks.iter().enumerate() {
-        let Some(own) = t.timeout else { continue };
+        let Some(why) = t.timeout.and_then(|own| queue.task_timeout_refusal(own)) else {
+            continue;
+        };
         let at = if tasks.len() > 1 {
             format!("tasks[{i}]: ")
         } else {
             String::new()
         };
-        match queue_limit {
-            None => {
-                return Err(ApiError::bad_request(format!(
-                    "{at}queue {queue} has no timeout, so no task of it can have one: a task's timeout may only shorten its queue's ([queues.{queue}].timeout)"
-                )));
-            }
-            Some(limit) if own > limit => {
-                return Err(ApiError::bad_request(format!(
-                    "{at}timeout {} exceeds the limit of {} ([queues.{queue}].timeout)",
-                    humantime::format_duration(own),
-                    humantime::format_duration(limit)
-                )));
-            }
-            Some(_) => {}
-        }
+        return Err(ApiError::bad_request(format!("{at}{why}")));
     }
     Ok(())
 }

@@ -685,6 +685,28 @@ pub struct SystemConfig {
     pub work_periods: Vec<WorkPeriod>,
 }
 
+impl QueueConfig {
+    /// Why a task of this queue cannot have `own` as its time limit, if it cannot: one
+    /// longer than the queue's `timeout`, or any on a queue without one, whose slots hand
+    /// their handler whole batches and watch no task's time. The api and `gaffer push`
+    /// refuse such a task with these words.
+    pub fn task_timeout_refusal(&self, own: Duration) -> Option<String> {
+        let name = &self.name;
+        match self.timeout {
+            None => Some(format!(
+                "queue {name} has no timeout, so no task of it can have one: a task's timeout may only shorten its queue's ([queues.{name}].timeout)"
+            )),
+            Some(limit) if own > limit => Some(format!(
+                "timeout {} exceeds the limit of {} ([queues.{name}].timeout)",
+                humantime::format_duration(own),
+                humantime::format_duration(limit)
+            )),
+            Some(_) if own.is_zero() => Some("timeout must be greater than zero".into()),
+            Some(_) => None,
+        }
+    }
+}
+
 impl SystemConfig {
     /// Whether its queues may run at a local time, as far as the system says.
     pub fn is_working_at(&self, weekday: chrono::Weekday, minute_of_day: u16) -> bool {

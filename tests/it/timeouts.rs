@@ -176,4 +176,23 @@ async fn a_submit_may_shorten_its_queues_timeout_and_no_more() {
         "stopped {ran:?} after its start"
     );
     stop.cancel();
+
+    // `gaffer push --timeout` holds to the same rule, as bad usage.
+    let push = |queue: &str, limit: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
+            .arg("--config")
+            .arg(&m.config)
+            .args(["push", queue, "--payload", "{}", "--timeout", limit])
+            .output()
+            .unwrap()
+    };
+    let out = push("s", "1m");
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("timeout 1m exceeds the limit of 10s ([queues.s].timeout)"),
+        "{said}"
+    );
+    assert_eq!(push("plain", "1s").status.code(), Some(2));
+    assert!(push("s", "5s").status.success());
 }

@@ -37,6 +37,10 @@ pub struct PushArgs {
     /// Attempts before dead letters, overriding the queue's max_attempts
     #[arg(long)]
     pub max_attempts: Option<u32>,
+    /// The task's own time limit ("30s"), at most the queue's `timeout`: a task still
+    /// running then is stopped and retried
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub timeout: Option<Duration>,
     /// Make each task the global task of a chain of its own: its enqueue mints the
     /// chain's id (`~cQUEUE.N`, printed), which `gaffer tasks chain CHAIN` follows
     #[arg(long)]
@@ -132,6 +136,11 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
     }
     let client = global.connect(&cfg).await?;
     let q = queue_handle(&client, &cfg, &args.queue)?;
+    if let (Some(own), Some(queue)) = (args.timeout, cfg.queues.get(&args.queue))
+        && let Some(why) = queue.task_timeout_refusal(own)
+    {
+        return Err(CliError::Usage(why));
+    }
     let tasks: Vec<NewTask> = payloads
         .into_iter()
         .map(|p| NewTask {
@@ -141,7 +150,7 @@ pub async fn run(global: &Global, args: PushArgs) -> Result<(), CliError> {
             delay: args.delay,
             at: None,
             max_attempts: args.max_attempts,
-            timeout: None,
+            timeout: args.timeout,
             submitted_by: Some(crate::config::RESERVED_SUBMITTER.into()),
             chain: None,
             own_id: false,
