@@ -639,13 +639,9 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
         .queues
         .iter()
         .map(|(name, q)| {
-            let s = &q.stats;
             let d = q.decision.as_ref();
-            (
-                name.clone(),
-                json!({
-                    "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
-                    "frozen": s.frozen, "oldest_due_age_ms": s.oldest_due_age_ms,
+            let mut entry = counts_json(&q.stats);
+            entry.extend(object(json!({
                     "slots": q.slots,
                     "mapped": q.mapped,
                     "wanted": d.map(|d| d.wanted),
@@ -653,9 +649,6 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                     "reasons": d.map(|d| d.reasons.clone()),
                     "paused": q.paused,
                     "priority": q.priority, "min_slots": q.min_slots, "max_slots": q.max_slots,
-                    "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
-                    "retried_total": s.retried_total, "dead_total": s.dead_total,
-                    "stale_total": s.stale_total, "expired_total": s.expired_total,
                     "processed_total": q.processed_total, "failed_total": q.failed_total,
                     "busy_seconds_total": q.busy_seconds_total,
                     "recycles_total": q.recycles_total, "crashes_total": q.crashes_total,
@@ -663,8 +656,8 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                         "host": host, "reason": c.reason, "at_ms": c.at_ms,
                     })),
                     "refused": q.refused,
-                }),
-            )
+            })));
+            (name.clone(), serde_json::Value::Object(entry))
         })
         .collect();
     let hosts: serde_json::Map<String, serde_json::Value> = snap
@@ -767,14 +760,27 @@ fn retired_json(snap: &Snapshot) -> serde_json::Value {
 /// `stats --json` gives them, whether it keeps records, and why it cannot be read if it
 /// cannot.
 pub fn holdings_json(r: &RetiredView) -> serde_json::Value {
-    let s = &r.stats;
-    json!({
+    let mut entry = counts_json(&r.stats);
+    entry.extend(object(json!({"records": r.records, "refused": r.refused})));
+    serde_json::Value::Object(entry)
+}
+
+/// A queue's own counts and counters, under the keys every queue entry of `stats --json`
+/// gives them (a configured queue's and a retired one's alike).
+fn counts_json(s: &QueueStats) -> serde_json::Map<String, serde_json::Value> {
+    object(json!({
         "ready": s.ready, "delayed": s.delayed, "leased": s.leased, "dead": s.dead,
         "frozen": s.frozen, "oldest_due_age_ms": s.oldest_due_age_ms,
         "enqueued_total": s.enqueued_total, "acked_total": s.acked_total,
         "retried_total": s.retried_total, "dead_total": s.dead_total,
         "stale_total": s.stale_total, "expired_total": s.expired_total,
-        "records": r.records,
-        "refused": r.refused,
-    })
+    }))
+}
+
+/// The fields of a `json!` object literal.
+fn object(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+    match v {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    }
 }

@@ -7,7 +7,7 @@
 //!
 //! The slot events are one datagram each on a socketpair whose other end the master hands
 //! to the zygote, and through it to every slot: `Ready`, `BatchStarted`, `Progress`,
-//! `BatchDone{tasks, failed, busy_ms, stale, next?}`, `Idle`, `Outside{outside}`,
+//! `BatchDone{tasks, failed, busy_ms, stale, next?, start_delays?}`, `Idle`, `Outside{outside}`,
 //! `Exiting`. Best effort: a slot never blocks on a send, and a datagram the socket cannot
 //! take is lost. A `BatchDone` whose `next` is set also starts the batch its settle took
 //! (no `BatchStarted` for it), so the steady state costs one datagram per batch; `Idle`
