@@ -124,7 +124,7 @@ impl ApiError {
         Self::new(StatusCode::TOO_MANY_REQUESTS, message)
     }
 
-    /// 503: Redis unreachable.
+    /// 503: Redis unreachable, or a write its replicas did not confirm in time.
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
     }
@@ -146,6 +146,8 @@ pub fn enqueue_failed(e: QueueError) -> ApiError {
                 r.is_io_error() || r.is_timeout() || r.is_connection_dropped()
             }
         }
+        // (the primary has it; whether a failover keeps it is what was not confirmed)
+        QueueError::NotConfirmed { .. } => true,
         _ => false,
     };
     let err = ApiError::from(e);
@@ -165,6 +167,12 @@ pub fn enqueue_failed(e: QueueError) -> ApiError {
 
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
+        if let QueueError::NotConfirmed { .. } = e {
+            // (said as it is: Redis answered, its replicas did not confirm in time)
+            let mut failed = ApiError::unavailable(e.to_string());
+            failed.outage = Some(e.cause());
+            return failed;
+        }
         if e.is_transient() {
             let mut failed = ApiError::unavailable(format!("redis unreachable: {e}"));
             failed.outage = Some(e.cause());
@@ -190,5 +198,35 @@ impl From<QueueError> for ApiError {
             QueueError::Layout { .. } => ApiError::unavailable(e.to_string()),
             other => ApiError::internal(other.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write its replicas did not confirm is a 503 that says so, not "redis
+    /// unreachable", and a submit's says the task may be enqueued.
+    #[test]
+    fn a_write_not_confirmed_is_unavailable_with_the_limit_named() {
+        let not_confirmed = || QueueError::NotConfirmed {
+            acknowledged: 0,
+            wanted: 1,
+            timeout: std::time::Duration::from_secs(1),
+        };
+        let said = "write not confirmed: 0 of wait_replicas = 1 replicas acknowledged within 1s";
+        let e = ApiError::from(not_confirmed());
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.message, said);
+        assert_eq!(e.outage, Some(Cause::NotConfirmed));
+        assert!(!e.outcome_unknown);
+        let e = enqueue_failed(not_confirmed());
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(e.outcome_unknown, "{e:?}");
+        assert!(
+            e.message.starts_with(said) && e.message.contains("retry with the same id"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -80,7 +80,7 @@ impl Queue {
             inv.arg(*id).arg(*chain);
         }
         let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
+        inv.invoke_async(&mut conn).await
     }
 
     /// The ids of the tasks of chain `chain` this queue holds (its chain's list, written

@@ -8,7 +8,8 @@ use super::conn::{self, Target};
 use super::scripts::Keys;
 use super::validate_queue_name;
 use super::{
-    ConnectError, ConnectOptions, Queue, QueueError, QueueLimits, RedisConn, Waiter, redacted,
+    ConnectError, ConnectOptions, Durability, Queue, QueueError, QueueLimits, RedisConn, Waiter,
+    redacted,
 };
 
 /// A connection to the queues of one namespace.
@@ -17,6 +18,7 @@ pub struct QueueClient {
     conn: RedisConn,
     target: Target,
     namespace: Arc<str>,
+    durability: Durability,
 }
 
 impl QueueClient {
@@ -31,6 +33,7 @@ impl QueueClient {
             conn,
             target,
             namespace: namespace.into(),
+            durability: opts.durability,
         })
     }
 
@@ -100,6 +103,7 @@ impl QueueClient {
             name: name.into(),
             limits,
             worker: None,
+            durability: self.durability,
         })
     }
 
@@ -116,5 +120,10 @@ impl QueueClient {
     /// The key namespace.
     pub fn namespace(&self) -> &str {
         &self.namespace
+    }
+
+    /// How its writes are confirmed on replicas (`[cluster] wait_replicas`).
+    pub fn durability(&self) -> Durability {
+        self.durability
     }
 }

@@ -36,6 +36,10 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Certificates for `rediss://` beyond the system roots (`[cluster]`'s TLS files).
     pub tls: Option<TlsFiles>,
+    /// How many replicas must confirm a write, and how long to wait for them (`[cluster]
+    /// wait_replicas`, `wait_timeout`; see durability.rs). Not used by the connection
+    /// itself: a [`QueueClient`](super::QueueClient) hands it to its queues' calls.
+    pub durability: super::Durability,
 }
 
 /// The PEM files of `[cluster]` for TLS, read once when a role starts (a slot gets them
@@ -143,6 +147,7 @@ impl std::fmt::Debug for ConnectOptions {
             .field("response_timeout", &self.response_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("tls", &self.tls)
+            .field("durability", &self.durability)
             .finish()
     }
 }
@@ -154,6 +159,7 @@ impl Default for ConnectOptions {
             response_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(2),
             tls: None,
+            durability: super::Durability::default(),
         }
     }
 }

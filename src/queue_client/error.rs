@@ -66,6 +66,19 @@ pub enum QueueError {
         /// This gaffer's ([`super::layout::CURRENT`]).
         need: u32,
     },
+    /// The write was done on the primary, but fewer replicas than `[cluster]
+    /// wait_replicas` acknowledged it within `wait_timeout` (`durability.rs`): a failover
+    /// now could lose it. Transient: the same call may be confirmed once the replicas
+    /// catch up.
+    #[error("write not confirmed: {acknowledged} of wait_replicas = {wanted} replicas acknowledged within {}", humantime::format_duration(*.timeout))]
+    NotConfirmed {
+        /// Replicas that acknowledged the write in time.
+        acknowledged: u64,
+        /// `wait_replicas`.
+        wanted: u32,
+        /// `wait_timeout`.
+        timeout: std::time::Duration,
+    },
 }
 
 fn layout_hint(queue: &str, found: u32, need: u32) -> String {
@@ -129,7 +142,7 @@ impl QueueError {
                         )
                     )
             }
-            QueueError::Connect { .. } => true,
+            QueueError::Connect { .. } | QueueError::NotConfirmed { .. } => true,
             _ => false,
         }
     }
@@ -141,6 +154,7 @@ impl QueueError {
             QueueError::Redis(e) => Cause::of_redis(e),
             QueueError::Connect { cause, .. } => *cause,
             QueueError::Certificate(_) => Cause::TlsRefused,
+            QueueError::NotConfirmed { .. } => Cause::NotConfirmed,
             _ => Cause::Other,
         }
     }
@@ -194,6 +208,9 @@ pub enum Cause {
     ReadOnly,
     /// Redis is at its `maxmemory`: it refuses writes.
     OutOfMemory,
+    /// Fewer replicas than `[cluster] wait_replicas` confirmed a write in time (replicas
+    /// down, lagging or cut off): the primary has it, a failover could lose it.
+    NotConfirmed,
     /// Anything else; the error's own text says what.
     Other,
 }
@@ -211,16 +228,21 @@ impl Cause {
             Cause::TlsRefused => "tls_refused",
             Cause::ReadOnly => "read_only",
             Cause::OutOfMemory => "out_of_memory",
+            Cause::NotConfirmed => "not_confirmed",
             Cause::Other => "other",
         }
     }
 
-    /// True when waiting may end it (Redis down, frozen, restarting); false when someone
-    /// must act (a password, an ACL, a certificate).
+    /// True when waiting may end it (Redis down, frozen, restarting, its replicas behind);
+    /// false when someone must act (a password, an ACL, a certificate).
     pub fn is_outage(self) -> bool {
         matches!(
             self,
-            Cause::Refused | Cause::TimedOut | Cause::Dropped | Cause::NotReady
+            Cause::Refused
+                | Cause::TimedOut
+                | Cause::Dropped
+                | Cause::NotReady
+                | Cause::NotConfirmed
         )
     }
 
@@ -363,12 +385,21 @@ mod tests {
                 Cause::TimedOut,
             ),
             (QueueError::Certificate("x".into()), Cause::TlsRefused),
+            (
+                QueueError::NotConfirmed {
+                    acknowledged: 0,
+                    wanted: 1,
+                    timeout: std::time::Duration::from_secs(1),
+                },
+                Cause::NotConfirmed,
+            ),
             (QueueError::Invalid("bad id".into()), Cause::Other),
         ];
         for (error, cause) in cases {
             assert_eq!(error.cause(), cause, "{error}");
         }
         assert!(Cause::Refused.is_outage() && Cause::NotReady.is_outage());
+        assert!(Cause::NotConfirmed.is_outage());
         assert!(server("MOVED 4772 127.0.0.1:42271").is_transient());
         assert!(!Cause::AclRefused.is_outage() && !Cause::AuthRefused.is_outage());
     }

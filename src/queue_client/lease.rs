@@ -746,10 +746,26 @@ fn push_other_op(inv: &mut super::scripts::Call<'_>, op: &SettleOp) {
 
 /// Checks that the Redis user may run what settles need beside the scripts' other
 /// commands and an older ACL may lack: `ZREMRANGEBYSCORE` (SECURITY.md's lines from
-/// 2026-11-24), run on a key no queue has, so nothing changes. A master calls it at its
-/// start so that a missing command is a clear error there, not a settle refused later.
-/// Errors other than the ACL's refusal are left to the calls that follow.
+/// 2026-11-24), run on a key no queue has, so nothing changes, and `WAIT` when writes are
+/// confirmed on replicas (`wait_replicas`; asked for none, it answers at once). A master
+/// calls it at its start so that a missing command is a clear error there, not a settle
+/// refused later. Errors other than the ACL's refusal are left to the calls that follow.
 pub async fn check_settle_commands(client: &super::QueueClient) -> Result<(), QueueError> {
+    if client.durability().waits() {
+        let waited: Result<i64, _> = redis::cmd("WAIT")
+            .arg(0)
+            .arg(0)
+            .query_async(&mut client.connection())
+            .await;
+        if let Err(e) = waited.map_err(QueueError::from)
+            && e.cause() == super::Cause::AclRefused
+        {
+            return Err(QueueError::Invalid(format!(
+                "the redis user may not run WAIT, which [cluster] wait_replicas needs: add \
+                 +wait to its ACL line (docs/SECURITY.md) ({e})"
+            )));
+        }
+    }
     let probe = format!("{}:{{acl-probe}}:leased", client.namespace());
     let done: Result<i64, _> = redis::cmd("ZREMRANGEBYSCORE")
         .arg(&probe)

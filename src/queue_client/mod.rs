@@ -29,7 +29,8 @@
 //! `long` (renewal and end of long tasks), `record` (records, listing, watching),
 //! `glance` (the states of many tasks in a few calls), `chained` (what chains read and
 //! set of a queue's tasks), `control` (find, cancel, freeze and thaw, intake, delete),
-//! `dead` (dead letters), `stats` (counters and housekeeping), `limits`, `error`,
+//! `dead` (dead letters), `durability` (writes confirmed on replicas: `[cluster]
+//! wait_replicas`), `stats` (counters and housekeeping), `limits`, `error`,
 //! `checks` (input checks other modules share), `reply` (decoding script replies), `meta`
 //! (a task's meta, read in one place), `args` (the heads of the busiest functions'
 //! arguments), `block` (packets, runs and batch leases as Rust sees them), `conn`
@@ -45,6 +46,7 @@ mod client;
 mod conn;
 mod control;
 mod dead;
+mod durability;
 mod enqueue;
 mod error;
 mod glance;
@@ -71,6 +73,7 @@ pub use conn::{
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
+pub use durability::Durability;
 pub use enqueue::{
     CHAIN_ID_PREFIX, Enqueued, GENERATED_ID_PREFIX, NewTask, TakenBy, TaskChain, chain_id,
     chain_origin, check_id,

@@ -1,10 +1,10 @@
 //! The handle on one queue and what every operation on it shares: the keys, the worker
-//! that records name, and the script invocation.
+//! that records name, the script invocation and how its writes are confirmed.
 
 use std::sync::Arc;
 
 use super::scripts::{Call, Function, Keys};
-use super::{QueueLimits, RedisConn, record};
+use super::{Durability, QueueLimits, RedisConn, record};
 
 /// A handle on one queue: cheap to clone, safe to share between tasks.
 #[derive(Clone)]
@@ -14,6 +14,8 @@ pub struct Queue {
     pub(super) name: Arc<str>,
     pub(super) limits: QueueLimits,
     pub(super) worker: Option<Arc<Worker>>,
+    /// How its writes are confirmed on replicas (durability.rs).
+    pub(super) durability: Durability,
 }
 
 /// Who takes and settles, as task records show it.
@@ -56,6 +58,7 @@ impl Queue {
 
     pub(super) fn invocation<'a>(&self, script: &'a Function) -> Call<'a> {
         let mut inv = script.prepare_invoke();
+        inv.confirming(self.durability);
         for k in &self.keys.all {
             inv.key(k);
         }

@@ -30,7 +30,8 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
-use super::{args, layout, migrate};
+use super::durability::{self, Durability};
+use super::{QueueError, args, layout, migrate};
 
 /// The library's files, in load order.
 const LIB: [(&str, &str); 11] = [
@@ -148,6 +149,13 @@ const FUNCTIONS: [Def; 25] = [
     def("adopt", include_str!("lua/adopt.lua"), Start::Bare, true),
 ];
 
+/// The functions that write but are not confirmed under `[cluster] wait_replicas`
+/// (durability.rs): what a failover can only make happen again, never lose for whoever
+/// was told it happened. A take (its tasks come back when their leases end, as after any
+/// take Redis lost; its slot's settle is confirmed, and refused as stale), the rate
+/// bucket's tokens, a record read's watch mark, housekeeping's deletions.
+const UNCONFIRMED: [&str; 4] = ["take", "bucket", "record_get", "housekeep"];
+
 /// The library as loaded: its text and name, and its version (the hash in its names).
 pub(crate) struct Library {
     text: String,
@@ -217,6 +225,8 @@ fn registration(name: &str, body: &str, start: Start, writes: bool) -> String {
 pub(crate) struct Function {
     name: String,
     writes: bool,
+    /// Whether a call waits for replicas under `wait_replicas` (see [`UNCONFIRMED`]).
+    confirmed: bool,
 }
 
 impl Function {
@@ -233,6 +243,7 @@ impl Function {
         Function {
             name: format!("gaffer_{name}_{}", LIBRARY.version),
             writes,
+            confirmed: writes && !UNCONFIRMED.contains(&name),
         }
     }
 
@@ -242,15 +253,17 @@ impl Function {
             function: self,
             keys: Vec::new(),
             args: Vec::new(),
+            durability: Durability::default(),
         }
     }
 }
 
-/// One call of a [`Function`]: its keys and its arguments.
+/// One call of a [`Function`]: its keys and its arguments, and how its write is confirmed.
 pub(crate) struct Call<'a> {
     function: &'a Function,
     keys: Vec<Vec<u8>>,
     args: Vec<Vec<u8>>,
+    durability: Durability,
 }
 
 impl Call<'_> {
@@ -266,19 +279,35 @@ impl Call<'_> {
         self
     }
 
-    /// Calls the function, loading the library first when Redis lacks it.
+    /// Confirms the call's write on replicas as `durability` says, if its function is one
+    /// that is confirmed (durability.rs).
+    pub(crate) fn confirming(&mut self, durability: Durability) -> &mut Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Calls the function, loading the library first when Redis lacks it; a confirmed
+    /// write is followed by `WAIT` on the same connection, and fails as
+    /// [`QueueError::NotConfirmed`] when too few replicas acknowledged it.
     pub(crate) async fn invoke_async<T: FromRedisValue>(
         &self,
         conn: &mut impl ConnectionLike,
-    ) -> RedisResult<T> {
+    ) -> Result<T, QueueError> {
         let cmd = self.cmd();
-        match cmd.query_async(conn).await {
+        let wait = Some(self.durability).filter(|_| self.function.confirmed);
+        let (reply, acknowledged) = match reply(conn, &cmd, wait).await {
             Err(e) if is_missing_function(&e) => {
                 load(conn).await?;
-                cmd.query_async(conn).await
+                reply(conn, &cmd, wait).await?
             }
-            other => other,
+            other => other?,
+        };
+        if let (Some(wait), Some(acknowledged)) = (wait, acknowledged)
+            && let Some(e) = durability::unconfirmed(wait, acknowledged)
+        {
+            return Err(e);
         }
+        Ok(redis::from_redis_value(reply).map_err(RedisError::from)?)
     }
 
     fn cmd(&self) -> redis::Cmd {
@@ -296,6 +325,16 @@ impl Call<'_> {
         }
         cmd
     }
+}
+
+/// The reply of `cmd`, a server error as an error, and what its `WAIT` (if any) answered.
+async fn reply(
+    conn: &mut impl ConnectionLike,
+    cmd: &redis::Cmd,
+    wait: Option<Durability>,
+) -> RedisResult<(Value, Option<durability::Acknowledged>)> {
+    let (reply, acknowledged) = durability::send(conn, cmd, wait).await?;
+    Ok((reply.extract_error()?, acknowledged))
 }
 
 /// Whether Redis answered that it has no such function.
@@ -618,6 +657,33 @@ mod tests {
                     .text
                     .contains(&format!("'gaffer_{}_'", pass.function_name()))
             );
+        }
+    }
+
+    /// Every function left unconfirmed under `wait_replicas` is one that writes (a
+    /// misspelt name would leave nothing out); reads are never followed by `WAIT`.
+    #[test]
+    fn the_unconfirmed_functions_are_writes_and_the_rest_of_the_writes_are_confirmed() {
+        for name in UNCONFIRMED {
+            let def = FUNCTIONS.iter().find(|d| d.name == name).expect(name);
+            assert!(def.writes, "{name}");
+            assert!(!Function::named(name).confirmed, "{name}");
+        }
+        for def in FUNCTIONS {
+            let confirmed = Function::named(def.name).confirmed;
+            assert_eq!(
+                confirmed,
+                def.writes && !UNCONFIRMED.contains(&def.name),
+                "{}",
+                def.name
+            );
+        }
+        for name in ["enqueue", "settle", "settle_take", "freeze", "find", "long"] {
+            assert!(Function::named(name).confirmed, "{name}");
+        }
+        assert!(!Function::named("stats").confirmed);
+        for pass in migrate::PASSES {
+            assert!(Function::named(&pass.function_name()).confirmed);
         }
     }
 

@@ -93,6 +93,6 @@ impl Queue {
         let mut inv = self.invocation(&SCRIPTS.housekeep);
         inv.head(&HousekeepHead { limit });
         let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
+        inv.invoke_async(&mut conn).await
     }
 }

@@ -259,14 +259,14 @@ impl QueueClient {
         let mut conn = self.connection();
         let (was, mut generation): (String, u64) = SWITCH
             .prepare_invoke()
+            .confirming(self.durability())
             .key(switches_key(self.namespace()))
             .head(&SwitchHead {
                 system: system.to_string(),
                 state: state.as_str(),
             })
             .invoke_async(&mut conn)
-            .await
-            .map_err(QueueError::from)?;
+            .await?;
         let was = SystemState::parse(&was).unwrap_or(SystemState::configured(sys.paused));
         let mut change = SystemChange {
             system: system.to_string(),
@@ -327,6 +327,7 @@ impl QueueClient {
         let theirs: Option<u64> = conn.hget(queue.keys.conf(), "system_gen").await?;
         let reply: Vec<redis::Value> = OUTCOUNT
             .prepare_invoke()
+            .confirming(self.durability())
             .key(switches_key(self.namespace()))
             .head(&OutcountHead {
                 system: system.to_string(),
@@ -408,6 +409,7 @@ impl QueueClient {
         }
         let adopted: i64 = ADOPT
             .prepare_invoke()
+            .confirming(self.durability())
             .key(switches_key(self.namespace()))
             .head(&AdoptHead {
                 system: system.to_string(),
@@ -519,7 +521,7 @@ impl Queue {
         want: i64,
     ) -> Result<(i64, i64), QueueError> {
         let mut conn = self.conn.clone();
-        Ok(BUCKET
+        BUCKET
             .prepare_invoke()
             .key(key)
             .head(&BucketHead {
@@ -528,7 +530,7 @@ impl Queue {
                 want,
             })
             .invoke_async(&mut conn)
-            .await?)
+            .await
     }
 
     /// Sets the queue's copy of its system's switch, of generation `generation`.
@@ -609,7 +611,7 @@ impl Queue {
             ..SystemHead::op("waiting")
         });
         let mut conn = self.conn.clone();
-        Ok(inv.invoke_async(&mut conn).await?)
+        inv.invoke_async(&mut conn).await
     }
 
     /// Adds "held: system NAME is paused" to every waiting task's record, in chunks.
