@@ -129,13 +129,20 @@ impl Cluster {
             }
             None => String::new(),
         };
+        // (the roles confirm their writes as the bench's own client does)
+        let durability = opts.base.connect.durability;
+        let wait_lines = format!(
+            "wait_replicas = {}\nwait_timeout = \"{}ms\"\n",
+            durability.wait_replicas,
+            durability.wait_timeout.as_millis()
+        );
         let (slots, track) = (opts.slots, opts.track);
         let prefetch = match opts.prefetch {
             Prefetch::Off => "",
             Prefetch::On => "prefetch = true\nlease = \"30s\"\nmax_batch_time = \"30s\"\n",
         };
         let text = format!(
-            "[cluster]\nnamespace = \"{namespace}\"\n{password_line}\n\
+            "[cluster]\nnamespace = \"{namespace}\"\n{password_line}{wait_lines}\n\
              [manager]\ntick = \"500ms\"\nhttp = \"127.0.0.1:0\"\n\n\
              [master]\nhttp = \"127.0.0.1:0\"\n\n\
              [queues.{QUEUE}]\nhandler = \"noop\"\nmin_slots = {slots}\nmax_slots = {slots}\n\

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use crate::config::{self, Config, ConfigError};
 use crate::queue_client::{
-    ConnectOptions, PemFile, PemKind, Queue, QueueClient, QueueError, QueueLimits, TlsFiles,
-    redacted,
+    ConnectOptions, Durability, PemFile, PemKind, Queue, QueueClient, QueueError, QueueLimits,
+    TlsFiles, redacted,
 };
 use crate::slot::Registry;
 
@@ -167,7 +167,7 @@ impl Global {
     }
 
     /// The Redis URL and connect options: `--redis` over `[cluster].redis`, the password
-    /// from `redis_password_file` when set.
+    /// from `redis_password_file` when set, writes confirmed as `wait_replicas` says.
     pub fn redis_target(&self, cfg: &Config) -> Result<(String, ConnectOptions), CliError> {
         let url = self
             .redis
@@ -194,6 +194,10 @@ impl Global {
         }
         refuse_tls_files_over_plain(cfg, &url)?;
         opts.tls = tls_files(cfg)?;
+        opts.durability = Durability {
+            wait_replicas: cfg.cluster.wait_replicas,
+            wait_timeout: cfg.cluster.wait_timeout,
+        };
         warn_if_insecure(&url);
         Ok((url, opts))
     }

@@ -165,6 +165,11 @@ pub struct ClusterConfig {
     pub redis_cert_file: Option<PathBuf>,
     /// PEM private key of `redis_cert_file`.
     pub redis_key_file: Option<PathBuf>,
+    /// Replicas that must acknowledge a write (enqueue, settle, a record's change) before
+    /// it reports success; 0: none (Redis's asynchronous replication alone).
+    pub wait_replicas: u32,
+    /// How long a write waits for `wait_replicas` before it fails as not confirmed.
+    pub wait_timeout: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -176,6 +181,8 @@ impl Default for ClusterConfig {
             redis_ca_file: None,
             redis_cert_file: None,
             redis_key_file: None,
+            wait_replicas: 0,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
         }
     }
 }
@@ -432,6 +439,11 @@ pub const DEFAULT_MAX_PAYLOAD: u64 = 1 << 20;
 /// Defined here, where the queue client reads its other defaults too, because the config
 /// depends on no other part of gaffer.
 pub const MAX_BATCH: usize = 10_000;
+/// `[cluster] wait_timeout` when not set: how long a write waits for `wait_replicas`.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Largest `[cluster] wait_timeout`: a `WAIT` holds its connection, and every call queued
+/// behind it, that long, and must end well within the connection's response timeout (10 s).
+pub const MAX_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a queue's tasks are: `kind = "batch" | "long"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

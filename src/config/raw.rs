@@ -27,6 +27,8 @@ pub(crate) struct RawCluster {
     pub redis_ca_file: S<String>,
     pub redis_cert_file: S<String>,
     pub redis_key_file: S<String>,
+    pub wait_replicas: S<i64>,
+    pub wait_timeout: S<Human<Duration>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -329,6 +329,26 @@ fn cluster(c: &mut Collector, raw: RawCluster) -> ClusterConfig {
     }
     let tls = [raw.redis_ca_file, raw.redis_cert_file, raw.redis_key_file];
     cluster_tls(c, tls, &mut out);
+    out.wait_replicas = int(
+        c,
+        "cluster",
+        "wait_replicas",
+        raw.wait_replicas,
+        out.wait_replicas,
+        0,
+        u32::MAX.into(),
+    );
+    let ceiling = (
+        super::MAX_WAIT_TIMEOUT,
+        "5s: a write's WAIT holds its connection, and every call behind it, that long",
+    );
+    out.wait_timeout = duration_at_most(
+        c,
+        ("cluster", "wait_timeout"),
+        raw.wait_timeout,
+        out.wait_timeout,
+        ceiling,
+    );
     out
 }
 

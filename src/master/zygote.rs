@@ -47,7 +47,7 @@ use super::language::Languages;
 use crate::config::{self, Config};
 use crate::host::handler::{Handler, Registry};
 use crate::host::proto::{EXIT_FATAL, SlotSpec};
-use crate::queue_client::{ConnectOptions, TlsFiles};
+use crate::queue_client::{ConnectOptions, Durability, TlsFiles};
 // The one place the master's side names `slot`: the forked child becomes a slot.
 use crate::slot::slot_main;
 
@@ -76,6 +76,10 @@ pub struct ZygoteInit {
     /// The host's name, as task records show where an attempt ran.
     #[serde(default)]
     pub host: String,
+    /// How the slots' writes are confirmed on replicas (`[cluster] wait_replicas`), as
+    /// the master connects.
+    #[serde(default)]
+    pub durability: Durability,
 }
 
 /// A request from the master.
@@ -445,6 +449,7 @@ fn child_main(
     let connect = ConnectOptions {
         password: ctx.init.password.clone(),
         tls: ctx.init.tls.clone(),
+        durability: ctx.init.durability,
         ..ConnectOptions::default()
     };
     slot_main(

@@ -204,6 +204,7 @@ impl Master {
             password: self.opts.connect.password.clone(),
             tls: self.opts.connect.tls.clone(),
             host: self.opts.host.clone(),
+            durability: self.opts.connect.durability,
         };
         let mut line = serde_json::to_vec(&init)?;
         line.push(b'\n');
