@@ -9,7 +9,8 @@
 //! (the task service over real HTTP: `Service::start`, `request`), `chains.rs` (chains
 //! through a real master's exec slots and the api, on one Redis and on a Redis Cluster),
 //! `long.rs` (long tasks on real masters with distinct host names), `drain.rs` (stops with
-//! Redis down or frozen), `preempt.rs` (a stop mid-batch), `systems.rs` (system switches
+//! Redis down or frozen), `durability.rs` (`wait_replicas`: writes confirmed on real
+//! replicas, one server's and a Redis Cluster's), `preempt.rs` (a stop mid-batch), `systems.rs` (system switches
 //! and the rate cap on real masters), `ordered.rs` (ordered queues across four hosts),
 //! `fork_start.rs` and `memory_exec.rs` (forked exec children, a host's memory),
 //! `manager.rs` (leadership, fencing, schedules), `schedules.rs` (stored schedules
@@ -33,6 +34,7 @@ mod chains;
 mod cli;
 mod config;
 mod drain;
+mod durability;
 mod fork_start;
 mod hardening_access;
 mod hardening_config;

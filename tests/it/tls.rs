@@ -186,7 +186,7 @@ use crate::harness::Killed as Daemons;
 impl Daemons {
     /// A manager and a master (host h1) of `config`, their logs manager.log and
     /// master.log in `dir`.
-    fn manager_and_master(config: &std::path::Path, dir: &std::path::Path) -> Self {
+    pub(crate) fn manager_and_master(config: &std::path::Path, dir: &std::path::Path) -> Self {
         let daemon = |args: &[&str], log: &str, http_env: &str| {
             let http = gaffer::redis_server::free_port().unwrap();
             std::process::Command::new(env!("CARGO_BIN_EXE_gaffer"))
