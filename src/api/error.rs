@@ -168,8 +168,9 @@ pub fn enqueue_failed(e: QueueError) -> ApiError {
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         if let QueueError::NotConfirmed { .. } = e {
-            // (said as it is: Redis answered, its replicas did not confirm in time)
-            let mut failed = ApiError::unavailable(e.to_string());
+            // (said as it is: Redis answered, its replicas did not confirm in time; the
+            // write was done on the primary, so whether it holds is unknown)
+            let mut failed = ApiError::unavailable(e.to_string()).outcome_unknown();
             failed.outage = Some(e.cause());
             return failed;
         }
@@ -206,7 +207,8 @@ mod tests {
     use super::*;
 
     /// A write its replicas did not confirm is a 503 that says so, not "redis
-    /// unreachable", and a submit's says the task may be enqueued.
+    /// unreachable", its outcome unknown (the primary did it), and a submit's says the
+    /// task may be enqueued.
     #[test]
     fn a_write_not_confirmed_is_unavailable_with_the_limit_named() {
         let not_confirmed = || QueueError::NotConfirmed {
@@ -219,7 +221,7 @@ mod tests {
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.message, said);
         assert_eq!(e.outage, Some(Cause::NotConfirmed));
-        assert!(!e.outcome_unknown);
+        assert!(e.outcome_unknown, "{e:?}");
         let e = enqueue_failed(not_confirmed());
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(e.outcome_unknown, "{e:?}");
