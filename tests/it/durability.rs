@@ -523,3 +523,68 @@ async fn a_masters_slots_confirm_their_settles() {
     ));
     assert!(!log().contains("ERROR"), "{}", log());
 }
+
+/// The api answers a submit its replicas did not confirm with a 503 naming the limit, its
+/// outcome unknown; the same submit again, the replica back, finds the task made once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_an_unconfirmed_submit_503_and_its_retry_finds_the_task() {
+    use crate::api::{SHOP, config_text, request, test_config};
+    let (primary, replica) = primary_and_replica().await;
+    let mut opts = gaffer::api::ApiOptions::new(test_config(&config_text("")), primary.url());
+    opts.listen = Some("127.0.0.1:0".parse().unwrap());
+    opts.connect = confirmed(1, Duration::from_millis(500));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let api = tokio::spawn(gaffer::api::run(opts, stop.clone(), Some(tx)));
+    let addr = rx.await.expect("the api binds");
+    let submit = || async move {
+        let body = br#"{"payload": {}, "id": "m1"}"#;
+        let (status, body) = request(
+            addr,
+            "POST",
+            "/v1/queues/emails/tasks",
+            Some(SHOP),
+            Some(body),
+        )
+        .await;
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        (status, body)
+    };
+
+    replica.server.signal(Signal::SIGSTOP).unwrap();
+    let (status, body) = submit().await;
+    replica.server.signal(Signal::SIGCONT).unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["outcome"], "unknown", "{body}");
+    let said = body["error"].as_str().unwrap();
+    assert!(
+        said.starts_with(
+            "write not confirmed: 0 of wait_replicas = 1 replicas acknowledged within 500ms; \
+             the task may have been enqueued: retry with the same id"
+        ),
+        "{said}"
+    );
+
+    // Retried with its id once the replica is back: the task the primary made, once.
+    let (status, body) = poll_ok(submit).await;
+    assert!(status < 300, "{status} {body}");
+    assert_eq!(body["created"], false, "{body}");
+    stop.cancel();
+    api.await.unwrap().unwrap();
+}
+
+/// `submit` again until it is answered other than 503 (the replica catching up), within
+/// a deadline.
+async fn poll_ok<F, Fut>(mut submit: F) -> (u16, serde_json::Value)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (u16, serde_json::Value)>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = submit().await;
+        if status != 503 || Instant::now() > deadline {
+            return (status, body);
+        }
+    }
+}
