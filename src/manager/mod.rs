@@ -508,7 +508,11 @@ impl Manager {
         if !self.forget_silent_hosts(&mut reports).await? {
             return Ok(());
         }
-        if !self.epoch_above_the_masters(&reports).await? {
+        let current = cluster::read_map(&mut self.conn, &self.keys).await?;
+        if !self
+            .epoch_above_the_masters(&reports, current.as_ref())
+            .await?
+        {
             return Ok(());
         }
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
@@ -518,7 +522,6 @@ impl Manager {
         let sample = self.sample(&queue_stats, &reports);
         let period = self.recorder.observe(&sample, now_ms, hosts_now(&hosts));
         let stats = self.windows(sample, &queue_stats);
-        let current = cluster::read_map(&mut self.conn, &self.keys).await?;
         if !self.window.has_rates() {
             return self.hold(current).await;
         }
@@ -602,10 +605,14 @@ impl Manager {
 
     /// Raises this leader's epoch past every epoch a master reports having seen, should
     /// one be as high: the epoch counter restarted (Redis lost its data, or was replaced),
-    /// and those masters would ignore every map of this leader. False when fenced off.
+    /// and those masters would ignore every map of this leader. Likewise when a master
+    /// runs a map of this epoch newer than the `stored` one: Redis lost the newer map (a
+    /// failover to a lagging replica), and masters ignore older maps of an epoch; under a
+    /// new epoch the next map is newer than anything they read. False when fenced off.
     async fn epoch_above_the_masters(
         &mut self,
         reports: &BTreeMap<String, HostReport>,
+        stored: Option<&SlotMap>,
     ) -> anyhow::Result<bool> {
         let was = self.leadership.epoch();
         // An epoch no leader change could reach (a corrupt report) is not followed.
@@ -615,7 +622,11 @@ impl Manager {
             .filter(|&e| e < MAX_EPOCH)
             .max()
             .unwrap_or(0);
-        if seen <= was {
+        let stored_version = stored.filter(|m| m.epoch == was).map_or(0, |m| m.version);
+        let lost_map = reports
+            .values()
+            .any(|r| r.map_epoch == was && r.map_version > stored_version);
+        if seen < was || (seen == was && !lost_map) {
             return Ok(true);
         }
         if !self.leadership.raise_epoch(&mut self.conn, seen).await? {
@@ -623,6 +634,7 @@ impl Manager {
             return Ok(false);
         }
         telemetry::EpochRaised {
+            lost_map: seen == was,
             was,
             seen,
             epoch: self.leadership.epoch(),

@@ -9,7 +9,11 @@ use std::time::{Duration, Instant};
 use gaffer::queue_client::{ConnectOptions, NewTask, QueueClient, RedisNode, Topology};
 use gaffer::redis_server::{RedisServer, RedisServerOptions, SentinelOf};
 
-use crate::harness::eventually;
+use gaffer::cluster::{self, Keys};
+use nix::sys::signal::Signal;
+
+use crate::harness::{eventually, poll_some};
+use crate::manager::Cluster;
 
 /// The name the sentinels monitor the primary under.
 pub const PRIMARY_NAME: &str = "gaffer";
@@ -265,4 +269,123 @@ async fn a_sentinel_group_that_is_not_there_is_an_outage() {
         !bad.is_transient() && bad.to_string().contains("expected redis+sentinel://"),
         "{bad}"
     );
+}
+
+/// The (epoch, version) of every map the master's log says it adopted, in order.
+pub fn adopted_maps(log: &str) -> Vec<(u64, u64)> {
+    let field = |line: &str, key: &str| -> u64 {
+        let at = line.find(&format!("{key}=")).expect(key) + key.len() + 1;
+        let digits: String = line[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().expect(key)
+    };
+    log.lines()
+        .filter(|l| l.contains("new slot map"))
+        .map(|l| (field(l, "epoch"), field(l, "version")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_replica_promoted_leaves_one_leader_and_no_older_map_adopted() {
+    let mut group = SentinelGroup::start().await;
+    let url = group.url();
+    let client = QueueClient::connect(&url, "test", &ConnectOptions::default())
+        .await
+        .expect("connect through the sentinels");
+    let mut c = Cluster::start_on(
+        url,
+        client,
+        "",
+        "[queues.a]\nhandler = \"noop\"\nmin_slots = 2\n",
+    );
+    c.manager(1);
+    c.manager(2);
+    c.master("h1");
+    let keys = Keys::new("test");
+    let report = |slots: u32| {
+        let mut conn = c.client.connection();
+        let keys = keys.clone();
+        async move {
+            let hosts = cluster::read_hosts(&mut conn, &keys).await.ok()?;
+            let r = hosts.get("h1")?;
+            (r.queues.get("a").map_or(0, |q| q.slots) == slots)
+                .then_some((r.map_epoch, r.map_version))
+        }
+    };
+    let (epoch, version) = poll_some(Duration::from_secs(30), "two slots of a on h1", || {
+        report(2)
+    })
+    .await;
+
+    // The replica stops receiving; the primary goes on: a pause, and the map without a's
+    // slots that follows it, which the master runs.
+    // (stopped first: with the link cut, it cannot reconnect and catch up, and what was
+    // sent before is in its socket already)
+    group.data[1].signal(Signal::SIGSTOP).unwrap();
+    let mut primary = raw(group.data[0].port()).await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut primary)
+        .await
+        .unwrap();
+    c.cli(&["pause", "a"]);
+    let (_, newer) = poll_some(
+        Duration::from_secs(30),
+        "the master on the paused map",
+        || report(0),
+    )
+    .await;
+    assert!(newer > version);
+    // The primary dies; the replica, which never received them, is promoted.
+    group.data[0].kill();
+    group.data[1].signal(Signal::SIGCONT).unwrap();
+    let promoted = group.data[1].port();
+    eventually(
+        Duration::from_secs(30),
+        "the sentinels promote the replica",
+        || async { group.primary_port().await == promoted },
+    )
+    .await;
+
+    // The promoted replica has neither the pause nor the map: the leader sees the master
+    // run a newer map than Redis holds, raises its epoch and writes one past it, and the
+    // master follows that one, never the older map Redis went back to.
+    let (after, _) = poll_some(
+        Duration::from_secs(30),
+        "a map past the lost one",
+        || async { report(2).await.filter(|(e, _)| *e > epoch) },
+    )
+    .await;
+    let log = c.log("master-h1.log");
+    let maps = adopted_maps(&log);
+    assert!(
+        maps.windows(2).all(|w| w[0] < w[1]),
+        "the master adopted an older map: {maps:?}\n{log}"
+    );
+    assert!(maps.contains(&(epoch, newer)), "{maps:?}");
+    assert!(maps.last().is_some_and(|m| m.0 == after), "{maps:?}");
+    // One leader: the lease names one manager, and only it wrote a map under its epoch.
+    let lease: String = redis::cmd("GET")
+        .arg(keys.lease())
+        .query_async(&mut c.client.connection())
+        .await
+        .unwrap();
+    assert!(
+        lease.ends_with(&format!(":{after}")),
+        "{lease} vs epoch {after}"
+    );
+    let writers: Vec<String> = ["manager1.log", "manager2.log"]
+        .iter()
+        .filter(|m| {
+            c.log(m).lines().any(|l| {
+                l.contains("published a new slot map") && l.contains(&format!("epoch={after}"))
+            })
+        })
+        .map(|m| m.to_string())
+        .collect();
+    assert_eq!(writers.len(), 1, "{writers:?}");
 }
