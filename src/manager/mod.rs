@@ -147,6 +147,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         outage: OutageLog::default(),
         clock: Instant::now(),
         config_seen: cluster::ConfigSeen::default(),
+        config_source: None,
         leading: false,
         registered: BTreeSet::new(),
         firing: schedules::Firing::default(),
@@ -220,6 +221,8 @@ struct Manager {
     ring_keys: ring::RingKeys,
     /// The published config read last: one with another text is adopted.
     config_seen: cluster::ConfigSeen,
+    /// The text of the published config in force, once one was adopted.
+    config_source: Option<String>,
     leading: bool,
     /// Queue names this leadership has added to the registry (`Keys::queues`); emptied
     /// when leadership goes, so a leader registers its config's names again (Redis may
@@ -428,6 +431,33 @@ impl Manager {
         }
     }
 
+    /// Redis holds a config published before the one in force (it failed over to a
+    /// replica that lagged): a leader publishes the one in force again, under its first
+    /// publish time, so every role (one started since too) runs it, not the older one.
+    async fn republish_config(&mut self) {
+        let Some(source) = self.config_source.clone() else {
+            return;
+        };
+        if self.leadership.epoch() == 0 {
+            return; // the leader does it
+        }
+        let published_us = self.config_seen.published_us;
+        match self
+            .leadership
+            .republish_config(&mut self.conn, &source, published_us)
+            .await
+        {
+            Ok(true) => tracing::warn!(
+                published_us,
+                "redis held an older config than the one in force; published the one in force again"
+            ),
+            Ok(false) => self.fenced_off(),
+            Err(e) => self
+                .outage
+                .failed("publishing the config in force again failed", &e),
+        }
+    }
+
     async fn adopt_published_config(&mut self) {
         let read = cluster::changed_config(
             &mut self.conn,
@@ -437,6 +467,10 @@ impl Manager {
         )
         .await;
         let published = match read {
+            Ok(read) if read.behind => {
+                self.republish_config().await;
+                return;
+            }
             Ok(read) => {
                 self.config_seen = read.seen;
                 read.changed
@@ -463,6 +497,7 @@ impl Manager {
                     );
                 }
                 self.opts.config = cfg;
+                self.config_source = Some(published.source);
                 self.firing.config_changed();
                 // (three ticks of the new tick: see lease_ttl)
                 self.leadership.set_ttl(self.opts.lease_ttl());

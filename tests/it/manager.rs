@@ -628,6 +628,85 @@ async fn a_map_redis_lost_is_not_replaced_by_the_older_one_it_kept() {
 }
 
 #[tokio::test]
+async fn a_config_redis_went_back_on_is_published_again_not_adopted() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 1\n").await;
+    let keys = Keys::new("test");
+    let mut conn = c.client.connection();
+    c.master("h1");
+    c.manager(1);
+    let config_hash = async |conn: &mut gaffer::queue_client::RedisConn| -> Vec<(String, String)> {
+        redis::cmd("HGETALL")
+            .arg(keys.config())
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
+    let field = |hash: &[(String, String)], f: &str| {
+        hash.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone())
+    };
+    let out = c.cli(&["config", "apply"]);
+    assert!(out.contains("version 1"), "{out}");
+    let older = config_hash(&mut conn).await;
+    let base = std::fs::read_to_string(&c.config).unwrap();
+    std::fs::write(
+        &c.config,
+        base + "\n[queues.b]\nhandler = \"noop\"\nmin_slots = 1\n",
+    )
+    .unwrap();
+    c.cli(&["config", "apply"]);
+    eventually(Duration::from_secs(15), "b placed", || async {
+        c.placed("b").await.get("h1") == Some(&1)
+    })
+    .await;
+    let newer = field(&config_hash(&mut conn).await, "source").unwrap();
+    let adopted = c
+        .log("master-h1.log")
+        .matches("adopting the published config")
+        .count();
+    assert!(adopted >= 1);
+
+    // Redis goes back to the older config, as a failover to a replica that had not
+    // received the newer apply does.
+    let mut restore = redis::cmd("HSET");
+    restore.arg(keys.config());
+    for (k, v) in &older {
+        restore.arg(k).arg(v);
+    }
+    let () = redis::cmd("DEL")
+        .arg(keys.config())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = restore.query_async(&mut conn).await.unwrap();
+
+    // The leader publishes the config in force again; nobody adopts the older one.
+    eventually(
+        Duration::from_secs(15),
+        "the config in force published again",
+        || async {
+            let hash = config_hash(&mut c.client.connection()).await;
+            field(&hash, "source").as_deref() == Some(newer.as_str())
+        },
+    )
+    .await;
+    let manager = c.log("manager1.log");
+    assert!(
+        manager.contains("published the one in force again"),
+        "{manager}"
+    );
+    let master = c.log("master-h1.log");
+    assert_eq!(
+        master.matches("adopting the published config").count(),
+        adopted,
+        "{master}"
+    );
+    assert_eq!(c.placed("b").await.get("h1"), Some(&1));
+    // A role started now runs it too.
+    let stats: serde_json::Value = serde_json::from_str(&c.cli(&["stats", "--json"])).unwrap();
+    assert!(stats["queues"]["b"].is_object(), "{stats}");
+}
+
+#[tokio::test]
 async fn hosts_are_judged_alive_by_their_reports_changing_not_by_their_clocks() {
     let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 2\n").await;
     c.manager(1);
