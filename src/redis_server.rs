@@ -4,7 +4,8 @@
 //!
 //! It takes a free port and its own directory, writes AOF when asked, checks readiness
 //! before use, runs in its own process group and dies with its parent. For the TLS tests it
-//! serves TLS only, its readiness read from its log.
+//! serves TLS only, its readiness read from its log. It can also be a Sentinel
+//! (`RedisServerOptions::sentinel`), for the fault suite's failover profile.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -61,6 +62,12 @@ pub struct RedisServerOptions {
     /// Serve TLS only with these files (tests of `rediss://`); readiness is then read
     /// from the log, since a bare PING cannot reach a TLS port.
     pub tls: Option<ServerTls>,
+    /// When not empty, run a Sentinel (`redis-server sentinel.conf --sentinel`) instead of
+    /// a server, with these lines (`sentinel monitor NAME HOST PORT QUORUM`, …) in its
+    /// config file. The file is written into its directory at the first start only:
+    /// Sentinel rewrites it with what it learns (replicas, other sentinels, epochs), and a
+    /// restart keeps that. The other options apply as to a server.
+    pub sentinel: Vec<String>,
 }
 
 /// The PEM files of a TLS-only server: `port 0` and `tls-port` on its port (a cluster
@@ -109,6 +116,9 @@ impl RedisServer {
     fn spawn(&mut self) -> Result<(), RedisServerError> {
         let port = self.port;
         let mut cmd = Command::new("redis-server");
+        if !self.opts.sentinel.is_empty() {
+            cmd.arg(self.sentinel_conf(port)?).arg("--sentinel");
+        }
         cmd.arg("--port")
             .arg(port.to_string())
             .arg("--bind")
@@ -186,6 +196,25 @@ impl RedisServer {
             waited: start.elapsed(),
             log: self.log_tail(20),
         })
+    }
+
+    /// A Sentinel's config file: written with its lines at the first start, kept as
+    /// Sentinel rewrote it at a restart. Returns its path.
+    fn sentinel_conf(&self, port: u16) -> Result<PathBuf, RedisServerError> {
+        let path = self.dir.join("sentinel.conf");
+        if !path.exists() {
+            let mut text = self.opts.sentinel.join("\n");
+            text.push('\n');
+            std::fs::write(&path, text).map_err(|source| RedisServerError::Io { port, source })?;
+        }
+        Ok(path)
+    }
+
+    /// The options the next [`restart`](Self::restart) uses: a test changes them to
+    /// start the server as its operator would after a change (a replica's `replicaof`
+    /// dropped once it was promoted, say).
+    pub fn options_mut(&mut self) -> &mut RedisServerOptions {
+        &mut self.opts
     }
 
     /// The port it listens on (loopback).
