@@ -74,6 +74,7 @@
 
 mod chains;
 mod cluster;
+mod failover;
 mod faults;
 mod longtasks;
 mod oracle;
@@ -146,6 +147,16 @@ impl Profile {
                 chain_rate: 0.0,
                 drain_limit: Duration::ZERO,
             }),
+            // Failovers (failover.rs): two kills of the primary under the short profile's
+            // load; the fault phase is its own (warm-up, kills, returns).
+            "failover" => Some(Profile {
+                name: name.into(),
+                faults_for: Duration::from_secs(15),
+                gap_ms: (0, 0),
+                rate: 12.0,
+                chain_rate: 1.5,
+                drain_limit: Duration::from_secs(60),
+            }),
             _ => None,
         }
     }
@@ -191,6 +202,8 @@ pub struct Args {
     report: Option<PathBuf>,
     redis: Topology,
     mix: Mix,
+    /// The roles' `[cluster] wait_replicas` (the failover profile).
+    wait_replicas: u32,
 }
 
 impl Args {
@@ -203,13 +216,17 @@ impl Args {
         if self.mix != Mix::Mixed {
             out += &format!(" --workload {}", self.mix.name());
         }
+        if self.profile.name == "failover" {
+            out += &format!(" --wait-replicas {}", self.wait_replicas);
+        }
         out
     }
 }
 
 /// What the command line takes.
-const USAGE: &str = "short, long or long-tasks [--seed N] [--report PATH] \
-                     [--redis single|cluster] [--workload mixed|plain|chains]";
+const USAGE: &str = "short, long, long-tasks or failover [--seed N] [--report PATH] \
+                     [--redis single|cluster|sentinel|cluster-replicas] \
+                     [--workload mixed|plain|chains] [--wait-replicas N]";
 
 /// Reads the command line; the profile's rates follow the workload asked for.
 fn args() -> Result<Args, String> {
@@ -218,6 +235,7 @@ fn args() -> Result<Args, String> {
     let mut report = None;
     let mut redis = Topology::Single;
     let mut mix = None;
+    let mut wait_replicas = None;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |what: &str| it.next().ok_or(format!("{a} needs {what}"));
@@ -228,8 +246,16 @@ fn args() -> Result<Args, String> {
             }
             "--report" => report = Some(PathBuf::from(value("a path")?)),
             "--redis" => {
-                let v = value("single or cluster")?;
-                redis = Topology::named(&v).ok_or(format!("--redis {v:?}: single or cluster"))?;
+                let names = "single, cluster, sentinel or cluster-replicas";
+                let v = value(names)?;
+                redis = Topology::named(&v).ok_or(format!("--redis {v:?}: {names}"))?;
+            }
+            "--wait-replicas" => {
+                let v = value("a number of replicas")?;
+                wait_replicas = Some(
+                    v.parse()
+                        .map_err(|_| format!("bad --wait-replicas {v:?}"))?,
+                );
             }
             "--workload" => {
                 let v = value("mixed, plain or chains")?;
@@ -248,6 +274,17 @@ fn args() -> Result<Args, String> {
     if profile.name == "long-tasks" && mix.is_some() {
         return Err("--workload is for short and long: long-tasks runs long tasks".into());
     }
+    let failover = profile.name == "failover";
+    if failover != redis.fails_over() {
+        return Err(if failover {
+            "failover needs --redis sentinel or --redis cluster-replicas".into()
+        } else {
+            format!("--redis {} is for the failover profile", redis.name())
+        });
+    }
+    if !failover && wait_replicas.is_some() {
+        return Err("--wait-replicas is for the failover profile".into());
+    }
     let mix = mix.unwrap_or(Mix::Mixed);
     match mix {
         Mix::Mixed => {}
@@ -260,6 +297,7 @@ fn args() -> Result<Args, String> {
         report,
         redis,
         mix,
+        wait_replicas: wait_replicas.unwrap_or(0),
     })
 }
 
@@ -293,6 +331,7 @@ fn main() -> ExitCode {
     };
     let topology = match args.redis {
         Topology::Single => String::new(),
+        t if args.wait_replicas > 0 => format!("{}-w{}-", t.name(), args.wait_replicas),
         t => format!("{}-", t.name()),
     };
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
@@ -347,6 +386,7 @@ fn batch_shape(args: &Args) -> Shape {
             plain: args.profile.rate > 0.0,
             chains: args.profile.chain_rate > 0.0,
         },
+        wait_replicas: args.wait_replicas,
     }
 }
 
@@ -356,6 +396,11 @@ fn run(args: &Args, dir: &Path) -> report::Report {
     let started = Instant::now();
     let shape = batch_shape(args);
     let mut report = report::Report::new(&args.profile, args.seed, args.command(), shape.clone());
+    let mut failover = (args.profile.name == "failover")
+        .then(|| failover::Figures::new(args.redis, args.wait_replicas));
+    if failover.is_some() {
+        report.kinds = vec![FaultKind::Failover];
+    }
     // The record and chain oracles must catch what they claim to before their verdict
     // counts.
     for f in records::selftest() {
@@ -389,7 +434,10 @@ fn run(args: &Args, dir: &Path) -> report::Report {
     let stop = Arc::new(AtomicBool::new(false));
     let producer = start_producer(&c, args, stop.clone());
     let mut rng = Rng::new(args.seed);
-    let faults = schedule(&mut c, &args.profile, &mut rng, &FaultKind::ALL);
+    let faults = match &mut failover {
+        Some(fig) => failover::phase(&mut c, fig, started),
+        None => schedule(&mut c, &args.profile, &mut rng, &FaultKind::ALL),
+    };
     stop.store(true, Ordering::Relaxed);
     let enqueued = match producer.join() {
         Ok(Ok(e)) => e,
@@ -407,8 +455,30 @@ fn run(args: &Args, dir: &Path) -> report::Report {
         enqueued.len()
     );
     heal_and_drain(&mut c, &args.profile, &mut report);
-    let all = judge_all(&c, enqueued, &faults, &mut report);
-    counters_agree(&mut report, &all);
+    let mut chain_problems = Vec::new();
+    let (all, recs) = judge_all(&c, enqueued, &faults, &mut report, &mut chain_problems);
+    report.tasks_by_queue = tasks_by_queue(&all);
+    let disagree = counters_agree(&report, &all);
+    // A failover's lost writes break records, chains and counters: its cost, counted.
+    match &mut failover {
+        Some(fig) => {
+            failover::measure(fig, &all, &recs, &report.verdict);
+            failover::attribute_records(
+                fig,
+                &mut report.verdict.records.mismatches,
+                &all,
+                &recs,
+                &faults,
+            );
+            fig.chains_wrong.extend(chain_problems);
+            fig.counters_wrong.extend(disagree);
+        }
+        None => {
+            report.problems.extend(chain_problems);
+            report.problems.extend(disagree);
+        }
+    }
+    report.failover = failover;
     // Epochs of the map must never go back down: a fenced manager wrote nothing.
     if c.epochs.windows(2).any(|w| w[1] < w[0]) {
         report.problems.push(format!(
@@ -509,14 +579,16 @@ fn heal_and_drain(c: &mut Cluster, profile: &Profile, report: &mut report::Repor
 
 /// The oracles, once the queues have drained: the chains the run must have made and
 /// their follow-ups (which join the tasks to account for), every task's final state and
-/// record against the handler's record and the fault log, and every chain whole. Returns
-/// every task accounted for.
+/// record against the handler's record and the fault log, and every chain whole (what
+/// the chain check finds goes to `chain_problems`). Returns every task accounted for,
+/// with its record.
 fn judge_all(
     c: &Cluster,
     enqueued: Vec<Enqueued>,
     faults: &[Fault],
     report: &mut report::Report,
-) -> Vec<Enqueued> {
+    chain_problems: &mut Vec<String>,
+) -> (Vec<Enqueued>, Records) {
     let (handled, bad) = oracle::read_handled(&c.record);
     if !bad.is_empty() {
         report.problems.push(format!(
@@ -530,7 +602,7 @@ fn judge_all(
         report
             .problems
             .push("could not read the tasks' records from Redis".into());
-        return enqueued;
+        return (enqueued, Records::new());
     };
     let mut all = enqueued;
     if c.shape.chains() {
@@ -540,7 +612,7 @@ fn judge_all(
             &mut all,
             &mut recs,
             &mut expiries,
-            &mut report.problems,
+            chain_problems,
         ));
     }
     let mut ids = std::collections::BTreeSet::new();
@@ -575,7 +647,7 @@ fn judge_all(
     });
     report.records_seconds = read.elapsed().as_secs_f64();
     dump_records(&c.dir.join("records.txt"), &all, &recs);
-    all
+    (all, recs)
 }
 
 /// The chains the run must have made (`chains.rs`): their follow-ups join `all`, the
@@ -611,8 +683,8 @@ fn follow_chains(
 /// Redis's own counters must tell the same story, queue by queue: one creation and one
 /// ack per task accounted for there (plus the re-creations an unanswered enqueue can
 /// cause; a follow-up is never created twice, invariant 32); and across the queues every
-/// reclaimed lease and every retry is in a record.
-fn counters_agree(report: &mut report::Report, all: &[Enqueued]) {
+/// reclaimed lease and every retry is in a record. Returns where they disagree.
+fn counters_agree(report: &report::Report, all: &[Enqueued]) -> Vec<String> {
     let v = &report.verdict;
     let queue_of: HashMap<&str, &str> = all
         .iter()
@@ -634,7 +706,6 @@ fn counters_agree(report: &mut report::Report, all: &[Enqueued]) {
             .or_default()[2] += n as u64;
     }
     let mut problems = Vec::new();
-    report.tasks_by_queue = per.iter().map(|(q, p)| (q.to_string(), p[0])).collect();
     for (queue, [tasks, not_acked, again]) in &per {
         let Some(q) = report.queue_stats.get(*queue) else {
             problems.push(format!("no counters of queue {queue}"));
@@ -667,7 +738,16 @@ fn counters_agree(report: &mut report::Report, all: &[Enqueued]) {
             r.lease_expiries, r.retries
         ));
     }
-    report.problems.extend(problems);
+    problems
+}
+
+/// Tasks accounted for per queue.
+fn tasks_by_queue(all: &[Enqueued]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for e in all {
+        *out.entry(e.queue.clone()).or_default() += 1;
+    }
+    out
 }
 
 /// No slot exited with an error of its own over the whole run (`Cluster::slot_errors`).
