@@ -486,3 +486,72 @@ fn ms(rfc3339: &str) -> Option<i64> {
         .ok()
         .map(|t| t.timestamp_millis())
 }
+
+/// Redis alone, without roles (`cargo test --test chaos -- failover-redis --redis
+/// sentinel|cluster-replicas`): the topology started, its primary killed and the killed
+/// node restarted, [`KILLS`] times, as the profile does; prints when Redis logged and
+/// named each failover and when the node was back as a replica. A check of the
+/// harness's reading of Redis, and Redis's own failover time to set beside the
+/// profile's. Returns whether every failover was made and every node came back.
+pub fn redis_only(dir: &std::path::Path, topology: Topology) -> bool {
+    let tags = [crate::cluster::QUEUE, "cluster"];
+    let mut redis = match crate::redis::Redis::start(dir, topology, &tags) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("chaos: starting Redis: {e}");
+            return false;
+        }
+    };
+    let mut ok = true;
+    for n in 1..=KILLS {
+        let Some(target) = redis.primary() else {
+            eprintln!("chaos: no primary");
+            return false;
+        };
+        let start = Instant::now();
+        let kill_ms = now_ms();
+        redis.kill(target);
+        let mut named = None;
+        while named.is_none() && start.elapsed() < Duration::from_secs(30) {
+            named = redis.primary().filter(|&p| p != target);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let named_s = start.elapsed().as_secs_f64();
+        let Some(now) = named else {
+            eprintln!("chaos: #{n}: no new primary within 30 s");
+            return false;
+        };
+        if let Err(e) = redis.restart(target) {
+            eprintln!("chaos: {e}");
+            return false;
+        }
+        while !redis.rejoined(target, now) && start.elapsed() < REJOIN_LIMIT {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let back = redis.rejoined(target, now);
+        ok &= back;
+        let logged = redis
+            .failovers_logged()
+            .into_iter()
+            .find(|&t| t >= kill_ms)
+            .map(|t| (t - kill_ms) as f64 / 1000.0);
+        println!(
+            "failover #{n}: {} killed, {} promoted; logged after {}, named after \
+             {named_s:.1} s, back as a replica {} after {:.1} s",
+            redis.name(target),
+            redis.name(now),
+            secs(logged),
+            if back { "in sync" } else { "NOT" },
+            start.elapsed().as_secs_f64()
+        );
+        if n < KILLS {
+            // Sentinel fails a group over again only twice its failover timeout after
+            // the last.
+            std::thread::sleep(2 * FAILOVER_TIMEOUT);
+        }
+    }
+    let logged = redis.failovers_logged().len();
+    println!("failovers logged: {logged} for {KILLS} kills");
+    redis.stop(Duration::from_secs(5));
+    ok && logged == KILLS
+}

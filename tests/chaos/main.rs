@@ -265,6 +265,8 @@ fn args() -> Result<Args, String> {
             }
             // Flags cargo's test runner may pass along (--nocapture, --quiet, …).
             s if s.starts_with('-') => {}
+            // (Redis alone, main)
+            "failover-redis" => profile = Profile::named("failover"),
             s => {
                 profile = Some(Profile::named(s).ok_or(format!("unknown profile {s:?}: {USAGE}"))?)
             }
@@ -329,6 +331,18 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if std::env::args().skip(1).any(|a| a == "failover-redis") {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "chaos/failover-redis-{}-{}",
+            args.redis.name(),
+            oracle::now_ms() / 1000
+        ));
+        return if failover::redis_only(&dir, args.redis) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let topology = match args.redis {
         Topology::Single => String::new(),
         t if args.wait_replicas > 0 => format!("{}-w{}-", t.name(), args.wait_replicas),
