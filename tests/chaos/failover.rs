@@ -9,6 +9,14 @@
 //! producer stops, the queues drain, and the batch profiles' oracle counts what the
 //! failovers cost.
 //!
+//! `--freeze` freezes the primary (SIGSTOP) instead of killing it and wakes it (SIGCONT)
+//! once a replica has taken its place: a primary cut off from the Sentinels or the
+//! cluster but not from every client, which comes back stale and may take writes until it
+//! is made a replica (Sentinel waits some seconds before it does; a cluster node learns at
+//! once). A kill -9 on one machine loses next to nothing: Redis writes the replication
+//! stream in the same pass as the replies, and the kernel delivers what was written
+//! after the process died.
+//!
 //! A failover can lose what the old primary acknowledged and had not yet sent its
 //! replica: with `wait_replicas = 0` that is expected, so the oracle counts it rather
 //! than failing the run: **lost** (acknowledged enqueues gone), **run twice** (tasks
@@ -40,6 +48,7 @@ use crate::faults::{Fault, FaultKind};
 use crate::oracle::{Cause, Enqueued, now_ms};
 use crate::records::RecordMismatch;
 use crate::redis::{DOWN_AFTER, FAILOVER_TIMEOUT, NODE_TIMEOUT, Topology};
+use nix::sys::signal::Signal;
 
 /// Kills of a primary per run.
 const KILLS: usize = 2;
@@ -135,6 +144,9 @@ pub struct Figures {
     pub topology: String,
     /// The roles' `[cluster] wait_replicas`.
     pub wait_replicas: u32,
+    /// `--freeze`: the primary frozen (SIGSTOP) instead of killed, woken (SIGCONT) once
+    /// a replica has taken its place: a primary cut off, which comes back stale.
+    pub freeze: bool,
     /// How long work may take to flow again after a kill, in seconds.
     pub bound_s: f64,
     /// What the bound is made of.
@@ -164,11 +176,12 @@ pub struct Figures {
 
 impl Figures {
     /// Empty figures for a run on `topology` with `wait_replicas`.
-    pub fn new(topology: Topology, wait_replicas: u32) -> Self {
+    pub fn new(topology: Topology, wait_replicas: u32, freeze: bool) -> Self {
         let (b, text) = bound(topology);
         Figures {
             topology: topology.name().into(),
             wait_replicas,
+            freeze,
             bound_s: b.as_secs_f64(),
             bound: text,
             failovers: Vec::new(),
@@ -196,7 +209,7 @@ pub fn phase(c: &mut Cluster, fig: &mut Figures, started: Instant) -> Vec<Fault>
     let mut faults = Vec::new();
     c.idle(WARM_UP);
     for n in 1..=KILLS {
-        let (f, one) = fail_over(c, n, fig.bound_s);
+        let (f, one) = fail_over(c, n, fig.bound_s, fig.freeze);
         eprintln!(
             "chaos: {:>6.1} s  failover #{n}: {} → {}; named after {}, acks seen after {}, \
              back as a replica after {}{}",
@@ -245,10 +258,12 @@ fn acked(c: &Cluster, queues: &[String]) -> Option<u64> {
     Some(sum)
 }
 
-/// One failover: kill -9 the primary of the run's first queue, watch until Redis names
-/// another and acks flow again (or the bound and [`WATCH_PAST_BOUND`] pass), restart the
-/// killed node and wait until it is a replica in sync.
-fn fail_over(c: &mut Cluster, n: usize, bound_s: f64) -> (Fault, Failover) {
+/// One failover: kill -9 the primary of the run's first queue (or freeze it), watch until
+/// Redis names another and acks flow again (or the bound and [`WATCH_PAST_BOUND`] pass),
+/// restart the killed node (or wake it) and wait until it is a replica in sync. The fault
+/// lasts until then: a node back as a stale primary (a woken one, or a Sentinel group's
+/// restarted as configured) may take writes that are lost when it becomes a replica.
+fn fail_over(c: &mut Cluster, n: usize, bound_s: f64, freeze: bool) -> (Fault, Failover) {
     let mut f = Fault::new(FaultKind::Failover);
     let mut one = Failover {
         n,
@@ -292,7 +307,15 @@ fn fail_over(c: &mut Cluster, n: usize, bound_s: f64) -> (Fault, Failover) {
     f.pids.insert(pid);
     let before = acked(c, &one.queues);
     let start = Instant::now();
-    c.redis.kill(target);
+    if freeze {
+        if let Err(e) = c.redis.signal(target, Signal::SIGSTOP) {
+            f.problems.push(e);
+            f.injected = false;
+            return (f, one);
+        }
+    } else {
+        c.redis.kill(target);
+    }
     f.start_ms = now_ms();
     one.kill_ms = f.start_ms;
     // Watch: who Redis names, and whether the harness's client sees acks again.
@@ -321,23 +344,32 @@ fn fail_over(c: &mut Cluster, n: usize, bound_s: f64) -> (Fault, Failover) {
         c.check_roles();
         std::thread::sleep(Duration::from_millis(50));
     }
-    f.end_ms = now_ms();
+    let back_up = |c: &mut Cluster| {
+        if freeze {
+            c.redis.signal(target, Signal::SIGCONT)
+        } else {
+            c.redis.restart(target)
+        }
+    };
     let Some(now) = promoted else {
         f.problems.push(format!(
             "Redis named no new primary within {:.0} s of the kill",
             start.elapsed().as_secs_f64()
         ));
-        if let Err(e) = c.redis.restart(target) {
+        if let Err(e) = back_up(c) {
             f.problems.push(e);
         }
+        f.end_ms = now_ms();
         return (f, one);
     };
-    if let Err(e) = c.redis.restart(target) {
+    if let Err(e) = back_up(c) {
         f.problems.push(e);
+        f.end_ms = now_ms();
         return (f, one);
     }
     one.notes.push(format!(
-        "restarted {:.1} s after the kill",
+        "{} {:.1} s after the kill",
+        if freeze { "woken" } else { "restarted" },
         start.elapsed().as_secs_f64()
     ));
     let back = Instant::now();
@@ -356,6 +388,7 @@ fn fail_over(c: &mut Cluster, n: usize, bound_s: f64) -> (Fault, Failover) {
         }
         c.idle(Duration::from_millis(200));
     }
+    f.end_ms = now_ms();
     (f, one)
 }
 

@@ -204,6 +204,8 @@ pub struct Args {
     mix: Mix,
     /// The roles' `[cluster] wait_replicas` (the failover profile).
     wait_replicas: u32,
+    /// The failover profile freezes the primary instead of killing it.
+    freeze: bool,
 }
 
 impl Args {
@@ -219,6 +221,9 @@ impl Args {
         if self.profile.name == "failover" {
             out += &format!(" --wait-replicas {}", self.wait_replicas);
         }
+        if self.freeze {
+            out += " --freeze";
+        }
         out
     }
 }
@@ -226,7 +231,7 @@ impl Args {
 /// What the command line takes.
 const USAGE: &str = "short, long, long-tasks or failover [--seed N] [--report PATH] \
                      [--redis single|cluster|sentinel|cluster-replicas] \
-                     [--workload mixed|plain|chains] [--wait-replicas N]";
+                     [--workload mixed|plain|chains] [--wait-replicas N] [--freeze]";
 
 /// Reads the command line; the profile's rates follow the workload asked for.
 fn args() -> Result<Args, String> {
@@ -236,6 +241,7 @@ fn args() -> Result<Args, String> {
     let mut redis = Topology::Single;
     let mut mix = None;
     let mut wait_replicas = None;
+    let mut freeze = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |what: &str| it.next().ok_or(format!("{a} needs {what}"));
@@ -250,6 +256,7 @@ fn args() -> Result<Args, String> {
                 let v = value(names)?;
                 redis = Topology::named(&v).ok_or(format!("--redis {v:?}: {names}"))?;
             }
+            "--freeze" => freeze = true,
             "--wait-replicas" => {
                 let v = value("a number of replicas")?;
                 wait_replicas = Some(
@@ -284,8 +291,8 @@ fn args() -> Result<Args, String> {
             format!("--redis {} is for the failover profile", redis.name())
         });
     }
-    if !failover && wait_replicas.is_some() {
-        return Err("--wait-replicas is for the failover profile".into());
+    if !failover && (wait_replicas.is_some() || freeze) {
+        return Err("--wait-replicas and --freeze are for the failover profile".into());
     }
     let mix = mix.unwrap_or(Mix::Mixed);
     match mix {
@@ -300,6 +307,7 @@ fn args() -> Result<Args, String> {
         redis,
         mix,
         wait_replicas: wait_replicas.unwrap_or(0),
+        freeze,
     })
 }
 
@@ -345,8 +353,16 @@ fn main() -> ExitCode {
     }
     let topology = match args.redis {
         Topology::Single => String::new(),
-        t if args.wait_replicas > 0 => format!("{}-w{}-", t.name(), args.wait_replicas),
-        t => format!("{}-", t.name()),
+        t => format!(
+            "{}{}{}-",
+            t.name(),
+            if args.wait_replicas > 0 {
+                format!("-w{}", args.wait_replicas)
+            } else {
+                String::new()
+            },
+            if args.freeze { "-freeze" } else { "" }
+        ),
     };
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "chaos/{}-{topology}{}-{}",
@@ -411,7 +427,7 @@ fn run(args: &Args, dir: &Path) -> report::Report {
     let shape = batch_shape(args);
     let mut report = report::Report::new(&args.profile, args.seed, args.command(), shape.clone());
     let mut failover = (args.profile.name == "failover")
-        .then(|| failover::Figures::new(args.redis, args.wait_replicas));
+        .then(|| failover::Figures::new(args.redis, args.wait_replicas, args.freeze));
     if failover.is_some() {
         report.kinds = vec![FaultKind::Failover];
     }

@@ -353,9 +353,17 @@ impl Report {
         let Some(fig) = &self.failover else { return };
         let _ = writeln!(
             s,
-            "\nFAILOVERS on Redis {}, wait_replicas = {}: work must flow again within {:.0} s \
-             of a kill ({})",
-            fig.topology, fig.wait_replicas, fig.bound_s, fig.bound
+            "\nFAILOVERS on Redis {}, wait_replicas = {}, the primary {}: work must flow again \
+             within {:.0} s of a kill ({})",
+            fig.topology,
+            fig.wait_replicas,
+            if fig.freeze {
+                "frozen, then woken"
+            } else {
+                "killed, then restarted"
+            },
+            fig.bound_s,
+            fig.bound
         );
         let t = |v: Option<f64>| v.map_or("never".to_string(), |v| format!("{v:.1} s"));
         for f in &fig.failovers {
