@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gaffer::redis_server::{RedisServer, RedisServerOptions};
+use gaffer::redis_server::{RedisServer, RedisServerOptions, SentinelOf};
 use nix::sys::signal::Signal;
 
 use crate::rng::Rng;
@@ -194,17 +194,17 @@ impl Redis {
     /// config file, which it rewrites) and waits until each knows the replica and the
     /// two others.
     fn start_sentinels(&mut self, dir: &Path) -> Result<(), String> {
-        let primary = self.nodes[0].port();
+        let of = SentinelOf {
+            name: SENTINEL_GROUP.into(),
+            primary_port: self.nodes[0].port(),
+            quorum: QUORUM as u32,
+            down_after: DOWN_AFTER,
+            failover_timeout: FAILOVER_TIMEOUT,
+        };
         let g = SENTINEL_GROUP;
-        let lines = vec![
-            format!("sentinel monitor {g} 127.0.0.1 {primary} {QUORUM}"),
-            format!("sentinel down-after-milliseconds {g} {}", ms(DOWN_AFTER)),
-            format!("sentinel failover-timeout {g} {}", ms(FAILOVER_TIMEOUT)),
-            format!("sentinel parallel-syncs {g} 1"),
-        ];
         for i in 1..=SENTINELS {
             let opts = RedisServerOptions {
-                sentinel: lines.clone(),
+                sentinel: Some(of.clone()),
                 ..RedisServerOptions::default()
             };
             let s = RedisServer::start(&dir.join(format!("sentinel-{i}")), opts)
