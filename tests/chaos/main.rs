@@ -12,6 +12,8 @@
 //! ```sh
 //! cargo test --test chaos -- short [--seed N] [--report PATH] \
 //!     [--redis single|cluster] [--workload mixed|plain|chains]
+//! cargo test --test chaos -- failover --redis sentinel|cluster-replicas \
+//!     [--wait-replicas N] [--freeze] [--seed N] [--report PATH] [--workload …]
 //! ```
 //!
 //! **Topology** (`--redis`): `single` (the default) is one redis-server; `cluster` is a
@@ -20,7 +22,23 @@
 //! keys hash to different nodes, so a chain's tasks live on three; a Redis fault hits one
 //! node, picked by the seed (killed and restarted from its AOF and `nodes.conf`, or
 //! frozen), which a cluster with full coverage required turns into an outage of every
-//! node once the others mark it failed. Nothing fails over: that is a later profile.
+//! node once the others mark it failed. Nothing fails over there: the failover profile's
+//! two topologies do, `sentinel` (a primary and a replica, each with AOF, under three
+//! Sentinels; the roles given a `redis+sentinel://` URL) and `cluster-replicas` (a Redis
+//! Cluster of three masters with a replica each; the roles given a master outside the
+//! failed shard), for the failover profile only.
+//!
+//! **Failover** (`failover.rs`, by hand, 1–2 minutes): the batch cluster and load; after
+//! a warm-up the primary serving the queue `chaos` is killed (kill -9; `--freeze`:
+//! SIGSTOP, woken once a replica took its place), the time until work flows again is
+//! measured (the first ack after the kill, from the records), the node comes back as a
+//! replica; twice. Then the drain and the same oracle, whose failover-made losses (lost,
+//! run twice, records wrong, counters) are counted as the failovers' cost. It fails when
+//! work does not resume within the topology's failover time + 5 s, when a task is lost
+//! with `--wait-replicas` ≥ 1 (the roles' `[cluster] wait_replicas`, left out at 0), or
+//! on any check of the batch profiles that no failover explains.
+//! `cargo test --test chaos -- failover-redis --redis sentinel|cluster-replicas` fails
+//! Redis over alone, without roles.
 //!
 //! **Workload** (`--workload`, the batch profiles): `mixed` (the default) sends plain
 //! tasks (12 a second) to the queue `chaos` and starts chains (1.5 a second) on the queue
@@ -45,8 +63,8 @@
 //! process was left behind; 1 otherwise; 2 for a bad command line.
 //!
 //! The files: `cluster.rs` (the roles as processes, all with PDEATHSIG and a marker
-//! variable, and the queues' config), `redis.rs` (one server or a cluster's nodes, with
-//! AOF), `procs.rs`, `faults.rs` (each fault injected and checked), `oracle.rs` (the
+//! variable, and the queues' config), `redis.rs` (one server, a cluster's nodes, a
+//! Sentinel group, with AOF), `failover.rs` (the failover profile), `procs.rs`, `faults.rs` (each fault injected and checked), `oracle.rs` (the
 //! producer, the handler's record, the verdict and its causes), `records.rs` (the record
 //! check), `chains.rs` (the chain workload and its check), `report.rs`, `longtasks.rs`
 //! with `long_handler.py` (the long-tasks profile: its oracle is lost = 0 and overlaps = 0
