@@ -177,14 +177,6 @@ impl RedisConn {
     pub fn is_cluster(&self) -> bool {
         matches!(self, RedisConn::Cluster(_))
     }
-
-    /// Through Sentinel: the primary it talks to and the failovers it followed.
-    pub fn primary(&self) -> Option<super::PrimaryFacts> {
-        match self {
-            RedisConn::Sentinel(c) => c.facts(),
-            _ => None,
-        }
-    }
 }
 
 impl ConnectionLike for RedisConn {

@@ -65,7 +65,7 @@ mod system;
 
 pub use chained::{ChainFacts, ChainPlace, FollowUpsEnqueued};
 pub use checks::{json_bytes, json_deeper_than, validate_queue_name};
-pub use client::QueueClient;
+pub use client::{QueueClient, RedisNode, Topology};
 pub use conn::{
     ConnectOptions, PemFile, PemKind, RedisConn, TlsFileError, TlsFiles, Waiter, pubsub, redacted,
     url_passwords, uses_tls,

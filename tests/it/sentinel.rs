@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use gaffer::queue_client::{ConnectOptions, NewTask, QueueClient};
+use gaffer::queue_client::{ConnectOptions, NewTask, QueueClient, RedisNode, Topology};
 use gaffer::redis_server::{RedisServer, RedisServerOptions, SentinelOf};
 
 use crate::harness::eventually;
@@ -170,8 +170,13 @@ async fn a_sentinel_url_follows_the_primary_when_it_dies() {
         .expect("connect through the sentinels");
     let first = group.data[0].port();
     assert_eq!(
-        client.connection().primary().map(|f| f.primary),
-        Some(format!("127.0.0.1:{first}"))
+        client.redis_node(),
+        RedisNode {
+            topology: Topology::Sentinel,
+            node: format!("127.0.0.1:{first}"),
+            failovers: 0,
+            last_failover: None,
+        }
     );
     enqueue_through(&client, "before", Duration::from_secs(5)).await;
     // The write is on the replica before the primary dies, so the failover keeps it.
@@ -187,12 +192,9 @@ async fn a_sentinel_url_follows_the_primary_when_it_dies() {
     group.data[0].kill();
     enqueue_through(&client, "after", Duration::from_secs(30)).await;
 
-    let facts = client
-        .connection()
-        .primary()
-        .expect("a sentinel connection");
+    let facts = client.redis_node();
     let second = group.data[1].port();
-    assert_eq!(facts.primary, format!("127.0.0.1:{second}"));
+    assert_eq!(facts.node, format!("127.0.0.1:{second}"));
     assert_eq!(facts.failovers, 1);
     assert!(facts.last_failover.is_some());
     assert_eq!(group.primary_port().await, second);
@@ -237,11 +239,8 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
     )
     .await;
     enqueue_through(&client, "after", Duration::from_secs(30)).await;
-    let facts = client
-        .connection()
-        .primary()
-        .expect("a sentinel connection");
-    assert_eq!(facts.primary, format!("127.0.0.1:{second}"));
+    let facts = client.redis_node();
+    assert_eq!(facts.node, format!("127.0.0.1:{second}"));
     assert_eq!(waiting_ids(&client).await, ["after", "before"]);
 }
 
