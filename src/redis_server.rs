@@ -235,6 +235,13 @@ impl RedisServer {
         })
     }
 
+    /// The options the next [`restart`](Self::restart) uses: a test changes them to
+    /// start the server as its operator would after a change (a replica's `replicaof`
+    /// dropped once it was promoted, say).
+    pub fn options_mut(&mut self) -> &mut RedisServerOptions {
+        &mut self.opts
+    }
+
     /// The port it listens on (loopback).
     pub fn port(&self) -> u16 {
         self.port
