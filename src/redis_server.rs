@@ -61,6 +61,25 @@ pub struct RedisServerOptions {
     /// Serve TLS only with these files (tests of `rediss://`); readiness is then read
     /// from the log, since a bare PING cannot reach a TLS port.
     pub tls: Option<ServerTls>,
+    /// Run as a Sentinel watching this primary instead of as a data server.
+    pub sentinel: Option<SentinelOf>,
+}
+
+/// What a Sentinel (`redis-server CONF --sentinel`) watches and how fast it acts. Its
+/// config file is written once, in its directory: Sentinel rewrites it with what it
+/// learns (the current primary, the other sentinels), and a restart reads that back.
+#[derive(Debug, Clone)]
+pub struct SentinelOf {
+    /// The name clients ask for (`redis+sentinel://…/NAME`).
+    pub name: String,
+    /// The primary's port on 127.0.0.1.
+    pub primary_port: u16,
+    /// Sentinels that must agree the primary is down before a failover.
+    pub quorum: u32,
+    /// How long the primary may not answer before a sentinel calls it down.
+    pub down_after: Duration,
+    /// Sentinel's `failover-timeout`: the pace of a failover and of a retry of one.
+    pub failover_timeout: Duration,
 }
 
 /// The PEM files of a TLS-only server: `port 0` and `tls-port` on its port (a cluster
@@ -109,6 +128,10 @@ impl RedisServer {
     fn spawn(&mut self) -> Result<(), RedisServerError> {
         let port = self.port;
         let mut cmd = Command::new("redis-server");
+        if let Some(of) = &self.opts.sentinel {
+            let conf = self.write_sentinel_conf(of)?;
+            cmd.arg(conf).arg("--sentinel");
+        }
         cmd.arg("--port")
             .arg(port.to_string())
             .arg("--bind")
@@ -117,10 +140,11 @@ impl RedisServer {
             .arg(&self.dir)
             .arg("--logfile")
             .arg("redis.log")
-            .arg("--save")
-            .arg("")
             .arg("--daemonize")
             .arg("no");
+        if self.opts.sentinel.is_none() {
+            cmd.args(["--save", ""]);
+        }
         if self.opts.appendonly {
             cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
         }
@@ -160,6 +184,29 @@ impl RedisServer {
         self.wait_ready(Duration::from_secs(20), log_start)
     }
 
+    /// The Sentinel's config file, written on its first start only (see [`SentinelOf`]).
+    fn write_sentinel_conf(&self, of: &SentinelOf) -> Result<PathBuf, RedisServerError> {
+        let path = self.dir.join("sentinel.conf");
+        if !path.exists() {
+            let name = &of.name;
+            let text = format!(
+                "sentinel monitor {name} 127.0.0.1 {} {}\n\
+                 sentinel down-after-milliseconds {name} {}\n\
+                 sentinel failover-timeout {name} {}\n\
+                 sentinel parallel-syncs {name} 1\n",
+                of.primary_port,
+                of.quorum,
+                of.down_after.as_millis(),
+                of.failover_timeout.as_millis(),
+            );
+            std::fs::write(&path, text).map_err(|source| RedisServerError::Io {
+                port: self.port,
+                source,
+            })?;
+        }
+        Ok(path)
+    }
+
     /// Waits until it answers PING, or (TLS) until its log, past `log_start` (where this
     /// start's lines begin), says it is ready.
     fn wait_ready(&mut self, limit: Duration, log_start: u64) -> Result<(), RedisServerError> {
@@ -186,6 +233,13 @@ impl RedisServer {
             waited: start.elapsed(),
             log: self.log_tail(20),
         })
+    }
+
+    /// The options the next [`restart`](Self::restart) uses: a test changes them to
+    /// start the server as its operator would after a change (a replica's `replicaof`
+    /// dropped once it was promoted, say).
+    pub fn options_mut(&mut self) -> &mut RedisServerOptions {
+        &mut self.opts
     }
 
     /// The port it listens on (loopback).

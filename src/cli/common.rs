@@ -216,8 +216,8 @@ fn refuse_tls_files_over_plain(cfg: &Config, url: &str) -> Result<(), CliError> 
     .into_iter()
     .find_map(|(key, f)| f.as_ref().map(|_| key));
     match set {
-        Some(key) if !url.starts_with("rediss://") => Err(CliError::Usage(format!(
-            "[cluster].{key} is set, but the Redis URL in use ({}) is not rediss://: refusing to connect without TLS (use a rediss:// URL, or drop the TLS files)",
+        Some(key) if !crate::queue_client::uses_tls(url) => Err(CliError::Usage(format!(
+            "[cluster].{key} is set, but the Redis URL in use ({}) is not rediss:// (or rediss+sentinel://): refusing to connect without TLS (use a rediss:// URL, or drop the TLS files)",
             redacted(url)
         ))),
         _ => Ok(()),

@@ -14,9 +14,10 @@
 //!   writer's fencing epoch and a version.
 //! - `NS:{cluster}:lease`, `NS:{cluster}:epoch`: the manager's leadership (see
 //!   `manager`).
-//! - `NS:{cluster}:config`: hash {version, source, stamp}: the config published by
-//!   `gaffer config apply`; `stamp` is `VERSION:SHA256` of the text (absent, or of
-//!   another version, when a build from before it applied).
+//! - `NS:{cluster}:config`: hash {version, source, stamp, published_us}: the config
+//!   published by `gaffer config apply`; `stamp` is `VERSION:SHA256` of the text (absent,
+//!   or of another version, when a build from before it applied); `published_us` Redis's
+//!   time of the apply (absent, or an older apply's, likewise).
 //! - `NS:{cluster}:paused`, `NS:{cluster}:draining`: sets of paused queues and draining
 //!   hosts, written by `gaffer pause|resume|drain`.
 //! - `NS:{cluster}:decisions`: JSON of the manager's last decision per queue.
@@ -38,7 +39,9 @@
 //! another version is not adopted again, and a version that did not go up, or a config
 //! gone, is warned about. [`publish_config`] writes `stamp` = `VERSION:SHA256` beside the
 //! text, so a tick with nothing new reads two short fields; a stamp naming another version
-//! (an older build's apply left it) or none means the text is read and compared.
+//! (an older build's apply left it) or none means the text is read and compared. A text
+//! published before the one read (Redis went back to an older apply: a failover to a
+//! replica that lagged) is not adopted; the leader publishes the one in force again.
 
 pub mod snapshot;
 
@@ -405,7 +408,9 @@ pub async fn write_map_unfenced(
 /// two concurrent applies never share a version. Returns the version.
 ///
 /// Beside the version and the text it writes their `stamp`, `VERSION:SHA256`, so that a
-/// role can tell from two short fields that nothing changed. An apply of a build from
+/// role can tell from two short fields that nothing changed, and `published_us`, Redis's
+/// time of the apply, so that a role can tell an older config (Redis failed over to a
+/// replica that had not received the newer one) from a newer one whose version restarted. An apply of a build from
 /// before the stamp leaves it as it was: a stamp whose version is not the hash's is
 /// ignored, and the text compared instead.
 pub async fn publish_config(
@@ -415,7 +420,10 @@ pub async fn publish_config(
 ) -> Result<u64, QueueError> {
     let version: u64 = redis::Script::new(
         "local v = redis.call('HINCRBY', KEYS[1], 'version', 1) \
-         redis.call('HSET', KEYS[1], 'source', ARGV[1], 'stamp', v .. ':' .. ARGV[2]) return v",
+         local t = redis.call('TIME') \
+         local us = string.format('%d', t[1] * 1000000 + t[2]) \
+         redis.call('HSET', KEYS[1], 'source', ARGV[1], 'stamp', v .. ':' .. ARGV[2], \
+           'published_us', us) return v",
     )
     .key(keys.config())
     .arg(source)
@@ -445,6 +453,9 @@ pub struct ConfigSeen {
     pub version: u64,
     /// The SHA-256 of the text read last ([`sha256_hex`]); `None` until one was read.
     pub sha256: Option<String>,
+    /// When the text read last was published (Redis's clock, Unix µs; 0 for an apply of a
+    /// build that did not say).
+    pub published_us: u64,
 }
 
 /// A published config whose text differs from the one a role read last.
@@ -467,6 +478,9 @@ pub struct ConfigRead {
     pub seen: ConfigSeen,
     /// The published config, when its text is not the one seen before.
     pub changed: Option<Published>,
+    /// Redis holds a config published before the one seen (it failed over to a replica
+    /// that lagged): not adopted; a leader publishes the one it runs again.
+    pub behind: bool,
 }
 
 /// The config published now, when its text differs from the one `seen` names, parsed
@@ -495,18 +509,35 @@ pub async fn changed_config(
         return Ok(same_text(seen, version));
     }
     // The text read with its own version, in one call: another apply may have come since.
-    let (version, source): (Option<u64>, Option<String>) = redis::cmd("HMGET")
-        .arg(keys.config())
-        .arg("version")
-        .arg("source")
-        .query_async(conn)
-        .await?;
+    let (version, source, published_us): (Option<u64>, Option<String>, Option<u64>) =
+        redis::cmd("HMGET")
+            .arg(keys.config())
+            .arg("version")
+            .arg("source")
+            .arg("published_us")
+            .query_async(conn)
+            .await?;
     let (Some(version), Some(source)) = (version, source) else {
         return Ok(gone(seen));
     };
+    let published_us = published_us.unwrap_or(0);
     let sha = sha256_hex(&source);
     if seen.sha256.as_deref() == Some(sha.as_str()) {
         return Ok(same_text(seen, version));
+    }
+    // (0: an apply of a build that did not say; compared by its text alone, as before)
+    if published_us > 0 && published_us < seen.published_us {
+        tracing::warn!(
+            version,
+            published_us,
+            running_published_us = seen.published_us,
+            "redis holds a config published before the one in force (it failed over to a replica that lagged?): not adopted; the leading manager publishes the one in force again"
+        );
+        return Ok(ConfigRead {
+            seen: seen.clone(),
+            changed: None,
+            behind: true,
+        });
     }
     if seen.sha256.is_some() && version <= seen.version {
         tracing::warn!(
@@ -521,12 +552,14 @@ pub async fn changed_config(
         seen: ConfigSeen {
             version,
             sha256: Some(sha),
+            published_us,
         },
         changed: Some(Published {
             version,
             source,
             config,
         }),
+        behind: false,
     })
 }
 
@@ -557,8 +590,10 @@ fn same_text(seen: &ConfigSeen, version: u64) -> ConfigRead {
         seen: ConfigSeen {
             version,
             sha256: seen.sha256.clone(),
+            published_us: seen.published_us,
         },
         changed: None,
+        behind: false,
     }
 }
 
@@ -575,8 +610,10 @@ fn gone(seen: &ConfigSeen) -> ConfigRead {
         seen: ConfigSeen {
             version: 0,
             sha256: seen.sha256.clone(),
+            published_us: seen.published_us,
         },
         changed: None,
+        behind: false,
     }
 }
 

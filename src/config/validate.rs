@@ -384,7 +384,7 @@ fn cluster_tls(c: &mut Collector, files: [S<String>; 3], out: &mut ClusterConfig
     let plain_url = out
         .redis
         .as_deref()
-        .is_some_and(|u| !u.starts_with("rediss://"));
+        .is_some_and(|u| !crate::queue_client::uses_tls(u));
     if plain_url
         && let Some((name, f)) = keys
             .iter()

@@ -297,10 +297,15 @@ fn sentence_fragment(text: &str) -> String {
 pub fn check_redis_url(url: &str) -> Result<(), String> {
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(
-            "invalid redis URL, expected redis://HOST[:PORT][/DB], rediss://… or redis+unix:///PATH"
+            "invalid redis URL, expected redis://HOST[:PORT][/DB], rediss://…, redis+unix:///PATH or redis+sentinel://HOST:PORT,…/NAME"
                 .into(),
         );
     };
+    if let Some(parsed) = crate::queue_client::SentinelUrl::parse(url) {
+        return parsed
+            .map(|_| ())
+            .map_err(|e| format!("invalid redis URL: {e}"));
+    }
     match scheme {
         "redis" | "rediss" => {
             let (rest, fragment) = match rest.split_once('#') {
@@ -363,7 +368,10 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
             }
             check_query(query)
         }
-        _ => Err("invalid redis URL scheme, expected redis://, rediss:// or redis+unix://".into()),
+        _ => Err(
+            "invalid redis URL scheme, expected redis://, rediss://, redis+unix:// or redis+sentinel://"
+                .into(),
+        ),
     }
 }
 
@@ -540,6 +548,8 @@ mod tests {
             "redis://h/?protocol=resp3",
             "redis+unix:///run/redis/redis.sock",
             "redis+unix:///run/redis.sock?db=3",
+            "redis+sentinel://s1:26379,s2:26379,s3/gaffer/0",
+            "rediss+sentinel://app:pw@s1:26379/gaffer?sentinel_password=x",
         ] {
             assert_eq!(check_redis_url(ok), Ok(()), "{ok}");
         }
@@ -552,6 +562,8 @@ mod tests {
             "redis://host:99999",
             "redis://host/db1",
             "redis+unix://relative.sock",
+            "redis+sentinel://s1:26379",
+            "redis+sentinel://s1:x/gaffer",
             "redis://0.0.0.0",
             "redis://host#insecure",
         ] {

@@ -5,7 +5,7 @@
 //!
 //! The fenced writes (ARCHITECTURE.md, invariant 19), all made through
 //! `Leadership::fenced`: the map, the balancer's decisions with the hosts' liveness, each
-//! schedule claim and skip, the deletion of a silent host's report (compare-and-delete) and epoch
+//! schedule claim and skip, the config in force published again over an older one, the deletion of a silent host's report (compare-and-delete) and epoch
 //! raises. Each compares the lease value with `id:epoch` in the same step (all `{cluster}`
 //! keys share one hash slot), so a manager paused past its lease is refused the moment it
 //! wakes. Masters also ignore maps of a lower epoch than they have seen, and report the
@@ -75,6 +75,18 @@ if epoch <= floor then
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. string.format('%d', epoch), 'KEEPTTL')
 return epoch
+";
+
+/// Publish the config in force again (ARGV[3], its SHA-256 ARGV[4], published at ARGV[5])
+/// if the lease is still `id:epoch`: Redis went back to an older one. Its publish time is
+/// kept, so it stays newer than the one it replaces. Returns the version, or 0 when
+/// fenced off.
+const REPUBLISH_CONFIG: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+local v = redis.call('HINCRBY', KEYS[2], 'version', 1)
+redis.call('HSET', KEYS[2], 'source', ARGV[3], 'stamp', v .. ':' .. ARGV[4],
+  'published_us', ARGV[5])
+return v
 ";
 
 /// Delete a host's report if the lease is still `id:epoch` and the report is still the
@@ -248,6 +260,27 @@ impl Leadership {
             .await?;
         self.epoch = epoch;
         Ok(epoch > 0)
+    }
+
+    /// Publishes `source`, the config in force, again with its publish time `published_us`
+    /// (Redis holds an older one); false when fenced off.
+    pub async fn republish_config(
+        &mut self,
+        conn: &mut RedisConn,
+        source: &str,
+        published_us: u64,
+    ) -> Result<bool, QueueError> {
+        let version: u64 = self
+            .fenced(&Script::new(REPUBLISH_CONFIG), self.keys.config())
+            .arg(source)
+            .arg(crate::cluster::sha256_hex(source))
+            .arg(published_us)
+            .invoke_async(conn)
+            .await?;
+        if version == 0 {
+            self.epoch = 0;
+        }
+        Ok(version > 0)
     }
 
     /// Deletes `host`'s report if it is still `report` (its JSON as read); None when fenced

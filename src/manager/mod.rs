@@ -147,6 +147,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         outage: OutageLog::default(),
         clock: Instant::now(),
         config_seen: cluster::ConfigSeen::default(),
+        config_source: None,
         leading: false,
         registered: BTreeSet::new(),
         firing: schedules::Firing::default(),
@@ -220,6 +221,8 @@ struct Manager {
     ring_keys: ring::RingKeys,
     /// The published config read last: one with another text is adopted.
     config_seen: cluster::ConfigSeen,
+    /// The text of the published config in force, once one was adopted.
+    config_source: Option<String>,
     leading: bool,
     /// Queue names this leadership has added to the registry (`Keys::queues`); emptied
     /// when leadership goes, so a leader registers its config's names again (Redis may
@@ -428,6 +431,33 @@ impl Manager {
         }
     }
 
+    /// Redis holds a config published before the one in force (it failed over to a
+    /// replica that lagged): a leader publishes the one in force again, under its first
+    /// publish time, so every role (one started since too) runs it, not the older one.
+    async fn republish_config(&mut self) {
+        let Some(source) = self.config_source.clone() else {
+            return;
+        };
+        if self.leadership.epoch() == 0 {
+            return; // the leader does it
+        }
+        let published_us = self.config_seen.published_us;
+        match self
+            .leadership
+            .republish_config(&mut self.conn, &source, published_us)
+            .await
+        {
+            Ok(true) => tracing::warn!(
+                published_us,
+                "redis held an older config than the one in force; published the one in force again"
+            ),
+            Ok(false) => self.fenced_off(),
+            Err(e) => self
+                .outage
+                .failed("publishing the config in force again failed", &e),
+        }
+    }
+
     async fn adopt_published_config(&mut self) {
         let read = cluster::changed_config(
             &mut self.conn,
@@ -437,6 +467,10 @@ impl Manager {
         )
         .await;
         let published = match read {
+            Ok(read) if read.behind => {
+                self.republish_config().await;
+                return;
+            }
             Ok(read) => {
                 self.config_seen = read.seen;
                 read.changed
@@ -463,6 +497,7 @@ impl Manager {
                     );
                 }
                 self.opts.config = cfg;
+                self.config_source = Some(published.source);
                 self.firing.config_changed();
                 // (three ticks of the new tick: see lease_ttl)
                 self.leadership.set_ttl(self.opts.lease_ttl());
@@ -508,7 +543,11 @@ impl Manager {
         if !self.forget_silent_hosts(&mut reports).await? {
             return Ok(());
         }
-        if !self.epoch_above_the_masters(&reports).await? {
+        let current = cluster::read_map(&mut self.conn, &self.keys).await?;
+        if !self
+            .epoch_above_the_masters(&reports, current.as_ref())
+            .await?
+        {
             return Ok(());
         }
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
@@ -518,7 +557,6 @@ impl Manager {
         let sample = self.sample(&queue_stats, &reports);
         let period = self.recorder.observe(&sample, now_ms, hosts_now(&hosts));
         let stats = self.windows(sample, &queue_stats);
-        let current = cluster::read_map(&mut self.conn, &self.keys).await?;
         if !self.window.has_rates() {
             return self.hold(current).await;
         }
@@ -602,10 +640,14 @@ impl Manager {
 
     /// Raises this leader's epoch past every epoch a master reports having seen, should
     /// one be as high: the epoch counter restarted (Redis lost its data, or was replaced),
-    /// and those masters would ignore every map of this leader. False when fenced off.
+    /// and those masters would ignore every map of this leader. Likewise when a master
+    /// runs a map of this epoch newer than the `stored` one: Redis lost the newer map (a
+    /// failover to a lagging replica), and masters ignore older maps of an epoch; under a
+    /// new epoch the next map is newer than anything they read. False when fenced off.
     async fn epoch_above_the_masters(
         &mut self,
         reports: &BTreeMap<String, HostReport>,
+        stored: Option<&SlotMap>,
     ) -> anyhow::Result<bool> {
         let was = self.leadership.epoch();
         // An epoch no leader change could reach (a corrupt report) is not followed.
@@ -615,7 +657,11 @@ impl Manager {
             .filter(|&e| e < MAX_EPOCH)
             .max()
             .unwrap_or(0);
-        if seen <= was {
+        let stored_version = stored.filter(|m| m.epoch == was).map_or(0, |m| m.version);
+        let lost_map = reports
+            .values()
+            .any(|r| r.map_epoch == was && r.map_version > stored_version);
+        if seen < was || (seen == was && !lost_map) {
             return Ok(true);
         }
         if !self.leadership.raise_epoch(&mut self.conn, seen).await? {
@@ -623,6 +669,7 @@ impl Manager {
             return Ok(false);
         }
         telemetry::EpochRaised {
+            lost_map: seen == was,
             was,
             seen,
             epoch: self.leadership.epoch(),

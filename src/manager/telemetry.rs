@@ -49,8 +49,11 @@ impl LeadershipChanged<'_> {
     }
 }
 
-/// The leader raised its epoch past one a master had seen: the epoch counter restarted.
+/// The leader raised its epoch past one a master had seen: the epoch counter restarted, or
+/// Redis lost a map this leader wrote.
 pub(crate) struct EpochRaised {
+    /// Why: a master ran a map of this epoch newer than the one Redis holds.
+    pub(crate) lost_map: bool,
     /// The leader's epoch before.
     pub(crate) was: u64,
     /// The highest epoch a master reported.
@@ -62,13 +65,26 @@ pub(crate) struct EpochRaised {
 impl EpochRaised {
     /// Logs it and sets the epoch gauge.
     pub(crate) fn emit(&self) {
-        let Self { was, seen, epoch } = *self;
-        tracing::warn!(
+        let Self {
+            lost_map,
             was,
             seen,
             epoch,
-            "a master has seen a higher epoch than this leader's (the epoch counter restarted: did redis lose its data?); raised past it"
-        );
+        } = *self;
+        if lost_map {
+            tracing::warn!(
+                was,
+                epoch,
+                "a master runs a newer map of this epoch than redis holds (did redis fail over to a lagging replica?); raised the epoch and writes the map anew"
+            );
+        } else {
+            tracing::warn!(
+                was,
+                seen,
+                epoch,
+                "a master has seen a higher epoch than this leader's (the epoch counter restarted: did redis lose its data?); raised past it"
+            );
+        }
         gauge!("gaffer_manager_epoch").set(epoch as f64);
     }
 }

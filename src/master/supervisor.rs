@@ -149,7 +149,8 @@ impl RedisLink {
 pub(super) struct Orders {
     /// The newest slot map read; this host's part of it is what the slots follow.
     pub(super) map: Option<SlotMap>,
-    /// The highest manager epoch seen: a map of a lower one is a stale manager's.
+    /// The highest manager epoch seen: a map of a lower one is a stale manager's, and one
+    /// of this epoch older than `map` was lost by Redis (ARCHITECTURE.md, invariant 19).
     pub(super) max_epoch: u64,
     /// `gaffer drain HOST`: no slots here, but the master stays up and reporting.
     pub(super) drain_requested: bool,
@@ -485,6 +486,22 @@ impl Master {
                     epoch = map.epoch,
                     highest = orders.max_epoch,
                     "ignoring a slot map from a stale manager"
+                );
+            }
+            // The same leader's map, older than one already read: Redis went back in time
+            // (a replica that had not received the newer one was promoted). The leader
+            // sees the version this host reports and writes past it.
+            Ok(Some(map))
+                if orders
+                    .map
+                    .as_ref()
+                    .is_some_and(|m| m.epoch == map.epoch && map.version < m.version) =>
+            {
+                tracing::warn!(
+                    epoch = map.epoch,
+                    version = map.version,
+                    newest = orders.map.as_ref().map_or(0, |m| m.version),
+                    "ignoring a slot map older than one already read (did redis fail over to a lagging replica?)"
                 );
             }
             Ok(Some(map)) => {

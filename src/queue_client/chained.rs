@@ -13,7 +13,7 @@ use redis::Value;
 use super::enqueue::EnqueueReply;
 use super::meta::MetaChain;
 use super::scripts::SCRIPTS;
-use super::{LeasedTask, NewTask, Queue, QueueError, RedisConn};
+use super::{LeasedTask, NewTask, Queue, QueueError};
 
 /// A parent task's place in a chain, as its meta says it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,7 +128,7 @@ impl Queue {
         parents_queue: &Queue,
         parents: &[&LeasedTask],
     ) -> Result<FollowUpsEnqueued, QueueError> {
-        if !matches!(self.conn, RedisConn::Single(_)) {
+        if self.conn.is_cluster() {
             return Err(QueueError::Invalid(
                 "a lease check and an enqueue share a call on one server only".into(),
             ));

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::conn::{self, Target};
+use super::record::rfc3339;
 use super::scripts::Keys;
 use super::validate_queue_name;
 use super::{
@@ -12,12 +13,50 @@ use super::{
     redacted,
 };
 
+/// How a role reaches Redis: one server, a Redis Cluster, or the primary that sentinels
+/// name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Topology {
+    /// One server (`redis://`, `rediss://`, `redis+unix://`).
+    Single,
+    /// A Redis Cluster.
+    Cluster,
+    /// A primary and its replicas under Sentinel (`redis+sentinel://`).
+    Sentinel,
+}
+
+/// Which Redis node a role talks to and the failovers it followed: `/status`, the host
+/// reports and `gaffer stats` show it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RedisNode {
+    /// How it reaches Redis.
+    pub topology: Topology,
+    /// `host:port` of the server or of the primary it talks to now; for a cluster, the
+    /// URL it was given (it talks to every master).
+    pub node: String,
+    /// How many times it saw another primary named (Sentinel; 0 otherwise).
+    pub failovers: u64,
+    /// When it last did, RFC 3339.
+    pub last_failover: Option<String>,
+}
+
+fn rfc3339_of(t: std::time::SystemTime) -> String {
+    let ms = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    rfc3339(ms)
+}
+
 /// A connection to the queues of one namespace.
 #[derive(Clone)]
 pub struct QueueClient {
     conn: RedisConn,
     target: Target,
     namespace: Arc<str>,
+    /// The URL it connected with, its passwords hidden.
+    origin: Arc<str>,
+    /// How its queues' writes are confirmed on replicas (durability.rs).
     durability: Durability,
 }
 
@@ -33,6 +72,7 @@ impl QueueClient {
             conn,
             target,
             namespace: namespace.into(),
+            origin: redacted(url).into(),
             durability: opts.durability,
         })
     }
@@ -115,6 +155,37 @@ impl QueueClient {
     /// The shared connection, for commands outside the queue API.
     pub fn connection(&self) -> RedisConn {
         self.conn.clone()
+    }
+
+    /// Which Redis it talks to and the failovers it followed, for status pages.
+    pub fn redis_node(&self) -> RedisNode {
+        match &self.target {
+            Target::Single(client) => RedisNode {
+                topology: Topology::Single,
+                node: client.get_connection_info().addr().to_string(),
+                failovers: 0,
+                last_failover: None,
+            },
+            // A cluster's client talks to every master; the node named is the one it
+            // was pointed at, and its failovers are the cluster's own business.
+            Target::Cluster(_) => RedisNode {
+                topology: Topology::Cluster,
+                node: self.origin.to_string(),
+                failovers: 0,
+                last_failover: None,
+            },
+            Target::Sentinel(conn) => {
+                let facts = conn.facts();
+                RedisNode {
+                    topology: Topology::Sentinel,
+                    node: facts
+                        .as_ref()
+                        .map_or_else(String::new, |f| f.primary.clone()),
+                    failovers: facts.as_ref().map_or(0, |f| f.failovers),
+                    last_failover: facts.and_then(|f| f.last_failover).map(rfc3339_of),
+                }
+            }
+        }
     }
 
     /// The key namespace.

@@ -23,6 +23,7 @@ use redis::{
 use serde::{Deserialize, Serialize};
 
 use super::QueueError;
+use super::sentinel::{SentinelConn, SentinelUrl};
 
 /// How to reach Redis and how patient to be with it. Its `Debug` hides the password.
 #[derive(Clone)]
@@ -129,7 +130,7 @@ impl PemFile {
 
 impl TlsFiles {
     /// The redis crate's form of the files.
-    fn certificates(&self) -> TlsCertificates {
+    pub(crate) fn certificates(&self) -> TlsCertificates {
         TlsCertificates {
             client_tls: self.client.as_ref().map(|(cert, key)| ClientTlsConfig {
                 client_cert: cert.pem.clone(),
@@ -172,6 +173,16 @@ pub enum RedisConn {
     Single(ConnectionManager),
     /// A Redis Cluster; commands are routed by the hash slot of their first key.
     Cluster(ClusterConnection),
+    /// The primary a group of sentinels names, followed across failovers.
+    Sentinel(SentinelConn),
+}
+
+impl RedisConn {
+    /// Whether keys spread over the nodes of a Redis Cluster (a call reaching keys of two
+    /// hash slots works on one server only, whether the sentinels name it or not).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisConn::Cluster(_))
+    }
 }
 
 impl ConnectionLike for RedisConn {
@@ -179,6 +190,7 @@ impl ConnectionLike for RedisConn {
         match self {
             RedisConn::Single(c) => c.req_packed_command(cmd),
             RedisConn::Cluster(c) => c.req_packed_command(cmd),
+            RedisConn::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -191,6 +203,7 @@ impl ConnectionLike for RedisConn {
         match self {
             RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -198,6 +211,7 @@ impl ConnectionLike for RedisConn {
         match self {
             RedisConn::Single(c) => c.get_db(),
             RedisConn::Cluster(c) => c.get_db(),
+            RedisConn::Sentinel(c) => c.get_db(),
         }
     }
 }
@@ -208,6 +222,7 @@ pub(crate) enum Target {
     // Boxed like the cluster's: with TLS a client carries its certificates.
     Single(Box<Client>),
     Cluster(Box<ClusterClient>),
+    Sentinel(SentinelConn),
 }
 
 /// Connects, detects a cluster, and returns the shared connection plus the means to open
@@ -216,6 +231,16 @@ pub(crate) async fn connect(
     url: &str,
     opts: &ConnectOptions,
 ) -> Result<(RedisConn, Target), QueueError> {
+    if let Some(parsed) = SentinelUrl::parse(url) {
+        let parsed = parsed.map_err(|e| QueueError::Invalid(format!("bad redis url: {e}")))?;
+        let conn = SentinelConn::connect(&parsed, opts)
+            .await
+            .map_err(|e| match e {
+                QueueError::Redis(e) => connect_error(url, e, opts),
+                other => other,
+            })?;
+        return Ok((RedisConn::Sentinel(conn.clone()), Target::Sentinel(conn)));
+    }
     let (client, info) = client(url, opts)?;
     let probe_cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(opts.connect_timeout))
@@ -332,7 +357,15 @@ fn certificate_reason(detail: &str, opts: &ConnectOptions) -> String {
 /// A connection dedicated to pub/sub on the server `url` names. On a Redis Cluster that is
 /// one node, which is enough: a PUBLISH on any node reaches the subscribers of every node.
 pub async fn pubsub(url: &str, opts: &ConnectOptions) -> Result<redis::aio::PubSub, QueueError> {
-    let (client, _) = client(url, opts)?;
+    let client = match SentinelUrl::parse(url) {
+        // A subscription lives on the primary: the one named now (after a failover the
+        // subscription drops, and its owner subscribes again, asking anew).
+        Some(_) => match connect(url, opts).await? {
+            (_, Target::Sentinel(conn)) => conn.primary_client().await?,
+            _ => unreachable!("a sentinel url connects through sentinels"),
+        },
+        None => client(url, opts)?.0,
+    };
     let pubsub = tokio::time::timeout(opts.connect_timeout, client.get_async_pubsub())
         .await
         .map_err(|_| QueueError::Connect {
@@ -357,8 +390,13 @@ pub fn redacted(url: &str) -> String {
     out
 }
 
+/// Whether connections to the URL's servers use TLS: `rediss://` and `rediss+sentinel://`.
+pub fn uses_tls(url: &str) -> bool {
+    url.starts_with("rediss://") || url.starts_with("rediss+sentinel://")
+}
+
 /// The query parameters of a Redis URL that hold a password.
-const PASSWORD_PARAMS: [&str; 2] = ["pass", "password"];
+const PASSWORD_PARAMS: [&str; 3] = ["pass", "password", "sentinel_password"];
 
 /// The passwords a Redis URL holds, as written: its user info's, and its query's
 /// `pass=` / `password=` values (empty ones left out).
@@ -457,6 +495,17 @@ impl Waiter {
                 let cfg = redis::cluster::ClusterConfig::new().set_response_timeout(long);
                 WaitConn::Cluster(cluster.get_async_connection_with_config(cfg).await?)
             }
+            Target::Sentinel(conn) => {
+                let cfg = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(2)))
+                    .set_response_timeout(Some(long));
+                let client = conn.primary_client().await?;
+                WaitConn::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?,
+                )
+            }
         })
     }
 }
@@ -498,6 +547,10 @@ mod tests {
         assert_eq!(
             redacted("unix:///run/redis.sock?db=1&Password=s3cret"),
             "unix:///run/redis.sock?db=1&Password=***"
+        );
+        assert_eq!(
+            redacted("redis+sentinel://app:s3cret@s1:26379,s2/main/0?sentinel_password=t0p"),
+            "redis+sentinel://app:***@s1:26379,s2/main/0?sentinel_password=***"
         );
         assert_eq!(
             redacted("redis://gaffer:s3cret@host/0?protocol=resp3"),

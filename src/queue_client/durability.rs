@@ -18,7 +18,8 @@
 //!   `FCALL`'s first key, on that slot's primary. `WAIT`, which names no key, would go to
 //!   every primary alone; inside the pipeline it follows the `FCALL` to the node that ran
 //!   it, and counts that node's replicas. A redirection (`MOVED`) sends the pipeline again,
-//!   whole, to the new owner.
+//!   whole, to the new owner. Behind Sentinel the pipeline goes, as every call does, to
+//!   the one connection to the current primary (`sentinel.rs`).
 //! - **What a failure means.** Fewer than `wait_replicas` acknowledgements within
 //!   `wait_timeout` is [`QueueError::NotConfirmed`]: the write *was* done on the primary,
 //!   it is only not known to be on a replica. It is transient, so every path that retries

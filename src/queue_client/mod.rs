@@ -34,7 +34,7 @@
 //! `checks` (input checks other modules share), `reply` (decoding script replies), `meta`
 //! (a task's meta, read in one place), `args` (the heads of the busiest functions'
 //! arguments), `block` (packets, runs and batch leases as Rust sees them), `conn`
-//! (connections), `outage`, `scripts` (the Lua library, its calls and the keys), `system`
+//! (connections), `sentinel` (following the primary a group of sentinels names), `outage`, `scripts` (the Lua library, its calls and the keys), `system`
 //! (external systems: the run-time switch and the rate bucket), `layout` (the layout
 //! version a queue's data is in) and `migrate` (moving a queue to the current one).
 
@@ -61,15 +61,16 @@ mod queue;
 mod record;
 mod reply;
 mod scripts;
+mod sentinel;
 mod stats;
 mod system;
 
 pub use chained::{ChainFacts, ChainPlace, FollowUpsEnqueued};
 pub use checks::{json_bytes, json_deeper_than, validate_queue_name};
-pub use client::QueueClient;
+pub use client::{QueueClient, RedisNode, Topology};
 pub use conn::{
     ConnectOptions, PemFile, PemKind, RedisConn, TlsFileError, TlsFiles, Waiter, pubsub, redacted,
-    url_passwords,
+    url_passwords, uses_tls,
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
 pub use dead::DeadTask;
@@ -93,6 +94,7 @@ pub use record::{
     HistoryEntry, LIST_CALL_BUDGET, ListPage, ListQuery, RecordMemory, RecordState, TaskRecord,
     rfc3339,
 };
+pub use sentinel::{PrimaryFacts, SentinelConn, SentinelUrl};
 pub use stats::QueueStats;
 pub use system::{
     SweepProgress, Switches, SystemChange, SystemError, SystemState, bucket_key,

@@ -22,7 +22,7 @@ use crate::config::{QueueConfig, RouteOn};
 use crate::host::handler::Outcome;
 use crate::queue_client::{
     ChainFacts, ChainPlace, FollowUpsEnqueued, LeasedTask, MAX_ID_LEN, NewTask, Queue, QueueClient,
-    QueueError, RecordState, RedisConn, SettleResult, TaskChain,
+    QueueError, RecordState, SettleResult, TaskChain,
 };
 
 /// Longest pause between attempts to create a batch's follow-ups while Redis fails.
@@ -296,7 +296,7 @@ impl FollowUps {
             .filter(|&i| on_failed || !matches!(outcomes[i], Outcome::Retry { .. }))
             .collect();
         // (on one server the check is part of the children's first call: `enqueue`)
-        let single = matches!(self.client.connection(), RedisConn::Single(_));
+        let single = !self.client.connection().is_cluster();
         if !single {
             self.keep_held(tasks, &mut candidates).await?;
         }

@@ -1,5 +1,6 @@
 //! The cluster under test, all on this machine: Redis with AOF (appendfsync always: one
-//! server, or a 3-master Redis Cluster, `redis.rs`), managers and masters as real `gaffer`
+//! server, a 3-master Redis Cluster, or for the failover profile a Sentinel group or a
+//! cluster with replicas, `redis.rs`), managers and masters as real `gaffer`
 //! processes with distinct host names and HTTP ports, and the exec queues whose handler
 //! records every task it receives: the plain queue, and the chain workload's two
 //! (`chains.rs`).
@@ -57,6 +58,9 @@ pub struct Shape {
     pub lease_ms: u64,
     /// What the queue runs.
     pub workload: Workload,
+    /// The roles' `[cluster] wait_replicas` (written only when above 0): how many
+    /// replicas must have a write before Redis's answer counts.
+    pub wait_replicas: u32,
 }
 
 /// What the queue under test runs.
@@ -813,14 +817,20 @@ fn config_text(redis: &str, handler: &Path, s: &Shape) -> String {
 }
 
 /// The config's cluster, manager and master tables: every profile's.
-fn roles_config_text(redis: &str, max_per_host: u32) -> String {
+fn roles_config_text(redis: &str, max_per_host: u32, wait_replicas: u32) -> String {
     // A tick of 500 ms makes the manager's lease 3 s, so a manager frozen for a few
-    // seconds loses it; drain_timeout bounds how long a stopping slot may take.
+    // seconds loses it; drain_timeout bounds how long a stopping slot may take. The
+    // failover profile's `wait_replicas` is left out at 0, its default.
+    let wait = if wait_replicas > 0 {
+        format!("wait_replicas = {wait_replicas}\n")
+    } else {
+        String::new()
+    };
     format!(
         r#"[cluster]
 redis = "{redis}"
 namespace = "{NAMESPACE}"
-
+{wait}
 [manager]
 tick = "500ms"
 heartbeat_timeout = "3s"
@@ -845,7 +855,7 @@ fn long_config_text(
     cancel_grace_ms: u64,
     max_per_host: u32,
 ) -> String {
-    roles_config_text(redis, max_per_host)
+    roles_config_text(redis, max_per_host, s.wait_replicas)
         + &format!(
             r#"[queues.{QUEUE}]
 kind = "long"
@@ -870,7 +880,7 @@ retry = {{ backoff = "fixed", base = "1s", max = "1s" }}
 fn batch_config_text(redis: &str, handler: &Path, s: &Shape) -> String {
     // Room for every slot on the hosts left when one is down.
     let max_per_host = s.min_slots().div_ceil((s.masters as u32 - 1).max(1));
-    let mut text = roles_config_text(redis, max_per_host);
+    let mut text = roles_config_text(redis, max_per_host, s.wait_replicas);
     for (queue, slots) in s.queues() {
         let next = if queue == CHAIN_QUEUE {
             format!("next = [{{ queue = \"{STEP_QUEUE}\", on = \"done\" }}]\n")

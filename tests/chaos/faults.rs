@@ -40,6 +40,11 @@ pub enum FaultKind {
     /// lease, then SIGCONT: a host frozen as a whole, as a paused VM. Long tasks only:
     /// its tasks run elsewhere meanwhile, and its woken slots stop theirs at once.
     HostStop,
+    /// kill -9 the primary serving the run's first queue, on Redis with replicas: a
+    /// replica takes its place, and the killed node comes back as a replica. The failover
+    /// profile only (`failover.rs`), which injects it itself; what the primary had not
+    /// yet sent its replica is lost with it.
+    Failover,
 }
 
 impl FaultKind {
@@ -77,6 +82,7 @@ impl FaultKind {
             FaultKind::RedisKill => "kill -9 Redis, restart (AOF)",
             FaultKind::RedisStop => "SIGSTOP Redis for 10 s",
             FaultKind::MasterTermInOutage => "SIGTERM a master during a Redis outage",
+            FaultKind::Failover => "kill -9 the primary, fail over",
         }
     }
 
@@ -91,6 +97,7 @@ impl FaultKind {
             FaultKind::RedisStop => Duration::from_secs(15),
             FaultKind::MasterTermInOutage => DRAIN_TIMEOUT + Duration::from_secs(7),
             FaultKind::HostStop => lease + Duration::from_secs(7),
+            FaultKind::Failover => Duration::from_secs(30),
         }
     }
 }
@@ -159,6 +166,11 @@ pub fn inject(c: &mut Cluster, kind: FaultKind, rng: &mut Rng) -> Fault {
         FaultKind::RedisStop => redis_down(c, rng, &mut f, true),
         FaultKind::MasterTermInOutage => master_term_in_outage(c, rng, &mut f),
         FaultKind::HostStop => host_stop(c, rng, &mut f),
+        FaultKind::Failover => {
+            f.injected = false;
+            f.problems
+                .push("a failover is injected by the failover profile, not scheduled".into());
+        }
     }
     f
 }

@@ -60,6 +60,7 @@ pub fn shape(redis: Topology) -> Shape {
             cancel_grace_ms: 1000,
             max_per_host: 6,
         },
+        wait_replicas: 0,
     }
 }
 

@@ -12,6 +12,8 @@
 //! ```sh
 //! cargo test --test chaos -- short [--seed N] [--report PATH] \
 //!     [--redis single|cluster] [--workload mixed|plain|chains]
+//! cargo test --test chaos -- failover --redis sentinel|cluster-replicas \
+//!     [--wait-replicas N] [--freeze] [--seed N] [--report PATH] [--workload …]
 //! ```
 //!
 //! **Topology** (`--redis`): `single` (the default) is one redis-server; `cluster` is a
@@ -20,7 +22,23 @@
 //! keys hash to different nodes, so a chain's tasks live on three; a Redis fault hits one
 //! node, picked by the seed (killed and restarted from its AOF and `nodes.conf`, or
 //! frozen), which a cluster with full coverage required turns into an outage of every
-//! node once the others mark it failed. Nothing fails over: that is a later profile.
+//! node once the others mark it failed. Nothing fails over there: the failover profile's
+//! two topologies do, `sentinel` (a primary and a replica, each with AOF, under three
+//! Sentinels; the roles given a `redis+sentinel://` URL) and `cluster-replicas` (a Redis
+//! Cluster of three masters with a replica each; the roles given a master outside the
+//! failed shard), for the failover profile only.
+//!
+//! **Failover** (`failover.rs`, by hand, 1–2 minutes): the batch cluster and load; after
+//! a warm-up the primary serving the queue `chaos` is killed (kill -9; `--freeze`:
+//! SIGSTOP, woken once a replica took its place), the time until work flows again is
+//! measured (the first ack after the kill, from the records), the node comes back as a
+//! replica; twice. Then the drain and the same oracle, whose failover-made losses (lost,
+//! run twice, records wrong, counters) are counted as the failovers' cost. It fails when
+//! work does not resume within the topology's failover time + 5 s, when a task is lost
+//! with `--wait-replicas` ≥ 1 (the roles' `[cluster] wait_replicas`, left out at 0), or
+//! on any check of the batch profiles that no failover explains.
+//! `cargo test --test chaos -- failover-redis --redis sentinel|cluster-replicas` fails
+//! Redis over alone, without roles.
 //!
 //! **Workload** (`--workload`, the batch profiles): `mixed` (the default) sends plain
 //! tasks (12 a second) to the queue `chaos` and starts chains (1.5 a second) on the queue
@@ -45,8 +63,8 @@
 //! process was left behind; 1 otherwise; 2 for a bad command line.
 //!
 //! The files: `cluster.rs` (the roles as processes, all with PDEATHSIG and a marker
-//! variable, and the queues' config), `redis.rs` (one server or a cluster's nodes, with
-//! AOF), `procs.rs`, `faults.rs` (each fault injected and checked), `oracle.rs` (the
+//! variable, and the queues' config), `redis.rs` (one server, a cluster's nodes, a
+//! Sentinel group, with AOF), `failover.rs` (the failover profile), `procs.rs`, `faults.rs` (each fault injected and checked), `oracle.rs` (the
 //! producer, the handler's record, the verdict and its causes), `records.rs` (the record
 //! check), `chains.rs` (the chain workload and its check), `report.rs`, `longtasks.rs`
 //! with `long_handler.py` (the long-tasks profile: its oracle is lost = 0 and overlaps = 0
@@ -74,6 +92,7 @@
 
 mod chains;
 mod cluster;
+mod failover;
 mod faults;
 mod longtasks;
 mod oracle;
@@ -146,6 +165,16 @@ impl Profile {
                 chain_rate: 0.0,
                 drain_limit: Duration::ZERO,
             }),
+            // Failovers (failover.rs): two kills of the primary under the short profile's
+            // load; the fault phase is its own (warm-up, kills, returns).
+            "failover" => Some(Profile {
+                name: name.into(),
+                faults_for: Duration::from_secs(15),
+                gap_ms: (0, 0),
+                rate: 12.0,
+                chain_rate: 1.5,
+                drain_limit: Duration::from_secs(60),
+            }),
             _ => None,
         }
     }
@@ -191,6 +220,10 @@ pub struct Args {
     report: Option<PathBuf>,
     redis: Topology,
     mix: Mix,
+    /// The roles' `[cluster] wait_replicas` (the failover profile).
+    wait_replicas: u32,
+    /// The failover profile freezes the primary instead of killing it.
+    freeze: bool,
 }
 
 impl Args {
@@ -203,13 +236,20 @@ impl Args {
         if self.mix != Mix::Mixed {
             out += &format!(" --workload {}", self.mix.name());
         }
+        if self.profile.name == "failover" {
+            out += &format!(" --wait-replicas {}", self.wait_replicas);
+        }
+        if self.freeze {
+            out += " --freeze";
+        }
         out
     }
 }
 
 /// What the command line takes.
-const USAGE: &str = "short, long or long-tasks [--seed N] [--report PATH] \
-                     [--redis single|cluster] [--workload mixed|plain|chains]";
+const USAGE: &str = "short, long, long-tasks or failover [--seed N] [--report PATH] \
+                     [--redis single|cluster|sentinel|cluster-replicas] \
+                     [--workload mixed|plain|chains] [--wait-replicas N] [--freeze]";
 
 /// Reads the command line; the profile's rates follow the workload asked for.
 fn args() -> Result<Args, String> {
@@ -218,6 +258,8 @@ fn args() -> Result<Args, String> {
     let mut report = None;
     let mut redis = Topology::Single;
     let mut mix = None;
+    let mut wait_replicas = None;
+    let mut freeze = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let mut value = |what: &str| it.next().ok_or(format!("{a} needs {what}"));
@@ -228,8 +270,17 @@ fn args() -> Result<Args, String> {
             }
             "--report" => report = Some(PathBuf::from(value("a path")?)),
             "--redis" => {
-                let v = value("single or cluster")?;
-                redis = Topology::named(&v).ok_or(format!("--redis {v:?}: single or cluster"))?;
+                let names = "single, cluster, sentinel or cluster-replicas";
+                let v = value(names)?;
+                redis = Topology::named(&v).ok_or(format!("--redis {v:?}: {names}"))?;
+            }
+            "--freeze" => freeze = true,
+            "--wait-replicas" => {
+                let v = value("a number of replicas")?;
+                wait_replicas = Some(
+                    v.parse()
+                        .map_err(|_| format!("bad --wait-replicas {v:?}"))?,
+                );
             }
             "--workload" => {
                 let v = value("mixed, plain or chains")?;
@@ -239,6 +290,8 @@ fn args() -> Result<Args, String> {
             }
             // Flags cargo's test runner may pass along (--nocapture, --quiet, …).
             s if s.starts_with('-') => {}
+            // (Redis alone, main)
+            "failover-redis" => profile = Profile::named("failover"),
             s => {
                 profile = Some(Profile::named(s).ok_or(format!("unknown profile {s:?}: {USAGE}"))?)
             }
@@ -247,6 +300,17 @@ fn args() -> Result<Args, String> {
     let mut profile = profile.unwrap_or_else(|| Profile::named("short").expect("built in"));
     if profile.name == "long-tasks" && mix.is_some() {
         return Err("--workload is for short and long: long-tasks runs long tasks".into());
+    }
+    let failover = profile.name == "failover";
+    if failover != redis.fails_over() {
+        return Err(if failover {
+            "failover needs --redis sentinel or --redis cluster-replicas".into()
+        } else {
+            format!("--redis {} is for the failover profile", redis.name())
+        });
+    }
+    if !failover && (wait_replicas.is_some() || freeze) {
+        return Err("--wait-replicas and --freeze are for the failover profile".into());
     }
     let mix = mix.unwrap_or(Mix::Mixed);
     match mix {
@@ -260,6 +324,8 @@ fn args() -> Result<Args, String> {
         report,
         redis,
         mix,
+        wait_replicas: wait_replicas.unwrap_or(0),
+        freeze,
     })
 }
 
@@ -291,9 +357,30 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if std::env::args().skip(1).any(|a| a == "failover-redis") {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "chaos/failover-redis-{}-{}",
+            args.redis.name(),
+            oracle::now_ms() / 1000
+        ));
+        return if failover::redis_only(&dir, args.redis) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let topology = match args.redis {
         Topology::Single => String::new(),
-        t => format!("{}-", t.name()),
+        t => format!(
+            "{}{}{}-",
+            t.name(),
+            if args.wait_replicas > 0 {
+                format!("-w{}", args.wait_replicas)
+            } else {
+                String::new()
+            },
+            if args.freeze { "-freeze" } else { "" }
+        ),
     };
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "chaos/{}-{topology}{}-{}",
@@ -347,6 +434,7 @@ fn batch_shape(args: &Args) -> Shape {
             plain: args.profile.rate > 0.0,
             chains: args.profile.chain_rate > 0.0,
         },
+        wait_replicas: args.wait_replicas,
     }
 }
 
@@ -356,6 +444,11 @@ fn run(args: &Args, dir: &Path) -> report::Report {
     let started = Instant::now();
     let shape = batch_shape(args);
     let mut report = report::Report::new(&args.profile, args.seed, args.command(), shape.clone());
+    let mut failover = (args.profile.name == "failover")
+        .then(|| failover::Figures::new(args.redis, args.wait_replicas, args.freeze));
+    if failover.is_some() {
+        report.kinds = vec![FaultKind::Failover];
+    }
     // The record and chain oracles must catch what they claim to before their verdict
     // counts.
     for f in records::selftest() {
@@ -389,7 +482,10 @@ fn run(args: &Args, dir: &Path) -> report::Report {
     let stop = Arc::new(AtomicBool::new(false));
     let producer = start_producer(&c, args, stop.clone());
     let mut rng = Rng::new(args.seed);
-    let faults = schedule(&mut c, &args.profile, &mut rng, &FaultKind::ALL);
+    let faults = match &mut failover {
+        Some(fig) => failover::phase(&mut c, fig, started),
+        None => schedule(&mut c, &args.profile, &mut rng, &FaultKind::ALL),
+    };
     stop.store(true, Ordering::Relaxed);
     let enqueued = match producer.join() {
         Ok(Ok(e)) => e,
@@ -407,8 +503,30 @@ fn run(args: &Args, dir: &Path) -> report::Report {
         enqueued.len()
     );
     heal_and_drain(&mut c, &args.profile, &mut report);
-    let all = judge_all(&c, enqueued, &faults, &mut report);
-    counters_agree(&mut report, &all);
+    let mut chain_problems = Vec::new();
+    let (all, recs) = judge_all(&c, enqueued, &faults, &mut report, &mut chain_problems);
+    report.tasks_by_queue = tasks_by_queue(&all);
+    let disagree = counters_agree(&report, &all);
+    // A failover's lost writes break records, chains and counters: its cost, counted.
+    match &mut failover {
+        Some(fig) => {
+            failover::measure(fig, &all, &recs, &report.verdict);
+            failover::attribute_records(
+                fig,
+                &mut report.verdict.records.mismatches,
+                &all,
+                &recs,
+                &faults,
+            );
+            fig.chains_wrong.extend(chain_problems);
+            fig.counters_wrong.extend(disagree);
+        }
+        None => {
+            report.problems.extend(chain_problems);
+            report.problems.extend(disagree);
+        }
+    }
+    report.failover = failover;
     // Epochs of the map must never go back down: a fenced manager wrote nothing.
     if c.epochs.windows(2).any(|w| w[1] < w[0]) {
         report.problems.push(format!(
@@ -509,14 +627,16 @@ fn heal_and_drain(c: &mut Cluster, profile: &Profile, report: &mut report::Repor
 
 /// The oracles, once the queues have drained: the chains the run must have made and
 /// their follow-ups (which join the tasks to account for), every task's final state and
-/// record against the handler's record and the fault log, and every chain whole. Returns
-/// every task accounted for.
+/// record against the handler's record and the fault log, and every chain whole (what
+/// the chain check finds goes to `chain_problems`). Returns every task accounted for,
+/// with its record.
 fn judge_all(
     c: &Cluster,
     enqueued: Vec<Enqueued>,
     faults: &[Fault],
     report: &mut report::Report,
-) -> Vec<Enqueued> {
+    chain_problems: &mut Vec<String>,
+) -> (Vec<Enqueued>, Records) {
     let (handled, bad) = oracle::read_handled(&c.record);
     if !bad.is_empty() {
         report.problems.push(format!(
@@ -530,7 +650,7 @@ fn judge_all(
         report
             .problems
             .push("could not read the tasks' records from Redis".into());
-        return enqueued;
+        return (enqueued, Records::new());
     };
     let mut all = enqueued;
     if c.shape.chains() {
@@ -540,7 +660,7 @@ fn judge_all(
             &mut all,
             &mut recs,
             &mut expiries,
-            &mut report.problems,
+            chain_problems,
         ));
     }
     let mut ids = std::collections::BTreeSet::new();
@@ -575,7 +695,7 @@ fn judge_all(
     });
     report.records_seconds = read.elapsed().as_secs_f64();
     dump_records(&c.dir.join("records.txt"), &all, &recs);
-    all
+    (all, recs)
 }
 
 /// The chains the run must have made (`chains.rs`): their follow-ups join `all`, the
@@ -611,8 +731,8 @@ fn follow_chains(
 /// Redis's own counters must tell the same story, queue by queue: one creation and one
 /// ack per task accounted for there (plus the re-creations an unanswered enqueue can
 /// cause; a follow-up is never created twice, invariant 32); and across the queues every
-/// reclaimed lease and every retry is in a record.
-fn counters_agree(report: &mut report::Report, all: &[Enqueued]) {
+/// reclaimed lease and every retry is in a record. Returns where they disagree.
+fn counters_agree(report: &report::Report, all: &[Enqueued]) -> Vec<String> {
     let v = &report.verdict;
     let queue_of: HashMap<&str, &str> = all
         .iter()
@@ -634,7 +754,6 @@ fn counters_agree(report: &mut report::Report, all: &[Enqueued]) {
             .or_default()[2] += n as u64;
     }
     let mut problems = Vec::new();
-    report.tasks_by_queue = per.iter().map(|(q, p)| (q.to_string(), p[0])).collect();
     for (queue, [tasks, not_acked, again]) in &per {
         let Some(q) = report.queue_stats.get(*queue) else {
             problems.push(format!("no counters of queue {queue}"));
@@ -667,7 +786,16 @@ fn counters_agree(report: &mut report::Report, all: &[Enqueued]) {
             r.lease_expiries, r.retries
         ));
     }
-    report.problems.extend(problems);
+    problems
+}
+
+/// Tasks accounted for per queue.
+fn tasks_by_queue(all: &[Enqueued]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for e in all {
+        *out.entry(e.queue.clone()).or_default() += 1;
+    }
+    out
 }
 
 /// No slot exited with an error of its own over the whole run (`Cluster::slot_errors`).

@@ -194,6 +194,14 @@ pub enum Cause {
     /// task was done, and the retry created it again (dedup holds only while a task is
     /// pending or leased).
     EnqueueRetried,
+    /// The primary was killed and a replica took its place (the failover profile): the
+    /// lease expired while no primary answered, or the ack was lost with the old primary
+    /// (written there, not yet sent to the replica), so the task ran again.
+    Failover,
+    /// The same attempt handled twice across a failover: the take that handed it out was
+    /// lost with the old primary, so the new one handed the task out again as the same
+    /// attempt.
+    FailoverLostTake,
 }
 
 impl Cause {
@@ -207,6 +215,8 @@ impl Cause {
             Cause::RedisKilled => "lease expired (Redis killed)",
             Cause::MasterStoppedInOutage => "lease expired (master SIGTERMed, Redis down)",
             Cause::EnqueueRetried => "enqueue retried after an unanswered call",
+            Cause::Failover => "failover (lease expired, or ack lost)",
+            Cause::FailoverLostTake => "failover (take lost: same attempt again)",
         }
     }
 }
@@ -339,25 +349,36 @@ fn cause(
     faults: &[Fault],
     lease: Duration,
 ) -> Option<(Cause, Option<usize>)> {
+    // The exec child records each task of a batch as it reaches it, so a slot can be
+    // frozen or killed slightly before a record of its batch is written.
+    let slack = 2_000;
+    let (from, to) = (first.t_ms, next.t_ms);
+    let overlaps = |f: &Fault, before: u64| f.start_ms <= to && f.end_ms + before >= from;
+    // A Redis outage can strand a lease taken up to a lease before the handling.
+    let before = lease.as_millis() as u64 + slack;
+    let failover = || {
+        faults
+            .iter()
+            .position(|f| f.kind == FaultKind::Failover && f.injected && overlaps(f, before))
+    };
+    // The same attempt handed out twice: only a take lost with a failed-over primary.
+    if next.attempt <= first.attempt
+        && let Some(i) = failover()
+    {
+        return Some((Cause::FailoverLostTake, Some(i)));
+    }
     // A handling as attempt 1 after another one means the task was created twice.
     if next.attempt == 1 {
         return sent
             .filter(|e| e.calls > 1)
             .map(|_| (Cause::EnqueueRetried, None));
     }
-    // The exec child records each task of a batch as it reaches it, so a slot can be
-    // frozen or killed slightly before a record of its batch is written.
-    let slack = 2_000;
-    let (from, to) = (first.t_ms, next.t_ms);
-    let overlaps = |f: &Fault, before: u64| f.start_ms <= to && f.end_ms + before >= from;
     let own = |f: &Fault| f.pids.contains(&first.slot_pid);
     let found = |kind: FaultKind, pid_specific: bool, before: u64| {
         faults
             .iter()
             .position(|f| f.kind == kind && overlaps(f, before) && (!pid_specific || own(f)))
     };
-    // A Redis outage can strand a lease taken up to a lease before the handling.
-    let before = lease.as_millis() as u64 + slack;
     [
         (FaultKind::SlotKill, true, slack, Cause::SlotKilled),
         (FaultKind::MasterKill, true, slack, Cause::MasterKilled),
@@ -370,6 +391,7 @@ fn cause(
             before,
             Cause::MasterStoppedInOutage,
         ),
+        (FaultKind::Failover, false, before, Cause::Failover),
     ]
     .into_iter()
     .find_map(|(kind, own, before, cause)| found(kind, own, before).map(|i| (cause, Some(i))))

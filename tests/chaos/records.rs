@@ -11,6 +11,10 @@
 //! start is ended only by a lease expiry, so it is checked as that: a lease expiry after
 //! it, and a fault of one of those kinds on its slot (or on Redis) between the take and
 //! the expiry. Every other start is a handler run, matched one to one.
+//!
+//! A failover (the failover profile) can lose a record's last writes with the old
+//! primary; `failover.rs` counts the mismatches near one as its cost instead of failing
+//! the run.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -489,6 +493,7 @@ fn not_run_cause(en: &Entry, expired: i64, faults: &[Fault]) -> Option<(Cause, u
         (FaultKind::RedisKill, Cause::RedisKilled),
         (FaultKind::RedisStop, Cause::RedisStopped),
         (FaultKind::MasterTermInOutage, Cause::MasterStoppedInOutage),
+        (FaultKind::Failover, Cause::Failover),
     ];
     kinds.into_iter().find_map(|(kind, cause)| {
         faults

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::Profile;
 use crate::chains::ChainVerdict;
 use crate::cluster::Shape;
+use crate::failover::Figures;
 use crate::faults::{Fault, FaultKind};
 use crate::oracle::Verdict;
 
@@ -28,6 +29,8 @@ pub struct Report {
     pub rate: f64,
     /// Chains per second the producer aimed at (four tasks each).
     pub chain_rate: f64,
+    /// The kinds of fault the profile injects (each must have been, at least once).
+    pub kinds: Vec<FaultKind>,
     /// Per fault kind: times injected and what the injections found.
     pub fault_table: BTreeMap<FaultKind, FaultSummary>,
     /// Every fault in order.
@@ -38,6 +41,8 @@ pub struct Report {
     pub tasks_by_queue: BTreeMap<String, u64>,
     /// What the chain check found (None: no chains in the workload).
     pub chains: Option<ChainVerdict>,
+    /// What the failovers cost (the failover profile only).
+    pub failover: Option<Figures>,
     /// Extra handlings per cause, by label.
     pub duplicates_by_cause: BTreeMap<String, usize>,
     /// Each queue's counters at the end (none when Redis did not answer).
@@ -84,10 +89,12 @@ impl Report {
             shape,
             rate: profile.rate,
             chain_rate: profile.chain_rate,
+            kinds: FaultKind::ALL.to_vec(),
             fault_table: BTreeMap::new(),
             faults: Vec::new(),
             verdict: Verdict::default(),
             chains: None,
+            failover: None,
             tasks_by_queue: BTreeMap::new(),
             duplicates_by_cause: BTreeMap::new(),
             queue_stats: BTreeMap::new(),
@@ -103,7 +110,7 @@ impl Report {
 
     /// Fills the summaries and decides whether the run passed.
     pub fn finish(&mut self) {
-        for kind in FaultKind::ALL {
+        for &kind in &self.kinds {
             self.fault_table.insert(kind, FaultSummary::default());
         }
         for (&i, &n) in &self.verdict.by_fault {
@@ -149,7 +156,8 @@ impl Report {
             self.duplicates_by_cause
                 .insert("UNEXPLAINED".into(), self.verdict.unexplained);
         }
-        let missing: Vec<&str> = FaultKind::ALL
+        let missing: Vec<&str> = self
+            .kinds
             .iter()
             .filter(|k| self.fault_table.get(k).is_none_or(|r| r.injected == 0))
             .map(|k| k.label())
@@ -166,13 +174,21 @@ impl Report {
             ));
         }
         if let Some(ch) = &self.chains {
-            self.problems.extend(ch.problems.iter().cloned());
+            // (a failover's lost writes can break a chain: counted as its cost)
+            match &mut self.failover {
+                Some(fig) => fig.chains_wrong.extend(ch.problems.iter().cloned()),
+                None => self.problems.extend(ch.problems.iter().cloned()),
+            }
             if ch.chains == 0 {
                 self.problems.push("no chain was started".into());
             }
         }
+        if let Some(fig) = &self.failover {
+            self.problems.extend(crate::failover::judge(fig));
+        }
+        let lost_fails = self.failover.as_ref().is_none_or(Figures::lost_fails);
         self.passed = self.verdict.enqueued > 0
-            && self.verdict.lost.is_empty()
+            && (self.verdict.lost.is_empty() || !lost_fails)
             && self.verdict.unexpected.is_empty()
             && self.verdict.unexplained == 0
             && self.verdict.records.mismatches.is_empty()
@@ -185,6 +201,7 @@ impl Report {
         let mut s = String::new();
         self.head(&mut s);
         self.counts(&mut s);
+        self.failovers(&mut s);
         self.failures(&mut s);
         let _ = writeln!(s, "\n{}", if self.passed { "PASSED" } else { "FAILED" });
         s
@@ -327,6 +344,93 @@ impl Report {
         );
         for l in &self.leftovers {
             let _ = writeln!(s, "  left behind: {l}");
+        }
+    }
+
+    /// The failovers: each kill and how long until work flowed again, then what they
+    /// cost (lost, run twice, records wrong), the lost tasks first and loud.
+    fn failovers(&self, s: &mut String) {
+        let Some(fig) = &self.failover else { return };
+        let _ = writeln!(
+            s,
+            "\nFAILOVERS on Redis {}, wait_replicas = {}, the primary {}: work must flow again \
+             within {:.0} s of a kill ({})",
+            fig.topology,
+            fig.wait_replicas,
+            if fig.freeze {
+                "frozen, then woken"
+            } else {
+                "killed, then restarted"
+            },
+            fig.bound_s,
+            fig.bound
+        );
+        let t = |v: Option<f64>| v.map_or("never".to_string(), |v| format!("{v:.1} s"));
+        for f in &fig.failovers {
+            let _ = writeln!(
+                s,
+                "  #{} killed {}\n     promoted {}: failover logged after {} (named where the \
+                 roles ask after {}), first take {}, first ack {} (the harness saw acks after \
+                 {}), back as a replica after {}",
+                f.n,
+                f.killed,
+                f.promoted.as_deref().unwrap_or("none"),
+                t(f.declared_s),
+                t(f.named_s),
+                t(f.first_take_s),
+                t(f.resumed_s),
+                t(f.seen_flowing_s),
+                t(f.rejoined_s)
+            );
+            for n in &f.notes {
+                let _ = writeln!(s, "     {n}");
+            }
+        }
+        let _ = writeln!(
+            s,
+            "  failovers Redis logged: {} for {} kills",
+            fig.failovers_logged.len(),
+            fig.failovers.len()
+        );
+        let v = &self.verdict;
+        if !v.lost.is_empty() {
+            let _ = writeln!(
+                s,
+                "  *** LOST {} ACKNOWLEDGED TASKS in the failovers ({}): {:?}",
+                v.lost.len(),
+                if fig.lost_fails() {
+                    "wait_replicas ≥ 1: this fails the run"
+                } else {
+                    "wait_replicas = 0: counted, not failing the run"
+                },
+                &v.lost[..v.lost.len().min(20)]
+            );
+        } else {
+            let _ = writeln!(s, "  lost: 0 acknowledged tasks");
+        }
+        let _ = writeln!(
+            s,
+            "  run twice: {} tasks ({} extra handlings after a failover, {} of them the same \
+             attempt again: a take lost)",
+            fig.run_twice,
+            fig.again_after_failover + fig.same_attempt_again,
+            fig.same_attempt_again
+        );
+        let _ = writeln!(
+            s,
+            "  records wrong near a failover: {}; chain problems: {}; counters that disagree: {}",
+            fig.records_wrong.len(),
+            fig.chains_wrong.len(),
+            fig.counters_wrong.len()
+        );
+        for m in fig.records_wrong.iter().take(5) {
+            let _ = writeln!(s, "    record {}: {}", m.id, m.problems.join("; "));
+        }
+        for p in fig.chains_wrong.iter().take(5) {
+            let _ = writeln!(s, "    chain: {p}");
+        }
+        for p in fig.counters_wrong.iter().take(5) {
+            let _ = writeln!(s, "    counters: {p}");
         }
     }
 

@@ -246,6 +246,47 @@ async fn published_configs_are_told_apart_by_their_text_not_their_version() {
         "another text at the version seen"
     );
 
+    // Redis went back to an older apply (a failover to a replica that lagged): its text
+    // differs but it was published before the one read, so it is not adopted, and the
+    // reader says so; an apply made after that is adopted whatever its version.
+    let hash = async |conn: &mut gaffer::queue_client::RedisConn| -> Vec<(String, String)> {
+        redis::cmd("HGETALL")
+            .arg(keys.config())
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
+    let older = hash(&mut conn).await;
+    cluster::publish_config(&mut conn, &keys, &text("f"))
+        .await
+        .unwrap();
+    assert_eq!(read(&mut seen).await, Some((3, text("f"))));
+    let mut restore = redis::cmd("HSET");
+    restore.arg(keys.config());
+    for (k, v) in &older {
+        restore.arg(k).arg(v);
+    }
+    let _: i64 = restore.query_async(&mut conn).await.unwrap();
+    let went_back = cluster::changed_config(&mut conn.clone(), &keys, &seen, &[])
+        .await
+        .unwrap();
+    assert!(
+        went_back.behind && went_back.changed.is_none(),
+        "{went_back:?}"
+    );
+    assert_eq!(
+        went_back.seen, seen,
+        "the config in force stays the one seen"
+    );
+    cluster::publish_config(&mut conn, &keys, &text("g"))
+        .await
+        .unwrap();
+    assert_eq!(
+        read(&mut seen).await,
+        Some((3, text("g"))),
+        "applied after it"
+    );
+
     // An apply of the previous build: HINCRBY version and HSET source, no stamp; the
     // stamp of the apply before stays, naming another version.
     let old_apply = async |conn: &mut gaffer::queue_client::RedisConn, source: &str| {
@@ -260,7 +301,7 @@ async fn published_configs_are_told_apart_by_their_text_not_their_version() {
         .unwrap();
     };
     old_apply(&mut conn, &text("f")).await;
-    assert_eq!(read(&mut seen).await, Some((3, text("f"))));
+    assert_eq!(read(&mut seen).await, Some((4, text("f"))));
     assert_eq!(read(&mut seen).await, None, "the stale stamp is no news");
     let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     old_apply(&mut conn, &text("g")).await;

@@ -58,6 +58,7 @@ mod retired;
 mod retries;
 mod schedules;
 mod secrets;
+mod sentinel;
 mod simulate;
 mod slot;
 mod systems;

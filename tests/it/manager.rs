@@ -29,7 +29,10 @@ impl Drop for Procs {
 
 /// A cluster on one machine: one Redis, a config file, managers and masters.
 pub(crate) struct Cluster {
-    pub(crate) redis: TestRedis,
+    /// The Redis it started ([`Cluster::start_on`] is given a URL instead).
+    pub(crate) redis: Option<TestRedis>,
+    /// The Redis URL of the config.
+    url: String,
     pub(crate) dir: tempfile::TempDir,
     pub(crate) config: PathBuf,
     pub(crate) client: QueueClient,
@@ -48,11 +51,24 @@ impl Cluster {
     /// A cluster whose `[manager]` also has the lines `manager_extra`.
     pub(crate) async fn start_with(manager_extra: &str, tables: &str) -> Self {
         let redis = TestRedis::start();
+        let mut c = Self::start_on(redis.url(), redis.client().await, manager_extra, tables);
+        c.redis = Some(redis);
+        c
+    }
+
+    /// A cluster on the Redis at `url` (a Sentinel group's, say), `client` connected to it.
+    pub(crate) fn start_on(
+        url: String,
+        client: QueueClient,
+        manager_extra: &str,
+        tables: &str,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("config.toml");
         let c = Cluster {
-            client: redis.client().await,
-            redis,
+            client,
+            redis: None,
+            url,
             dir,
             config,
             procs: Procs(Vec::new()),
@@ -65,8 +81,7 @@ impl Cluster {
     pub(crate) fn write_config(&self, tables: &str) {
         let text = format!(
             "[cluster]\nredis = \"{}\"\nnamespace = \"test\"\n\n{FAST}{}\n{tables}",
-            self.redis.url(),
-            self.manager_extra
+            self.url, self.manager_extra
         );
         std::fs::write(&self.config, text).unwrap();
     }
@@ -521,6 +536,174 @@ async fn a_manager_whose_epoch_restarted_below_the_masters_raises_it() {
     assert!(epoch > 5, "{epoch}");
     let log = c.log("manager1.log");
     assert!(log.contains("raised past it"), "{log}");
+}
+
+#[tokio::test]
+async fn a_map_redis_lost_is_not_replaced_by_the_older_one_it_kept() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 2\n").await;
+    let keys = Keys::new("test");
+    let mut conn = c.client.connection();
+    c.master("h1");
+    let leader = c.manager(1);
+    let report = |slots: u32| {
+        let mut conn = c.client.connection();
+        let keys = keys.clone();
+        async move {
+            let hosts = cluster::read_hosts(&mut conn, &keys).await.unwrap();
+            let r = hosts.get("h1")?;
+            (r.queues.get("a").map_or(0, |q| q.slots) == slots)
+                .then_some((r.map_epoch, r.map_version))
+        }
+    };
+    poll_some(Duration::from_secs(30), "two slots on h1", || report(2)).await;
+    let old: String = redis::cmd("GET")
+        .arg(keys.map())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    c.cli(&["pause", "a"]);
+    let (epoch, newer) = poll_some(Duration::from_secs(30), "the paused map on h1", || {
+        report(0)
+    })
+    .await;
+    // Redis goes back in time, as a failover to a replica that had not received the
+    // newest writes does: the older map again, under the same leader and epoch, and
+    // the pause gone.
+    let () = redis::cmd("SET")
+        .arg(keys.map())
+        .arg(&old)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let () = redis::cmd("DEL")
+        .arg(keys.paused())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The master keeps its newer map until the leader writes one past it, under a raised
+    // epoch; it never runs the older one again.
+    let (after, _) = poll_some(
+        Duration::from_secs(30),
+        "a map past the lost one",
+        || async { report(2).await.filter(|(e, _)| *e > epoch) },
+    )
+    .await;
+    assert!(after > epoch);
+    let manager = c.log("manager1.log");
+    assert!(manager.contains("writes the map anew"), "{manager}");
+
+    // The master's side alone, the leader stopped: an older map of the epoch it runs is
+    // ignored, however long Redis holds it.
+    signal(c.pid(leader), Signal::SIGSTOP);
+    let current: String = redis::cmd("GET")
+        .arg(keys.map())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut older: serde_json::Value = serde_json::from_str(&current).unwrap();
+    let version = older["version"].as_u64().unwrap();
+    older["version"] = (version - 1).into();
+    older["hosts"] = serde_json::json!({});
+    let () = redis::cmd("SET")
+        .arg(keys.map())
+        .arg(older.to_string())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the master ignores the older map",
+        || async {
+            c.log("master-h1.log")
+                .contains("ignoring a slot map older than one already read")
+        },
+    )
+    .await;
+    assert!(report(2).await.is_some(), "the master still runs its map");
+    signal(c.pid(leader), Signal::SIGCONT);
+    let master = c.log("master-h1.log");
+    let maps = crate::sentinel::adopted_maps(&master);
+    assert!(maps.windows(2).all(|w| w[0] < w[1]), "{maps:?}");
+    assert!(maps.contains(&(epoch, newer)), "{maps:?}");
+}
+
+#[tokio::test]
+async fn a_config_redis_went_back_on_is_published_again_not_adopted() {
+    let mut c = Cluster::start("[queues.a]\nhandler = \"noop\"\nmin_slots = 1\n").await;
+    let keys = Keys::new("test");
+    let mut conn = c.client.connection();
+    c.master("h1");
+    c.manager(1);
+    let config_hash = async |conn: &mut gaffer::queue_client::RedisConn| -> Vec<(String, String)> {
+        redis::cmd("HGETALL")
+            .arg(keys.config())
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
+    let field = |hash: &[(String, String)], f: &str| {
+        hash.iter().find(|(k, _)| k == f).map(|(_, v)| v.clone())
+    };
+    let out = c.cli(&["config", "apply"]);
+    assert!(out.contains("version 1"), "{out}");
+    let older = config_hash(&mut conn).await;
+    let base = std::fs::read_to_string(&c.config).unwrap();
+    std::fs::write(
+        &c.config,
+        base + "\n[queues.b]\nhandler = \"noop\"\nmin_slots = 1\n",
+    )
+    .unwrap();
+    c.cli(&["config", "apply"]);
+    eventually(Duration::from_secs(15), "b placed", || async {
+        c.placed("b").await.get("h1") == Some(&1)
+    })
+    .await;
+    let newer = field(&config_hash(&mut conn).await, "source").unwrap();
+    let adopted = c
+        .log("master-h1.log")
+        .matches("adopting the published config")
+        .count();
+    assert!(adopted >= 1);
+
+    // Redis goes back to the older config, as a failover to a replica that had not
+    // received the newer apply does.
+    let mut restore = redis::cmd("HSET");
+    restore.arg(keys.config());
+    for (k, v) in &older {
+        restore.arg(k).arg(v);
+    }
+    let () = redis::cmd("DEL")
+        .arg(keys.config())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: i64 = restore.query_async(&mut conn).await.unwrap();
+
+    // The leader publishes the config in force again; nobody adopts the older one.
+    eventually(
+        Duration::from_secs(15),
+        "the config in force published again",
+        || async {
+            let hash = config_hash(&mut c.client.connection()).await;
+            field(&hash, "source").as_deref() == Some(newer.as_str())
+        },
+    )
+    .await;
+    let manager = c.log("manager1.log");
+    assert!(
+        manager.contains("published the one in force again"),
+        "{manager}"
+    );
+    let master = c.log("master-h1.log");
+    assert_eq!(
+        master.matches("adopting the published config").count(),
+        adopted,
+        "{master}"
+    );
+    assert_eq!(c.placed("b").await.get("h1"), Some(&1));
+    // A role started now runs it too.
+    let stats: serde_json::Value = serde_json::from_str(&c.cli(&["stats", "--json"])).unwrap();
+    assert!(stats["queues"]["b"].is_object(), "{stats}");
 }
 
 #[tokio::test]
