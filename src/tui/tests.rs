@@ -125,6 +125,7 @@ fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) 
         handlers: vec!["noop".into(), "sleep".into(), "exec".into()],
         map_version: 17,
         map_epoch: 3,
+        redis: None,
         queues: slots
             .iter()
             .map(|(q, n)| {
