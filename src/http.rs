@@ -1,5 +1,6 @@
 //! The daemons' small HTTP/1 endpoint: `GET /metrics` for Prometheus and `GET /status` for
-//! people and `gaffer status`.
+//! people and scripts (each role's own document, with the Redis node it talks to:
+//! [`status_with_redis`]).
 //!
 //! The caller binds the listener, so a bad address or a port in use fails the daemon's
 //! start-up instead of surfacing later from a background task.
@@ -56,6 +57,22 @@ pub struct Routes {
     pub metrics: Option<PrometheusHandle>,
     /// Builds the `/status` document, called once per request.
     pub status: Arc<dyn Fn() -> serde_json::Value + Send + Sync>,
+}
+
+/// A `/status` builder: the document a role's ticks rewrite in `doc`, with `"redis"` set
+/// to the node `client` talks to as of the request (read from the client, no call to
+/// Redis), so a failover shows at once rather than at the next tick.
+pub fn status_with_redis(
+    doc: Arc<std::sync::Mutex<serde_json::Value>>,
+    client: crate::queue_client::QueueClient,
+) -> Arc<dyn Fn() -> serde_json::Value + Send + Sync> {
+    Arc::new(move || {
+        let mut status = doc.lock().map(|s| s.clone()).unwrap_or_default();
+        if let Some(fields) = status.as_object_mut() {
+            fields.insert("redis".into(), serde_json::json!(client.redis_node()));
+        }
+        status
+    })
 }
 
 /// Serves `routes` on `listener` until `shutdown` is cancelled.

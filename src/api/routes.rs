@@ -110,8 +110,9 @@ impl Api {
         let (route, answer) = self.route(request).await;
         let response = match answer {
             Ok(r) => {
-                // Every route past the token but /metrics reads Redis: a success is Redis answering.
-                if r.status().is_success() && route != "metrics" && route != "healthz" {
+                // Every route past the token but /metrics and /status reads Redis: a
+                // success is Redis answering.
+                if r.status().is_success() && !matches!(route, "metrics" | "status" | "healthz") {
                     self.outage.answered();
                 }
                 r
@@ -201,6 +202,9 @@ impl Api {
         if let Endpoint::Metrics = endpoint {
             return (route, Ok(self.render_metrics()));
         }
+        if let Endpoint::Status = endpoint {
+            return (route, Ok(json_response(StatusCode::OK, &self.status())));
+        }
         let answer = self.dispatch(endpoint, &as_get, &key, request).await;
         let answer = answer.map_err(|e| e.seen_by(&key));
         (
@@ -227,7 +231,9 @@ impl Api {
     ) -> Answer {
         match endpoint {
             // (answered before the key is asked for)
-            Endpoint::Healthz | Endpoint::Metrics => Err(ApiError::not_found("no such endpoint")),
+            Endpoint::Healthz | Endpoint::Metrics | Endpoint::Status => {
+                Err(ApiError::not_found("no such endpoint"))
+            }
             Endpoint::Queues => self.queues_stats(key).await,
             Endpoint::Tasks { queue: q } => {
                 let queue = self.queue(q, key)?;
@@ -845,6 +851,12 @@ impl Api {
         Ok((StatusCode::OK, json!({"host": host, "draining": draining})))
     }
 
+    /// `/status`: the instance's own state, behind a token like `/metrics`: the Redis node
+    /// it talks to and the failovers it followed (read from the client, no call to Redis).
+    pub(super) fn status(&self) -> serde_json::Value {
+        json!({ "redis": self.client.redis_node() })
+    }
+
     /// `/metrics`: Prometheus text, behind a token like everything but `/healthz`.
     pub(super) fn render_metrics(&self) -> Response<Full<Bytes>> {
         self.metrics.run_upkeep();
@@ -866,6 +878,8 @@ enum Endpoint<'a> {
     Healthz,
     /// `GET /metrics`.
     Metrics,
+    /// `GET /status`.
+    Status,
     /// `GET /v1/queues`.
     Queues,
     /// `GET|POST /v1/queues/Q/tasks`: a listing, or a submit.
@@ -898,6 +912,7 @@ impl<'a> Endpoint<'a> {
         Some(match *seg {
             ["healthz"] => Endpoint::Healthz,
             ["metrics"] => Endpoint::Metrics,
+            ["status"] => Endpoint::Status,
             ["v1", "queues"] => Endpoint::Queues,
             ["v1", "queues", queue, "tasks"] => Endpoint::Tasks { queue },
             ["v1", "queues", queue, "tasks", id] => Endpoint::Task { queue, id },
@@ -944,6 +959,7 @@ impl<'a> Endpoint<'a> {
         match self {
             Endpoint::Healthz => "healthz",
             Endpoint::Metrics => "metrics",
+            Endpoint::Status => "status",
             Endpoint::Queues => "queues",
             Endpoint::Tasks { .. } => "tasks",
             Endpoint::Task { .. } => "task",
@@ -962,9 +978,11 @@ impl<'a> Endpoint<'a> {
         const GET: &[Method] = &[Method::GET];
         const POST: &[Method] = &[Method::POST];
         match self {
-            Endpoint::Healthz | Endpoint::Metrics | Endpoint::Queues | Endpoint::Chain { .. } => {
-                GET
-            }
+            Endpoint::Healthz
+            | Endpoint::Metrics
+            | Endpoint::Status
+            | Endpoint::Queues
+            | Endpoint::Chain { .. } => GET,
             Endpoint::Tasks { .. } => &[Method::GET, Method::POST],
             Endpoint::Task { .. } | Endpoint::Schedule { .. } => &[Method::GET, Method::DELETE],
             Endpoint::Schedules => &[Method::GET, Method::POST],

@@ -51,7 +51,7 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, ConfigError};
-use crate::queue_client::{QueueError, RedisConn};
+use crate::queue_client::{QueueError, RedisConn, RedisNode};
 
 /// The limit that decided a host's capacity (the master's `capacity` module).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,6 +114,11 @@ pub struct HostReport {
     pub map_epoch: u64,
     /// Per queue served or recently served.
     pub queues: BTreeMap<String, QueueReport>,
+    /// The Redis node the master talks to and the failovers it followed (through
+    /// Sentinel; 0 on one server and on a Redis Cluster, whose failovers the manager
+    /// counts). Absent in the reports of masters from before it: `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisNode>,
 }
 
 /// Per queue on one host, counters monotonic since the master started.

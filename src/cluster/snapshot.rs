@@ -18,7 +18,7 @@ use super::{HostReport, Keys, SlotMap, now_ms};
 use crate::config::{Config, Intake, QueueConfig, QueueKind};
 use crate::queue_client::{
     ListQuery, Queue, QueueClient, QueueError, QueueLimits, QueueStats, RecordState, RedisConn,
-    SystemState, system_states,
+    RedisNode, SystemState, Topology, system_states,
 };
 
 /// The manager's last verdict on a queue, as written to `NS:{cluster}:decisions`
@@ -681,6 +681,8 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                     // (beside "queues", whose values are slot counts and stay so)
                     "queue_pss_bytes": r.queues.iter().map(|(q, qr)| (q.clone(), json!(qr.pss_bytes)))
                         .collect::<serde_json::Map<_, _>>(),
+                    // null in a report of a master from before it
+                    "redis": r.redis,
                 }),
             )
         })
@@ -734,6 +736,33 @@ pub fn age_text(ms: u64) -> String {
     } else {
         format!("{}h{:02}m", s / 3600, s % 3600 / 60)
     }
+}
+
+/// The Redis node a role talks to, in words: `10.0.0.5:6379`, with the topology when it
+/// is not one server, and the failovers when there were some, the last one's age as of
+/// `now_ms` (`10.0.0.6:6379 (sentinel) · 2 failovers, the last 2m05s ago`).
+pub fn redis_text(r: &RedisNode, now_ms: u64) -> String {
+    let mut text = crate::printable::printable(&r.node).into_owned();
+    if r.node.is_empty() {
+        text.push('?');
+    }
+    if r.topology != Topology::Single {
+        text.push_str(&format!(" ({})", r.topology.as_str()));
+    }
+    match (r.failovers, r.last_failover_ms()) {
+        (0, _) => {}
+        (1, Some(at)) => text.push_str(&format!(
+            " · 1 failover {} ago",
+            age_text(now_ms.saturating_sub(at))
+        )),
+        (n, Some(at)) => text.push_str(&format!(
+            " · {n} failovers, the last {} ago",
+            age_text(now_ms.saturating_sub(at))
+        )),
+        (1, None) => text.push_str(" · 1 failover"),
+        (n, None) => text.push_str(&format!(" · {n} failovers")),
+    }
+    text
 }
 
 /// How late a queue is, as its tables show it: its oldest due task's age, `-` when none

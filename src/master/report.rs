@@ -276,6 +276,7 @@ impl Master {
         r.map_version = self.orders.map.as_ref().map_or(0, |m| m.version);
         r.map_epoch = self.orders.max_epoch;
         r.queues = queues;
+        r.redis = Some(self.redis.client.redis_node());
         r
     }
 

@@ -103,6 +103,8 @@ pub(super) struct Master {
 pub(super) struct RedisLink {
     /// The connection every read and report goes through.
     pub(super) conn: RedisConn,
+    /// The client it came from: which Redis node it talks to.
+    pub(super) client: QueueClient,
     /// The cluster's keys in this namespace.
     pub(super) keys: Keys,
     /// Redis outages, logged as spells.
@@ -195,7 +197,7 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
     report_sock.set_nonblocking(true)?;
     let (tx, rx) = mpsc::unbounded_channel();
     let status = Arc::new(Mutex::new(serde_json::json!({})));
-    let (http, http_shutdown) = serve_http(listener, metrics, status.clone());
+    let (http, http_shutdown) = serve_http(listener, metrics, status.clone(), client.clone());
 
     let mut m = Master::new(opts, &client, tx, report_peer, status);
     let cfg = &m.opts.config;
@@ -211,18 +213,21 @@ pub async fn run(opts: MasterOptions, shutdown: CancellationToken) -> anyhow::Re
     Ok(())
 }
 
-/// Serves `/metrics` and `/status` until the returned token is cancelled.
+/// Serves `/metrics` and `/status` until the returned token is cancelled. `/status` is
+/// the document the ticks rewrite, with the Redis node `client` talks to as of the
+/// request.
 fn serve_http(
     listener: tokio::net::TcpListener,
     metrics: metrics_exporter_prometheus::PrometheusHandle,
     status: Arc<Mutex<serde_json::Value>>,
+    client: QueueClient,
 ) -> (JoinHandle<std::io::Result<()>>, CancellationToken) {
     let http_shutdown = CancellationToken::new();
     let http = tokio::spawn(crate::http::serve(
         listener,
         crate::http::Routes {
             metrics: Some(metrics),
-            status: Arc::new(move || status.lock().map(|s| s.clone()).unwrap_or_default()),
+            status: crate::http::status_with_redis(status, client),
         },
         http_shutdown.clone(),
     ));
@@ -328,6 +333,7 @@ impl Master {
         Master {
             redis: RedisLink {
                 conn: client.connection(),
+                client: client.clone(),
                 keys: Keys::new(&opts.config.cluster.namespace),
                 outage: OutageLog::default(),
             },

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::cluster_watch::ClusterWatch;
 use super::conn::{self, Target};
 use super::record::rfc3339;
 use super::scripts::Keys;
@@ -41,6 +42,26 @@ pub struct RedisNode {
     pub last_failover: Option<String>,
 }
 
+impl RedisNode {
+    /// [`last_failover`](Self::last_failover) in ms since the epoch, when there is one
+    /// that reads.
+    pub fn last_failover_ms(&self) -> Option<u64> {
+        let at = chrono::DateTime::parse_from_rfc3339(self.last_failover.as_deref()?).ok()?;
+        u64::try_from(at.timestamp_millis()).ok()
+    }
+}
+
+impl Topology {
+    /// Its name, as JSON gives it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Topology::Single => "single",
+            Topology::Cluster => "cluster",
+            Topology::Sentinel => "sentinel",
+        }
+    }
+}
+
 fn rfc3339_of(t: std::time::SystemTime) -> String {
     let ms = t
         .duration_since(std::time::UNIX_EPOCH)
@@ -56,6 +77,8 @@ pub struct QueueClient {
     namespace: Arc<str>,
     /// The URL it connected with, its passwords hidden.
     origin: Arc<str>,
+    /// On a Redis Cluster, the failovers [`QueueClient::watch_cluster`] saw.
+    cluster_watch: Arc<std::sync::Mutex<ClusterWatch>>,
     /// How its queues' writes are confirmed on replicas (durability.rs).
     durability: Durability,
 }
@@ -73,6 +96,7 @@ impl QueueClient {
             target,
             namespace: namespace.into(),
             origin: redacted(url).into(),
+            cluster_watch: Arc::default(),
             durability: opts.durability,
         })
     }
@@ -167,13 +191,17 @@ impl QueueClient {
                 last_failover: None,
             },
             // A cluster's client talks to every master; the node named is the one it
-            // was pointed at, and its failovers are the cluster's own business.
-            Target::Cluster(_) => RedisNode {
-                topology: Topology::Cluster,
-                node: self.origin.to_string(),
-                failovers: 0,
-                last_failover: None,
-            },
+            // was pointed at, and the failovers those [`watch_cluster`] saw (none in a
+            // role that does not look: only the manager does).
+            Target::Cluster(_) => {
+                let watch = self.cluster_watch.lock().expect("cluster watch");
+                RedisNode {
+                    topology: Topology::Cluster,
+                    node: self.origin.to_string(),
+                    failovers: watch.failovers,
+                    last_failover: watch.last_failover.map(rfc3339_of),
+                }
+            }
             Target::Sentinel(conn) => {
                 let facts = conn.facts();
                 RedisNode {
@@ -186,6 +214,31 @@ impl QueueClient {
                 }
             }
         }
+    }
+
+    /// On a Redis Cluster, looks whether a replica took a master's slots since the last
+    /// look (one `CLUSTER NODES`, see `cluster_watch.rs`) and counts it in
+    /// [`redis_node`](Self::redis_node); returns how many it saw. Nothing to do, and 0,
+    /// on one server or through Sentinel. The manager calls it on its tick.
+    pub async fn watch_cluster(&self) -> Result<usize, QueueError> {
+        if !matches!(self.target, Target::Cluster(_)) {
+            return Ok(0);
+        }
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let now = std::time::SystemTime::now();
+        let promoted = self
+            .cluster_watch
+            .lock()
+            .expect("cluster watch")
+            .observe(&nodes, now);
+        for p in &promoted {
+            tracing::warn!(node = %p.node, was = %p.was,
+                "redis cluster failover: a replica took its master's slots");
+        }
+        Ok(promoted.len())
     }
 
     /// The key namespace.

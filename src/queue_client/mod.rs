@@ -34,15 +34,18 @@
 //! `checks` (input checks other modules share), `reply` (decoding script replies), `meta`
 //! (a task's meta, read in one place), `args` (the heads of the busiest functions'
 //! arguments), `block` (packets, runs and batch leases as Rust sees them), `conn`
-//! (connections), `sentinel` (following the primary a group of sentinels names), `outage`, `scripts` (the Lua library, its calls and the keys), `system`
-//! (external systems: the run-time switch and the rate bucket), `layout` (the layout
-//! version a queue's data is in) and `migrate` (moving a queue to the current one).
+//! (connections), `sentinel` (following the primary a group of sentinels names),
+//! `cluster_watch` (a Redis Cluster's failovers, seen from `CLUSTER NODES`), `outage`,
+//! `scripts` (the Lua library, its calls and the keys), `system` (external systems: the
+//! run-time switch and the rate bucket), `layout` (the layout version a queue's data is
+//! in) and `migrate` (moving a queue to the current one).
 
 mod args;
 mod block;
 mod chained;
 mod checks;
 mod client;
+mod cluster_watch;
 mod conn;
 mod control;
 mod dead;

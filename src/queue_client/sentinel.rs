@@ -8,16 +8,19 @@
 //! asks the sentinels again: the failed call returns its error, as a call to a server that
 //! went away does, and callers retry it after their own backoff. A `READONLY` reply comes
 //! back as a dropped connection, so every caller treats it as the outage it is rather
-//! than as a server configured read-only. Every few seconds a call also checks, in the
-//! background, that the sentinels still name the same primary, so a connection to a
-//! server demoted while it stayed reachable does not keep serving stale reads.
+//! than as a server configured read-only. A watcher task asks a sentinel every
+//! [`RECHECK`] which primary it names (`SENTINEL GET-MASTER-ADDR-BY-NAME`, on a connection
+//! of its own); when that is not the one the connection talks to, the connection is
+//! dropped and the calls waiting on it fail at once, so a primary that froze (rather than
+//! died) holds no call for the whole response timeout, and one demoted while it stayed
+//! reachable serves no stale reads.
 //!
 //! Credentials: the URL's `user:password@` (or `[cluster] redis_password_file`) log in to
 //! the data nodes; `sentinel_user` and `sentinel_password` in the query log in to the
 //! sentinels, which Redis configures apart (`requirepass` in sentinel.conf).
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
@@ -26,9 +29,8 @@ use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisF
 use super::QueueError;
 use super::conn::ConnectOptions;
 
-/// How often a call looks (in the background) whether the sentinels still name the
-/// primary it talks to.
-const RECHECK: Duration = Duration::from_secs(2);
+/// How often the watcher asks a sentinel which primary it names.
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// A parsed `redis+sentinel://` URL.
 #[derive(Clone, PartialEq, Eq)]
@@ -236,7 +238,11 @@ pub struct SentinelConn {
 struct Shared {
     /// Held while asking the sentinels, so a burst of failed calls asks once.
     sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// The primary's name for the sentinels (`SENTINEL GET-MASTER-ADDR-BY-NAME`).
+    service: String,
     state: Mutex<State>,
+    /// The generation of the connection; a call in flight on an older one is cut short.
+    switched: tokio::sync::watch::Sender<u64>,
     config: AsyncConnectionConfig,
     /// Bounds one round of asking the sentinels and connecting to the primary.
     resolve_limit: Duration,
@@ -248,7 +254,6 @@ struct State {
     /// does not drop a new one.
     generation: u64,
     facts: Option<PrimaryFacts>,
-    checked: Instant,
 }
 
 impl SentinelConn {
@@ -261,12 +266,13 @@ impl SentinelConn {
         let conn = SentinelConn {
             shared: Arc::new(Shared {
                 sentinel: tokio::sync::Mutex::new(client),
+                service: url.service.clone(),
                 state: Mutex::new(State {
                     conn: None,
                     generation: 0,
                     facts: None,
-                    checked: Instant::now(),
                 }),
+                switched: tokio::sync::watch::Sender::new(0),
                 config: AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout))
                     .set_response_timeout(Some(opts.response_timeout)),
@@ -274,6 +280,7 @@ impl SentinelConn {
             }),
         };
         conn.current().await?;
+        tokio::spawn(watch(Arc::downgrade(&conn.shared)));
         Ok(conn)
     }
 
@@ -337,45 +344,14 @@ impl SentinelConn {
         let addr = client.get_connection_info().addr().to_string();
         let mut state = self.shared.state.lock().expect("sentinel state");
         state.note_primary(&addr);
-        state.checked = Instant::now();
         state.conn = Some((conn.clone(), client.clone()));
         Ok((conn, client, state.generation))
     }
 
     fn cached(&self) -> Option<(MultiplexedConnection, Client, u64)> {
-        let mut state = self.shared.state.lock().expect("sentinel state");
+        let state = self.shared.state.lock().expect("sentinel state");
         let (conn, client) = state.conn.clone()?;
-        if state.checked.elapsed() >= RECHECK {
-            state.checked = Instant::now();
-            self.spawn_recheck(state.generation);
-        }
         Some((conn, client, state.generation))
-    }
-
-    /// Asks the sentinels, off the caller's path, whether they still name the primary this
-    /// talks to, and drops the connection when they do not.
-    fn spawn_recheck(&self, generation: u64) {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let this = self.clone();
-        handle.spawn(async move {
-            let Ok(mut sentinel) = this.shared.sentinel.try_lock() else {
-                return; // someone is asking already
-            };
-            let named =
-                tokio::time::timeout(this.shared.resolve_limit, sentinel.async_get_client()).await;
-            let Ok(Ok(client)) = named else {
-                return; // the next failed call will ask again
-            };
-            let addr = client.get_connection_info().addr().to_string();
-            let current = this.facts().map(|f| f.primary);
-            if current.as_deref() != Some(addr.as_str()) {
-                tracing::warn!(primary = %addr, was = current.as_deref().unwrap_or("-"),
-                    "the sentinels name another redis primary; reconnecting");
-                this.drop_conn(generation);
-            }
-        });
     }
 
     /// Forgets the connection of `generation`, so the next call asks the sentinels.
@@ -384,6 +360,7 @@ impl SentinelConn {
         if state.generation == generation {
             state.generation += 1;
             state.conn = None;
+            self.shared.switched.send_replace(state.generation);
         }
     }
 
@@ -409,6 +386,95 @@ impl SentinelConn {
             self.drop_conn(generation);
         }
         e
+    }
+}
+
+impl SentinelConn {
+    /// Runs `call` on the connection of `generation`, cut short with a dropped-connection
+    /// error when that connection is dropped meanwhile (the watcher saw another primary).
+    async fn unless_switched<T>(
+        &self,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+        generation: u64,
+    ) -> redis::RedisResult<T> {
+        let mut switched = self.shared.switched.subscribe();
+        tokio::select! {
+            r = call => r.map_err(|e| self.after_error(e, generation)),
+            _ = switched.wait_for(|g| *g != generation) => Err(redis::RedisError::from(
+                std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    "the sentinels named another redis primary while the call waited",
+                ),
+            )),
+        }
+    }
+}
+
+/// The watcher of one [`SentinelConn`]: every [`RECHECK`], which primary a sentinel names;
+/// another one than the connection's drops the connection. It ends with the last clone of
+/// the connection.
+async fn watch(shared: std::sync::Weak<Shared>) {
+    let mut sentinel: Option<MultiplexedConnection> = None;
+    loop {
+        tokio::time::sleep(RECHECK).await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let this = SentinelConn { shared };
+        match tokio::time::timeout(this.shared.resolve_limit, this.named_primary(&mut sentinel))
+            .await
+        {
+            Ok(Ok(named)) => {
+                let (current, generation) = {
+                    let state = this.shared.state.lock().expect("sentinel state");
+                    let current = state
+                        .conn
+                        .as_ref()
+                        .map(|(_, c)| c.get_connection_info().addr().to_string());
+                    (current, state.generation)
+                };
+                if let Some(current) = current
+                    && current != named
+                {
+                    tracing::warn!(primary = %named, was = %current,
+                        "the sentinels name another redis primary; reconnecting");
+                    this.drop_conn(generation);
+                }
+            }
+            // (asked again next time, on a new connection; a failed call asks anyway)
+            _ => sentinel = None,
+        }
+    }
+}
+
+impl SentinelConn {
+    /// `host:port` of the primary a sentinel names, on the watcher's connection `conn`
+    /// (opened when there is none).
+    async fn named_primary(
+        &self,
+        conn: &mut Option<MultiplexedConnection>,
+    ) -> redis::RedisResult<String> {
+        if conn.is_none() {
+            let client = self
+                .shared
+                .sentinel
+                .lock()
+                .await
+                .async_get_sentinel_client()
+                .await?;
+            *conn = Some(
+                client
+                    .get_multiplexed_async_connection_with_config(&self.shared.config)
+                    .await?,
+            );
+        }
+        let c = conn.as_mut().expect("opened above");
+        let (host, port): (String, u16) = redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(&self.shared.service)
+            .query_async(c)
+            .await?;
+        Ok(ConnectionAddr::Tcp(host, port).to_string())
     }
 }
 
@@ -445,9 +511,8 @@ impl ConnectionLike for SentinelConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let (mut conn, _, generation) = self.current().await?;
-            conn.req_packed_command(cmd)
-                .await
-                .map_err(|e| self.after_error(e, generation))
+            let call = conn.req_packed_command(cmd);
+            self.unless_switched(call, generation).await
         })
     }
 
@@ -459,9 +524,8 @@ impl ConnectionLike for SentinelConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             let (mut conn, _, generation) = self.current().await?;
-            conn.req_packed_commands(pipeline, offset, count)
-                .await
-                .map_err(|e| self.after_error(e, generation))
+            let call = conn.req_packed_commands(pipeline, offset, count);
+            self.unless_switched(call, generation).await
         })
     }
 

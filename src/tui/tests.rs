@@ -16,7 +16,7 @@ use crate::cluster::snapshot::{
 use crate::cluster::{HostReport, QueueReport, SlotMap};
 use crate::config::{Intake, QueueKind};
 use crate::queue_client::{
-    HistoryEntry, QueueStats, RecordState, SystemState, TaskRecord, rfc3339,
+    HistoryEntry, QueueStats, RecordState, RedisNode, SystemState, TaskRecord, Topology, rfc3339,
 };
 
 /// 2023-11-14 22:13:20 UTC: far from any clock the tests run under.
@@ -125,6 +125,7 @@ fn host_report(host: &str, i: u64, ts_ms: u64, pss: u64, slots: &[(&str, u32)]) 
         handlers: vec!["noop".into(), "sleep".into(), "exec".into()],
         map_version: 17,
         map_epoch: 3,
+        redis: None,
         queues: slots
             .iter()
             .map(|(q, n)| {
@@ -225,7 +226,7 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
         queues.insert(q.name.to_string(), view);
     }
     let mut hosts = BTreeMap::new();
-    let h1 = host_report(
+    let mut h1 = host_report(
         "h1",
         i,
         at_ms - 300,
@@ -240,7 +241,23 @@ fn snapshot(i: u64, manager_up: bool) -> Snapshot {
         &[("emails", 2), ("resize_photo", 2)],
     );
     h2.draining = true;
-    let h3 = host_report("h3", i, T0 - 60_000, GIB / 2, &[("webhooks", 1)]);
+    let mut h3 = host_report("h3", i, T0 - 60_000, GIB / 2, &[("webhooks", 1)]);
+    // Through Sentinel: the live hosts followed a failover two minutes before the first
+    // read; h3 went silent on the old primary.
+    let promoted = RedisNode {
+        topology: Topology::Sentinel,
+        node: "10.0.0.6:6379".into(),
+        failovers: 1,
+        last_failover: Some(rfc3339((T0 - 120_000) as i64)),
+    };
+    h1.redis = Some(promoted.clone());
+    h2.redis = Some(promoted);
+    h3.redis = Some(RedisNode {
+        topology: Topology::Sentinel,
+        node: "10.0.0.5:6379".into(),
+        failovers: 0,
+        last_failover: None,
+    });
     for (name, state, drain_requested, report) in [
         ("h1", HostState::Alive, false, h1),
         ("h2", HostState::Draining, true, h2),
@@ -380,6 +397,11 @@ fn slot_map_view_with_a_stale_manager() {
     assert_eq!(buf[(x, y)].fg, Color::Red);
     let (x, y) = find(buf, "dead ").expect("h3 shown dead");
     assert_eq!(buf[(x, y)].fg, Color::Red);
+    // h3 names another Redis node than the live hosts: it stands out.
+    let (x, y) = find(buf, "10.0.0.5:6379").expect("h3's redis node");
+    assert_eq!(buf[(x, y)].fg, Color::Yellow);
+    let (x, y) = find(buf, "10.0.0.6:6379 ↻2m58s").expect("h1's redis node");
+    assert_eq!(buf[(x, y)].fg, Color::Reset);
 }
 
 #[test]

@@ -752,6 +752,27 @@ async fn admin_endpoints_health_metrics_and_an_outage() {
     s.stop().await;
 }
 
+/// `GET /status` names the Redis node the instance talks to, behind a token like
+/// `/metrics` (any key), and reads nothing from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_status_names_its_redis_node() {
+    let s = Service::start().await;
+    let (st, _) = s.call("GET", "/status", None, None).await;
+    assert_eq!(st, 401, "/status needs a token");
+    let (st, status) = s.get("/status", SHOP).await;
+    assert_eq!(st, 200, "{status}");
+    assert_eq!(
+        status["redis"],
+        json!({
+            "topology": "single",
+            "node": format!("127.0.0.1:{}", s.redis.server.port()),
+            "failovers": 0,
+            "last_failover": null,
+        })
+    );
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_non_loopback_address_without_keys_is_refused() {
     let redis = TestRedis::start();

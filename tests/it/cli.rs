@@ -346,7 +346,9 @@ fn tls_files_with_a_plain_url_from_the_command_line_are_refused() {
     let err = stderr(&o);
     assert!(
         err.contains("[cluster].redis_ca_file is set")
-            && err.contains("is not rediss://: refusing to connect without TLS"),
+            && err.contains(
+                "is not rediss:// (or rediss+sentinel://): refusing to connect without TLS"
+            ),
         "{err}"
     );
 }

@@ -17,6 +17,8 @@
 //! through a real api across a manager failover, their key rules, `gaffer schedules`),
 //! `retired.rs` (queues removed from the config: the registry of names, `stats`, `tasks`
 //! and `queues retire` on them),
+//! `redis_node.rs` (which Redis node each role names in `/status`, its host report and
+//! `stats`, across a Sentinel failover and a Redis Cluster failover),
 //! `retries.rs` (the `retry` table through a real master), `timeouts.rs` (a batch queue's
 //! `timeout` per task, exec and Rust handlers), `outage.rs` (the regressions
 //! the fault suite found), `tls.rs` (TLS-only servers and clusters; `GAFFER_TEST_TLS=1` makes the
@@ -54,6 +56,7 @@ mod packets;
 mod preempt;
 mod queue;
 mod records;
+mod redis_node;
 mod retired;
 mod retries;
 mod schedules;

@@ -3,7 +3,8 @@
 use clap::Args;
 
 use crate::cli::{CliError, Global};
-use crate::cluster::snapshot::{Snapshot, late_text, stats_json};
+use crate::cluster::now_ms;
+use crate::cluster::snapshot::{Snapshot, age_text, late_text, redis_text, stats_json};
 use crate::printable::printable;
 
 /// Arguments of `gaffer stats`.
@@ -21,7 +22,11 @@ pub async fn run(global: &Global, args: StatsArgs) -> Result<(), CliError> {
     let client = global.connect(&cfg).await?;
     let snap = crate::cluster::snapshot::read(&client, &cfg).await?;
     if args.json {
-        println!("{}", stats_json(&snap));
+        let mut doc = stats_json(&snap);
+        // (the node this command read from: beside the hosts', a master still on an old
+        // primary shows)
+        doc["redis"] = serde_json::json!(client.redis_node());
+        println!("{doc}");
         return Ok(());
     }
     print_queues(&snap);
@@ -45,6 +50,10 @@ pub async fn run(global: &Global, args: StatsArgs) -> Result<(), CliError> {
             "\nSTALE: no manager holds the lease (the map and decisions shown are the last ones written)"
         ),
     }
+    println!(
+        "this command reached redis {}",
+        redis_text(&client.redis_node(), now_ms())
+    );
     Ok(())
 }
 
@@ -158,21 +167,75 @@ fn bound_text(r: &crate::cluster::HostReport) -> &'static str {
     }
 }
 
+/// The Redis node a host's master talks to, and its topology unless one server; `-` in
+/// the report of a master from before it.
+fn node_text(r: &crate::cluster::HostReport) -> String {
+    use crate::queue_client::Topology;
+    match &r.redis {
+        None => "-".into(),
+        Some(n) if n.topology == Topology::Single => printable(&n.node).into_owned(),
+        Some(n) => format!("{} ({})", printable(&n.node), n.topology.as_str()),
+    }
+}
+
+/// The failovers a host's master followed: how many, and how long ago the last one was.
+fn failovers_text(r: &crate::cluster::HostReport, now_ms: u64) -> String {
+    match &r.redis {
+        None => "-".into(),
+        Some(n) if n.failovers == 0 => "0".into(),
+        Some(n) => match n.last_failover_ms() {
+            Some(at) => format!(
+                "{}, last {} ago",
+                n.failovers,
+                age_text(now_ms.saturating_sub(at))
+            ),
+            None => n.failovers.to_string(),
+        },
+    }
+}
+
 fn print_hosts(snap: &Snapshot) {
     if snap.hosts.is_empty() {
         return;
     }
+    let now = now_ms();
+    let redis: Vec<(String, String)> = snap
+        .hosts
+        .values()
+        .map(|h| (node_text(&h.report), failovers_text(&h.report, now)))
+        .collect();
+    let node_w = redis
+        .iter()
+        .map(|(n, _)| n.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(5);
+    let fail_w = redis
+        .iter()
+        .map(|(_, f)| f.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max(9);
     println!(
-        "\n{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6} {:>5}  bound",
-        "host", "state", "slots", "capacity", "pss", "available", "load", "cpu%"
+        "\n{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6} {:>5}  {:<node_w$}  {:<fail_w$}  bound",
+        "host",
+        "state",
+        "slots",
+        "capacity",
+        "pss",
+        "available",
+        "load",
+        "cpu%",
+        "redis",
+        "failovers"
     );
-    for (name, h) in &snap.hosts {
+    for ((name, h), (node, failovers)) in snap.hosts.iter().zip(&redis) {
         let r = &h.report;
         let pressure = r
             .cpu_pressure
             .map_or("-".to_string(), |p| format!("{p:.0}"));
         println!(
-            "{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6.2} {:>5}  {}",
+            "{:<24} {:>8} {:>6} {:>9} {:>10} {:>12} {:>6.2} {:>5}  {:<node_w$}  {:<fail_w$}  {}",
             printable(name),
             h.state.as_str(),
             r.slots,
@@ -181,6 +244,8 @@ fn print_hosts(snap: &Snapshot) {
             bytesize::ByteSize(r.mem_available_bytes).to_string(),
             r.load1,
             pressure,
+            node,
+            failovers,
             bound_text(r)
         );
     }

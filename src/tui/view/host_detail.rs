@@ -10,7 +10,7 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Table, Widget, Wrap};
 use super::charts::{now_max, series, spark, whole};
 use super::{HEADER, YELLOW, ago, count, field, host_state, key, memory, right};
 use crate::cluster::HostReport;
-use crate::cluster::snapshot::{HostView, Snapshot};
+use crate::cluster::snapshot::{HostView, Snapshot, redis_text};
 use crate::printable::printable;
 use crate::tui::state::State;
 
@@ -28,7 +28,7 @@ pub(super) fn host_detail(state: &State, latest: &Snapshot, area: Rect, buf: &mu
         Constraint::Fill(1),
     ]));
     let [info, table] = left.layout(&Layout::vertical([
-        Constraint::Length(8),
+        Constraint::Length(9),
         Constraint::Fill(1),
     ]));
     Paragraph::new(figures(h, latest))
@@ -39,7 +39,8 @@ pub(super) fn host_detail(state: &State, latest: &Snapshot, area: Rect, buf: &mu
     history(state, &name, charts, buf);
 }
 
-/// The host's state, its master (ages as of the read), slots, memory, load and handlers.
+/// The host's state, its master (ages as of the read), slots, memory, load, handlers and
+/// the Redis node its master talks to.
 fn figures(h: &HostView, latest: &Snapshot) -> Vec<Line<'static>> {
     let r = &h.report;
     let bytes = |b: u64| bytesize::ByteSize(b).to_string();
@@ -94,6 +95,13 @@ fn figures(h: &HostView, latest: &Snapshot) -> Vec<Line<'static>> {
             },
         ),
         field("handlers", r.handlers.join(", ")),
+        field(
+            "redis",
+            r.redis.as_ref().map_or_else(
+                || "not reported (a master from before it)".to_string(),
+                |n| redis_text(n, latest.at_ms),
+            ),
+        ),
     ]
 }
 
