@@ -109,7 +109,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use gaffer::queue_client::{ConnectOptions, QueueClient, QueueLimits, TaskRecord, TaskState};
+use gaffer::queue_client::{
+    ConnectOptions, Durability, QueueClient, QueueLimits, TaskRecord, TaskState,
+};
 
 use chains::{CHAIN_QUEUE, ChainCase};
 use cluster::{Cluster, MARKER, MAX_ATTEMPTS, NAMESPACE, QUEUE, Shape, Workload};
@@ -556,6 +558,15 @@ fn start_producer(
     stop: Arc<AtomicBool>,
 ) -> std::thread::JoinHandle<Result<Vec<Enqueued>, String>> {
     let url = c.redis.url();
+    // The producer's enqueues are confirmed as the roles' writes are: an acknowledged
+    // task is one `wait_replicas` replicas had.
+    let opts = ConnectOptions {
+        durability: Durability {
+            wait_replicas: c.shape.wait_replicas,
+            ..Durability::default()
+        },
+        ..ConnectOptions::default()
+    };
     let p = &args.profile;
     let plan: Vec<(&str, QueueLimits, Make, f64, u64)> = [
         (QUEUE, Make::Plain, p.rate, args.seed ^ 0x5eed),
@@ -571,7 +582,7 @@ fn start_producer(
             .build()
             .map_err(|e| e.to_string())?;
         rt.block_on(async move {
-            let client = QueueClient::connect(&url, NAMESPACE, &ConnectOptions::default())
+            let client = QueueClient::connect(&url, NAMESPACE, &opts)
                 .await
                 .map_err(|e| e.to_string())?;
             let mut runs = Vec::new();

@@ -84,14 +84,11 @@ impl SentinelGroup {
             .await;
         }
         // The replica must have caught up, or a failover finds no replica fit to promote.
-        let mut primary = raw(self.data[0].port()).await;
-        let acked: i64 = redis::cmd("WAIT")
-            .arg(1)
-            .arg(5000)
-            .query_async(&mut primary)
-            .await
-            .unwrap();
-        assert_eq!(acked, 1, "the replica acknowledges the primary's writes");
+        assert_eq!(
+            replicated(self.data[0].port()).await,
+            1,
+            "the replica acknowledges the primary's writes"
+        );
     }
 
     /// `redis+sentinel://` for the group.
@@ -115,6 +112,16 @@ impl SentinelGroup {
             .unwrap();
         port
     }
+}
+
+/// `WAIT 1 5000` on the primary at `port`: how many replicas have its writes.
+async fn replicated(port: u16) -> i64 {
+    redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut raw(port).await)
+        .await
+        .unwrap()
 }
 
 async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
@@ -184,14 +191,7 @@ async fn a_sentinel_url_follows_the_primary_when_it_dies() {
     );
     enqueue_through(&client, "before", Duration::from_secs(5)).await;
     // The write is on the replica before the primary dies, so the failover keeps it.
-    let mut primary = raw(first).await;
-    let acked: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(5000)
-        .query_async(&mut primary)
-        .await
-        .unwrap();
-    assert_eq!(acked, 1);
+    assert_eq!(replicated(first).await, 1);
 
     group.data[0].kill();
     enqueue_through(&client, "after", Duration::from_secs(30)).await;
@@ -212,13 +212,7 @@ async fn a_demoted_primary_is_left_for_the_new_one() {
         .await
         .expect("connect through the sentinels");
     enqueue_through(&client, "before", Duration::from_secs(5)).await;
-    let mut primary = raw(group.data[0].port()).await;
-    let _: i64 = redis::cmd("WAIT")
-        .arg(1)
-        .arg(5000)
-        .query_async(&mut primary)
-        .await
-        .unwrap();
+    assert_eq!(replicated(group.data[0].port()).await, 1);
 
     // A switch the old primary lives through: it becomes a replica and answers READONLY
     // to writes on the connection the client still holds.
