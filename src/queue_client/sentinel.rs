@@ -364,20 +364,30 @@ impl SentinelConn {
         }
     }
 
-    /// What a failed call means for the connection: dropped when it is no longer worth
-    /// using; a `READONLY` reply becomes a dropped connection (see the module's doc).
-    fn after_error(&self, e: redis::RedisError, generation: u64) -> redis::RedisError {
-        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly) {
-            self.drop_conn(generation);
-            let primary = self.facts().map(|f| f.primary).unwrap_or_default();
-            return redis::RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::ConnectionReset,
-                format!(
-                    "the redis primary at {primary} became a replica (READONLY); \
-                     asking the sentinels for the new one"
-                ),
-            ));
+    /// A `READONLY` reply (the driver hands server errors back as values): the primary
+    /// became a replica, so the connection is dropped and the call fails as a dropped
+    /// connection does (see the module's doc).
+    fn unless_demoted(&self, values: &[Value], generation: u64) -> redis::RedisResult<()> {
+        let demoted = values
+            .iter()
+            .any(|v| matches!(v, Value::ServerError(e) if e.code() == "READONLY"));
+        if !demoted {
+            return Ok(());
         }
+        self.drop_conn(generation);
+        let primary = self.facts().map(|f| f.primary).unwrap_or_default();
+        Err(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            format!(
+                "the redis primary at {primary} became a replica (READONLY); \
+                 asking the sentinels for the new one"
+            ),
+        )))
+    }
+
+    /// What a failed call means for the connection: dropped when it is no longer worth
+    /// using.
+    fn after_error(&self, e: redis::RedisError, generation: u64) -> redis::RedisError {
         if e.is_io_error()
             || e.is_connection_dropped()
             || e.is_connection_refusal()
@@ -512,7 +522,9 @@ impl ConnectionLike for SentinelConn {
         Box::pin(async move {
             let (mut conn, _, generation) = self.current().await?;
             let call = conn.req_packed_command(cmd);
-            self.unless_switched(call, generation).await
+            let value = self.unless_switched(call, generation).await?;
+            self.unless_demoted(std::slice::from_ref(&value), generation)?;
+            Ok(value)
         })
     }
 
@@ -525,7 +537,9 @@ impl ConnectionLike for SentinelConn {
         Box::pin(async move {
             let (mut conn, _, generation) = self.current().await?;
             let call = conn.req_packed_commands(pipeline, offset, count);
-            self.unless_switched(call, generation).await
+            let values = self.unless_switched(call, generation).await?;
+            self.unless_demoted(&values, generation)?;
+            Ok(values)
         })
     }
 

@@ -659,6 +659,18 @@ async fn a_config_redis_went_back_on_is_published_again_not_adopted() {
     })
     .await;
     let newer = field(&config_hash(&mut conn).await, "source").unwrap();
+    // (the master's look at the config comes on its own tick: it runs b's slot once it
+    // has adopted the newer one)
+    eventually(Duration::from_secs(15), "the master runs b", || async {
+        let hosts = cluster::read_hosts(&mut c.client.connection(), &keys)
+            .await
+            .unwrap();
+        hosts
+            .get("h1")
+            .and_then(|r| r.queues.get("b"))
+            .is_some_and(|q| q.slots == 1)
+    })
+    .await;
     let adopted = c
         .log("master-h1.log")
         .matches("adopting the published config")
