@@ -12,7 +12,7 @@ use gaffer::redis_server::RedisServerOptions;
 use nix::sys::signal::Signal;
 use redis::aio::MultiplexedConnection;
 
-use crate::harness::{TestRedis, eventually};
+use crate::harness::{TestCluster, TestRedis, eventually};
 
 /// Confirmed by `replicas`, waiting at most `timeout`.
 fn confirmed(replicas: u32, timeout: Duration) -> ConnectOptions {
@@ -335,26 +335,7 @@ struct ReplicatedCluster {
 
 impl ReplicatedCluster {
     fn start() -> Self {
-        let nodes: Vec<TestRedis> = (0..6)
-            .map(|_| {
-                TestRedis::with(RedisServerOptions {
-                    cluster_node: true,
-                    ..Default::default()
-                })
-            })
-            .collect();
-        let mut cmd = std::process::Command::new("redis-cli");
-        cmd.arg("--cluster").arg("create");
-        for n in &nodes {
-            cmd.arg(format!("127.0.0.1:{}", n.server.port()));
-        }
-        cmd.args(["--cluster-replicas", "1", "--cluster-yes"]);
-        let out = cmd.output().expect("run redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        let nodes = TestCluster::start_with_replicas().nodes;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let layout = Self::layout(&nodes);

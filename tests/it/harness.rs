@@ -107,17 +107,23 @@ pub struct TestCluster {
 
 impl TestCluster {
     pub fn start() -> Self {
-        Self::start_nodes(None)
+        Self::start_nodes(None, 0)
+    }
+
+    /// Three masters, each with one replica (six nodes), up once every node says so;
+    /// whether each replica has synced yet is for the test to wait on.
+    pub fn start_with_replicas() -> Self {
+        Self::start_nodes(None, 1)
     }
 
     /// A cluster whose nodes serve TLS only, clients and cluster bus alike, with the
     /// server certificate of `certs`.
     pub fn start_tls(certs: &TestCerts) -> Self {
-        Self::start_nodes(Some(certs))
+        Self::start_nodes(Some(certs), 0)
     }
 
-    fn start_nodes(tls: Option<&TestCerts>) -> Self {
-        let nodes: Vec<TestRedis> = (0..3)
+    fn start_nodes(tls: Option<&TestCerts>, replicas: usize) -> Self {
+        let nodes: Vec<TestRedis> = (0..3 * (1 + replicas))
             .map(|_| {
                 TestRedis::with(RedisServerOptions {
                     cluster_node: true,
@@ -132,7 +138,9 @@ impl TestCluster {
         for n in &nodes {
             cmd.arg(format!("127.0.0.1:{}", n.server.port()));
         }
-        cmd.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        cmd.arg("--cluster-replicas")
+            .arg(replicas.to_string())
+            .arg("--cluster-yes");
         let out = cmd.output().expect("run redis-cli --cluster create");
         assert!(
             out.status.success(),

@@ -10,11 +10,11 @@ use std::time::Duration;
 use gaffer::cluster::{self, Keys};
 use gaffer::manager::ManagerOptions;
 use gaffer::queue_client::{ConnectOptions, QueueClient};
-use gaffer::redis_server::{RedisServerOptions, free_port};
+use gaffer::redis_server::free_port;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{ANY_LOAD, TestRedis, eventually};
+use crate::harness::{ANY_LOAD, TestCluster, eventually};
 use crate::host::http_get;
 use crate::manager::{Cluster, Procs};
 use crate::sentinel::SentinelGroup;
@@ -185,29 +185,8 @@ fn cli(port: u16, args: &[&str]) -> String {
 /// replica promoted by `CLUSTER FAILOVER` as one failover of its Redis node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_managers_status_counts_a_redis_cluster_failover() {
-    let nodes: Vec<TestRedis> = (0..6)
-        .map(|_| {
-            TestRedis::with(RedisServerOptions {
-                cluster_node: true,
-                ..Default::default()
-            })
-        })
-        .collect();
+    let nodes = TestCluster::start_with_replicas().nodes;
     let ports: Vec<u16> = nodes.iter().map(|n| n.server.port()).collect();
-    let mut create = Command::new("redis-cli");
-    create.args(["--cluster", "create"]);
-    for p in &ports {
-        create.arg(format!("127.0.0.1:{p}"));
-    }
-    let out = create
-        .args(["--cluster-replicas", "1", "--cluster-yes"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
     // Every node knows the three replicas and the cluster is up, so the manager's first
     // look (any node answers) sees who follows whom.
     for &p in &ports {
