@@ -6,7 +6,9 @@
 //! and `packets.rs` (the task store), `config.rs`, `cli.rs`, `host.rs` (real master
 //! processes), `slot.rs` (the slot loop in-process), `simulate.rs` (the acceptance bar on
 //! the shipped traces), `trace.rs` (`trace record` on a real manager and master), `api.rs`
-//! (the task service over real HTTP: `Service::start`, `request`), `chains.rs` (chains
+//! (the task service over real HTTP: `Service::start`, `request`), `api_console_data.rs` (what
+//! the web console reads and does: the cluster, one queue, search, dead letters, retry, by
+//! key rights), `chains.rs` (chains
 //! through a real master's exec slots and the api, on one Redis and on a Redis Cluster),
 //! `long.rs` (long tasks on real masters with distinct host names), `drain.rs` (stops with
 //! Redis down or frozen), `durability.rs` (`wait_replicas`: writes confirmed on real
@@ -31,6 +33,7 @@
 
 mod acl;
 mod api;
+mod api_console_data;
 mod batch_lease;
 mod chains;
 mod cli;
