@@ -358,9 +358,12 @@ impl Api {
         json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "error": error }))
     }
 
-    /// What `stats --json` shows under "queues", for the queues the key may use.
+    /// What `stats --json` shows under "queues", for the queues the key may use (read
+    /// alone: neither the other queues nor the retired ones).
     async fn queues_stats(&self, key: &ApiKey) -> Answer {
-        let snap = cluster::snapshot::read(&self.client, &self.config).await?;
+        let allows = |q: &str| key.allows(q);
+        let scope = cluster::snapshot::Scope::Only(&allows);
+        let snap = cluster::snapshot::read_scoped(&self.client, &self.config, scope).await?;
         let mut doc = cluster::snapshot::stats_json(&snap);
         let mut queues = doc["queues"].take();
         if let Some(map) = queues.as_object_mut() {
