@@ -337,7 +337,8 @@
       }
     }
     if (!data) data = { queues: await get('/v1/queues') };
-    record(data.queues || {}, Date.now());
+    // Rates count from when the api began its read, not when the answer arrived.
+    record(data.queues || {}, data.at_ms || Date.now());
     return data;
   }
 
@@ -627,9 +628,34 @@
       const cfg = $('#queue-config');
       if (config === undefined) {
         cfg.replaceChildren(h('span', { class: 'muted' }, 'not served by this api'));
+      } else if (config === null) {
+        cfg.replaceChildren(h('span', { class: 'muted', id: 'queue-config-none' },
+          'no config published (gaffer config apply): each role runs its own file'));
       } else {
-        cfg.replaceChildren(h('pre', { class: 'json', id: 'queue-config-json' }, jsonText(config)));
+        cfg.replaceChildren(
+          h('p', { class: 'muted' }, `published config v${data.config_version ?? '?'}; keys as written there, defaults not filled in`),
+          h('pre', { class: 'json', id: 'queue-config-json' }, jsonText(config)));
       }
+      drawWhere(data);
+    }
+
+    /// Where the queue runs: its system, its hosts' slots, a long queue's running tasks.
+    function drawWhere(data) {
+      const where = $('#queue-where');
+      const hosts = Object.entries(data.hosts || {}).sort(([a], [b]) => a.localeCompare(b));
+      where.replaceChildren(
+        h('p', {}, 'system ', data.system ? link('#/systems', data.system, { id: 'queue-system' }) : h('span', { class: 'muted' }, 'none'),
+          data.kind ? ` · kind ${data.kind}` : '', data.track === false ? ' · no records kept (track = false)' : ''),
+        hosts.length ? h('table', { id: 'queue-hosts' },
+          h('thead', {}, h('tr', {}, h('th', {}, 'host'), h('th', {}, 'state'), h('th', { class: 'num' }, 'slots running→in map'))),
+          h('tbody', {}, hosts.map(([hn, x]) => h('tr', { dataset: { host: hn } },
+            h('td', {}, hn), h('td', {}, badge(x.state)),
+            h('td', { class: 'num' }, x.slots === x.mapped ? String(x.slots) : `${x.slots}→${x.mapped}`)))))
+          : h('p', { class: 'muted' }, 'no slots on any host'),
+        (data.long_running || []).length ? h('div', {}, h('h2', {}, 'Running long tasks'),
+          h('ul', { id: 'queue-long' }, data.long_running.map((t) => h('li', {},
+            link(`#/tasks/${enc(name)}/${enc(t.id)}`, t.id), ` on ${t.host}/${t.slot}`,
+            t.since_ms ? ` for ${fmtAge(Date.now() - t.since_ms)}` : '')))) : null);
     }
 
     function taskRow(t) {
@@ -671,12 +697,14 @@
       return h('tr', { dataset: { dead: t.id } },
         session.admin ? h('td', {}, box) : null,
         h('td', { class: 'id' }, link(`#/tasks/${enc(name)}/${enc(t.id)}`, t.id)),
-        h('td', {}, timeEl(t.updated_at || t.failed_at || t.at)),
-        h('td', { class: 'mono' }, String(t.attempt ?? '-')),
+        h('td', {}, timeEl(t.died_at)),
+        h('td', { class: 'num' }, String(t.attempts ?? '-')),
         h('td', {}, h('span', { class: 'mono' }, (t.error || t.reason || '').slice(0, 200))));
     }
 
     async function loadDead() {
+      // Dead letters are an admin's: a limited key finds its failed tasks in the listing.
+      if (!session.admin) return;
       const params = new URLSearchParams({ limit: '50' });
       if (dead.cursor) params.set('cursor', dead.cursor);
       let data;
@@ -689,7 +717,7 @@
         }
         throw e;
       }
-      const items = data.dead || data.tasks || data.letters || [];
+      const items = data.dead || [];
       const body = h('tbody', {}, items.map(deadRow));
       if (items.length === 0) body.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, 'no dead letters')));
       $('#dead-table').tBodies[0].replaceWith(body);
@@ -805,15 +833,16 @@
               h('thead', {}, h('tr', {}, ['id', 'state', 'attempt', 'prio', 'created', 'updated', 'submitted by']
                 .map((c) => h('th', {}, c)))),
               h('tbody'))),
-          h('section', { id: 'dead-section' },
+          h('section', { id: 'dead-section', hidden: !session.admin },
             h('h2', {}, 'Dead letters'),
             h('div', { class: 'toolbar' }, deadControls(), h('span', { class: 'grow' }), ...pager('dead', dead, loadDead)),
             h('div', { class: 'scroll panel' },
               h('table', { id: 'dead-table' },
                 h('thead', {}, h('tr', {}, deadHead, ['id', 'failed', 'attempt', 'error'].map((c) => h('th', {}, c)))),
                 h('tbody')))),
-          h('h2', {}, "Config (as the manager sees it)"),
-          h('div', { class: 'panel', id: 'queue-config' }));
+          h('div', { class: 'cols' },
+            h('section', {}, h('h2', {}, 'Where it runs'), h('div', { class: 'panel', id: 'queue-where' })),
+            h('section', {}, h('h2', {}, 'Config (as the manager sees it)'), h('div', { class: 'panel', id: 'queue-config' }))));
       },
       async refresh(current) {
         const data = await fetchQueue();
@@ -1028,8 +1057,8 @@
 
     function draw() {
       const hosts = last.hosts || {};
-      const map = (last.map && (last.map.hosts || last.map)) || {};
-      const mapFor = (hst, q) => (map[hst] && map[hst][q]) || 0;
+      // Each host's share of the published map (`mapped`), as the dashboard shows it.
+      const mapFor = (hst, q) => (hosts[hst] && hosts[hst].mapped && hosts[hst].mapped[q]) || 0;
       let names = Object.keys(last.queues || {}).sort();
       if (!state.all) {
         names = names.filter((q) => Object.entries(hosts).some(([hn, hst]) =>
@@ -1110,14 +1139,8 @@
     let last = null;
 
     async function fetchSystems() {
-      try {
-        const data = await get('/v1/systems');
-        return data.systems || data;
-      } catch (e) {
-        if (e.status !== 404) throw e;
-        const cluster = await fetchCluster();
-        return cluster.systems || {};
-      }
+      const cluster = await fetchCluster();
+      return cluster.systems || {};
     }
 
     function controls(name, s) {
