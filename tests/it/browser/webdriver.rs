@@ -299,17 +299,23 @@ impl Browser {
             .unwrap_or_else(|e| panic!("open {url}: {e}"));
     }
 
-    /// The address the page is at.
-    pub async fn url(&self) -> String {
-        let v = self.cmd("GET", "/url", None).await.unwrap();
-        v.as_str().unwrap_or_default().to_string()
-    }
-
     /// Runs `script` in the page (`arguments[i]` are `args`) and answers what it returns.
     pub async fn exec(&self, script: &str, args: Value) -> Value {
         self.cmd(
             "POST",
             "/execute/sync",
+            Some(json!({"script": script, "args": args})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+    }
+
+    /// Runs `script` as an async script: it ends by calling its last argument (the
+    /// driver's callback) with what it answers.
+    pub async fn exec_async(&self, script: &str, args: Value) -> Value {
+        self.cmd(
+            "POST",
+            "/execute/async",
             Some(json!({"script": script, "args": args})),
         )
         .await
@@ -432,7 +438,12 @@ impl Browser {
 
     /// Waits until the script `script` returns true.
     pub async fn wait_script(&self, script: &str, args: Value, what: &str) {
-        let deadline = Instant::now() + PATIENCE;
+        self.wait_script_for(script, args, what, PATIENCE).await
+    }
+
+    /// [`Browser::wait_script`] with a patience of `limit`.
+    pub async fn wait_script_for(&self, script: &str, args: Value, what: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
         while self.exec(script, args.clone()).await != Value::Bool(true) {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
             tokio::time::sleep(Duration::from_millis(100)).await;

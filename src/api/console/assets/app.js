@@ -949,7 +949,7 @@
           h('h1', {}, link(`#/queues/${enc(queue)}`, queue), ' / ', h('span', { id: 'task-title' }, id)),
           h('div', { class: 'toolbar', id: 'task-actions' }),
           h('div', { class: 'cols' },
-            h('section', {}, h('div', { class: 'panel', id: 'task-fields' }), h('div', { id: 'task-output' })),
+            h('section', {}, h('h2', {}, 'Record'), h('div', { class: 'panel', id: 'task-fields' }), h('div', { id: 'task-output' })),
             h('section', {}, h('h2', {}, 'History'),
               h('div', { class: 'panel' }, h('ol', { class: 'timeline', id: 'task-history' })))));
       },
