@@ -495,3 +495,97 @@ async fn the_console_refuses_a_wrong_token_and_forged_writes() {
 pub(crate) fn urlencode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_filters_and_sorts_150_queues() {
+    let port = free_port().unwrap();
+    let mut tables: String = (0..150)
+        .map(|i| format!("[queues.q-{i:03}]\nhandler = \"noop\"\n\n"))
+        .collect();
+    // The limited key's queues, which `keys` names.
+    tables.push_str("[queues.work]\nhandler = \"noop\"\n\n[queues.emails]\nhandler = \"noop\"\n");
+    tables.push_str(&keys(port));
+    // No master: what is submitted stays ready.
+    let console = Console::start_with(&tables, port, &[]).await;
+    for (queue, n) in [("q-007", 3), ("q-123", 9), ("q-042", 5)] {
+        let tasks: Vec<Value> = (0..n).map(|_| json!({"payload": 1})).collect();
+        console.submit(queue, OPS, json!({ "tasks": tasks })).await;
+    }
+    let browser = Browser::start("the_overview_filters_and_sorts_150_queues").await;
+    console.login(&browser, OPS).await;
+    browser
+        .wait_script(
+            "return document.querySelectorAll('#queues-table tbody tr[data-queue]').length === 152;",
+            json!([]),
+            "152 rows",
+        )
+        .await;
+    let first_render = browser
+        .exec(
+            "const n = performance.getEntriesByType('navigation')[0]; \
+             return [n.domContentLoadedEventEnd, performance.now()];",
+            json!([]),
+        )
+        .await;
+    eprintln!("overview of 152 queues: DOM ready and first render by {first_render} ms");
+
+    // The filter keeps the matching rows, live.
+    browser.type_into("#filter", "q-01").await;
+    let rows = "return [...document.querySelectorAll('#queues-table tbody tr[data-queue]')] \
+                .map((r) => r.dataset.queue);";
+    browser
+        .wait_script(
+            "return document.querySelectorAll('#queues-table tbody tr[data-queue]').length === 10;",
+            json!([]),
+            "the filtered rows",
+        )
+        .await;
+    let shown = browser.exec(rows, json!([])).await;
+    let expected: Vec<String> = (10..20).map(|i| format!("q-{i:03}")).collect();
+    assert_eq!(shown, json!(expected));
+    assert_eq!(
+        browser.text("#queue-count").await.as_deref(),
+        Some("10 of 152 queues")
+    );
+
+    // Sorted by ready, most first; a second click reverses.
+    browser.type_into("#filter", "").await;
+    browser.click("#queues-table th[data-sort='ready']").await;
+    browser
+        .wait_script(
+            "const r = document.querySelectorAll('#queues-table tbody tr[data-queue]'); \
+             return r.length === 152 && r[0].dataset.queue === 'q-123';",
+            json!([]),
+            "q-123 first",
+        )
+        .await;
+    let top: Vec<String> = serde_json::from_value(browser.exec(rows, json!([])).await).unwrap();
+    assert_eq!(top[..3], ["q-123", "q-042", "q-007"]);
+    browser.click("#queues-table th[data-sort='ready']").await;
+    browser
+        .wait_script(
+            "const r = document.querySelectorAll('#queues-table tbody tr[data-queue]'); \
+             return r[r.length - 1].dataset.queue === 'q-123';",
+            json!([]),
+            "q-123 last",
+        )
+        .await;
+    // A refresh keeps the order and the filter (the page polls every 2 s).
+    let refreshes = "return Number(document.querySelector('#view').dataset.refreshes);";
+    let before = browser.exec(refreshes, json!([])).await.as_u64().unwrap();
+    browser
+        .wait_script(
+            "return Number(document.querySelector('#view').dataset.refreshes) > arguments[0];",
+            json!([before]),
+            "a refresh",
+        )
+        .await;
+    let last = browser
+        .exec(
+            "const r = document.querySelectorAll('#queues-table tbody tr[data-queue]'); \
+             return r[r.length - 1].dataset.queue;",
+            json!([]),
+        )
+        .await;
+    assert_eq!(last, "q-123");
+}

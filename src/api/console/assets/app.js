@@ -546,11 +546,14 @@
       render(view) {
         const filter = h('input', { id: 'filter', type: 'search', placeholder: 'filter queues and hosts',
           value: overviewState.filter, 'aria-label': 'filter' });
-        filter.addEventListener('input', () => {
+        const onFilter = () => {
+          if (overviewState.filter === filter.value) return;
           overviewState.filter = filter.value;
           drawQueues();
           drawHosts();
-        });
+        };
+        // 'change' too: a field cleared by a script or a driver fires no 'input'.
+        for (const ev of ['input', 'change', 'search']) filter.addEventListener(ev, onFilter);
         queuesTable = sortableTable('queues-table', qcols, overviewState.queueSort, drawQueues);
         hostsTable = sortableTable('hosts-table', hcols, overviewState.hostSort, drawHosts);
         view.append(
