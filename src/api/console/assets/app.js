@@ -42,7 +42,7 @@
   }
 
   function append(el, children) {
-    for (const c of children.flat()) {
+    for (const c of children.flat(Infinity)) {
       if (c === undefined || c === null || c === false) continue;
       el.append(c instanceof Node ? c : document.createTextNode(String(c)));
     }
@@ -349,6 +349,8 @@
     el.append(svg('line', { class: 'base', x1: 0, y1: hgt - 0.5, x2: w, y2: hgt - 0.5 }));
     if (points.length > 1) {
       const max = Math.max(...points, 0.001);
+      // A series of zeros is drawn grey: nothing happened, nothing to colour.
+      if (max <= 0.001) el.classList.add('flat');
       const step = w / (SPARK_POINTS - 1);
       const start = w - step * (points.length - 1);
       const xy = points.map((p, i) =>
