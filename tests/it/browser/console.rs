@@ -470,6 +470,18 @@ async fn the_console_refuses_a_wrong_token_and_forged_writes() {
         .call("POST", "/v1/queues/work/resume", OPS, None)
         .await;
 
+    // Logging out ends the session: the console is the login page again.
+    browser.goto(&console.url("/ui/#/")).await;
+    browser.click("#logout").await;
+    browser
+        .wait_for("#login-form", "the login page after the logout")
+        .await;
+    browser.goto(&console.url("/ui/#/systems")).await;
+    browser
+        .wait_for("#login-form", "the login page for a logged out browser")
+        .await;
+    console.login(&browser, OPS).await;
+
     // A form on another site posting to the api: the session cookie is not sent with
     // it (SameSite=Strict), so it acts as nobody.
     let target = console.url("/v1/queues/work/pause");
