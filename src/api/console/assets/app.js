@@ -457,11 +457,23 @@
         value: (r) => (r.h.memory_budget_bytes ? r.h.pss_bytes / r.h.memory_budget_bytes : 0),
         cell: (r) => h('td', { class: 'num', dataset: { col: 'memory' } }, memoryEl(r.h)) },
       { key: 'load', label: 'load/cpus', num: true, value: (r) => r.h.load1 ?? 0,
-        cell: (r) => h('td', { class: 'num', dataset: { col: 'load' } },
-          `${(r.h.load1 ?? 0).toFixed(2)}/${r.h.cpus ?? '?'}`) },
-      { key: 'slots', label: 'slots/capacity', num: true, value: (r) => r.h.slots ?? 0,
-        cell: (r) => h('td', { class: 'num', dataset: { col: 'slots' } }, `${r.h.slots ?? 0}/${r.h.capacity ?? 0}`) },
+        cell: (r) => h('td', { class: 'num', dataset: { col: 'load' } }, loadText(r.h)) },
+      { key: 'slots', label: 'slots/capacity', num: true, value: (r) => hostSlots(r.h),
+        cell: (r) => h('td', { class: 'num', dataset: { col: 'slots' } }, slotsText(r.h)) },
     ];
+  }
+
+  // A limited key's hosts carry only its queues' figures: no load, memory or capacity.
+  function loadText(host) {
+    return host.load1 == null ? '-' : `${host.load1.toFixed(2)}/${host.cpus ?? '?'}`;
+  }
+
+  function hostSlots(host) {
+    return host.slots ?? Object.values(host.queues || {}).reduce((a, b) => a + b, 0);
+  }
+
+  function slotsText(host) {
+    return `${hostSlots(host)}/${host.capacity ?? '-'}`;
   }
 
   function hostState(host) {
@@ -476,6 +488,7 @@
   }
 
   function memoryEl(host) {
+    if (host.pss_bytes == null && host.memory_budget_bytes == null) return h('span', { class: 'muted' }, '-');
     const budget = host.memory_budget_bytes || 0;
     const pss = host.pss_bytes || 0;
     if (!budget) return h('span', { class: 'muted' }, `${fmtBytes(pss)} / ?`);
@@ -531,6 +544,12 @@
       const m = last && last.manager;
       if (!m) {
         el.replaceChildren(h('span', { class: 'muted' }, 'not shown to this key'));
+        return;
+      }
+      if (!('leader' in m)) {
+        // A limited key learns only whether a manager leads.
+        el.replaceChildren(h('dl', { class: 'fields' },
+          h('dt', {}, 'fresh'), h('dd', { id: 'lease-stale' }, m.stale ? 'stale: no manager is ticking' : 'yes')));
         return;
       }
       el.replaceChildren(h('dl', { class: 'fields' },
@@ -1094,13 +1113,13 @@
         return h('tr', { dataset: { host: hn }, class: hst.state === 'dead' ? 'dead-host' : '' },
           h('td', {}, hn), h('td', { dataset: { col: 'state' } }, hostState(hst)),
           h('td', {}, memoryEl(hst)),
-          h('td', { class: 'num' }, `${(hst.load1 ?? 0).toFixed(2)}/${hst.cpus ?? '?'}`),
-          h('td', { class: 'num', dataset: { col: 'slots' } }, `${hst.slots ?? 0}/${hst.capacity ?? 0}`),
+          h('td', { class: 'num' }, loadText(hst)),
+          h('td', { class: 'num', dataset: { col: 'slots' } }, slotsText(hst)),
           cells, control);
       });
       const live = Object.values(hosts).filter((x) => x.state !== 'dead');
       const foot = h('tr', {}, h('td', {}, 'total'), h('td'), h('td'), h('td'),
-        h('td', { class: 'num' }, `${live.reduce((s, x) => s + (x.slots || 0), 0)}/${live.reduce((s, x) => s + (x.capacity || 0), 0)}`),
+        h('td', { class: 'num' }, `${live.reduce((s, x) => s + hostSlots(x), 0)}/${live.reduce((s, x) => s + (x.capacity || 0), 0)}`),
         names.map((q) => {
           const v = last.queues[q] || {};
           return slotCell(v.slots || 0, v.mapped ?? v.slots ?? 0);
