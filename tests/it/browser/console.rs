@@ -77,7 +77,7 @@ admin = true
 /// A running cluster with its api.
 pub(crate) struct Console {
     /// Its processes, killed on drop.
-    _cluster: Cluster,
+    pub(crate) cluster: Cluster,
     addr: SocketAddr,
 }
 
@@ -103,10 +103,7 @@ impl Console {
                 && request(addr, "GET", "/healthz", None, None).await.0 == 200
         })
         .await;
-        Console {
-            _cluster: cluster,
-            addr,
-        }
+        Console { cluster, addr }
     }
 
     /// The URL of `path` on the api.
@@ -508,8 +505,45 @@ pub(crate) fn urlencode(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
+/// Reports of 40 hosts (`host-00`…`host-39`), each running a slot of four of the
+/// queues `q-000`…`q-149`: what the overview shows of a cluster that size, no master
+/// needed.
+async fn forty_hosts(console: &Console) {
+    let client = console.cluster.client.clone();
+    for i in 0..40u32 {
+        let queues = (0..4)
+            .map(|k| {
+                let q = format!("q-{:03}", (i * 4 + k) % 150);
+                (
+                    q,
+                    gaffer::cluster::QueueReport {
+                        slots: 1,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        let report = gaffer::cluster::HostReport {
+            host: format!("host-{i:02}"),
+            ts_ms: gaffer::cluster::now_ms(),
+            capacity: 8,
+            slots: 4,
+            cpus: 8,
+            load1: 1.5,
+            pss_bytes: 900 << 20,
+            memory_budget_bytes: 4 << 30,
+            queues,
+            ..Default::default()
+        };
+        let keys = gaffer::cluster::Keys::new("test");
+        gaffer::cluster::publish_host(&mut client.connection(), &keys, &report)
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_overview_filters_and_sorts_150_queues() {
+async fn the_overview_filters_and_sorts_150_queues_and_40_hosts() {
     let port = free_port().unwrap();
     let mut tables: String = (0..150)
         .map(|i| format!("[queues.q-{i:03}]\nhandler = \"noop\"\n\n"))
@@ -519,17 +553,19 @@ async fn the_overview_filters_and_sorts_150_queues() {
     tables.push_str(&keys(port));
     // No master: what is submitted stays ready.
     let console = Console::start_with(&tables, port, &[]).await;
+    forty_hosts(&console).await;
     for (queue, n) in [("q-007", 3), ("q-123", 9), ("q-042", 5)] {
         let tasks: Vec<Value> = (0..n).map(|_| json!({"payload": 1})).collect();
         console.submit(queue, OPS, json!({ "tasks": tasks })).await;
     }
-    let browser = Browser::start("the_overview_filters_and_sorts_150_queues").await;
+    let browser = Browser::start("the_overview_filters_and_sorts_150_queues_and_40_hosts").await;
     console.login(&browser, OPS).await;
     browser
         .wait_script(
-            "return document.querySelectorAll('#queues-table tbody tr[data-queue]').length === 152;",
+            "return document.querySelectorAll('#queues-table tbody tr[data-queue]').length === 152 \
+             && document.querySelectorAll('#hosts-table tbody tr[data-host]').length === 40;",
             json!([]),
-            "152 rows",
+            "152 queues and 40 hosts",
         )
         .await;
     let first_render = browser
@@ -539,7 +575,7 @@ async fn the_overview_filters_and_sorts_150_queues() {
             json!([]),
         )
         .await;
-    eprintln!("overview of 152 queues: DOM ready and first render by {first_render} ms");
+    eprintln!("overview of 152 queues and 40 hosts: DOM ready, then shown, at {first_render} ms");
 
     // The filter keeps the matching rows, live.
     browser.type_into("#filter", "q-01").await;
@@ -559,6 +595,18 @@ async fn the_overview_filters_and_sorts_150_queues() {
         browser.text("#queue-count").await.as_deref(),
         Some("10 of 152 queues")
     );
+    browser.type_into("#filter", "host-1").await;
+    let hosts = "return [...document.querySelectorAll('#hosts-table tbody tr[data-host]')] \
+                 .map((r) => r.dataset.host);";
+    browser
+        .wait_script(
+            "return document.querySelectorAll('#hosts-table tbody tr[data-host]').length === 10;",
+            json!([]),
+            "the filtered hosts",
+        )
+        .await;
+    let expected: Vec<String> = (10..20).map(|i| format!("host-{i}")).collect();
+    assert_eq!(browser.exec(hosts, json!([])).await, json!(expected));
 
     // Sorted by ready, most first; a second click reverses.
     browser.type_into("#filter", "").await;
