@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::webdriver::Browser;
 use crate::api::request;
-use crate::harness::{eventually, poll_some};
+use crate::harness::poll_some;
 use crate::manager::Cluster;
 
 /// The admin key's token.
@@ -44,7 +44,7 @@ max_attempts = 1
 
 [queues.fetch]
 handler = "noop"
-next = [{{ queue = "parse" }}]
+next = [{ queue = "parse" }]
 
 [queues.parse]
 handler = "noop"
@@ -98,11 +98,17 @@ impl Console {
         let api = cluster.gaffer(&["api"], "api.log").spawn().unwrap();
         cluster.procs.0.push(api);
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        eventually(Duration::from_secs(30), "the api answers", || async {
-            tokio::net::TcpStream::connect(addr).await.is_ok()
-                && request(addr, "GET", "/healthz", None, None).await.0 == 200
-        })
-        .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !(tokio::net::TcpStream::connect(addr).await.is_ok()
+            && request(addr, "GET", "/healthz", None, None).await.0 == 200)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the api does not answer; its log:\n{}",
+                cluster.log("api.log")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         Console { cluster, addr }
     }
 
@@ -152,6 +158,13 @@ impl Console {
             .await;
         assert_eq!(status, 200, "record of {queue}/{id}: {body}");
         body
+    }
+
+    /// Whether queue `queue` is paused, as `GET /v1/queues` says.
+    pub(crate) async fn paused(&self, queue: &str) -> bool {
+        let (status, all) = self.call("GET", "/v1/queues", OPS, None).await;
+        assert_eq!(status, 200, "{all}");
+        all[queue]["paused"].as_bool().unwrap()
     }
 
     /// Logs `browser` in with `token` through the login page, and waits for the first
@@ -452,8 +465,7 @@ async fn the_console_refuses_a_wrong_token_and_forged_writes() {
     let answer = browser.exec_async(forged, json!([])).await;
     assert_eq!(answer[0], 403, "{answer}");
     assert!(answer[1].as_str().unwrap().contains("csrf"), "{answer}");
-    let (_, queue) = console.call("GET", "/v1/queues/work", OPS, None).await;
-    assert_eq!(queue["paused"], false, "{queue}");
+    assert!(!console.paused("work").await);
 
     // With the session's token, the same write goes through: it was the token.
     let honest = "const done = arguments[arguments.length - 1]; \
@@ -461,8 +473,7 @@ async fn the_console_refuses_a_wrong_token_and_forged_writes() {
         fetch('/v1/queues/work/pause', {method: 'POST', credentials: 'same-origin', \
           headers: {'X-CSRF-Token': s.csrf}})).then((r) => done(r.status));";
     assert_eq!(browser.exec_async(honest, json!([])).await, 200);
-    let (_, queue) = console.call("GET", "/v1/queues/work", OPS, None).await;
-    assert_eq!(queue["paused"], true, "{queue}");
+    assert!(console.paused("work").await);
     console
         .call("POST", "/v1/queues/work/resume", OPS, None)
         .await;
@@ -496,8 +507,7 @@ async fn the_console_refuses_a_wrong_token_and_forged_writes() {
         .await;
     let shown = browser.text("body").await.unwrap_or_default();
     assert!(shown.contains("error"), "the api refused it: {shown}");
-    let (_, queue) = console.call("GET", "/v1/queues/work", OPS, None).await;
-    assert_eq!(queue["paused"], false, "{queue}");
+    assert!(!console.paused("work").await);
 }
 
 /// `s` percent-encoded for a URL's fragment part (as the console's links encode ids).
