@@ -723,7 +723,8 @@
         h('td', { class: 'id' }, link(`#/tasks/${enc(name)}/${enc(t.id)}`, t.id)),
         h('td', {}, timeEl(t.died_at)),
         h('td', { class: 'num' }, String(t.attempts ?? '-')),
-        h('td', {}, h('span', { class: 'mono' }, (t.error || t.reason || '').slice(0, 200))));
+        h('td', {}, h('span', { class: 'mono' }, (t.error || '').slice(0, 160))),
+        h('td', {}, h('span', { class: 'mono' }, t.payload === undefined ? '' : JSON.stringify(t.payload).slice(0, 80))));
     }
 
     async function loadDead() {
@@ -743,7 +744,7 @@
       }
       const items = data.dead || [];
       const body = h('tbody', {}, items.map(deadRow));
-      if (items.length === 0) body.append(h('tr', {}, h('td', { colspan: 5, class: 'muted' }, 'no dead letters')));
+      if (items.length === 0) body.append(h('tr', {}, h('td', { colspan: 6, class: 'muted' }, 'no dead letters')));
       $('#dead-table').tBodies[0].replaceWith(body);
       const next = $('#dead-next');
       next.disabled = !data.next_cursor;
@@ -862,7 +863,7 @@
             h('div', { class: 'toolbar' }, deadControls(), h('span', { class: 'grow' }), ...pager('dead', dead, loadDead)),
             h('div', { class: 'scroll panel' },
               h('table', { id: 'dead-table' },
-                h('thead', {}, h('tr', {}, deadHead, ['id', 'failed', 'attempt', 'error'].map((c) => h('th', {}, c)))),
+                h('thead', {}, h('tr', {}, deadHead, ['id', 'died', 'attempts', 'error', 'payload'].map((c) => h('th', {}, c)))),
                 h('tbody')))),
           h('div', { class: 'cols' },
             h('section', {}, h('h2', {}, 'Where it runs'), h('div', { class: 'panel', id: 'queue-where' })),
@@ -888,6 +889,8 @@
   function taskPage(queue, id) {
     const tpath = `/v1/queues/${enc(queue)}/tasks/${enc(id)}`;
     let rec = null;
+    // The payload, read once: the queue holds it while the task lives, not the record.
+    let payload;
 
     function field(label, key, value) {
       return [h('dt', {}, label), h('dd', { dataset: { field: key } }, value)];
@@ -908,8 +911,10 @@
         field('chain', 'chain', rec.chain ? link(`#/chains/${enc(rec.chain)}`, rec.chain, { id: 'task-chain' }) : '-')));
       const out = $('#task-output');
       out.replaceChildren();
-      if (rec.payload !== undefined) {
-        out.append(h('h2', {}, 'Payload'), h('pre', { class: 'json', id: 'task-payload' }, jsonText(rec.payload)));
+      if (payload && payload.kept) {
+        out.append(h('h2', {}, 'Payload'), h('pre', { class: 'json', id: 'task-payload' }, jsonText(payload.payload)));
+      } else if (payload) {
+        out.append(h('h2', {}, 'Payload'), h('p', { class: 'muted', id: 'task-payload' }, 'no longer kept: the queue drops it when the task ends'));
       }
       if (rec.result !== undefined && rec.result !== null) {
         out.append(h('h2', {}, 'Result'), h('pre', { class: 'json', id: 'task-result' }, jsonText(rec.result)));
@@ -981,6 +986,15 @@
         // Polled even once ended: a failed task may be retried or requeued meanwhile.
         const data = await get(tpath);
         if (!current()) return;
+        if (payload === undefined) {
+          try {
+            payload = await get(`${tpath}/payload`);
+          } catch (e) {
+            // An api without the endpoint, or the task gone meanwhile: no payload shown.
+            payload = null;
+          }
+          if (!current()) return;
+        }
         rec = data;
         drawRecord();
       },
