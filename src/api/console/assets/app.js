@@ -920,7 +920,9 @@
         out.append(h('h2', {}, 'Result'), h('pre', { class: 'json', id: 'task-result' }, jsonText(rec.result)));
       }
       if (rec.error) {
-        out.append(h('h2', {}, 'Error'), h('pre', { class: 'json error-text', id: 'task-error' }, rec.error));
+        // The last error stays on the record after a later attempt succeeded.
+        const title = rec.state === 'failed' ? 'Error' : 'Last error (of an earlier attempt)';
+        out.append(h('h2', {}, title), h('pre', { class: 'json error-text', id: 'task-error' }, rec.error));
       }
       drawHistory();
       drawActions();
