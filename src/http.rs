@@ -135,6 +135,16 @@ pub struct ConnectionState {
     idle: tokio::sync::Notify,
 }
 
+/// The address of the peer a request came from, in the request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub std::net::SocketAddr);
+
+/// The address of the peer `request` came from (the TCP peer: behind a proxy, the
+/// proxy's); `None` for a request that did not come through [`serve_with`].
+pub fn peer_of<B>(request: &Request<B>) -> Option<std::net::SocketAddr> {
+    request.extensions().get::<Peer>().map(|p| p.0)
+}
+
 /// Marks the connection `request` came on as authenticated: it is then no longer held to
 /// [`ConnectionRules::auth_timeout`].
 pub fn authenticated<B>(request: &Request<B>) {
@@ -230,7 +240,7 @@ where
         let shutdown = shutdown.clone();
         connections.spawn(async move {
             let _held = held;
-            serve_connection(stream, handler, rules, shutdown).await;
+            serve_connection(stream, peer, handler, rules, shutdown).await;
         });
     }
     drop(listener);
@@ -252,6 +262,7 @@ where
 /// [`ConnectionRules::auth_timeout`] and never authenticated.
 async fn serve_connection<H, F>(
     stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
     handler: Arc<H>,
     rules: ConnectionRules,
     shutdown: CancellationToken,
@@ -267,6 +278,7 @@ async fn serve_connection<H, F>(
             .in_flight
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         request.extensions_mut().insert(Arc::clone(&state));
+        request.extensions_mut().insert(Peer(peer));
         let response = handler(request);
         async move {
             let response = response.await;

@@ -300,6 +300,12 @@ fn start_roles(opts: &UpOptions, redis_url: &str) -> anyhow::Result<Roles> {
         api_listen(opts),
         opts.state_dir.join(TOKEN_FILE).display()
     );
+    if opts.config.api.console.is_some() {
+        eprintln!(
+            "gaffer up: web console on http://{}/ui/ ; log in with the token",
+            api_listen(opts)
+        );
+    }
     Ok(roles)
 }
 

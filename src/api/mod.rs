@@ -12,11 +12,13 @@
 //! schedules: create, list, show, delete), `auth.rs` (keys and rights),
 //! `ended.rs` (waking the waiters), `error.rs` (`ApiError`), `outage.rs` (the instance's
 //! one outage spell, fed by requests, `/healthz` and the config look), `listings.rs` (each
-//! key's listings under way, against `[api].max_listings_per_key`). It serves on
+//! key's listings under way, against `[api].max_listings_per_key`), `console/` (the web
+//! console at `/ui/`: pages, sessions, CSRF, auth-proxy mode). It serves on
 //! `crate::http::serve_with`.
 
 mod auth;
 mod chains;
+mod console;
 mod ended;
 mod error;
 mod listings;
@@ -138,6 +140,8 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let listener = bind(&opts).await?;
     let local = listener.local_addr()?;
+    // (a secret file that cannot be read fails the start before anything connects)
+    let console = console::Shared::load(&opts.config)?;
     let ns = &opts.config.cluster.namespace;
     let connect = QueueClient::connect_or_stop(&opts.redis_url, ns, &opts.connect, &shutdown);
     let Some(client) = connect.await? else {
@@ -158,6 +162,7 @@ pub async fn run(
         ended.clone(),
         outage.clone(),
         stop.clone(),
+        console,
     )?;
     let current: Current = Arc::new(std::sync::RwLock::new(Arc::new(api)));
     tracing::info!(listen = %local, "api serving");
@@ -292,6 +297,14 @@ async fn adopt_published(
         .map_err(anyhow::Error::from)
         .and_then(|config| {
             let api_keys = keys_of(&config, &opts.extra_keys);
+            let console = current
+                .read()
+                .expect("api state lock")
+                .console
+                .shared()
+                .clone();
+            // (the same secret unless the config names another file, read now)
+            let console = console.for_config(&config)?;
             Api::new(
                 config,
                 shared.client.clone(),
@@ -299,6 +312,7 @@ async fn adopt_published(
                 shared.ended.clone(),
                 shared.outage.clone(),
                 shared.stop.clone(),
+                console,
             )
         });
     match adopted {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::header::{ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -66,6 +66,8 @@ pub struct Api {
     pub(super) metrics: metrics_exporter_prometheus::PrometheusHandle,
     /// The listings under way by key (`[api].max_listings_per_key`).
     pub(super) listings: Arc<Listings>,
+    /// The web console: its settings, and the instance's secret and failed logins.
+    pub(super) console: super::console::Console,
 }
 
 /// An answer: status and JSON body.
@@ -80,6 +82,7 @@ impl Api {
         ended: Arc<Ended>,
         outage: Arc<Outage>,
         shutdown: CancellationToken,
+        console: Arc<super::console::Shared>,
     ) -> anyhow::Result<Api> {
         let queues = config
             .queues
@@ -92,6 +95,7 @@ impl Api {
             })
             .collect::<Result<_, crate::queue_client::QueueError>>()?;
         Ok(Api {
+            console: super::console::Console::new(&config.api, console),
             config,
             client,
             queues,
@@ -112,7 +116,10 @@ impl Api {
             Ok(r) => {
                 // Every route past the token but /metrics and /status reads Redis: a
                 // success is Redis answering.
-                if r.status().is_success() && !matches!(route, "metrics" | "status" | "healthz") {
+                // (nor does the console: its pages read nothing)
+                let local = matches!(route, "metrics" | "status" | "healthz")
+                    || route.starts_with("console_");
+                if r.status().is_success() && !local {
                     self.outage.answered();
                 }
                 r
@@ -153,6 +160,10 @@ impl Api {
     ) -> (&'static str, Result<Response<Full<Bytes>>, ApiError>) {
         let method = request.method().clone();
         let path = request.uri().path().to_owned();
+        if self.console.owns(&path) {
+            let (route, answer) = super::console::serve(self, request).await;
+            return (route, Ok(answer));
+        }
         let segments: Vec<String> = path
             .trim_matches('/')
             .split('/')
@@ -191,10 +202,8 @@ impl Api {
         if let Endpoint::Healthz = endpoint {
             return (route, Ok(self.healthz().await));
         }
-        let key = match self
-            .keys
-            .authenticate(request.headers().get(AUTHORIZATION).map(|v| v.as_bytes()))
-        {
+        // (a bearer token, or a console's session or proxy user: console/mod.rs)
+        let key = match super::console::authenticate(self, &request) {
             Ok(k) => k.clone(),
             Err(e) => return (route, Err(e)),
         };
@@ -1015,7 +1024,7 @@ const MAX_DISCARD: u64 = 64 << 20;
 /// anything is parsed. An over-limit body is read to its end and dropped (up to
 /// [`MAX_DISCARD`], within `timeout`) before the refusal, unless the client waits for
 /// `100 Continue` and so has sent nothing yet.
-async fn read_body(
+pub(super) async fn read_body(
     request: Request<Incoming>,
     limit: u64,
     timeout: Duration,

@@ -15,6 +15,7 @@
 //! config exits 2 with every error, before any connection is opened (ARCHITECTURE.md,
 //! invariant 9).
 
+mod console;
 mod error;
 mod handler;
 mod raw;
@@ -27,6 +28,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use console::{Cidr, ConsoleConfig};
 pub use error::{ConfigError, Diagnostic, Diagnostics};
 // The simulator's trace files locate their errors as configs do.
 /// A `[[schedules]]` entry: the definition the config and the api's stored schedules share.
@@ -572,6 +574,8 @@ pub struct ApiConfig {
     pub max_listings_per_key: usize,
     /// API keys by name; the name is what records show as `submitted_by`.
     pub keys: BTreeMap<String, ApiKey>,
+    /// The web console at `/ui/` and its settings; `None`: `console = false`, no console.
+    pub console: Option<ConsoleConfig>,
 }
 
 impl Default for ApiConfig {
@@ -585,6 +589,7 @@ impl Default for ApiConfig {
             auth_timeout: Duration::from_secs(10),
             max_listings_per_key: 4,
             keys: BTreeMap::new(),
+            console: Some(ConsoleConfig::default()),
         }
     }
 }

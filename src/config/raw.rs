@@ -157,6 +157,28 @@ pub(crate) struct RawApi {
     /// misshapen `keys` is reported once, in the words used for every other table.
     #[allow(dead_code)]
     pub keys: S<de::IgnoredAny>,
+    /// `true`, `false` or a table: read from the tree in `console.rs`, since serde cannot
+    /// tell a misshapen one apart in the words used elsewhere.
+    #[allow(dead_code)]
+    pub console: S<de::IgnoredAny>,
+}
+
+/// `[api.console]`, the web console's settings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConsole {
+    pub session_ttl: S<Human<Duration>>,
+    pub session_secret_file: S<String>,
+    pub secure_cookie: S<bool>,
+    pub max_failed_logins: S<i64>,
+    pub failed_login_window: S<Human<Duration>>,
+    pub trusted_proxies: S<Vec<Spanned<String>>>,
+    pub user_header: S<String>,
+    pub groups_header: S<String>,
+    pub default_key: S<String>,
+    /// Read from the tree in file order (`console.rs`): the first group wins.
+    #[allow(dead_code)]
+    pub groups: S<de::IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1119,3 +1119,124 @@ fn a_bad_timeout_names_its_mistake() {
         ]
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// [api].console
+
+#[test]
+fn the_console_is_on_by_default_and_off_with_false() {
+    let c = parse("", "t.toml").unwrap();
+    assert_eq!(c.api.console, Some(ConsoleConfig::default()));
+    let d = ConsoleConfig::default();
+    assert_eq!(d.session_ttl, Duration::from_secs(12 * 3600));
+    assert_eq!(
+        (d.max_failed_logins, d.failed_login_window),
+        (10, Duration::from_secs(300))
+    );
+    assert_eq!(d.secure_cookie, None);
+    let c = parse("[api]\nconsole = false\n", "t.toml").unwrap();
+    assert_eq!(c.api.console, None);
+    let c = parse("[api]\nconsole = true\n", "t.toml").unwrap();
+    assert_eq!(c.api.console, Some(ConsoleConfig::default()));
+    assert_eq!(
+        errors("[api]\nconsole = \"yes\"\n"),
+        [
+            "t.toml:2:11: api.console: expected true, false or a table of console settings, found string"
+        ]
+    );
+}
+
+#[test]
+fn a_console_table_with_proxy_mode() {
+    let src = format!(
+        r#"
+[api.keys.ops]
+token_sha256 = "{TEST_SHA}"
+admin = true
+
+[api.console]
+session_ttl = "8h"
+session_secret_file = "/etc/gaffer/console.secret"
+secure_cookie = true
+max_failed_logins = 3
+failed_login_window = "1m"
+trusted_proxies = ["10.0.0.5", "fd00::/8"]
+user_header = "X-Forwarded-User"
+groups_header = "X-Forwarded-Groups"
+default_key = "ops"
+
+[api.console.groups]
+"CN=Ops,OU=Groups" = "ops"
+staff = "ops"
+"#
+    );
+    let c = parse(&src, "t.toml").unwrap();
+    let console = c.api.console.unwrap();
+    assert_eq!(console.session_ttl, Duration::from_secs(8 * 3600));
+    assert_eq!(
+        console.session_secret_file.as_deref(),
+        Some(std::path::Path::new("/etc/gaffer/console.secret"))
+    );
+    assert_eq!(console.secure_cookie, Some(true));
+    assert_eq!(
+        (console.max_failed_logins, console.failed_login_window),
+        (3, Duration::from_secs(60))
+    );
+    assert!(console.trusts("10.0.0.5".parse().unwrap()));
+    assert!(console.trusts("fd00::7".parse().unwrap()));
+    assert!(!console.trusts("10.0.0.6".parse().unwrap()));
+    assert_eq!(console.user_header.as_deref(), Some("x-forwarded-user"));
+    assert_eq!(console.groups_header.as_deref(), Some("x-forwarded-groups"));
+    assert_eq!(
+        console.groups,
+        [
+            ("CN=Ops,OU=Groups".to_string(), "ops".to_string()),
+            ("staff".into(), "ops".into())
+        ],
+        "in file order"
+    );
+    assert_eq!(console.default_key.as_deref(), Some("ops"));
+}
+
+#[test]
+fn every_console_mistake_is_named_with_its_key() {
+    let src = r#"[api.keys.ops]
+token_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+admin = true
+[api.console]
+session_ttl = "10s"
+max_failed_logins = 0
+trusted_proxies = ["10.0.0.0/40", "proxy.local"]
+user_header = "X Forwarded User"
+groups_header = "Cookie"
+[api.console.groups]
+ops = "opz"
+viewers = 3
+"#;
+    assert_eq!(
+        errors(src),
+        [
+            "t.toml:5:15: api.console.session_ttl: must be between 1m and 30days",
+            "t.toml:6:21: api.console.max_failed_logins: must be greater than zero, found 0",
+            "t.toml:7:20: api.console.trusted_proxies[0]: prefix `/40` must be 0 to 32: expected an address or a network like \"10.0.0.5\" or \"10.1.0.0/16\"",
+            "t.toml:7:35: api.console.trusted_proxies[1]: `proxy.local` is not an IP address: expected an address or a network like \"10.0.0.5\" or \"10.1.0.0/16\"",
+            "t.toml:8:15: api.console.user_header: expected a header name like \"X-Forwarded-User\"",
+            "t.toml:8:15: api.console.user_header: needs `trusted_proxies`: from any address the header would let anyone name a user",
+            "t.toml:9:17: api.console.groups_header: `Cookie` carries something else; name the header the proxy sets",
+            "t.toml:11:7: api.console.groups.ops: unknown key `opz`, no [api.keys.opz] table is defined",
+            "t.toml:12:11: api.console.groups.viewers: expected a key name like \"ops\", found integer",
+        ]
+    );
+    assert_eq!(
+        errors("[api.console]\ngroups_header = \"X-Groups\"\n"),
+        [
+            "t.toml:2:17: api.console.groups_header: needs `user_header`: it applies to users a trusted proxy names"
+        ]
+    );
+    assert_eq!(
+        errors("[api.console]\nsesion_ttl = \"1h\"\n"),
+        [
+            "t.toml:2:1: api.console.sesion_ttl: unknown key `sesion_ttl`, did you mean `session_ttl`?"
+        ]
+    );
+}

@@ -1541,8 +1541,9 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         return d;
     };
     let keys = api_keys(c, table, queues);
+    let console = super::console::console(c, table, &declared_names(table, "keys"));
     let Some(raw) = deserialize::<RawApi>(c, value, "api") else {
-        return ApiConfig { keys, ..d };
+        return ApiConfig { keys, console, ..d };
     };
 
     let listen = listen_addr(c, "api.listen", raw.listen.clone(), d.listen);
@@ -1623,6 +1624,7 @@ fn api(c: &mut Collector, root: &DeTable, queues: &BTreeSet<String>) -> ApiConfi
         auth_timeout,
         max_listings_per_key,
         keys,
+        console,
     }
 }
 
@@ -1895,7 +1897,7 @@ fn duration_at(
 
 /// A duration (refused at zero) that, when written, must pass `check`, which returns
 /// what is wrong with it.
-fn duration_checked(
+pub(super) fn duration_checked(
     c: &mut Collector,
     (path, key): (&str, &str),
     raw: S<Human<Duration>>,
@@ -1971,7 +1973,7 @@ fn size(
     }
 }
 
-fn int<T: TryFrom<i64> + Copy>(
+pub(super) fn int<T: TryFrom<i64> + Copy>(
     c: &mut Collector,
     path: &str,
     key: &str,

@@ -12,10 +12,7 @@
 //! writes nothing); the reports of hosts silent past
 //! `forget_hosts_after`, deleted (fenced, compare-and-delete); the balancer, with systems
 //! switched at run time counted as paused and each queue's copy of its system's switch kept
-//! in line with the config; the map; the load ring; the schedules; last, leader and
-//! standby alike, on a Redis Cluster, a look at its nodes for a replica that took its
-//! master's slots (`QueueClient::watch_cluster`: the failovers `/status` shows under
-//! `redis`). It stops only on its
+//! in line with the config; the map; the load ring; the schedules. It stops only on its
 //! shutdown token, which `gaffer manager` cancels on SIGTERM/SIGINT, and its stop cuts
 //! short a pending lease renewal or config read and bounds its step-down.
 //!
@@ -149,7 +146,6 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         heartbeats: heartbeats::Heartbeats::default(),
         outage: OutageLog::default(),
         clock: Instant::now(),
-        cluster_watch_failed: false,
         config_seen: cluster::ConfigSeen::default(),
         config_source: None,
         leading: false,
@@ -247,8 +243,6 @@ struct Manager {
     outage: OutageLog,
     /// Origin of [`Manager::monotonic_ms`] and of the window's time.
     clock: Instant,
-    /// The last look at a Redis Cluster's nodes failed (said once).
-    cluster_watch_failed: bool,
 }
 
 /// The hosts alive and their capacity, for the load ring.
@@ -429,12 +423,6 @@ impl Manager {
                 .emit();
             }
         }
-        if !self.outage.is_out() {
-            tokio::select! {
-                () = self.watch_cluster() => {}
-                () = shutdown.cancelled() => return,
-            }
-        }
         telemetry::tick_done(started.elapsed());
         if let Ok(mut s) = self.status.lock() {
             *s = serde_json::json!({
@@ -472,21 +460,6 @@ impl Manager {
             Err(e) => self
                 .outage
                 .failed("publishing the config in force again failed", &e),
-        }
-    }
-
-    /// On a Redis Cluster, counts a replica taking its master's slots since the last tick
-    /// in the Redis node `/status` shows (`QueueClient::watch_cluster`). It changes
-    /// nothing else: a failure is said once until a look succeeds again.
-    async fn watch_cluster(&mut self) {
-        match self.client.watch_cluster().await {
-            Ok(_) => self.cluster_watch_failed = false,
-            Err(e) if !self.cluster_watch_failed => {
-                self.cluster_watch_failed = true;
-                tracing::warn!(error = %e,
-                    "cannot read CLUSTER NODES: redis cluster failovers are not counted until it answers");
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot read CLUSTER NODES"),
         }
     }
 

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::cluster_watch::ClusterWatch;
 use super::conn::{self, Target};
 use super::record::rfc3339;
 use super::scripts::Keys;
@@ -77,8 +76,6 @@ pub struct QueueClient {
     namespace: Arc<str>,
     /// The URL it connected with, its passwords hidden.
     origin: Arc<str>,
-    /// On a Redis Cluster, the failovers [`QueueClient::watch_cluster`] saw.
-    cluster_watch: Arc<std::sync::Mutex<ClusterWatch>>,
     /// How its queues' writes are confirmed on replicas (durability.rs).
     durability: Durability,
 }
@@ -96,7 +93,6 @@ impl QueueClient {
             target,
             namespace: namespace.into(),
             origin: redacted(url).into(),
-            cluster_watch: Arc::default(),
             durability: opts.durability,
         })
     }
@@ -191,15 +187,14 @@ impl QueueClient {
                 last_failover: None,
             },
             // A cluster's client talks to every master; the node named is the one it
-            // was pointed at, and the failovers those [`watch_cluster`] saw (none in a
-            // role that does not look: only the manager does).
-            Target::Cluster(_) => {
-                let watch = self.cluster_watch.lock().expect("cluster watch");
+            // was pointed at, and the failovers its watcher saw (`cluster_conn.rs`).
+            Target::Cluster(conn) => {
+                let facts = conn.facts();
                 RedisNode {
                     topology: Topology::Cluster,
                     node: self.origin.to_string(),
-                    failovers: watch.failovers,
-                    last_failover: watch.last_failover.map(rfc3339_of),
+                    failovers: facts.failovers,
+                    last_failover: facts.last_failover.map(rfc3339_of),
                 }
             }
             Target::Sentinel(conn) => {
@@ -214,31 +209,6 @@ impl QueueClient {
                 }
             }
         }
-    }
-
-    /// On a Redis Cluster, looks whether a replica took a master's slots since the last
-    /// look (one `CLUSTER NODES`, see `cluster_watch.rs`) and counts it in
-    /// [`redis_node`](Self::redis_node); returns how many it saw. Nothing to do, and 0,
-    /// on one server or through Sentinel. The manager calls it on its tick.
-    pub async fn watch_cluster(&self) -> Result<usize, QueueError> {
-        if !matches!(self.target, Target::Cluster(_)) {
-            return Ok(0);
-        }
-        let nodes: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query_async(&mut self.conn.clone())
-            .await?;
-        let now = std::time::SystemTime::now();
-        let promoted = self
-            .cluster_watch
-            .lock()
-            .expect("cluster watch")
-            .observe(&nodes, now);
-        for p in &promoted {
-            tracing::warn!(node = %p.node, was = %p.was,
-                "redis cluster failover: a replica took its master's slots");
-        }
-        Ok(promoted.len())
     }
 
     /// The key namespace.

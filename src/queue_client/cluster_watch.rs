@@ -1,6 +1,5 @@
-//! A Redis Cluster's failovers, as the manager sees them on its tick: a master of some
-//! slots replaced by its replica. (Through Sentinel the connection itself notices a new
-//! primary, `sentinel.rs`; a cluster's client follows the slots without saying so.)
+//! A Redis Cluster's failovers, as a cluster connection's watcher sees them
+//! (`cluster_conn.rs`): a master of some slots replaced by its replica.
 //!
 //! Each look is one `CLUSTER NODES` (any node answers): every node's id, role, the master
 //! a replica follows, its config epoch and its slots. A failover is a node that holds
@@ -121,6 +120,34 @@ impl ClusterWatch {
         self.last = Some(view);
         promoted
     }
+
+    /// `host:port` of the masters holding slots, as the last look that counted saw them.
+    pub(crate) fn owners(&self) -> Option<BTreeSet<String>> {
+        let last = self.last.as_ref()?;
+        Some(
+            last.owners
+                .iter()
+                .filter_map(|id| last.addrs.get(id).cloned())
+                .collect(),
+        )
+    }
+
+    /// `host:port` of every node the last look that counted listed, masters first.
+    pub(crate) fn nodes(&self) -> Vec<String> {
+        let Some(last) = &self.last else {
+            return Vec::new();
+        };
+        let (masters, others): (Vec<_>, Vec<_>) = last
+            .addrs
+            .iter()
+            .partition(|(id, _)| last.owners.contains(*id));
+        masters
+            .into_iter()
+            .chain(others)
+            .map(|(_, a)| a.clone())
+            .filter(|a| !a.is_empty() && !a.starts_with(':'))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -172,6 +199,11 @@ mod tests {
             }]
         );
         assert_eq!((w.failovers, w.last_failover), (1, Some(AT)));
+        // What a connection following the failover reconnects to: the new owners first.
+        let owners: Vec<String> = w.owners().unwrap().into_iter().collect();
+        assert_eq!(owners, ["10.0.0.2:7000", "10.0.0.3:7000", "10.0.0.4:7000"]);
+        assert_eq!(w.nodes().len(), 6);
+        assert!(owners.contains(&w.nodes()[0]), "{:?}", w.nodes());
         // The old master back as the new one's replica changes nothing.
         let back = nodes(&[
             "a 10.0.0.1:7000@17000 slave ra 0 0 4 connected",

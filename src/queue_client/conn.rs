@@ -14,7 +14,6 @@ use std::time::Duration;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{
     AsyncConnectionConfig, Client, ClientTlsConfig, Cmd, IntoConnectionInfo, Pipeline, RedisFuture,
@@ -23,6 +22,7 @@ use redis::{
 use serde::{Deserialize, Serialize};
 
 use super::QueueError;
+use super::cluster_conn::ClusterConn;
 use super::sentinel::{SentinelConn, SentinelUrl};
 
 /// How to reach Redis and how patient to be with it. Its `Debug` hides the password.
@@ -171,8 +171,9 @@ impl Default for ConnectOptions {
 pub enum RedisConn {
     /// One Redis server.
     Single(ConnectionManager),
-    /// A Redis Cluster; commands are routed by the hash slot of their first key.
-    Cluster(ClusterConnection),
+    /// A Redis Cluster; commands are routed by the hash slot of their first key, and the
+    /// connection follows the cluster's failovers (`cluster_conn.rs`).
+    Cluster(ClusterConn),
     /// The primary a group of sentinels names, followed across failovers.
     Sentinel(SentinelConn),
 }
@@ -221,7 +222,7 @@ impl ConnectionLike for RedisConn {
 pub(crate) enum Target {
     // Boxed like the cluster's: with TLS a client carries its certificates.
     Single(Box<Client>),
-    Cluster(Box<ClusterClient>),
+    Cluster(ClusterConn),
     Sentinel(SentinelConn),
 }
 
@@ -254,19 +255,8 @@ pub(crate) async fn connect(
         .query_async(&mut probe)
         .await?;
     if cluster_info.contains("cluster_enabled:1") {
-        let mut builder = ClusterClientBuilder::new(vec![info])
-            .connection_timeout(opts.connect_timeout)
-            .response_timeout(opts.response_timeout)
-            .retries(3);
-        if let Some(pw) = &opts.password {
-            builder = builder.password(pw);
-        }
-        if let Some(tls) = &opts.tls {
-            builder = builder.certs(tls.certificates());
-        }
-        let cluster = builder.build()?;
-        let conn = cluster.get_async_connection().await?;
-        return Ok((RedisConn::Cluster(conn), Target::Cluster(Box::new(cluster))));
+        let conn = ClusterConn::connect(info, opts).await?;
+        return Ok((RedisConn::Cluster(conn.clone()), Target::Cluster(conn)));
     }
     let cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(opts.connect_timeout))
@@ -493,7 +483,12 @@ impl Waiter {
             }
             Target::Cluster(cluster) => {
                 let cfg = redis::cluster::ClusterConfig::new().set_response_timeout(long);
-                WaitConn::Cluster(cluster.get_async_connection_with_config(cfg).await?)
+                WaitConn::Cluster(
+                    cluster
+                        .client()
+                        .get_async_connection_with_config(cfg)
+                        .await?,
+                )
             }
             Target::Sentinel(conn) => {
                 let cfg = AsyncConnectionConfig::new()

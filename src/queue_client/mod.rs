@@ -35,7 +35,9 @@
 //! (a task's meta, read in one place), `args` (the heads of the busiest functions'
 //! arguments), `block` (packets, runs and batch leases as Rust sees them), `conn`
 //! (connections), `sentinel` (following the primary a group of sentinels names),
-//! `cluster_watch` (a Redis Cluster's failovers, seen from `CLUSTER NODES`), `outage`,
+//! `cluster_conn` (a Redis Cluster connection that follows failovers, frozen masters
+//! too), `cluster_watch` (reading its failovers from `CLUSTER NODES`), `follow` (what
+//! the two following connections share), `outage`,
 //! `scripts` (the Lua library, its calls and the keys), `system` (external systems: the
 //! run-time switch and the rate bucket), `layout` (the layout version a queue's data is
 //! in) and `migrate` (moving a queue to the current one).
@@ -45,6 +47,7 @@ mod block;
 mod chained;
 mod checks;
 mod client;
+mod cluster_conn;
 mod cluster_watch;
 mod conn;
 mod control;
@@ -52,6 +55,7 @@ mod dead;
 mod durability;
 mod enqueue;
 mod error;
+mod follow;
 mod glance;
 pub mod layout;
 mod lease;
@@ -71,6 +75,7 @@ mod system;
 pub use chained::{ChainFacts, ChainPlace, FollowUpsEnqueued};
 pub use checks::{json_bytes, json_deeper_than, validate_queue_name};
 pub use client::{QueueClient, RedisNode, Topology};
+pub use cluster_conn::{ClusterConn, ClusterFacts};
 pub use conn::{
     ConnectOptions, PemFile, PemKind, RedisConn, TlsFileError, TlsFiles, Waiter, pubsub, redacted,
     url_passwords, uses_tls,

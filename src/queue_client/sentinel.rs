@@ -28,6 +28,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisF
 
 use super::QueueError;
 use super::conn::ConnectOptions;
+use super::follow::Switch;
 
 /// How often the watcher asks a sentinel which primary it names.
 const RECHECK: Duration = Duration::from_secs(1);
@@ -242,7 +243,7 @@ struct Shared {
     service: String,
     state: Mutex<State>,
     /// The generation of the connection; a call in flight on an older one is cut short.
-    switched: tokio::sync::watch::Sender<u64>,
+    switch: Switch,
     config: AsyncConnectionConfig,
     /// Bounds one round of asking the sentinels and connecting to the primary.
     resolve_limit: Duration,
@@ -272,7 +273,7 @@ impl SentinelConn {
                     generation: 0,
                     facts: None,
                 }),
-                switched: tokio::sync::watch::Sender::new(0),
+                switch: Switch::new(),
                 config: AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(opts.connect_timeout))
                     .set_response_timeout(Some(opts.response_timeout)),
@@ -360,7 +361,7 @@ impl SentinelConn {
         if state.generation == generation {
             state.generation += 1;
             state.conn = None;
-            self.shared.switched.send_replace(state.generation);
+            self.shared.switch.to(state.generation);
         }
     }
 
@@ -407,16 +408,15 @@ impl SentinelConn {
         call: impl std::future::Future<Output = redis::RedisResult<T>>,
         generation: u64,
     ) -> redis::RedisResult<T> {
-        let mut switched = self.shared.switched.subscribe();
-        tokio::select! {
-            r = call => r.map_err(|e| self.after_error(e, generation)),
-            _ = switched.wait_for(|g| *g != generation) => Err(redis::RedisError::from(
-                std::io::Error::new(
-                    std::io::ErrorKind::ConnectionAborted,
-                    "the sentinels named another redis primary while the call waited",
-                ),
-            )),
-        }
+        let call = async { call.await.map_err(|e| self.after_error(e, generation)) };
+        self.shared
+            .switch
+            .unless_switched(
+                call,
+                generation,
+                "the sentinels named another redis primary while the call waited",
+            )
+            .await
     }
 }
 

@@ -273,3 +273,33 @@ fn test_hooks_are_compiled_out_of_release_builds() {
     }
     assert!(hooks >= 2, "the hooks this test guards were not found");
 }
+
+/// Invariant 43: the console has no rights of its own. Its module reaches neither Redis
+/// nor the cluster, nor the API's endpoints' handlers: it can only say which key a
+/// browser's request acts as, and the request then passes the API's checks like any.
+#[test]
+fn the_console_has_no_rights_of_its_own() {
+    let console = sources("src/api/console");
+    assert!(
+        console
+            .iter()
+            .any(|(p, _)| p.ends_with("src/api/console/mod.rs")),
+        "{console:?}"
+    );
+    for (path, text) in console {
+        assert_names_none(
+            &path,
+            &text,
+            &[
+                "redis::",
+                "QueueClient",
+                "queue_client",
+                "crate::cluster",
+                "api.client",
+                "api.queues",
+                "api.ended",
+                "dispatch(",
+            ],
+        );
+    }
+}

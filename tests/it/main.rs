@@ -6,7 +6,8 @@
 //! and `packets.rs` (the task store), `config.rs`, `cli.rs`, `host.rs` (real master
 //! processes), `slot.rs` (the slot loop in-process), `simulate.rs` (the acceptance bar on
 //! the shipped traces), `trace.rs` (`trace record` on a real manager and master), `api.rs`
-//! (the task service over real HTTP: `Service::start`, `request`), `chains.rs` (chains
+//! (the task service over real HTTP: `Service::start`, `request`), `console.rs` (the web console's
+//! logins, cookies, CSRF and proxy mode over real HTTP), `chains.rs` (chains
 //! through a real master's exec slots and the api, on one Redis and on a Redis Cluster),
 //! `long.rs` (long tasks on real masters with distinct host names), `drain.rs` (stops with
 //! Redis down or frozen), `durability.rs` (`wait_replicas`: writes confirmed on real
@@ -37,6 +38,7 @@ mod browser;
 mod chains;
 mod cli;
 mod config;
+mod console;
 mod drain;
 mod durability;
 mod fork_start;

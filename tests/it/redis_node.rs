@@ -189,17 +189,7 @@ async fn a_managers_status_counts_a_redis_cluster_failover() {
     let ports: Vec<u16> = nodes.iter().map(|n| n.server.port()).collect();
     // Every node knows the three replicas and the cluster is up, so the manager's first
     // look (any node answers) sees who follows whom.
-    for &p in &ports {
-        eventually(
-            Duration::from_secs(30),
-            "every node knows the whole cluster",
-            || async move {
-                cli(p, &["cluster", "info"]).contains("cluster_state:ok")
-                    && cluster_nodes(p).matches("slave").count() == 3
-            },
-        )
-        .await;
-    }
+    whole_cluster(&ports).await;
     let replica: u16 = cluster_nodes(ports[0])
         .lines()
         .find(|l| l.contains("slave"))
@@ -253,4 +243,139 @@ async fn a_managers_status_counts_a_redis_cluster_failover() {
     // (joined, not spawned: the manager's future is not Send for every lifetime)
     let (ran, ()) = tokio::join!(gaffer::manager::run(opts, stop.clone()), watch);
     ran.unwrap();
+}
+
+/// Waits until every node of a cluster with replicas says the cluster is up and lists the
+/// three replicas.
+async fn whole_cluster(ports: &[u16]) {
+    for &p in ports {
+        eventually(
+            Duration::from_secs(30),
+            "every node knows the whole cluster",
+            || async move {
+                cli(p, &["cluster", "info"]).contains("cluster_state:ok")
+                    && cluster_nodes(p).matches("slave").count() == 3
+            },
+        )
+        .await;
+    }
+}
+
+/// The port of the master serving `key`, and of its replica, as the node at `port` sees
+/// them.
+fn master_and_replica_of(port: u16, key: &str) -> (u16, u16) {
+    let slot: u16 = cli(port, &["cluster", "keyslot", key])
+        .trim()
+        .parse()
+        .unwrap();
+    let nodes = cluster_nodes(port);
+    let port_of = |l: &str| -> u16 {
+        let addr = l.split_whitespace().nth(1).unwrap();
+        addr.split(['@', ':']).nth(1).unwrap().parse().unwrap()
+    };
+    let master = nodes
+        .lines()
+        .find(|l| {
+            l.contains("master")
+                && l.split_whitespace().skip(8).any(|r| {
+                    let (a, b) = r.split_once('-').unwrap_or((r, r));
+                    (a.parse::<u16>().unwrap_or(1)..=b.parse().unwrap_or(0)).contains(&slot)
+                })
+        })
+        .expect("a master serving the key's slot");
+    let id = master.split_whitespace().next().unwrap();
+    let replica = nodes
+        .lines()
+        .find(|l| l.split_whitespace().nth(3) == Some(id))
+        .expect("the master's replica");
+    (port_of(master), port_of(replica))
+}
+
+/// A master of a Redis Cluster that freezes (SIGSTOP) rather than dies: once its replica
+/// holds its slots, a connection's calls for them reach the replica while the old master
+/// is still frozen, and a call that was waiting on the frozen master fails rather than
+/// waiting for it to wake. (The redis crate's own client retries a timed-out call on the
+/// same node and asks for the slots again only on `MOVED`: without the connection's
+/// watcher, every call for those slots waits out the freeze.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_connection_follows_a_frozen_master_to_its_replica() {
+    use nix::sys::signal::Signal;
+    let nodes = TestCluster::start_with_replicas().nodes;
+    let ports: Vec<u16> = nodes.iter().map(|n| n.server.port()).collect();
+    whole_cluster(&ports).await;
+    // A key on a master other than the seed, so the seed keeps answering the looks.
+    let key = (0..)
+        .map(|i| format!("frozen-{i}"))
+        .find(|k| master_and_replica_of(ports[0], k).0 != ports[0])
+        .unwrap();
+    let (master, replica) = master_and_replica_of(ports[0], &key);
+    eventually(
+        Duration::from_secs(30),
+        "the replica is in sync",
+        || async { cli(replica, &["info", "replication"]).contains("master_link_status:up") },
+    )
+    .await;
+    let url = format!("redis://127.0.0.1:{}", ports[0]);
+    let client = QueueClient::connect(&url, "test", &ConnectOptions::default())
+        .await
+        .unwrap();
+    let mut conn = client.connection();
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg("v")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // (the replica has the write before its master freezes)
+    let _: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let frozen = nodes.iter().find(|n| n.server.port() == master).unwrap();
+    frozen.server.signal(Signal::SIGSTOP).unwrap();
+    let mut waiting = client.connection();
+    let in_flight = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            redis::cmd("GET")
+                .arg(&key)
+                .query_async::<Option<String>>(&mut waiting)
+                .await
+        })
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the replica takes its frozen master's slots",
+        || async { cli(replica, &["role"]).starts_with("master") },
+    )
+    .await;
+    let got = crate::harness::poll_some(
+        Duration::from_secs(8),
+        "a read of the key from the promoted replica, the old master still frozen",
+        || {
+            let mut conn = client.connection();
+            let key = key.clone();
+            async move {
+                let mut get = redis::cmd("GET");
+                get.arg(&key);
+                let get = get.query_async::<Option<String>>(&mut conn);
+                tokio::time::timeout(Duration::from_secs(1), get)
+                    .await
+                    .ok()?
+                    .ok()?
+            }
+        },
+    )
+    .await;
+    assert_eq!(got, "v");
+    let ended = tokio::time::timeout(Duration::from_secs(3), in_flight).await;
+    assert!(
+        ended.is_ok(),
+        "the call that waited on the frozen master is still waiting"
+    );
+    assert_eq!(client.redis_node().failovers, 1);
+    frozen.server.signal(Signal::SIGCONT).unwrap();
 }

@@ -1,8 +1,8 @@
 //! Secrets stay secret: a Redis password (from `redis_password_file`) and an api token are
 //! known, every role runs with debug logs, and every output an operator or another role
 //! can see is searched for them: logs, `/status`, `/metrics`, `stats` (text and JSON),
-//! `tasks show`, the api's answers, the dashboard's screens and what `config apply`
-//! publishes.
+//! `tasks show`, the api's answers (the web console's login too), the dashboard's screens
+//! and what `config apply` publishes.
 //!
 //! Also covered: help texts (`--help` hides `GAFFER_REDIS`'s value), a unix socket URL's
 //! `pass=` in an error, and an exec handler's environment (it is started without
@@ -276,6 +276,15 @@ async fn no_output_shows_the_redis_password_or_an_api_token() {
         get(api_http, "/v1/queues/work/tasks/s1", Some(TOKEN)).await,
     );
     seen.add("api queues", get(api_http, "/v1/queues", Some(TOKEN)).await);
+    // The web console's login form, with the token and with a wrong one (the log says
+    // who logged in and who failed, never with what).
+    for token in [TOKEN.to_string(), wrong.clone()] {
+        let form = format!("token={token}");
+        let (st, answer) =
+            crate::api::request(api_http, "POST", "/ui/login", None, Some(form.as_bytes())).await;
+        assert_eq!(st, 303);
+        seen.add("console login", String::from_utf8_lossy(&answer));
+    }
     for (who, addr) in [("manager", manager_http), ("master", master_http)] {
         seen.add(&format!("{who} /status"), get(addr, "/status", None).await);
         seen.add(
