@@ -12,13 +12,17 @@
 //! schedules: create, list, show, delete), `auth.rs` (keys and rights),
 //! `ended.rs` (waking the waiters), `error.rs` (`ApiError`), `outage.rs` (the instance's
 //! one outage spell, fed by requests, `/healthz` and the config look), `listings.rs` (each
-//! key's listings under way, against `[api].max_listings_per_key`), `console/` (the web
-//! console at `/ui/`: pages, sessions, CSRF, auth-proxy mode). It serves on
-//! `crate::http::serve_with`.
+//! key's listings under way, against `[api].max_listings_per_key`), `console_data.rs`
+//! (what the web console reads: the cluster, one queue with its config, a task found by
+//! id), `dead.rs` (dead letters: listing, requeue, purge, and the retry of a failed
+//! task), `console/` (the web console at `/ui/`: pages, sessions, CSRF, auth-proxy mode).
+//! It serves on `crate::http::serve_with`.
 
 mod auth;
 mod chains;
 mod console;
+mod console_data;
+mod dead;
 mod ended;
 mod error;
 mod listings;

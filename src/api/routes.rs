@@ -16,6 +16,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, Keys};
+use super::dead::DeadAction;
 use super::ended::Ended;
 use super::error::{ApiError, enqueue_failed};
 use super::listings::Listings;
@@ -316,6 +317,15 @@ impl Api {
                 self.delete_schedule(key, name).await
             }
             Endpoint::Schedule { name } => self.get_schedule(key, name).await,
+            Endpoint::Cluster => self.cluster(key).await,
+            Endpoint::Queue { queue: q } => self.queue_detail(self.queue(q, key)?, key).await,
+            Endpoint::Search { id } => self.search(key, id).await,
+            Endpoint::Dead { queue: q } => self.dead_letters(q, key, request.uri().query()).await,
+            Endpoint::DeadMove { queue: q, action } => {
+                self.move_dead(q, key, action, request).await
+            }
+            Endpoint::Retry { queue: q, id } => self.retry(self.queue(q, key)?, key, id).await,
+            Endpoint::Payload { queue: q, id } => self.payload(self.queue(q, key)?, key, id).await,
         }
     }
 
@@ -357,9 +367,12 @@ impl Api {
         json_response(StatusCode::SERVICE_UNAVAILABLE, &json!({ "error": error }))
     }
 
-    /// What `stats --json` shows under "queues", for the queues the key may use.
+    /// What `stats --json` shows under "queues", for the queues the key may use (read
+    /// alone: neither the other queues nor the retired ones).
     async fn queues_stats(&self, key: &ApiKey) -> Answer {
-        let snap = cluster::snapshot::read(&self.client, &self.config).await?;
+        let allows = |q: &str| key.allows(q);
+        let scope = cluster::snapshot::Scope::Only(&allows);
+        let snap = cluster::snapshot::read_scoped(&self.client, &self.config, scope).await?;
         let mut doc = cluster::snapshot::stats_json(&snap);
         let mut queues = doc["queues"].take();
         if let Some(map) = queues.as_object_mut() {
@@ -677,7 +690,7 @@ impl Api {
 
     /// The task's record, if the key may see it: a non-admin key sees only what it
     /// submitted, and anything else is as unknown to it as a task that never was.
-    async fn own_record(
+    pub(super) async fn own_record(
         &self,
         queue: &Queue,
         key: &ApiKey,
@@ -913,6 +926,20 @@ enum Endpoint<'a> {
     Schedules,
     /// `GET|DELETE /v1/schedules/NAME`.
     Schedule { name: &'a str },
+    /// `GET /v1/cluster`: the stats document, cut to what the key may see.
+    Cluster,
+    /// `GET /v1/queues/Q`: one queue's figures and config.
+    Queue { queue: &'a str },
+    /// `GET /v1/tasks/ID`: the queues holding a task under the id.
+    Search { id: &'a str },
+    /// `GET /v1/queues/Q/dead` (admin).
+    Dead { queue: &'a str },
+    /// `POST /v1/queues/Q/dead/requeue|purge` (admin).
+    DeadMove { queue: &'a str, action: DeadAction },
+    /// `POST /v1/queues/Q/tasks/ID/retry`.
+    Retry { queue: &'a str, id: &'a str },
+    /// `GET /v1/queues/Q/tasks/ID/payload`.
+    Payload { queue: &'a str, id: &'a str },
 }
 
 impl<'a> Endpoint<'a> {
@@ -959,6 +986,16 @@ impl<'a> Endpoint<'a> {
             ["v1", "chains", id] => Endpoint::Chain { id },
             ["v1", "schedules"] => Endpoint::Schedules,
             ["v1", "schedules", name] => Endpoint::Schedule { name },
+            ["v1", "cluster"] => Endpoint::Cluster,
+            ["v1", "queues", queue] => Endpoint::Queue { queue },
+            ["v1", "tasks", id] => Endpoint::Search { id },
+            ["v1", "queues", queue, "dead"] => Endpoint::Dead { queue },
+            ["v1", "queues", queue, "dead", action] => Endpoint::DeadMove {
+                queue,
+                action: DeadAction::parse(action)?,
+            },
+            ["v1", "queues", queue, "tasks", id, "retry"] => Endpoint::Retry { queue, id },
+            ["v1", "queues", queue, "tasks", id, "payload"] => Endpoint::Payload { queue, id },
             _ => return None,
         })
     }
@@ -979,6 +1016,13 @@ impl<'a> Endpoint<'a> {
             Endpoint::Chain { .. } => "chain",
             Endpoint::Schedules => "schedules",
             Endpoint::Schedule { .. } => "schedule",
+            Endpoint::Cluster => "cluster",
+            Endpoint::Queue { .. } => "queue",
+            Endpoint::Search { .. } => "search",
+            Endpoint::Dead { .. } => "dead",
+            Endpoint::DeadMove { .. } => "dead_move",
+            Endpoint::Retry { .. } => "retry",
+            Endpoint::Payload { .. } => "payload",
         }
     }
 
@@ -991,14 +1035,21 @@ impl<'a> Endpoint<'a> {
             | Endpoint::Metrics
             | Endpoint::Status
             | Endpoint::Queues
-            | Endpoint::Chain { .. } => GET,
+            | Endpoint::Chain { .. }
+            | Endpoint::Cluster
+            | Endpoint::Queue { .. }
+            | Endpoint::Search { .. }
+            | Endpoint::Dead { .. }
+            | Endpoint::Payload { .. } => GET,
             Endpoint::Tasks { .. } => &[Method::GET, Method::POST],
             Endpoint::Task { .. } | Endpoint::Schedule { .. } => &[Method::GET, Method::DELETE],
             Endpoint::Schedules => &[Method::GET, Method::POST],
             Endpoint::Hold { .. }
             | Endpoint::QueueAdmin { .. }
             | Endpoint::HostAdmin { .. }
-            | Endpoint::SystemAdmin { .. } => POST,
+            | Endpoint::SystemAdmin { .. }
+            | Endpoint::DeadMove { .. }
+            | Endpoint::Retry { .. } => POST,
         }
     }
 }
@@ -1224,6 +1275,62 @@ mod tests {
                 action: "disable"
             })
         );
+        assert_eq!(parse("/v1/cluster"), Some(Endpoint::Cluster));
+        assert_eq!(parse("/v1/queues/q"), Some(Endpoint::Queue { queue: "q" }));
+        assert_eq!(parse("/v1/tasks/x"), Some(Endpoint::Search { id: "x" }));
+        assert_eq!(
+            parse("/v1/queues/q/dead"),
+            Some(Endpoint::Dead { queue: "q" })
+        );
+        assert_eq!(
+            parse("/v1/queues/q/dead/purge"),
+            Some(Endpoint::DeadMove {
+                queue: "q",
+                action: DeadAction::Purge
+            })
+        );
+        assert_eq!(
+            parse("/v1/queues/q/dead/requeue"),
+            Some(Endpoint::DeadMove {
+                queue: "q",
+                action: DeadAction::Requeue
+            })
+        );
+        assert_eq!(
+            parse("/v1/queues/q/tasks/x/retry"),
+            Some(Endpoint::Retry {
+                queue: "q",
+                id: "x"
+            })
+        );
+        // (a queue named like an action is still a queue)
+        assert_eq!(
+            parse("/v1/queues/dead/dead"),
+            Some(Endpoint::Dead { queue: "dead" })
+        );
+        assert_eq!(parse("/v1/queues/q/dead/bury"), None);
+        assert_eq!(parse("/v1/tasks"), None);
+        assert_eq!(parse("/v1/tasks/x/y"), None);
+        assert_eq!(parse("/v1/cluster/x"), None);
+        let retry = parse("/v1/queues/q/tasks/x/retry").unwrap();
+        assert_eq!(
+            (retry.name(), names(retry.methods())),
+            ("retry", "POST".into())
+        );
+        let dead = parse("/v1/queues/q/dead").unwrap();
+        assert_eq!(
+            (dead.name(), names(dead.methods())),
+            ("dead", "GET, HEAD".into())
+        );
+        assert_eq!(
+            parse("/v1/queues/q/tasks/x/payload"),
+            Some(Endpoint::Payload {
+                queue: "q",
+                id: "x"
+            })
+        );
+        let search = parse("/v1/tasks/x").unwrap();
+        assert_eq!(search.name(), "search");
         assert_eq!(parse("/v1/queues/q/tasks/x/melt"), None);
         assert_eq!(parse("/v1/queues/q/scale"), None);
         assert_eq!(parse("/v2"), None);

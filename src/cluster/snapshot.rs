@@ -327,8 +327,40 @@ pub struct SystemView {
     pub started_total: u64,
 }
 
+/// Which of the config's queues a read covers.
+#[derive(Clone, Copy)]
+pub enum Scope<'a> {
+    /// Every queue, the systems and the retired queues: what `stats` and `top` show.
+    All,
+    /// Only the queues this says yes to, the systems they belong to (each naming only
+    /// them) and no retired queue: what an api key limited to some queues sees, read
+    /// without the cost of the others.
+    Only(&'a (dyn Fn(&str) -> bool + Sync)),
+}
+
+impl Scope<'_> {
+    fn covers(&self, queue: &str) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Only(keep) => keep(queue),
+        }
+    }
+}
+
 /// Reads a snapshot of the cluster that `cfg` describes.
 pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueError> {
+    read_scoped(client, cfg, Scope::All).await
+}
+
+/// Reads a snapshot of the cluster that `cfg` describes, of the queues `scope` covers
+/// (the hosts, the map and the lease whole). The queues are read together, each one's
+/// calls on the multiplexed connection beside the others', so a read of many queues
+/// takes a few round trips rather than one per queue.
+pub async fn read_scoped(
+    client: &QueueClient,
+    cfg: &Config,
+    scope: Scope<'_>,
+) -> Result<Snapshot, QueueError> {
     let at_ms = now_ms();
     let keys = Keys::new(&cfg.cluster.namespace);
     let mut conn = client.connection();
@@ -367,12 +399,22 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
         paused: &paused,
         hosts: &hosts,
     };
-    let mut queues = BTreeMap::new();
-    for (name, qc) in &cfg.queues {
-        queues.insert(name.clone(), read_queue(client, name, qc, &cluster).await?);
-    }
-    let systems = read_systems(client, cfg, &queues).await?;
-    let retired = read_retired(client, cfg).await?;
+    let reads = cfg
+        .queues
+        .iter()
+        .filter(|(name, _)| scope.covers(name))
+        .map(|(name, qc)| async {
+            Ok::<_, QueueError>((name.clone(), read_queue(client, name, qc, &cluster).await?))
+        });
+    let queues: BTreeMap<String, QueueView> = futures::future::try_join_all(reads)
+        .await?
+        .into_iter()
+        .collect();
+    let systems = read_systems(client, cfg, &queues, scope).await?;
+    let retired = match scope {
+        Scope::All => read_retired(client, cfg).await?,
+        Scope::Only(_) => BTreeMap::new(),
+    };
     Ok(Snapshot {
         at_ms,
         queues,
@@ -385,11 +427,13 @@ pub async fn read(client: &QueueClient, cfg: &Config) -> Result<Snapshot, QueueE
     })
 }
 
-/// Every system of the config with its switch, its queues' slots and its bucket's count.
+/// Every system of the config with its switch, its queues' slots and its bucket's count;
+/// within a scope, the systems of its queues, each naming only those.
 async fn read_systems(
     client: &QueueClient,
     cfg: &Config,
     queues: &BTreeMap<String, QueueView>,
+    scope: Scope<'_>,
 ) -> Result<BTreeMap<String, SystemView>, QueueError> {
     let switches = client.system_switches().await?;
     let states = system_states(cfg, &switches);
@@ -398,9 +442,12 @@ async fn read_systems(
         let members: Vec<String> = cfg
             .queues
             .values()
-            .filter(|q| q.system.as_deref() == Some(name.as_str()))
+            .filter(|q| q.system.as_deref() == Some(name.as_str()) && scope.covers(&q.name))
             .map(|q| q.name.clone())
             .collect();
+        if members.is_empty() && matches!(scope, Scope::Only(_)) {
+            continue;
+        }
         let slots = members
             .iter()
             .filter_map(|q| queues.get(q))
@@ -648,6 +695,7 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                     "load": d.and_then(|d| d.load),
                     "reasons": d.map(|d| d.reasons.clone()),
                     "paused": q.paused,
+                    "intake": q.intake.as_str(), "track": q.track, "kind": q.kind.as_str(),
                     "priority": q.priority, "min_slots": q.min_slots, "max_slots": q.max_slots,
                     "processed_total": q.processed_total, "failed_total": q.failed_total,
                     "busy_seconds_total": q.busy_seconds_total,
@@ -681,6 +729,10 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
                     // (beside "queues", whose values are slot counts and stay so)
                     "queue_pss_bytes": r.queues.iter().map(|(q, qr)| (q.clone(), json!(qr.pss_bytes)))
                         .collect::<serde_json::Map<_, _>>(),
+                    // (the published map's slots for the host, which "queues" may not
+                    // match yet)
+                    "mapped": snap.map.as_ref().and_then(|m| m.hosts.get(name))
+                        .map(|qs| json!(qs)).unwrap_or_else(|| json!({})),
                     // null in a report of a master from before it
                     "redis": r.redis,
                 }),
@@ -689,6 +741,7 @@ pub fn stats_json(snap: &Snapshot) -> serde_json::Value {
         .collect();
     let m = &snap.manager;
     json!({
+        "at_ms": snap.at_ms,
         "queues": qs,
         "hosts": hosts,
         "systems": systems_json(snap),

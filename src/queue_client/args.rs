@@ -246,7 +246,9 @@ head! {
         /// Dead letters moved at most.
         limit: usize,
         /// The requeued records' history note.
-        note: &'static str,
+        note: String,
+        /// Only letters whose record names this submitter, when given ('' : anyone's).
+        owner: String,
         /// Only those dead by then (ms, Redis's clock; '' with ids).
         cutoff_ms: String,
     }
@@ -255,10 +257,19 @@ head! {
 head! {
     /// dead_list.lua's head, all of its arguments.
     DeadListHead as "DEAD_LIST_HEAD" {
-        /// Dead letters skipped, oldest first.
+        /// Dead letters skipped, oldest first (oldest first only).
         offset: usize,
         /// Dead letters listed at most.
         limit: usize,
+        /// Newest first, from a cursor, rather than oldest first from an offset.
+        newest: bool,
+        /// The cursor's time of death (ms; '' : from the newest).
+        after_ms: String,
+        /// The cursor's id.
+        after_id: String,
+        /// Newest first, the reply ends once it holds this many bytes of payloads and
+        /// errors.
+        page_bytes: usize,
     }
 }
 

@@ -103,6 +103,14 @@ impl Queue {
         self.find_or_cancel(id, None, Dead::Keep, "", "").await
     }
 
+    /// Looks a task up by id, only while its record names `owner` as its submitter,
+    /// checked in the same step (`None`: it does not, or no task): a caller that checked
+    /// who may see a task then reads that task, never another one submitted under its id
+    /// since.
+    pub async fn find_owned(&self, id: &str, owner: &str) -> Result<Option<TaskInfo>, QueueError> {
+        self.find_or_cancel(id, None, Dead::Keep, "", owner).await
+    }
+
     /// Removes a task by id, whatever its state, and returns what it was. A leased task's
     /// holder will find its settle rejected as stale. Its record says cancelled. In a
     /// long queue a running task is asked to stop instead: it is returned as

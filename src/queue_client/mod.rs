@@ -81,7 +81,7 @@ pub use conn::{
     url_passwords, uses_tls,
 };
 pub use control::{FreezeResult, TaskInfo, TaskState};
-pub use dead::DeadTask;
+pub use dead::{DEAD_PAGE_BYTES, DEAD_PAGE_CALL, DeadCursor, DeadPage, DeadTask};
 pub use durability::Durability;
 pub use enqueue::{
     CHAIN_ID_PREFIX, Enqueued, GENERATED_ID_PREFIX, NewTask, TakenBy, TaskChain, chain_id,

@@ -335,6 +335,51 @@ async fn take_some(q: &gaffer::queue_client::Queue) -> gaffer::queue_client::Bat
     .await
 }
 
+/// What the web console reads and does, under the api's ACL: the cluster, one queue (its
+/// published table too), a search, a payload, and a dead letter listed, retried,
+/// requeued and purged (the test's admin plays the slot that fails it).
+async fn console_endpoints(addr: std::net::SocketAddr, redis: &AclRedis) {
+    for path in ["/v1/cluster", "/v1/queues/work", "/v1/tasks/a"] {
+        let (st, body) = call(addr, "GET", path, "").await;
+        assert_eq!(st, 200, "{path}: {body}");
+    }
+    let task = r#"{"payload": 3, "id": "f", "max_attempts": 1}"#;
+    let (st, body) = call(addr, "POST", "/v1/queues/work/tasks", task).await;
+    assert_eq!(st, 202, "{body}");
+    let (st, body) = call(addr, "GET", "/v1/queues/work/tasks/f/payload", "").await;
+    assert_eq!((st, &body["payload"]), (200, &json!(3)), "{body}");
+    let q = redis.admin_client().await.queue("work").unwrap();
+    fail_taken(&q).await;
+    let (st, page) = call(addr, "GET", "/v1/queues/work/dead?limit=10", "").await;
+    assert_eq!((st, &page["dead"][0]["id"]), (200, &json!("f")), "{page}");
+    let (st, rec) = call(addr, "POST", "/v1/queues/work/tasks/f/retry", "").await;
+    assert_eq!((st, &rec["state"]), (200, &json!("waiting")), "{rec}");
+    fail_taken(&q).await;
+    let (st, body) = call(
+        addr,
+        "POST",
+        "/v1/queues/work/dead/requeue",
+        r#"{"ids": ["f"]}"#,
+    )
+    .await;
+    assert_eq!((st, &body["requeued"]), (200, &json!(1)), "{body}");
+    fail_taken(&q).await;
+    let (st, body) = call(
+        addr,
+        "POST",
+        "/v1/queues/work/dead/purge",
+        r#"{"all": true}"#,
+    )
+    .await;
+    assert_eq!((st, &body["purged"]), (200, &json!(1)), "{body}");
+}
+
+/// Takes what waits in `q` and fails it for good (with its one attempt).
+async fn fail_taken(q: &gaffer::queue_client::Queue) {
+    let batch = take_some(q).await;
+    crate::harness::fail_all(q, &batch.tasks, |_| "no".into()).await;
+}
+
 /// An api whose ACL lacks the channels of task ends (the easy mistake) answers a sync
 /// wait once its task ended, by looking again, long before the wait runs out; and one
 /// whose task's id another submitter's task took meanwhile answers 410, never with that
@@ -429,6 +474,7 @@ async fn the_api_submits_views_lists_cancels_and_waits_under_its_acl() {
     assert_eq!(st, 200, "{body}");
     let (st, body) = call(addr, "DELETE", "/v1/schedules/s", "").await;
     assert_eq!(st, 204, "{body}");
+    console_endpoints(addr, &redis).await;
 
     // A sync submit: the test's admin plays the slot, and the api hears of the end
     // through its pattern subscription.

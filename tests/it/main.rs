@@ -7,7 +7,9 @@
 //! processes), `slot.rs` (the slot loop in-process), `simulate.rs` (the acceptance bar on
 //! the shipped traces), `trace.rs` (`trace record` on a real manager and master), `api.rs`
 //! (the task service over real HTTP: `Service::start`, `request`), `console.rs` (the web console's
-//! logins, cookies, CSRF and proxy mode over real HTTP), `chains.rs` (chains
+//! logins, cookies, CSRF and proxy mode over real HTTP), `api_console_data.rs` (what
+//! the web console reads and does: the cluster, one queue, search, dead letters, retry, by
+//! key rights), `chains.rs` (chains
 //! through a real master's exec slots and the api, on one Redis and on a Redis Cluster),
 //! `long.rs` (long tasks on real masters with distinct host names), `drain.rs` (stops with
 //! Redis down or frozen), `durability.rs` (`wait_replicas`: writes confirmed on real
@@ -33,6 +35,7 @@
 
 mod acl;
 mod api;
+mod api_console_data;
 mod batch_lease;
 mod browser;
 mod chains;

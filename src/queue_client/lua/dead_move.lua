@@ -2,7 +2,9 @@
 -- requeued tasks go before everything waiting, as they were created before it, and
 -- 'requeue_front_more' for a chunk of given ids that more chunks, older ones, follow: the
 -- queue's takes are held meanwhile, see REQUEUE_HOLD_MS), limit,
--- note (the requeued records' history note), cutoff (ms, by Redis's clock), then ids
+-- note (the requeued records' history note), cutoff (ms, by Redis's clock), owner (with
+-- ids: only letters whose record names this submitter, an api key moving its own; '' :
+-- anyone's), then ids
 -- (none: the oldest `limit` dead letters that died by the cutoff: a sweep of all of them
 -- takes those there when it began, not the ones that die while it runs, which a handler
 -- that fails at once would feed it for ever, each requeued with its attempts reset).
@@ -24,7 +26,7 @@ if #ARGV > H then
   local seen = {}
   for i = H + 1, #ARGV do
     local id = ARGV[i]
-    if not seen[id] and redis.call('ZSCORE', K_DEAD, id) then
+    if not seen[id] and redis.call('ZSCORE', K_DEAD, id) and rec_owned_by(id, A.owner) then
       seen[id] = true
       ids[#ids + 1] = id
     end
