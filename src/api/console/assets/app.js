@@ -282,6 +282,8 @@
       if (mine === gen) {
         // How long the last refresh took, its reads and drawing: what the tests measure.
         view.dataset.refreshMs = String(Math.round(performance.now() - started));
+        // When the page was first shown, counted from the navigation's start.
+        if (view.dataset.loaded !== '1') view.dataset.shownAtMs = String(Math.round(performance.now()));
         view.dataset.loaded = '1';
         view.dataset.refreshes = String(Number(view.dataset.refreshes || 0) + 1);
         if (page.clearsError !== false) clearError();
