@@ -238,7 +238,7 @@ async fn a_limited_key_follows_its_task_live_and_sees_nothing_else() {
         0
     );
 
-    // Another key's task, and this key's own, which runs for 2.5 s.
+    // Another key's task, and this key's own, which runs for 4 s.
     console
         .submit(
             "work",
@@ -250,7 +250,7 @@ async fn a_limited_key_follows_its_task_live_and_sees_nothing_else() {
         .submit(
             "work",
             SHOP,
-            json!({"payload": {"ms": 2500}, "id": "live-1"}),
+            json!({"payload": {"ms": 4000}, "id": "live-1"}),
         )
         .await;
 
