@@ -30,12 +30,14 @@
 //! `secrets.rs` (every output searched for a known password and token), `hardening_*.rs`
 //! (access, config, ids, load, protocol), `up.rs` (`gaffer up` and the dashboards' metrics
 //! against a real scrape), `top.rs` (`gaffer top` in tmux), `invariants.rs` (the
-//! architecture invariants checked on the sources).
+//! architecture invariants checked on the sources), `browser/` (the web console in a real
+//! headless Chromium through WebDriver).
 
 mod acl;
 mod api;
 mod api_console_data;
 mod batch_lease;
+mod browser;
 mod chains;
 mod cli;
 mod config;
