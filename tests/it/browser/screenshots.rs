@@ -1,7 +1,9 @@
 //! The console's pictures in `docs/img/`, taken from a real run: a small cluster (two
 //! masters) under a steady load, the overview once its sparklines have a minute of
-//! history, and the page of a task that was retried before it was done. Ignored by a plain
-//! `cargo test`; `scripts/console-screenshots` runs it.
+//! history, and the page of a task that was retried before it was done.
+//! `scripts/console-screenshots` runs it with `GAFFER_SCREENSHOT_DIR=docs/img` for the
+//! docs; a plain test run takes the same pictures after a few refreshes, into
+//! `target/tmp`, so the script cannot rot unnoticed.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,11 +61,17 @@ max_concurrency = 4
 rate = "50/s"
 "#;
 
-/// Where the pictures go: `GAFFER_SCREENSHOT_DIR`, else the repository's `docs/img`.
-fn out_dir() -> PathBuf {
-    std::env::var_os("GAFFER_SCREENSHOT_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/img"))
+/// Where the pictures go and how many refreshes of history the overview shows first:
+/// `GAFFER_SCREENSHOT_DIR` and a minute (30 refreshes at 2 s) for the docs, else
+/// `target/tmp/console-demo` and 3.
+fn out_dir_and_refreshes() -> (PathBuf, u32) {
+    match std::env::var_os("GAFFER_SCREENSHOT_DIR") {
+        Some(dir) => (PathBuf::from(dir), 30),
+        None => (
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tmp/console-demo"),
+            3,
+        ),
+    }
 }
 
 /// Submits a wave of tasks to every queue every second until `stop`.
@@ -123,8 +131,9 @@ async fn retried_task(console: &Console) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "writes docs/img: run by scripts/console-screenshots"]
 async fn console_screenshots() {
+    let (dir, refreshes) = out_dir_and_refreshes();
+    std::fs::create_dir_all(&dir).unwrap();
     let port = free_port().unwrap();
     let tables = format!("{DEMO}{}", keys(port));
     let console = Arc::new(Console::start_with(&tables, port, &["node-a", "node-b"]).await);
@@ -134,17 +143,16 @@ async fn console_screenshots() {
     browser.window_size(1280, 900).await;
     console.login(&browser, OPS).await;
 
-    // A minute of history for the sparklines (30 refreshes at 2 s).
+    // History for the sparklines.
     browser
         .wait_script_for(
-            "return Number(document.querySelector('#view').dataset.refreshes) >= 30 \
+            "return Number(document.querySelector('#view').dataset.refreshes) >= arguments[0] \
              && document.querySelectorAll('#hosts-table tr[data-host]').length === 2;",
-            json!([]),
-            "a minute of the overview",
+            json!([refreshes]),
+            "refreshes of the overview",
             Duration::from_secs(120),
         )
         .await;
-    let dir = out_dir();
     browser
         .save_screenshot(&dir.join("console-overview.png"))
         .await;
