@@ -8,7 +8,7 @@ use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use super::routes::{Api, DedupHit, WAIT_RECHECK, query_pairs, replaced};
+use super::routes::{Api, DedupHit, WAIT_RECHECK, replaced};
 use super::submit::Submit;
 use crate::chain::{self, ChainError, ChainHead, ChainTargets, ChainTask, ChainView, PageCursor};
 use crate::config::ApiKey;
@@ -41,34 +41,12 @@ const MAX_CHAIN_LIMIT: usize = 1000;
 
 /// The query of `GET /v1/chains/{id}`: `limit` (1 to [`MAX_CHAIN_LIMIT`]) and `cursor`.
 fn chain_query(query: Option<&str>) -> Result<(usize, Option<PageCursor>), ApiError> {
-    let mut limit = DEFAULT_CHAIN_LIMIT;
-    let mut cursor = None;
-    for (name, value) in query_pairs(query.unwrap_or(""))? {
-        match name.as_str() {
-            "limit" => {
-                limit = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_CHAIN_LIMIT).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad_request(format!(
-                            "limit must be a number from 1 to {MAX_CHAIN_LIMIT}, got {value:?}"
-                        ))
-                    })?
-            }
-            "cursor" => {
-                cursor = Some(PageCursor::decode(&value).ok_or_else(|| {
-                    ApiError::bad_request(format!("cursor {value:?} is not one this api returned"))
-                })?)
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown query parameter {other:?}: expected limit or cursor"
-                )));
-            }
-        }
-    }
-    Ok((limit, cursor))
+    super::listings::page_query(
+        query,
+        DEFAULT_CHAIN_LIMIT,
+        MAX_CHAIN_LIMIT,
+        PageCursor::decode,
+    )
 }
 
 /// Whether a key may see a chain: it may use its global task's queue, and is admin or

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::auth;
 use super::console_data::{check_task_id, payload_json};
 use super::error::ApiError;
-use super::routes::{Answer, Api, query_pairs, read_body};
+use super::routes::{Answer, Api, read_body};
 use crate::config::ApiKey;
 use crate::queue_client::{
     DeadCursor, DeadTask, MAX_BATCH, MAX_LIST_LIMIT, Queue, RecordState, TaskState, rfc3339,
@@ -87,33 +87,12 @@ fn chosen(body: &[u8]) -> Result<Chosen, ApiError> {
 
 /// The query of a dead letter listing: `limit` (1 to [`MAX_LIST_LIMIT`]) and `cursor`.
 fn dead_query(query: Option<&str>) -> Result<(usize, Option<DeadCursor>), ApiError> {
-    let (mut limit, mut cursor) = (DEFAULT_DEAD_LIMIT, None);
-    for (name, value) in query_pairs(query.unwrap_or(""))? {
-        match name.as_str() {
-            "limit" => {
-                limit = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad_request(format!(
-                            "limit must be a number from 1 to {MAX_LIST_LIMIT}, got {value:?}"
-                        ))
-                    })?
-            }
-            "cursor" => {
-                cursor = Some(DeadCursor::decode(&value).ok_or_else(|| {
-                    ApiError::bad_request(format!("cursor {value:?} is not one this api returned"))
-                })?)
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown query parameter {other:?}: expected limit or cursor"
-                )));
-            }
-        }
-    }
-    Ok((limit, cursor))
+    super::listings::page_query(
+        query,
+        DEFAULT_DEAD_LIMIT,
+        MAX_LIST_LIMIT,
+        DeadCursor::decode,
+    )
 }
 
 /// A dead letter as the listing answers it: as `gaffer tasks dead --json` prints it, with

@@ -54,6 +54,46 @@ impl Drop for Listing {
     }
 }
 
+/// A listing's `limit`: a number from 1 to `max`, or a refusal naming the range.
+pub(super) fn parse_limit(value: &str, max: usize) -> Result<usize, ApiError> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "limit must be a number from 1 to {max}, got {value:?}"
+            ))
+        })
+}
+
+/// The query of a cursor-paged listing that takes only `limit` (1 to `max`, `default`
+/// when absent) and `cursor` (what `decode` makes of one this api returned).
+pub(super) fn page_query<C>(
+    query: Option<&str>,
+    default: usize,
+    max: usize,
+    decode: impl Fn(&str) -> Option<C>,
+) -> Result<(usize, Option<C>), ApiError> {
+    let (mut limit, mut cursor) = (default, None);
+    for (name, value) in super::routes::query_pairs(query.unwrap_or(""))? {
+        match name.as_str() {
+            "limit" => limit = parse_limit(&value, max)?,
+            "cursor" => {
+                cursor = Some(decode(&value).ok_or_else(|| {
+                    ApiError::bad_request(format!("cursor {value:?} is not one this api returned"))
+                })?)
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter {other:?}: expected limit or cursor"
+                )));
+            }
+        }
+    }
+    Ok((limit, cursor))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -659,17 +659,7 @@ impl Api {
                         ))
                     })?)
                 }
-                "limit" => {
-                    q.limit = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=MAX_LIST_LIMIT).contains(n))
-                        .ok_or_else(|| {
-                            ApiError::bad_request(format!(
-                                "limit must be a number from 1 to {MAX_LIST_LIMIT}, got {value:?}"
-                            ))
-                        })?
-                }
+                "limit" => q.limit = super::listings::parse_limit(&value, MAX_LIST_LIMIT)?,
                 "cursor" => q.cursor = Some(value),
                 other => {
                     return Err(ApiError::bad_request(format!(

@@ -4,7 +4,7 @@
 //! it was.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::net::UnixDatagram;
 use std::time::Duration;
 
@@ -233,17 +233,43 @@ pub(crate) async fn request(
     token: Option<&str>,
     body: Option<&[u8]>,
 ) -> (u16, Vec<u8>) {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(b) = &bearer {
+        headers.push(("Authorization", b.as_str()));
+    }
+    let reply = exchange(addr, None, method, path, &headers, body.unwrap_or_default()).await;
+    (reply.status, reply.body)
+}
+
+/// An HTTP answer: its status, headers (names in lower case) and body (de-chunked).
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Vec<u8>,
+}
+
+/// One HTTP/1.1 exchange on a fresh connection, from the local address `from` when
+/// given.
+pub(crate) async fn exchange(
+    addr: SocketAddr,
+    from: Option<IpAddr>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
     let exchange = async {
-        let mut stream = TcpStream::connect(addr).await.unwrap();
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
-        if let Some(t) = token {
-            head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        if let Some(local) = from {
+            socket.bind(SocketAddr::new(local, 0)).unwrap();
         }
-        let body = body.unwrap_or_default();
-        head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            body.len()
-        ));
+        let mut stream = socket.connect(addr).await.unwrap();
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
         stream.write_all(head.as_bytes()).await.unwrap();
         stream.write_all(body).await.unwrap();
         let mut raw = Vec::new();
@@ -258,12 +284,31 @@ pub(crate) async fn request(
         .position(|w| w == b"\r\n\r\n")
         .expect("a header block");
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_lowercase(), v.trim().to_string()))
+        .collect();
     let mut body = raw[split + 4..].to_vec();
-    if head.to_lowercase().contains("transfer-encoding: chunked") {
+    if headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"))
+    {
         body = dechunk(&body);
     }
-    (status, body)
+    Reply {
+        status,
+        headers,
+        body,
+    }
 }
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {

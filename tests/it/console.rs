@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use gaffer::api::hash_token;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{OPS, SHOP, config_text, start_api, test_config};
+use crate::api::{OPS, Reply, SHOP, config_text, start_api, test_config};
 use crate::harness::{TestRedis, eventually};
 
 /// The address the tests' requests come from unless they say; a second loopback address
@@ -20,13 +19,7 @@ use crate::harness::{TestRedis, eventually};
 const LOCAL: &str = "127.0.0.1";
 const ELSEWHERE: &str = "127.0.0.2";
 
-/// One answer: status, header lines (names lower-cased) and body.
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
+/// Its header lookups (names in lower case).
 impl Reply {
     fn header(&self, name: &str) -> Option<&str> {
         self.all(name).into_iter().next()
@@ -91,47 +84,8 @@ async fn send(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Reply {
-    let exchange = async {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        let local: IpAddr = from.parse().unwrap();
-        socket.bind(SocketAddr::new(local, 0)).unwrap();
-        let mut stream = socket.connect(addr).await.unwrap();
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-        for (name, value) in headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
-        }
-        head.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
-        stream.write_all(head.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.unwrap();
-        raw
-    };
-    let raw = tokio::time::timeout(Duration::from_secs(30), exchange)
-        .await
-        .expect("an answer");
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .expect("a header block");
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_lowercase(), v.trim().to_string()))
-        .collect();
-    Reply {
-        status,
-        headers,
-        body: raw[split + 4..].to_vec(),
-    }
+    let from: IpAddr = from.parse().unwrap();
+    crate::api::exchange(addr, Some(from), method, path, headers, body.as_bytes()).await
 }
 
 /// A running api instance over a fresh Redis, with the api tests' keys and queues and
