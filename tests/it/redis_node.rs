@@ -2,7 +2,7 @@
 //! daemon's `/status` (`"redis"`), the master's host report, `gaffer stats` (text and
 //! `--json`). On one server; through Sentinel, a real master following a killed primary;
 //! on a Redis Cluster with replicas, the manager counting a replica that took its
-//! master's slots.
+//! master's slots, and a connection following a frozen master to its replica.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
