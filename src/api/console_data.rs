@@ -84,46 +84,48 @@ impl Api {
         out["system"] = json!(self.config.queues.get(name).and_then(|q| q.system.clone()));
         out["hosts"] = Value::Object(hosts_of(&doc, name));
         out["long_running"] = json!(snap.queues.get(name).map(|q| &q.long_running));
-        let (version, table) = self.published_table(name, key.admin).await?;
-        out["config_version"] = json!(version);
-        out["config"] = table.unwrap_or(Value::Null);
+        let shown = self.config_table(name, key.admin).await?;
+        out["config_version"] = json!(shown.version);
+        out["config_origin"] = json!(shown.origin);
+        out["config"] = shown.table.unwrap_or(Value::Null);
         Ok((StatusCode::OK, out))
     }
 
-    /// The queue's table in the published config (`gaffer config apply`), as JSON, with
-    /// its version: what the manager runs. A limited key's copy leaves out
-    /// [`HIDDEN_FROM_LIMITED`]. `None` when nothing is published, or the text does not
-    /// parse or does not name the queue.
-    async fn published_table(
-        &self,
-        queue: &str,
-        admin: bool,
-    ) -> Result<(Option<u64>, Option<Value>), ApiError> {
+    /// The queue's table in the config the leading manager runs, as JSON, with where that
+    /// config came from: the manager's record of it ([`cluster::Keys::config_in_force`]),
+    /// else (a manager from before that record) the published config. A limited key's copy
+    /// leaves out [`HIDDEN_FROM_LIMITED`]. No table when neither is there, or the text does
+    /// not parse or does not name the queue.
+    async fn config_table(&self, queue: &str, admin: bool) -> Result<ConfigShown, ApiError> {
         let keys = cluster::Keys::new(&self.config.cluster.namespace);
-        let (version, source): (Option<u64>, Option<String>) = redis::cmd("HMGET")
-            .arg(keys.config())
-            .arg("version")
-            .arg("source")
-            .query_async(&mut self.client.connection())
-            .await
-            .map_err(QueueError::from)?;
-        let Some(source) = source else {
-            return Ok((None, None));
+        let mut conn = self.client.connection();
+        // (`version` is '' for a file)
+        let (source, origin, version): (Option<String>, Option<String>, Option<String>) =
+            redis::cmd("HMGET")
+                .arg(keys.config_in_force())
+                .arg(&["source", "origin", "version"])
+                .query_async(&mut conn)
+                .await
+                .map_err(QueueError::from)?;
+        let (source, origin, version) = match source {
+            Some(source) => (Some(source), origin, version.and_then(|v| v.parse().ok())),
+            None => {
+                let (version, source): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+                    .arg(keys.config())
+                    .arg(&["version", "source"])
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(QueueError::from)?;
+                let origin = source.as_ref().map(|_| "published".to_owned());
+                (source, origin, version)
+            }
         };
-        let table = toml::from_str::<toml::Table>(&source)
-            .ok()
-            .and_then(|mut t| match t.remove("queues")? {
-                toml::Value::Table(mut qs) => qs.remove(queue),
-                _ => None,
-            })
-            .and_then(|t| serde_json::to_value(t).ok())
-            .map(|mut t| {
-                if let (false, Some(fields)) = (admin, t.as_object_mut()) {
-                    fields.retain(|k, _| !HIDDEN_FROM_LIMITED.contains(&k.as_str()));
-                }
-                t
-            });
-        Ok((version, table))
+        let table = source.and_then(|s| queue_table(&s, queue, admin));
+        Ok(ConfigShown {
+            origin,
+            version,
+            table,
+        })
     }
 
     /// `GET /v1/queues/{queue}/tasks/{id}/payload`: the task's payload while the queue
@@ -191,6 +193,32 @@ impl Api {
 
 /// Where `queue` runs: per host, the slots its master reports and those the map gives it,
 /// for the hosts where either is not zero.
+/// What `GET /v1/queues/{q}` shows of the config in force.
+struct ConfigShown {
+    /// `published` or `file`; None when no config is shown.
+    origin: Option<String>,
+    /// The published version; None for a file.
+    version: Option<u64>,
+    /// The queue's table.
+    table: Option<Value>,
+}
+
+/// `queue`'s table in the config text `source`, as JSON; a limited key's copy leaves out
+/// [`HIDDEN_FROM_LIMITED`].
+fn queue_table(source: &str, queue: &str, admin: bool) -> Option<Value> {
+    let toml::Value::Table(mut queues) = toml::from_str::<toml::Table>(source)
+        .ok()?
+        .remove("queues")?
+    else {
+        return None;
+    };
+    let mut table = serde_json::to_value(queues.remove(queue)?).ok()?;
+    if let (false, Some(fields)) = (admin, table.as_object_mut()) {
+        fields.retain(|k, _| !HIDDEN_FROM_LIMITED.contains(&k.as_str()));
+    }
+    Some(table)
+}
+
 fn hosts_of(doc: &Value, queue: &str) -> Map<String, Value> {
     let Some(hosts) = doc["hosts"].as_object() else {
         return Map::new();

@@ -248,28 +248,14 @@ impl Api {
             Endpoint::Tasks { queue: q } => {
                 let queue = self.queue(q, key)?;
                 if *method == Method::POST {
-                    let body = read_body(
-                        request,
-                        self.config.api.max_body,
-                        self.config.api.read_timeout,
-                    )
-                    .await?;
+                    let body = self.body(request).await?;
                     self.submit(queue, key, &body).await
                 } else {
                     self.list(queue, key, request.uri().query()).await
                 }
             }
             Endpoint::Task { queue: q, id } => {
-                let queue = self.queue(q, key)?;
-                if key.admin && !queue.limits().track {
-                    return self.untracked_task(queue, key, id, method).await;
-                }
-                if *method == Method::DELETE {
-                    self.cancel(queue, key, id).await
-                } else {
-                    let rec = self.own_record(queue, key, id).await?;
-                    Ok((StatusCode::OK, self.record_answer(rec).await?))
-                }
+                self.task(self.queue(q, key)?, key, id, method).await
             }
             Endpoint::Hold { queue: q, id, op } => {
                 let queue = self.queue(q, key)?;
@@ -283,12 +269,7 @@ impl Api {
                 let queue = self.queue(q, key)?;
                 match action {
                     "intake" => {
-                        let body = read_body(
-                            request,
-                            self.config.api.max_body,
-                            self.config.api.read_timeout,
-                        )
-                        .await?;
+                        let body = self.body(request).await?;
                         self.set_intake(queue, &body).await
                     }
                     _ => self.pause(q, action == "pause").await,
@@ -304,12 +285,7 @@ impl Api {
             }
             Endpoint::Chain { id } => self.chain(key, id, request.uri().query()).await,
             Endpoint::Schedules if *method == Method::POST => {
-                let body = read_body(
-                    request,
-                    self.config.api.max_body,
-                    self.config.api.read_timeout,
-                )
-                .await?;
+                let body = self.body(request).await?;
                 self.create_schedule(key, &body).await
             }
             Endpoint::Schedules => self.list_schedules(key).await,
@@ -326,6 +302,26 @@ impl Api {
             }
             Endpoint::Retry { queue: q, id } => self.retry(self.queue(q, key)?, key, id).await,
             Endpoint::Payload { queue: q, id } => self.payload(self.queue(q, key)?, key, id).await,
+        }
+    }
+
+    /// The request's body, within `[api].max_body` and `read_timeout`.
+    async fn body(&self, request: Request<Incoming>) -> Result<Bytes, ApiError> {
+        let api = &self.config.api;
+        read_body(request, api.max_body, api.read_timeout).await
+    }
+
+    /// `GET` (the record) or `DELETE` (cancel) of task `id`; on a queue without records,
+    /// for admin keys, what the queue itself holds.
+    async fn task(&self, queue: &Queue, key: &ApiKey, id: &str, method: &Method) -> Answer {
+        if key.admin && !queue.limits().track {
+            return self.untracked_task(queue, key, id, method).await;
+        }
+        if *method == Method::DELETE {
+            self.cancel(queue, key, id).await
+        } else {
+            let rec = self.own_record(queue, key, id).await?;
+            Ok((StatusCode::OK, self.record_answer(rec).await?))
         }
     }
 

@@ -18,6 +18,10 @@
 //!   published by `gaffer config apply`; `stamp` is `VERSION:SHA256` of the text (absent,
 //!   or of another version, when a build from before it applied); `published_us` Redis's
 //!   time of the apply (absent, or an older apply's, likewise).
+//! - `NS:{cluster}:config:in-force`: hash {source, origin, version, manager}: the config
+//!   the leading manager runs, `origin` `published` (with its version) or `file` (its own
+//!   file, while nothing is published), written at each leadership and adoption. Only
+//!   readers that show it (the api's `GET /v1/queues/{q}`) read it.
 //! - `NS:{cluster}:paused`, `NS:{cluster}:draining`: sets of paused queues and draining
 //!   hosts, written by `gaffer pause|resume|drain`.
 //! - `NS:{cluster}:decisions`: JSON of the manager's last decision per queue.
@@ -264,6 +268,13 @@ impl Keys {
     /// The published config.
     pub fn config(&self) -> String {
         self.key("config")
+    }
+
+    /// The config the leading manager runs, with where it came from (the published one,
+    /// or the manager's own file while none is published): `source`, `origin`, `version`,
+    /// `manager`.
+    pub fn config_in_force(&self) -> String {
+        self.key("config:in-force")
     }
 
     /// Paused queues.

@@ -89,6 +89,17 @@ redis.call('HSET', KEYS[2], 'source', ARGV[3], 'stamp', v .. ':' .. ARGV[4],
 return v
 ";
 
+/// Record the config the leader runs (ARGV[3] its text, ARGV[4] `published` or `file`,
+/// ARGV[5] its published version or '') if the lease is still `id:epoch`, for readers that
+/// show it (the console's queue page). Returns 1, or 0 when fenced off.
+const SHOW_CONFIG: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], 'source', ARGV[3], 'origin', ARGV[4], 'version', ARGV[5],
+  'manager', ARGV[1])
+return 1
+";
+
 /// Delete a host's report if the lease is still `id:epoch` and the report is still the
 /// one read (a master that came back meanwhile wrote a new one). Returns 1 when deleted,
 /// 0 when the report changed, -1 when fenced off.
@@ -281,6 +292,28 @@ impl Leadership {
             self.epoch = 0;
         }
         Ok(version > 0)
+    }
+
+    /// Records `source`, the config this leader runs, from `origin` (`published`, with its
+    /// `version`, or `file`); false when fenced off.
+    pub async fn show_config(
+        &mut self,
+        conn: &mut RedisConn,
+        source: &str,
+        origin: &str,
+        version: Option<u64>,
+    ) -> Result<bool, QueueError> {
+        let n: u64 = self
+            .fenced(&Script::new(SHOW_CONFIG), self.keys.config_in_force())
+            .arg(source)
+            .arg(origin)
+            .arg(version.map(|v| v.to_string()).unwrap_or_default())
+            .invoke_async(conn)
+            .await?;
+        if n == 0 {
+            self.epoch = 0;
+        }
+        Ok(n == 1)
     }
 
     /// Deletes `host`'s report if it is still `report` (its JSON as read); None when fenced

@@ -77,6 +77,9 @@ enum Housekeep {
 pub struct ManagerOptions {
     /// The validated config (replaced when one is published).
     pub config: Config,
+    /// The text of the file `config` came from; the leader shows it as the config in force
+    /// ([`Keys::config_in_force`]) while none is published. None shows nothing (tests).
+    pub file_source: Option<String>,
     /// Redis to meet the cluster in.
     pub redis_url: String,
     /// Password and timeouts for Redis.
@@ -98,6 +101,7 @@ impl ManagerOptions {
     pub fn new(config: Config, redis_url: String, id: String) -> Self {
         Self {
             config,
+            file_source: None,
             redis_url,
             connect: ConnectOptions::default(),
             id,
@@ -148,6 +152,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         clock: Instant::now(),
         config_seen: cluster::ConfigSeen::default(),
         config_source: None,
+        config_shown: None,
         leading: false,
         registered: BTreeSet::new(),
         firing: schedules::Firing::default(),
@@ -226,8 +231,11 @@ struct Manager {
     ring_keys: ring::RingKeys,
     /// The published config read last: one with another text is adopted.
     config_seen: cluster::ConfigSeen,
-    /// The text of the published config in force, once one was adopted.
-    config_source: Option<String>,
+    /// The text and version of the published config in force, once one was adopted.
+    config_source: Option<(String, u64)>,
+    /// The published version (None: the file) this leadership last showed as in force;
+    /// emptied with [`Manager::registered`].
+    config_shown: Option<Option<u64>>,
     leading: bool,
     /// Queue names this leadership has added to the registry (`Keys::queues`); emptied
     /// when leadership goes, so a leader registers its config's names again (Redis may
@@ -391,6 +399,7 @@ impl Manager {
         }
         if !self.leading {
             self.registered.clear();
+            self.config_shown = None;
             // A standby keeps its window warm, so that taking over decides on the load it
             // has seen rather than on none. Not while Redis does not answer (the outage
             // log said so once); and a stop cuts it short, as it writes nothing.
@@ -408,6 +417,7 @@ impl Manager {
             }
         } else {
             self.register_queues().await;
+            self.show_config_in_force().await;
             if let Err(error) = self.decide().await {
                 TickFailed {
                     step: Step::Decide,
@@ -440,7 +450,7 @@ impl Manager {
     /// replica that lagged): a leader publishes the one in force again, under its first
     /// publish time, so every role (one started since too) runs it, not the older one.
     async fn republish_config(&mut self) {
-        let Some(source) = self.config_source.clone() else {
+        let Some((source, _)) = self.config_source.clone() else {
             return;
         };
         if self.leadership.epoch() == 0 {
@@ -502,7 +512,7 @@ impl Manager {
                     );
                 }
                 self.opts.config = cfg;
-                self.config_source = Some(published.source);
+                self.config_source = Some((published.source, version));
                 self.firing.config_changed();
                 // (three ticks of the new tick: see lease_ttl)
                 self.leadership.set_ttl(self.opts.lease_ttl());
@@ -510,6 +520,31 @@ impl Manager {
             Err(e) => {
                 tracing::error!(version, error = %e, "cannot adopt the published config")
             }
+        }
+    }
+
+    /// Records the config this leader runs for the readers that show it (the console's
+    /// queue page): the published one once adopted, else this manager's file. Once per
+    /// leadership and change; a failure is logged and the next tick tries again.
+    async fn show_config_in_force(&mut self) {
+        let (source, origin, version) = match (&self.config_source, &self.opts.file_source) {
+            (Some((source, version)), _) => (source, "published", Some(*version)),
+            (None, Some(source)) => (source, "file", None),
+            (None, None) => return,
+        };
+        if self.config_shown == Some(version) {
+            return;
+        }
+        let shown = self
+            .leadership
+            .show_config(&mut self.conn, source, origin, version)
+            .await;
+        match shown {
+            Ok(true) => self.config_shown = Some(version),
+            Ok(false) => self.fenced_off(),
+            Err(e) => self
+                .outage
+                .failed("recording the config in force failed", &e),
         }
     }
 

@@ -321,7 +321,11 @@ async fn one_queue_shows_its_figures_where_it_runs_and_its_published_table() {
         .unwrap();
     let (st, q) = c.get("/v1/queues/emails", OPS).await;
     assert_eq!(st, 200, "{q}");
-    assert_eq!(q["config_version"], json!(1), "{q}");
+    assert_eq!(
+        (&q["config_version"], &q["config_origin"]),
+        (&json!(1), &json!("published")),
+        "{q}"
+    );
     assert_eq!(
         q["config"],
         json!({"handler": "exec", "command": ["/bin/cat", "--secret-flag"],
@@ -352,6 +356,61 @@ async fn one_queue_shows_its_figures_where_it_runs_and_its_published_table() {
     );
     let (st, body) = c.get("/v1/queues/nope", OPS).await;
     assert_eq!((st, body), (404, json!({"error": "unknown queue nope"})));
+    c.stop().await;
+}
+
+/// A manager that runs from its file, with nothing published (as under `gaffer up`): the
+/// queue page shows the file's table, marked so; once a config is published and adopted,
+/// that one with its version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_queue_shows_the_config_its_manager_runs_from_its_file_or_published() {
+    let c = Console::start().await;
+    let file = config_text() + "\n[manager]\ntick = \"200ms\"\n";
+    let mut opts = gaffer::manager::ManagerOptions::new(
+        test_config(&file),
+        c.redis.url(),
+        "config-shown".into(),
+    );
+    opts.file_source = Some(file.clone());
+    let stop = CancellationToken::new();
+    let watch = async {
+        let shown =
+            crate::harness::poll_some(Duration::from_secs(20), "the file's table", || async {
+                let (_, q) = c.get("/v1/queues/emails", SHOP).await;
+                (q["config_origin"] == "file").then_some(q)
+            })
+            .await;
+        assert_eq!(
+            (&shown["config"], &shown["config_version"]),
+            (
+                &json!({"handler": "exec", "max_attempts": 1, "system": "mailer"}),
+                &json!(null)
+            ),
+            "{shown}"
+        );
+
+        let published = file.replace("max_attempts = 1\nsystem", "max_attempts = 3\nsystem");
+        let keys = Keys::new("test");
+        let mut conn = c.redis.client().await.connection();
+        gaffer::cluster::publish_config(&mut conn, &keys, &published)
+            .await
+            .unwrap();
+        let shown =
+            crate::harness::poll_some(Duration::from_secs(20), "the published table", || async {
+                let (_, q) = c.get("/v1/queues/emails", OPS).await;
+                (q["config_origin"] == "published").then_some(q)
+            })
+            .await;
+        assert_eq!(
+            (&shown["config"]["max_attempts"], &shown["config_version"]),
+            (&json!(3), &json!(1)),
+            "{shown}"
+        );
+        stop.cancel();
+    };
+    // (joined, not spawned: the manager's future is not Send for every lifetime)
+    let (ran, ()) = tokio::join!(gaffer::manager::run(opts, stop.clone()), watch);
+    ran.unwrap();
     c.stop().await;
 }
 

@@ -20,7 +20,7 @@ pub struct ManagerArgs {
 
 /// `gaffer manager`: runs the cluster's manager until SIGTERM or Ctrl-C.
 pub async fn run(global: &Global, args: ManagerArgs) -> Result<(), CliError> {
-    let cfg = global.load()?;
+    let (cfg, source) = global.load_source()?;
     let (url, connect) = global.redis_target(&cfg)?;
     let id = format!(
         "{}:{}",
@@ -30,6 +30,7 @@ pub async fn run(global: &Global, args: ManagerArgs) -> Result<(), CliError> {
     let http = args.http.unwrap_or(cfg.manager.http);
     let mut opts = crate::manager::ManagerOptions::new(cfg, url, id);
     opts.connect = connect;
+    opts.file_source = Some(source);
     opts.http = Some(http);
     opts.custom_handlers = global.registry.custom_names();
     if let Some(period) = args.trace_period {

@@ -314,6 +314,14 @@ async fn a_limited_key_follows_its_task_live_and_sees_nothing_else() {
         0
     );
     assert_eq!(browser.count("#dead-section:not([hidden])").await, 0);
+    // The config its manager runs: the manager's own file, as nothing is published.
+    browser
+        .wait_text("#queue-config-origin", "the config's origin", |t| {
+            t.starts_with("the leading manager's own file")
+        })
+        .await;
+    let table = browser.text("#queue-config-json").await.unwrap_or_default();
+    assert!(table.contains("\"max_slots\": 2"), "{table}");
     browser.goto(&console.url("/ui/#/hosts")).await;
     browser.wait_for("#slotmap thead", "the slot map").await;
     assert_eq!(browser.count("[data-drain], [data-undrain]").await, 0);

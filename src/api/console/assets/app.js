@@ -659,10 +659,13 @@
         cfg.replaceChildren(h('span', { class: 'muted' }, 'not served by this api'));
       } else if (config === null) {
         cfg.replaceChildren(h('span', { class: 'muted', id: 'queue-config-none' },
-          'no config published (gaffer config apply): each role runs its own file'));
+          'no config in force is recorded: no manager leads, or it does not name this queue'));
       } else {
+        const origin = data.config_origin === 'file'
+          ? "the leading manager's own file (no config published)"
+          : `published config v${data.config_version ?? '?'}`;
         cfg.replaceChildren(
-          h('p', { class: 'muted' }, `published config v${data.config_version ?? '?'}; keys as written there, defaults not filled in`),
+          h('p', { class: 'muted', id: 'queue-config-origin' }, `${origin}; keys as written there, defaults not filled in`),
           h('pre', { class: 'json', id: 'queue-config-json' }, jsonText(config)));
       }
       drawWhere(data);
