@@ -78,6 +78,10 @@ pub struct E2eRow {
     /// Redis CPU (user + sys, `INFO cpu`) per task while the cluster drained, µs: the
     /// scripts' work, the slots' idle takes and the bench's own counter reads.
     pub e2e_redis_us_per_task: f64,
+    /// CPU per task of the master's process tree (the master and its slots) from the
+    /// first ack to the last, µs: what gaffer's own side spends beside Redis, on the
+    /// same cores.
+    pub e2e_gaffer_us_per_task: f64,
     /// Redis CPU per task while the single bare loop drained, µs.
     pub bare_redis_us_per_task: f64,
     /// Redis CPU per task while the strong bare loop drained at its best K, µs: where
@@ -334,6 +338,7 @@ async fn rounds(
     let (mut e2e, mut single, mut strong) = (Vec::new(), Vec::new(), Vec::new());
     let mut best_k = Vec::new();
     let (mut e2e_cpu, mut bare_cpu, mut strong_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let mut gaffer_cpu = Vec::new();
     for round in 1..=rounds {
         progress(&format!(
             "e2e, batch {batch}, {} slots, {n} tasks, round {round}/{rounds}",
@@ -342,14 +347,16 @@ async fn rounds(
         q.enqueue_many(&tasks).await?;
         let cpu = redis_cpu_s(&mut counter.conn.clone()).await?;
         let master = cluster.start_master()?;
-        let timed = time_drain(counter, n).await;
+        let timed = time_drain(counter, n, master.id()).await;
         e2e_cpu.push(per_task_us(
             redis_cpu_s(&mut counter.conn.clone()).await? - cpu,
             n,
         ));
         stop(master).await;
         cluster.check_alive()?;
-        e2e.push(timed?);
+        let (rate, tree_us) = timed?;
+        e2e.push(rate);
+        gaffer_cpu.push(tree_us);
 
         progress(&format!("bare loop, batch {batch}, round {round}/{rounds}"));
         bare.fill(n, &payload).await?;
@@ -389,6 +396,7 @@ async fn rounds(
         ratio_bare: e / s,
         ratio_strong: e / st,
         e2e_redis_us_per_task: median_f64(&e2e_cpu),
+        e2e_gaffer_us_per_task: median_f64(&gaffer_cpu),
         bare_redis_us_per_task: median_f64(&bare_cpu),
         strong_redis_us_per_task: median_f64(&strong_cpu),
         e2e_rounds: e2e,
@@ -397,21 +405,29 @@ async fn rounds(
 }
 
 /// Waits until all `n` tasks are acked (the queue's `acked` counter, from what it was
-/// when called); the rate from the first ack to the last.
-async fn time_drain(counter: &Counter, n: usize) -> anyhow::Result<f64> {
+/// when called); the rate from the first ack to the last, and the CPU per task (µs) of
+/// the process tree of `master` over the same span.
+async fn time_drain(
+    counter: &Counter,
+    n: usize,
+    master: Option<u32>,
+) -> anyhow::Result<(f64, f64)> {
     let base = acked_total(counter).await?;
     let deadline = Instant::now() + DRAIN_LIMIT;
-    let mut first: Option<(Instant, u64)> = None;
+    let mut first: Option<(Instant, u64, f64)> = None;
+    let tree_cpu = || master.map_or(0.0, tree_cpu_s);
     loop {
         let acked = acked_total(counter).await? - base;
         let now = Instant::now();
         if acked > 0 && first.is_none() {
-            first = Some((now, acked));
+            first = Some((now, acked, tree_cpu()));
         }
         if acked >= n as u64 {
-            let (t0, a0) = first.unwrap_or((now, 0));
+            let (t0, a0, cpu0) = first.unwrap_or((now, 0, 0.0));
             // The first poll that saw acks already missed some: count from there.
-            return Ok((acked - a0) as f64 / now.duration_since(t0).as_secs_f64().max(1e-9));
+            let tasks = (acked - a0).max(1);
+            let rate = tasks as f64 / now.duration_since(t0).as_secs_f64().max(1e-9);
+            return Ok((rate, per_task_us(tree_cpu() - cpu0, tasks as usize)));
         }
         anyhow::ensure!(
             now < deadline,
@@ -420,6 +436,19 @@ async fn time_drain(counter: &Counter, n: usize) -> anyhow::Result<f64> {
         );
         tokio::time::sleep(POLL_EVERY).await;
     }
+}
+
+/// CPU seconds (user + system) spent so far by `root` and its descendants alive now.
+fn tree_cpu_s(root: u32) -> f64 {
+    let Ok(tree) = crate::host::sysinfo::ProcTree::read() else {
+        return 0.0;
+    };
+    let ticks = procfs::ticks_per_second() as f64;
+    std::iter::once(root)
+        .chain(tree.descendants(root))
+        .filter_map(|pid| procfs::process::Process::new(pid as i32).ok()?.stat().ok())
+        .map(|s| (s.utime + s.stime) as f64 / ticks)
+        .sum()
 }
 
 /// Where a queue counts its acks (the stats hash of `queue_client`'s key layout).
@@ -515,10 +544,11 @@ impl E2eReport {
             );
             let _ = writeln!(
                 cpu,
-                "batch {:>3}: Redis CPU per task {:.2} µs end to end, {:.2} µs bare loop, \
-                 {:.2} µs strong bare loop",
+                "batch {:>3}: Redis CPU per task {:.2} µs end to end (the master and its slots \
+                 {:.2} µs), {:.2} µs bare loop, {:.2} µs strong bare loop",
                 r.batch,
                 r.e2e_redis_us_per_task,
+                r.e2e_gaffer_us_per_task,
                 r.bare_redis_us_per_task,
                 r.strong_redis_us_per_task
             );
