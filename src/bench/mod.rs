@@ -598,7 +598,13 @@ async fn strong_bare(
         let moved = bare_drain_k(clients, bare, batch, k).await?;
         let rate = per_s(n, t.elapsed());
         let redis_us_per_task = (redis_cpu_s(&mut conn).await? - cpu) * 1e6 / n.max(1) as f64;
-        tracing::debug!(k, batch, per_s = rate as u64, redis_us_per_task, "strong bare loop");
+        tracing::debug!(
+            k,
+            batch,
+            per_s = rate as u64,
+            redis_us_per_task,
+            "strong bare loop"
+        );
         bare.delete().await?;
         anyhow::ensure!(
             moved == n,
