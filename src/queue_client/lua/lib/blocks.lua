@@ -314,7 +314,10 @@ end
 -- Leases `ids` (all at their first attempt) as batch `tok`, unless an id holds a
 -- separator: then returns false and the caller leases them per task.
 local function batch_lease(tok, exp_s, ids, now, host, slot)
-  if string.find(table.concat(ids), '[\30\31]') then return false end
+  -- (two plain searches: a pattern with a class tries a match at every byte, which over
+  -- a batch's joined ids cost more than the rest of the lease)
+  local joined = table.concat(ids)
+  if string.find(joined, RS, 1, true) or string.find(joined, FS, 1, true) then return false end
   batch_lease_framed(tok, exp_s, #ids, FS .. table.concat(ids, FS) .. FS, now, host, slot)
   return true
 end
