@@ -191,8 +191,6 @@ impl Api {
     }
 }
 
-/// Where `queue` runs: per host, the slots its master reports and those the map gives it,
-/// for the hosts where either is not zero.
 /// What `GET /v1/queues/{q}` shows of the config in force.
 struct ConfigShown {
     /// `published` or `file`; None when no config is shown.
@@ -219,6 +217,8 @@ fn queue_table(source: &str, queue: &str, admin: bool) -> Option<Value> {
     Some(table)
 }
 
+/// Where `queue` runs: per host, the slots its master reports and those the map gives it,
+/// for the hosts where either is not zero.
 fn hosts_of(doc: &Value, queue: &str) -> Map<String, Value> {
     let Some(hosts) = doc["hosts"].as_object() else {
         return Map::new();

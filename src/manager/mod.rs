@@ -233,9 +233,10 @@ struct Manager {
     config_seen: cluster::ConfigSeen,
     /// The text and version of the published config in force, once one was adopted.
     config_source: Option<(String, u64)>,
-    /// The published version (None: the file) this leadership last showed as in force;
-    /// emptied with [`Manager::registered`].
-    config_shown: Option<Option<u64>>,
+    /// The lease epoch and the published version (None: the file) last shown as in
+    /// force: a new lease (another leadership, or one taken again after Redis lost its
+    /// data, and the record with it) shows it again.
+    config_shown: Option<(u64, Option<u64>)>,
     leading: bool,
     /// Queue names this leadership has added to the registry (`Keys::queues`); emptied
     /// when leadership goes, so a leader registers its config's names again (Redis may
@@ -399,7 +400,6 @@ impl Manager {
         }
         if !self.leading {
             self.registered.clear();
-            self.config_shown = None;
             // A standby keeps its window warm, so that taking over decides on the load it
             // has seen rather than on none. Not while Redis does not answer (the outage
             // log said so once); and a stop cuts it short, as it writes nothing.
@@ -525,22 +525,23 @@ impl Manager {
 
     /// Records the config this leader runs for the readers that show it (the console's
     /// queue page): the published one once adopted, else this manager's file. Once per
-    /// leadership and change; a failure is logged and the next tick tries again.
+    /// lease epoch and change; a failure is logged and the next tick tries again.
     async fn show_config_in_force(&mut self) {
         let (source, origin, version) = match (&self.config_source, &self.opts.file_source) {
             (Some((source, version)), _) => (source, "published", Some(*version)),
             (None, Some(source)) => (source, "file", None),
             (None, None) => return,
         };
-        if self.config_shown == Some(version) {
+        let shown = Some((self.leadership.epoch(), version));
+        if self.config_shown == shown {
             return;
         }
-        let shown = self
+        let written = self
             .leadership
             .show_config(&mut self.conn, source, origin, version)
             .await;
-        match shown {
-            Ok(true) => self.config_shown = Some(version),
+        match written {
+            Ok(true) => self.config_shown = shown,
             Ok(false) => self.fenced_off(),
             Err(e) => self
                 .outage
