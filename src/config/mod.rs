@@ -291,8 +291,10 @@ pub struct QueueConfig {
     /// Whether the queue accepts new tasks; the run-time switch (`gaffer intake`) wins
     /// over this while it is set.
     pub intake: Intake,
-    /// Whether a slot keeps one take in flight while its handler runs, so the next batch
-    /// is in hand when the handler finishes. Its lease runs from when it was taken.
+    /// Whether a slot keeps its next take in flight while its handler runs, so the next
+    /// batch is in hand when the handler finishes: each settle takes the batch after
+    /// next, and the slot does not wait for it (up to two calls in flight). A batch taken
+    /// ahead waits at most while one other batch is handled; its lease runs from its take.
     pub prefetch: bool,
     /// One task at a time in creation order, across slots and hosts; a retry keeps its
     /// place at the head. Needs `batch_size = 1` and no `prefetch`.

@@ -10,9 +10,12 @@
 //! - **A slot never loses a batch it took.** `take` is never cancelled by SIGTERM; a
 //!   stopping slot finishes the task in hand (the batch, for a handler that cannot stop
 //!   early), settles what it finished, gives the rest back and exits 0. The combined
-//!   settle+take is sent only by a slot that is not stopping and not about to recycle. A
-//!   batch taken ahead (by that call, or prefetched while the handler ran, `prefetch =
-//!   true`) is checked before the handler gets it: a slot asked to stop meanwhile, or
+//!   settle+take is sent only by a slot that is not stopping and not about to recycle. With
+//!   `prefetch = true` that call stays in flight while the slot goes on (`in_flight.rs`: up
+//!   to two calls, a take sent alone while the handler runs after a plain take), and a
+//!   slot that ends finishes every call in flight before it gives back what they took. A
+//!   batch taken ahead (by any of these calls) is checked before the handler gets it: a
+//!   slot asked to stop meanwhile, or
 //!   about to recycle, gives it back at once (`lua/release.lua`: to the front of its list,
 //!   no attempt counted), and one whose lease ran out while it waited is given back, never
 //!   run, since another taker may hold it now. A prefetched batch's lease runs from its
@@ -37,6 +40,7 @@
 //!   or a task missing from a reply still fails. A batch whose take was in flight when the
 //!   stop came goes back whole before any handler sees it, as one taken ahead does.
 
+use std::collections::VecDeque;
 use std::os::unix::net::UnixDatagram;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -46,6 +50,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+use self::in_flight::{MAX_IN_FLIGHT, Settled};
 use super::followups::FollowUps;
 use super::timeout;
 use crate::backoff::Backoff;
@@ -59,6 +64,7 @@ use crate::host::proto::{
 };
 use crate::queue_client::Worker as RecordWorker;
 
+mod in_flight;
 mod long;
 mod memory;
 
@@ -470,6 +476,7 @@ async fn run(
         backoff: Backoff::new(FIRST_BACKOFF, MAX_BACKOFF),
         layout_refused: false,
         ahead: None,
+        in_flight: VecDeque::new(),
         follow_ups,
         cancel,
         handler_stop,
@@ -515,8 +522,12 @@ struct Serving {
     /// once in the log until a take succeeds.
     layout_refused: bool,
     /// The next batch, taken with the last one's settle or prefetched while the handler
-    /// ran.
+    /// ran, once its call is finished.
     ahead: Option<Taken>,
+    /// Calls sent and not yet finished, oldest first: at most one without `prefetch`,
+    /// and then only inside [`settle_and_take`](Self::settle_and_take); with it, up to
+    /// [`in_flight::MAX_IN_FLIGHT`].
+    in_flight: VecDeque<in_flight::InFlight>,
     /// Creates a batch's follow-ups before it is settled.
     follow_ups: FollowUps,
     /// The stop of a long task in hand, which its handler sees in its `SlotContext`.
@@ -582,6 +593,10 @@ impl Serving {
                     Some(taken) => taken,
                     None => continue,
                 },
+                None if !self.in_flight.is_empty() => {
+                    self.ahead = self.finish_oldest().await;
+                    continue;
+                }
                 None => match self.next_batch().await {
                     Ok(Some(taken)) => taken,
                     Ok(None) => continue,
@@ -638,10 +653,17 @@ impl Serving {
         Some(taken)
     }
 
-    /// Gives back the batch taken ahead, if any, unstarted: a stopping or recycling slot
-    /// leaves it to others at once, with no attempt counted.
+    /// Gives back the batches taken ahead, unstarted: a stopping or recycling slot leaves
+    /// them to others at once, with no attempt counted. Calls in flight are finished
+    /// first (a take in flight is never dropped: it may have leased tasks), and the
+    /// batches go back the latest first, so that they land at the head of their lists in
+    /// the order they were taken.
     async fn give_back_ahead(&mut self) {
-        if let Some(taken) = self.ahead.take() {
+        let mut ahead: Vec<Taken> = self.ahead.take().into_iter().collect();
+        while !self.in_flight.is_empty() {
+            ahead.extend(self.finish_oldest().await);
+        }
+        for taken in ahead.iter().rev() {
             self.give_back(&taken.batch.tasks, taken.lease_until).await;
         }
     }
@@ -776,7 +798,7 @@ impl Serving {
             // goes first, so the rest of this one lands before it, as they were taken.
             self.give_back_ahead().await;
         }
-        let mut stale = self.give_back(&unstarted, lease_until).await;
+        let stale = self.give_back(&unstarted, lease_until).await;
         if !unstarted.is_empty() {
             tracing::info!(queue = %self.cfg.name, slot, settled = tasks.len(), returned = unstarted.len(),
                 "asked to stop: the batch's unstarted tasks went back to the queue");
@@ -790,31 +812,20 @@ impl Serving {
             .iter()
             .filter(|op| !matches!(op.action, Settle::Ack))
             .count() as u32;
-        let results = self.settle_and_take(&ops, lease_until).await;
-        stale += count_stale(&results);
-        self.follow_ups.after_settle(&tasks, &made, &results).await;
-        // The next batch is announced with this one's end when it surely goes to the
-        // handler next (a stopping or recycling slot gives it back).
-        let goes_on = self.goes_on();
-        let next = self.ahead.as_mut().filter(|_| goes_on).map(|t| {
-            t.announced = true;
-            t.batch.tasks.len() as u32
-        });
-        // A batch the handler gave up on is no finished batch: the master takes one as the
-        // end of a crash streak, and must instead back off when this slot exits crashed.
-        if self.handler_stop.given_up().is_some() {
-            return;
-        }
-        self.reporter.send(&SlotEvent::BatchDone {
-            slot,
-            pid,
-            tasks: tasks.len() as u32,
+        let settled = Settled {
+            tasks,
+            made,
+            lease_until,
             failed,
-            busy_ms: busy.as_millis() as u64,
             stale,
-            next,
+            busy,
             start_delays,
-        });
+            // A batch the handler gave up on is no finished batch: the master takes one as
+            // the end of a crash streak, and must instead back off when this slot exits
+            // crashed.
+            report: self.handler_stop.given_up().is_none(),
+        };
+        self.settle_and_take(ops, settled).await;
     }
 
     /// The positions of the handler's batch (of `handled` tasks) that it did not start,
@@ -837,16 +848,13 @@ impl Serving {
         self.course.takes_more() && !self.stop.is_cancelled()
     }
 
-    /// Settles a handled batch. A slot that [goes on](Self::goes_on) (no stop asked, no
-    /// recycle due) and has no batch ahead yet takes its next batch in the same call, into `ahead`:
-    /// one round trip per batch. When that call fails, the settle is retried alone, as
-    /// always, and the next batch is taken the usual way. Returns the settle's results
-    /// (none when it failed for good).
-    async fn settle_and_take(
-        &mut self,
-        ops: &[SettleOp],
-        lease_until: Instant,
-    ) -> Vec<SettleResult> {
+    /// Settles a handled batch and ends it ([`end_batch`](Self::end_batch)). A slot that
+    /// [goes on](Self::goes_on) (no stop asked, no recycle due) and has no batch ahead yet
+    /// takes its next batch in the same call: one round trip per batch. Without
+    /// `prefetch` it waits for that call, and its batch goes `ahead`; with it, the call
+    /// stays in flight while the slot goes on (`in_flight.rs`). When that call fails, the
+    /// settle is retried alone, as always, and the next batch is taken the usual way.
+    async fn settle_and_take(&mut self, ops: Vec<SettleOp>, settled: Settled) {
         let due = match self.handler_stop.given_up() {
             Some(reason) => Some((EXIT_FATAL, reason)),
             None => self.over_memory_limit(),
@@ -854,40 +862,22 @@ impl Serving {
         if let Some(end) = due {
             self.course.recycle(end);
         }
-        if self.goes_on() && self.ahead.is_none() {
-            let (n, lease) = (self.cfg.batch_size as usize, self.cfg.lease);
-            let sent = Instant::now();
-            match self.queue.settle_take(ops, n, lease).await {
-                Ok((results, next)) => {
-                    self.backoff.reset();
-                    if !next.tasks.is_empty() {
-                        self.ahead = Some(Taken::new(next, sent));
-                    }
-                    return results;
-                }
-                Err(e) => tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
-                    "settle and take failed; settling alone"),
+        if self.goes_on() && self.ahead.is_none() && self.in_flight.len() < MAX_IN_FLIGHT {
+            self.send_settle_take(ops, settled);
+            if !self.cfg.prefetch {
+                self.ahead = self.finish_oldest().await;
             }
+            return;
         }
-        let (slot, pid, reporter) = (self.slot, self.pid, &self.reporter);
-        // (a slot retrying its settle through an outage is not hung: the master's
-        // watchdog must not kill it, and run its tasks again)
-        let progress = || reporter.progress(slot, pid);
-        settle(
-            &self.queue,
-            ops,
-            lease_until,
-            &self.stop,
-            &mut self.course,
-            &progress,
-        )
-        .await
+        let results = self.settle_alone(&ops, settled.lease_until).await;
+        self.end_batch(settled, &results, None).await;
     }
 
     /// Runs the handler on `tasks` (those of `batch` that passed [`screen`]), extending
     /// the whole batch's leases every lease/3 of their run meanwhile (the first time
     /// lease/3 after they were taken, which for a batch taken ahead may be at once), and
-    /// with `prefetch` taking the next batch into `ahead` while the handler works.
+    /// with `prefetch` sending the next take while the handler works when no call is in
+    /// flight (after a plain take).
     /// Returns the handler's result and when the leases run out.
     async fn run_handler(
         &mut self,
@@ -914,18 +904,17 @@ impl Serving {
             (lease / 3).max(Duration::from_millis(10)),
         );
         extend_every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut fetching = self.cfg.prefetch && self.course.takes_more() && self.ahead.is_none();
-        let fetch = prefetch(&self.queue, &self.cfg);
-        tokio::pin!(fetch);
-        let mut fetched = None;
+        if self.cfg.prefetch
+            && self.course.takes_more()
+            && self.ahead.is_none()
+            && self.in_flight.is_empty()
+        {
+            self.send_take();
+        }
         let mut lost = vec![false; batch.tasks.len()];
         let (back, result) = loop {
             tokio::select! {
                 r = &mut reply => break r.unwrap_or_else(|_| (Vec::new(), Err(Panicked("handler thread ended".into())))),
-                r = &mut fetch, if fetching => {
-                    fetching = false;
-                    fetched = Some(r);
-                }
                 _ = extend_every.tick() => {
                     if extend(&self.queue, &batch.tasks, &mut lost, lease).await {
                         lease_until = Instant::now() + lease;
@@ -939,18 +928,6 @@ impl Serving {
                 }
             }
         };
-        // A take in flight is never dropped: it may have leased tasks.
-        if fetching {
-            fetched = Some(fetch.await);
-        }
-        if let Some((sent, r)) = fetched {
-            match r {
-                Ok(next) if !next.tasks.is_empty() => self.ahead = Some(Taken::new(next, sent)),
-                Ok(_) => {}
-                Err(e) => tracing::warn!(queue = %self.cfg.name, slot = self.slot, error = %e,
-                    "prefetching the next batch failed"),
-            }
-        }
         (result, back, lease_until)
     }
 
@@ -1160,13 +1137,6 @@ fn settle_ops(cfg: &QueueConfig, tasks: &[LeasedTask], outcomes: Vec<Outcome>) -
             SettleOp::new(t, action)
         })
         .collect()
-}
-
-/// The take a prefetching slot sends while its handler works (lazy: nothing is sent
-/// unless it is polled), with the moment it was sent.
-async fn prefetch(queue: &Queue, cfg: &QueueConfig) -> (Instant, Result<Batch, QueueError>) {
-    let sent = Instant::now();
-    (sent, queue.take(cfg.batch_size as usize, cfg.lease).await)
 }
 
 /// Extends the leases of `tasks` but those `lost` marks, and marks those found gone

@@ -582,6 +582,126 @@ async fn a_prefetched_batch_whose_lease_ran_out_is_not_handled() {
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
 
+/// `n` tasks `t0000`, `t0001`, … enqueued on `q` in that order, their ids returned.
+async fn numbered(q: &gaffer::queue_client::Queue, n: usize) -> Vec<String> {
+    let ids: Vec<String> = (0..n).map(|i| format!("t{i:04}")).collect();
+    for chunk in ids.chunks(500) {
+        let tasks: Vec<NewTask> = chunk.iter().map(|id| NewTask::new("x").id(id)).collect();
+        q.enqueue_many(&tasks).await.unwrap();
+    }
+    ids
+}
+
+/// A slot of a prefetching queue of batches of 10, its handler a [`Gate`].
+fn prefetching_by_ten(redis: &TestRedis, name: &str) -> GatedSlot {
+    let mut cfg = prefetching(name, Duration::from_secs(30));
+    cfg.batch_size = 10;
+    GatedSlot::start(redis, cfg)
+}
+
+/// A prefetching slot settles each batch and takes the batch after next in one call, so
+/// with a quick handler it keeps two calls in flight: one script call per batch (a
+/// separate take while the handler works and a settle alone would make two), and the
+/// batches still reach the handler in the order they were taken.
+#[tokio::test]
+async fn a_prefetching_slot_makes_one_call_per_batch_and_keeps_the_order() {
+    let redis = TestRedis::start();
+    let q = redis.client().await.queue("one").unwrap();
+    let ids = numbered(&q, 1000).await;
+    let before = crate::harness::script_calls(redis.raw().await).await;
+    let GatedSlot {
+        seen,
+        open,
+        stop,
+        slot,
+        _events,
+    } = prefetching_by_ten(&redis, "one");
+    drop(open);
+    // (polled in memory: a stats call would count as a script call)
+    eventually(Duration::from_secs(30), "every task handled", || async {
+        seen.lock().unwrap().len() == ids.len()
+    })
+    .await;
+    stop.cancel();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+    let calls = crate::harness::script_calls(redis.raw().await).await - before;
+    // 100 settles, each with a take; the first take, the one sent ahead with it, and the
+    // takes that found the queue empty.
+    assert!(
+        (100..=106).contains(&calls),
+        "{calls} script calls for 100 batches"
+    );
+    let s = q.stats().await.unwrap();
+    assert_eq!((s.acked_total, s.leased, s.ready), (1000, 0, 0), "{s:?}");
+    let handed: Vec<(String, u32)> = ids.iter().map(|id| (id.clone(), 1)).collect();
+    assert_eq!(*seen.lock().unwrap(), handed);
+}
+
+/// A prefetching slot stopped in the middle of a quick drain, its calls held by a pause of
+/// Redis's writes (two in flight: the one it waits for and the next), settles every batch
+/// its handler ran and gives back every batch its calls took ahead, the latest first: what
+/// is left is the rest of the queue in its order, with no attempt counted and nothing
+/// leased.
+#[tokio::test]
+async fn a_prefetching_slot_stopped_mid_drain_gives_back_what_it_took_ahead_in_order() {
+    let redis = TestRedis::start();
+    let q = redis.client().await.queue("mid").unwrap();
+    let ids = numbered(&q, 3000).await;
+    let GatedSlot {
+        seen,
+        open,
+        stop,
+        slot,
+        _events,
+    } = prefetching_by_ten(&redis, "mid");
+    drop(open);
+    eventually(Duration::from_secs(30), "some batches handled", || async {
+        seen.lock().unwrap().len() >= 500
+    })
+    .await;
+    let mut raw = redis.raw().await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("WRITE")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "the slot's call held", || async {
+        a_call_is_held(&mut redis.raw().await, "fcall").await
+    })
+    .await;
+    stop.cancel();
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() < ids.len(), "the drain ended before the stop");
+    let handed: Vec<(String, u32)> = ids[..seen.len()].iter().map(|id| (id.clone(), 1)).collect();
+    assert_eq!(
+        seen, handed,
+        "the handler got a prefix of the queue, each task once"
+    );
+    let s = q.stats().await.unwrap();
+    let left = (ids.len() - seen.len()) as u64;
+    assert_eq!(
+        (s.acked_total, s.leased, s.ready),
+        (seen.len() as u64, 0, left),
+        "{s:?}"
+    );
+    let rest = q.take(ids.len(), Duration::from_secs(30)).await.unwrap();
+    let rest: Vec<(String, u32)> = rest
+        .tasks
+        .iter()
+        .map(|t| (t.id.clone(), t.attempt))
+        .collect();
+    let expected: Vec<(String, u32)> = ids[seen.len()..].iter().map(|id| (id.clone(), 1)).collect();
+    assert_eq!(rest, expected, "the rest, in order, no attempt counted");
+}
+
 /// A task of a batch cancelled while its handler runs is extended no more: its lease is
 /// gone, and asking again counted a stale settle at every tick. The extension that finds
 /// it gone and its settle are stale once each; the rest of the batch is extended and
