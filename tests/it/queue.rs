@@ -17,6 +17,7 @@ crate::harness::on_both!(
     expired_lease_reappears_and_old_token_is_stale,
     priority_first_then_fifo,
     delayed_tasks_are_not_handed_out_early,
+    a_take_skips_the_housekeeping_only_while_quiet_and_tasks_are_ready,
     lateness_counts_from_when_each_task_came_due,
     dedup_id_returns_existing_until_acked,
     retry_with_delay_and_priority,
@@ -222,6 +223,105 @@ async fn priority_first_then_fifo(client: QueueClient, name: &str) {
         order.extend(b.tasks.into_iter().map(|t| t.id));
     }
     assert_eq!(order, ["f", "b", "d", "a", "c", "g", "e"]);
+}
+
+/// Redis's clock, ms.
+async fn redis_now_ms(client: &QueueClient) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME")
+        .query_async(&mut client.connection())
+        .await
+        .unwrap();
+    s * 1000 + us / 1000
+}
+
+/// A take's housekeeping (expired records and leases, delayed tasks come due) is skipped
+/// only while the last look found nothing to do less than its quiet time ago (K_CONF
+/// `quiet`, set here far ahead) *and* tasks are ready: a delayed task come due then stays
+/// delayed. A take that finds nothing ready looks anyway, and so does one past the quiet
+/// time; a look that found nothing sets the quiet time again.
+async fn a_take_skips_the_housekeeping_only_while_quiet_and_tasks_are_ready(
+    client: QueueClient,
+    name: &str,
+) {
+    let q = client.queue(name).unwrap();
+    let conf = format!("{}:{{{name}}}:conf", client.namespace());
+    let quiet = |until: i64| {
+        let (client, conf) = (client.clone(), conf.clone());
+        async move {
+            let _: () = redis::cmd("HSET")
+                .arg(&conf)
+                .arg("quiet")
+                .arg(until)
+                .query_async(&mut client.connection())
+                .await
+                .unwrap();
+        }
+    };
+    let lease = Duration::from_secs(30);
+    q.enqueue_many(&[NewTask::new("1").id("a"), NewTask::new("2").id("b")])
+        .await
+        .unwrap();
+    q.enqueue(
+        NewTask::new("3")
+            .id("later")
+            .delay(Duration::from_millis(50)),
+    )
+    .await
+    .unwrap();
+    let due = q.find("later").await.unwrap().unwrap().at_ms;
+    eventually(Duration::from_secs(5), "the delayed task due", || async {
+        redis_now_ms(&client).await > due
+    })
+    .await;
+    // Quiet, tasks ready: the take hands out a, and later stays delayed.
+    quiet(redis_now_ms(&client).await + 60_000).await;
+    let b = q.take(1, lease).await.unwrap();
+    assert_eq!(b.tasks[0].id, "a");
+    // (stats count a due task as ready: it is still in the delayed set)
+    let still: Option<f64> = redis::cmd("ZSCORE")
+        .arg(format!("{}:{{{name}}}:delayed", client.namespace()))
+        .arg("later")
+        .query_async(&mut client.connection())
+        .await
+        .unwrap();
+    assert!(still.is_some(), "the look was skipped");
+    // Past the quiet time: the take looks, and later joins the back.
+    quiet(0).await;
+    let b = q.take(10, lease).await.unwrap();
+    let ids: Vec<&str> = b.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["b", "later"]);
+    // A look that finds nothing to do sets the quiet time.
+    let empty = q.take(10, lease).await.unwrap();
+    assert!(empty.tasks.is_empty());
+    let set: Option<i64> = redis::cmd("HGET")
+        .arg(&conf)
+        .arg("quiet")
+        .query_async(&mut client.connection())
+        .await
+        .unwrap();
+    assert!(
+        set.is_some_and(|t| t > empty.now_ms),
+        "a look that found nothing to do: {set:?}"
+    );
+    // Quiet, nothing ready: the take looks anyway.
+    q.enqueue(
+        NewTask::new("4")
+            .id("late2")
+            .delay(Duration::from_millis(50)),
+    )
+    .await
+    .unwrap();
+    let due = q.find("late2").await.unwrap().unwrap().at_ms;
+    eventually(
+        Duration::from_secs(5),
+        "the second delayed task due",
+        || async { redis_now_ms(&client).await > due },
+    )
+    .await;
+    quiet(redis_now_ms(&client).await + 60_000).await;
+    let b = q.take(10, lease).await.unwrap();
+    let ids: Vec<&str> = b.tasks.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["late2"]);
 }
 
 async fn delayed_tasks_are_not_handed_out_early(client: QueueClient, name: &str) {
