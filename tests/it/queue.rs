@@ -234,6 +234,15 @@ async fn redis_now_ms(client: &QueueClient) -> i64 {
     s * 1000 + us / 1000
 }
 
+/// Waits until delayed task `id` of `q` is due by Redis's clock.
+async fn until_due(client: &QueueClient, q: &gaffer::queue_client::Queue, id: &str) {
+    let due = q.find(id).await.unwrap().unwrap().at_ms;
+    eventually(Duration::from_secs(5), "the delayed task due", || async {
+        redis_now_ms(client).await > due
+    })
+    .await;
+}
+
 /// A take's housekeeping (expired records and leases, delayed tasks come due) is skipped
 /// only while the last look found nothing to do less than its quiet time ago (K_CONF
 /// `quiet`, set here far ahead) *and* tasks are ready: a delayed task come due then stays
@@ -268,11 +277,7 @@ async fn a_take_skips_the_housekeeping_only_while_quiet_and_tasks_are_ready(
     )
     .await
     .unwrap();
-    let due = q.find("later").await.unwrap().unwrap().at_ms;
-    eventually(Duration::from_secs(5), "the delayed task due", || async {
-        redis_now_ms(&client).await > due
-    })
-    .await;
+    until_due(&client, &q, "later").await;
     // Quiet, tasks ready: the take hands out a, and later stays delayed.
     quiet(redis_now_ms(&client).await + 60_000).await;
     let b = q.take(1, lease).await.unwrap();
@@ -311,13 +316,7 @@ async fn a_take_skips_the_housekeeping_only_while_quiet_and_tasks_are_ready(
     )
     .await
     .unwrap();
-    let due = q.find("late2").await.unwrap().unwrap().at_ms;
-    eventually(
-        Duration::from_secs(5),
-        "the second delayed task due",
-        || async { redis_now_ms(&client).await > due },
-    )
-    .await;
+    until_due(&client, &q, "late2").await;
     quiet(redis_now_ms(&client).await + 60_000).await;
     let b = q.take(10, lease).await.unwrap();
     let ids: Vec<&str> = b.tasks.iter().map(|t| t.id.as_str()).collect();

@@ -660,17 +660,7 @@ async fn a_prefetching_slot_stopped_mid_drain_gives_back_what_it_took_ahead_in_o
     })
     .await;
     let mut raw = redis.raw().await;
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(30_000)
-        .arg("WRITE")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    eventually(Duration::from_secs(20), "the slot's call held", || async {
-        a_call_is_held(&mut redis.raw().await, "fcall").await
-    })
-    .await;
+    pause_writes_until_a_call_is_held(&redis, &mut raw).await;
     stop.cancel();
     let _: () = redis::cmd("CLIENT")
         .arg("UNPAUSE")
@@ -797,6 +787,25 @@ async fn a_task_cancelled_mid_batch_is_not_extended_again() {
     assert_eq!(slot.join().unwrap(), EXIT_STOPPED);
 }
 
+/// Pauses the writes of `redis` (for 30 s at most, through `raw`) and waits until a
+/// client's script call is held by the pause.
+async fn pause_writes_until_a_call_is_held(
+    redis: &TestRedis,
+    raw: &mut redis::aio::MultiplexedConnection,
+) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(30_000)
+        .arg("WRITE")
+        .query_async(raw)
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(20), "a script call held", || async {
+        a_call_is_held(&mut redis.raw().await, "fcall").await
+    })
+    .await;
+}
+
 /// Whether a client of `raw`'s server waits, blocked, in a call of `command` (a take
 /// held by `CLIENT PAUSE`, an idle slot's wait for a wake-up).
 async fn a_call_is_held(raw: &mut redis::aio::MultiplexedConnection, command: &str) -> bool {
@@ -838,17 +847,7 @@ async fn a_batch_taken_while_the_slot_was_asked_to_stop_goes_back_unstarted() {
         a_call_is_held(&mut redis.raw().await, "blpop").await
     })
     .await;
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(30_000)
-        .arg("WRITE")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    eventually(Duration::from_secs(20), "the slot's take held", || async {
-        a_call_is_held(&mut redis.raw().await, "fcall").await
-    })
-    .await;
+    pause_writes_until_a_call_is_held(&redis, &mut raw).await;
     // (a read: scripts wait out the pause)
     let due: i64 = redis::cmd("ZSCORE")
         .arg("test:{tk}:delayed")
