@@ -7,21 +7,7 @@
 use gaffer::queue_client::{ConnectOptions, NewTask, QueueClient, QueueLimits, Settle, SettleOp};
 use std::time::{Duration, Instant};
 
-/// One section of `INFO`.
-async fn info(conn: &mut gaffer::queue_client::RedisConn, section: &str) -> String {
-    redis::cmd("INFO")
-        .arg(section)
-        .query_async(conn)
-        .await
-        .unwrap()
-}
-/// A numeric field of an `INFO` section (0 when absent).
-fn field(s: &str, key: &str) -> f64 {
-    s.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}:")))
-        .map(|v| v.trim().parse().unwrap())
-        .unwrap_or(0.0)
-}
+use gaffer::bench::redis_cpu_s;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
@@ -54,10 +40,7 @@ async fn main() -> anyhow::Result<()> {
             .arg("RESETSTAT")
             .query_async(&mut conn)
             .await?;
-        let cpu0 = {
-            let s = info(&mut conn, "cpu").await;
-            field(&s, "used_cpu_user") + field(&s, "used_cpu_sys")
-        };
+        let cpu0 = redis_cpu_s(&mut conn).await?;
         let t0 = Instant::now();
         let mut handles = Vec::new();
         for _ in 0..2 {
@@ -88,9 +71,11 @@ async fn main() -> anyhow::Result<()> {
             moved += h.await?;
         }
         let el = t0.elapsed().as_secs_f64();
-        let s = info(&mut conn, "cpu").await;
-        let cpu = field(&s, "used_cpu_user") + field(&s, "used_cpu_sys") - cpu0;
-        let cs = info(&mut conn, "commandstats").await;
+        let cpu = redis_cpu_s(&mut conn).await? - cpu0;
+        let cs: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await?;
         let fcall = cs
             .lines()
             .find(|l| l.starts_with("cmdstat_fcall:"))

@@ -565,8 +565,9 @@ struct StrongBare {
     redis_us_per_task: f64,
 }
 
-/// Redis's CPU seconds so far (user and system), from `INFO cpu`.
-pub(super) async fn redis_cpu_s(conn: &mut crate::queue_client::RedisConn) -> anyhow::Result<f64> {
+/// Redis's CPU seconds so far (user and system), from `INFO cpu` (also read by the
+/// `settle_take_cost` example).
+pub async fn redis_cpu_s(conn: &mut crate::queue_client::RedisConn) -> anyhow::Result<f64> {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(conn).await?;
     Ok(info
         .lines()
