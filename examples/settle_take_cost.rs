@@ -22,6 +22,10 @@ async fn main() -> anyhow::Result<()> {
         .nth(3)
         .map(|s| s.parse().unwrap())
         .unwrap_or(3);
+    let in_flight: usize = std::env::var("GAFFER_IN_FLIGHT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
     let opts = ConnectOptions::default();
     let mut results = Vec::new();
     for round in 0..rounds {
@@ -46,8 +50,9 @@ async fn main() -> anyhow::Result<()> {
         for _ in 0..2 {
             let c = QueueClient::connect(&url, "lc", &opts).await?;
             let q = c.queue_with("c", limits.clone())?;
-            // two loops per taker on one connection: two calls in flight
-            for _ in 0..2 {
+            // loops per taker on one connection: calls in flight (2, as a prefetching
+            // slot keeps, unless GAFFER_IN_FLIGHT says otherwise)
+            for _ in 0..in_flight {
                 let q = q.clone();
                 handles.push(tokio::spawn(async move {
                     let lease = Duration::from_secs(30);

@@ -37,7 +37,8 @@
 //!
 //! **What the hot path costs.** docs/STORAGE.md ("Why it is shaped so") has the commands
 //! per task, BENCHMARKS.md the figures. A take of first attempts makes one batch lease
-//! and its reply (`'f'`) carries no attempts; an ack of exactly that batch removes it
+//! and its reply (`'b'`) carries no attempts, its ids as one string (the batch's own);
+//! an ack of exactly that batch removes it
 //! whole, writes no record (given the tasks' record numbers) and replies `{}`. Any other
 //! settle, a release, a cancel or an expiry splits the batch into per-task leases first.
 //! A settle fences those with one ZADD XX CH that moves each held lease to -inf (the
@@ -544,7 +545,12 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
             while let (Some(id), Some(attempt), payload) =
                 (values.next(), values.next(), values.next())
             {
-                tasks.push(leased(id, int(&attempt)? as u32, payload, token)?);
+                tasks.push(leased(
+                    owned_string(id)?,
+                    int(&attempt)? as u32,
+                    payload,
+                    token,
+                )?);
             }
             taken(tasks, &rest[0], &rest[2])
         }
@@ -555,19 +561,24 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
             else {
                 return Err(bad("{'f', now, token, expiry, ids, payloads}"));
             };
-            if ids.len() != payloads.len() {
-                return Err(QueueError::Protocol(format!(
-                    "take returned {} ids and {} payloads",
-                    ids.len(),
-                    payloads.len()
-                )));
-            }
-            let token = int(&token)? as u64;
-            let tasks = ids
-                .into_iter()
-                .zip(payloads)
-                .map(|(id, payload)| leased(id, 1, Some(payload), token))
-                .collect::<Result<Vec<_>, _>>()?;
+            let tasks = first_attempts(ids.into_iter().map(owned_string), payloads, &token)?;
+            taken(tasks, &now, &exp)
+        }
+        "b" => {
+            let Ok(
+                [
+                    now,
+                    token,
+                    exp,
+                    Value::BulkString(framed),
+                    Value::Array(payloads),
+                ],
+            ) = <[Value; 5]>::try_from(rest)
+            else {
+                return Err(bad("{'b', now, token, expiry, framed ids, payloads}"));
+            };
+            let ids = framed_ids(&framed)?.map(|id| Ok(String::from_utf8_lossy(id).into_owned()));
+            let tasks = first_attempts(ids, payloads, &token)?;
             taken(tasks, &now, &exp)
         }
         "p" => {
@@ -589,6 +600,36 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
     }
 }
 
+/// Tasks at their first attempt under `token`: `ids` and `payloads` in the same order.
+fn first_attempts(
+    ids: impl ExactSizeIterator<Item = Result<String, QueueError>>,
+    payloads: Vec<Value>,
+    token: &Value,
+) -> Result<Vec<LeasedTask>, QueueError> {
+    if ids.len() != payloads.len() {
+        return Err(QueueError::Protocol(format!(
+            "take returned {} ids and {} payloads",
+            ids.len(),
+            payloads.len()
+        )));
+    }
+    let token = int(token)? as u64;
+    ids.zip(payloads)
+        .map(|(id, payload)| leased(id?, 1, Some(payload), token))
+        .collect()
+}
+
+/// The ids of a batch lease as the take framed them: FS id FS ... FS (lib/blocks.lua).
+fn framed_ids(framed: &[u8]) -> Result<std::vec::IntoIter<&[u8]>, QueueError> {
+    const FS: u8 = 0x1f;
+    let inner = framed
+        .strip_prefix(&[FS])
+        .and_then(|s| s.strip_suffix(&[FS]))
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| QueueError::Protocol("take returned ids not framed by FS".into()))?;
+    Ok(inner.split(|&b| b == FS).collect::<Vec<_>>().into_iter())
+}
+
 /// A batch of `tasks` taken at `now`, their leases until `exp`.
 fn taken(tasks: Vec<LeasedTask>, now: &Value, exp: &Value) -> Result<Batch, QueueError> {
     Ok(Batch {
@@ -601,7 +642,7 @@ fn taken(tasks: Vec<LeasedTask>, now: &Value, exp: &Value) -> Result<Batch, Queu
 
 /// One task of a take's reply.
 fn leased(
-    id: Value,
+    id: String,
     attempt: u32,
     payload: Option<Value>,
     token: u64,
@@ -611,7 +652,7 @@ fn leased(
         _ => (Meta::default(), Vec::new()),
     };
     Ok(LeasedTask {
-        id: owned_string(id)?,
+        id,
         attempt,
         payload,
         token,
@@ -820,6 +861,22 @@ mod tests {
             .collect();
         assert_eq!(ids, [("a", 1, 9), ("b", 1, 9)]);
         assert_eq!((first.now_ms, first.expires_ms), (5, 30));
+        // (a batch lease's ids come as the batch keeps them: FS id FS ... FS)
+        let batch = parse_take(vec![
+            text("b"),
+            Value::Int(5),
+            Value::Int(9),
+            Value::Int(30),
+            text("\u{1f}a\u{1f}bc\u{1f}"),
+            Value::Array(vec![value("x"), value("y")]),
+        ])
+        .unwrap();
+        let got: Vec<(&str, u32, u64, &[u8])> = batch
+            .tasks
+            .iter()
+            .map(|t| (t.id.as_str(), t.attempt, t.token, &t.payload[..]))
+            .collect();
+        assert_eq!(got, [("a", 1, 9, &b"x"[..]), ("bc", 1, 9, &b"y"[..])]);
         let any = parse_take(vec![
             text("a"),
             Value::Int(5),
@@ -848,6 +905,23 @@ mod tests {
                 text("c"),
             ],
             vec![text("f"), Value::Int(5)],
+            // (ids not framed, or fewer than payloads)
+            vec![
+                text("b"),
+                Value::Int(5),
+                Value::Int(9),
+                Value::Int(30),
+                text("a\u{1f}b"),
+                Value::Array(vec![value("x"), value("y")]),
+            ],
+            vec![
+                text("b"),
+                Value::Int(5),
+                Value::Int(9),
+                Value::Int(30),
+                text("\u{1f}a\u{1f}"),
+                Value::Array(vec![value("x"), value("y")]),
+            ],
             vec![text("x"), Value::Int(5), Value::Int(0), Value::Int(0)],
             vec![Value::Int(5), Value::Int(0), Value::Int(0)],
         ] {

@@ -212,7 +212,7 @@ fn registration(name: &str, body: &str, start: Start, writes: bool) -> String {
     let begin = match start {
         Start::Queue { stamp } => format!("bind(keys) layout_check({stamp})"),
         Start::Unchecked => "bind(keys)".to_string(),
-        Start::Bare => "KEYS = keys".to_string(),
+        Start::Bare => "KEYS = keys CALL_TIME = nil".to_string(),
     };
     let flags = if writes { "" } else { "'no-writes'" };
     format!(

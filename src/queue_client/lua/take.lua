@@ -8,7 +8,10 @@
 -- Returns a reply tagged by its kind (`parse_take` in lease.rs reads it):
 --   {'a', now, token, expiry, id, attempt, payload, ...} tasks taken at any attempts;
 --   {'f', now, token, expiry, {id, ...}, {payload, ...}} when every one is at its first
---     attempt (the common case: a number less per task to send, and no loop here);
+--     attempt (a number less per task to send, and no loop here);
+--   {'b', now, token, expiry, framed, {payload, ...}} the same, leased as one batch (the
+--     common case): the ids as the batch lease keeps them, FS id FS ... FS, one string
+--     made anyway instead of a reply entry per id for Redis to write and the slot to read;
 --   {'p', now, token, expiry, store, taken} tasks of one packet (see lib/blocks.lua: the
 --     packet's store, and the waiting part of the tasks taken);
 --   {'n', now, hint_ms} none: hint_ms = time until the next delayed task is due or the
@@ -240,7 +243,8 @@ if redis.call('EXISTS', K_ATT) == 1 then
   end
 end
 -- All first attempts, one at a time not asked: one batch lease (see lib/blocks.lua).
-if not (first and A.ordered ~= '1' and batch_lease(tok_s, exp_s, ids, now, host, slot)) then
+local framed = first and A.ordered ~= '1' and batch_lease(tok_s, exp_s, ids, now, host, slot)
+if not framed then
   if first then
     for i = 1, k do atts[i] = 1 end
   end
@@ -258,7 +262,9 @@ end
 -- Each value is the task's meta, a newline and its payload (see task_value).
 local payloads = hmget(K_PAYLOAD, ids)
 local out
-if not first then
+if framed then
+  out = {'b', now, tok, exp, framed, payloads}
+elseif not first then
   out = {'a', now, tok, exp}
   for i, id in ipairs(ids) do
     out[3 * i + 2] = id

@@ -311,15 +311,17 @@ local function batch_lease_framed(tok, exp_s, n, framed, now, host, slot)
   redis.call('INCRBY', K_BATCHN, n)
 end
 
--- Leases `ids` (all at their first attempt) as batch `tok`, unless an id holds a
--- separator: then returns false and the caller leases them per task.
+-- Leases `ids` (all at their first attempt) as batch `tok` and returns them framed (FS
+-- id1 FS ... FS, as the batch keeps them), unless an id holds a separator: then returns
+-- false and the caller leases them per task.
 local function batch_lease(tok, exp_s, ids, now, host, slot)
   -- (two plain searches: a pattern with a class tries a match at every byte, which over
   -- a batch's joined ids cost more than the rest of the lease)
   local joined = table.concat(ids)
   if string.find(joined, RS, 1, true) or string.find(joined, FS, 1, true) then return false end
-  batch_lease_framed(tok, exp_s, #ids, FS .. table.concat(ids, FS) .. FS, now, host, slot)
-  return true
+  local framed = FS .. table.concat(ids, FS) .. FS
+  batch_lease_framed(tok, exp_s, #ids, framed, now, host, slot)
+  return framed
 end
 
 -- A batch's value as its taker (at, host, slot), its count and its ids framed by FS.

@@ -6,6 +6,9 @@
 -- names are upvalues the library shares, set by `bind` as each call starts: Redis runs
 -- one call at a time, and no call reads another's.
 local KEYS
+-- Redis's TIME as the call first read it (now_ms in calls.lua): one read per call, reset
+-- as each call starts.
+local CALL_TIME
 local K_READY, K_DELAYED, K_LEASED, K_DEAD
 local K_PAYLOAD, K_META, K_ATT, K_ERR
 local K_STATS, K_SEQ, K_TOK, K_WAKE
@@ -23,6 +26,7 @@ local K_ENDS, K_DONE, K_BATCHES, K_BATCHN, K_CANCEL
 -- Makes `keys` the queue's keys for the call that starts.
 local function bind(keys)
   KEYS = keys
+  CALL_TIME = nil
   K_READY, K_DELAYED, K_LEASED, K_DEAD = keys[1], keys[2], keys[3], keys[4]
   K_PAYLOAD, K_META, K_ATT, K_ERR = keys[5], keys[6], keys[7], keys[8]
   K_STATS, K_SEQ, K_TOK, K_WAKE = keys[9], keys[10], keys[11], keys[12]
