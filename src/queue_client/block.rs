@@ -1,7 +1,8 @@
 //! Blocks: tasks handled as one, in the forms lua/lib/blocks.lua keeps (packets of
 //! follow-ups, runs of consecutive record numbers, batch leases), as Rust writes and reads
-//! them: a packet's enqueue arguments, the runs a whole batch's ack sends, and the tasks a
-//! take hands out of a packet. The rest of the queue client sees tasks one by one.
+//! them: a packet's enqueue arguments, the runs a whole batch's ack sends, the ids a take
+//! hands out as a batch lease, and the tasks it hands out of a packet. The rest of the
+//! queue client sees tasks one by one.
 //!
 //! A packet's task must read as if it had been enqueued alone (ARCHITECTURE.md, invariant
 //! 36): how every reader finds it, and how every path that changes one task alone first
@@ -126,6 +127,19 @@ pub(super) fn packet_tasks(
 /// The record separator and the field separator of the queue scripts (lua/lib/records.lua).
 const RS: u8 = 0x1e;
 const FS: u8 = 0x1f;
+
+/// The ids of a batch lease as a take hands them out (its `'b'` reply): framed by FS, as
+/// the batch keeps them.
+pub(super) fn batch_ids(block: &[u8]) -> Result<Vec<String>, QueueError> {
+    if block.len() < 2 || block.first() != Some(&FS) || block.last() != Some(&FS) {
+        return Err(QueueError::Protocol(
+            "take returned a batch's ids not framed by FS".into(),
+        ));
+    }
+    Ok(framed(block)
+        .map(|id| String::from_utf8_lossy(id).into_owned())
+        .collect())
+}
 
 /// The ids of a block framed by FS (`FS id FS id … FS`).
 fn framed(block: &[u8]) -> impl Iterator<Item = &[u8]> {

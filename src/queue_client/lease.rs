@@ -55,7 +55,7 @@ use redis::Value;
 use serde::Serialize;
 
 use super::args::{Head, ReleaseHead, SettleHead, TakeHead};
-use super::block::{packet_tasks, seq_runs};
+use super::block::{batch_ids, packet_tasks, seq_runs};
 use super::limits::HOUSEKEEPING_LIMIT;
 use super::meta::Meta;
 use super::reply::{int, owned_string};
@@ -561,7 +561,11 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
             else {
                 return Err(bad("{'f', now, token, expiry, ids, payloads}"));
             };
-            let tasks = first_attempts(ids.into_iter().map(owned_string), payloads, &token)?;
+            let ids = ids
+                .into_iter()
+                .map(owned_string)
+                .collect::<Result<_, _>>()?;
+            let tasks = first_attempts(ids, payloads, &token)?;
             taken(tasks, &now, &exp)
         }
         "b" => {
@@ -577,8 +581,7 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
             else {
                 return Err(bad("{'b', now, token, expiry, framed ids, payloads}"));
             };
-            let ids = framed_ids(&framed)?.map(|id| Ok(String::from_utf8_lossy(id).into_owned()));
-            let tasks = first_attempts(ids, payloads, &token)?;
+            let tasks = first_attempts(batch_ids(&framed)?, payloads, &token)?;
             taken(tasks, &now, &exp)
         }
         "p" => {
@@ -602,7 +605,7 @@ fn parse_take(reply: Vec<Value>) -> Result<Batch, QueueError> {
 
 /// Tasks at their first attempt under `token`: `ids` and `payloads` in the same order.
 fn first_attempts(
-    ids: impl ExactSizeIterator<Item = Result<String, QueueError>>,
+    ids: Vec<String>,
     payloads: Vec<Value>,
     token: &Value,
 ) -> Result<Vec<LeasedTask>, QueueError> {
@@ -614,20 +617,10 @@ fn first_attempts(
         )));
     }
     let token = int(token)? as u64;
-    ids.zip(payloads)
-        .map(|(id, payload)| leased(id?, 1, Some(payload), token))
+    ids.into_iter()
+        .zip(payloads)
+        .map(|(id, payload)| leased(id, 1, Some(payload), token))
         .collect()
-}
-
-/// The ids of a batch lease as the take framed them: FS id FS ... FS (lib/blocks.lua).
-fn framed_ids(framed: &[u8]) -> Result<std::vec::IntoIter<&[u8]>, QueueError> {
-    const FS: u8 = 0x1f;
-    let inner = framed
-        .strip_prefix(&[FS])
-        .and_then(|s| s.strip_suffix(&[FS]))
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| QueueError::Protocol("take returned ids not framed by FS".into()))?;
-    Ok(inner.split(|&b| b == FS).collect::<Vec<_>>().into_iter())
 }
 
 /// A batch of `tasks` taken at `now`, their leases until `exp`.

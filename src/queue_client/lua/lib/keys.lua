@@ -6,8 +6,8 @@
 -- names are upvalues the library shares, set by `bind` as each call starts: Redis runs
 -- one call at a time, and no call reads another's.
 local KEYS
--- Redis's TIME as the call first read it (now_ms in calls.lua): one read per call, reset
--- as each call starts.
+-- Redis's TIME as the call first read it (call_time in calls.lua): one read per call,
+-- reset as each call starts.
 local CALL_TIME
 local K_READY, K_DELAYED, K_LEASED, K_DEAD
 local K_PAYLOAD, K_META, K_ATT, K_ERR

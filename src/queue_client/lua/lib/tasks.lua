@@ -156,7 +156,7 @@ local function wake(n)
   if n > 0 then
     local toks = {}
     for i = 1, math.min(n, WAKE_CAP) do toks[i] = '1' end
-    -- (trimmed only when over the cap: under load every full take wakes a peer)
+    -- (an LTRIM only when this push took the list over its cap)
     if redis.call('RPUSH', K_WAKE, unpack(toks)) > WAKE_CAP then
       redis.call('LTRIM', K_WAKE, -WAKE_CAP, -1)
     end
