@@ -96,12 +96,16 @@ pub enum SlotEvent {
         /// Its pid.
         pid: u32,
     },
-    /// A batch was handled and settled.
+    /// A batch was handled and settled; or several in a row, summed (the slot holds
+    /// batch ends that follow a datagram closely, and sends them as one).
     BatchDone {
         /// The master's number for the slot.
         slot: u32,
         /// Its pid.
         pid: u32,
+        /// How many batches this stands for (absent: one).
+        #[serde(default = "one_batch", skip_serializing_if = "is_one_batch")]
+        batches: u32,
         /// Tasks settled: the batch, less the unstarted rest a stop gave back.
         tasks: u32,
         /// Tasks whose outcome was not done.
@@ -153,6 +157,14 @@ pub enum SlotEvent {
         /// Why, for the master's log.
         reason: String,
     },
+}
+
+fn one_batch() -> u32 {
+    1
+}
+
+fn is_one_batch(n: &u32) -> bool {
+    *n == 1
 }
 
 impl SlotEvent {
@@ -221,6 +233,19 @@ impl StartDelays {
         }
     }
 
+    /// Adds `other`'s counts and sums to these.
+    pub fn add(&mut self, other: &StartDelays) {
+        for &(bucket, n, sum) in &other.0 {
+            match self.0.iter_mut().find(|(b, _, _)| *b == bucket) {
+                Some((_, count, total)) => {
+                    *count += n;
+                    *total += sum;
+                }
+                None => self.0.push((bucket, n, sum)),
+            }
+        }
+    }
+
     /// Each counted bucket as (the mean delay in seconds, how many).
     pub fn means(&self) -> impl Iterator<Item = (f64, usize)> + '_ {
         self.0
@@ -233,6 +258,42 @@ impl StartDelays {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_delays_added_are_the_counts_and_sums_of_both() {
+        let (mut a, mut b) = (StartDelays::default(), StartDelays::default());
+        a.count(3);
+        b.count(4);
+        b.count(20);
+        a.add(&b);
+        assert_eq!(a.0, vec![(0, 2, 7), (1, 1, 20)]);
+    }
+
+    #[test]
+    fn a_batch_done_that_names_no_count_of_batches_stands_for_one() {
+        let line =
+            r#"{"ev":"batch_done","slot":1,"pid":2,"tasks":3,"failed":0,"busy_ms":1,"stale":0}"#;
+        let ev: SlotEvent = serde_json::from_str(line).expect("a batch end");
+        assert!(matches!(ev, SlotEvent::BatchDone { batches: 1, .. }));
+        assert_eq!(serde_json::to_string(&ev).expect("json"), line);
+        let SlotEvent::BatchDone { tasks, .. } = ev else {
+            unreachable!()
+        };
+        let two = SlotEvent::BatchDone {
+            slot: 1,
+            pid: 2,
+            batches: 2,
+            tasks,
+            failed: 0,
+            busy_ms: 1,
+            stale: 0,
+            next: None,
+            start_delays: StartDelays::default(),
+        };
+        let back: SlotEvent =
+            serde_json::from_str(&serde_json::to_string(&two).expect("json")).expect("parse");
+        assert_eq!(back, two);
+    }
 
     #[test]
     fn start_delays_keep_each_buckets_count_and_sum() {

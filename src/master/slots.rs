@@ -470,6 +470,7 @@ impl Master {
         s.observe(&ev, now);
         match ev {
             SlotEvent::BatchDone {
+                batches,
                 tasks,
                 failed,
                 busy_ms,
@@ -477,18 +478,19 @@ impl Master {
                 ref start_delays,
                 ..
             } => {
-                s.batches += 1;
+                s.batches += u64::from(batches);
                 let queue = s.queue.clone();
                 let q = self.slots.queues.entry(queue.clone()).or_default();
                 q.report.processed_total += u64::from(tasks);
                 q.report.failed_total += u64::from(failed);
-                q.report.batches_total += 1;
+                q.report.batches_total += u64::from(batches);
                 q.report.busy_seconds_total += busy_ms as f64 / 1000.0;
                 q.crashes = 0;
                 q.backoff.reset();
                 q.not_before = None;
                 BatchDone {
                     queue: &queue,
+                    batches,
                     tasks,
                     failed,
                     busy_ms,

@@ -41,7 +41,6 @@
 //!   stop came goes back whole before any handler sees it, as one taken ahead does.
 
 use std::collections::VecDeque;
-use std::os::unix::net::UnixDatagram;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
@@ -51,6 +50,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use self::in_flight::{MAX_IN_FLIGHT, Settled};
+use self::report::{REPORT_HOLD, Reporter};
 use super::followups::FollowUps;
 use super::timeout;
 use crate::backoff::Backoff;
@@ -67,6 +67,7 @@ use crate::queue_client::Worker as RecordWorker;
 mod in_flight;
 mod long;
 mod memory;
+mod report;
 
 use crate::queue_client::{
     Batch, LeasedTask, Queue, QueueClient, QueueError, QueueLimits, Settle, SettleOp, SettleResult,
@@ -91,25 +92,6 @@ const MAX_SETTLE_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest an idle slot waits for a wake-up before taking again anyway.
 const IDLE_WAIT: Duration = Duration::from_secs(30);
 
-#[derive(Clone)]
-struct Reporter {
-    sock: Option<Arc<UnixDatagram>>,
-}
-
-impl Reporter {
-    fn send(&self, ev: &SlotEvent) {
-        if let (Some(sock), Ok(bytes)) = (&self.sock, serde_json::to_vec(ev)) {
-            // Best effort: a master that is gone or busy must never block a slot.
-            let _ = sock.send(&bytes);
-        }
-    }
-
-    /// Tells the master's watchdog the slot is working, not hung.
-    fn progress(&self, slot: u32, pid: u32) {
-        self.send(&SlotEvent::Progress { slot, pid });
-    }
-}
-
 /// Runs a slot to its end and returns its exit code; SIGTERM stops it after the batch
 /// in hand. Called in a freshly forked child: builds its own runtime.
 pub fn slot_main(spec: SlotSpec, handler: Box<dyn Handler>) -> i32 {
@@ -133,9 +115,7 @@ pub fn run_slot(spec: SlotSpec, handler: Box<dyn Handler>, stop: Option<Cancella
         }
     };
     let mut spec = spec;
-    let reporter = Reporter {
-        sock: spec.report.take().map(Arc::new),
-    };
+    let reporter = Reporter::new(spec.report.take(), REPORT_HOLD);
     let slot = spec.slot;
     let pid = std::process::id();
     let queue_name = spec.queue.name.clone();
@@ -912,9 +892,18 @@ impl Serving {
             self.send_take();
         }
         let mut lost = vec![false; batch.tasks.len()];
+        // (the ends of the batches before, if they were held, go out by then at the latest)
+        let flush_at = self.reporter.flush_at();
+        let report_flush = tokio::time::sleep_until(flush_at.unwrap_or_else(Instant::now).into());
+        tokio::pin!(report_flush);
+        let mut flushed = flush_at.is_none();
         let (back, result) = loop {
             tokio::select! {
                 r = &mut reply => break r.unwrap_or_else(|_| (Vec::new(), Err(Panicked("handler thread ended".into())))),
+                () = &mut report_flush, if !flushed => {
+                    self.reporter.flush();
+                    flushed = true;
+                }
                 _ = extend_every.tick() => {
                     if extend(&self.queue, &batch.tasks, &mut lost, lease).await {
                         lease_until = Instant::now() + lease;

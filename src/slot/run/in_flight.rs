@@ -189,6 +189,7 @@ impl Serving {
         self.reporter.send(&SlotEvent::BatchDone {
             slot: self.slot,
             pid: self.pid,
+            batches: 1,
             tasks: tasks.len() as u32,
             failed,
             busy_ms: busy.as_millis() as u64,

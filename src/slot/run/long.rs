@@ -214,6 +214,7 @@ impl Serving {
         self.reporter.send(&SlotEvent::BatchDone {
             slot,
             pid,
+            batches: 1,
             tasks: 1,
             failed: u32::from(failed),
             busy_ms: busy.as_millis() as u64,
@@ -254,6 +255,7 @@ impl Serving {
         self.reporter.send(&SlotEvent::BatchDone {
             slot: self.slot,
             pid: self.pid,
+            batches: 1,
             tasks: 1,
             failed: 1,
             busy_ms: 0,
