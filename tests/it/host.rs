@@ -543,6 +543,33 @@ async fn a_batch_three_leases_long_is_handled_once() {
     assert_eq!(queue_report(&s, "long", "batches_total"), 1, "{s}");
 }
 
+/// A busy slot sends the ends of batches close together as one datagram
+/// (`slot/run/report.rs`); the master still counts every batch and task once.
+#[tokio::test]
+async fn batch_ends_summed_by_a_slot_are_each_counted_by_the_master() {
+    let m = TestMaster::start(
+        "[queues.many]\nhandler = \"noop\"\nbatch_size = 1\n",
+        &[("many", 1)],
+    )
+    .await;
+    let q = m.queue("many");
+    enqueue(&q, (0..300).map(|i| format!("{i}"))).await;
+    wait_acked(&q, 300, Duration::from_secs(30)).await;
+    let s = m
+        .wait_status("every batch reported", Duration::from_secs(10), |s| {
+            queue_report(s, "many", "processed_total") >= 300
+        })
+        .await;
+    assert_eq!(queue_report(&s, "many", "processed_total"), 300, "{s}");
+    // one task per take, one slot: a batch per task
+    assert_eq!(queue_report(&s, "many", "batches_total"), 300, "{s}");
+    let metrics = http_get(m.http, "/metrics").unwrap();
+    assert!(
+        metrics.contains("gaffer_batches_total{queue=\"many\"} 300"),
+        "{metrics}"
+    );
+}
+
 /// Children of `parent` that are zombies.
 fn zombies_of(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
