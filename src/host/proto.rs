@@ -168,6 +168,42 @@ fn is_one_batch(n: &u32) -> bool {
 }
 
 impl SlotEvent {
+    /// Adds the batch end `later` into this one, when both are [`SlotEvent::BatchDone`]s:
+    /// counts and times summed, `later`'s next batch. Anything else is left as it is.
+    pub fn absorb(&mut self, later: &SlotEvent) {
+        if let (
+            SlotEvent::BatchDone {
+                batches,
+                tasks,
+                failed,
+                busy_ms,
+                stale,
+                next,
+                start_delays,
+                ..
+            },
+            SlotEvent::BatchDone {
+                batches: b,
+                tasks: t,
+                failed: f,
+                busy_ms: ms,
+                stale: s,
+                next: n,
+                start_delays: d,
+                ..
+            },
+        ) = (self, later)
+        {
+            *batches += b;
+            *tasks += t;
+            *failed += f;
+            *busy_ms += ms;
+            *stale += s;
+            *next = *n;
+            start_delays.add(d);
+        }
+    }
+
     /// The pid of the slot that sent it.
     pub fn pid(&self) -> u32 {
         match self {
@@ -224,25 +260,24 @@ impl StartDelays {
             .iter()
             .position(|&b| secs <= b)
             .unwrap_or(START_DELAY_BUCKETS.len()) as u8;
-        match self.0.iter_mut().find(|(b, _, _)| *b == bucket) {
-            Some((_, n, sum)) => {
-                *n += 1;
-                *sum += ms;
-            }
-            None => self.0.push((bucket, 1, ms)),
-        }
+        self.add_to(bucket, 1, ms);
     }
 
     /// Adds `other`'s counts and sums to these.
     pub fn add(&mut self, other: &StartDelays) {
         for &(bucket, n, sum) in &other.0 {
-            match self.0.iter_mut().find(|(b, _, _)| *b == bucket) {
-                Some((_, count, total)) => {
-                    *count += n;
-                    *total += sum;
-                }
-                None => self.0.push((bucket, n, sum)),
+            self.add_to(bucket, n, sum);
+        }
+    }
+
+    /// Adds `n` delays summing to `sum` ms to `bucket`.
+    fn add_to(&mut self, bucket: u8, n: u32, sum: u64) {
+        match self.0.iter_mut().find(|(b, _, _)| *b == bucket) {
+            Some((_, count, total)) => {
+                *count += n;
+                *total += sum;
             }
+            None => self.0.push((bucket, n, sum)),
         }
     }
 
