@@ -326,6 +326,8 @@ pub struct QueueConfig {
     pub max_per_host: Option<u32>,
     /// What a long queue's running tasks do when its work period (or its system's) ends.
     pub work_periods_long: LongAtWindowEnd,
+    /// The Linux scheduling policy of its slots and their handlers' processes.
+    pub cpu_scheduling: CpuScheduling,
     /// Follow-up routes: where a task of this queue leads when it is done or has failed
     /// for good (`next = [{ queue = "…", on = "done" | "failed" }]`).
     pub next: Vec<Route>,
@@ -386,6 +388,7 @@ impl QueueConfig {
             timeout: None,
             max_per_host: None,
             work_periods_long: LongAtWindowEnd::Finish,
+            cpu_scheduling: CpuScheduling::Batch,
         }
     }
 
@@ -514,6 +517,38 @@ pub enum Dedup {
     Active,
     /// Also while the record of a finished task with the id lives (`history_ttl`).
     Record,
+}
+
+/// The Linux scheduling policy a queue's slots run under: `cpu_scheduling = "batch" |
+/// "normal"`.
+///
+/// Slots are throughput work. Under `SCHED_BATCH` they keep their fair share of the CPU,
+/// but a slot that wakes up (a reply from Redis, its handler's answer) waits for the
+/// running process's turn to end instead of preempting it, so the latency-bound
+/// processes beside them (Redis on the same host, the master, `gaffer api`) keep their
+/// core. On a host with idle cores nothing changes: a woken slot runs at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuScheduling {
+    /// `SCHED_BATCH`: no preemption on wake-up.
+    #[default]
+    Batch,
+    /// `SCHED_OTHER`, as any process: for a queue whose tasks must start within a
+    /// millisecond on a loaded host.
+    Normal,
+}
+
+impl CpuScheduling {
+    /// Every value as written in the config.
+    pub const NAMES: [&'static str; 2] = ["batch", "normal"];
+
+    /// Parses a value as written; `None` for anything else.
+    pub fn parse(s: &str) -> Option<CpuScheduling> {
+        match s {
+            "batch" => Some(CpuScheduling::Batch),
+            "normal" => Some(CpuScheduling::Normal),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a queue accepts new tasks: `intake = "open" | "closed" | "cancel"`.

@@ -73,6 +73,7 @@ pub(crate) struct RawQueue {
     pub system: S<String>,
     pub max_payload: S<Human<Size>>,
     pub user: S<String>,
+    pub cpu_scheduling: S<String>,
     pub track: S<bool>,
     pub prefetch: S<bool>,
     pub ordered: S<bool>,

@@ -1240,3 +1240,23 @@ viewers = 3
         ]
     );
 }
+
+#[test]
+fn cpu_scheduling_is_batch_unless_set_to_normal() {
+    let c = parse("[queues.a]\nhandler = \"noop\"\n", "t.toml").unwrap();
+    assert_eq!(c.queues["a"].cpu_scheduling, CpuScheduling::Batch);
+    let c = parse(
+        "[queues.a]\nhandler = \"noop\"\ncpu_scheduling = \"normal\"\n\n\
+         [queues.b]\nhandler = \"noop\"\ncpu_scheduling = \"batch\"\n",
+        "t.toml",
+    )
+    .unwrap();
+    assert_eq!(c.queues["a"].cpu_scheduling, CpuScheduling::Normal);
+    assert_eq!(c.queues["b"].cpu_scheduling, CpuScheduling::Batch);
+    assert_eq!(
+        with_queue("cpu_scheduling = \"idle\"\n"),
+        [
+            "t.toml:3:18: queues.a.cpu_scheduling: unknown cpu_scheduling `idle`, expected `batch` or `normal`"
+        ]
+    );
+}

@@ -18,10 +18,10 @@ use super::raw::{
 };
 use super::values::{self, Rate, WorkPeriod};
 use super::{
-    ApiConfig, ApiKey, Backoff, ClusterConfig, Config, DEFAULT_LONG_LEASE, DEFAULT_TIMEOUT_GRACE,
-    Dedup, Handler, Intake, KeyQueues, LongAtWindowEnd, MAX_BATCH, MAX_LONG_LEASE, MIN_LONG_LEASE,
-    ManagerConfig, MasterConfig, QueueConfig, QueueKind, RetryPolicy, Schedule, Start,
-    SystemConfig,
+    ApiConfig, ApiKey, Backoff, ClusterConfig, Config, CpuScheduling, DEFAULT_LONG_LEASE,
+    DEFAULT_TIMEOUT_GRACE, Dedup, Handler, Intake, KeyQueues, LongAtWindowEnd, MAX_BATCH,
+    MAX_LONG_LEASE, MIN_LONG_LEASE, ManagerConfig, MasterConfig, QueueConfig, QueueKind,
+    RetryPolicy, Schedule, Start, SystemConfig,
 };
 
 const TOP_KEYS: [&str; 7] = [
@@ -1051,8 +1051,8 @@ fn work_periods(
         .collect()
 }
 
-/// `system`, `max_payload`, `private_dirty_limit` and `user`: what the queue's tasks and
-/// slots may use.
+/// `system`, `max_payload`, `private_dirty_limit`, `user` and `cpu_scheduling`: what the
+/// queue's tasks and slots may use.
 fn limits(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig) {
     let path = q.path;
     out.system = raw.system.as_ref().map(|s| {
@@ -1107,6 +1107,21 @@ fn limits(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig
         }
         name.clone()
     });
+
+    if let Some(v) = &raw.cpu_scheduling {
+        match CpuScheduling::parse(v.get_ref()) {
+            Some(policy) => out.cpu_scheduling = policy,
+            None => c.error(
+                v.span(),
+                &join(path, "cpu_scheduling"),
+                format!(
+                    "unknown cpu_scheduling `{}`, expected {}",
+                    v.get_ref(),
+                    backticked(&CpuScheduling::NAMES)
+                ),
+            ),
+        }
+    }
 }
 
 /// `track`, `history_ttl`, `max_result`, `dedup` and `intake`: what the task service keeps

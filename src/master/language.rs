@@ -75,6 +75,8 @@ struct Language {
     queue: String,
     command: Vec<String>,
     user: Option<String>,
+    /// The queue's `cpu_scheduling`, which its children inherit from it.
+    cpu_scheduling: crate::config::CpuScheduling,
     running: Option<Running>,
     /// Why the last start failed, while it stands (until the next start).
     failed: Option<String>,
@@ -179,6 +181,7 @@ impl Languages {
                     queue: name.clone(),
                     command: command.clone(),
                     user: q.user.clone(),
+                    cpu_scheduling: q.cpu_scheduling,
                     running: None,
                     failed: None,
                     said: None,
@@ -501,8 +504,9 @@ impl Language {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        let cpu_scheduling = self.cpu_scheduling;
         // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid, prctl,
-        // getppid) between fork and exec; nothing is allocated.
+        // getppid, sched_setscheduler) between fork and exec; nothing is allocated.
         unsafe {
             cmd.pre_exec(move || {
                 if let Some(u) = &user {
@@ -521,6 +525,8 @@ impl Language {
                 if libc::getppid() as u32 != parent {
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
+                // (what it forks inherits it; a refusal leaves the policy it had)
+                let _ = super::sched::set_cpu_scheduling(cpu_scheduling);
                 Ok(())
             });
         }

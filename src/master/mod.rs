@@ -11,6 +11,7 @@ mod language;
 mod layouts;
 mod plan;
 mod report;
+mod sched;
 mod slots;
 mod supervisor;
 mod telemetry;

@@ -425,6 +425,10 @@ fn child_main(
     if nix::unistd::getppid() != zygote {
         return EXIT_FATAL;
     }
+    // Before the runtime and the handler thread exist: they inherit it.
+    if let Err(e) = super::sched::set_cpu_scheduling(queue.cpu_scheduling) {
+        eprintln!("slot {slot}: setting its cpu_scheduling: {e}");
+    }
     let Some(handler) = preloaded.remove(&queue.name) else {
         return EXIT_FATAL;
     };

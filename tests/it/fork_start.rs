@@ -166,6 +166,30 @@ fn language_zygote(m: &TestMaster, script: &Path) -> u32 {
 }
 
 #[tokio::test]
+async fn a_fork_queue_s_language_zygote_and_children_run_its_cpu_scheduling() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = python_handler(dir.path());
+    for (extra, policy) in [
+        ("", libc::SCHED_BATCH),
+        ("cpu_scheduling = \"normal\"\n", libc::SCHED_OTHER),
+    ] {
+        let m =
+            TestMaster::start(&queue_table("python3", &script, "fork", extra), &[("q", 2)]).await;
+        every_slot_worked(&m, 2).await;
+        let zygote = language_zygote(&m, &script);
+        let running = processes_running(&m, script.file_name().unwrap().to_str().unwrap());
+        assert_eq!(running.len(), 3, "the language zygote and a child per slot");
+        for pid in running {
+            let policies = crate::host::thread_policies(pid);
+            assert!(
+                policies.iter().all(|&p| p == policy),
+                "{extra:?}: process {pid} (zygote {zygote}) has {policies:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn a_killed_language_zygote_is_started_again_and_its_slots_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let script = python_handler(dir.path());

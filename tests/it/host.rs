@@ -250,6 +250,23 @@ pub fn gone(pid: u32) -> bool {
     }
 }
 
+/// The scheduling policy (`SCHED_*`) of each thread of process `pid`, from
+/// `/proc/PID/task/*/stat` (its 41st field).
+pub(crate) fn thread_policies(pid: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let (_, rest) = stat.rsplit_once(')').unwrap();
+        out.push(rest.split_whitespace().nth(38).unwrap().parse().unwrap());
+    }
+    out
+}
+
 pub(crate) fn pss(pid: u32) -> u64 {
     gaffer::master::sysinfo::pss(pid).unwrap_or(0)
 }
@@ -571,6 +588,36 @@ async fn batch_ends_summed_by_a_slot_are_each_counted_by_the_master() {
 }
 
 /// Children of `parent` that are zombies.
+#[tokio::test]
+async fn slots_run_sched_batch_unless_their_queue_says_normal() {
+    let m = TestMaster::start(
+        "[queues.b]\nhandler = \"noop\"\n\n\
+         [queues.n]\nhandler = \"noop\"\ncpu_scheduling = \"normal\"\n",
+        &[("b", 1), ("n", 1)],
+    )
+    .await;
+    let status = m.status().unwrap();
+    let slot_of = |queue: &str| {
+        slots(&status)
+            .iter()
+            .find(|s| s["queue"] == queue)
+            .and_then(|s| s["pid"].as_u64())
+            .unwrap() as u32
+    };
+    let (batch, normal) = (thread_policies(slot_of("b")), thread_policies(slot_of("n")));
+    // (a slot has its runtime's thread and its handler's)
+    assert!(batch.len() >= 2, "{batch:?}");
+    assert!(batch.iter().all(|&p| p == libc::SCHED_BATCH), "{batch:?}");
+    assert!(normal.len() >= 2, "{normal:?}");
+    assert!(normal.iter().all(|&p| p == libc::SCHED_OTHER), "{normal:?}");
+    // The master and its zygote keep the policy they started with.
+    assert!(
+        thread_policies(m.pid())
+            .iter()
+            .all(|&p| p == libc::SCHED_OTHER)
+    );
+}
+
 fn zombies_of(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
