@@ -4,7 +4,8 @@
 //!
 //! Neutral ground: the slot asks, the zygote answers; each imports this, neither the
 //! other. The slot makes the child's three FIFOs itself, so the language side only opens
-//! paths (no descriptor passing, which Perl's core cannot do).
+//! paths (no descriptor passing, which Perl's core cannot do); their directory is named
+//! with the slot's pid, so gaffer's zygote can sweep what a slot killed mid-start left.
 //!
 //! The exchange: the zygote makes a socketpair per such slot when it forks it
 //! (`SlotSpec::fork_line`). The slot writes a [`ForkAsk`] (the three FIFO paths it made,
@@ -148,6 +149,48 @@ pub fn set_nonblocking(fd: std::os::fd::BorrowedFd, on: bool) -> std::io::Result
     Ok(())
 }
 
+/// The start of the name of the directory holding one fork's three FIFOs; the asking
+/// slot's pid follows, then `-` and a random part (see [`fifo_dir_prefix`]).
+const FIFO_DIR: &str = "gaffer-fork-";
+
+/// The prefix of the FIFO directories slot `pid` makes: its pid in the name lets
+/// [`sweep_fifo_dirs`] tell whose a directory is once the slot is gone.
+pub fn fifo_dir_prefix(pid: u32) -> String {
+    format!("{FIFO_DIR}{pid}-")
+}
+
+/// Removes the FIFO directories under `tmp` whose slot no longer runs. A slot removes its
+/// own as soon as the child has its ends open, but one killed while it waited for them
+/// (SIGKILL, its zygote gone: no destructor runs) leaves it behind; gaffer's zygote sweeps
+/// at its start and after it reaps slots. Another master's live slots keep theirs.
+/// Returns how many went.
+pub fn sweep_fifo_dirs(tmp: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(FIFO_DIR))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
+        });
+        if !alive && std::fs::remove_dir_all(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// A pidfd for `pid` (Linux 5.3 and later): it turns readable when the process ends,
 /// whoever its parent is, and names that process alone even once its pid is reused.
 pub fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
@@ -201,5 +244,33 @@ pub fn pidfd_ended(pidfd: std::os::fd::BorrowedFd, wait: Option<Duration>) -> bo
             Err(nix::errno::Errno::EINTR) => {}
             Err(_) => return true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_removes_the_fifo_dirs_of_gone_slots_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A pid that ran and is gone (reaped), and one that runs: this process.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let dead_dir = tmp.path().join(format!("{}abc123", fifo_dir_prefix(gone)));
+        let live_dir = tmp
+            .path()
+            .join(format!("{}def456", fifo_dir_prefix(std::process::id())));
+        let other = tmp.path().join("gaffer-fork-notapid-x");
+        for dir in [&dead_dir, &live_dir, &other] {
+            std::fs::create_dir(dir).unwrap();
+            nix::unistd::mkfifo(&dir.join("stdin"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        }
+        assert_eq!(sweep_fifo_dirs(tmp.path()), 1);
+        assert!(!dead_dir.exists(), "a gone slot's directory is removed");
+        assert!(live_dir.join("stdin").exists(), "a live slot's stays");
+        assert!(other.exists(), "a name not of this form is left alone");
+        assert_eq!(sweep_fifo_dirs(tmp.path()), 0);
     }
 }

@@ -171,6 +171,8 @@ fn run(registry: &Registry) -> anyhow::Result<()> {
     // The processes a dead slot's handler left (a subprocess of its exec command) come
     // to us rather than to init, so that `reap` can end them.
     nix::sys::prctl::set_child_subreaper(true)?;
+    // (what slots of this host's zygotes before this one left, killed mid-start)
+    crate::host::fork::sweep_fifo_dirs(&std::env::temp_dir());
     let report_fd: Option<i32> = std::env::var(REPORT_FD_ENV)
         .ok()
         .and_then(|v| v.parse().ok());
@@ -502,6 +504,7 @@ fn reap(children: &mut BTreeMap<i32, u32>, languages: &mut Languages) -> anyhow:
     }
     if any {
         end_orphans(children, &languages.live_children());
+        crate::host::fork::sweep_fifo_dirs(&std::env::temp_dir());
     }
     Ok(())
 }

@@ -618,6 +618,26 @@ async fn slots_run_sched_batch_unless_their_queue_says_normal() {
     );
 }
 
+#[tokio::test]
+async fn the_zygote_sweeps_the_fifo_dirs_of_slots_killed_mid_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new("true").spawn().unwrap();
+    let gone = child.id();
+    child.wait().unwrap();
+    // What a slot killed before its forked child opened its FIFOs leaves.
+    let left = tmp.path().join(format!("gaffer-fork-{gone}-AbC123"));
+    std::fs::create_dir(&left).unwrap();
+    nix::unistd::mkfifo(&left.join("stdin"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let m = TestMaster::start_env(
+        Path::new(env!("CARGO_BIN_EXE_gaffer")),
+        "[queues.a]\nhandler = \"noop\"\n",
+        &[("a", 1)],
+        &[("TMPDIR", tmp.path().display().to_string())],
+    )
+    .await;
+    assert!(!left.exists(), "{}", m.log());
+}
+
 fn zombies_of(parent: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {

@@ -89,7 +89,7 @@ impl Forked {
         env: BTreeMap<String, String>,
     ) -> Result<(Forked, Streams), ForkError> {
         let dir = tempfile::Builder::new()
-            .prefix("gaffer-fork-")
+            .prefix(&crate::host::fork::fifo_dir_prefix(std::process::id()))
             .tempdir()
             .map_err(ForkError::Pipes)?;
         let path = |name: &str| dir.path().join(name);
