@@ -354,7 +354,7 @@ fn a_system_s_work_periods_and_a_long_queue_s_window_end() {
         ),
         [
             "t.toml:3:21: queues.a.work_periods_long: work_periods_long only applies to kind = \"long\"",
-            "t.toml:7:21: queues.b.work_periods_long: unknown `stop`, expected `finish` or `hand_back`",
+            "t.toml:7:21: queues.b.work_periods_long: unknown work_periods_long `stop`, expected `finish` or `hand_back`",
             "t.toml:9:17: systems.s.work_periods[0]: invalid work period `someday`, expected days and a time range like \"MON-FRI 08:00-18:00\"",
         ]
     );

@@ -663,21 +663,17 @@ fn bind_systems(
 fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig) {
     let path = q.path;
     let mut kind_known = true;
-    if let Some(k) = &raw.kind {
-        match QueueKind::parse(k.get_ref()) {
+    if raw.kind.is_some() {
+        match one_of(
+            c,
+            path,
+            "kind",
+            &raw.kind,
+            &QueueKind::NAMES,
+            QueueKind::parse,
+        ) {
             Some(kind) => out.kind = kind,
-            None => {
-                kind_known = false;
-                c.error(
-                    k.span(),
-                    &join(path, "kind"),
-                    format!(
-                        "unknown kind `{}`, expected {}",
-                        k.get_ref(),
-                        backticked(&QueueKind::NAMES)
-                    ),
-                )
-            }
+            None => kind_known = false,
         }
     }
     out.cancel_grace = duration(
@@ -720,19 +716,15 @@ fn long_kind(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueCon
     }
     long_batch_and_prefetch(c, path, raw, out);
     long_lease(c, path, raw, out);
-    if let Some(w) = &raw.work_periods_long {
-        match LongAtWindowEnd::parse(w.get_ref()) {
-            Some(v) => out.work_periods_long = v,
-            None => c.error(
-                w.span(),
-                &join(path, "work_periods_long"),
-                format!(
-                    "unknown `{}`, expected {}",
-                    w.get_ref(),
-                    backticked(&LongAtWindowEnd::NAMES)
-                ),
-            ),
-        }
+    if let Some(v) = one_of(
+        c,
+        path,
+        "work_periods_long",
+        &raw.work_periods_long,
+        &LongAtWindowEnd::NAMES,
+        LongAtWindowEnd::parse,
+    ) {
+        out.work_periods_long = v;
     }
 }
 
@@ -1108,19 +1100,15 @@ fn limits(c: &mut Collector, q: &QueueCtx, raw: &RawQueue, out: &mut QueueConfig
         name.clone()
     });
 
-    if let Some(v) = &raw.cpu_scheduling {
-        match CpuScheduling::parse(v.get_ref()) {
-            Some(policy) => out.cpu_scheduling = policy,
-            None => c.error(
-                v.span(),
-                &join(path, "cpu_scheduling"),
-                format!(
-                    "unknown cpu_scheduling `{}`, expected {}",
-                    v.get_ref(),
-                    backticked(&CpuScheduling::NAMES)
-                ),
-            ),
-        }
+    if let Some(policy) = one_of(
+        c,
+        path,
+        "cpu_scheduling",
+        &raw.cpu_scheduling,
+        &CpuScheduling::NAMES,
+        CpuScheduling::parse,
+    ) {
+        out.cpu_scheduling = policy;
     }
 }
 
@@ -1177,19 +1165,15 @@ fn records(c: &mut Collector, path: &str, raw: &RawQueue, out: &mut QueueConfig)
         }
     }
 
-    if let Some(i) = &raw.intake {
-        match Intake::parse(i.get_ref()) {
-            Some(intake) => out.intake = intake,
-            None => c.error(
-                i.span(),
-                &join(path, "intake"),
-                format!(
-                    "unknown intake `{}`, expected {}",
-                    i.get_ref(),
-                    backticked(&Intake::NAMES)
-                ),
-            ),
-        }
+    if let Some(intake) = one_of(
+        c,
+        path,
+        "intake",
+        &raw.intake,
+        &Intake::NAMES,
+        Intake::parse,
+    ) {
+        out.intake = intake;
     }
 }
 
@@ -1226,21 +1210,7 @@ fn command(c: &mut Collector, path: &str, table_span: Range<usize>, raw: &RawQue
 
 /// `start` of an exec queue: `spawn` (the default) or `fork`.
 fn start(c: &mut Collector, path: &str, raw: &RawQueue) -> Start {
-    let Some(text) = &raw.start else {
-        return Start::default();
-    };
-    Start::parse(text.get_ref()).unwrap_or_else(|| {
-        c.error(
-            text.span(),
-            &join(path, "start"),
-            format!(
-                "unknown start `{}`, expected {}",
-                text.get_ref(),
-                backticked(&Start::NAMES)
-            ),
-        );
-        Start::default()
-    })
+    one_of(c, path, "start", &raw.start, &Start::NAMES, Start::parse).unwrap_or_default()
 }
 
 /// `[queues.X.retry]`: `backoff`, `base` and `max`, or `intervals`; and `priority`.
@@ -2136,6 +2106,32 @@ pub(crate) fn join(path: &str, key: &str) -> String {
     } else {
         format!("{path}.{key}")
     }
+}
+
+/// The value of `path.key`, one of `names`, as `parse` reads it; an error naming the
+/// choices when it is none of them, and `None` then or when the key is absent.
+fn one_of<T>(
+    c: &mut Collector,
+    path: &str,
+    key: &str,
+    raw: &S<String>,
+    names: &[&str],
+    parse: impl Fn(&str) -> Option<T>,
+) -> Option<T> {
+    let text = raw.as_ref()?;
+    let value = parse(text.get_ref());
+    if value.is_none() {
+        c.error(
+            text.span(),
+            &join(path, key),
+            format!(
+                "unknown {key} `{}`, expected {}",
+                text.get_ref(),
+                backticked(names)
+            ),
+        );
+    }
+    value
 }
 
 fn backticked(names: &[&str]) -> String {
