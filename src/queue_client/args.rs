@@ -284,6 +284,14 @@ head! {
 }
 
 head! {
+    /// chain_members.lua's head, all of its arguments.
+    ChainMembersHead as "CHAIN_MEMBERS_HEAD" {
+        /// The chain.
+        chain: String,
+    }
+}
+
+head! {
     /// housekeep.lua's head, all of its arguments.
     HousekeepHead as "HOUSEKEEP_HEAD" {
         /// Records deleted at most.
@@ -411,6 +419,7 @@ pub(crate) fn lua() -> String {
         lua_list::<DeadMoveHead>(),
         lua_list::<DeadListHead>(),
         lua_list::<RecordGetHead>(),
+        lua_list::<ChainMembersHead>(),
         lua_list::<HousekeepHead>(),
         lua_list::<SystemHead>(),
         lua_list::<MigrateHead>(),
@@ -499,6 +508,7 @@ mod tests {
         check::<DeadMoveHead>(include_str!("lua/dead_move.lua"));
         check::<DeadListHead>(include_str!("lua/dead_list.lua"));
         check::<RecordGetHead>(include_str!("lua/record_get.lua"));
+        check::<ChainMembersHead>(include_str!("lua/chain_members.lua"));
         check::<HousekeepHead>(include_str!("lua/housekeep.lua"));
         check::<SystemHead>(include_str!("lua/system.lua"));
         check::<MigrateHead>(include_str!("lua/migrate.lua"));

@@ -3,13 +3,15 @@
 //! follow-ups pays for it. What a chain is (its members, its state) is `crate::chain`'s.
 //!
 //! What it holds: a parent's place in a chain, read from the meta its take returned (no
-//! call); the members of a chain this queue holds (its list, `chain:ID`); the record of a
-//! task that became a chain's global task by adding follow-ups, made to name its chain
-//! (lua/chain.lua); and a slot's follow-ups enqueued after the check of their parents'
-//! leases, in one call on one server (lua/follow_enqueue.lua).
+//! call); the members of a chain this queue holds (its entries in a bucket of chains,
+//! `chains:BUCKET`, read by lua/chain_members.lua); the record of a task that became a
+//! chain's global task by adding follow-ups, made to name its chain (lua/chain.lua); and
+//! a slot's follow-ups enqueued after the check of their parents' leases, in one call on
+//! one server (lua/follow_enqueue.lua).
 
 use redis::Value;
 
+use super::args::ChainMembersHead;
 use super::enqueue::EnqueueReply;
 use super::meta::MetaChain;
 use super::scripts::SCRIPTS;
@@ -84,21 +86,21 @@ impl Queue {
     }
 
     /// The ids of the tasks of chain `chain` this queue holds (its chain's list, written
-    /// as each was enqueued), in the order they were listed: none when the queue holds
-    /// none or the list expired.
+    /// as each was enqueued: `chain_members.lua`), in the order they were listed: none
+    /// when the queue holds none or the list expired.
     pub async fn chain_members(&self, chain: &str) -> Result<Vec<String>, QueueError> {
         let mut conn = self.conn.clone();
-        let raw: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(self.keys.chain(chain))
-            .query_async(&mut conn)
-            .await?;
-        Ok(raw
-            .map(|raw| {
-                raw.split(|&b| b == 0x1f)
-                    .map(|id| String::from_utf8_lossy(id).into_owned())
-                    .collect()
+        let ids: Vec<Vec<u8>> = self
+            .invocation(&SCRIPTS.chain_members)
+            .head(&ChainMembersHead {
+                chain: chain.to_string(),
             })
-            .unwrap_or_default())
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(ids
+            .into_iter()
+            .map(|id| String::from_utf8_lossy(&id).into_owned())
+            .collect())
     }
 
     /// The id of the task numbered `seq` (its record's number), while its record lives:

@@ -48,6 +48,11 @@ pub const PASSES: &[Pass] = &[
         name: "chains",
         body: include_str!("lua/migrate_chains.lua"),
     },
+    Pass {
+        from: 2,
+        name: "buckets",
+        body: include_str!("lua/migrate_buckets.lua"),
+    },
 ];
 
 impl Pass {

@@ -95,7 +95,7 @@ const PARTS: [(&str, &str); 3] = [
 ];
 
 /// Every function but `gaffer migrate`'s passes (added from [`migrate::PASSES`]).
-const FUNCTIONS: [Def; 25] = [
+const FUNCTIONS: [Def; 26] = [
     def("enqueue", "return enqueue_part(ARGV, ARGN)", WRITES, true),
     def("take", "return take_part(ARGV, ARGN)", WRITES, true),
     def("settle", "return settle_part(ARGV, ARGN)", WRITES, true),
@@ -123,6 +123,12 @@ const FUNCTIONS: [Def; 25] = [
     def("freeze", include_str!("lua/freeze.lua"), WRITES, true),
     def("housekeep", include_str!("lua/housekeep.lua"), WRITES, true),
     def("chain", include_str!("lua/chain.lua"), WRITES, true),
+    def(
+        "chain_members",
+        include_str!("lua/chain_members.lua"),
+        READS,
+        false,
+    ),
     def("long", include_str!("lua/long.lua"), WRITES, true),
     def(
         "follow_enqueue",
@@ -387,6 +393,7 @@ pub(crate) struct Scripts {
     pub freeze: Function,
     pub housekeep: Function,
     pub chain: Function,
+    pub chain_members: Function,
     pub long: Function,
     pub follow_enqueue: Function,
     pub held: Function,
@@ -409,6 +416,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     freeze: Function::named("freeze"),
     housekeep: Function::named("housekeep"),
     chain: Function::named("chain"),
+    chain_members: Function::named("chain_members"),
     long: Function::named("long"),
     follow_enqueue: Function::named("follow_enqueue"),
     held: Function::named("held"),
@@ -471,13 +479,6 @@ impl Keys {
     /// The key of a task's record.
     pub fn record(&self, id: &str) -> String {
         format!("{}{id}", self.all[12])
-    }
-
-    /// The list of the ids of chain `chain`'s tasks in the queue (`chain_index` in
-    /// lua/lib/chains.lua).
-    pub fn chain(&self, chain: &str) -> String {
-        let rec = &self.all[12];
-        format!("{}chain:{chain}", &rec[..rec.len() - 2])
     }
 
     /// The listing index of the queue's records.

@@ -330,9 +330,10 @@ fn minted_by(chain: &str, queue: &str) -> bool {
         .is_some_and(|n| n.parse::<u64>().is_ok())
 }
 
-/// Each queue lists the members of a chain it holds in a list of its own, written with
-/// their enqueue and living twice its `history_ttl`; the global task is found by its
-/// number, in no list. The same on one server and on a Redis Cluster.
+/// Each queue lists the members of a chain it holds, written with their enqueue, in the
+/// bucket its chain shares with those of the 127 numbers next to it (entries `CHAIN FS ID
+/// RS`), which lives twice its `history_ttl`; the global task is found by its number, in
+/// no list. The same on one server and on a Redis Cluster.
 async fn each_queue_lists_the_members_it_holds(rig: &Rig) {
     let first = rig.q("first");
     let chain = done_in(rig, "first", "bare").await;
@@ -342,16 +343,31 @@ async fn each_queue_lists_the_members_it_holds(rig: &Rig) {
     want.extend(kids.iter().cloned());
     assert_eq!(chain_ids(rig, &chain).await, want);
     let mut conn = rig.client.connection();
-    let set = |queue: &str| format!("{}:{{{queue}}}:chain:{chain}", rig.namespace);
-    let listed: Option<String> = redis::cmd("GET")
+    let (origin, n) = chain.rsplit_once('.').unwrap();
+    let bucket = format!("{origin}.{}", n.parse::<u64>().unwrap() / 128);
+    let set = |queue: &str| format!("{}:{{{queue}}}:chains:{bucket}", rig.namespace);
+    let listed: String = redis::cmd("GET")
         .arg(set(&rig.q("after")))
         .query_async(&mut conn)
         .await
         .unwrap();
+    let entries: Vec<(&str, &str)> = listed
+        .split_terminator('\u{1e}')
+        .map(|e| e.split_once('\u{1f}').unwrap())
+        .collect();
+    for (g, id) in &entries {
+        let (o, k) = g.rsplit_once('.').unwrap();
+        assert_eq!(format!("{o}.{}", k.parse::<u64>().unwrap() / 128), bucket);
+        assert!(id.starts_with(&format!("{g}~")), "{g} {id}");
+    }
+    let mine: Vec<&str> = entries
+        .iter()
+        .filter(|(g, _)| *g == chain)
+        .map(|e| e.1)
+        .collect();
     assert_eq!(
-        listed,
-        Some(kids.join("\u{1f}")),
-        "the route's follow-up and the handler's, in one list"
+        mine, kids,
+        "the route's follow-up and the handler's, in the chain's bucket"
     );
     let own: Option<String> = redis::cmd("GET")
         .arg(set(&first))

@@ -254,13 +254,14 @@ async fn every_script_refuses_a_layout_1_queue_holding_data() {
     write_layout_1(&mut redis.raw().await, "old", 2).await;
     let client = client(&redis).await;
     let q = client.queue_with("old", tracked()).unwrap();
-    let want = "queue old has layout 1, this gaffer needs layout 2: run gaffer migrate old";
+    let want = format!(
+        "queue old has layout 1, this gaffer needs layout {}: run gaffer migrate old",
+        layout::CURRENT
+    );
     let refused = |r: Result<(), QueueError>| match r {
-        Err(
-            e @ QueueError::Layout {
-                found: 1, need: 2, ..
-            },
-        ) => assert_eq!(e.to_string(), want),
+        Err(e @ QueueError::Layout { found: 1, need, .. }) if need == layout::CURRENT => {
+            assert_eq!(e.to_string(), want)
+        }
         other => panic!("not refused: {other:?}"),
     };
     refused(q.enqueue(NewTask::new("x")).await.map(drop));
@@ -514,8 +515,12 @@ async fn layout_1_chains_are_read_under_their_names_once_migrated() {
             })
             .collect::<Vec<_>>()
     };
-    // (until the queues are migrated, no list names a layout 1 chain's tasks)
-    assert_eq!(read(&client, &targets, "routed:g1").await.unwrap(), None);
+    // (until the queues are migrated, a chain's read is refused as any script's)
+    let refused = read(&client, &targets, "routed:g1").await.unwrap_err();
+    assert!(
+        matches!(refused, QueueError::Layout { found: 1, .. }),
+        "{refused:?}"
+    );
     for queue in ["routed", "kids"] {
         let report = migrate_json(&redis.url(), &path, &[queue]);
         assert_eq!(report["layout"], layout::CURRENT, "{report}");
@@ -554,4 +559,167 @@ async fn layout_1_chains_are_read_under_their_names_once_migrated() {
         ids(read(&client, &targets, "routed:g3").await.unwrap()),
         [(g("g3"), g(""), true), (g("routed:g3~1"), g("g3"), true)]
     );
+}
+
+/// Turns queue `queue`'s chain buckets back into the lists layout 2 kept, a key per chain
+/// (`chain:G`, ids separated by 0x1f, with the bucket's expiry), and stamps it layout 2:
+/// the only form in which layouts 2 and 3 differ. Returns how many lists it made.
+async fn write_as_layout_2(c: &mut impl redis::aio::ConnectionLike, queue: &str) -> usize {
+    let buckets: Vec<String> = redis::cmd("KEYS")
+        .arg(key(queue, "chains:*"))
+        .query_async(c)
+        .await
+        .unwrap();
+    let mut lists: BTreeMap<String, (Vec<String>, i64)> = BTreeMap::new();
+    for b in &buckets {
+        let v: String = redis::cmd("GET").arg(b).query_async(c).await.unwrap();
+        let ttl: i64 = redis::cmd("PTTL").arg(b).query_async(c).await.unwrap();
+        for e in v.split_terminator('\u{1e}') {
+            let (g, id) = e.split_once('\u{1f}').unwrap();
+            let list = lists.entry(g.to_string()).or_insert((Vec::new(), ttl));
+            list.0.push(id.to_string());
+        }
+        let () = redis::cmd("DEL").arg(b).query_async(c).await.unwrap();
+    }
+    for (g, (ids, ttl)) in &lists {
+        let () = redis::cmd("SET")
+            .arg(key(queue, &format!("chain:{g}")))
+            .arg(ids.join("\u{1f}"))
+            .arg("PX")
+            .arg(ttl)
+            .query_async(c)
+            .await
+            .unwrap();
+    }
+    let () = redis::cmd("HSET")
+        .arg(key(queue, "conf"))
+        .arg(layout::FIELD)
+        .arg(2)
+        .query_async(c)
+        .await
+        .unwrap();
+    lists.len()
+}
+
+/// A queue of layout 2 (its chains' lists a key per chain) is migrated by the binary
+/// (`--budget 3`) while a producer and a slot of the parents' queue make new chains whose
+/// follow-ups it refuses until then, and a slot of its own waits: afterwards every chain,
+/// old and new, reads whole from the buckets, every task ran, and no list of layout 2 is
+/// left.
+#[tokio::test]
+async fn a_layout_2_queue_s_chain_lists_move_into_buckets_while_it_runs() {
+    use gaffer::chain::{ChainTargets, read};
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(
+        &path,
+        "[cluster]\nnamespace = \"test\"\n\n[queues.routed]\nhandler = \"noop\"\ntrack = true\n\
+         batch_size = 4\nnext = [{ queue = \"kids\" }]\n\n\
+         [queues.kids]\nhandler = \"noop\"\ntrack = true\nbatch_size = 3\n",
+    )
+    .unwrap();
+    let client = client(&redis).await;
+    let cfg = gaffer::config::load(&path).unwrap();
+    let targets = std::sync::Arc::new(ChainTargets::from_config(&cfg));
+    let routed = client
+        .queue_with("routed", QueueLimits::from(&cfg.queues["routed"]))
+        .unwrap();
+    let kids = client.queue_with("kids", tracked()).unwrap();
+    // A slot of a queue, its handler telling the test each task it ran.
+    let slot_of = |queue: &str, stop: &CancellationToken| {
+        let (report, _events) = UnixDatagram::pair().unwrap();
+        let (seen_tx, seen) = std::sync::mpsc::channel();
+        let mut spec = crate::harness::slot_spec(&redis, cfg.queues[queue].clone(), 1, report);
+        spec.chains = targets.clone();
+        let stop = stop.clone();
+        let slot = std::thread::spawn(move || {
+            let _events = _events;
+            run_slot(spec, Box::new(Seen(seen_tx)), Some(stop))
+        });
+        (slot, seen)
+    };
+    let submit = |from: usize| {
+        let routed = routed.clone();
+        async move {
+            for i in from..from + 20 {
+                let task = NewTask::new(format!("p{i}")).id(format!("t{i}"));
+                routed.enqueue(task).await.unwrap();
+            }
+        }
+    };
+
+    // Twenty chains made by this release, their lists then written as layout 2 wrote them.
+    submit(0).await;
+    let stop = CancellationToken::new();
+    let (parents, _) = slot_of("routed", &stop);
+    eventually(Duration::from_secs(20), "twenty follow-ups", || async {
+        kids.stats().await.unwrap().ready == 20
+    })
+    .await;
+    stop.cancel();
+    parents.join().unwrap();
+    let mut c = redis.raw().await;
+    assert_eq!(write_as_layout_2(&mut c, "kids").await, 20);
+    let refused = kids.stats().await.unwrap_err();
+    assert!(
+        matches!(refused, QueueError::Layout { found: 2, .. }),
+        "{refused:?}"
+    );
+
+    // Twenty more chains, whose follow-ups wait for the migration, and both queues' slots.
+    let stop = CancellationToken::new();
+    let (parents, _) = slot_of("routed", &stop);
+    let (children, seen) = slot_of("kids", &stop);
+    submit(20).await;
+    let report = migrate_json(&redis.url(), &path, &["kids", "--budget", "3"]);
+    assert_eq!(report["from"], 2, "{report}");
+    assert_eq!(report["layout"], layout::CURRENT, "{report}");
+    assert!(report["calls"].as_u64().unwrap() > 5, "{report}");
+
+    let mut ran: BTreeMap<String, usize> = BTreeMap::new();
+    eventually(Duration::from_secs(60), "forty follow-ups ran", || {
+        for (id, _) in seen.try_iter() {
+            *ran.entry(id).or_default() += 1;
+        }
+        let n = ran.len();
+        async move { n == 40 }
+    })
+    .await;
+    stop.cancel();
+    parents.join().unwrap();
+    children.join().unwrap();
+    assert!(ran.values().all(|&n| n == 1), "{ran:?}");
+    for i in 0..40 {
+        let chain = gaffer::chain::chain_id("routed", i + 1);
+        let view = read(&client, &targets, &chain)
+            .await
+            .unwrap()
+            .expect(&chain);
+        let ids: Vec<(&str, &str)> = view
+            .tasks
+            .iter()
+            .map(|t| (t.member.queue.as_str(), t.member.id.as_str()))
+            .collect();
+        let kid = gaffer::chain::derived_id(&chain, 1);
+        assert_eq!(
+            ids,
+            [("routed", format!("t{i}").as_str()), ("kids", kid.as_str())]
+        );
+        assert!(ran.contains_key(&kid), "{kid}");
+    }
+    let lists: Vec<String> = redis::cmd("KEYS")
+        .arg(key("kids", "chain:*"))
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(lists, Vec::<String>::new(), "no list of layout 2 is left");
+    let bucket = key("kids", "chains:~crouted.0");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&bucket)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let week = 7 * 24 * 3600 * 1000;
+    assert!(ttl > 2 * week - 60_000 && ttl <= 2 * week, "{ttl}");
 }

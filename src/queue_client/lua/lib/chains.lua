@@ -5,34 +5,54 @@
 -- on a cluster, and a form no client id may take (`crate::queue_client::check_id`). The
 -- same task run again under its id has a new number, so a new chain. Follow-up ids derive
 -- from it (`crate::chain::derived_id`), and each queue lists the members it holds of each
--- chain in chain_index(CHAIN), written in the step that enqueues them: a reader asks every
--- queue's list and the global task's queue's K_IDX (by the number in the chain's id), and
--- nothing is claimed or renamed. A list lives twice its queue's history_ttl after its last
--- member was added, so it outlives their records. A string of ids separated by FS, not a
--- set: most chains have one task in a queue, which is then one `SET NX PX`, where a set
--- took an SADD and a PEXPIRE.
+-- chain, written in the step that enqueues them: a reader asks every queue
+-- (chain_members.lua) and the global task's queue's K_IDX (by the number in the chain's
+-- id), and nothing is claimed or renamed.
+-- The lists of CHAIN_BUCKET chains of consecutive numbers share one string, a bucket
+-- (chain_bucket, 128 chains): entries "CHAIN FS ID RS", in the order they were added. A key per chain
+-- was a new key with its own expiry per follow-up, and cost Redis as much as the rest of
+-- the follow-up's enqueue (BENCHMARKS.md, "Seventh look"); an enqueue's follow-ups,
+-- children of one batch, mostly fall in one or two buckets, each one APPEND. A bucket
+-- lives twice its queue's history_ttl after its last entry was added, so it outlives the
+-- records of its members.
+
 local function chain_name(seq)
   return CHAIN_PREFIX .. seq
 end
 
-local function chain_index(chain)
-  return string.sub(K_REC, 1, -3) .. 'chain:' .. chain
+-- The key of the bucket that lists this queue's members of `chain`: for a chain of the
+-- form chain_name makes, ~cQUEUE.SEQ, the bucket of its queue's chains numbered like it
+-- but for the last 128, named '~c' .. QUEUE .. '.' .. floor(SEQ / 128)
+-- (a name no chain has: those buckets hold many); for a chain of another form (layout
+-- 1's, which gaffer migrate listed under their old names, never starting '~c') a bucket
+-- of its own, named as the chain.
+local function chain_bucket(chain)
+  local origin, seq = string.match(chain, '^(~c.*%.)(%d+)$')
+  local name = origin and (origin .. string.format('%d', math.floor(tonumber(seq) / 128))) or chain
+  return string.sub(K_REC, 1, -3) .. 'chains:' .. name
 end
 
--- Lists each of `ids` in the list of its chain (chains[i], '' none). (A member listed
--- twice, which only a migration run again can do, is read once.)
+-- Lists each of `ids` in the list of its chain (chains[i], '' none): one APPEND per
+-- bucket, which then lives 2 × ttl_ms from now (kept as it was without a ttl). (A member
+-- listed twice, which only a migration run again can do, is read once.)
 local function chain_index_add(ids, chains, ttl_ms)
   local keep = ttl_ms and ttl_ms > 0 and 2 * ttl_ms
+  local order, entries = {}, {}
   for i, id in ipairs(ids) do
     local g = chains[i]
     if g and g ~= '' then
-      local key = chain_index(g)
-      local made = keep and redis.call('SET', key, id, 'NX', 'PX', keep)
-        or not keep and redis.call('SET', key, id, 'NX')
-      if not made then
-        redis.call('APPEND', key, FS .. id)
-        if keep then redis.call('PEXPIRE', key, keep) end
+      local key = chain_bucket(g)
+      local e = entries[key]
+      if not e then
+        e = {}
+        entries[key] = e
+        order[#order + 1] = key
       end
+      e[#e + 1] = g .. FS .. id .. RS
     end
+  end
+  for _, key in ipairs(order) do
+    redis.call('APPEND', key, table.concat(entries[key]))
+    if keep then redis.call('PEXPIRE', key, keep) end
   end
 end
