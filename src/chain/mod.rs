@@ -13,7 +13,7 @@
 //! **Members.** A follow-up's id derives from its parent's ([`derived_id`]: `PARENT~N`,
 //! where the global task's follow-ups take the chain's id as their parent's), so a parent
 //! run again (its slot died after the follow-ups were made) makes the same ids, and the
-//! enqueue's dedup finds them. Each queue lists the members it holds of a chain (in a bucket
+//! enqueue's dedup finds them. Each queue lists the members it holds of a chain (in a roster
 //! it shares with the chains of neighbouring numbers: lua/lib/chains.lua),
 //! written in the same script as their enqueue; a reader asks every configured queue's
 //! list and finds the global task by its number in its queue's listing index. Nothing is

@@ -3,8 +3,8 @@
 //! follow-ups pays for it. What a chain is (its members, its state) is `crate::chain`'s.
 //!
 //! What it holds: a parent's place in a chain, read from the meta its take returned (no
-//! call); the members of a chain this queue holds (its entries in a bucket of chains,
-//! `chains:BUCKET`, read by lua/chain_members.lua); the record of a task that became a
+//! call); the members of a chain this queue holds (its entries in a roster of chains,
+//! `chains:ROSTER`, read by lua/chain_members.lua); the record of a task that became a
 //! chain's global task by adding follow-ups, made to name its chain (lua/chain.lua); and
 //! a slot's follow-ups enqueued after the check of their parents' leases, in one call on
 //! one server (lua/follow_enqueue.lua).

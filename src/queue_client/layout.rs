@@ -24,11 +24,11 @@
 //!   task submitted with a time limit of its own has it in its meta, after its
 //!   max_attempts (`3t5000`). The first write to a queue with no data stamps it.
 //! - **3**: this release. As layout 2, but a queue lists the members it holds of 128
-//!   chains of consecutive numbers in one bucket (`chains:~cQUEUE.K` for chains
-//!   `~cQUEUE.N` with N / 128 = K; a chain of layout 1's names has a bucket of its own,
+//!   chains of consecutive numbers in one roster (`chains:~cQUEUE.K` for chains
+//!   `~cQUEUE.N` with N / 128 = K; a chain of layout 1's names has a roster of its own,
 //!   `chains:ID`), as entries `CHAIN 0x1f ID 0x1e`: a key per chain cost as much of
 //!   Redis's time as the rest of a follow-up's enqueue. Its pass moves each list of
-//!   layout 2 into its bucket.
+//!   layout 2 into its roster.
 //!
 //! A new version is one more number here, its description, and its passes in
 //! `migrate.rs`; the Lua side gets the number from `lua_header`, never by hand.

@@ -50,8 +50,8 @@ pub const PASSES: &[Pass] = &[
     },
     Pass {
         from: 2,
-        name: "buckets",
-        body: include_str!("lua/migrate_buckets.lua"),
+        name: "rosters",
+        body: include_str!("lua/migrate_rosters.lua"),
     },
 ];
 

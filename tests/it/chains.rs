@@ -331,7 +331,7 @@ fn minted_by(chain: &str, queue: &str) -> bool {
 }
 
 /// Each queue lists the members of a chain it holds, written with their enqueue, in the
-/// bucket its chain shares with those of the 127 numbers next to it (entries `CHAIN FS ID
+/// roster its chain shares with those of the 127 numbers next to it (entries `CHAIN FS ID
 /// RS`), which lives twice its `history_ttl`; the global task is found by its number, in
 /// no list. The same on one server and on a Redis Cluster.
 async fn each_queue_lists_the_members_it_holds(rig: &Rig) {
@@ -344,8 +344,8 @@ async fn each_queue_lists_the_members_it_holds(rig: &Rig) {
     assert_eq!(chain_ids(rig, &chain).await, want);
     let mut conn = rig.client.connection();
     let (origin, n) = chain.rsplit_once('.').unwrap();
-    let bucket = format!("{origin}.{}", n.parse::<u64>().unwrap() / 128);
-    let set = |queue: &str| format!("{}:{{{queue}}}:chains:{bucket}", rig.namespace);
+    let roster = format!("{origin}.{}", n.parse::<u64>().unwrap() / 128);
+    let set = |queue: &str| format!("{}:{{{queue}}}:chains:{roster}", rig.namespace);
     let listed: String = redis::cmd("GET")
         .arg(set(&rig.q("after")))
         .query_async(&mut conn)
@@ -357,7 +357,7 @@ async fn each_queue_lists_the_members_it_holds(rig: &Rig) {
         .collect();
     for (g, id) in &entries {
         let (o, k) = g.rsplit_once('.').unwrap();
-        assert_eq!(format!("{o}.{}", k.parse::<u64>().unwrap() / 128), bucket);
+        assert_eq!(format!("{o}.{}", k.parse::<u64>().unwrap() / 128), roster);
         assert!(id.starts_with(&format!("{g}~")), "{g} {id}");
     }
     let mine: Vec<&str> = entries
@@ -367,7 +367,7 @@ async fn each_queue_lists_the_members_it_holds(rig: &Rig) {
         .collect();
     assert_eq!(
         mine, kids,
-        "the route's follow-up and the handler's, in the chain's bucket"
+        "the route's follow-up and the handler's, in the chain's roster"
     );
     let own: Option<String> = redis::cmd("GET")
         .arg(set(&first))

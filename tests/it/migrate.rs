@@ -561,17 +561,17 @@ async fn layout_1_chains_are_read_under_their_names_once_migrated() {
     );
 }
 
-/// Turns queue `queue`'s chain buckets back into the lists layout 2 kept, a key per chain
-/// (`chain:G`, ids separated by 0x1f, with the bucket's expiry), and stamps it layout 2:
+/// Turns queue `queue`'s chain rosters back into the lists layout 2 kept, a key per chain
+/// (`chain:G`, ids separated by 0x1f, with the roster's expiry), and stamps it layout 2:
 /// the only form in which layouts 2 and 3 differ. Returns how many lists it made.
 async fn write_as_layout_2(c: &mut impl redis::aio::ConnectionLike, queue: &str) -> usize {
-    let buckets: Vec<String> = redis::cmd("KEYS")
+    let rosters: Vec<String> = redis::cmd("KEYS")
         .arg(key(queue, "chains:*"))
         .query_async(c)
         .await
         .unwrap();
     let mut lists: BTreeMap<String, (Vec<String>, i64)> = BTreeMap::new();
-    for b in &buckets {
+    for b in &rosters {
         let v: String = redis::cmd("GET").arg(b).query_async(c).await.unwrap();
         let ttl: i64 = redis::cmd("PTTL").arg(b).query_async(c).await.unwrap();
         for e in v.split_terminator('\u{1e}') {
@@ -604,10 +604,10 @@ async fn write_as_layout_2(c: &mut impl redis::aio::ConnectionLike, queue: &str)
 /// A queue of layout 2 (its chains' lists a key per chain) is migrated by the binary
 /// (`--budget 3`) while a producer and a slot of the parents' queue make new chains whose
 /// follow-ups it refuses until then, and a slot of its own waits: afterwards every chain,
-/// old and new, reads whole from the buckets, every task ran, and no list of layout 2 is
+/// old and new, reads whole from the rosters, every task ran, and no list of layout 2 is
 /// left.
 #[tokio::test]
-async fn a_layout_2_queue_s_chain_lists_move_into_buckets_while_it_runs() {
+async fn a_layout_2_queue_s_chain_lists_move_into_rosters_while_it_runs() {
     use gaffer::chain::{ChainTargets, read};
     let redis = TestRedis::start();
     let dir = tempfile::tempdir().unwrap();
@@ -714,9 +714,9 @@ async fn a_layout_2_queue_s_chain_lists_move_into_buckets_while_it_runs() {
         .await
         .unwrap();
     assert_eq!(lists, Vec::<String>::new(), "no list of layout 2 is left");
-    let bucket = key("kids", "chains:~crouted.0");
+    let roster = key("kids", "chains:~crouted.0");
     let ttl: i64 = redis::cmd("PTTL")
-        .arg(&bucket)
+        .arg(&roster)
         .query_async(&mut c)
         .await
         .unwrap();

@@ -537,7 +537,7 @@ async fn a_packet_goes_with_its_last_record_and_with_its_queue(client: QueueClie
         .unwrap();
     assert_eq!(q.take(10, LEASE).await.unwrap().tasks.len(), 3);
     q.delete_all().await.unwrap();
-    // (the buckets of chains whose records are gone go with their own time, twice the
+    // (the rosters of chains whose records are gone go with their own time, twice the
     // queue's history_ttl: those of the chains the queue's records named go at once)
     let left = keys_left(&client, &q).await;
     assert!(

@@ -1,10 +1,10 @@
 -- The ids of the tasks of a chain this queue holds, writing nothing. ARGV: the head
 -- (ChainMembersHead in args.rs): the chain's id.
--- Returns them in the order they were listed (their bucket's entries "CHAIN FS ID RS": see
+-- Returns them in the order they were listed (their roster's entries "CHAIN FS ID RS": see
 -- lib/chains.lua), none when the queue holds none or their list expired.
 local A = head(ARGV, CHAIN_MEMBERS_HEAD)
 local chain = A.chain
-local v = redis.call('GET', chain_bucket(chain))
+local v = redis.call('GET', chain_roster(chain))
 if not v then return {} end
 local out, probe, at = {}, RS .. chain .. FS, 0
 v = RS .. v

@@ -1,5 +1,5 @@
 -- Deletes the whole queue, including its per-priority ready lists, its records and their
--- indexes, and the buckets of the chains its records are in (one whose records all expired
+-- indexes, and the rosters of the chains its records are in (one whose records all expired
 -- goes with its own time).
 for _, p in ipairs(redis.call('ZRANGE', K_READY, 0, -1)) do
   redis.call('DEL', ready_list(p))
@@ -10,7 +10,7 @@ local read = {}
 for _, id in ipairs(ids) do
   local v = rec_get(id, read)
   local g = v and chain_of(v) or ''
-  if g ~= '' then redis.call('DEL', chain_bucket(g)) end
+  if g ~= '' then redis.call('DEL', chain_roster(g)) end
   redis.call('DEL', rec_key(id))
 end
 for _, id in ipairs(redis.call('ZRANGE', K_EXP, 0, -1)) do redis.call('DEL', rec_key(id)) end

@@ -8,11 +8,11 @@
 -- chain, written in the step that enqueues them: a reader asks every queue
 -- (chain_members.lua) and the global task's queue's K_IDX (by the number in the chain's
 -- id), and nothing is claimed or renamed.
--- The lists of CHAIN_BUCKET chains of consecutive numbers share one string, a bucket
--- (chain_bucket, 128 chains): entries "CHAIN FS ID RS", in the order they were added. A key per chain
+-- The lists of 128 chains of consecutive numbers share one string, a roster
+-- (chain_roster): entries "CHAIN FS ID RS", in the order they were added. A key per chain
 -- was a new key with its own expiry per follow-up, and cost Redis as much as the rest of
 -- the follow-up's enqueue (BENCHMARKS.md, "Seventh look"); an enqueue's follow-ups,
--- children of one batch, mostly fall in one or two buckets, each one APPEND. A bucket
+-- children of one batch, mostly fall in one or two rosters, each one APPEND. A roster
 -- lives twice its queue's history_ttl after its last entry was added, so it outlives the
 -- records of its members.
 
@@ -20,20 +20,20 @@ local function chain_name(seq)
   return CHAIN_PREFIX .. seq
 end
 
--- The key of the bucket that lists this queue's members of `chain`: for a chain of the
--- form chain_name makes, ~cQUEUE.SEQ, the bucket of its queue's chains numbered like it
+-- The key of the roster that lists this queue's members of `chain`: for a chain of the
+-- form chain_name makes, ~cQUEUE.SEQ, the roster of its queue's chains numbered like it
 -- but for the last 128, named '~c' .. QUEUE .. '.' .. floor(SEQ / 128)
--- (a name no chain has: those buckets hold many); for a chain of another form (layout
--- 1's, which gaffer migrate listed under their old names, never starting '~c') a bucket
+-- (a name no chain has: those rosters hold many); for a chain of another form (layout
+-- 1's, which gaffer migrate listed under their old names, never starting '~c') a roster
 -- of its own, named as the chain.
-local function chain_bucket(chain)
+local function chain_roster(chain)
   local origin, seq = string.match(chain, '^(~c.*%.)(%d+)$')
   local name = origin and (origin .. string.format('%d', math.floor(tonumber(seq) / 128))) or chain
   return string.sub(K_REC, 1, -3) .. 'chains:' .. name
 end
 
 -- Lists each of `ids` in the list of its chain (chains[i], '' none): one APPEND per
--- bucket, which then lives 2 × ttl_ms from now (kept as it was without a ttl). (A member
+-- roster, which then lives 2 × ttl_ms from now (kept as it was without a ttl). (A member
 -- listed twice, which only a migration run again can do, is read once.)
 local function chain_index_add(ids, chains, ttl_ms)
   local keep = ttl_ms and ttl_ms > 0 and 2 * ttl_ms
@@ -41,7 +41,7 @@ local function chain_index_add(ids, chains, ttl_ms)
   for i, id in ipairs(ids) do
     local g = chains[i]
     if g and g ~= '' then
-      local key = chain_bucket(g)
+      local key = chain_roster(g)
       local e = entries[key]
       if not e then
         e = {}

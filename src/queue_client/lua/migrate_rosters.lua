@@ -1,6 +1,6 @@
--- Layout 2 to 3, pass "buckets" (migrate.rs): the list layout 2 kept of each chain a queue
+-- Layout 2 to 3, pass "rosters" (migrate.rs): the list layout 2 kept of each chain a queue
 -- holds members of, a key of its own ('chain:' .. CHAIN, the ids separated by FS), moves
--- into the bucket layout 3 keeps it in (chain_bucket in lib/chains.lua), in its order,
+-- into the roster layout 3 keeps it in (chain_roster in lib/chains.lua), in its order,
 -- with the later of the two expiries, and goes. Run as the body of `pass(cursor, budget)`
 -- (lua/migrate.lua); returns the next cursor, or nil when done, and how many items it
 -- looked at. The lists are found through the records that name a chain, by K_IDX's score
@@ -20,8 +20,8 @@ for _, id in ipairs(ids) do
   local list = old and redis.call('GET', old)
   if list then
     local ttl = redis.call('PTTL', old)
-    local bucket = chain_bucket(g)
-    local before = redis.call('PTTL', bucket)
+    local roster = chain_roster(g)
+    local before = redis.call('PTTL', roster)
     local members, chains = {}, {}
     for m in string.gmatch(list, '[^\31]+') do
       members[#members + 1] = m
@@ -30,9 +30,9 @@ for _, id in ipairs(ids) do
     chain_index_add(members, chains, nil)
     -- (PTTL: -1 no expiry, -2 no key)
     if ttl == -1 then
-      redis.call('PERSIST', bucket)
+      redis.call('PERSIST', roster)
     elseif before == -2 or (before >= 0 and before < ttl) then
-      redis.call('PEXPIRE', bucket, ttl)
+      redis.call('PEXPIRE', roster, ttl)
     end
     redis.call('DEL', old)
   end
