@@ -21,14 +21,14 @@ local function chain_name(seq)
 end
 
 -- The key of the roster that lists this queue's members of `chain`: for a chain of the
--- form chain_name makes, ~cQUEUE.SEQ, the roster of its queue's chains numbered like it
--- but for the last 128, named '~c' .. QUEUE .. '.' .. floor(SEQ / 128)
--- (a name no chain has: those rosters hold many); for a chain of another form (layout
--- 1's, which gaffer migrate listed under their old names, never starting '~c') a roster
--- of its own, named as the chain.
+-- form chain_name makes, ~cQUEUE.SEQ, the roster of that queue's chains SEQ / 128
+-- (rounded down), named '~c' .. QUEUE .. '.' .. floor(SEQ / 128) (a name, not a chain:
+-- it holds many); for a chain of another form (layout 1's, which gaffer migrate listed
+-- under their old names, never starting '~c') a roster of its own, named as the chain.
 local function chain_roster(chain)
   local origin, seq = string.match(chain, '^(~c.*%.)(%d+)$')
-  local name = origin and (origin .. string.format('%d', math.floor(tonumber(seq) / 128))) or chain
+  local name = chain
+  if origin then name = origin .. string.format('%d', math.floor(tonumber(seq) / 128)) end
   return string.sub(K_REC, 1, -3) .. 'chains:' .. name
 end
 
