@@ -9,6 +9,9 @@
 //! clocks is then the only measure there is (a report left by a host that died before this
 //! manager started must not pass for a fresh one).
 //!
+//! After an outage of the manager's own, [`Blind`] lets reports be older by as long as the
+//! spell lasted, for one heartbeat timeout: the masters could not write theirs either.
+//!
 //! Pure: times are inputs, so it is tested as data.
 //!
 //! A report that changed counts from the last look at most (a host that died during a long
@@ -98,6 +101,60 @@ impl Heartbeats {
     }
 }
 
+/// The manager's latest spell without Redis. Masters cannot report while Redis is away,
+/// so for one heartbeat timeout after the manager hears from Redis again a report may be
+/// older by as long as the spell lasted. Without that, any outage longer than the
+/// heartbeat timeout made every host look dead: the map was emptied, then refilled a
+/// tick later, and every slot of the cluster was stopped and started again.
+///
+/// A spell is a gap between two answers from Redis far longer than a tick, however it
+/// came about: calls refused while Redis was down, or one call waiting on a frozen Redis
+/// that answered in the end. A gap that begins while an earlier spell's grace runs
+/// continues that spell: the hosts have not yet had their heartbeat timeout of working
+/// Redis to report in. (The fault suite found the case: a Redis Cluster node frozen for
+/// 10 s, then a 1.3 s tick while the other nodes still said the cluster was down. The
+/// short gap replaced the long one, and a new leader judged dead a host whose first report
+/// after the freeze had not landed yet, and moved its slots away.) Times are on a
+/// monotonic clock, in ms.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(super) struct Blind {
+    /// When Redis last answered.
+    last_ok_ms: Option<u64>,
+    /// When Redis last answered before the current spell began.
+    spell_from_ms: u64,
+    /// Extra age allowed to reports until `grace_until_ms`.
+    grace_ms: u64,
+    grace_until_ms: u64,
+}
+
+impl Blind {
+    /// Redis answered at `now_ms`. `tick_ms` is the usual time between two answers,
+    /// `timeout_ms` the heartbeat timeout.
+    pub(super) fn reached(&mut self, now_ms: u64, tick_ms: u64, timeout_ms: u64) {
+        if let Some(last) = self.last_ok_ms {
+            let gap = now_ms.saturating_sub(last);
+            // Twice the tick: a slow tick is no outage.
+            if gap > tick_ms.saturating_mul(2) {
+                if last >= self.grace_until_ms {
+                    self.spell_from_ms = last;
+                }
+                self.grace_ms = now_ms.saturating_sub(self.spell_from_ms);
+                self.grace_until_ms = now_ms.saturating_add(timeout_ms);
+            }
+        }
+        self.last_ok_ms = Some(now_ms);
+    }
+
+    /// How much older than the heartbeat timeout a report may be at `now_ms`.
+    pub(super) fn tolerance_ms(&self, now_ms: u64) -> u64 {
+        if now_ms < self.grace_until_ms {
+            self.grace_ms
+        } else {
+            0
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,5 +239,83 @@ mod tests {
         assert!(hb.is_last_seen(r));
         let newer = &reports(&[("a", 30)])["a"];
         assert!(!hb.is_last_seen(newer));
+    }
+
+    #[test]
+    fn reports_may_age_by_the_outage_for_one_timeout_after_it() {
+        let mut b = Blind::default();
+        b.reached(1_000, 500, 3_000);
+        b.reached(1_500, 500, 3_000);
+        assert_eq!(b.tolerance_ms(1_600), 0, "no outage yet");
+        // No answer from 1 500 to 9 500, whether calls failed or one call waited.
+        b.reached(9_500, 500, 3_000);
+        assert_eq!(b.tolerance_ms(9_500), 8_000);
+        // Ticks on time after it keep the grace until it runs out.
+        for now in (10_000..=12_500).step_by(500) {
+            b.reached(now, 500, 3_000);
+        }
+        assert_eq!(b.tolerance_ms(12_499), 8_000);
+        assert_eq!(
+            b.tolerance_ms(12_500),
+            0,
+            "one timeout after, reports must be fresh"
+        );
+    }
+
+    #[test]
+    fn a_slow_tick_is_no_outage() {
+        let mut b = Blind::default();
+        b.reached(1_000, 500, 3_000);
+        b.reached(1_900, 500, 3_000);
+        assert_eq!(b.tolerance_ms(1_900), 0);
+    }
+
+    #[test]
+    fn the_first_answer_grants_nothing() {
+        let mut b = Blind::default();
+        b.reached(60_000, 500, 3_000);
+        assert_eq!(b.tolerance_ms(60_000), 0);
+    }
+
+    /// The fault suite's case (seed 26445 of the long profile on a cluster), as data.
+    #[test]
+    fn a_slow_tick_during_an_outage_s_grace_extends_it_rather_than_cutting_it_short() {
+        let (tick, timeout) = (500, 3_000);
+        let mut b = Blind::default();
+        let mut hb = Heartbeats::default();
+        let wall = 1_000_000_000;
+        // The host reports every 500 ms; Redis last answers at 21 000 before a 10 s freeze.
+        for t in (20_000..=21_000).step_by(500) {
+            b.reached(t, tick, timeout);
+            hb.observe(&reports(&[("h2", wall + t - 300)]), t, wall + t);
+        }
+        // Redis answers again at 31 540, and the next tick, slowed by a cluster still
+        // marked down, at 32 838. The host's first report since has not landed.
+        b.reached(31_540, tick, timeout);
+        b.reached(32_838, tick, timeout);
+        hb.observe(&reports(&[("h2", wall + 20_700)]), 32_838, wall + 32_838);
+        let silent = hb.silent_ms("h2", 32_838).unwrap();
+        let allowed = timeout + b.tolerance_ms(32_838);
+        assert!(
+            silent <= allowed,
+            "a host that reported until the freeze is alive just after it: silent {silent} ms, allowed {allowed} ms"
+        );
+        // It has one timeout from then to report; silent past that it is dead.
+        assert_eq!(b.tolerance_ms(32_838 + timeout), 0);
+        let silent = hb.silent_ms("h2", 32_838 + timeout).unwrap();
+        assert!(silent > timeout, "{silent}");
+    }
+
+    #[test]
+    fn a_gap_after_the_grace_ran_out_is_a_spell_of_its_own() {
+        let mut b = Blind::default();
+        b.reached(1_000, 500, 3_000);
+        b.reached(9_000, 500, 3_000);
+        assert_eq!(b.tolerance_ms(9_000), 8_000);
+        for now in (9_500..=13_000).step_by(500) {
+            b.reached(now, 500, 3_000);
+        }
+        b.reached(15_000, 500, 3_000);
+        assert_eq!(b.tolerance_ms(15_000), 2_000);
     }
 }

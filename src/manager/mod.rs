@@ -45,6 +45,7 @@ use crate::queue_client::{
     ConnectOptions, OutageLog, QueueClient, QueueLimits, QueueStats, RedisConn,
 };
 
+use heartbeats::Blind;
 pub use lease::{FireClaim, Leadership};
 use telemetry::{Step, TickFailed};
 pub use window::StatsWindow;
@@ -148,6 +149,7 @@ pub async fn run(opts: ManagerOptions, shutdown: CancellationToken) -> anyhow::R
         ring_keys: ring::RingKeys::new(&opts.config.cluster.namespace),
         blind: Blind::default(),
         heartbeats: heartbeats::Heartbeats::default(),
+        verdicts: BTreeMap::new(),
         outage: OutageLog::default(),
         clock: Instant::now(),
         config_seen: cluster::ConfigSeen::default(),
@@ -248,6 +250,8 @@ struct Manager {
     blind: Blind,
     /// How long each host has been silent, on this manager's clock.
     heartbeats: heartbeats::Heartbeats,
+    /// Whether this manager last judged each host alive, to log a change of verdict once.
+    verdicts: BTreeMap<String, bool>,
     /// Redis outages, logged as spells.
     outage: OutageLog,
     /// Origin of [`Manager::monotonic_ms`] and of the window's time.
@@ -260,49 +264,6 @@ fn hosts_now(hosts: &BTreeMap<String, HostState>) -> ring::HostsNow {
     ring::HostsNow {
         alive: u32::try_from(alive.clone().count()).unwrap_or(u32::MAX),
         capacity: alive.map(|h| u64::from(h.capacity)).sum(),
-    }
-}
-
-/// The manager's latest spell without Redis. Masters cannot report while Redis is away,
-/// so for one heartbeat timeout after the manager hears from Redis again a report may be
-/// older by as long as the spell lasted. Without that, any outage longer than the
-/// heartbeat timeout made every host look dead: the map was emptied, then refilled a
-/// tick later, and every slot of the cluster was stopped and started again.
-///
-/// A spell is a gap between two answers from Redis far longer than a tick, however it
-/// came about: calls refused while Redis was down, or one call waiting on a frozen Redis
-/// that answered in the end. Times are on a monotonic clock, in ms.
-#[derive(Debug, Default, Clone, PartialEq)]
-struct Blind {
-    /// When Redis last answered.
-    last_ok_ms: Option<u64>,
-    /// Extra age allowed to reports until `grace_until_ms`.
-    grace_ms: u64,
-    grace_until_ms: u64,
-}
-
-impl Blind {
-    /// Redis answered at `now_ms`. `tick_ms` is the usual time between two answers,
-    /// `timeout_ms` the heartbeat timeout.
-    fn reached(&mut self, now_ms: u64, tick_ms: u64, timeout_ms: u64) {
-        if let Some(last) = self.last_ok_ms {
-            let gap = now_ms.saturating_sub(last);
-            // Twice the tick: a slow tick is no outage.
-            if gap > tick_ms.saturating_mul(2) {
-                self.grace_ms = gap;
-                self.grace_until_ms = now_ms.saturating_add(timeout_ms);
-            }
-        }
-        self.last_ok_ms = Some(now_ms);
-    }
-
-    /// How much older than the heartbeat timeout a report may be at `now_ms`.
-    fn tolerance_ms(&self, now_ms: u64) -> u64 {
-        if now_ms < self.grace_until_ms {
-            self.grace_ms
-        } else {
-            0
-        }
     }
 }
 
@@ -594,6 +555,7 @@ impl Manager {
         let paused: BTreeSet<String> = self.conn.smembers(self.keys.paused()).await?;
         let draining: BTreeSet<String> = self.conn.smembers(self.keys.draining()).await?;
         let hosts = self.host_states(&reports, &draining);
+        self.log_verdicts(&hosts);
         let queue_stats = self.queue_stats(Housekeep::Yes).await?;
         let sample = self.sample(&queue_stats, &reports);
         let period = self.recorder.observe(&sample, now_ms, hosts_now(&hosts));
@@ -650,16 +612,14 @@ impl Manager {
     }
 
     /// The balancer's view of each reporting host now: alive while it has been silent
-    /// (see [`heartbeats`]) no longer than the heartbeat timeout, plus the grace after an
-    /// outage of our own.
+    /// (see [`heartbeats`]) no longer than [`Manager::allowed_silence_ms`].
     fn host_states(
         &self,
         reports: &BTreeMap<String, HostReport>,
         draining: &BTreeSet<String>,
     ) -> BTreeMap<String, HostState> {
         let mono = self.monotonic_ms();
-        let timeout = ms(self.opts.config.manager.heartbeat_timeout)
-            .saturating_add(self.blind.tolerance_ms(mono));
+        let allowed = self.allowed_silence_ms(mono);
         reports
             .iter()
             .map(|(name, r)| {
@@ -671,12 +631,38 @@ impl Manager {
                         alive: self
                             .heartbeats
                             .silent_ms(name, mono)
-                            .is_some_and(|s| s <= timeout),
+                            .is_some_and(|s| s <= allowed),
                         draining: r.draining || draining.contains(name),
                     },
                 )
             })
             .collect()
+    }
+
+    /// How long a host may be silent at `mono` and count as alive: the heartbeat timeout,
+    /// plus the grace after an outage of our own.
+    fn allowed_silence_ms(&self, mono: u64) -> u64 {
+        ms(self.opts.config.manager.heartbeat_timeout).saturating_add(self.blind.tolerance_ms(mono))
+    }
+
+    /// Logs each host whose verdict changed since this manager last judged it (and one
+    /// first judged dead), so an operator can tell why slots moved.
+    fn log_verdicts(&mut self, hosts: &BTreeMap<String, HostState>) {
+        let mono = self.monotonic_ms();
+        self.verdicts.retain(|h, _| hosts.contains_key(h));
+        for (host, state) in hosts {
+            let was = self.verdicts.insert(host.clone(), state.alive);
+            if was == Some(state.alive) || (was.is_none() && state.alive) {
+                continue;
+            }
+            telemetry::HostJudged {
+                host,
+                alive: state.alive,
+                silent_ms: self.heartbeats.silent_ms(host, mono),
+                allowed_ms: self.allowed_silence_ms(mono),
+            }
+            .emit();
+        }
     }
 
     /// Raises this leader's epoch past every epoch a master reports having seen, should
@@ -892,46 +878,5 @@ impl Manager {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Blind;
-
-    #[test]
-    fn reports_may_age_by_the_outage_for_one_timeout_after_it() {
-        let mut b = Blind::default();
-        b.reached(1_000, 500, 3_000);
-        b.reached(1_500, 500, 3_000);
-        assert_eq!(b.tolerance_ms(1_600), 0, "no outage yet");
-        // No answer from 1 500 to 9 500, whether calls failed or one call waited.
-        b.reached(9_500, 500, 3_000);
-        assert_eq!(b.tolerance_ms(9_500), 8_000);
-        // Ticks on time after it keep the grace until it runs out.
-        for now in (10_000..=12_500).step_by(500) {
-            b.reached(now, 500, 3_000);
-        }
-        assert_eq!(b.tolerance_ms(12_499), 8_000);
-        assert_eq!(
-            b.tolerance_ms(12_500),
-            0,
-            "one timeout after, reports must be fresh"
-        );
-    }
-
-    #[test]
-    fn a_slow_tick_is_no_outage() {
-        let mut b = Blind::default();
-        b.reached(1_000, 500, 3_000);
-        b.reached(1_900, 500, 3_000);
-        assert_eq!(b.tolerance_ms(1_900), 0);
-    }
-
-    #[test]
-    fn the_first_answer_grants_nothing() {
-        let mut b = Blind::default();
-        b.reached(60_000, 500, 3_000);
-        assert_eq!(b.tolerance_ms(60_000), 0);
     }
 }

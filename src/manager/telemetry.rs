@@ -24,6 +24,9 @@ pub(crate) fn started(id: &str) {
     counter!("gaffer_manager_map_writes_total").absolute(0);
     counter!("gaffer_manager_fenced_total").absolute(0);
     counter!("gaffer_manager_hosts_forgotten_total").absolute(0);
+    for verdict in ["alive", "dead"] {
+        counter!("gaffer_manager_host_verdicts_total", "verdict" => verdict).absolute(0);
+    }
     gauge!("gaffer_manager_map_version").set(0.0);
     gauge!("gaffer_cluster_slots_mapped").set(0.0);
 }
@@ -217,6 +220,49 @@ impl HostForgotten<'_> {
         ));
         tracing::info!(host = self.host, silent = %silent, "forgot a host silent past forget_hosts_after");
         counter!("gaffer_manager_hosts_forgotten_total").increment(1);
+    }
+}
+
+/// The leader's verdict on a host changed (or a host was dead when first judged): the
+/// reason slots move off a host, or back onto it.
+pub(crate) struct HostJudged<'a> {
+    /// The host's name.
+    pub(crate) host: &'a str,
+    /// The new verdict.
+    pub(crate) alive: bool,
+    /// How long its report had not changed, ms (None: never seen).
+    pub(crate) silent_ms: Option<u64>,
+    /// How long it may be silent and live: the heartbeat timeout, plus the grace after an
+    /// outage of the manager's own, ms.
+    pub(crate) allowed_ms: u64,
+}
+
+impl HostJudged<'_> {
+    /// Logs and counts it: a death as a warning, a return as info.
+    pub(crate) fn emit(&self) {
+        let Self {
+            host,
+            alive,
+            silent_ms,
+            allowed_ms,
+        } = *self;
+        let verdict = if alive { "alive" } else { "dead" };
+        if alive {
+            tracing::info!(
+                host,
+                silent_ms,
+                allowed_ms,
+                "host alive again: its report changed"
+            );
+        } else {
+            tracing::warn!(
+                host,
+                silent_ms,
+                allowed_ms,
+                "host judged dead: its report has not changed for longer than allowed; its slots go elsewhere"
+            );
+        }
+        counter!("gaffer_manager_host_verdicts_total", "verdict" => verdict).increment(1);
     }
 }
 
