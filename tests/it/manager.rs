@@ -776,7 +776,7 @@ async fn a_dead_masters_slots_move_within_the_heartbeat_timeout() {
         hosts.contains_key("h1") && hosts.contains_key("h2")
     })
     .await;
-    c.manager(1);
+    let (_, manager_http) = c.manager_http(1);
     eventually(
         Duration::from_secs(30),
         "a spread over both hosts",
@@ -822,6 +822,23 @@ async fn a_dead_masters_slots_move_within_the_heartbeat_timeout() {
     assert!(
         h1_pids.iter().all(|&p| gone(p)),
         "h1's slots died with their master"
+    );
+    // Why the slots moved is in the leader's log and counters: h1 judged dead, once.
+    let scrape = http_get(manager_http, "/metrics").unwrap();
+    let verdicts = |v: &str| {
+        let series = format!("gaffer_manager_host_verdicts_total{{verdict=\"{v}\"}} ");
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map(str::to_owned)
+    };
+    assert_eq!(verdicts("dead").as_deref(), Some("1"), "{scrape}");
+    assert_eq!(verdicts("alive").as_deref(), Some("0"), "{scrape}");
+    let log = std::fs::read_to_string(c.dir.path().join("manager1.log")).unwrap();
+    let judged: Vec<&str> = log.lines().filter(|l| l.contains("judged dead")).collect();
+    assert!(
+        judged.len() == 1 && judged[0].contains("host=\"h1\"") && judged[0].contains("allowed_ms="),
+        "{judged:?}"
     );
 }
 
