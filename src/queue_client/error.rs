@@ -119,29 +119,11 @@ impl QueueError {
     /// True when the error says Redis is unreachable, slow or not ready yet (loading its
     /// data after a restart, a cluster failing over), so retrying later may work.
     pub fn is_transient(&self) -> bool {
-        use redis::{ErrorKind, ServerErrorKind};
         match self {
-            QueueError::Redis(e) => {
-                e.is_io_error()
-                    || e.is_timeout()
-                    || e.is_connection_dropped()
-                    || e.is_connection_refusal()
-                    // The driver's own word for "wait and retry": a server loading its AOF
-                    // or RDB answers LOADING until it has read every key. A cluster client
-                    // that spent its retries on a node that is down returns the MOVED (or
-                    // ASK) that named it: the slot's node is away, as for a refusal.
-                    || matches!(
-                        e.kind(),
-                        ErrorKind::Server(
-                            ServerErrorKind::BusyLoading
-                                | ServerErrorKind::TryAgain
-                                | ServerErrorKind::MasterDown
-                                | ServerErrorKind::ClusterDown
-                                | ServerErrorKind::Moved
-                                | ServerErrorKind::Ask
-                        )
-                    )
-            }
+            // What waiting may end is what an operator would call an outage (see
+            // [`Cause::of_redis`]): one list, so a new kind of failure the driver returns
+            // is named and retried alike.
+            QueueError::Redis(e) => Cause::of_redis(e).is_outage(),
             QueueError::Connect { .. } | QueueError::NotConfirmed { .. } => true,
             _ => false,
         }
@@ -272,7 +254,9 @@ impl Cause {
             ) => return Cause::NotReady,
             _ => {}
         }
-        if e.is_connection_refusal() {
+        // A cluster client with no connection to the node that serves the key: the node
+        // is down or restarting (it found the node's address, and could not reach it).
+        if e.is_connection_refusal() || e.kind() == ErrorKind::ClusterConnectionNotFound {
             Cause::Refused
         } else if e.is_timeout() {
             Cause::TimedOut
@@ -347,6 +331,14 @@ mod tests {
             // (what a cluster client returns when the node a slot moved to is down)
             (server("MOVED 4772 127.0.0.1:42271"), Cause::NotReady),
             (server("ASK 4772 127.0.0.1:42271"), Cause::NotReady),
+            // (and what it returns while it cannot reconnect to a node that was killed)
+            (
+                QueueError::Redis(redis::RedisError::from((
+                    redis::ErrorKind::ClusterConnectionNotFound,
+                    "No connections found",
+                ))),
+                Cause::Refused,
+            ),
             (
                 server(
                     "NOPERM this user has no permissions to access one of the channels used as arguments",
@@ -401,6 +393,15 @@ mod tests {
         assert!(Cause::Refused.is_outage() && Cause::NotReady.is_outage());
         assert!(Cause::NotConfirmed.is_outage());
         assert!(server("MOVED 4772 127.0.0.1:42271").is_transient());
+        // (a slot exited on it when a cluster node was killed: found by the fault suite)
+        let not_found = redis::RedisError::from((
+            redis::ErrorKind::ClusterConnectionNotFound,
+            "No connections found",
+        ));
+        assert!(QueueError::Redis(not_found).is_transient());
+        assert!(!server("ERR unknown command").is_transient());
+        assert!(!server("READONLY You can't write against a read only replica.").is_transient());
+        assert!(!server("OOM command not allowed when used memory > 'maxmemory'.").is_transient());
         assert!(!Cause::AclRefused.is_outage() && !Cause::AuthRefused.is_outage());
     }
 }
