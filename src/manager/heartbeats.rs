@@ -109,19 +109,19 @@ impl Heartbeats {
 ///
 /// A spell is a gap between two answers from Redis far longer than a tick, however it
 /// came about: calls refused while Redis was down, or one call waiting on a frozen Redis
-/// that answered in the end. A gap that begins while an earlier spell's grace runs
-/// continues that spell: the hosts have not yet had their heartbeat timeout of working
-/// Redis to report in. (The fault suite found the case: a Redis Cluster node frozen for
-/// 10 s, then a 1.3 s tick while the other nodes still said the cluster was down. The
-/// short gap replaced the long one, and a new leader judged dead a host whose first report
-/// after the freeze had not landed yet, and moved its slots away.) Times are on a
-/// monotonic clock, in ms.
+/// that answered in the end. A shorter spell during a longer one's grace keeps the longer
+/// grace, now running until one timeout after the shorter: Redis was not yet whole, and
+/// the masters had not had their timeout of it to report in. (The fault suite found the
+/// case: a Redis Cluster node frozen for 10 s, then a 1.3 s tick while the other nodes
+/// still said the cluster was down. The short gap replaced the long one, and a new leader
+/// judged dead a host whose first report after the freeze had not landed yet, and moved
+/// its slots away.) The grace is the longest spell in it, never a sum: a manager whose
+/// every tick is slow, or a Redis that stalls again and again, must not keep a dead host
+/// alive for ever. Times are on a monotonic clock, in ms.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(super) struct Blind {
     /// When Redis last answered.
     last_ok_ms: Option<u64>,
-    /// When Redis last answered before the current spell began.
-    spell_from_ms: u64,
     /// Extra age allowed to reports until `grace_until_ms`.
     grace_ms: u64,
     grace_until_ms: u64,
@@ -135,10 +135,7 @@ impl Blind {
             let gap = now_ms.saturating_sub(last);
             // Twice the tick: a slow tick is no outage.
             if gap > tick_ms.saturating_mul(2) {
-                if last >= self.grace_until_ms {
-                    self.spell_from_ms = last;
-                }
-                self.grace_ms = now_ms.saturating_sub(self.spell_from_ms);
+                self.grace_ms = gap.max(self.tolerance_ms(last));
                 self.grace_until_ms = now_ms.saturating_add(timeout_ms);
             }
         }
@@ -317,5 +314,14 @@ mod tests {
         }
         b.reached(15_000, 500, 3_000);
         assert_eq!(b.tolerance_ms(15_000), 2_000);
+    }
+
+    #[test]
+    fn ticks_that_are_all_slow_keep_the_grace_at_one_tick_s_length() {
+        let mut b = Blind::default();
+        for now in (0..=60_000).step_by(1_200) {
+            b.reached(now, 500, 3_000);
+        }
+        assert_eq!(b.tolerance_ms(60_000), 1_200);
     }
 }
