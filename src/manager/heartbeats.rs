@@ -238,19 +238,32 @@ mod tests {
         assert!(!hb.is_last_seen(newer));
     }
 
-    #[test]
-    fn reports_may_age_by_the_outage_for_one_timeout_after_it() {
+    /// A [`Blind`] that heard Redis answer at each of `answers` (ms), with a 500 ms tick
+    /// and a 3 s heartbeat timeout.
+    fn answered_at(answers: impl IntoIterator<Item = u64>) -> Blind {
         let mut b = Blind::default();
-        b.reached(1_000, 500, 3_000);
-        b.reached(1_500, 500, 3_000);
-        assert_eq!(b.tolerance_ms(1_600), 0, "no outage yet");
-        // No answer from 1 500 to 9 500, whether calls failed or one call waited.
-        b.reached(9_500, 500, 3_000);
-        assert_eq!(b.tolerance_ms(9_500), 8_000);
-        // Ticks on time after it keep the grace until it runs out.
-        for now in (10_000..=12_500).step_by(500) {
+        for now in answers {
             b.reached(now, 500, 3_000);
         }
+        b
+    }
+
+    #[test]
+    fn reports_may_age_by_the_outage_for_one_timeout_after_it() {
+        assert_eq!(
+            answered_at([1_000, 1_500]).tolerance_ms(1_600),
+            0,
+            "no outage yet"
+        );
+        // No answer from 1 500 to 9 500, whether calls failed or one call waited.
+        let b = answered_at([1_000, 1_500, 9_500]);
+        assert_eq!(b.tolerance_ms(9_500), 8_000);
+        // Ticks on time after it keep the grace until it runs out.
+        let b = answered_at(
+            [1_000, 1_500]
+                .into_iter()
+                .chain((9_500..=12_500).step_by(500)),
+        );
         assert_eq!(b.tolerance_ms(12_499), 8_000);
         assert_eq!(
             b.tolerance_ms(12_500),
@@ -261,17 +274,12 @@ mod tests {
 
     #[test]
     fn a_slow_tick_is_no_outage() {
-        let mut b = Blind::default();
-        b.reached(1_000, 500, 3_000);
-        b.reached(1_900, 500, 3_000);
-        assert_eq!(b.tolerance_ms(1_900), 0);
+        assert_eq!(answered_at([1_000, 1_900]).tolerance_ms(1_900), 0);
     }
 
     #[test]
     fn the_first_answer_grants_nothing() {
-        let mut b = Blind::default();
-        b.reached(60_000, 500, 3_000);
-        assert_eq!(b.tolerance_ms(60_000), 0);
+        assert_eq!(answered_at([60_000]).tolerance_ms(60_000), 0);
     }
 
     /// The fault suite's case (seed 26445 of the long profile on a cluster), as data.
@@ -305,23 +313,17 @@ mod tests {
 
     #[test]
     fn a_gap_after_the_grace_ran_out_is_a_spell_of_its_own() {
-        let mut b = Blind::default();
-        b.reached(1_000, 500, 3_000);
-        b.reached(9_000, 500, 3_000);
-        assert_eq!(b.tolerance_ms(9_000), 8_000);
-        for now in (9_500..=13_000).step_by(500) {
-            b.reached(now, 500, 3_000);
-        }
-        b.reached(15_000, 500, 3_000);
-        assert_eq!(b.tolerance_ms(15_000), 2_000);
+        assert_eq!(answered_at([1_000, 9_000]).tolerance_ms(9_000), 8_000);
+        let answers = [1_000, 9_000]
+            .into_iter()
+            .chain((9_500..=13_000).step_by(500))
+            .chain([15_000]);
+        assert_eq!(answered_at(answers).tolerance_ms(15_000), 2_000);
     }
 
     #[test]
     fn ticks_that_are_all_slow_keep_the_grace_at_one_tick_s_length() {
-        let mut b = Blind::default();
-        for now in (0..=60_000).step_by(1_200) {
-            b.reached(now, 500, 3_000);
-        }
+        let b = answered_at((0..=60_000).step_by(1_200));
         assert_eq!(b.tolerance_ms(60_000), 1_200);
     }
 }
