@@ -101,7 +101,7 @@ impl Heartbeats {
     }
 }
 
-/// The manager's latest spell without Redis. Masters cannot report while Redis is away,
+/// The manager's recent spells without Redis. Masters cannot report while Redis is away,
 /// so for one heartbeat timeout after the manager hears from Redis again a report may be
 /// older by as long as the spell lasted. Without that, any outage longer than the
 /// heartbeat timeout made every host look dead: the map was emptied, then refilled a
