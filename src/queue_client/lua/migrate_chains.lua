@@ -10,8 +10,8 @@
 --   'i SCORE SKIP': every record in a chain is listed in its queue's list of that chain
 --                   (chain_index_add: in the current layout's form, which the next
 --                   step's pass then finds done), a follow-up (its record's submitter
---                   is `chain:G`) by its id, a global task marked '^', as no number finds it; by K_IDX's
---                   score, SKIP members of SCORE already seen.
+--                   is `chain:G`) by its id, a global task marked '^', as no number
+--                   finds it; by K_IDX's score, SKIP members of SCORE already seen.
 -- A list lives LEGACY_SET_MS: lists of chains started after the upgrade live twice
 -- their queue's history_ttl from their last member, which the pass does not know.
 local LEGACY_SET_MS = 60 * 24 * 3600 * 1000
